@@ -1,0 +1,37 @@
+# The README's two commands: `make demo` and `make test`. Both create .venv when missing and are idempotent.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The CPU build of torch is pinned here; an unpinned torch would pull a multi-GB CUDA build.
+TORCH_PIN := torch==2.13.0
+STAMP := $(VENV)/.ditq-installed
+
+.PHONY: demo test lint typecheck install clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) pyproject.toml
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_PIN)
+	$(PIP) install -q -e '.[test]' $(TORCH_PIN)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check ditq tests benchmarks
+	$(VENV)/bin/ruff format --check ditq tests benchmarks
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy ditq
+
+test: $(STAMP) lint typecheck
+	$(VENV)/bin/pytest -q tests
+
+demo: $(STAMP)
+	$(VENV)/bin/ditq demo --out demo-out
+
+clean:
+	rm -rf $(VENV) demo-out build *.egg-info

@@ -1,0 +1,137 @@
+"""Reading a diffusers model directory: model_index.json, component folders, weight files, configs.
+
+A diffusers directory (the layout of a hub snapshot) holds ``model_index.json``
+naming each component as ``[library, class]``, and one folder per component
+with ``config.json`` and either one ``*.safetensors`` file or shards with a
+``*.safetensors.index.json`` whose ``weight_map`` names each tensor's shard.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ditq.errors import InputError
+from ditq.schemes import normalize_quant_method
+
+__all__ = [
+    "MODEL_INDEX",
+    "component_class",
+    "component_names",
+    "load_component_config",
+    "quantization_config_of",
+    "read_json",
+    "read_model_index",
+    "tensor_files",
+    "weight_files",
+]
+
+MODEL_INDEX = "model_index.json"
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; a missing or malformed file is an InputError naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: file not found")
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: not valid JSON ({error})") from error
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    return value
+
+
+def read_model_index(model_dir: Path) -> dict[str, Any]:
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise InputError(f"{model_dir}: not a directory")
+    if not (model_dir / MODEL_INDEX).is_file():
+        raise InputError(f"{model_dir}: not a diffusers model directory (no {MODEL_INDEX})")
+    return read_json(model_dir / MODEL_INDEX)
+
+
+def component_names(model_index: dict[str, Any]) -> list[str]:
+    """Components declared as [library, class] pairs (not null, not private keys)."""
+    return [
+        name
+        for name, value in model_index.items()
+        if not name.startswith("_") and isinstance(value, list) and len(value) == 2 and value[0] is not None
+    ]
+
+
+def component_class(model_index: dict[str, Any], component: str) -> tuple[str, str]:
+    value = model_index.get(component)
+    if not (isinstance(value, list) and len(value) == 2 and value[0] is not None):
+        raise InputError(
+            f"{MODEL_INDEX}: no component {component!r} (have: {', '.join(component_names(model_index))})"
+        )
+    return str(value[0]), str(value[1])
+
+
+def load_component_config(component_dir: Path) -> dict[str, Any]:
+    return read_json(Path(component_dir) / "config.json")
+
+
+def weight_files(component_dir: Path) -> list[Path]:
+    """The safetensors files of a component, in a stable order; every shard an index names must exist."""
+    component_dir = Path(component_dir)
+    if not component_dir.is_dir():
+        raise InputError(f"{component_dir}: component directory not found")
+    indexes = sorted(component_dir.glob("*.safetensors.index.json"))
+    if len(indexes) > 1:
+        raise InputError(
+            f"{component_dir}: more than one safetensors index ({', '.join(p.name for p in indexes)})"
+        )
+    if indexes:
+        weight_map = read_json(indexes[0]).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise InputError(f"{indexes[0]}: no weight_map")
+        shards = sorted(set(weight_map.values()))
+        for shard in shards:
+            if not (component_dir / shard).is_file():
+                raise InputError(f"{component_dir / shard}: shard named by {indexes[0].name} is missing")
+        return [component_dir / shard for shard in shards]
+    files = sorted(component_dir.glob("*.safetensors"))
+    if not files:
+        raise InputError(f"{component_dir}: no .safetensors weights")
+    return files
+
+
+def tensor_files(component_dir: Path) -> dict[str, Path]:
+    """Tensor name -> the file that holds it, read from the safetensors headers (no tensor data is read)."""
+    from safetensors import safe_open
+
+    locations: dict[str, Path] = {}
+    for path in weight_files(component_dir):
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    locations[name] = path
+        except Exception as error:  # safetensors raises its own types for truncated or corrupt headers
+            raise InputError(f"{path}: not a readable safetensors file ({error})") from error
+    return locations
+
+
+def quantization_config_of(config: dict[str, Any], component: str) -> dict[str, Any] | None:
+    """The compressed-tensors config that applies to ``component``, or None.
+
+    Accepts the per-component wrapper (``{"transformer": {...}}``) and the
+    plain form (``{"quant_method": "compressed-tensors", ...}``); both
+    spellings of the method name resolve.
+    """
+    raw = config.get("quantization_config")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise InputError(f"{component}/config.json: quantization_config is not an object")
+    if "quant_method" not in raw:
+        raw = raw.get(component)
+        if raw is None:
+            return None
+        if not isinstance(raw, dict) or "quant_method" not in raw:
+            raise InputError(f"{component}/config.json: quantization_config.{component} has no quant_method")
+    normalize_quant_method(str(raw["quant_method"]))
+    return raw

@@ -1,0 +1,65 @@
+"""The `ditq` command: one sub-command per step of the chain.
+
+Each step lives in its own module, which exposes ``add_arguments(parser)``
+and ``run(args) -> int``; this file only wires them up and turns ditq's
+errors into one-line messages and exit codes (0 ok, 1 failure, 2 usage or
+input error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from ditq.errors import EXIT_FAILURE, EXIT_USAGE, DitqError
+
+__all__ = ["COMMANDS", "main"]
+
+# name -> (module, one-line help). The module owns its arguments and its run().
+COMMANDS: dict[str, tuple[str, str]] = {
+    "quantize": (
+        "ditq.commands.quantize",
+        "quantize a diffusers model directory into a compressed-tensors artifact",
+    ),
+    "verify": ("ditq.commands.verify", "check an artifact's digests and decode every quantized tensor twice"),
+}
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ditq", description="8-bit diffusion transformers, with evidence.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(command_parser)
+        command_parser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args._run(args))
+    except DitqError as error:
+        print(f"ditq {args.command}: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print(f"ditq {args.command}: interrupted", file=sys.stderr)
+        return EXIT_FAILURE
+    except FileNotFoundError as error:
+        print(f"ditq {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

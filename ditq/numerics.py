@@ -1,0 +1,117 @@
+"""The quantization arithmetic, written once: quantizer, decoder, reference kernels and doctor share it.
+
+Weights: symmetric, static, scale = amax / qmax per output channel (or per
+group of ``group_size`` input features), q = round(w / scale) clamped to
+[-qmax, qmax]. int8: qmax = 127; fp8 e4m3: qmax = 448 and the cast rounds.
+Activations (w8a8, fp8): dynamic, symmetric, one scale per token (row),
+scale = amax(|x|) / qmax.
+All scale arithmetic is float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ditq.schemes import Scheme
+
+__all__ = [
+    "FP8_MAX",
+    "INT8_MAX",
+    "dequantize_weight",
+    "pack_int8_to_int32",
+    "quantize_activation_per_token",
+    "quantize_weight",
+    "relative_l2",
+    "unpack_int32_to_int8",
+]
+
+INT8_MAX = 127.0
+FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448.0
+_TINY = 1e-12
+
+
+def _grouped(weight: torch.Tensor, group_size: int | None) -> torch.Tensor:
+    """(out, in) -> (out, in // g, g) for grouped scales, (out, 1, in) for per-channel."""
+    out_features, in_features = weight.shape
+    if group_size is None:
+        return weight.reshape(out_features, 1, in_features)
+    if in_features % group_size:
+        raise ValueError(f"in_features {in_features} is not a multiple of group size {group_size}")
+    return weight.reshape(out_features, in_features // group_size, group_size)
+
+
+def quantize_weight(weight: torch.Tensor, scheme: Scheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a 2-D weight.
+
+    Returns (q, scale): q has the weight's shape and the scheme's storage dtype
+    (int8 or float8_e4m3fn); scale is float32 (out, 1) per channel or
+    (out, in // group_size) per group.
+    """
+    if weight.ndim != 2:
+        raise ValueError(f"expected a 2-D weight, got shape {tuple(weight.shape)}")
+    w = _grouped(weight.to(torch.float32), scheme.group_size)
+    scale = w.abs().amax(dim=2, keepdim=True).clamp_min(_TINY) / scheme.weight_qmax
+    scaled = w / scale
+    if scheme.weight_type == "int":
+        q = scaled.round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    else:
+        q = scaled.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(weight.shape), scale.reshape(weight.shape[0], -1).contiguous()
+
+
+def dequantize_weight(
+    q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """q (out, in) int8|fp8 with scale (out, 1) or (out, n_groups) -> weight in ``dtype`` (computed in float32)."""
+    out_features, in_features = q.shape
+    n_groups = scale.shape[1]
+    grouped = q.to(torch.float32).reshape(out_features, n_groups, in_features // n_groups)
+    return (grouped * scale.to(torch.float32).unsqueeze(-1)).reshape(out_features, in_features).to(dtype)
+
+
+def quantize_activation_per_token(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic symmetric per-token quantization of x (..., K).
+
+    Returns (q, scale) with q int8 or float8_e4m3fn of x's shape and scale
+    float32 of shape (..., 1).
+    """
+    xf = x.to(torch.float32)
+    qmax = INT8_MAX if kind == "int8" else FP8_MAX
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_min(_TINY) / qmax
+    scaled = xf / scale
+    if kind == "int8":
+        return scaled.round_().clamp_(-128.0, 127.0).to(torch.int8), scale
+    if kind == "fp8":
+        return scaled.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+    raise ValueError(f"unknown activation kind {kind!r}")
+
+
+def pack_int8_to_int32(q: torch.Tensor) -> torch.Tensor:
+    """compressed-tensors' 8-bit packing: (out, in) int8 -> (out, in / 4) int32.
+
+    Each value is biased by 128 to an unsigned byte; four bytes go little-end
+    first into one int32 (value j of a group in bits 8j..8j+7).
+    """
+    out_features, in_features = q.shape
+    if in_features % 4:
+        raise ValueError(f"in_features {in_features} is not a multiple of 4")
+    unsigned = (q.to(torch.int32) + 128).reshape(out_features, in_features // 4, 4)
+    shifts = torch.arange(0, 32, 8, dtype=torch.int32, device=q.device)
+    packed = (unsigned << shifts).sum(dim=-1, dtype=torch.int64)
+    # Wrap the unsigned 32-bit value into int32's range.
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def unpack_int32_to_int8(packed: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """Inverse of pack_int8_to_int32: (out, in / 4) int32 -> (out, in) int8."""
+    out_features, in_features = shape
+    shifts = torch.arange(0, 32, 8, dtype=torch.int32, device=packed.device)
+    unsigned = (packed.unsqueeze(-1) >> shifts) & 0xFF
+    return (unsigned - 128).to(torch.int8).reshape(out_features, -1)[:, :in_features].contiguous()
+
+
+def relative_l2(actual: torch.Tensor, reference: torch.Tensor) -> float:
+    """||actual - reference|| / ||reference||, in float64."""
+    a = actual.to(torch.float64)
+    r = reference.to(torch.float64)
+    return float((a - r).norm() / r.norm().clamp_min(1e-30))
