@@ -1,0 +1,307 @@
+"""One calling convention for every diffusers pipeline: a generic request mapped onto ``__call__``.
+
+Pipelines disagree on names (``image`` vs ``images``, ``true_cfg_scale`` vs
+``guidance_scale``, ``num_images_per_prompt`` vs ``num_videos_per_prompt``)
+and on what they accept at all. The adapter reads the pipeline's signature
+once, maps each request field onto the parameter that means the same thing,
+and refuses a field the pipeline cannot take with an error that names it.
+
+Per-stage timings come from wrapping the pipeline's own stages for the length
+of one call: ``encode_prompt`` (or the text encoders' forwards), the
+transformer's forwards and ``callback_on_step_end`` (denoising steps), and
+``vae.decode``. On CUDA each boundary synchronizes so the times are wall time
+of finished work.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from PIL import Image
+
+from ditq.errors import DitqError, InputError
+
+__all__ = ["GenerationRequest", "GenerationResult", "PipelineAdapter"]
+
+# Generic request field -> pipeline parameter names that carry it, in preference order.
+_PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
+    "prompt": ("prompt",),
+    "negative_prompt": ("negative_prompt",),
+    "images": ("image", "images"),
+    "width": ("width",),
+    "height": ("height",),
+    "num_inference_steps": ("num_inference_steps",),
+    "guidance_scale": ("guidance_scale", "true_cfg_scale"),
+    "true_cfg_scale": ("true_cfg_scale", "guidance_scale"),
+    "seed": ("generator",),
+    "num_images": ("num_images_per_prompt", "num_videos_per_prompt"),
+}
+DEFAULT_MAX_REFERENCE_IMAGES = 4
+_TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
+
+
+@dataclass
+class GenerationRequest:
+    prompt: str
+    negative_prompt: str | None = None
+    images: list[Image.Image] = field(default_factory=list)  # reference images (edits)
+    width: int | None = None
+    height: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    true_cfg_scale: float | None = None
+    seed: int | None = None  # 0 is a valid seed
+    num_images: int = 1
+
+
+@dataclass
+class GenerationResult:
+    images: list[Image.Image]
+    timings: dict[str, float]  # seconds: text_encoding, denoising, decoding, postprocess, total
+    step_times: list[float]  # seconds per denoising step
+    peak_memory_bytes: int | None  # peak accelerator memory for this call (None on CPU)
+
+
+class _Clock:
+    """Wall-clock marks for one call; synchronizes CUDA first so marks follow finished work."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.totals: dict[str, float] = {}
+        self.first_start: dict[str, float] = {}
+        self.last_end: dict[str, float] = {}
+        self.step_marks: list[float] = []
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def add(self, stage: str, start: float, end: float) -> None:
+        self.totals[stage] = self.totals.get(stage, 0.0) + (end - start)
+        self.first_start.setdefault(stage, start)
+        self.last_end[stage] = end
+
+    def timed(self, stage: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = self.now()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.add(stage, start, self.now())
+
+        return wrapper
+
+
+@contextmanager
+def _patched(target: Any, name: str, replacement: Callable[..., Any]) -> Iterator[None]:
+    """Shadow ``target.name`` with an instance attribute for the duration of the block."""
+    had_own = name in vars(target)
+    original = vars(target).get(name)
+    setattr(target, name, replacement)
+    try:
+        yield
+    finally:
+        if had_own:
+            setattr(target, name, original)
+        else:
+            delattr(target, name)
+
+
+@contextmanager
+def _forward_timer(module: torch.nn.Module, stage: str, clock: _Clock) -> Iterator[None]:
+    starts: list[float] = []
+
+    def pre_hook(_module: torch.nn.Module, _args: Any) -> None:
+        starts.append(clock.now())
+
+    def post_hook(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
+        clock.add(stage, starts.pop(), clock.now())
+
+    handles = [module.register_forward_pre_hook(pre_hook), module.register_forward_hook(post_hook)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class PipelineAdapter:
+    """Maps a GenerationRequest onto one diffusers pipeline's ``__call__``."""
+
+    def __init__(self, pipeline: Any) -> None:
+        self.pipeline = pipeline
+        self.parameters = set(inspect.signature(pipeline.__call__).parameters)
+        self._targets = {
+            name: next((p for p in candidates if p in self.parameters), None)
+            for name, candidates in _PARAMETER_NAMES.items()
+        }
+        images_target = self._targets["images"]
+        self.max_reference_images = (
+            0
+            if images_target is None
+            else int(getattr(pipeline, "max_reference_images", DEFAULT_MAX_REFERENCE_IMAGES))
+        )
+        vae_scale_factor = int(getattr(pipeline, "vae_scale_factor", 8))
+        # DiT pipelines pack latents 2x2 into tokens, so sizes align to twice the VAE factor.
+        self.size_alignment = int(getattr(pipeline, "size_alignment", vae_scale_factor * 2))
+        self.default_size = self._default_size(vae_scale_factor)
+
+    def _default_size(self, vae_scale_factor: int) -> tuple[int, int]:
+        explicit = getattr(self.pipeline, "default_size", None)
+        if explicit is not None:
+            width, height = explicit
+            return int(width), int(height)
+        sample_size = getattr(self.pipeline, "default_sample_size", None)
+        if isinstance(sample_size, int):
+            return sample_size * vae_scale_factor, sample_size * vae_scale_factor
+        return 1024, 1024
+
+    @property
+    def pipeline_name(self) -> str:
+        return type(self.pipeline).__name__
+
+    def supports(self, field_name: str) -> bool:
+        if field_name not in _PARAMETER_NAMES:
+            raise InputError(f"unknown request field {field_name!r} (known: {', '.join(_PARAMETER_NAMES)})")
+        return self._targets[field_name] is not None
+
+    def _target(self, field_name: str) -> str:
+        target = self._targets[field_name]
+        if target is None:
+            raise InputError(f"{self.pipeline_name} cannot take the argument {field_name!r}")
+        return target
+
+    def build_kwargs(self, request: GenerationRequest) -> dict[str, Any]:
+        """The keyword arguments for ``pipeline.__call__``; a field the pipeline cannot take is an InputError."""
+        if not request.prompt:
+            raise InputError("prompt: must not be empty")
+        kwargs: dict[str, Any] = {self._target("prompt"): request.prompt}
+        if request.negative_prompt is not None:
+            kwargs[self._target("negative_prompt")] = request.negative_prompt
+        if request.images:
+            target = self._target("images")
+            if len(request.images) > self.max_reference_images:
+                raise InputError(
+                    f"images: {len(request.images)} reference images given, "
+                    f"{self.pipeline_name} takes at most {self.max_reference_images}"
+                )
+            kwargs[target] = list(request.images)
+        for name in ("width", "height"):
+            value = getattr(request, name)
+            if value is None:
+                continue
+            if value <= 0 or value % self.size_alignment:
+                raise InputError(f"{name}: {value} is not a positive multiple of {self.size_alignment}")
+            kwargs[self._target(name)] = value
+        if request.num_inference_steps is not None:
+            if request.num_inference_steps <= 0:
+                raise InputError(f"num_inference_steps: must be positive, got {request.num_inference_steps}")
+            kwargs[self._target("num_inference_steps")] = request.num_inference_steps
+        for name in ("guidance_scale", "true_cfg_scale"):
+            value = getattr(request, name)
+            if value is not None:
+                target = self._target(name)
+                if target in kwargs:
+                    raise InputError(f"{name}: {self.pipeline_name} has one guidance argument ({target})")
+                kwargs[target] = value
+        if request.seed is not None:
+            self._target("seed")
+            # A CPU generator gives the same noise on every device (diffusers moves it over).
+            kwargs["generator"] = torch.Generator(device="cpu").manual_seed(int(request.seed))
+        if request.num_images != 1:
+            if request.num_images < 1:
+                raise InputError(f"num_images: must be at least 1, got {request.num_images}")
+            kwargs[self._target("num_images")] = request.num_images
+        if "output_type" in self.parameters:
+            kwargs["output_type"] = "pil"
+        return kwargs
+
+    def _execution_device(self) -> torch.device:
+        device = getattr(self.pipeline, "_execution_device", None)
+        return torch.device(device) if device is not None else torch.device("cpu")
+
+    def _instrument(self, stack: ExitStack, clock: _Clock) -> None:
+        pipeline = self.pipeline
+        if callable(getattr(pipeline, "encode_prompt", None)):
+            stack.enter_context(
+                _patched(pipeline, "encode_prompt", clock.timed("text_encoding", pipeline.encode_prompt))
+            )
+        else:
+            for name in _TEXT_ENCODERS:
+                encoder = getattr(pipeline, name, None)
+                if isinstance(encoder, torch.nn.Module):
+                    stack.enter_context(_forward_timer(encoder, "text_encoding", clock))
+        vae = getattr(pipeline, "vae", None)
+        if vae is not None and callable(getattr(vae, "decode", None)):
+            stack.enter_context(_patched(vae, "decode", clock.timed("decoding", vae.decode)))
+        if vae is not None and callable(getattr(vae, "encode", None)):
+            stack.enter_context(_patched(vae, "encode", clock.timed("image_encoding", vae.encode)))
+        transformer = getattr(pipeline, "transformer", None)
+        if isinstance(transformer, torch.nn.Module):
+            stack.enter_context(_forward_timer(transformer, "denoising_forward", clock))
+
+    def __call__(self, request: GenerationRequest) -> GenerationResult:
+        kwargs = self.build_kwargs(request)
+        device = self._execution_device()
+        clock = _Clock(device)
+        if "callback_on_step_end" in self.parameters:
+
+            def on_step_end(
+                _pipe: Any, _step: int, _timestep: Any, callback_kwargs: dict[str, Any]
+            ) -> dict[str, Any]:
+                clock.step_marks.append(clock.now())
+                return callback_kwargs
+
+            kwargs["callback_on_step_end"] = on_step_end
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        with ExitStack() as stack:
+            self._instrument(stack, clock)
+            start = clock.now()
+            with torch.inference_mode():
+                output = self.pipeline(**kwargs)
+            end = clock.now()
+        images = getattr(output, "images", None)
+        if images is None:
+            raise DitqError(f"{self.pipeline_name} returned no images (output {type(output).__name__})")
+        peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+        return GenerationResult(
+            images=list(images),
+            timings=self._timings(clock, start, end),
+            step_times=self._step_times(clock),
+            peak_memory_bytes=peak,
+        )
+
+    @staticmethod
+    def _step_times(clock: _Clock) -> list[float]:
+        if not clock.step_marks:
+            return []
+        first = clock.first_start.get("denoising_forward", clock.step_marks[0])
+        marks = [first, *clock.step_marks]
+        return [b - a for a, b in itertools.pairwise(marks)]
+
+    @staticmethod
+    def _timings(clock: _Clock, start: float, end: float) -> dict[str, float]:
+        timings = {"text_encoding": clock.totals.get("text_encoding", 0.0)}
+        if "denoising_forward" in clock.first_start:
+            denoise_end = max(
+                clock.step_marks[-1] if clock.step_marks else 0.0, clock.last_end["denoising_forward"]
+            )
+            timings["denoising"] = denoise_end - clock.first_start["denoising_forward"]
+        else:
+            timings["denoising"] = 0.0
+        timings["decoding"] = clock.totals.get("decoding", 0.0)
+        if "image_encoding" in clock.totals:
+            timings["image_encoding"] = clock.totals["image_encoding"]
+        last_stage_end = max([start, *clock.last_end.values(), *clock.step_marks])
+        timings["postprocess"] = end - last_stage_end
+        timings["total"] = end - start
+        return timings
