@@ -1,0 +1,280 @@
+"""Tiny random instances of real diffusers transformers, saved as diffusers model directories.
+
+Every builder is seeded and returns the real diffusers class at a tiny
+config: 2 attention heads of 16 channels (inner width 32), so every block
+Linear is a multiple of 16 wide -- except Wan's feed-forward, whose width 40
+is deliberately not (the shape guard must keep it in source precision).
+
+``make_model_dir`` writes the layout of a hub snapshot: ``model_index.json``
+naming the transformer as ``["diffusers", ClassName]``, ``transformer/``
+with ``config.json`` and one safetensors file (or two shards and an index),
+a ``scheduler/`` folder (a component that is never quantized), and on
+request a tiny transformers ``text_encoder/`` (T5).
+``example_inputs`` gives seeded forward inputs for each class.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from diffusers import (
+    FlowMatchEulerDiscreteScheduler,
+    FluxTransformer2DModel,
+    QwenImage21Transformer2DModel,
+    QwenImageTransformer2DModel,
+    SD3Transformer2DModel,
+    WanTransformer3DModel,
+)
+from safetensors.torch import save_file
+
+__all__ = [
+    "TINY_CONFIGS",
+    "TINY_TRANSFORMERS",
+    "build_tiny",
+    "build_tiny_text_encoder",
+    "example_inputs",
+    "make_model_dir",
+    "save_sharded",
+]
+
+HEADS = 2
+HEAD_DIM = 16
+INNER = HEADS * HEAD_DIM  # 32
+
+# name -> (class, init kwargs). Listed once; tests parametrize over the keys.
+TINY_CONFIGS: dict[str, tuple[type[torch.nn.Module], dict[str, Any]]] = {
+    "qwenimage": (
+        QwenImageTransformer2DModel,
+        dict(
+            patch_size=2,
+            in_channels=16,
+            out_channels=4,
+            num_layers=2,
+            attention_head_dim=HEAD_DIM,
+            num_attention_heads=HEADS,
+            joint_attention_dim=32,
+            axes_dims_rope=(4, 6, 6),
+        ),
+    ),
+    "qwenimage21": (
+        QwenImage21Transformer2DModel,
+        dict(
+            patch_size=1,
+            in_channels=16,
+            out_channels=16,
+            num_layers=2,
+            attention_head_dim=HEAD_DIM,
+            num_attention_heads=HEADS,
+            context_in_dim=32,
+            mlp_ratio=3,
+            axes_dims_rope=(4, 6, 6),
+        ),
+    ),
+    "flux": (
+        FluxTransformer2DModel,
+        dict(
+            patch_size=1,
+            in_channels=16,
+            num_layers=1,
+            num_single_layers=2,
+            attention_head_dim=HEAD_DIM,
+            num_attention_heads=HEADS,
+            joint_attention_dim=32,
+            pooled_projection_dim=24,
+            guidance_embeds=False,
+            axes_dims_rope=(4, 6, 6),
+        ),
+    ),
+    "sd3": (
+        SD3Transformer2DModel,
+        dict(
+            sample_size=8,
+            patch_size=2,
+            in_channels=4,
+            num_layers=2,
+            attention_head_dim=HEAD_DIM,
+            num_attention_heads=HEADS,
+            joint_attention_dim=32,
+            caption_projection_dim=INNER,
+            pooled_projection_dim=24,
+            out_channels=4,
+            pos_embed_max_size=16,
+        ),
+    ),
+    "wan": (
+        WanTransformer3DModel,
+        dict(
+            patch_size=(1, 2, 2),
+            num_attention_heads=HEADS,
+            attention_head_dim=HEAD_DIM,
+            in_channels=4,
+            out_channels=4,
+            text_dim=32,
+            freq_dim=32,
+            ffn_dim=40,  # deliberately not a multiple of 16: the shape guard must skip these Linears
+            num_layers=2,
+            rope_max_seq_len=32,
+        ),
+    ),
+}
+
+
+def build_tiny(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A seeded random instance of the named tiny transformer, in eval mode.
+
+    Weights are drawn with a larger spread than the default init so that a
+    quantized forward pass differs measurably from the BF16 one.
+    """
+    cls, kwargs = TINY_CONFIGS[name]
+    torch.manual_seed(seed)
+    model = cls(**kwargs)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, param in sorted(model.named_parameters()):
+            if param.ndim >= 2:
+                fan_in = param[0].numel()
+                param.copy_(torch.randn(param.shape, generator=generator) / fan_in**0.5)
+    return model.to(dtype).eval()
+
+
+TINY_TRANSFORMERS: dict[str, Callable[..., torch.nn.Module]] = {
+    name: (lambda seed=0, dtype=torch.float32, _n=name: build_tiny(_n, seed, dtype)) for name in TINY_CONFIGS
+}
+
+
+def build_tiny_text_encoder(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A tiny transformers T5 encoder (2 blocks, d_model 32, d_ff 64)."""
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    config = T5Config(
+        vocab_size=64,
+        d_model=32,
+        d_kv=16,
+        d_ff=64,
+        num_layers=2,
+        num_heads=2,
+        relative_attention_num_buckets=8,
+        decoder_start_token_id=0,
+    )
+    return T5EncoderModel(config).to(dtype).eval()
+
+
+def save_sharded(state: dict[str, torch.Tensor], folder: Path, stem: str, shards: int) -> None:
+    """Write ``state`` as ``{stem}.safetensors`` or as ``shards`` files plus ``{stem}.safetensors.index.json``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = sorted(state)
+    tensors = {n: state[n].detach().contiguous().clone() for n in names}
+    if shards == 1:
+        save_file(tensors, str(folder / f"{stem}.safetensors"), metadata={"format": "pt"})
+        return
+    per_shard = -(-len(names) // shards)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for index in range(shards):
+        chunk = names[index * per_shard : (index + 1) * per_shard]
+        file_name = f"{stem}-{index + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: tensors[n] for n in chunk}, str(folder / file_name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(chunk, file_name))
+        total += sum(tensors[n].numel() * tensors[n].element_size() for n in chunk)
+    index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index_doc, indent=2) + "\n")
+
+
+def make_model_dir(
+    tmp_path: Path,
+    name: str,
+    dtype: torch.dtype = torch.bfloat16,
+    shards: int = 1,
+    seed: int = 0,
+    text_encoder: bool = False,
+) -> Path:
+    """Save the named tiny transformer as a diffusers model directory under ``tmp_path``; return its path."""
+    model_dir = Path(tmp_path) / f"{name}-model"
+    model = build_tiny(name, seed=seed, dtype=dtype)
+    transformer_dir = model_dir / "transformer"
+    model.save_config(str(transformer_dir))  # config.json with _class_name
+    save_sharded(model.state_dict(), transformer_dir, "diffusion_pytorch_model", shards)
+
+    FlowMatchEulerDiscreteScheduler(shift=3.0).save_config(str(model_dir / "scheduler"))
+    index: dict[str, Any] = {
+        "_class_name": "DiffusionPipeline",
+        "_diffusers_version": "0.42.1",
+        "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+        "transformer": ["diffusers", type(model).__name__],
+    }
+    if text_encoder:
+        encoder = build_tiny_text_encoder(seed=seed, dtype=dtype)
+        encoder_dir = model_dir / "text_encoder"
+        encoder.config.save_pretrained(str(encoder_dir))
+        save_sharded(encoder.state_dict(), encoder_dir, "model", 1)
+        index["text_encoder"] = ["transformers", "T5EncoderModel"]
+    (model_dir / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return model_dir
+
+
+def example_inputs(name: str, model: torch.nn.Module, batch: int = 1, seed: int = 0) -> dict[str, Any]:
+    """Seeded keyword arguments for one forward pass of the named tiny transformer (in the model's dtype)."""
+    _, kwargs = TINY_CONFIGS[name]
+    dtype = next(model.parameters()).dtype
+    generator = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).to(dtype)
+
+    text_len = 6
+    if name == "qwenimage":
+        h = w = 4  # latent tokens after patching
+        return dict(
+            hidden_states=randn(batch, h * w, kwargs["in_channels"]),
+            encoder_hidden_states=randn(batch, text_len, kwargs["joint_attention_dim"]),
+            encoder_hidden_states_mask=torch.ones(batch, text_len, dtype=torch.long),
+            timestep=torch.full((batch,), 0.5, dtype=dtype),
+            img_shapes=[(1, h, w)] * batch,
+            return_dict=False,
+        )
+    if name == "qwenimage21":
+        h = w = 4  # 16 target tokens = 4 vision-language slots of 2x2
+        img_mask = torch.tensor([[False] * text_len + [True] * (h * w // 4)] * batch)
+        return dict(
+            hidden_states=randn(batch, h * w, kwargs["in_channels"]),
+            encoder_hidden_states=randn(batch, text_len, kwargs["context_in_dim"]),
+            timestep=torch.full((batch,), 0.5, dtype=dtype),
+            img_shapes=[[(1, h, w)]] * batch,
+            img_mask=img_mask,
+            return_dict=False,
+        )
+    if name == "flux":
+        h = w = 4
+        img_ids = torch.stack(
+            torch.meshgrid(torch.zeros(1), torch.arange(h * 1.0), torch.arange(w * 1.0), indexing="ij"), -1
+        ).reshape(-1, 3)
+        return dict(
+            hidden_states=randn(batch, h * w, kwargs["in_channels"]),
+            encoder_hidden_states=randn(batch, text_len, kwargs["joint_attention_dim"]),
+            pooled_projections=randn(batch, kwargs["pooled_projection_dim"]),
+            timestep=torch.full((batch,), 0.5, dtype=dtype),
+            img_ids=img_ids.to(dtype),
+            txt_ids=torch.zeros(text_len, 3, dtype=dtype),
+            return_dict=False,
+        )
+    if name == "sd3":
+        return dict(
+            hidden_states=randn(batch, kwargs["in_channels"], 8, 8),
+            encoder_hidden_states=randn(batch, text_len, kwargs["joint_attention_dim"]),
+            pooled_projections=randn(batch, kwargs["pooled_projection_dim"]),
+            timestep=torch.full((batch,), 500.0, dtype=dtype),
+            return_dict=False,
+        )
+    if name == "wan":
+        return dict(
+            hidden_states=randn(batch, kwargs["in_channels"], 2, 8, 8),
+            timestep=torch.full((batch,), 500.0, dtype=dtype),
+            encoder_hidden_states=randn(batch, text_len, kwargs["text_dim"]),
+            return_dict=False,
+        )
+    raise KeyError(f"no example inputs for {name!r} (known: {', '.join(TINY_CONFIGS)})")
