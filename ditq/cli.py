@@ -25,6 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "quantize a diffusers model directory into a compressed-tensors artifact",
     ),
     "verify": ("ditq.commands.verify", "check an artifact's digests and decode every quantized tensor twice"),
+    "baseline": ("ditq.commands.baseline", "run the unquantized model over the fixtures and seal the result"),
+    "probe": ("ditq.commands.probe", "send fixtures x seeds to image servers, recording every request"),
+    "gate": ("ditq.commands.gate", "judge a run's images: collapse signatures and the baseline envelope"),
+    "compare": ("ditq.commands.compare", "PSNR / SSIM of a run against a sealed baseline, with a parity band"),
 }
 
 
