@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("ditq.commands.probe", "send fixtures x seeds to image servers, recording every request"),
     "gate": ("ditq.commands.gate", "judge a run's images: collapse signatures and the baseline envelope"),
     "compare": ("ditq.commands.compare", "PSNR / SSIM of a run against a sealed baseline, with a parity band"),
+    "report": ("ditq.commands.report", "judge runs against the baseline: verdicts, profiles, charts"),
 }
 
 

@@ -1,0 +1,50 @@
+"""`ditq report RUN... --baseline B --out DIR`: verdicts, serving profiles and the evidence, as files."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ditq.report import VerdictRules, build_report
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "runs", nargs="+", type=Path, metavar="RUN", help="run or sweep candidate directories"
+    )
+    parser.add_argument("--baseline", required=True, type=Path, help="the sealed BF16 baseline run directory")
+    parser.add_argument("--out", required=True, type=Path, help="report directory (replaced as a whole)")
+    parser.add_argument(
+        "--parity-db",
+        type=float,
+        default=None,
+        help="PSNR of a BF16 reference pair, when compare.json states no parity band",
+    )
+    parser.add_argument(
+        "--parity-margin-db",
+        type=float,
+        default=VerdictRules.parity_margin_db,
+        help="band floor = pair - margin",
+    )
+    parser.add_argument(
+        "--slower-tolerance",
+        type=float,
+        default=VerdictRules.slower_tolerance,
+        help="fraction by which a candidate may be slower than BF16 before it counts as slower",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    rules = VerdictRules(
+        slower_tolerance=args.slower_tolerance,
+        parity_margin_db=args.parity_margin_db,
+        parity_reference_db=args.parity_db,
+    )
+    result = build_report(args.runs, args.baseline, args.out, rules)
+    for entry in result.data.document.candidates:
+        reasons = " ".join(r.message for r in entry.reasons) or "every check passed."
+        print(f"{entry.name}: {entry.verdict} - {reasons}")
+    print(result.html)
+    return 0

@@ -1,0 +1,73 @@
+"""`ditq report`: gather runs, judge them, write REPORT.md, report.html, verdict.json, charts and grids."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ditq.errors import InputError
+from ditq.fsutil import atomic_directory
+from ditq.report.assess import ReportData, assess
+from ditq.report.charts import write_charts
+from ditq.report.grids import write_grids
+from ditq.report.html import render_html
+from ditq.report.markdown import render_markdown
+from ditq.report.model import load_candidate
+from ditq.report.provenance import shell_command
+from ditq.report.schema import validate_verdict
+from ditq.report.verdict import VerdictRules
+
+__all__ = ["ReportResult", "build_report"]
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    out_dir: Path
+    markdown: Path
+    html: Path
+    verdict_json: Path
+    data: ReportData
+
+    @property
+    def verdicts(self) -> dict[str, str]:
+        return {c.name: c.verdict for c in self.data.document.candidates}
+
+
+def build_report(
+    runs: Sequence[Path],
+    baseline: Path,
+    out: Path,
+    rules: VerdictRules | None = None,
+    command: str | None = None,
+) -> ReportResult:
+    """Judge every candidate in ``runs`` against ``baseline`` and write the report directory ``out``.
+
+    ``out`` is replaced as a whole (written beside it, then renamed), so a report on disk is
+    always complete.
+    """
+    out = Path(out)
+    if not runs:
+        raise InputError("report: name at least one run or candidate directory")
+    base = load_candidate(Path(baseline))
+    if base.run is None:
+        raise InputError(f"{baseline}: the baseline has no records")
+    base.name = base.name if base.name not in ("baseline", base.run.path.name) else "BF16"
+    candidates = [load_candidate(Path(run)) for run in runs]
+    names = [c.name for c in candidates]
+    for name in names:
+        if names.count(name) > 1 or name == base.name:
+            raise InputError(
+                f"report: two runs are both named {name!r} (set a label in RUN.json or CANDIDATE.json)"
+            )
+    data = assess(base, candidates, command or shell_command(), rules)
+    document = data.document.model_dump(mode="json")
+    validate_verdict(document)  # what we write is what the schema promises
+    with atomic_directory(out, force=True) as tmp:
+        charts = write_charts(data, tmp / "charts")
+        grids = write_grids(base, candidates, tmp / "grids")
+        (tmp / "verdict.json").write_text(json.dumps(document, indent=2) + "\n")
+        (tmp / "REPORT.md").write_text(render_markdown(data, charts, grids, tmp))
+        (tmp / "report.html").write_text(render_html(data, charts, grids))
+    return ReportResult(out, out / "REPORT.md", out / "report.html", out / "verdict.json", data)

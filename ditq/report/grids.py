@@ -1,0 +1,145 @@
+"""Image grids: per candidate and fixture, one row per seed: baseline | candidate | amplified difference.
+
+Images are composited over white (as compare does when alpha differs) so a collapsed,
+transparent output looks as empty as it is. The difference is the mean absolute RGB
+error, multiplied by ``AMPLIFY`` and coloured with a perceptual colour map.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from PIL import Image, ImageDraw
+
+from ditq.report.model import Candidate, RunData
+
+__all__ = ["AMPLIFY", "CELL", "Grid", "difference_heatmap", "write_grids"]
+
+AMPLIFY = 4.0  # a 16/255 error shows at 64/255 of the colour map
+CELL = 192  # pixels per grid cell side (small images are scaled up, nearest neighbour)
+_LABEL_H = 18
+_GAP = 4
+
+
+@dataclass(frozen=True)
+class Grid:
+    candidate: str
+    fixture_id: str
+    path: Path
+    seeds: tuple[int, ...]
+
+
+def _over_white(image: Image.Image) -> np.ndarray:
+    rgba = np.asarray(image.convert("RGBA"), dtype=np.float32)
+    alpha = rgba[..., 3:4] / 255.0
+    return rgba[..., :3] * alpha + 255.0 * (1.0 - alpha)  # (H, W, 3) float32 0..255
+
+
+def difference_heatmap(
+    baseline: Image.Image, candidate: Image.Image, amplify: float = AMPLIFY
+) -> Image.Image:
+    """(H, W) mean |baseline - candidate| over RGB, times ``amplify``, through the inferno map, as RGB."""
+    error = np.abs(_over_white(baseline) - _over_white(candidate)).mean(axis=2)
+    scaled = np.clip(error * amplify / 255.0, 0.0, 1.0)
+    colored = colormaps["inferno"](scaled)[..., :3]  # (H, W, 3) float 0..1
+    return Image.fromarray((colored * 255.0 + 0.5).astype(np.uint8), "RGB")
+
+
+def _fit(image: Image.Image) -> Image.Image:
+    scale = CELL / max(image.size)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    resample = Image.Resampling.NEAREST if scale >= 1 else Image.Resampling.LANCZOS
+    white = Image.new("RGB", image.size, "white")
+    white.paste(image.convert("RGBA"), mask=image.convert("RGBA").getchannel("A"))
+    return white.resize(size, resample)
+
+
+def _placeholder(text: str) -> Image.Image:
+    cell = Image.new("RGB", (CELL, CELL), (225, 225, 225))
+    ImageDraw.Draw(cell).multiline_text((8, CELL // 2 - 12), text, fill=(90, 90, 90))
+    return cell
+
+
+def _open(path: Path | None) -> Image.Image | None:
+    if path is None:
+        return None
+    with Image.open(path) as image:
+        image.load()
+        return image.copy()
+
+
+def _row(baseline: RunData, run: RunData, fixture_id: str, seed: int, failure: str) -> list[Image.Image]:
+    base = _open(baseline.image(fixture_id, seed))
+    cand = _open(run.image(fixture_id, seed))
+    left = _fit(base) if base else _placeholder("no baseline image")
+    middle = _fit(cand) if cand else _placeholder(failure)
+    if base is None or cand is None:
+        right = _placeholder("no difference")
+    elif base.size != cand.size:
+        right = _placeholder(f"sizes differ\n{base.size} vs {cand.size}")
+    else:
+        right = _fit(difference_heatmap(base, cand))
+    return [left, middle, right]
+
+
+def _compose(titles: list[str], rows: list[tuple[str, list[Image.Image]]]) -> Image.Image:
+    width = _GAP + len(titles) * (CELL + _GAP) + 70
+    height = _LABEL_H + len(rows) * (CELL + _GAP) + _GAP
+    sheet = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(sheet)
+    for column, title in enumerate(titles):
+        draw.text((70 + _GAP + column * (CELL + _GAP), 3), title, fill=(0, 0, 0))
+    for index, (label, cells) in enumerate(rows):
+        top = _LABEL_H + index * (CELL + _GAP)
+        draw.text((4, top + CELL // 2 - 6), label, fill=(0, 0, 0))
+        for column, cell in enumerate(cells):
+            sheet.paste(cell, (70 + _GAP + column * (CELL + _GAP), top))
+    return sheet
+
+
+def _failure_text(candidate: Candidate, run: RunData, fixture_id: str, seed: int) -> str:
+    record = next((r for r in run.records if r.key == (fixture_id, seed)), None)
+    if record is None:
+        return "not requested"
+    if record.out_of_memory:
+        return "out of memory"
+    if not record.ok:
+        return f"failed (HTTP {record.http})" if record.http else "failed"
+    return "no image saved"
+
+
+def write_grids(baseline: Candidate, candidates: list[Candidate], out_dir: Path) -> list[Grid]:
+    """One PNG per (candidate, fixture) with images; run directories without images get none."""
+    if baseline.run is None or not baseline.run.has_images:
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    grids = []
+    for candidate in candidates:
+        run = candidate.run
+        if run is None or not run.has_images:
+            continue
+        references = {r.fixture_id: r.n_references for r in run.records}
+        fixtures = sorted(references, key=lambda f: (references[f], f))
+        for fixture_id in fixtures:
+            seeds = sorted(r.seed for r in run.records if r.fixture_id == fixture_id)
+            rows = [
+                (
+                    f"seed {seed}",
+                    _row(
+                        baseline.run, run, fixture_id, seed, _failure_text(candidate, run, fixture_id, seed)
+                    ),
+                )
+                for seed in seeds
+            ]
+            sheet = _compose([baseline.name, candidate.name, f"|difference| x{AMPLIFY:g}"], rows)
+            path = out_dir / f"{_safe(candidate.name)}--{_safe(fixture_id)}.png"
+            sheet.save(path, format="PNG", optimize=True)
+            grids.append(Grid(candidate.name, fixture_id, path, tuple(seeds)))
+    return grids
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)

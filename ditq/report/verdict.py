@@ -1,0 +1,220 @@
+"""The verdict: is a candidate fit to serve? YES only when no rule below finds a reason against it.
+
+Every reason is one sentence a person can act on, with a code a program can match. The
+rules read the capacity matrix, the gate, compare's parity band and the sweep's stage
+records; their thresholds are data (:class:`VerdictRules`), not branches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ditq.report.capacity import CapacityRow, capacity_matrix, fidelity_by_fixture
+from ditq.report.model import Candidate
+
+__all__ = ["REASON_CODES", "Reason", "VerdictRules", "decide", "parity_floor_db"]
+
+
+@dataclass(frozen=True)
+class VerdictRules:
+    # A candidate may be this much slower than BF16 at the same reference count before it counts as slower.
+    slower_tolerance: float = 0.05
+    # The parity band's floor is the reference pair's PSNR minus this margin (the seed's band was
+    # 26-29 dB around a 27.6 dB BF16 pair; a 27.5 dB candidate sat inside it).
+    parity_margin_db: float = 1.0
+    # The reference pair's PSNR when compare.json states no band (``--parity-db``); None: no band.
+    parity_reference_db: float | None = None
+
+
+@dataclass(frozen=True)
+class Reason:
+    code: str
+    message: str  # one sentence
+
+
+REASON_CODES = (
+    "stage_failure",
+    "doctor_failure",
+    "failed_requests",
+    "out_of_memory",
+    "collapsed_outputs",
+    "no_gate_result",
+    "outside_parity_band",
+    "no_fidelity_result",
+    "slower_than_baseline",
+)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _stage_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> list[Reason]:
+    reasons = []
+    for stage in candidate.failed_stages:
+        code = "doctor_failure" if stage.name == "doctor" else "stage_failure"
+        detail = (stage.message or "no message").rstrip(".")
+        reasons.append(Reason(code, f"The {stage.name} step failed: {detail}."))
+    doctor = candidate.doctor
+    if (
+        doctor
+        and doctor.get("passed") is False
+        and not any(s.name == "doctor" for s in candidate.failed_stages)
+    ):
+        failing = ", ".join(str(p) for p in doctor.get("failing", [])) or "a kernel path"
+        reasons.append(Reason("doctor_failure", f"The doctor found {failing} wrong against float32."))
+    if candidate.run is None and not reasons:
+        reasons.append(Reason("stage_failure", "The candidate was never probed, so nothing shows it serves."))
+    return reasons
+
+
+def _request_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> list[Reason]:
+    if candidate.run is None:
+        return []
+    reasons = []
+    rows = capacity_matrix(candidate.run)
+    for row in rows:
+        if row.out_of_memory:
+            reasons.append(
+                Reason(
+                    "out_of_memory",
+                    f"Out of memory at {_plural(row.n_references, 'reference')} "
+                    f"({row.out_of_memory} of {row.requests} requests).",
+                )
+            )
+    failed = sum(row.failed for row in rows)
+    if failed:
+        first = next(r for r in candidate.run.records if not r.ok and not r.out_of_memory)
+        why = (first.error or f"HTTP {first.http}").splitlines()[0][:160].rstrip(".")
+        total = sum(row.requests for row in rows)
+        reasons.append(Reason("failed_requests", f"{failed} of {total} requests failed (first: {why})."))
+    return reasons
+
+
+def _gate_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> list[Reason]:
+    run = candidate.run
+    if run is None:
+        return []
+    if run.gate is None:
+        return [
+            Reason(
+                "no_gate_result",
+                "No structure gate result exists for this run, so collapse is not ruled out.",
+            )
+        ]
+    # A request that failed has its own reason (out of memory, failed requests); the gate judges images.
+    served = {r.key for r in run.records if r.ok}
+    judged = [g for g in run.gate if (g.fixture_id, g.seed) in served]
+    failing = [g for g in judged if not g.passed]
+    if not failing:
+        return []
+    signatures = sorted({name for g in failing for name in g.failures})
+    named = f" ({', '.join(signatures)})" if signatures else ""
+    return [
+        Reason(
+            "collapsed_outputs",
+            f"Collapsed outputs: the structure gate failed {len(failing)} of {len(judged)} images{named}.",
+        )
+    ]
+
+
+def parity_floor_db(candidate: Candidate, rules: VerdictRules) -> float | None:
+    """The lowest PSNR (dB) inside the parity band, from compare.json or the rules; None: no band."""
+    parity = candidate.run.parity if candidate.run else None
+    if parity:
+        for key in ("floor_db", "low_db", "min_db"):
+            if isinstance(parity.get(key), (int, float)):
+                return float(parity[key])
+        for key in ("overall_db", "reference_db", "reference_pair_db"):
+            if isinstance(parity.get(key), (int, float)):
+                margin = parity.get("tolerance_db", rules.parity_margin_db)
+                return float(parity[key]) - float(margin)
+    if rules.parity_reference_db is not None:
+        return rules.parity_reference_db - rules.parity_margin_db
+    return None
+
+
+def _fidelity_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> list[Reason]:
+    run = candidate.run
+    if run is None:
+        return []
+    summaries = [s for s in fidelity_by_fixture(run) if s.psnr_mean_db is not None]
+    if not summaries:
+        return [Reason("no_fidelity_result", "No image of this run was compared with the BF16 baseline.")]
+    parity = run.parity or {}
+    floor = parity_floor_db(candidate, rules)
+    worst = min(summaries, key=lambda s: s.psnr_mean_db if s.psnr_mean_db is not None else math.inf)
+    # compare.json marks each fixture inside or outside its own band edge; missing images are not
+    # fidelity failures (a failed request has its own reason), so the per-fixture flags decide first.
+    flags = {
+        k: v["inside_parity_band"]
+        for k, v in run.parity_fixtures.items()
+        if isinstance(v.get("inside_parity_band"), bool)
+    }
+    if flags:
+        outside_ids = [k for k, inside in flags.items() if not inside]
+        outside = bool(outside_ids)
+        if outside:
+            worst = next((s for s in summaries if s.fixture_id == outside_ids[0]), worst)
+            edge = run.parity_fixtures[outside_ids[0]].get("parity_edge_db")
+            floor = float(edge) if isinstance(edge, (int, float)) else floor
+    elif floor is not None:
+        outside = worst.psnr_mean_db is not None and worst.psnr_mean_db < floor
+    elif isinstance(parity.get("inside"), bool):
+        outside = not parity["inside"]
+    else:
+        return [
+            Reason(
+                "no_fidelity_result",
+                "No parity band was stated (a BF16 reference pair or --parity-db), so fidelity is not judged.",
+            )
+        ]
+    if not outside:
+        return []
+    floor_text = f", below the band's floor of {floor:.1f} dB" if floor is not None else ""
+    return [
+        Reason(
+            "outside_parity_band",
+            f"Outside the parity band: PSNR against BF16 averages {worst.psnr_mean_db:.1f} dB "
+            f"on {worst.fixture_id}{floor_text}.",
+        )
+    ]
+
+
+def _walls(rows: list[CapacityRow]) -> dict[int, float]:
+    return {row.n_references: row.wall_mean_s for row in rows if row.wall_mean_s is not None}
+
+
+def _speed_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> list[Reason]:
+    if candidate.run is None or baseline.run is None:
+        return []
+    ours, theirs = _walls(capacity_matrix(candidate.run)), _walls(capacity_matrix(baseline.run))
+    slower = [k for k in sorted(ours) if k in theirs and ours[k] > theirs[k] * (1 + rules.slower_tolerance)]
+    if not slower:
+        return []
+    k = slower[0]
+    counts = ", ".join(str(n) for n in slower)
+    return [
+        Reason(
+            "slower_than_baseline",
+            f"Slower than BF16 at {counts} reference(s): {ours[k]:.2f} s vs {theirs[k]:.2f} s per image "
+            f"at {_plural(k, 'reference')}.",
+        )
+    ]
+
+
+_RULES: tuple[Callable[[Candidate, Candidate, VerdictRules], list[Reason]], ...] = (
+    _stage_reasons,
+    _request_reasons,
+    _gate_reasons,
+    _fidelity_reasons,
+    _speed_reasons,
+)
+
+
+def decide(candidate: Candidate, baseline: Candidate, rules: VerdictRules | None = None) -> list[Reason]:
+    """Every reason against serving ``candidate``; an empty list is a YES."""
+    rules = rules or VerdictRules()
+    return [reason for rule in _RULES for reason in rule(candidate, baseline, rules)]

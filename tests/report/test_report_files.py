@@ -1,0 +1,93 @@
+"""The report directory: verdict.json against its shipped schema, REPORT.md links, a self-contained HTML."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ditq.errors import InputError
+from ditq.report import SCHEMA_PATH, build_report, json_schema, validate_verdict, validate_verdict_file
+from ditq.report.grids import difference_heatmap
+
+
+@pytest.fixture(scope="module")
+def report(shared_runs, tmp_path_factory):
+    runs = shared_runs
+    out = tmp_path_factory.mktemp("report") / "report"
+    return build_report(
+        [runs["w8a8"], runs["fp8"], runs["w8a16"]], runs["baseline"], out, command="ditq report"
+    )
+
+
+def test_shipped_schema_matches_the_models():
+    assert json.loads(SCHEMA_PATH.read_text()) == json_schema()
+
+
+def test_verdict_json_validates_and_says_who_is_fit(report):
+    document = validate_verdict_file(report.verdict_json)
+    assert [(c.name, c.verdict) for c in document.candidates] == [
+        ("w8a8", "YES"),
+        ("fp8", "NO"),
+        ("w8a16", "NO"),
+    ]
+    assert document.baseline.profile.max_references_served == 3
+    assert document.provenance.report_command == "ditq report"
+    assert document.provenance.libraries["numpy"] == np.__version__
+    raw = json.loads(report.verdict_json.read_text())
+    assert raw["candidates"][0]["profile"]["by_references"][3]["references"] == 4
+
+
+def test_schema_refuses_unknown_fields_and_bad_verdicts(report):
+    raw = json.loads(report.verdict_json.read_text())
+    raw["candidates"][0]["profile"]["surprise"] = 1
+    with pytest.raises(InputError, match=r"candidates\.0\.profile\.surprise"):
+        validate_verdict(raw)
+    raw = json.loads(report.verdict_json.read_text())
+    raw["candidates"][1]["verdict"] = "MAYBE"
+    with pytest.raises(InputError, match=r"candidates\.1\.verdict"):
+        validate_verdict(raw)
+
+
+def test_markdown_links_resolve_and_tables_carry_the_numbers(report):
+    text = report.markdown.read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert links and all((report.out_dir / link).is_file() for link in links)
+    # 3 candidates x 4 fixtures of grids, wall and PSNR charts, and the memory chart (vram.csv exists)
+    assert len(links) == 12 + 3
+    assert "| BF16 |" in text and "OOM" in text
+    assert "Out of memory at 4 references (2 of 2 requests)." in text
+
+
+def test_html_is_self_contained(report):
+    page = report.html.read_text()
+    sources = re.findall(r'<img src="([^"]+)"', page)
+    assert len(sources) == 15
+    assert all(src.startswith("data:image/png;base64,") for src in sources)
+    assert not re.search(r'(src|href)="(?!data:)', page)  # nothing fetched from disk or network
+    assert 'class="NO"' in page and 'class="YES"' in page
+
+
+def test_report_replaces_its_directory_whole(shared_runs, tmp_path):
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "stale.txt").write_text("from an older report")
+    build_report([shared_runs["w8a8"]], shared_runs["baseline"], out)
+    assert not (out / "stale.txt").exists() and (out / "verdict.json").is_file()
+
+
+def test_two_runs_with_one_name_are_refused(shared_runs, tmp_path):
+    with pytest.raises(InputError, match="both named 'w8a8'"):
+        build_report([shared_runs["w8a8"], shared_runs["w8a8"]], shared_runs["baseline"], tmp_path / "r")
+
+
+def test_difference_heatmap_is_dark_for_equal_images_and_bright_for_different_ones():
+    a = Image.fromarray(np.full((8, 8, 4), 200, np.uint8), "RGBA")
+    b = Image.fromarray(np.full((8, 8, 4), [200, 200, 200, 0], np.uint8), "RGBA")  # transparent: white
+    same = np.asarray(difference_heatmap(a, a)).astype(int)
+    differ = np.asarray(difference_heatmap(a, b)).astype(int)
+    assert same.shape == (8, 8, 3) and same.sum(axis=2).max() < 30  # inferno starts near black
+    assert differ.sum(axis=2).min() > same.sum(axis=2).max() + 200
