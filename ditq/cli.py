@@ -28,26 +28,36 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "baseline": ("ditq.commands.baseline", "run the unquantized model over the fixtures and seal the result"),
     "probe": ("ditq.commands.probe", "send fixtures x seeds to image servers, recording every request"),
     "gate": ("ditq.commands.gate", "judge a run's images: collapse signatures and the baseline envelope"),
-    "compare": ("ditq.commands.compare", "PSNR / SSIM of a run against a sealed baseline, with a parity band"),
+    "compare": (
+        "ditq.commands.compare",
+        "PSNR / SSIM of a run against a sealed baseline, with a parity band",
+    ),
+    "serve": (
+        "ditq.commands.serve",
+        "serve an artifact or a plain model over an OpenAI-compatible images API",
+    ),
     "report": ("ditq.commands.report", "judge runs against the baseline: verdicts, profiles, charts"),
 }
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """Every command is listed; only the one being run is imported (importing torch for `gate` would be waste)."""
     parser = argparse.ArgumentParser(prog="ditq", description="8-bit diffusion transformers, with evidence.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, (module_name, help_text) in COMMANDS.items():
-        module = importlib.import_module(module_name)
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(command_parser)
-        command_parser.set_defaults(_run=module.run)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(command_parser)
+            command_parser.set_defaults(_run=module.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _build_parser(argv).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
