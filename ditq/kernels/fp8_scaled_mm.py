@@ -1,0 +1,84 @@
+"""CUDA fp8 (sm_89+) through rowwise ``torch._scaled_mm``: per-token fp8 activation scale x per-channel
+weight scale applied by cuBLAS (ops ``ditq::fp8_scaled_mm``). Rowwise scaling writes bfloat16; other
+activation dtypes get one cast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ditq.kernels.cuda_common import cuda_available, flatten_rows, quantize_rows
+from ditq.kernels.registry import FLOAT_ACTIVATIONS, Prepared, StoredWeight, register_kernel
+from ditq.kernels.stored import stored_fp8_weight
+
+__all__: list[str] = []
+
+
+def _prepare(stored: StoredWeight, device: torch.device) -> Prepared:
+    """weight float8_e4m3fn (N, K) as stored (its transpose is the column-major B); weight_scale (1, N)."""
+    q, scale = stored_fp8_weight(stored)
+    return {
+        "weight": q.to(device).contiguous(),
+        "weight_scale": scale.to(device, torch.float32).reshape(1, -1).contiguous(),
+    }
+
+
+@torch.library.custom_op("ditq::fp8_scaled_mm", mutates_args=(), device_types="cuda")
+def fp8_scaled_mm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    fast_accum: bool,
+) -> torch.Tensor:
+    x_q, x_scale = quantize_rows(x, "fp8")  # (M, K) fp8, (M, 1) float32
+    y = torch._scaled_mm(
+        x_q,
+        weight.t(),
+        scale_a=x_scale,
+        scale_b=weight_scale,
+        out_dtype=torch.bfloat16,
+        use_fast_accum=fast_accum,
+    )
+    if bias is not None:
+        y = y + bias.to(torch.bfloat16)
+    return y.to(x.dtype)
+
+
+@fp8_scaled_mm.register_fake
+def _fake(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    fast_accum: bool,
+) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _matmul(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None, fast_accum: bool) -> torch.Tensor:
+    y = fp8_scaled_mm(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias, fast_accum)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+_REQUIREMENTS = {
+    "scheme": "fp8",
+    "device_type": "cuda",
+    "prepare": _prepare,
+    "min_capability": (8, 9),
+    "activation_dtypes": FLOAT_ACTIVATIONS,
+    "alignment": 16,
+    "available": cuda_available,
+}
+
+
+@register_kernel(name="scaled-mm-fp8-fastaccum", priority=90, **_REQUIREMENTS)  # type: ignore[arg-type]
+def matmul_fast_accum(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """cuBLAS rowwise torch._scaled_mm, fast accumulation."""
+    return _matmul(x, prepared, bias, fast_accum=True)
+
+
+@register_kernel(name="scaled-mm-fp8", priority=80, **_REQUIREMENTS)  # type: ignore[arg-type]
+def matmul_exact_accum(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """cuBLAS rowwise torch._scaled_mm, full-precision accumulation."""
+    return _matmul(x, prepared, bias, fast_accum=False)

@@ -1,0 +1,112 @@
+"""CPU reference paths: exactly the stored math, in float32 (what CI runs, and what the doctor trusts).
+
+w8a16: y = x @ dequant(q, s)^T + b
+w8a8 / fp8: (x_q, s_x) = quantize_activation_per_token(x); y = (x_q * s_x) @ (q * s_w)^T + b
+All arithmetic in float32, cast to x.dtype at the end. Each is a torch custom
+op (``ditq::*_reference``) so torch.compile traces a model through it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ditq.kernels.registry import Prepared, StoredWeight, register_kernel
+from ditq.kernels.stored import stored_fp8_weight, stored_int8_weight, unpack_w8a16
+from ditq.numerics import dequantize_weight, quantize_activation_per_token
+
+__all__ = ["reference_float32"]
+
+
+def reference_float32(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    activations: str | None,
+) -> torch.Tensor:
+    """The float32 reference output (..., N) for x (..., K), on x's device.
+
+    ``activations`` None (weight-only), "int8" or "fp8" (per-token quantized, numerics' conventions).
+    """
+    w = dequantize_weight(q, weight_scale, torch.float32)  # (N, K)
+    if activations is None:
+        xf = x.to(torch.float32)
+    else:
+        x_q, x_scale = quantize_activation_per_token(x, activations)
+        xf = x_q.to(torch.float32) * x_scale
+    y = xf @ w.t()
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y
+
+
+def _out_shape(x: torch.Tensor, q: torch.Tensor) -> list[int]:
+    return [*x.shape[:-1], q.shape[0]]
+
+
+@torch.library.custom_op("ditq::w8a16_reference", mutates_args=())
+def w8a16_reference(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return reference_float32(x, weight, weight_scale, bias, None).to(x.dtype)
+
+
+@torch.library.custom_op("ditq::w8a8_reference", mutates_args=())
+def w8a8_reference(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return reference_float32(x, weight, weight_scale, bias, "int8").to(x.dtype)
+
+
+@torch.library.custom_op("ditq::fp8_reference", mutates_args=())
+def fp8_reference(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return reference_float32(x, weight, weight_scale, bias, "fp8").to(x.dtype)
+
+
+for _op in (w8a16_reference, w8a8_reference, fp8_reference):
+
+    @_op.register_fake
+    def _fake(
+        x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return x.new_empty(_out_shape(x, weight))
+
+
+def _to_device(q: torch.Tensor, scale: torch.Tensor, device: torch.device) -> Prepared:
+    return {"weight": q.to(device).contiguous(), "weight_scale": scale.to(device, torch.float32).contiguous()}
+
+
+def _prepare_w8a16(stored: StoredWeight, device: torch.device) -> Prepared:
+    return _to_device(*unpack_w8a16(stored), device)
+
+
+def _prepare_w8a8(stored: StoredWeight, device: torch.device) -> Prepared:
+    return _to_device(*stored_int8_weight(stored), device)
+
+
+def _prepare_fp8(stored: StoredWeight, device: torch.device) -> Prepared:
+    return _to_device(*stored_fp8_weight(stored), device)
+
+
+@register_kernel(
+    name="cpu-reference-w8a16", scheme="w8a16", device_type="cpu", prepare=_prepare_w8a16, priority=0
+)
+def matmul_w8a16(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """Reference: dequantize (unpacked int8 x scale) in float32, float32 GEMM."""
+    return w8a16_reference(x, prepared["weight"], prepared["weight_scale"], bias)
+
+
+@register_kernel(
+    name="cpu-reference-w8a8", scheme="w8a8", device_type="cpu", prepare=_prepare_w8a8, priority=0
+)
+def matmul_w8a8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """Reference: per-token int8 activation quantization, dequantized float32 GEMM."""
+    return w8a8_reference(x, prepared["weight"], prepared["weight_scale"], bias)
+
+
+@register_kernel(name="cpu-reference-fp8", scheme="fp8", device_type="cpu", prepare=_prepare_fp8, priority=0)
+def matmul_fp8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """Reference: per-token fp8 activation quantization, dequantized float32 GEMM."""
+    return fp8_reference(x, prepared["weight"], prepared["weight_scale"], bias)

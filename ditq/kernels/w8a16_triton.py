@@ -1,0 +1,83 @@
+"""CUDA w8a16: a Triton mixed-precision GEMM (int8 weights converted in registers, scale in the epilogue)
+and dequantize + cuBLAS GEMM (ops ``ditq::w8a16_triton``, ``ditq::w8a16_dequant_matmul``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ditq.kernels.cuda_common import flatten_rows, triton_available
+from ditq.kernels.registry import Prepared, StoredWeight, register_kernel
+from ditq.kernels.stored import unpack_w8a16
+
+__all__: list[str] = []
+
+HALF_ACTIVATIONS = frozenset({torch.bfloat16, torch.float16})
+
+
+def _prepare(stored: StoredWeight, device: torch.device) -> Prepared:
+    """Repack: the stored int32 words (4 biased bytes each) -> int8 (N, K); weight_scale (N, G) float32."""
+    q, scale = unpack_w8a16({key: t.to(device) for key, t in stored.items()})
+    return {"weight": q.contiguous(), "weight_scale": scale.to(torch.float32).contiguous()}
+
+
+@torch.library.custom_op("ditq::w8a16_triton", mutates_args=(), device_types="cuda")
+def w8a16_triton(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    from ditq.kernels._triton.w8a16_gemm import w8a16_gemm
+
+    return w8a16_gemm(x, weight, weight_scale, bias)
+
+
+@torch.library.custom_op("ditq::w8a16_dequant_matmul", mutates_args=(), device_types="cuda")
+def w8a16_dequant_matmul(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    from ditq.kernels._triton.dequant import dequantize_int8
+
+    w = dequantize_int8(weight, weight_scale, x.dtype)  # (N, K) in x's dtype, transient
+    return torch.nn.functional.linear(x, w, bias)
+
+
+for _op in (w8a16_triton, w8a16_dequant_matmul):
+
+    @_op.register_fake
+    def _fake(
+        x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@register_kernel(
+    name="triton-w8a16",
+    scheme="w8a16",
+    device_type="cuda",
+    prepare=_prepare,
+    priority=80,
+    min_capability=(8, 0),
+    activation_dtypes=HALF_ACTIVATIONS,
+    alignment=16,
+    available=triton_available,
+)
+def matmul_triton(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """Triton mixed-precision GEMM: int8 weights converted in registers, per-channel scale in the epilogue."""
+    y = w8a16_triton(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+@register_kernel(
+    name="dequant-matmul-w8a16",
+    scheme="w8a16",
+    device_type="cuda",
+    prepare=_prepare,
+    priority=70,
+    min_capability=(8, 0),
+    activation_dtypes=HALF_ACTIVATIONS | {torch.float32},
+    alignment=16,
+    available=triton_available,
+)
+def matmul_dequant(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """Dequantize to the activation dtype (Triton), then a cuBLAS GEMM."""
+    y = w8a16_dequant_matmul(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
+    return y.reshape(*x.shape[:-1], y.shape[-1])

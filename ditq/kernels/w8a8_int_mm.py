@@ -1,0 +1,54 @@
+"""CUDA w8a8 through cuBLAS ``torch._int_mm``: per-token int8 quantization, (M, K) int8 @ (K, N) int8 -> int32,
+then the scale epilogue in eager torch (op ``ditq::w8a8_int_mm``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ditq.kernels.cuda_common import cuda_available, flatten_rows, quantize_rows
+from ditq.kernels.registry import FLOAT_ACTIVATIONS, Prepared, register_kernel
+from ditq.kernels.w8a8_triton import prepare_w8a8
+
+__all__: list[str] = []
+
+_MIN_ROWS = 17  # torch._int_mm needs M > 16
+
+
+@torch.library.custom_op("ditq::w8a8_int_mm", mutates_args=(), device_types="cuda")
+def w8a8_int_mm(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    m = x.shape[0]
+    x_q, x_scale = quantize_rows(x, "int8")  # (M, K) int8, (M, 1) float32
+    if m < _MIN_ROWS:
+        x_q = torch.nn.functional.pad(x_q, (0, 0, 0, 32 - m))
+    acc = torch._int_mm(x_q, weight.t())[:m]  # (M, K) @ (K, N) column-major -> (M, N) int32
+    y = acc.to(torch.float32).mul_(x_scale).mul_(weight_scale)
+    if bias is not None:
+        y.add_(bias.to(torch.float32))
+    return y.to(x.dtype)
+
+
+@w8a8_int_mm.register_fake
+def _fake(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@register_kernel(
+    name="int-mm-w8a8",
+    scheme="w8a8",
+    device_type="cuda",
+    prepare=prepare_w8a8,
+    priority=50,
+    min_capability=(8, 0),
+    activation_dtypes=FLOAT_ACTIVATIONS,
+    alignment=16,
+    available=cuda_available,
+)
+def matmul_int_mm(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """cuBLAS torch._int_mm with per-token quantization and an eager scale epilogue."""
+    y = w8a8_int_mm(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
