@@ -1,0 +1,232 @@
+"""The BF16 baseline: a run of the unquantized model over the fixtures, sealed against change.
+
+``make_baseline`` produces the run through an endpoint (the probe runner) or in
+process (``ditq.runtime``: load_pipeline + PipelineAdapter), then ``seal_run``
+writes ``SEAL.json``: the sha256 of every image, of ``records.jsonl`` and of
+``RUN.json``, the fixture digest and versions. ``require_sealed`` is what
+``gate`` and ``compare`` call before trusting a baseline.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ditq.errors import DitqError, InputError
+from ditq.fsutil import atomic_write_json, sha256_file
+from ditq.probe.fixtures import Fixture, fixture_digest, load_fixtures
+from ditq.probe.records import IMAGES_DIR, RECORDS_FILE, RUN_FILE
+from ditq.probe.runner import ProbeOptions, ProbeSummary, run_matrix, run_probe, versions
+
+__all__ = [
+    "SEAL_FILE",
+    "AdapterExecutor",
+    "BaselineOptions",
+    "make_baseline",
+    "require_sealed",
+    "seal_run",
+    "verify_seal",
+]
+
+log = logging.getLogger(__name__)
+
+SEAL_FILE = "SEAL.json"
+_MIB = 1024 * 1024
+
+
+@dataclass
+class BaselineOptions:
+    model: Path
+    fixtures: Path
+    refs: Path
+    out: Path
+    seeds: list[int]
+    steps: int = 20
+    true_cfg_scale: float = 1.0
+    endpoint: str | None = None  # None: generate in process
+    device: str = "cpu"
+    offload: str = "none"
+    timeout_s: float = 1800.0
+    concurrency: int = 1
+    progress: bool = True
+
+
+class AdapterExecutor:
+    """In-process generation through a PipelineAdapter; one request at a time."""
+
+    endpoint = "in-process"
+
+    def __init__(self, adapter: Any, steps: int, true_cfg_scale: float) -> None:
+        self.adapter = adapter
+        self.steps = steps
+        self.true_cfg_scale = true_cfg_scale
+
+    def __call__(self, fixture: Fixture, seed: int) -> tuple[dict[str, Any], bytes | None]:
+        from PIL import Image
+
+        from ditq.runtime.adapter import GenerationRequest
+
+        t0 = time.perf_counter()
+        try:
+            references = []
+            for path in fixture.reference_paths:
+                with Image.open(path) as image:
+                    references.append(image.copy())
+            request = GenerationRequest(
+                prompt=fixture.prompt,
+                negative_prompt=fixture.negative_prompt,
+                images=references,
+                width=fixture.width,
+                height=fixture.height,
+                num_inference_steps=self.steps,
+                true_cfg_scale=self.true_cfg_scale,
+                seed=seed,
+            )
+            result = self.adapter(request)
+            buffer = io.BytesIO()
+            result.images[0].save(buffer, format="PNG")
+        except Exception as error:  # one failed generation is a record, not the end of the run
+            return {
+                "wall_s": round(time.perf_counter() - t0, 3),
+                "http": None,
+                "error": f"{type(error).__name__}: {error}",
+            }, None
+        peak = result.peak_memory_bytes
+        metrics = {
+            "timings": result.timings,
+            "step_times": result.step_times,
+            "peak_memory_mb": None if peak is None else round(peak / _MIB, 1),
+        }
+        return {
+            "wall_s": round(time.perf_counter() - t0, 3),
+            "http": None,
+            "metrics": metrics,
+        }, buffer.getvalue()
+
+
+def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> ProbeSummary:
+    from ditq.runtime.adapter import PipelineAdapter
+    from ditq.runtime.loader import load_pipeline
+
+    pipeline = load_pipeline(options.model, device=options.device, offload=options.offload)
+    executor = AdapterExecutor(PipelineAdapter(pipeline), options.steps, options.true_cfg_scale)
+    description = {
+        "schema": "ditq-run-v1",
+        "kind": "baseline",
+        "model": str(options.model),
+        "endpoints": ["in-process"],
+        "fixtures_file": str(options.fixtures),
+        "fixture_ids": list(fixtures),
+        "fixture_digest": fixture_digest(fixtures),
+        "seeds": list(options.seeds),
+        "steps": options.steps,
+        "true_cfg_scale": options.true_cfg_scale,
+        "options": {"device": options.device, "offload": options.offload},
+        "versions": versions(),
+    }
+    return run_matrix(
+        options.out, fixtures, options.seeds, [executor], description, progress=options.progress
+    )
+
+
+def make_baseline(options: BaselineOptions) -> ProbeSummary:
+    """Run the fixtures x seeds on the unquantized model and seal the result."""
+    fixtures = load_fixtures(options.fixtures, options.refs)
+    if options.endpoint is not None:
+        summary = run_probe(
+            ProbeOptions(
+                endpoints=[options.endpoint],
+                fixtures=options.fixtures,
+                refs=options.refs,
+                seeds=options.seeds,
+                out=options.out,
+                steps=options.steps,
+                true_cfg_scale=options.true_cfg_scale,
+                concurrency=options.concurrency,
+                timeout_s=options.timeout_s,
+                progress=options.progress,
+                kind="baseline",
+                extra={"model": str(options.model)},
+            )
+        )
+    else:
+        if not Path(options.model).is_dir():
+            raise InputError(f"{options.model}: model directory not found")
+        summary = _in_process(options, fixtures)
+    seal_run(options.out)
+    return summary
+
+
+def _image_digests(run: Path) -> dict[str, str]:
+    folder = run / IMAGES_DIR
+    if not folder.is_dir():
+        return {}
+    return {f"{IMAGES_DIR}/{p.name}": sha256_file(p) for p in sorted(folder.glob("*.png"))}
+
+
+def seal_run(run: Path) -> dict[str, Any]:
+    """Write RUN/SEAL.json over the run's records, RUN.json and every image."""
+    run = Path(run)
+    for name in (RECORDS_FILE, RUN_FILE):
+        if not (run / name).is_file():
+            raise InputError(f"{run}: cannot seal, {name} is missing")
+    description = json.loads((run / RUN_FILE).read_text())
+    seal = {
+        "schema": "ditq-seal-v1",
+        "sealed_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "files": {
+            RECORDS_FILE: sha256_file(run / RECORDS_FILE),
+            RUN_FILE: sha256_file(run / RUN_FILE),
+            **_image_digests(run),
+        },
+        "fixture_digest": description.get("fixture_digest"),
+        "versions": versions(),
+    }
+    atomic_write_json(run / SEAL_FILE, seal)
+    return seal
+
+
+def verify_seal(run: Path) -> list[str]:
+    """What no longer matches the seal (empty list: intact). An absent seal is one problem."""
+    run = Path(run)
+    path = run / SEAL_FILE
+    if not path.is_file():
+        return [f"{SEAL_FILE} is missing (not sealed)"]
+    try:
+        sealed: dict[str, str] = json.loads(path.read_text())["files"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return [f"{SEAL_FILE} is unreadable"]
+    problems = []
+    for name, digest in sealed.items():
+        target = run / name
+        if not target.is_file():
+            problems.append(f"{name} is sealed but missing")
+        elif sha256_file(target) != digest:
+            problems.append(f"{name} does not match its seal")
+    for name in _image_digests(run):
+        if name not in sealed:
+            problems.append(f"{name} is not in the seal")
+    return problems
+
+
+def require_sealed(baseline: Path, allow_unsealed: bool) -> str:
+    """'sealed', or 'unsealed (allowed): ...' with a warning; raises unless allowed."""
+    if not Path(baseline).is_dir():
+        raise InputError(f"{baseline}: baseline directory not found")
+    problems = verify_seal(baseline)
+    if not problems:
+        return "sealed"
+    summary = f"{problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+    if not allow_unsealed:
+        raise DitqError(
+            f"baseline {baseline}: {summary}; refusing it (re-create it with `ditq baseline`, "
+            "or pass --allow-unsealed)"
+        )
+    log.warning("baseline %s: %s; used anyway because of --allow-unsealed", baseline, summary)
+    return f"unsealed (allowed): {summary}"

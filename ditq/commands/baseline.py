@@ -1,0 +1,53 @@
+"""`ditq baseline`: the sealed BF16 run of a model over the fixtures, in process or through an endpoint."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ditq.baseline import BaselineOptions, make_baseline
+from ditq.commands.probe import add_matrix_arguments
+from ditq.probe.records import RECORDS_FILE, is_success, latest_by_key, read_records
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", type=Path, metavar="PATH", help="the unquantized diffusers model directory")
+    add_matrix_arguments(parser)
+    parser.add_argument(
+        "--endpoint", help="generate through this server (serving PATH) instead of in process"
+    )
+    parser.add_argument("--device", default="cpu", help="in process: torch device (default cpu)")
+    parser.add_argument(
+        "--offload", default="none", choices=("none", "model", "block"), help="in process: offload"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    summary = make_baseline(
+        BaselineOptions(
+            model=args.model,
+            fixtures=args.fixtures,
+            refs=args.refs,
+            out=args.out,
+            seeds=args.seeds,
+            steps=args.steps,
+            true_cfg_scale=args.cfg,
+            endpoint=args.endpoint,
+            device=args.device,
+            offload=args.offload,
+            timeout_s=args.timeout,
+            concurrency=args.concurrency,
+            progress=not args.no_progress,
+        )
+    )
+    records = latest_by_key(read_records(args.out / RECORDS_FILE))
+    failed = [key for key, record in records.items() if not is_success(record)]
+    print(
+        f"{args.out}: baseline of {len(records)} requests ({summary.completed} run now), "
+        f"{len(failed)} failed; sealed in {args.out / 'SEAL.json'}"
+    )
+    for fixture_id, seed in failed:
+        print(f"  failed: {fixture_id} s{seed}: {records[(fixture_id, seed)].get('error')}")
+    return 0 if not failed else 1

@@ -1,0 +1,45 @@
+"""`ditq gate`: structure gate over runs (ditq runs or the seed probe's record format)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+
+from ditq.baseline import require_sealed
+from ditq.fsutil import atomic_write_json
+from ditq.gate import build_envelopes, format_gate, gate_run, load_rules
+from ditq.probe.records import RUN_FILE
+
+__all__ = ["add_arguments", "run"]
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directories to judge")
+    parser.add_argument("--baseline", type=Path, help="sealed baseline run: adds the per-fixture envelope")
+    parser.add_argument("--rules", type=Path, help="rules JSON (default: the rules shipped with ditq)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--allow-unsealed", action="store_true", help="accept an unsealed or altered baseline"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    rules = load_rules(args.rules)
+    envelopes, baseline_note = None, None
+    if args.baseline is not None:
+        seal = require_sealed(args.baseline, args.allow_unsealed)
+        envelopes, baseline_note = build_envelopes(args.baseline, rules), f"{args.baseline} ({seal})"
+    results = [gate_run(path, rules, envelopes, baseline_note) for path in args.runs]
+    for path, result in zip(args.runs, results, strict=True):
+        if (path / RUN_FILE).is_file() and os.access(path, os.W_OK):
+            atomic_write_json(path / "gate.json", result.to_json())
+    if args.json:
+        print(json.dumps([r.to_json() for r in results], indent=1))
+    else:
+        print(format_gate(results))
+    return 0 if all(r.passed for r in results) else 1

@@ -1,0 +1,80 @@
+"""`ditq probe`: fixtures x seeds against one or more OpenAI-compatible image servers."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ditq.probe.fixtures import parse_seeds
+from ditq.probe.records import RECORDS_FILE, is_success, latest_by_key, read_records
+from ditq.probe.runner import ProbeOptions, run_probe
+
+__all__ = ["add_arguments", "add_matrix_arguments", "run"]
+
+
+def add_matrix_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the probe and the baseline share: fixtures, seeds, sampler settings."""
+    parser.add_argument(
+        "--fixtures", type=Path, required=True, help="fixtures JSON (id -> mode, references, ...)"
+    )
+    parser.add_argument("--refs", type=Path, required=True, help="directory of reference images, REF.png")
+    parser.add_argument("--out", type=Path, required=True, help="run directory (created; rerun to resume)")
+    parser.add_argument(
+        "--seeds", type=parse_seeds, default=parse_seeds("2301-2304"), help="e.g. 2301-2304 or 1,2,5"
+    )
+    parser.add_argument("--steps", type=int, default=20, help="num_inference_steps (default 20)")
+    parser.add_argument("--cfg", type=float, default=1.0, help="true_cfg_scale (default 1.0)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per request (default 1800)")
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="requests in flight per endpoint (default 1)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--endpoint",
+        action="append",
+        required=True,
+        metavar="URL[,URL...]",
+        help="server base URL (http://host:port); several (comma list or repeated) share one queue",
+    )
+    add_matrix_arguments(parser)
+    parser.add_argument("--retry-failed", action="store_true", help="redo requests whose record is a failure")
+    parser.add_argument("--model", help="'model' field sent with each request (some servers require it)")
+    parser.add_argument("--only", help="comma list of fixture ids to run (default: all)")
+    parser.add_argument("--server-pid", type=int, help="server process id, to sample its own device memory")
+    parser.add_argument("--memory-interval", type=float, default=1.0, help="seconds between memory samples")
+
+
+def run(args: argparse.Namespace) -> int:
+    endpoints = [url for value in args.endpoint for url in value.split(",") if url.strip()]
+    summary = run_probe(
+        ProbeOptions(
+            endpoints=endpoints,
+            fixtures=args.fixtures,
+            refs=args.refs,
+            seeds=args.seeds,
+            out=args.out,
+            steps=args.steps,
+            true_cfg_scale=args.cfg,
+            concurrency=args.concurrency,
+            retry_failed=args.retry_failed,
+            timeout_s=args.timeout,
+            model=args.model,
+            only=args.only.split(",") if args.only else None,
+            memory_interval_s=args.memory_interval,
+            server_pid=args.server_pid,
+            progress=not args.no_progress,
+        )
+    )
+    records = latest_by_key(read_records(args.out / RECORDS_FILE))
+    failed = [key for key, record in records.items() if not is_success(record)]
+    peak = "unavailable" if summary.peak_memory_mib is None else f"{summary.peak_memory_mib:.0f} MiB"
+    print(
+        f"{args.out}: {summary.completed} run now, {summary.skipped} already done, "
+        f"{len(records) - len(failed)}/{len(records)} with an image; memory {summary.memory['source']}, peak {peak}"
+    )
+    for fixture_id, seed in failed:
+        print(f"  failed: {fixture_id} s{seed}: {records[(fixture_id, seed)].get('error')}")
+    return 0 if not failed else 1

@@ -1,0 +1,371 @@
+"""The structure gate: is every image of a run intact, and does it sit where the baseline sits?
+
+Two kinds of rule, both data (``gate_rules.json``, or ``--rules FILE``):
+
+1. *Signatures* are absolute: a record fails when every ``when`` condition holds,
+   unless every ``unless`` condition can be evaluated and holds (e.g. a clean
+   cut-out is not a collapse). A signature whose metrics a record lacks is listed
+   as unchecked, not failed.
+2. *Envelope*, with a baseline run: per fixture, each listed metric must lie in
+   ``[min - h, max + h]`` of the baseline's own values, ``h = max(k * std,
+   margin, relative_margin * |mean|)``, so ordinary seed-to-seed variation passes
+   and a drift far outside it fails.
+
+Structure is recomputed from the image when the run has it, else taken from the
+record (the seed probe's evidence keeps records but not images).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import operator
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ditq.errors import InputError
+from ditq.metrics import structure_metrics_png
+from ditq.probe.memory import read_vram_csv
+from ditq.probe.records import RUN_FILE, find_image, is_success, latest_by_key, read_records
+
+__all__ = [
+    "Envelope",
+    "GateRecord",
+    "GateRules",
+    "GateRun",
+    "build_envelopes",
+    "format_gate",
+    "gate_run",
+    "load_rules",
+    "record_structure",
+]
+
+log = logging.getLogger(__name__)
+
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "lt": operator.lt,
+    "le": operator.le,
+    "gt": operator.gt,
+    "ge": operator.ge,
+    "eq": operator.eq,
+}
+_OP_TEXT = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}
+
+
+@dataclass(frozen=True)
+class Condition:
+    metric: str
+    op: str
+    value: Any
+
+    def holds(self, structure: dict[str, Any]) -> bool | None:
+        """True/False, or None when the structure lacks the metric."""
+        if structure.get(self.metric) is None:
+            return None
+        return _OPS[self.op](structure[self.metric], self.value)
+
+    def text(self, structure: dict[str, Any]) -> str:
+        return f"{self.metric} {structure.get(self.metric)} {_OP_TEXT[self.op]} {self.value}"
+
+
+@dataclass(frozen=True)
+class Signature:
+    name: str
+    description: str
+    when: tuple[Condition, ...]
+    unless: tuple[Condition, ...] = ()
+
+
+@dataclass(frozen=True)
+class EnvelopeMetric:
+    metric: str
+    k: float
+    margin: float
+    relative_margin: float
+
+
+@dataclass(frozen=True)
+class GateRules:
+    source: str
+    signatures: tuple[Signature, ...]
+    envelope: tuple[EnvelopeMetric, ...]
+
+
+def _conditions(where: str, raw: Any) -> tuple[Condition, ...]:
+    if not isinstance(raw, list):
+        raise InputError(f"{where}: expected a list of conditions")
+    out = []
+    for item in raw:
+        ops = [k for k in item if k != "metric"] if isinstance(item, dict) else []
+        if not isinstance(item, dict) or "metric" not in item or len(ops) != 1 or ops[0] not in _OPS:
+            raise InputError(
+                f"{where}: a condition is {{'metric': NAME, OP: VALUE}} with OP one of {', '.join(_OPS)}"
+            )
+        out.append(Condition(item["metric"], ops[0], item[ops[0]]))
+    return tuple(out)
+
+
+def load_rules(path: Path | None = None) -> GateRules:
+    """The rules file (default: the one shipped with ditq), validated."""
+    if path is None:
+        text, source = resources.files("ditq").joinpath("gate_rules.json").read_text(), "ditq/gate_rules.json"
+    else:
+        try:
+            text, source = Path(path).read_text(), str(path)
+        except FileNotFoundError:
+            raise InputError(f"{path}: rules file not found") from None
+    try:
+        raw = json.loads(text)
+        signatures = tuple(
+            Signature(
+                name=s["name"],
+                description=s.get("description", ""),
+                when=_conditions(f"{source}: signature {s['name']!r} 'when'", s["when"]),
+                unless=_conditions(f"{source}: signature {s['name']!r} 'unless'", s.get("unless", [])),
+            )
+            for s in raw["signatures"]
+        )
+        envelope = tuple(
+            EnvelopeMetric(
+                m["metric"], float(m["k"]), float(m.get("margin", 0.0)), float(m.get("relative_margin", 0.0))
+            )
+            for m in raw.get("envelope", {}).get("metrics", [])
+        )
+    except json.JSONDecodeError as error:
+        raise InputError(f"{source}: not valid JSON ({error})") from None
+    except (KeyError, TypeError) as error:
+        raise InputError(f"{source}: malformed rules (missing or wrong field {error})") from None
+    return GateRules(source, signatures, envelope)
+
+
+def record_structure(run: Path, record: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """(structure, where it came from): recomputed from the image if present, else as recorded."""
+    image = find_image(run, record["fixture_id"], int(record["seed"]))
+    if image is not None:
+        return structure_metrics_png(image.read_bytes()), "image"
+    recorded = record.get("structure")
+    if not recorded:
+        return None, "none"
+    structure = dict(recorded)
+    stds = structure.get("rgb_std")
+    if structure.get("rgb_std_mean") is None and stds:
+        structure["rgb_std_mean"] = round(sum(stds) / len(stds), 2)
+    return structure, "recorded"
+
+
+@dataclass(frozen=True)
+class Envelope:
+    fixture_id: str
+    n: int
+    bands: dict[str, tuple[float, float]]  # metric -> (low, high)
+
+
+def build_envelopes(baseline: Path, rules: GateRules) -> dict[str, Envelope]:
+    """Per fixture, the band of each envelope metric from the baseline's own successful records."""
+    values: dict[str, dict[str, list[float]]] = {}
+    for record in latest_by_key(read_records(baseline)).values():
+        if not is_success(record):
+            continue
+        structure, _ = record_structure(baseline, record)
+        if structure is None:
+            continue
+        per_metric = values.setdefault(record["fixture_id"], {})
+        for m in rules.envelope:
+            if structure.get(m.metric) is not None:
+                per_metric.setdefault(m.metric, []).append(float(structure[m.metric]))
+    envelopes = {}
+    for fixture_id, per_metric in values.items():
+        bands = {}
+        for m in rules.envelope:
+            xs = per_metric.get(m.metric)
+            if not xs:
+                continue
+            spread = statistics.pstdev(xs) if len(xs) > 1 else 0.0
+            half = max(m.k * spread, m.margin, m.relative_margin * abs(statistics.fmean(xs)))
+            bands[m.metric] = (min(xs) - half, max(xs) + half)
+        envelopes[fixture_id] = Envelope(
+            fixture_id, max((len(v) for v in per_metric.values()), default=0), bands
+        )
+    return envelopes
+
+
+@dataclass
+class GateRecord:
+    fixture_id: str
+    seed: int
+    n_references: int | None
+    passed: bool
+    reasons: list[str]
+    unchecked: list[str]
+    structure: dict[str, Any] | None
+    structure_source: str
+    wall_s: float | None
+    peak_memory_mib: float | None  # sampled on the device, else the server's own report
+
+
+@dataclass
+class GateRun:
+    run: str
+    format: str  # "ditq" | "seed-matrix"
+    baseline: str | None
+    rules: str
+    records: list[GateRecord] = field(default_factory=list)
+    run_peak_memory_mib: float | None = None
+    run_peak_source: str = "unavailable"
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.records) and all(r.passed for r in self.records)
+
+    def summary(self) -> dict[int | None, dict[str, Any]]:
+        rows: dict[int | None, dict[str, Any]] = {}
+        for n_refs in sorted({r.n_references for r in self.records}, key=lambda n: -1 if n is None else n):
+            group = [r for r in self.records if r.n_references == n_refs]
+            walls = [r.wall_s for r in group if r.wall_s is not None]
+            peaks = [r.peak_memory_mib for r in group if r.peak_memory_mib is not None]
+            rows[n_refs] = {
+                "n": len(group),
+                "passes": sum(r.passed for r in group),
+                "wall_min_s": min(walls, default=None),
+                "wall_max_s": max(walls, default=None),
+                "wall_mean_s": round(statistics.fmean(walls), 2) if walls else None,
+                "peak_memory_mib": max(peaks, default=None),
+            }
+        return rows
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "format": self.format,
+            "baseline": self.baseline,
+            "rules": self.rules,
+            "verdict": "PASS" if self.passed else "FAIL",
+            "passes": sum(r.passed for r in self.records),
+            "n": len(self.records),
+            "run_peak_memory_mib": self.run_peak_memory_mib,
+            "run_peak_source": self.run_peak_source,
+            "by_references": {str(k): v for k, v in self.summary().items()},
+            "records": [r.__dict__ for r in self.records],
+        }
+
+
+def _record_peak(record: dict[str, Any]) -> float | None:
+    if record.get("peak_memory_mib") is not None:
+        return float(record["peak_memory_mib"])
+    server = (record.get("metrics") or {}).get("peak_memory_mb")
+    return float(server) if isinstance(server, int | float) else None
+
+
+def _judge(
+    structure: dict[str, Any], rules: GateRules, envelope: Envelope | None
+) -> tuple[list[str], list[str]]:
+    reasons, unchecked = [], []
+    for sig in rules.signatures:
+        results = [c.holds(structure) for c in sig.when]
+        if any(r is None for r in results):
+            missing = [c.metric for c, r in zip(sig.when, results, strict=True) if r is None]
+            unchecked.append(f"{sig.name} (no {', '.join(missing)})")
+            continue
+        if not all(results):
+            continue
+        if sig.unless and all(c.holds(structure) is True for c in sig.unless):
+            continue
+        reasons.append(f"{sig.name}: " + ", ".join(c.text(structure) for c in sig.when))
+    if envelope is not None:
+        for metric, (low, high) in envelope.bands.items():
+            value = structure.get(metric)
+            if value is None:
+                unchecked.append(f"envelope {metric} (not measured)")
+            elif not low <= float(value) <= high:
+                reasons.append(
+                    f"drift: {metric} {value} outside the baseline envelope [{low:.4g}, {high:.4g}] (n={envelope.n})"
+                )
+    return reasons, unchecked
+
+
+def gate_run(
+    run: Path, rules: GateRules, envelopes: dict[str, Envelope] | None = None, baseline: str | None = None
+) -> GateRun:
+    run = Path(run)
+    records = latest_by_key(read_records(run))
+    result = GateRun(
+        run=str(run),
+        format="ditq" if (run / RUN_FILE).exists() or (run / "records.jsonl").exists() else "seed-matrix",
+        baseline=baseline,
+        rules=rules.source,
+    )
+    for record in records.values():
+        structure, source = record_structure(run, record)
+        reasons: list[str]
+        unchecked: list[str] = []
+        if not is_success(record) and record.get("error"):
+            reasons = [f"request failed: {str(record['error'])[:200]}"]
+        elif structure is None:
+            reasons = ["no image and no recorded structure"]
+        else:
+            envelope = None if envelopes is None else envelopes.get(record["fixture_id"])
+            reasons, unchecked = _judge(structure, rules, envelope)
+            if envelopes is not None and envelope is None:
+                unchecked.append("envelope (fixture not in the baseline)")
+        result.records.append(
+            GateRecord(
+                fixture_id=record["fixture_id"],
+                seed=int(record["seed"]),
+                n_references=record.get("n_references"),
+                passed=not reasons,
+                reasons=reasons,
+                unchecked=unchecked,
+                structure=structure,
+                structure_source=source,
+                wall_s=record.get("wall_s"),
+                peak_memory_mib=_record_peak(record),
+            )
+        )
+    sampled = read_vram_csv(run / "vram.csv")
+    if sampled:
+        result.run_peak_memory_mib, result.run_peak_source = max(s.used_mib for s in sampled), "vram.csv"
+    else:
+        peaks = [r.peak_memory_mib for r in result.records if r.peak_memory_mib is not None]
+        if peaks:
+            result.run_peak_memory_mib, result.run_peak_source = (
+                max(peaks),
+                "records: server-reported peak_memory_mb",
+            )
+    return result
+
+
+def _num(value: float | None, fmt: str = ".1f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_gate(results: Sequence[GateRun]) -> str:
+    lines = []
+    for run in results:
+        lines.append(
+            f"== {run.run} ({run.format}, {len(run.records)} records, rules {run.rules}"
+            + (f", baseline {run.baseline}" if run.baseline else ", no baseline")
+            + ") =="
+        )
+        for n_refs, row in run.summary().items():
+            lines.append(
+                f"  {n_refs}-ref: n={row['n']} pass={row['passes']}/{row['n']} "
+                f"{'PASS' if row['passes'] == row['n'] else 'FAIL'}  wall {_num(row['wall_min_s'])}-"
+                f"{_num(row['wall_max_s'])} s (mean {_num(row['wall_mean_s'])} s)  peak {_num(row['peak_memory_mib'], '.0f')} MiB"
+            )
+            for rec in (r for r in run.records if r.n_references == n_refs):
+                detail = "; ".join(rec.reasons) if rec.reasons else "ok"
+                lines.append(
+                    f"    {rec.fixture_id} s{rec.seed}: {'PASS' if rec.passed else 'FAIL'} "
+                    f"[{rec.structure_source}] {detail}"
+                )
+        unchecked = sorted({u for r in run.records for u in r.unchecked})
+        if unchecked:
+            lines.append(f"  unchecked: {'; '.join(unchecked)}")
+        lines.append(f"  peak memory: {_num(run.run_peak_memory_mib, '.0f')} MiB ({run.run_peak_source})")
+        passes = sum(r.passed for r in run.records)
+        lines.append(f"  GATE: {'PASS' if run.passed else 'FAIL'} ({passes}/{len(run.records)} pass)")
+    return "\n".join(lines)

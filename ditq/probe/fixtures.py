@@ -1,0 +1,129 @@
+"""Fixtures: what to ask the server for, validated once, on load.
+
+A fixtures file maps an id to ``{mode, references, width, height, prompt,
+negative_prompt[, derived_from]}``; ``mode`` is ``generate`` (no references) or
+``edit`` (one or more). Reference ``R`` is the file ``REFS_DIR/R.png``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ditq.errors import InputError
+
+__all__ = ["MODES", "SIZE_MULTIPLE", "Fixture", "fixture_digest", "load_fixtures", "parse_seeds"]
+
+MODES = ("generate", "edit")
+SIZE_MULTIPLE = 16
+_REQUIRED = ("mode", "references", "width", "height", "prompt")
+_OPTIONAL = ("negative_prompt", "derived_from")
+
+
+@dataclass(frozen=True)
+class Fixture:
+    id: str
+    mode: str
+    references: tuple[str, ...]
+    width: int
+    height: int
+    prompt: str
+    negative_prompt: str | None
+    reference_paths: tuple[Path, ...]
+    derived_from: str | None = None
+
+    @property
+    def size(self) -> str:
+        return f"{self.width}x{self.height}"
+
+
+def _fixture(source: Path, fixture_id: str, raw: Any, refs_dir: Path) -> Fixture:
+    where = f"{source}: fixture {fixture_id!r}"
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected an object, got {type(raw).__name__}")
+    for field in _REQUIRED:
+        if field not in raw:
+            raise InputError(f"{where}: missing field {field!r}")
+    unknown = sorted(set(raw) - set(_REQUIRED) - set(_OPTIONAL))
+    if unknown:
+        raise InputError(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(_REQUIRED + _OPTIONAL)})")
+    mode = raw["mode"]
+    if mode not in MODES:
+        raise InputError(f"{where}: field 'mode' is {mode!r}; expected one of {', '.join(MODES)}")
+    references = raw["references"]
+    if not isinstance(references, list) or not all(isinstance(r, str) and r for r in references):
+        raise InputError(f"{where}: field 'references' must be a list of reference ids")
+    if mode == "edit" and not references:
+        raise InputError(f"{where}: field 'references' is empty; mode 'edit' needs at least one")
+    if mode == "generate" and references:
+        raise InputError(f"{where}: field 'references' must be empty for mode 'generate'")
+    for field in ("width", "height"):
+        value = raw[field]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise InputError(f"{where}: field {field!r} must be a positive integer, got {value!r}")
+        if value % SIZE_MULTIPLE:
+            raise InputError(f"{where}: field {field!r} is {value}, not a multiple of {SIZE_MULTIPLE}")
+    if not isinstance(raw["prompt"], str) or not raw["prompt"].strip():
+        raise InputError(f"{where}: field 'prompt' must be a non-empty string")
+    negative = raw.get("negative_prompt")
+    if negative is not None and not isinstance(negative, str):
+        raise InputError(f"{where}: field 'negative_prompt' must be a string or null")
+    paths = tuple(refs_dir / f"{ref}.png" for ref in references)
+    for ref, path in zip(references, paths, strict=True):
+        if not path.is_file():
+            raise InputError(f"{where}: field 'references': reference file {path} for {ref!r} not found")
+    return Fixture(
+        id=fixture_id,
+        mode=mode,
+        references=tuple(references),
+        width=raw["width"],
+        height=raw["height"],
+        prompt=raw["prompt"],
+        negative_prompt=negative,
+        reference_paths=paths,
+        derived_from=raw.get("derived_from"),
+    )
+
+
+def load_fixtures(path: Path, refs_dir: Path) -> dict[str, Fixture]:
+    """Read and validate a fixtures file; every error names the fixture and the field."""
+    path, refs_dir = Path(path), Path(refs_dir)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: fixtures file not found") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(raw, dict) or not raw:
+        raise InputError(f"{path}: expected a non-empty object mapping fixture id to fixture")
+    return {fixture_id: _fixture(path, fixture_id, value, refs_dir) for fixture_id, value in raw.items()}
+
+
+def fixture_digest(fixtures: dict[str, Fixture]) -> str:
+    """sha256 over the fixtures' content and the bytes of every reference image they name."""
+    digest = hashlib.sha256()
+    for fixture_id in sorted(fixtures):
+        f = fixtures[fixture_id]
+        entry = [f.id, f.mode, list(f.references), f.width, f.height, f.prompt, f.negative_prompt]
+        digest.update(json.dumps(entry, sort_keys=True).encode())
+        for ref_path in f.reference_paths:
+            digest.update(hashlib.sha256(ref_path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'2301-2304' or '1,2,5' or '1-3,9' -> sorted unique non-negative seeds."""
+    seeds: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        try:
+            low, _, high = part.partition("-")
+            first, last = int(low), int(high or low)
+            if first < 0 or last < first:
+                raise ValueError
+        except ValueError:
+            raise InputError(f"--seeds: cannot read {part!r}; use e.g. 2301-2304 or 1,2,5") from None
+        seeds.update(range(first, last + 1))
+    return sorted(seeds)

@@ -1,0 +1,378 @@
+"""The matrix runner: every fixture x seed through one or more image servers, crash-safe.
+
+Work items go through one shared queue; each endpoint gets ``concurrency``
+workers, so several replicas drain the same matrix. As each request completes,
+its PNG is written atomically to ``RUN/images/FIXTURE.sSEED.png`` and its record
+is appended (flushed, fsynced) to ``RUN/records.jsonl``. A rerun skips keys
+that already have a record; ``retry_failed`` redoes the ones that failed.
+Server faults (timeouts, refused connections, 5xx, bodies without an image)
+become records with an ``error``; the run itself never aborts on them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import platform
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from ditq.errors import InputError
+from ditq.fsutil import atomic_write_bytes, atomic_write_json
+from ditq.metrics import structure_metrics_png
+from ditq.probe.fixtures import Fixture, fixture_digest, load_fixtures
+from ditq.probe.memory import MemorySampler
+from ditq.probe.records import (
+    IMAGES_DIR,
+    RECORDS_FILE,
+    RUN_FILE,
+    RecordLog,
+    image_name,
+    is_success,
+    latest_by_key,
+    read_records,
+)
+
+__all__ = [
+    "Executor",
+    "HttpExecutor",
+    "ProbeOptions",
+    "ProbeSummary",
+    "normalize_endpoint",
+    "run_matrix",
+    "run_probe",
+    "versions",
+]
+
+log = logging.getLogger(__name__)
+
+# (fixture, seed) -> (record fields: wall_s, http, usage, metrics, error; PNG bytes or None)
+Executor = Callable[[Fixture, int], tuple[dict[str, Any], bytes | None]]
+
+
+@dataclass
+class ProbeOptions:
+    endpoints: list[str]
+    fixtures: Path
+    refs: Path
+    seeds: list[int]
+    out: Path
+    steps: int = 20
+    true_cfg_scale: float = 1.0
+    concurrency: int = 1  # in-flight requests per endpoint
+    retry_failed: bool = False
+    timeout_s: float = 1800.0
+    model: str | None = None
+    only: list[str] | None = None  # fixture ids; None = all
+    memory_interval_s: float = 1.0
+    server_pid: int | None = None
+    progress: bool = True
+    kind: str = "probe"  # what RUN.json says this run is ("probe" or "baseline")
+    extra: dict[str, Any] = field(default_factory=dict)  # more facts for RUN.json (e.g. the model path)
+
+
+@dataclass
+class ProbeSummary:
+    run: Path
+    planned: int
+    skipped: int
+    completed: int = 0
+    failed: int = 0
+    memory: dict[str, Any] = field(default_factory=dict)
+    peak_memory_mib: float | None = None
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import PIL
+
+    import ditq
+
+    return {
+        "ditq": getattr(ditq, "__version__", "unknown"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "httpx": httpx.__version__,
+        "numpy": numpy.__version__,
+        "pillow": PIL.__version__,
+    }
+
+
+def normalize_endpoint(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise InputError(f"--endpoint: {url!r} is not an http(s) URL")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class HttpExecutor:
+    """One OpenAI-compatible images endpoint: edits (multipart, ``image[]``) or generations (JSON)."""
+
+    def __init__(self, endpoint: str, options: ProbeOptions) -> None:
+        self.endpoint = endpoint
+        self.options = options
+        self.client = httpx.Client(
+            timeout=httpx.Timeout(options.timeout_s, connect=min(30.0, options.timeout_s))
+        )
+
+    def _fields(self, fixture: Fixture, seed: int) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "prompt": fixture.prompt,
+            "seed": seed,
+            "num_inference_steps": self.options.steps,
+            "true_cfg_scale": self.options.true_cfg_scale,
+            "size": fixture.size,
+            "n": 1,
+            "response_format": "b64_json",
+            "output_format": "png",
+            "return_stage_metrics": True,
+        }
+        if self.options.model:
+            fields["model"] = self.options.model
+        if fixture.negative_prompt:
+            fields["negative_prompt"] = fixture.negative_prompt
+        return fields
+
+    def _post(self, fixture: Fixture, seed: int) -> httpx.Response:
+        fields = self._fields(fixture, seed)
+        if fixture.mode == "generate":
+            return self.client.post(f"{self.endpoint}/v1/images/generations", json=fields)
+        form = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in fields.items()}
+        files = [("image[]", (p.name, p.read_bytes(), "image/png")) for p in fixture.reference_paths]
+        return self.client.post(f"{self.endpoint}/v1/images/edits", data=form, files=files)
+
+    def __call__(self, fixture: Fixture, seed: int) -> tuple[dict[str, Any], bytes | None]:
+        t0 = time.perf_counter()
+        fields: dict[str, Any] = {"http": None}
+        try:
+            response = self._post(fixture, seed)
+        except httpx.TimeoutException as error:
+            fields["error"] = f"timeout after {self.options.timeout_s:g} s ({type(error).__name__})"
+            return {"wall_s": round(time.perf_counter() - t0, 3), **fields}, None
+        except httpx.HTTPError as error:
+            fields["error"] = f"{type(error).__name__}: {error}"
+            return {"wall_s": round(time.perf_counter() - t0, 3), **fields}, None
+        fields["wall_s"] = round(time.perf_counter() - t0, 3)
+        fields["http"] = response.status_code
+        if response.status_code != 200:
+            fields["error"] = f"HTTP {response.status_code}: {response.text[:500]}"
+            return fields, None
+        try:
+            body = response.json()
+            png = base64.b64decode(body["data"][0]["b64_json"], validate=True)
+        except (ValueError, KeyError, IndexError, TypeError) as error:
+            fields["error"] = f"HTTP 200 without a decodable image ({type(error).__name__}: {error})"
+            return fields, None
+        fields["usage"] = body.get("usage")
+        metrics = body.get("metrics")
+        extra = {k: body[k] for k in ("stage_metrics", "timings") if body.get(k)}
+        fields["metrics"] = {**(metrics or {}), **extra} if (metrics or extra) else None
+        return fields, png
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _base_record(fixture: Fixture, seed: int, steps: int, cfg: float) -> dict[str, Any]:
+    return {
+        "fixture_id": fixture.id,
+        "seed": seed,
+        "n_references": len(fixture.references),
+        "steps": steps,
+        "true_cfg_scale": cfg,
+        "size": fixture.size,
+    }
+
+
+def _finish_record(record: dict[str, Any], png: bytes | None, run: Path) -> dict[str, Any]:
+    """Fill bytes/sha256/structure from the PNG (written atomically first) or keep the error."""
+    if png is not None and not record.get("error"):
+        try:
+            record["structure"] = structure_metrics_png(png)
+        except Exception as error:  # undecodable bytes are a server fault, recorded
+            record["error"] = f"response image cannot be decoded ({type(error).__name__}: {error})"
+        else:
+            atomic_write_bytes(run / IMAGES_DIR / image_name(record["fixture_id"], record["seed"]), png)
+            record["bytes"] = len(png)
+            record["sha256"] = hashlib.sha256(png).hexdigest()
+    record.setdefault("bytes", None)
+    record.setdefault("sha256", None)
+    record.setdefault("structure", None)
+    record.setdefault("usage", None)
+    record.setdefault("metrics", None)
+    record.setdefault("error", None)
+    return record
+
+
+def _plan(
+    fixtures: dict[str, Fixture], seeds: Sequence[int], run: Path, retry_failed: bool
+) -> tuple[list[tuple[Fixture, int]], int]:
+    done = latest_by_key(read_records(run)) if (run / RECORDS_FILE).exists() else {}
+    todo, skipped = [], 0
+    for fixture in fixtures.values():
+        for seed in seeds:
+            previous = done.get((fixture.id, seed))
+            if previous is not None and (is_success(previous) or not retry_failed):
+                skipped += 1
+                continue
+            todo.append((fixture, seed))
+    return todo, skipped
+
+
+def _check_resume(run: Path, description: dict[str, Any]) -> None:
+    path = run / RUN_FILE
+    if not path.exists():
+        return
+    previous = json.loads(path.read_text())
+    for key in ("fixture_digest", "steps", "true_cfg_scale"):
+        if previous.get(key) != description[key]:
+            raise InputError(
+                f"{path}: this run was made with {key}={previous.get(key)!r}, not {description[key]!r}; "
+                "use a new --out directory"
+            )
+
+
+def run_matrix(
+    run: Path,
+    fixtures: dict[str, Fixture],
+    seeds: Sequence[int],
+    executors: Sequence[Executor],
+    description: dict[str, Any],
+    *,
+    retry_failed: bool = False,
+    memory_interval_s: float = 1.0,
+    server_pid: int | None = None,
+    progress: bool = True,
+) -> ProbeSummary:
+    """Drain fixtures x seeds through ``executors`` (one worker each), appending records to ``run``."""
+    run.mkdir(parents=True, exist_ok=True)
+    _check_resume(run, description)
+    todo, skipped = _plan(fixtures, seeds, run, retry_failed)
+    summary = ProbeSummary(run=run, planned=len(todo) + skipped, skipped=skipped)
+    sampler = MemorySampler(run / "vram.csv", memory_interval_s, server_pid).start()
+    summary.memory = sampler.describe()
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    atomic_write_json(
+        run / RUN_FILE, {**description, "memory": summary.memory, "started_utc": started, "status": "running"}
+    )
+    jobs: queue.Queue[tuple[Fixture, int]] = queue.Queue()
+    for job in todo:
+        jobs.put(job)
+    bar = tqdm(total=len(todo), disable=not progress, unit="img", desc=run.name, dynamic_ncols=True)
+    counts_lock = threading.Lock()
+    steps, cfg = description["steps"], description["true_cfg_scale"]
+
+    def work(executor: Executor, log_file: RecordLog) -> None:
+        while True:
+            try:
+                fixture, seed = jobs.get_nowait()
+            except queue.Empty:
+                return
+            record = _base_record(fixture, seed, steps, cfg)
+            record["endpoint"] = getattr(executor, "endpoint", None)
+            sampler.sample_now()
+            record["t_start"] = round(time.time(), 3)
+            fields, png = executor(fixture, seed)
+            record["t_end"] = round(time.time(), 3)
+            sampler.sample_now()
+            record.update(fields)
+            record["peak_memory_mib"] = sampler.peak_between(record["t_start"], record["t_end"] + 0.5)
+            _finish_record(record, png, run)
+            log_file.append(record)
+            with counts_lock:
+                summary.completed += 1
+                summary.failed += 0 if is_success(record) else 1
+                bar.set_postfix(failed=summary.failed, refresh=False)
+                bar.update(1)
+
+    try:
+        with RecordLog(run / RECORDS_FILE) as log_file:
+            threads = [threading.Thread(target=work, args=(e, log_file), daemon=True) for e in executors]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(timeout=0.2)
+    finally:
+        bar.close()
+        sampler.stop()
+        summary.peak_memory_mib = sampler.peak()
+        finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        atomic_write_json(
+            run / RUN_FILE,
+            {
+                **description,
+                "memory": summary.memory,
+                "started_utc": started,
+                "finished_utc": finished,
+                "status": "complete" if jobs.empty() else "interrupted",
+                "peak_memory_mib": summary.peak_memory_mib,
+                "counts": {
+                    k: v
+                    for k, v in asdict(summary).items()
+                    if k in ("planned", "skipped", "completed", "failed")
+                },
+            },
+        )
+    return summary
+
+
+def run_probe(options: ProbeOptions) -> ProbeSummary:
+    """The ``ditq probe`` job: fixtures x seeds against the endpoints, into ``options.out``."""
+    if options.concurrency < 1:
+        raise InputError(f"--concurrency must be at least 1, got {options.concurrency}")
+    if not options.endpoints:
+        raise InputError("--endpoint: give at least one URL")
+    endpoints = [normalize_endpoint(e) for e in options.endpoints]
+    fixtures = load_fixtures(options.fixtures, options.refs)
+    if options.only:
+        unknown = [f for f in options.only if f not in fixtures]
+        if unknown:
+            raise InputError(f"--only: unknown fixture {unknown[0]!r} (known: {', '.join(fixtures)})")
+        fixtures = {k: v for k, v in fixtures.items() if k in options.only}
+    description = {
+        "schema": "ditq-run-v1",
+        "kind": options.kind,
+        **options.extra,
+        "endpoints": endpoints,
+        "fixtures_file": str(options.fixtures),
+        "fixture_ids": list(fixtures),
+        "fixture_digest": fixture_digest(fixtures),
+        "seeds": list(options.seeds),
+        "steps": options.steps,
+        "true_cfg_scale": options.true_cfg_scale,
+        "options": {
+            "concurrency": options.concurrency,
+            "timeout_s": options.timeout_s,
+            "model": options.model,
+            "retry_failed": options.retry_failed,
+        },
+        "versions": versions(),
+    }
+    executors = [HttpExecutor(e, options) for e in endpoints for _ in range(options.concurrency)]
+    try:
+        return run_matrix(
+            Path(options.out),
+            fixtures,
+            options.seeds,
+            executors,
+            description,
+            retry_failed=options.retry_failed,
+            memory_interval_s=options.memory_interval_s,
+            server_pid=options.server_pid,
+            progress=options.progress,
+        )
+    finally:
+        for executor in executors:
+            executor.close()
