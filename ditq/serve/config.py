@@ -1,0 +1,77 @@
+"""The server's settings, validated once at the edge, plus the ``SIZE`` parser of ``--max-memory``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from ditq.errors import InputError
+
+__all__ = ["CollapsePolicy", "ServeConfig", "parse_memory_size"]
+
+# "error": a collapsed image fails its request with 500 non_finite_output; "warn": it is returned
+# with a "warnings" entry in the response. Either way it is logged and counted.
+CollapsePolicy = Literal["error", "warn"]
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+
+def parse_memory_size(text: str) -> int:
+    """'24GiB', '24GB', '20000MiB', '1.5g' or a byte count -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise InputError(f"--max-memory: cannot read '{text}' as a size (examples: 24GiB, 24GB, 20000MiB)")
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise InputError(f"--max-memory: size must be positive, got '{text}'")
+    return size
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What the HTTP layer enforces. Limits are per request unless named otherwise."""
+
+    served_model_name: str = "ditq-demo"
+    max_queue: int = 16  # requests waiting behind the one being generated; more -> 429
+    request_timeout_s: float = 600.0  # from arrival to response, queue wait included; -> 504
+    max_body_bytes: int = 64 * 1024**2  # whole HTTP body; -> 413
+    max_pixels: int = 2048 * 2048  # width * height of one output image
+    max_n: int = 4  # images per request
+    max_steps: int = 200
+    max_scale: float = 50.0  # guidance_scale and true_cfg_scale lie in [0, max_scale]
+    max_prompt_chars: int = 32000
+    on_collapse: CollapsePolicy = "error"
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_queue": self.max_queue,
+            "request_timeout_s": self.request_timeout_s,
+            "max_body_bytes": self.max_body_bytes,
+            "max_pixels": self.max_pixels,
+            "max_n": self.max_n,
+            "max_steps": self.max_steps,
+            "max_scale": self.max_scale,
+            "max_prompt_chars": self.max_prompt_chars,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise InputError(f"serve setting {name} must be positive, got {value}")
+        if self.on_collapse not in ("error", "warn"):
+            raise InputError(f"serve setting on_collapse must be 'error' or 'warn', got {self.on_collapse!r}")

@@ -1,0 +1,59 @@
+"""Generated images on their way out: the collapse check, then encoding as png, jpeg or webp."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+from ditq.gate import GateRules
+from ditq.metrics import structure_metrics
+
+__all__ = ["collapse_reasons", "encode_image"]
+
+_SAVE_OPTIONS: dict[str, dict[str, object]] = {
+    "png": {"format": "PNG"},
+    "jpeg": {"format": "JPEG", "quality": 95},
+    "webp": {"format": "WEBP", "quality": 95},
+}
+
+
+def collapse_reasons(image: Image.Image, rules: GateRules) -> list[str]:
+    """The gate's collapse signatures this image shows (name: measured values); empty when sound.
+
+    A signature fires when every ``when`` condition holds, unless every ``unless`` condition holds
+    (the gate's own reading of its rules file). Non-finite latents reach a PIL image as black or
+    transparent pixels, which the flat and transparent signatures catch.
+    """
+    structure = structure_metrics(np.asarray(image))
+    reasons = []
+    for signature in rules.signatures:
+        fires = all(condition.holds(structure) is True for condition in signature.when)
+        excused = bool(signature.unless) and all(c.holds(structure) is True for c in signature.unless)
+        if fires and not excused:
+            measured = ", ".join(condition.text(structure) for condition in signature.when)
+            reasons.append(f"{signature.name} ({measured})")
+    return reasons
+
+
+def _over_white(image: Image.Image) -> Image.Image:
+    rgba = image.convert("RGBA")
+    background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    return Image.alpha_composite(background, rgba).convert("RGB")
+
+
+def encode_image(image: Image.Image, output_format: str, background: str) -> bytes:
+    """Encode one image. background: 'opaque' flattens over white, 'transparent' keeps an alpha
+    channel (adding an opaque one if there is none), 'auto' keeps what the pipeline produced where the
+    format can hold it (jpeg cannot hold alpha: flattened over white)."""
+    has_alpha = "A" in image.getbands() or "transparency" in image.info
+    if background == "opaque" or (has_alpha and output_format == "jpeg"):
+        image = _over_white(image) if has_alpha else image.convert("RGB")
+    elif background == "transparent":
+        image = image.convert("RGBA")
+    elif image.mode not in ("RGB", "RGBA", "L", "LA"):
+        image = image.convert("RGBA" if has_alpha else "RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, **_SAVE_OPTIONS[output_format])  # type: ignore[arg-type]
+    return buffer.getvalue()

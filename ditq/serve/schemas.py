@@ -1,0 +1,101 @@
+"""Request and response bodies of the images API: OpenAI's fields plus vLLM-Omni's extensions.
+
+Types are checked here (pydantic, unknown fields rejected); ranges that depend on the server's
+settings or on the served pipeline are checked in :mod:`ditq.serve.validation`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "EXTENSION_FIELDS",
+    "ImageData",
+    "ImageRequest",
+    "ImageResponse",
+    "ImageUsage",
+    "ModelCard",
+    "ModelList",
+    "StageMetrics",
+]
+
+# Fields outside OpenAI's schema that vLLM-Omni accepts; each must be taken by the served pipeline
+# (PipelineAdapter.supports) or the request fails naming it.
+EXTENSION_FIELDS = ("negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale")
+
+
+class ImageRequest(BaseModel):
+    """Body of POST /v1/images/generations (JSON) and the form fields of /v1/images/edits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str
+    model: str | None = None
+    n: int = 1
+    size: str = "auto"  # "WxH" or "auto" (the pipeline's default size)
+    response_format: str = "b64_json"  # only b64_json: the server keeps no files to link to
+    output_format: Literal["png", "jpeg", "webp"] = "png"
+    background: Literal["transparent", "opaque", "auto"] = "auto"
+    user: str | None = None
+    # vLLM-Omni extensions
+    seed: int | None = None  # 0 is a valid seed; None draws one
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    true_cfg_scale: float | None = None
+    negative_prompt: str | None = None
+    return_stage_metrics: bool = False
+
+
+class ImageData(BaseModel):
+    b64_json: str
+    revised_prompt: str | None = None
+
+
+class ImageUsage(BaseModel):
+    """What the request consumed, in the units an image pipeline has (no tokens are counted)."""
+
+    input_images: int
+    output_images: int
+    output_pixels: int  # width * height * output_images
+
+
+class StageMetrics(BaseModel):
+    """Per-request timings, in milliseconds, named as the seed's probe recorded them."""
+
+    queue_wait_ms: float
+    text_encoding_ms: float
+    denoising_ms: float
+    denoise_step_latency_ms: float  # mean over steps
+    decoding_ms: float
+    postprocess_time_ms: float  # the pipeline's postprocess plus the server's image encoding
+    generation_ms: float  # the adapter call, end to end
+    peak_memory_mb: float | None  # peak accelerator memory of this request; None on the CPU
+    num_inference_steps: int | None  # steps measured, else the steps asked for
+    image_pixels: int
+    denoise_step_latencies_ms: list[float] | None = None  # only with return_stage_metrics
+
+
+class ImageResponse(BaseModel):
+    created: int
+    data: list[ImageData]
+    output_format: str
+    size: str
+    background: str
+    usage: ImageUsage
+    metrics: StageMetrics
+    warnings: list[str] = Field(default_factory=list)
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "ditq"
+    root: str  # the directory served
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,75 @@
+"""What runs before the first request: loading the model and the kernel doctor's start-up check."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ditq.runtime.adapter import PipelineAdapter
+from ditq.runtime.modules import quantized_linears
+from ditq.serve.config import parse_memory_size
+from ditq.serve.state import DoctorOutcome
+
+__all__ = ["apply_memory_cap", "load_adapter", "make_doctor", "quantized_layer_count"]
+
+logger = logging.getLogger(__name__)
+
+
+def apply_memory_cap(max_memory: str | None, device: str) -> int | None:
+    """Cap this process's accelerator memory at ``max_memory`` (e.g. '24GiB') on a CUDA device, so the
+    capacity of a smaller card can be tested on a larger one. Returns the cap in bytes."""
+    if max_memory is None:
+        return None
+    size = parse_memory_size(max_memory)
+    torch_device = torch.device(device)
+    if torch_device.type != "cuda":
+        from ditq.errors import InputError
+
+        raise InputError(f"--max-memory caps accelerator memory; device '{device}' has none to cap")
+    total = torch.cuda.get_device_properties(torch_device).total_memory
+    fraction = min(1.0, size / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, torch_device)
+    logger.info(
+        "accelerator memory capped at %.2f GiB (%.1f%% of %.2f GiB)",
+        size / 1024**3,
+        fraction * 100,
+        total / 1024**3,
+    )
+    return size
+
+
+def load_adapter(model_dir: Path, device: str, offload: str) -> PipelineAdapter:
+    """An artifact or a plain diffusers directory, through the runtime loader."""
+    from ditq.runtime.loader import load_pipeline
+
+    return PipelineAdapter(load_pipeline(model_dir, device=device, offload=offload))
+
+
+def quantized_layer_count(adapter: PipelineAdapter) -> int:
+    modules = [m for m in vars(adapter.pipeline).values() if isinstance(m, torch.nn.Module)]
+    return sum(len(quantized_linears(module)) for module in modules)
+
+
+def make_doctor(skip: bool, device: str) -> Callable[[PipelineAdapter], DoctorOutcome]:
+    """The start-up check: ditq's kernel doctor over the kernel paths the loaded model uses."""
+
+    def check(adapter: PipelineAdapter) -> DoctorOutcome:
+        if skip:
+            logger.warning("--skip-doctor: kernel paths are trusted without the doctor's check")
+            return DoctorOutcome("skipped", "--skip-doctor given")
+        layers = quantized_layer_count(adapter)
+        if layers == 0:
+            return DoctorOutcome("passed", "no quantized layers: nothing for the doctor to check")
+        try:
+            doctor = importlib.import_module("ditq.doctor")
+        except ModuleNotFoundError:
+            logger.warning("ditq.doctor is not available; %d quantized layers served unchecked", layers)
+            return DoctorOutcome("skipped", "ditq.doctor is not available in this installation")
+        passed, summary = doctor.startup_check(adapter.pipeline, torch.device(device))
+        return DoctorOutcome("passed" if passed else "failed", summary)
+
+    return check
