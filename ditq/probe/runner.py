@@ -258,6 +258,8 @@ def run_matrix(
     """Drain fixtures x seeds through ``executors`` (one worker each), appending records to ``run``."""
     run.mkdir(parents=True, exist_ok=True)
     _check_resume(run, description)
+    for leftover in (run / IMAGES_DIR).glob(".ditq-tmp-*"):  # half-written images of a killed run
+        leftover.unlink()
     todo, skipped = _plan(fixtures, seeds, run, retry_failed)
     summary = ProbeSummary(run=run, planned=len(todo) + skipped, skipped=skipped)
     sampler = MemorySampler(run / "vram.csv", memory_interval_s, server_pid).start()

@@ -1,0 +1,82 @@
+"""Shared pieces of the harness tests: a tiny fixture set on disk and a live stub server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from stub_images_server import StubServer
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+SEED_EVIDENCE = REPO_ROOT.parent / "shared" / "seed" / "probe-issue-5" / "evidence" / "rtx3090"
+SEED_EVIDENCE_COPY = HERE / "data" / "seed-rtx3090"
+
+# Three fixtures, 0/1/2 references, tiny sizes (multiples of 16).
+FIXTURES = {
+    "gen-one": {"mode": "generate", "references": [], "width": 32, "height": 48, "prompt": "a lighthouse"},
+    "edit-one": {
+        "mode": "edit",
+        "references": ["ref-a"],
+        "width": 48,
+        "height": 32,
+        "prompt": "make it dusk",
+        "negative_prompt": None,
+    },
+    "edit-two": {
+        "mode": "edit",
+        "references": ["ref-a", "ref-b"],
+        "width": 32,
+        "height": 32,
+        "prompt": "put both together",
+        "negative_prompt": "blur",
+    },
+}
+
+
+@pytest.fixture
+def fixture_set(tmp_path: Path) -> tuple[Path, Path]:
+    """(fixtures.json, refs dir) for FIXTURES, with seeded reference PNGs."""
+    refs = tmp_path / "refs"
+    refs.mkdir()
+    rng = np.random.default_rng(7)
+    for name in ("ref-a", "ref-b"):
+        Image.fromarray(rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8), "RGB").save(
+            refs / f"{name}.png"
+        )
+    path = tmp_path / "fixtures.json"
+    path.write_text(json.dumps(FIXTURES))
+    return path, refs
+
+
+@pytest.fixture
+def stub() -> Iterator[StubServer]:
+    with StubServer() as server:
+        yield server
+
+
+def probe_run(
+    url: str | list[str], fixture_set: tuple[Path, Path], out: Path, seeds: list[int], **options: object
+):
+    """run_probe over the tiny fixture set, no progress bar; returns the ProbeSummary."""
+    from ditq.probe.runner import ProbeOptions, run_probe
+
+    endpoints = [url] if isinstance(url, str) else url
+    fixtures, refs = fixture_set
+    return run_probe(
+        ProbeOptions(
+            endpoints=endpoints,
+            fixtures=fixtures,
+            refs=refs,
+            seeds=seeds,
+            out=out,
+            steps=4,
+            progress=False,
+            memory_interval_s=0.2,
+            **options,
+        )  # type: ignore[arg-type]
+    )
