@@ -1,0 +1,137 @@
+"""Pieces the serve tests share: the tiny demo pipeline behind the real adapter, apps, a live server."""
+
+from __future__ import annotations
+
+import functools
+import io
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import uvicorn
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from ditq.demo import build_tiny_pipeline
+from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
+from ditq.serve import DoctorOutcome, ServeConfig, create_app
+
+# The tiny pipeline is untrained: its images are half-transparent noise, which the gate's
+# "transparent" signature calls collapsed. Tests that want images back serve with on_collapse="warn".
+WARN = ServeConfig(served_model_name="tiny", on_collapse="warn")
+FAST = {"num_inference_steps": 2, "size": "32x32"}  # a request that takes about a second on the CPU
+
+
+@functools.cache
+def tiny_adapter() -> PipelineAdapter:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return PipelineAdapter(build_tiny_pipeline(seed=0))
+
+
+def passed_doctor(_adapter: PipelineAdapter) -> DoctorOutcome:
+    return DoctorOutcome("passed", "no quantized layers: nothing for the doctor to check")
+
+
+def png_bytes(
+    width: int = 40, height: int = 24, colour: tuple[int, int, int, int] = (200, 30, 30, 255)
+) -> bytes:
+    buffer = io.BytesIO()
+    image = Image.new("RGBA", (width, height), colour)
+    image.paste((20, 160, 40, 255), (width // 4, height // 4, width // 2, height // 2))
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+class GatedAdapter:
+    """The real adapter, except that each call waits until ``release`` is set (to hold the worker busy)."""
+
+    def __init__(self, adapter: PipelineAdapter) -> None:
+        self.adapter = adapter
+        self.release = threading.Event()
+        self.entered = threading.Semaphore(0)  # one permit per call that started
+        self.prompts: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.adapter, name)
+
+    def __call__(self, request: GenerationRequest) -> GenerationResult:
+        self.prompts.append(request.prompt)
+        self.entered.release()
+        self.release.wait(60)
+        return self.adapter(request)
+
+
+def make_app(
+    config: ServeConfig = WARN,
+    load: Callable[[], Any] = tiny_adapter,
+    doctor: Callable[[PipelineAdapter], DoctorOutcome] = passed_doctor,
+) -> FastAPI:
+    return create_app(config, load=load, doctor=doctor, model_root="tiny-demo")
+
+
+@contextmanager
+def client_for(app: FastAPI, wait: bool = True) -> Iterator[TestClient]:
+    with TestClient(app) as client:
+        if wait:
+            assert app.state.serve.wait_loaded(120), "the model did not load"
+        yield client
+
+
+@contextmanager
+def transformer_hook(adapter: PipelineAdapter, hook: Callable[..., Any]) -> Iterator[None]:
+    """A forward hook on the real transformer for the duration of the block (faults, NaN output)."""
+    handle = adapter.pipeline.transformer.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def raise_once(error: BaseException) -> Callable[..., Any]:
+    raised: list[bool] = []
+
+    def hook(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
+        if not raised:
+            raised.append(True)
+            raise error
+
+    return hook
+
+
+def nan_output(_module: torch.nn.Module, _args: Any, output: Any) -> Any:
+    return (output[0] * float("nan"), *output[1:])
+
+
+class LiveServer:
+    """uvicorn on a free loopback port, in a thread."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.bind(("127.0.0.1", 0))
+        self.port = self.socket.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+        self.socket.close()
