@@ -106,8 +106,14 @@ def _stats(values: list[float], digits: int) -> dict[str, float | None]:
 
 
 def _compare_pair(candidate: Path, reference: Path, scorer: LpipsScorer | None) -> dict[str, Any]:
-    a, a_mode = load_png_array(reference.read_bytes())
-    b, b_mode = load_png_array(candidate.read_bytes())
+    try:
+        a, a_mode = load_png_array(reference.read_bytes())
+    except Exception as error:  # an unreadable file is a row of its own, not the end of the comparison
+        return {"status": "error", "error": f"baseline image cannot be decoded ({type(error).__name__})"}
+    try:
+        b, b_mode = load_png_array(candidate.read_bytes())
+    except Exception as error:
+        return {"status": "error", "error": f"image cannot be decoded ({type(error).__name__})"}
     if a.shape[:2] != b.shape[:2]:
         return {
             "status": "error",

@@ -146,7 +146,11 @@ def record_structure(run: Path, record: dict[str, Any]) -> tuple[dict[str, Any] 
     """(structure, where it came from): recomputed from the image if present, else as recorded."""
     image = find_image(run, record["fixture_id"], int(record["seed"]))
     if image is not None:
-        return structure_metrics_png(image.read_bytes()), "image"
+        try:
+            return structure_metrics_png(image.read_bytes()), "image"
+        except Exception as error:  # judged as a failure below: no structure
+            log.warning("%s cannot be decoded (%s: %s)", image, type(error).__name__, error)
+            return None, "undecodable image"
     recorded = record.get("structure")
     if not recorded:
         return None, "none"
@@ -305,7 +309,11 @@ def gate_run(
         if not is_success(record) and record.get("error"):
             reasons = [f"request failed: {str(record['error'])[:200]}"]
         elif structure is None:
-            reasons = ["no image and no recorded structure"]
+            reasons = [
+                "image cannot be decoded"
+                if source == "undecodable image"
+                else "no image and no recorded structure"
+            ]
         else:
             envelope = None if envelopes is None else envelopes.get(record["fixture_id"])
             reasons, unchecked = _judge(structure, rules, envelope)
