@@ -6,7 +6,6 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import probe_run
 from PIL import Image
