@@ -6,7 +6,7 @@ is missing here still registers and reports why through ``supports``.
 
 from __future__ import annotations
 
-from ditq.kernels import fp8_scaled_mm, reference, w8a8_int_mm, w8a8_triton, w8a16_triton
+from ditq.kernels import fp8_scaled_mm, fp8_triton, reference, w8a8_int_mm, w8a8_triton, w8a16_triton
 from ditq.kernels.registry import (
     ENV_DISABLE,
     ENV_FORCE,
@@ -29,6 +29,7 @@ __all__ = [
     "all_kernels",
     "candidate_paths",
     "fp8_scaled_mm",
+    "fp8_triton",
     "get_kernel",
     "reference",
     "register_kernel",

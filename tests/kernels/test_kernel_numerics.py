@@ -101,3 +101,18 @@ def test_torch_compile_traces_without_graph_breaks(path: KernelPath) -> None:
     torch._dynamo.reset()
     compiled = torch.compile(layer, fullgraph=True)
     torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_cuda_activation_quantization_matches_numerics_exactly(kind: str) -> None:
+    from ditq.kernels.cuda_common import quantize_rows
+    from ditq.numerics import quantize_activation_per_token
+
+    x = (torch.randn(300, 4096, device="cuda") * 4).to(torch.bfloat16)
+    x[7] = 0  # an all-zero token: scale clamps to 1e-12 / qmax, q = 0
+    q, scale = quantize_rows(x, kind)
+    q_ref, scale_ref = quantize_activation_per_token(x, kind)
+    assert torch.equal(scale, scale_ref)
+    assert torch.equal(q.view(torch.int8), q_ref.view(torch.int8))

@@ -2,7 +2,7 @@
 
 x (M, K) bf16/fp16/fp32 -> q (M, K) int8 | float8_e4m3fn, scale (M, 1) float32, with
 ditq.numerics' exact conventions: scale = max(amax|x|, 1e-12) / qmax (qmax 127 or 448),
-q = rint(x / scale) clamped to [-128, 127] for int8; clamp to +-448 then RTNE cast for fp8.
+q = round-half-even(x / scale) clamped to [-128, 127] for int8; clamp to +-448 then RTNE cast for fp8.
 The division is IEEE round-to-nearest (div_rn), as torch's.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 __all__ = ["quantize_per_token"]
 
@@ -39,7 +38,9 @@ def _act_quant_kernel(
         y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
         q = y.to(tl.float8e4nv)
     else:
-        y = tl.minimum(tl.maximum(libdevice.rint(y), -128.0), 127.0)
+        # Round half to even: adding and subtracting 1.5 * 2**23 leaves an exact integer for |y| < 2**22.
+        y = (y + 12582912.0) - 12582912.0
+        y = tl.minimum(tl.maximum(y, -128.0), 127.0)
         q = y.to(tl.int8)
     tl.store(q_ptr + row * stride_qm + offs, q, mask=mask)
     tl.store(scale_ptr + row, scale)

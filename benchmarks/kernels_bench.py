@@ -1,0 +1,197 @@
+"""GEMM throughput at DiT shapes: every ditq CUDA kernel path vs BF16 cuBLAS, torch._int_mm and torchao.
+
+    python benchmarks/kernels_bench.py --out benchmarks/results/kernels_bench.json
+
+Shapes: M in {4352, 20736} x (K, N) in {(4096, 12288), (4096, 4096), (12288, 4096)}.
+Each ditq path is timed end to end through its registry matmul on bf16 input (activation
+quantization included for w8a8/fp8); raw library GEMMs on pre-quantized operands are listed
+as ceilings. Times are medians of triton.testing.do_bench (CUDA events); TFLOP/s = 2*M*N*K / t.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+SHAPES_KN = [(4096, 12288), (4096, 4096), (12288, 4096)]
+SHAPES_M = [4352, 20736]
+
+
+def _bench(fn: Callable[[], object]) -> float:
+    """Median milliseconds."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def _environment() -> dict[str, object]:
+    import triton
+
+    env: dict[str, object] = {
+        "gpu": torch.cuda.get_device_name(),
+        "capability": list(torch.cuda.get_device_capability()),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+    }
+    try:
+        import torchao
+
+        env["torchao"] = torchao.__version__
+    except Exception as error:  # recorded, not fatal: torchao rows are then absent
+        env["torchao"] = f"unavailable: {error!r}"[:300]
+    return env
+
+
+def _torchao_fns(w: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """torchao int8 dynamic (eager, compiled) and fp8 rowwise (eager, compiled) Linears over the same weight."""
+    from torchao.quantization import (
+        Float8DynamicActivationFloat8WeightConfig,
+        Int8DynamicActivationInt8WeightConfig,
+        PerRow,
+        quantize_,
+    )
+
+    fns: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+    for label, config in (
+        ("torchao-int8dyn", Int8DynamicActivationInt8WeightConfig()),
+        ("torchao-fp8-rowwise", Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())),
+    ):
+        linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+        linear.weight.data.copy_(w)
+        quantize_(linear, config)
+        fns[f"{label}-eager"] = linear
+        fns[f"{label}-compiled"] = torch.compile(linear, dynamic=False)
+    return fns
+
+
+def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool) -> list[dict[str, object]]:
+    from ditq.kernels import all_kernels
+    from ditq.kernels.stored import stored_from_quantized
+    from ditq.numerics import quantize_weight, relative_l2
+    from ditq.schemes import get_scheme
+
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    flops = 2.0 * m * n * k
+    ref = torch.nn.functional.linear(x, w)
+    rows: list[dict[str, object]] = []
+
+    def record(name: str, kind: str, fn: Callable[[], torch.Tensor], check: bool = True) -> None:
+        try:
+            out = fn()
+            error = relative_l2(out, ref) if check else None
+            ms = _bench(fn)
+            rows.append({"M": m, "K": k, "N": n, "path": name, "kind": kind, "ms": ms,
+                         "tflops": flops / ms / 1e9, "rel_l2_vs_bf16": error})  # fmt: skip
+        except Exception as exc:
+            rows.append({"M": m, "K": k, "N": n, "path": name, "kind": kind, "error": repr(exc)[:500]})
+            traceback.print_exc()
+
+    record("bf16-cublas", "baseline", lambda: torch.nn.functional.linear(x, w))
+
+    # Raw library GEMMs on pre-quantized operands (no activation quantization): ceilings.
+    w_i8 = quantize_weight(w, get_scheme("w8a8"))[0]
+    x_i8 = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
+    record("torch._int_mm (raw, no quant)", "ceiling", lambda: torch._int_mm(x_i8, w_i8.t()), check=False)
+    w_f8 = quantize_weight(w, get_scheme("fp8"))[0]
+    x_f8 = x.to(torch.float8_e4m3fn)
+    one_a = torch.ones(m, 1, device="cuda")
+    one_b = torch.ones(1, n, device="cuda")
+    record("torch._scaled_mm rowwise (raw, no quant)", "ceiling",
+           lambda: torch._scaled_mm(x_f8, w_f8.t(), scale_a=one_a, scale_b=one_b, out_dtype=torch.bfloat16,
+                                    use_fast_accum=True), check=False)  # fmt: skip
+
+    for path in all_kernels():
+        if path.device_type != "cuda" or not path.supports(torch.device("cuda"), torch.bfloat16, k, n)[0]:
+            continue
+        q, scale = quantize_weight(w.float(), get_scheme(path.scheme))
+        stored = {key: t.cuda() for key, t in stored_from_quantized(q, scale, path.scheme).items()}
+        prepared = path.prepare(stored, torch.device("cuda"))
+        record(f"ditq:{path.name}", path.scheme, lambda p=path, pr=prepared: p.matmul(x, pr, None))
+        del prepared, stored
+
+    if torchao_ok:
+        try:
+            fns = _torchao_fns(w)
+        except Exception as exc:
+            rows.append({"M": m, "K": k, "N": n, "path": "torchao", "error": repr(exc)[:500]})
+            fns = {}
+        for name, fn in fns.items():
+            record(name, "torchao", lambda f=fn: f(x))
+    return rows
+
+
+def _triton_best_configs() -> dict[str, object]:
+    """The autotuner's choice per key for each ditq Triton GEMM (the variant sweep's outcome)."""
+    from ditq.kernels._triton import w8a8_gemm, w8a16_gemm
+
+    found: dict[str, object] = {}
+    for label, kernel in (
+        ("w8a8_ptr", w8a8_gemm._w8a8_kernel),
+        ("w8a8_tma", w8a8_gemm._w8a8_tma_kernel),
+        ("w8a16", w8a16_gemm._w8a16_kernel),
+    ):
+        found[label] = {str(key): str(config) for key, config in kernel.cache.items()}
+    return found
+
+
+def _table(rows: list[dict[str, object]]) -> str:
+    base = {
+        (r["M"], r["K"], r["N"]): r["tflops"] for r in rows if r["path"] == "bf16-cublas" and "tflops" in r
+    }
+    lines = [f"{'M':>6} {'K':>6} {'N':>6}  {'path':<44} {'ms':>8} {'TFLOP/s':>8} {'x bf16':>7} {'relL2':>8}"]
+    for r in rows:
+        if "tflops" not in r:
+            lines.append(
+                f"{r['M']:>6} {r['K']:>6} {r['N']:>6}  {r['path']:<44} ERROR {r.get('error', '')[:60]}"
+            )
+            continue
+        ratio = r["tflops"] / base[(r["M"], r["K"], r["N"])]
+        err = "" if r["rel_l2_vs_bf16"] is None else f"{r['rel_l2_vs_bf16']:.2e}"
+        lines.append(
+            f"{r['M']:>6} {r['K']:>6} {r['N']:>6}  {r['path']:<44} {r['ms']:>8.3f} {r['tflops']:>8.1f} {ratio:>7.2f} {err:>8}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON results file")
+    parser.add_argument("--no-torchao", action="store_true", help="skip the torchao rows")
+    args = parser.parse_args()
+    env = _environment()
+    torchao_ok = not args.no_torchao and not str(env["torchao"]).startswith("unavailable")
+    print(json.dumps(env), flush=True)
+    rows: list[dict[str, object]] = []
+    started = time.time()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for m in SHAPES_M:
+        for k, n in SHAPES_KN:
+            rows.extend(_rows_for_shape(m, k, n, torchao_ok))
+            print(f"done M={m} K={k} N={n} at {time.time() - started:.0f}s", flush=True)
+            result = {  # rewritten after every shape, so a cut-short run still leaves its numbers
+                "command": "python " + " ".join(sys.argv),
+                "environment": env,
+                "timing": "median ms of triton.testing.do_bench(warmup=25ms, rep=100ms); input x bf16 (M, K) random",
+                "rel_l2_vs_bf16": "output vs BF16 cuBLAS F.linear on the unquantized weight (quantization error included)",
+                "rows": rows,
+                "triton_autotune_choice": _triton_best_configs(),
+            }
+            args.out.write_text(json.dumps(result, indent=1))
+    print(_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""CUDA fp8 through Triton: per-token fp8 activation quantization, e4m3 x e4m3 -> float32 GEMM,
+per-token x per-channel scale epilogue with bias and output cast fused (ops ``ditq::fp8_triton*``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ditq.kernels.cuda_common import flatten_rows, quantize_rows, triton_available
+from ditq.kernels.registry import FLOAT_ACTIVATIONS, Prepared, StoredWeight, register_kernel
+from ditq.kernels.stored import stored_fp8_weight
+
+__all__: list[str] = []
+
+
+def _prepare(stored: StoredWeight, device: torch.device) -> Prepared:
+    """weight float8_e4m3fn (N, K) as stored (K contiguous); weight_scale (N,) float32."""
+    q, scale = stored_fp8_weight(stored)
+    return {
+        "weight": q.to(device).contiguous(),
+        "weight_scale": scale.to(device, torch.float32).reshape(-1).contiguous(),
+    }
+
+
+def _run(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None, tma: bool
+):
+    from ditq.kernels._triton.w8a8_gemm import w8a8_gemm, w8a8_gemm_tma
+
+    x_q, x_scale = quantize_rows(x, "fp8")  # (M, K) float8_e4m3fn, (M, 1) float32
+    gemm = w8a8_gemm_tma if tma else w8a8_gemm
+    return gemm(x_q, weight, x_scale.reshape(-1), weight_scale, bias, x.dtype)
+
+
+@torch.library.custom_op("ditq::fp8_triton", mutates_args=(), device_types="cuda")
+def fp8_triton(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return _run(x, weight, weight_scale, bias, tma=False)
+
+
+@torch.library.custom_op("ditq::fp8_triton_tma", mutates_args=(), device_types="cuda")
+def fp8_triton_tma(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return _run(x, weight, weight_scale, bias, tma=True)
+
+
+for _op in (fp8_triton, fp8_triton_tma):
+
+    @_op.register_fake
+    def _fake(
+        x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@register_kernel(
+    name="triton-fp8",
+    scheme="fp8",
+    device_type="cuda",
+    prepare=_prepare,
+    priority=60,
+    min_capability=(8, 9),
+    activation_dtypes=FLOAT_ACTIVATIONS,
+    alignment=16,
+    available=triton_available,
+)
+def matmul_triton(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """Triton: per-token fp8 quantization kernel + fp8 GEMM (pointer loads) with fused scale/bias epilogue."""
+    y = fp8_triton(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+@register_kernel(
+    name="triton-fp8-tma",
+    scheme="fp8",
+    device_type="cuda",
+    prepare=_prepare,
+    priority=70,
+    min_capability=(9, 0),
+    activation_dtypes=FLOAT_ACTIVATIONS,
+    alignment=16,
+    available=triton_available,
+)
+def matmul_triton_tma(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """Triton: per-token fp8 quantization kernel + fp8 GEMM (TMA tensor descriptors, sm_90) with fused epilogue."""
+    y = fp8_triton_tma(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
