@@ -12,7 +12,6 @@ probe's run directory under ``run/``. A failed stage is a result, not a crash.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ditq.errors import InputError
+from ditq.probe.memory import read_vram_csv
+from ditq.probe.records import find_image, is_success, latest_by_key, read_records
 
 __all__ = [
     "CANDIDATE_FILE",
@@ -54,11 +55,12 @@ class Record:
     http: int | None
     error: str | None
     structure: dict[str, Any]
-    peak_memory_bytes: int | None  # as the server reported it for this request, if it did
+    peak_memory_bytes: int | None  # sampled over the request's window, else as the server reported it
+    success: bool  # an image came back and nothing failed (the probe's own definition)
 
     @property
     def ok(self) -> bool:
-        return self.error is None and (self.http is None or self.http == 200)
+        return self.success
 
     @property
     def out_of_memory(self) -> bool:
@@ -109,8 +111,7 @@ class RunData:
         return str(self.run_json.get("label") or self.path.name)
 
     def image(self, fixture_id: str, seed: int) -> Path | None:
-        candidate = image_path(self.path, fixture_id, seed)
-        return candidate if candidate.is_file() else None
+        return find_image(self.path, fixture_id, seed)
 
     @property
     def peak_memory_bytes(self) -> int | None:
@@ -182,10 +183,10 @@ def _record_from(raw: dict[str, Any], where: str) -> Record:
         if name not in raw:
             raise InputError(f"{where}: record lacks the field {name!r}")
     metrics = raw.get("metrics") or {}
-    peak_mib = metrics.get("peak_memory_mb") if isinstance(metrics, dict) else None
-    peak_bytes = metrics.get("peak_memory_bytes") if isinstance(metrics, dict) else None
-    if peak_bytes is None and peak_mib is not None:
-        peak_bytes = int(float(peak_mib) * _MIB)
+    peak_mib = raw.get("peak_memory_mib")  # the probe's sampler, over this request's window
+    if peak_mib is None and isinstance(metrics, dict):
+        peak_mib = metrics.get("peak_memory_mb")  # the server's own report (the seed's records)
+    peak_bytes = None if peak_mib is None else int(float(peak_mib) * _MIB)
     error = raw.get("error")
     return Record(
         fixture_id=str(raw["fixture_id"]),
@@ -195,33 +196,15 @@ def _record_from(raw: dict[str, Any], where: str) -> Record:
         http=None if raw.get("http") is None else int(raw["http"]),
         error=None if error in (None, "") else (error if isinstance(error, str) else json.dumps(error)),
         structure=dict(raw.get("structure") or {}),
-        peak_memory_bytes=None if peak_bytes is None else int(peak_bytes),
+        peak_memory_bytes=peak_bytes,
+        success=is_success(raw),
     )
 
 
 def _read_records(run_dir: Path) -> list[Record]:
-    """records.jsonl (last line per key wins: a retried request replaces its failure), or matrix.json."""
-    jsonl = run_dir / "records.jsonl"
-    if jsonl.is_file():
-        by_key: dict[tuple[str, int], Record] = {}
-        for number, line in enumerate(jsonl.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError:
-                # A line cut short by a killed probe: the probe redoes that request on resume.
-                continue
-            record = _record_from(raw, f"{jsonl}:{number}")
-            by_key[record.key] = record
-        return list(by_key.values())
-    matrix = run_dir / "matrix.json"
-    if matrix.is_file():
-        raw_list = _read_json(matrix)
-        if not isinstance(raw_list, list):
-            raise InputError(f"{matrix}: expected a list of records")
-        return [_record_from(raw, f"{matrix}[{i}]") for i, raw in enumerate(raw_list)]
-    raise InputError(f"{run_dir}: not a run directory (no records.jsonl or matrix.json)")
+    """records.jsonl (the last line per key wins: a retried request replaces its failure), or matrix*.json."""
+    latest = latest_by_key(read_records(run_dir))
+    return [_record_from(raw, f"{run_dir} record {key}") for key, raw in latest.items()]
 
 
 def _rows(document: Any, run_dir: Path) -> list[dict[str, Any]] | None:
@@ -319,47 +302,15 @@ def _read_compare(
     )
 
 
-_TIME_COLUMNS = ("t_s", "elapsed_s", "time_s", "t", "seconds", "unix_s", "timestamp")
-# column -> bytes per unit
-_MEMORY_COLUMNS = {
-    "device_used_bytes": 1,
-    "used_bytes": 1,
-    "memory_used_bytes": 1,
-    "process_bytes": 1,
-    "used_mib": _MIB,
-    "memory_used_mib": _MIB,
-    "used_mb": _MIB,
-    "memory.used [MiB]": _MIB,
-}
-
-
 def _read_memory(run_dir: Path) -> list[MemorySample]:
-    """vram.csv as (seconds since start, bytes used). An 'unavailable' series (no GPU) is empty."""
-    path = run_dir / "vram.csv"
-    if not path.is_file():
+    """vram.csv as (seconds since start, bytes used on the fullest device); empty without a GPU."""
+    by_time: dict[float, float] = {}
+    for sample in read_vram_csv(run_dir / "vram.csv"):
+        by_time[sample.t_unix] = max(by_time.get(sample.t_unix, 0.0), sample.used_mib)
+    if not by_time:
         return []
-    lines = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
-    if len(lines) < 2:
-        return []
-    reader = csv.DictReader(lines)
-    columns = [c.strip() for c in reader.fieldnames or []]
-    time_column = next((c for c in _TIME_COLUMNS if c in columns), None)
-    memory_column = next((c for c in _MEMORY_COLUMNS if c in columns), None)
-    if time_column is None or memory_column is None:
-        raise InputError(f"{path}: expected a time column ({'/'.join(_TIME_COLUMNS)}) and a memory column")
-    samples: list[tuple[float, int]] = []
-    for row in reader:
-        row = {k.strip(): (v or "").strip() for k, v in row.items() if k is not None}
-        try:
-            t = float(row[time_column])
-            used = int(float(row[memory_column]) * _MEMORY_COLUMNS[memory_column])
-        except ValueError:
-            continue  # "unavailable" or a cut-short last line
-        samples.append((t, used))
-    if not samples:
-        return []
-    t0 = samples[0][0]
-    return [MemorySample(t - t0, used) for t, used in samples]
+    t0 = min(by_time)
+    return [MemorySample(t - t0, int(used * _MIB)) for t, used in sorted(by_time.items())]
 
 
 def load_run(run_dir: Path) -> RunData:
@@ -381,7 +332,7 @@ def load_run(run_dir: Path) -> RunData:
         parity=parity,
         parity_fixtures=parity_fixtures,
         memory=_read_memory(run_dir),
-        has_images=(run_dir / "images").is_dir(),
+        has_images=(run_dir / "images").is_dir() or (run_dir / "matrix").is_dir(),
     )
 
 
@@ -418,7 +369,7 @@ def load_candidate(path: Path) -> Candidate:
     if not isinstance(raw, dict) or "name" not in raw:
         raise InputError(f"{description}: expected an object with a 'name'")
     run_dir = path / str(raw.get("run", "run"))
-    has_run = (run_dir / "records.jsonl").is_file() or (run_dir / "matrix.json").is_file()
+    has_run = (run_dir / "records.jsonl").is_file() or any(run_dir.glob("matrix*.json"))
     return Candidate(
         name=str(raw["name"]),
         scheme=raw.get("scheme"),

@@ -7,6 +7,7 @@ horizontal stripes (the seed's broken int8 signature).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,7 +105,11 @@ def write_run(root: Path, spec: RunSpec, baseline: Path | None = None) -> Path:
                     pixels = candidate_pixels(spec.kind, fixture_id, seed)
                 path = run / "images" / f"{fixture_id}.s{seed}.png"
                 Image.fromarray(pixels, "RGBA").save(path)
-                record.update(wall_s=spec.wall_by_refs[refs] + 0.1 * index, bytes=path.stat().st_size)
+                record.update(
+                    wall_s=spec.wall_by_refs[refs] + 0.1 * index,
+                    bytes=path.stat().st_size,
+                    sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+                )
                 collapsed = spec.kind == "collapsed"
                 gate_rows.append(
                     {
@@ -130,7 +135,10 @@ def write_run(root: Path, spec: RunSpec, baseline: Path | None = None) -> Path:
             records.append(record)
     (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if spec.memory_mib:
-        lines = ["t_s,used_mib"] + [f"{i}.0,{m}" for i, m in enumerate(spec.memory_mib)]
+        # the probe's sampler format: one row per device and sample; device 1 stays idle
+        lines = ["t_unix,device,used_mib,total_mib,process_mib"]
+        for i, used in enumerate(spec.memory_mib):
+            lines += [f"{1000.0 + i:.3f},0,{used},24576,", f"{1000.0 + i:.3f},1,10,24576,"]
         (run / "vram.csv").write_text("\n".join(lines) + "\n")
     if spec.gate:
         (run / "gate.json").write_text(json.dumps({"records": gate_rows}))

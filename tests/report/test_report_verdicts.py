@@ -109,6 +109,7 @@ def test_seed_matrix_records_are_read(tmp_path, runs):
             "n_references": 1,
             "wall_s": 31.0 + i,
             "http": 200,
+            "sha256": "ab" * 32,
             "error": None,
             "structure": {"opaque_fraction": 0.03},
             "metrics": {"peak_memory_mb": 21594.0},
