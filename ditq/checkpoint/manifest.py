@@ -1,0 +1,117 @@
+"""MANIFEST.json: what an artifact was made from, with what, and the digest of every file in it.
+
+``MANIFEST.json`` is sealed by ``MANIFEST.json.sha256`` (``sha256sum``
+format), so a change to any byte of the manifest itself is detected too.
+The source's tree digest is sha256 over the sorted lines
+``<sha256> <size> <relative path>`` of every file under the source
+directory (symlinks followed). Files of a hub snapshot are named by their
+sha256 in ``blobs/``, which is used as is instead of re-reading them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+from ditq.checkpoint.layout import read_json
+from ditq.errors import InputError
+from ditq.fsutil import atomic_write_bytes, atomic_write_json, sha256_file
+
+__all__ = [
+    "ERRORS_FILE",
+    "MANIFEST",
+    "MANIFEST_SEAL",
+    "SCHEMA_VERSION",
+    "file_records",
+    "hub_revision",
+    "library_versions",
+    "read_manifest",
+    "source_tree_digest",
+    "write_manifest",
+]
+
+SCHEMA_VERSION = 1
+MANIFEST = "MANIFEST.json"
+MANIFEST_SEAL = "MANIFEST.json.sha256"
+ERRORS_FILE = "tensor_errors.json"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_LIBRARIES = ("ditq", "torch", "safetensors", "compressed-tensors", "diffusers", "transformers", "numpy")
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def hub_revision(source: Path) -> str | None:
+    """The commit of a hub snapshot (``.../models--org--name/snapshots/<revision>``), else None."""
+    parts = Path(source).resolve().parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-1]
+    return None
+
+
+def _file_sha256(path: Path, known: dict[Path, str]) -> str:
+    if path in known:
+        return known[path]
+    target = Path(os.path.realpath(path))
+    if path.is_symlink() and target.parent.name == "blobs" and _HEX64.match(target.name):
+        return target.name
+    return sha256_file(path)
+
+
+def source_tree_digest(source: Path, known: dict[Path, str]) -> dict[str, Any]:
+    """{"tree_digest": "sha256:...", "files": n, "bytes": n} over every file under ``source``."""
+    source = Path(source)
+    lines = []
+    total = 0
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        size = path.stat().st_size
+        total += size
+        lines.append(f"{_file_sha256(path, known)} {size} {path.relative_to(source).as_posix()}\n")
+    digest = hashlib.sha256("".join(lines).encode()).hexdigest()
+    return {"tree_digest": f"sha256:{digest}", "files": len(lines), "bytes": total}
+
+
+def file_records(root: Path, skip_dirs: set[str]) -> dict[str, dict[str, Any]]:
+    """relative path -> {"sha256", "size"} for every regular file under ``root`` (linked folders skipped)."""
+    records: dict[str, dict[str, Any]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = Path(dirpath).relative_to(root)
+        dirnames[:] = sorted(d for d in dirnames if (rel_dir / d).as_posix() not in skip_dirs)
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            rel = (rel_dir / name).as_posix()
+            if rel in (MANIFEST, MANIFEST_SEAL) or path.is_symlink():
+                continue
+            records[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+    return dict(sorted(records.items()))
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    atomic_write_json(Path(root) / MANIFEST, manifest)
+    digest = sha256_file(Path(root) / MANIFEST)
+    atomic_write_bytes(Path(root) / MANIFEST_SEAL, f"{digest}  {MANIFEST}\n".encode())
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The artifact's manifest; a missing manifest is an InputError (not an artifact)."""
+    root = Path(root)
+    if not (root / MANIFEST).is_file():
+        raise InputError(f"{root}: not a ditq artifact (no {MANIFEST})")
+    manifest = read_json(root / MANIFEST)
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise InputError(
+            f"{root / MANIFEST}: schema_version {manifest.get('schema_version')!r} is not {SCHEMA_VERSION}"
+        )
+    return manifest

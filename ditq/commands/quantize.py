@@ -1,0 +1,78 @@
+"""`ditq quantize`: a thin layer over ``ditq.quantize.quantize`` (same defaults)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ditq.quantize import DEFAULTS, quantize
+from ditq.schemes import SCHEMES
+
+__all__ = ["add_arguments", "run"]
+
+
+def _comma_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "source", type=Path, metavar="SRC", help="diffusers model directory (model_index.json)"
+    )
+    parser.add_argument("output", type=Path, metavar="OUT", help="artifact directory to create")
+    parser.add_argument(
+        "--scheme", default=DEFAULTS["scheme"], help=f"one of {', '.join(SCHEMES)} or an alias"
+    )
+    parser.add_argument(
+        "--components",
+        type=_comma_list,
+        default=list(DEFAULTS["components"]),
+        help="comma-separated components to quantize (default: transformer)",
+    )
+    parser.add_argument(
+        "--targets",
+        nargs="+",
+        default=[],
+        metavar="RE",
+        help="quantize the Linears whose tensor prefix matches any RE (replaces the block rule)",
+    )
+    parser.add_argument(
+        "--ignore", nargs="+", default=[], metavar="RE", help="keep matching Linears in source precision"
+    )
+    parser.add_argument("--group-size", type=int, help="w8a16 only: one scale per N input features")
+    parser.add_argument(
+        "--config-form",
+        choices=("component", "global"),
+        default=DEFAULTS["config_form"],
+        help="quantization_config wrapped per component (default) or plain",
+    )
+    parser.add_argument("--copy", action="store_true", help="copy untouched components instead of symlinking")
+    parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--device", default=DEFAULTS["device"], help="cpu (default), cuda, cuda:N or auto")
+    parser.add_argument("--json", action="store_true", help="print the manifest's statistics as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    result = quantize(
+        args.source,
+        args.output,
+        args.scheme,
+        components=args.components,
+        targets=args.targets,
+        ignore=args.ignore,
+        group_size=args.group_size,
+        config_form=args.config_form,
+        copy=args.copy,
+        force=args.force,
+        device=args.device,
+    )
+    stats = result.manifest["statistics"]
+    if args.json:
+        print(json.dumps({"artifact": str(result.path), "statistics": stats}, indent=1))
+    else:
+        print(
+            f"{result.path}: {stats['quantized_tensors']} tensors quantized ({stats['quantized_params']:,} params), "
+            f"{stats['kept_params']:,} params kept; rel-L2 mean {stats['mean_rel_l2']:.4f} max {stats['max_rel_l2']:.4f}"
+        )
+    return 0

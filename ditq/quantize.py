@@ -1,0 +1,278 @@
+"""The offline quantizer: a diffusers model directory in, a servable compressed-tensors artifact out.
+
+``quantize(source, output, scheme)`` writes into a temporary sibling of
+``output`` and renames it into place at the end, so an interrupted run
+leaves no ``output`` (and the next run sweeps the leftovers). Chosen
+components are rewritten (targets quantized, everything else byte for
+byte), other components are symlinked (or copied), ``model_index.json`` is
+copied and ``MANIFEST.json`` records how and from what.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ditq._callable import make_module_callable
+from ditq.checkpoint.layout import (
+    MODEL_INDEX,
+    component_class,
+    load_component_config,
+    quantization_config_of,
+    read_model_index,
+    weight_files,
+)
+from ditq.checkpoint.manifest import (
+    ERRORS_FILE,
+    SCHEMA_VERSION,
+    file_records,
+    hub_revision,
+    library_versions,
+    source_tree_digest,
+    write_manifest,
+)
+from ditq.checkpoint.qconfig import ConfigForm, quantization_config, with_quantization_config
+from ditq.checkpoint.rewrite import ComponentResult, read_component_headers, rewrite_component
+from ditq.errors import DitqError, InputError
+from ditq.fsutil import atomic_directory, atomic_write_json
+from ditq.schemes import Scheme, get_scheme
+from ditq.targets import MIN_FEATURES, TargetPlan, build_meta_model, plan_targets
+
+__all__ = ["DEFAULTS", "QuantizeResult", "quantize", "resolve_device"]
+
+log = logging.getLogger(__name__)
+
+# The CLI takes its defaults from here, so `ditq quantize` and `ditq.quantize` agree.
+DEFAULTS: dict[str, Any] = {
+    "scheme": "w8a8",
+    "components": ("transformer",),
+    "config_form": "component",
+    "device": "cpu",
+    "max_shard_bytes": 5 * 1024**3,
+    "band_bytes": 32 * 1024**2,
+}
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    path: Path
+    manifest: dict[str, Any]
+
+
+def resolve_device(device: str) -> torch.device:
+    """'cpu', 'cuda', 'cuda:N' or 'auto' (the GPU when there is one)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as error:
+        raise InputError(f"--device {device!r}: not a device ({error})") from error
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: no CUDA device is available here")
+    if resolved.type not in ("cpu", "cuda"):
+        raise InputError(f"--device {device}: only cpu and cuda are supported")
+    return resolved
+
+
+def _plan_component(
+    source: Path, index: dict[str, Any], component: str, scheme: Scheme, targets, ignore
+) -> TargetPlan:  # type: ignore[no-untyped-def]
+    library, class_name = component_class(index, component)
+    component_dir = source / component
+    config = load_component_config(component_dir)
+    if quantization_config_of(config, component) is not None:
+        raise InputError(
+            f"{component_dir}/config.json: component is already quantized (has quantization_config)"
+        )
+    weight_files(component_dir)
+    shapes = {name: entry.shape for name, (_, entry) in read_component_headers(component_dir).items()}
+    model = build_meta_model(component_dir, library, class_name)
+    return plan_targets(model, component, shapes, targets, ignore, MIN_FEATURES, scheme.group_size)
+
+
+def _link_or_copy(src: Path, dst: Path, copy: bool) -> None:
+    if not copy:
+        os.symlink(src, dst, target_is_directory=src.is_dir())
+    elif src.is_dir():
+        shutil.copytree(src, dst)
+    else:
+        shutil.copy2(src, dst)
+
+
+def _write_component(
+    source: Path, tmp: Path, plan: TargetPlan, scheme: Scheme, form: ConfigForm, device, opts
+) -> ComponentResult:  # type: ignore[no-untyped-def]
+    src_dir, out_dir = source / plan.component, tmp / plan.component
+    out_dir.mkdir()
+    log.info(
+        "%s: quantizing %d Linear layers (%d kept)", plan.component, len(plan.targets), len(plan.ignored)
+    )
+    result = rewrite_component(
+        src_dir, out_dir, plan, scheme, device, opts["max_shard_bytes"], opts["band_bytes"]
+    )
+    skip = {p.name for p in weight_files(src_dir)} | {
+        p.name for p in src_dir.glob("*.safetensors.index.json")
+    }
+    for path in sorted(src_dir.iterdir()):
+        if path.name == "config.json":
+            plain = quantization_config(scheme, list(plan.ignored))
+            config = with_quantization_config(load_component_config(src_dir), plan.component, plain, form)
+            (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        elif path.name not in skip:
+            _link_or_copy(path, out_dir / path.name, copy=True)
+    return result
+
+
+def _make_readable(root: Path) -> None:
+    """Temporary files and folders are created private; an artifact is meant to be served and shared."""
+    os.chmod(root, 0o755)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            if not (Path(dirpath) / name).is_symlink():
+                os.chmod(Path(dirpath) / name, 0o755)
+        for name in filenames:
+            if not (Path(dirpath) / name).is_symlink():
+                os.chmod(Path(dirpath) / name, 0o644)
+
+
+def _statistics(results: dict[str, ComponentResult]) -> dict[str, Any]:
+    errors = [e for r in results.values() for e in r.errors.values()]
+    return {
+        "quantized_tensors": sum(r.quantized_tensors for r in results.values()),
+        "quantized_params": sum(r.quantized_params for r in results.values()),
+        "kept_params": sum(r.kept_params for r in results.values()),
+        "mean_rel_l2": sum(errors) / len(errors) if errors else 0.0,
+        "max_rel_l2": max(errors, default=0.0),
+    }
+
+
+def _manifest(
+    source: Path, scheme: Scheme, options: dict[str, Any], plans, results, tree, linked
+) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    index = read_model_index(source)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "ditq",
+        "inputs": {"source": str(source), "revision": hub_revision(source), **tree},
+        "versions": library_versions(),
+        "options": options,
+        "scheme": {
+            "name": scheme.name,
+            "format": scheme.format,
+            "group_size": scheme.group_size,
+            "description": scheme.description,
+        },
+        "components": {
+            name: {
+                "class": list(component_class(index, name)),
+                "quantization_config": quantization_config(scheme, list(plan.ignored)),
+                "block_lists": plan.block_lists,
+                "quantized": sorted(plan.targets),
+                "ignored": dict(sorted(plan.ignored.items())),
+                "statistics": _statistics({name: results[name]}),
+            }
+            for name, plan in plans.items()
+        },
+        "statistics": _statistics(results),
+        "errors_file": ERRORS_FILE,
+        "linked": linked,
+    }
+
+
+def quantize(
+    source: str | Path,
+    output: str | Path,
+    scheme: str = DEFAULTS["scheme"],
+    *,
+    components: Sequence[str] = DEFAULTS["components"],
+    targets: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    group_size: int | None = None,
+    config_form: ConfigForm = DEFAULTS["config_form"],
+    copy: bool = False,
+    force: bool = False,
+    device: str = DEFAULTS["device"],
+    max_shard_bytes: int = DEFAULTS["max_shard_bytes"],
+    band_bytes: int = DEFAULTS["band_bytes"],
+) -> QuantizeResult:
+    """Quantize ``components`` of the diffusers directory ``source`` into the artifact ``output``."""
+    chosen = get_scheme(scheme, group_size)
+    source, output = Path(source).resolve(), Path(output).absolute()
+    if config_form not in ("component", "global"):
+        raise InputError(f"--config-form must be 'component' or 'global', got {config_form!r}")
+    index = read_model_index(source)
+    if output == source or source in output.parents:
+        raise InputError(f"{output}: the output must not be inside the source directory")
+    if output.exists() and not force:
+        raise InputError(f"{output}: already exists (use --force to replace it)")
+    torch_device = resolve_device(device)
+    plans = {c: _plan_component(source, index, c, chosen, targets, ignore) for c in dict.fromkeys(components)}
+    options = {
+        "scheme": chosen.name,
+        "group_size": group_size,
+        "components": list(plans),
+        "targets": list(targets),
+        "ignore": list(ignore),
+        "config_form": config_form,
+        "copy": copy,
+        "device": torch_device.type,
+    }
+    try:
+        with atomic_directory(output, force=force) as tmp:
+            results = {
+                c: _write_component(
+                    source,
+                    tmp,
+                    p,
+                    chosen,
+                    config_form,
+                    torch_device,
+                    {"max_shard_bytes": max_shard_bytes, "band_bytes": band_bytes},
+                )
+                for c, p in plans.items()
+            }
+            linked: dict[str, str] = {}
+            for path in sorted(source.iterdir()):
+                if path.name == MODEL_INDEX:
+                    shutil.copyfile(path, tmp / MODEL_INDEX)
+                elif path.name not in plans:
+                    _link_or_copy(path, tmp / path.name, copy)
+                    if not copy:
+                        linked[path.name] = str(path)
+            errors = {
+                f"{c}/{prefix}": e for c, r in results.items() for prefix, e in sorted(r.errors.items())
+            }
+            atomic_write_json(tmp / ERRORS_FILE, {"metric": "relative_l2", "tensors": errors})
+            known = {
+                source / c / f: digest
+                for c, r in results.items()
+                for f, (_, digest) in r.source_files.items()
+            }
+            manifest = _manifest(
+                source, chosen, options, plans, results, source_tree_digest(source, known), linked
+            )
+            manifest["files"] = file_records(tmp, skip_dirs=set(linked))
+            write_manifest(tmp, manifest)
+            _make_readable(tmp)
+    except OSError as error:
+        raise DitqError(f"{output}: writing failed ({error}); nothing was left behind") from error
+    stats = manifest["statistics"]
+    log.info(
+        "wrote %s: %d tensors quantized, mean rel-L2 %.4f, max %.4f",
+        output,
+        stats["quantized_tensors"],
+        stats["mean_rel_l2"],
+        stats["max_rel_l2"],
+    )
+    return QuantizeResult(output, manifest)
+
+
+make_module_callable(__name__, quantize)

@@ -1,0 +1,199 @@
+"""Which Linear weights of a component get quantized, derived from the model's own structure, and why not the rest.
+
+The component's class (from ``model_index.json``) is built on the meta device
+from its ``config.json`` (no weights read); its ``named_modules`` are walked:
+
+- **block lists** are the outermost ``ModuleList``s whose items all share one
+  class and hold Linears (``transformer_blocks``, ``single_transformer_blocks``,
+  ``blocks``, a text encoder's ``layers``...). Their Linears are the default
+  targets.
+- every other Linear is a **boundary** layer (patch/text/timestep embedders,
+  final norm and projection), and so is a Linear inside a block that sits
+  under a normalization or modulation module (adaLN, ``img_mod``...).
+- the **shape guard** keeps Linears whose in or out features are not a
+  multiple of 16 (no 8-bit kernel takes them) or below ``min_features``.
+- ``--targets`` regexes replace the block rule, ``--ignore`` regexes remove
+  matches (**user choice**). Regexes are searched in the tensor-name prefix.
+
+Names are the checkpoint's tensor prefixes (``<prefix>.weight``), matched to
+module names directly or, for models whose checkpoint keys differ from their
+module paths, by the longest unique suffix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ditq.errors import InputError
+
+__all__ = [
+    "ALIGNMENT",
+    "MIN_FEATURES",
+    "LinearLayer",
+    "TargetPlan",
+    "block_lists",
+    "build_meta_model",
+    "plan_targets",
+]
+
+ALIGNMENT = 16  # in and out features must be multiples of this for every 8-bit kernel path
+MIN_FEATURES = 32  # smaller Linears gain nothing from 8 bits
+_MODULATION_NAME = re.compile(r"(^|_)(mod|modulation|adaln)(_|\d|$)|norm", re.IGNORECASE)
+_MODULATION_CLASS = re.compile(r"norm|modulation", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class LinearLayer:
+    name: str  # tensor-name prefix in the checkpoint
+    in_features: int
+    out_features: int
+
+
+@dataclass
+class TargetPlan:
+    """The outcome for every Linear of one component: quantize it, or keep it and say why."""
+
+    component: str
+    targets: dict[str, LinearLayer] = field(default_factory=dict)
+    ignored: dict[str, str] = field(default_factory=dict)  # prefix -> reason
+    block_lists: list[str] = field(default_factory=list)
+
+
+def build_meta_model(component_dir: Path, library: str, class_name: str) -> torch.nn.Module:
+    """The component's model class, instantiated from its config on the meta device (no memory, no weights)."""
+    component_dir = Path(component_dir)
+    where = f"{component_dir}/config.json"
+    if library == "diffusers":
+        import diffusers
+
+        cls = getattr(diffusers, class_name, None)
+        if cls is None or not hasattr(cls, "from_config"):
+            raise InputError(f"{where}: diffusers has no model class {class_name!r}")
+        config = cls.load_config(str(component_dir))
+        with torch.device("meta"):
+            return cls.from_config(config)
+    if library == "transformers":
+        import transformers
+
+        cls = getattr(transformers, class_name, None)
+        if cls is None:
+            raise InputError(f"{where}: transformers has no model class {class_name!r}")
+        config = transformers.AutoConfig.from_pretrained(str(component_dir))
+        with torch.device("meta"):
+            return cls._from_config(config)
+    raise InputError(f"{where}: cannot build a {library}.{class_name} to find its Linear layers")
+
+
+def block_lists(model: torch.nn.Module) -> list[str]:
+    """Outermost ModuleLists of one repeated class that contain Linear layers."""
+    found: list[str] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.ModuleList) or len(module) == 0:
+            continue
+        if any(name.startswith(f"{outer}.") for outer in found):
+            continue
+        if len({type(item) for item in module}) != 1:
+            continue
+        if any(isinstance(m, torch.nn.Linear) for m in module.modules()):
+            found.append(name)
+    return found
+
+
+def _boundary_reason(model: torch.nn.Module, module_name: str, blocks: list[str]) -> str | None:
+    outer = next((b for b in blocks if module_name.startswith(f"{b}.")), None)
+    if outer is None:
+        return "boundary: outside the repeated blocks (embedder, final norm or projection)"
+    # Path inside the block item, e.g. "norm1.linear" under "transformer_blocks.3".
+    inner = module_name[len(outer) + 1 :].split(".")[1:]
+    parent: torch.nn.Module = model.get_submodule(f"{outer}.{module_name[len(outer) + 1 :].split('.')[0]}")
+    for segment in inner[:-1]:
+        parent = parent.get_submodule(segment)
+        if _MODULATION_NAME.search(segment) or _MODULATION_CLASS.search(type(parent).__name__):
+            return "boundary: modulation/adaLN inside a block"
+    return None
+
+
+def _shape_reason(layer: LinearLayer, min_features: int, group_size: int | None) -> str | None:
+    for label, size in (("in_features", layer.in_features), ("out_features", layer.out_features)):
+        if size % ALIGNMENT:
+            return f"shape guard: {label} {size} is not a multiple of {ALIGNMENT}"
+    if min(layer.in_features, layer.out_features) < min_features:
+        return f"shape guard: too small to gain ({layer.out_features}x{layer.in_features}, minimum {min_features})"
+    if group_size is not None and layer.in_features % group_size:
+        return f"shape guard: in_features {layer.in_features} is not a multiple of group size {group_size}"
+    return None
+
+
+def _checkpoint_prefix(module_name: str, weights: dict[str, tuple[int, ...]]) -> str | None:
+    """The checkpoint prefix holding ``<module_name>.weight``: exact, else the longest unique suffix match."""
+    if f"{module_name}.weight" in weights:
+        return module_name
+    parts = module_name.split(".")
+    for start in range(1, len(parts)):
+        suffix = ".".join(parts[start:]) + ".weight"
+        hits = [k for k in weights if k == suffix or k.endswith(f".{suffix}")]
+        if len(hits) == 1:
+            return hits[0][: -len(".weight")]
+        if len(hits) > 1:
+            return None
+    return None
+
+
+def _compile(patterns: Iterable[str], flag: str) -> list[re.Pattern[str]]:
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as error:
+            raise InputError(f"{flag} {pattern!r}: not a valid regular expression ({error})") from error
+    return compiled
+
+
+def plan_targets(
+    model: torch.nn.Module,
+    component: str,
+    weight_shapes: dict[str, tuple[int, ...]],
+    targets: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    min_features: int = MIN_FEATURES,
+    group_size: int | None = None,
+) -> TargetPlan:
+    """Decide every Linear of ``model``; ``weight_shapes`` is the checkpoint's tensor name -> shape."""
+    target_res, ignore_res = _compile(targets, "--targets"), _compile(ignore, "--ignore")
+    plan = TargetPlan(component=component, block_lists=block_lists(model))
+    for module_name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        prefix = _checkpoint_prefix(module_name, weight_shapes)
+        if prefix is None:
+            continue  # tied or generated weight: nothing stored to quantize
+        shape = weight_shapes[f"{prefix}.weight"]
+        if shape != (module.out_features, module.in_features):
+            raise InputError(
+                f"{component}: tensor {prefix}.weight has shape {list(shape)}, expected "
+                f"[{module.out_features}, {module.in_features}] from config.json"
+            )
+        layer = LinearLayer(prefix, module.in_features, module.out_features)
+        if target_res:
+            matched = any(r.search(prefix) for r in target_res)
+            reason = None if matched else "user choice: not matched by --targets"
+        else:
+            reason = _boundary_reason(model, module_name, plan.block_lists)
+        reason = reason or _shape_reason(layer, min_features, group_size)
+        hit = next((r.pattern for r in ignore_res if r.search(prefix)), None)
+        if reason is None and hit is not None:
+            reason = f"user choice: --ignore {hit!r}"
+        if reason is None:
+            plan.targets[prefix] = layer
+        else:
+            plan.ignored[prefix] = reason
+    if not plan.targets:
+        raise InputError(
+            f"{component}: no Linear layer to quantize (block lists found: {plan.block_lists or 'none'})"
+        )
+    return plan

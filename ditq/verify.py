@@ -1,0 +1,315 @@
+"""``verify``: an artifact's digests, its quantized tensors decoded twice, and (optionally) its source.
+
+Checks, each reported pass/fail with a one-line detail:
+
+- **manifest**: ``MANIFEST.json`` matches its seal and parses;
+- **files**: every file the manifest lists has its size and sha256; no file
+  is missing or extra; linked components point where the manifest says;
+- **config** (per component): ``quantization_config`` equals the manifest's
+  and names one of ditq's schemes;
+- **tensors**: stored dtypes and shapes follow the scheme; scales are finite
+  and positive; ditq's decoder and compressed-tensors' decoder agree bit for
+  bit; every Linear of the model is either quantized or in ``ignore``;
+- with ``source``: every dequantized weight is within the scheme's relative
+  L2 bound of the source (``REL_L2_BOUNDS``), and every other tensor is byte
+  identical to the source's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ditq._callable import make_module_callable
+from ditq.checkpoint.layout import load_component_config, quantization_config_of, read_model_index
+from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, SCHEMA_VERSION, file_records
+from ditq.checkpoint.qconfig import scheme_of
+from ditq.checkpoint.reference import ReferenceDecoder
+from ditq.checkpoint.rewrite import read_component_headers
+from ditq.checkpoint.safetensors_io import SafetensorsHeader, TensorEntry, read_tensor
+from ditq.checkpoint.stored import decode_stored, stored_specs
+from ditq.errors import DitqError, InputError
+from ditq.fsutil import sha256_file
+from ditq.numerics import relative_l2
+from ditq.schemes import Scheme
+from ditq.targets import build_meta_model
+
+__all__ = ["REL_L2_BOUNDS", "Check", "VerifyReport", "verify"]
+
+# Largest relative L2 error (||w_q - w|| / ||w||) accepted per quantized tensor, by scheme. Per-channel
+# int8 of a BF16 weight typically lands near 0.01 and e4m3 near 0.025; the bounds leave room for
+# heavy-tailed rows while still catching a wrong scale, layout or transpose (errors of order 1).
+REL_L2_BOUNDS: dict[str, float] = {"w8a16": 0.05, "w8a8": 0.05, "fp8": 0.08}
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class VerifyReport:
+    artifact: str
+    source: str | None
+    checks: list[Check] = field(default_factory=list)
+    tensors: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    def add(self, name: str, problems: list[str], passed: str) -> None:
+        """Record a check that fails with the first few problems, or passes with ``passed``."""
+        detail = passed if not problems else f"{len(problems)} problem(s): " + "; ".join(problems[:5])
+        self.checks.append(Check(name, not problems, detail))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "artifact": self.artifact,
+            "source": self.source,
+            "checks": [asdict(c) for c in self.checks],
+            "tensors": self.tensors,
+        }
+
+    def table(self) -> str:
+        width = max((len(c.name) for c in self.checks), default=5)
+        lines = [f"{'PASS' if c.ok else 'FAIL'}  {c.name:<{width}}  {c.detail}" for c in self.checks]
+        failed = sum(not c.ok for c in self.checks)
+        lines.append(
+            f"{'OK' if self.ok else 'FAILED'}: {len(self.checks) - failed} of {len(self.checks)} checks passed"
+        )
+        return "\n".join(lines)
+
+
+def _check_manifest(root: Path, report: VerifyReport) -> dict[str, Any] | None:
+    seal = root / MANIFEST_SEAL
+    expected = seal.read_text().split()[0] if seal.is_file() and seal.read_text().split() else None
+    actual = sha256_file(root / MANIFEST)
+    report.add(
+        "manifest seal",
+        [] if expected == actual else [f"{MANIFEST} does not match {MANIFEST_SEAL}"],
+        f"sha256 {actual[:16]}…",
+    )
+    try:
+        manifest = json.loads((root / MANIFEST).read_text())
+        if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"schema_version is not {SCHEMA_VERSION}")
+        for key in ("files", "components", "linked"):
+            if not isinstance(manifest.get(key), dict):
+                raise ValueError(f"no {key!r} object")
+    except (ValueError, UnicodeDecodeError) as error:
+        report.add("manifest parses", [f"{MANIFEST}: {error}"], "")
+        return None
+    report.add("manifest parses", [], f"schema {SCHEMA_VERSION}")
+    return manifest
+
+
+def _check_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> None:
+    listed: dict[str, Any] = manifest["files"]
+    linked: dict[str, str] = manifest["linked"]
+    present = file_records(root, skip_dirs=set(linked))
+    problems = [f"missing {p}" for p in listed if p not in present]
+    problems += [f"extra {p}" for p in present if p not in listed]
+    problems += [f"altered {p}" for p, rec in listed.items() if p in present and present[p] != rec]
+    for name, target in linked.items():
+        link = root / name
+        if not link.is_symlink() or str(link.readlink()) != target or not link.exists():
+            problems.append(f"link {name} does not point to {target}")
+    report.add(
+        "files", problems, f"{len(listed)} files match their sha256 and size, {len(linked)} links intact"
+    )
+
+
+def _read(where: dict[str, tuple[SafetensorsHeader, TensorEntry]], name: str) -> torch.Tensor:
+    header, entry = where[name]
+    with open(header.path, "rb") as handle:
+        return read_tensor(handle, entry)
+
+
+def _raw(where: dict[str, tuple[SafetensorsHeader, TensorEntry]], name: str) -> bytes:
+    header, entry = where[name]
+    with open(header.path, "rb") as handle:
+        handle.seek(entry.begin)
+        return handle.read(entry.nbytes)
+
+
+def _linear_shapes(root: Path, component: str, info: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    library, class_name = info["class"]
+    model = build_meta_model(root / component, library, class_name)
+    return {
+        n: (m.out_features, m.in_features) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+    }
+
+
+def _stored_features(stored: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """(out, in) from the stored tensors, for a Linear the model's module names do not spell the same way."""
+    if "weight_shape" in stored:
+        return int(stored["weight_shape"][0]), int(stored["weight_shape"][1])
+    return int(stored["weight"].shape[0]), int(stored["weight"].shape[-1])
+
+
+def _check_config(root: Path, component: str, info: dict[str, Any], report: VerifyReport) -> Scheme | None:
+    try:
+        plain = quantization_config_of(load_component_config(root / component), component)
+        if plain is None:
+            raise InputError(f"{component}/config.json: no quantization_config")
+        scheme = scheme_of(plain, f"{component}/config.json")
+        ReferenceDecoder(plain)  # compressed-tensors must accept it too
+    except (DitqError, ValueError) as error:
+        report.add(f"{component}: config", [str(error)], "")
+        return None
+    same = plain == info.get("quantization_config")
+    report.add(
+        f"{component}: config",
+        [] if same else ["quantization_config differs from the manifest's"],
+        f"{scheme.format}, {len(plain.get('ignore', []))} ignored, parsed by compressed-tensors",
+    )
+    return scheme
+
+
+def _check_coverage(
+    component: str,
+    info: dict[str, Any],
+    linears: dict[str, tuple[int, int]],
+    names: set[str],
+    quantized: set[str],
+    report: VerifyReport,
+) -> None:
+    ignore = set(info["quantization_config"].get("ignore", []))
+    problems = [f"{p} quantized but listed in ignore" for p in sorted(quantized & ignore)]
+    if quantized != set(info.get("quantized", [])):
+        problems.append("quantized tensors differ from the manifest's list")
+    for name in sorted(linears):
+        if name not in quantized and name not in ignore:
+            stored = f"{name}.weight" in names
+            problems.append(
+                f"Linear {name} {'kept in source precision' if stored else 'missing'} but not in ignore"
+            )
+    report.add(
+        f"{component}: targets",
+        problems,
+        f"{len(quantized)} quantized, {len(ignore)} ignored, every Linear accounted for",
+    )
+
+
+def _check_tensors(
+    root: Path,
+    component: str,
+    info: dict[str, Any],
+    scheme: Scheme,
+    source: Path | None,
+    report: VerifyReport,
+) -> None:
+    try:
+        where = read_component_headers(root / component)
+        linears = _linear_shapes(root, component, info)
+        source_where = read_component_headers(source / component) if source is not None else None
+    except DitqError as error:
+        report.add(f"{component}: tensors", [str(error)], "")
+        return
+    quantized = {n[: -len(".weight_scale")] for n in where if n.endswith(".weight_scale")}
+    _check_coverage(component, info, linears, set(where), quantized, report)
+    decoder = ReferenceDecoder(info["quantization_config"])
+    problems: list[str] = []
+    source_problems: list[str] = []
+    bound = REL_L2_BOUNDS[scheme.name]
+    for prefix in sorted(quantized):
+        stored_names = [n for n in where if n.startswith(f"{prefix}.weight_")] + (
+            [f"{prefix}.weight"] if f"{prefix}.weight" in where else []
+        )
+        stored = {n[len(prefix) + 1 :]: _read(where, n) for n in stored_names}
+        out_features, in_features = linears.get(prefix) or _stored_features(stored)
+        specs = stored_specs(scheme, out_features, in_features)
+        layout = {k: (v.dtype, tuple(v.shape)) for k, v in stored.items()}
+        row: dict[str, Any] = {"component": component, "tensor": prefix}
+        if layout != specs:
+            problems.append(f"{prefix}: stored {layout} but the scheme needs {specs}")
+            report.tensors.append({**row, "layout_ok": False})
+            continue
+        scale = stored["weight_scale"]
+        row["scale_ok"] = bool(torch.isfinite(scale).all() and (scale > 0).all())
+        if scheme.format == "pack-quantized" and stored["weight_shape"].tolist() != [
+            out_features,
+            in_features,
+        ]:
+            problems.append(
+                f"{prefix}: weight_shape {stored['weight_shape'].tolist()} is not {[out_features, in_features]}"
+            )
+        ours, theirs = decode_stored(stored, scheme), decoder.decode(stored)
+        row["decoders_agree"] = ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+        if not row["scale_ok"]:
+            problems.append(f"{prefix}: weight_scale not finite and positive")
+        if not row["decoders_agree"]:
+            problems.append(f"{prefix}: ditq and compressed-tensors decode differently")
+        if source_where is not None:
+            if f"{prefix}.weight" not in source_where:
+                source_problems.append(f"{prefix}.weight not in the source")
+            else:
+                row["rel_l2"] = relative_l2(ours, _read(source_where, f"{prefix}.weight"))
+                if not row["rel_l2"] <= bound:
+                    source_problems.append(
+                        f"{prefix}: rel-L2 {row['rel_l2']:.4f} above the {scheme.name} bound {bound}"
+                    )
+        report.tensors.append(row)
+    report.add(
+        f"{component}: decode",
+        problems,
+        f"{len(quantized)} tensors: layout ok, scales finite and positive, decoders agree bitwise",
+    )
+    if source_where is not None:
+        _check_against_source(component, where, source_where, quantized, source_problems, report)
+
+
+def _check_against_source(
+    component: str, where, source_where, quantized: set[str], problems: list[str], report: VerifyReport
+) -> None:  # type: ignore[no-untyped-def]
+    derived = {n for n in where if any(n.startswith(f"{p}.weight") for p in quantized)}
+    kept = sorted(set(where) - derived)
+    for name in kept:
+        if name not in source_where:
+            problems.append(f"{name}: not in the source")
+        elif (
+            where[name][1].dtype != source_where[name][1].dtype
+            or where[name][1].shape != source_where[name][1].shape
+        ):
+            problems.append(f"{name}: dtype or shape differs from the source")
+        elif _raw(where, name) != _raw(source_where, name):
+            problems.append(f"{name}: bytes differ from the source")
+    accounted = set(kept) | {f"{p}.weight" for p in quantized}
+    problems += [f"{n}: in the source but not in the artifact" for n in sorted(set(source_where) - accounted)]
+    errors = [t["rel_l2"] for t in report.tensors if t["component"] == component and "rel_l2" in t]
+    report.add(
+        f"{component}: source",
+        problems,
+        f"max rel-L2 {max(errors, default=0.0):.4f} within bound; {len(kept)} kept tensors byte-identical",
+    )
+
+
+def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyReport:
+    """Check the artifact (and, with ``source``, its fidelity to it). ``report.ok`` says whether all holds."""
+    root = Path(artifact)
+    if not (root / MANIFEST).is_file():
+        raise InputError(f"{root}: not a ditq artifact (no {MANIFEST})")
+    source_dir = Path(source) if source is not None else None
+    if source_dir is not None:
+        read_model_index(source_dir)
+    report = VerifyReport(str(root), None if source_dir is None else str(source_dir))
+    manifest = _check_manifest(root, report)
+    if manifest is None:
+        return report
+    _check_files(root, manifest, report)
+    for component, info in manifest["components"].items():
+        scheme = _check_config(root, component, info, report)
+        if scheme is not None:
+            _check_tensors(root, component, info, scheme, source_dir, report)
+    return report
+
+
+make_module_callable(__name__, verify)
