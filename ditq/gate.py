@@ -208,7 +208,8 @@ class GateRecord:
     structure: dict[str, Any] | None
     structure_source: str
     wall_s: float | None
-    peak_memory_mib: float | None  # sampled on the device, else the server's own report
+    peak_memory_mib: float | None
+    peak_memory_source: str | None  # "sampled" (vram samples in the request window) | "server" (its report)
 
 
 @dataclass
@@ -238,6 +239,9 @@ class GateRun:
                 "wall_max_s": max(walls, default=None),
                 "wall_mean_s": round(statistics.fmean(walls), 2) if walls else None,
                 "peak_memory_mib": max(peaks, default=None),
+                "peak_memory_source": "/".join(
+                    sorted({r.peak_memory_source for r in group if r.peak_memory_source})
+                ),
             }
         return rows
 
@@ -257,11 +261,12 @@ class GateRun:
         }
 
 
-def _record_peak(record: dict[str, Any]) -> float | None:
+def _record_peak(record: dict[str, Any]) -> tuple[float | None, str | None]:
+    """(peak, source): sampled on the device during the request, else the server's own report."""
     if record.get("peak_memory_mib") is not None:
-        return float(record["peak_memory_mib"])
+        return float(record["peak_memory_mib"]), "sampled"
     server = (record.get("metrics") or {}).get("peak_memory_mb")
-    return float(server) if isinstance(server, int | float) else None
+    return (float(server), "server") if isinstance(server, int | float) else (None, None)
 
 
 def _judge(
@@ -319,6 +324,7 @@ def gate_run(
             reasons, unchecked = _judge(structure, rules, envelope)
             if envelopes is not None and envelope is None:
                 unchecked.append("envelope (fixture not in the baseline)")
+        peak, peak_source = _record_peak(record)
         result.records.append(
             GateRecord(
                 fixture_id=record["fixture_id"],
@@ -330,7 +336,8 @@ def gate_run(
                 structure=structure,
                 structure_source=source,
                 wall_s=record.get("wall_s"),
-                peak_memory_mib=_record_peak(record),
+                peak_memory_mib=peak,
+                peak_memory_source=peak_source,
             )
         )
     sampled = read_vram_csv(run / "vram.csv")
@@ -362,7 +369,8 @@ def format_gate(results: Sequence[GateRun]) -> str:
             lines.append(
                 f"  {n_refs}-ref: n={row['n']} pass={row['passes']}/{row['n']} "
                 f"{'PASS' if row['passes'] == row['n'] else 'FAIL'}  wall {_num(row['wall_min_s'])}-"
-                f"{_num(row['wall_max_s'])} s (mean {_num(row['wall_mean_s'])} s)  peak {_num(row['peak_memory_mib'], '.0f')} MiB"
+                f"{_num(row['wall_max_s'])} s (mean {_num(row['wall_mean_s'])} s)  "
+                f"peak {_num(row['peak_memory_mib'], '.0f')} MiB ({row['peak_memory_source'] or 'unavailable'})"
             )
             for rec in (r for r in run.records if r.n_references == n_refs):
                 detail = "; ".join(rec.reasons) if rec.reasons else "ok"
