@@ -147,19 +147,31 @@ class PipelineAdapter:
         self.max_reference_images = (
             0
             if images_target is None
-            else int(getattr(pipeline, "max_reference_images", DEFAULT_MAX_REFERENCE_IMAGES))
+            else int(self._setting("max_reference_images", DEFAULT_MAX_REFERENCE_IMAGES))
         )
-        vae_scale_factor = int(getattr(pipeline, "vae_scale_factor", 8))
+        vae_scale_factor = int(self._setting("vae_scale_factor", 8))
         # DiT pipelines pack latents 2x2 into tokens, so sizes align to twice the VAE factor.
-        self.size_alignment = int(getattr(pipeline, "size_alignment", vae_scale_factor * 2))
+        self.size_alignment = int(self._setting("size_alignment", vae_scale_factor * 2))
         self.default_size = self._default_size(vae_scale_factor)
 
+    def _setting(self, name: str, default: Any) -> Any:
+        """A pipeline attribute, or the same key of its registered config, or ``default``."""
+        value = getattr(type(self.pipeline), name, None)
+        if value is None:
+            value = vars(self.pipeline).get(name)
+        if value is None:
+            config = getattr(self.pipeline, "config", None)
+            value = config.get(name) if isinstance(config, dict) else None
+        return default if value is None else value
+
     def _default_size(self, vae_scale_factor: int) -> tuple[int, int]:
-        explicit = getattr(self.pipeline, "default_size", None)
+        explicit = self._setting("default_size", None)
+        if isinstance(explicit, int):
+            return explicit, explicit
         if explicit is not None:
             width, height = explicit
             return int(width), int(height)
-        sample_size = getattr(self.pipeline, "default_sample_size", None)
+        sample_size = self._setting("default_sample_size", None)
         if isinstance(sample_size, int):
             return sample_size * vae_scale_factor, sample_size * vae_scale_factor
         return 1024, 1024
@@ -261,6 +273,8 @@ class PipelineAdapter:
                 return callback_kwargs
 
             kwargs["callback_on_step_end"] = on_step_end
+            if "callback_on_step_end_tensor_inputs" in self.parameters:
+                kwargs["callback_on_step_end_tensor_inputs"] = []  # the timer reads no tensors
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         with ExitStack() as stack:

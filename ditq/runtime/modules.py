@@ -1,0 +1,330 @@
+"""Quantized Linear modules: one per scheme, holding the tensors exactly as the checkpoint stores them.
+
+A module's persistent buffers carry the stored names (``weight_packed``,
+``weight_scale``, ``weight_shape`` for w8a16; ``weight``, ``weight_scale``
+for w8a8 and fp8), so a component's state dict reads straight from the
+safetensors files with ``load_state_dict(assign=True)``. The matmul is done by
+a kernel path from ``ditq.kernels`` chosen per layer; the path's one-time
+repack (``prepare``) runs after loading, explicitly via ``prepare`` or lazily
+on the first forward.
+
+After the repack the module keeps only what the path needs: stored buffers
+that the prepared form aliases stay (so device moves never duplicate them),
+the others are released, and prepared tensors that are new memory become
+non-persistent buffers so ``.to()`` and offload hooks move them with the
+module.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+import ditq.kernels  # noqa: F401 - importing the package registers every kernel path
+from ditq.errors import DitqError, InputError
+from ditq.kernels.registry import KernelPath, Prepared, candidate_paths
+from ditq.schemes import FP8, W8A8, W8A16, Scheme
+
+__all__ = [
+    "FP8Linear",
+    "QuantizedLinear",
+    "W8A8Linear",
+    "W8A16Linear",
+    "linear_from_stored",
+    "quantized_linear_class",
+    "quantized_linears",
+]
+
+log = logging.getLogger(__name__)
+_LOGGED_CHOICES: set[tuple[str, str, str]] = set()
+_PREPARED_PREFIX = "prepared_"
+
+
+@dataclass(frozen=True)
+class _Alias:
+    """A prepared tensor that is a view of a stored buffer: rebuilt with as_strided, never copied."""
+
+    buffer: str
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+    return (str(t.device), t.untyped_storage().data_ptr())
+
+
+class QuantizedLinear(torch.nn.Module):
+    """y = x @ dequant(stored)^T + bias, computed by one kernel path."""
+
+    scheme: ClassVar[Scheme]
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        group_size: int | None = None,
+        device: torch.device | str | None = "meta",
+        bias_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.group_size = group_size
+        for name, (shape, dtype) in self.stored_layout(in_features, out_features, group_size).items():
+            self.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
+        if bias:
+            self.register_buffer("bias", torch.empty(out_features, dtype=bias_dtype, device=device))
+        else:
+            self.bias: torch.Tensor | None = None
+        self.kernel: KernelPath | None = None
+        self._prepared_layout: dict[str, str | _Alias] | None = None
+
+    @classmethod
+    def stored_layout(
+        cls, in_features: int, out_features: int, group_size: int | None
+    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Stored tensor name -> (shape, dtype), the compressed-tensors conventions for this scheme."""
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        kernel = self.kernel.name if self.kernel is not None else "unchosen"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, scheme={self.scheme.name}, kernel={kernel}"
+        )
+
+    @property
+    def stored_names(self) -> tuple[str, ...]:
+        return tuple(self.stored_layout(self.in_features, self.out_features, self.group_size))
+
+    @property
+    def prepared(self) -> bool:
+        return self._prepared_layout is not None
+
+    def stored_tensors(self) -> dict[str, torch.Tensor]:
+        """The stored tensors of this Linear (before the repack released any of them)."""
+        missing = [n for n in self.stored_names if n not in self._buffers]
+        if missing:
+            raise DitqError(
+                f"{type(self).__name__}: stored tensors {missing} were released by the "
+                f"{self.kernel.name if self.kernel else ''} repack; reload the component to read them"
+            )
+        return {name: self._buffers[name] for name in self.stored_names}  # type: ignore[misc]
+
+    def use_kernel(
+        self,
+        path: KernelPath | None = None,
+        device: torch.device | str | None = None,
+        activation_dtype: torch.dtype | None = None,
+    ) -> KernelPath:
+        """Choose the kernel path (None: the first candidate for ``device``/``activation_dtype``)."""
+        if path is None:
+            device = torch.device(device) if device is not None else self._buffer_device()
+            activation_dtype = activation_dtype or self._default_activation_dtype()
+            candidates = candidate_paths(
+                self.scheme.name, device, activation_dtype, self.in_features, self.out_features
+            )
+            if not candidates:
+                raise DitqError(
+                    f"no kernel path for {self.scheme.name} on {device} with {activation_dtype} activations "
+                    f"and shape ({self.out_features}, {self.in_features}); see DITQ_KERNELS / DITQ_DISABLE_KERNELS"
+                )
+            path = candidates[0]
+        if path.scheme != self.scheme.name:
+            raise InputError(
+                f"kernel path {path.name!r} is for {path.scheme}, this layer is {self.scheme.name}"
+            )
+        if self.kernel is not None and self.kernel.name != path.name and self.prepared:
+            self._unprepare()
+        self.kernel = path
+        key = (type(self).__name__, path.name, path.device_type)
+        if key not in _LOGGED_CHOICES:
+            _LOGGED_CHOICES.add(key)
+            log.info("%s: kernel path %s (%s)", type(self).__name__, path.name, path.description)
+        return path
+
+    def prepare(
+        self, device: torch.device | str | None = None, activation_dtype: torch.dtype | None = None
+    ) -> None:
+        """Repack the stored tensors for the chosen path, once.
+
+        ``device`` is where the matmul will run. When the buffers live elsewhere
+        (offload keeps them on the host) the stored tensors travel to ``device``
+        for the repack and the result comes back next to the other buffers.
+        """
+        if self.prepared:
+            return
+        run_device = torch.device(device) if device is not None else self._buffer_device()
+        if self.kernel is None or self.kernel.device_type != run_device.type:
+            self.use_kernel(None, run_device, activation_dtype)
+        assert self.kernel is not None
+        home = self._buffer_device()
+        stored = {n: t.to(run_device) for n, t in self.stored_tensors().items()}
+        prepared = self.kernel.prepare(stored, run_device)
+        if "weight_scale" not in prepared:
+            raise DitqError(f"kernel path {self.kernel.name!r}: prepare returned no 'weight_scale'")
+        by_storage = {_storage_key(t): n for n, t in stored.items()}
+        layout: dict[str, str | _Alias] = {}
+        for key, tensor in prepared.items():
+            source = by_storage.get(_storage_key(tensor))
+            if source is not None:
+                layout[key] = _Alias(
+                    source, tuple(tensor.shape), tuple(tensor.stride()), int(tensor.storage_offset())
+                )
+            else:
+                self.register_buffer(_PREPARED_PREFIX + key, tensor.to(home), persistent=False)
+                layout[key] = _PREPARED_PREFIX + key
+        kept = {alias.buffer for alias in layout.values() if isinstance(alias, _Alias)}
+        for name in self.stored_names:
+            if name not in kept:
+                del self._buffers[name]
+        self._prepared_layout = layout
+
+    def _unprepare(self) -> None:
+        if any(n not in self._buffers for n in self.stored_names):
+            raise DitqError(
+                f"{type(self).__name__}: cannot switch kernel path after a repack released stored tensors"
+            )
+        for name in [n for n in self._buffers if n.startswith(_PREPARED_PREFIX)]:
+            del self._buffers[name]
+        self._prepared_layout = None
+
+    def prepared_tensors(self) -> Prepared:
+        """The chosen path's repacked form, on the module's current device."""
+        assert self._prepared_layout is not None
+        out: Prepared = {}
+        for key, where in self._prepared_layout.items():
+            if isinstance(where, _Alias):
+                base = self._buffers[where.buffer]
+                assert base is not None
+                out[key] = base.as_strided(where.size, where.stride, where.offset)
+            else:
+                tensor = self._buffers[where]
+                assert tensor is not None
+                out[key] = tensor
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.prepared or (self.kernel is not None and self.kernel.device_type != x.device.type):
+            if self.prepared:
+                raise DitqError(
+                    f"{type(self).__name__} was repacked for {self.kernel.device_type if self.kernel else '?'}, "
+                    f"input is on {x.device}"
+                )
+            self.prepare(x.device, x.dtype)
+        assert self.kernel is not None
+        return self.kernel.matmul(x, self.prepared_tensors(), self.bias)
+
+    def _buffer_device(self) -> torch.device:
+        return next(t.device for t in self._buffers.values() if t is not None)
+
+    def _default_activation_dtype(self) -> torch.dtype:
+        return self.bias.dtype if self.bias is not None else torch.bfloat16
+
+    def _load_from_state_dict(
+        self, state_dict: Mapping[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        # Loading new stored tensors invalidates any repack.
+        if self.prepared:
+            self._unprepare()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # type: ignore[arg-type]
+
+
+class W8A16Linear(QuantizedLinear):
+    """int8 weights (packed four to an int32), per-channel or grouped scales; activations untouched."""
+
+    scheme = W8A16
+
+    @classmethod
+    def stored_layout(
+        cls, in_features: int, out_features: int, group_size: int | None
+    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        groups = 1 if group_size is None else in_features // group_size
+        return {
+            "weight_packed": ((out_features, (in_features + 3) // 4), torch.int32),
+            "weight_scale": ((out_features, groups), torch.float32),
+            "weight_shape": ((2,), torch.int64),
+        }
+
+
+class W8A8Linear(QuantizedLinear):
+    """int8 weights per channel; activations quantized to int8 per token at run time."""
+
+    scheme = W8A8
+
+    @classmethod
+    def stored_layout(
+        cls, in_features: int, out_features: int, group_size: int | None
+    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {
+            "weight": ((out_features, in_features), torch.int8),
+            "weight_scale": ((out_features, 1), torch.float32),
+        }
+
+
+class FP8Linear(QuantizedLinear):
+    """float8_e4m3fn weights per channel; activations quantized to fp8 per token at run time."""
+
+    scheme = FP8
+
+    @classmethod
+    def stored_layout(
+        cls, in_features: int, out_features: int, group_size: int | None
+    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {
+            "weight": ((out_features, in_features), torch.float8_e4m3fn),
+            "weight_scale": ((out_features, 1), torch.float32),
+        }
+
+
+_CLASSES: dict[str, type[QuantizedLinear]] = {c.scheme.name: c for c in (W8A16Linear, W8A8Linear, FP8Linear)}
+
+
+def quantized_linear_class(scheme_name: str) -> type[QuantizedLinear]:
+    if scheme_name not in _CLASSES:
+        raise InputError(f"no quantized Linear for scheme {scheme_name!r} (known: {', '.join(_CLASSES)})")
+    return _CLASSES[scheme_name]
+
+
+def _features(stored: Mapping[str, torch.Tensor], scheme: Scheme) -> tuple[int, int]:
+    """(in_features, out_features) read from the stored tensors."""
+    if scheme.format == "pack-quantized":
+        if "weight_shape" not in stored:
+            raise InputError(f"{scheme.name} stored weight lacks 'weight_shape' (has {sorted(stored)})")
+        out_features, in_features = (int(v) for v in stored["weight_shape"].tolist())
+        return in_features, out_features
+    if "weight" not in stored or stored["weight"].ndim != 2:
+        raise InputError(f"{scheme.name} stored weight lacks a 2-D 'weight' (has {sorted(stored)})")
+    out_features, in_features = stored["weight"].shape
+    return int(in_features), int(out_features)
+
+
+def linear_from_stored(
+    stored: Mapping[str, torch.Tensor], scheme: Scheme, bias: torch.Tensor | None
+) -> QuantizedLinear:
+    """A module holding exactly ``stored`` (and ``bias``), on their device; no copies."""
+    cls = quantized_linear_class(scheme.name)
+    in_features, out_features = _features(stored, scheme)
+    group_size = scheme.group_size
+    if cls is W8A16Linear and "weight_scale" in stored and stored["weight_scale"].ndim == 2:
+        groups = stored["weight_scale"].shape[1]
+        group_size = None if groups == 1 else in_features // groups
+    module = cls(in_features, out_features, bias=bias is not None, group_size=group_size, device="meta")
+    for name in module.stored_names:
+        if name not in stored:
+            raise InputError(f"{scheme.name} stored weight lacks {name!r} (has {sorted(stored)})")
+        setattr(module, name, stored[name])
+    if bias is not None:
+        module.bias = bias
+    return module
+
+
+def quantized_linears(module: torch.nn.Module) -> dict[str, QuantizedLinear]:
+    """Every QuantizedLinear inside ``module``, by qualified name."""
+    return {name: m for name, m in module.named_modules() if isinstance(m, QuantizedLinear)}

@@ -1,0 +1,211 @@
+"""Loading ditq artifacts: quantized forward vs the BF16 source, both config forms, clear errors when corrupt."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tiny_models import TINY_CONFIGS, build_tiny, example_inputs, make_model_dir
+
+from ditq.errors import InputError
+from ditq.numerics import relative_l2
+from ditq.runtime.loader import load_component
+from ditq.runtime.modules import QuantizedLinear, quantized_linear_class, quantized_linears
+from runtime.artifacts import target_linears, write_artifact
+
+# Output of the whole tiny transformer vs the BF16 source model (loaded by diffusers), relative L2.
+# Stored weights carry ~0.4 % (int8) / ~2.5 % (fp8 e4m3) error; per-token activations add about as much.
+FORWARD_BOUND = {"w8a16": 0.02, "w8a8": 0.03, "w8a8-activations": 0.03, "fp8": 0.08}
+SCHEMES = ("w8a16", "w8a8", "fp8")
+
+
+def _forward(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs)[0].float()
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sources")
+    return {name: make_model_dir(root, name) for name in TINY_CONFIGS}
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("name", list(TINY_CONFIGS))
+def test_quantized_forward_matches_bf16_source(
+    name: str, scheme: str, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    source = sources[name]
+    bf16 = load_component(source, "transformer")
+    model = build_tiny(name, dtype=torch.bfloat16)
+    form = "global" if scheme == "fp8" else "component"  # both config forms, across the matrix
+    artifact = write_artifact(source, tmp_path / "artifact", model, scheme, form=form)
+
+    quantized = load_component(artifact, "transformer")
+
+    layers = quantized_linears(quantized)
+    assert sorted(layers) == sorted(target_linears(model)) and layers
+    assert all(type(layer) is quantized_linear_class(scheme) for layer in layers.values())
+    # No source-precision weight behind a quantized layer.
+    for layer in layers.values():
+        assert not any(p.dtype == torch.bfloat16 and p.ndim == 2 for p in layer.buffers())
+    inputs = example_inputs(name, model)
+    error = relative_l2(_forward(quantized, inputs), _forward(bf16, inputs))
+    assert 0.0 < error < FORWARD_BOUND[scheme], f"{name} {scheme}: rel-L2 {error:.4f}"
+
+
+def test_wrapped_config_for_another_component_is_refused(sources: dict[str, Path], tmp_path: Path) -> None:
+    artifact = write_artifact(
+        sources["flux"], tmp_path / "a", build_tiny("flux", dtype=torch.bfloat16), "w8a8"
+    )
+    config_path = artifact / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"] = {"text_encoder": config["quantization_config"]["transformer"]}
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(
+        InputError, match=r"config\.json: quantization_config is for text_encoder, not for transformer"
+    ):
+        load_component(artifact, "transformer")
+
+
+def test_both_spellings_of_the_method_load(sources: dict[str, Path], tmp_path: Path) -> None:
+    artifact = write_artifact(
+        sources["sd3"], tmp_path / "a", build_tiny("sd3", dtype=torch.bfloat16), "w8a16"
+    )
+    config_path = artifact / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"]["transformer"]["quant_method"] = "compressed_tensors"
+    config_path.write_text(json.dumps(config))
+    assert quantized_linears(load_component(artifact, "transformer"))
+
+
+def test_kernel_repack_happens_once_and_releases_what_it_replaced(
+    sources: dict[str, Path], tmp_path: Path
+) -> None:
+    model = build_tiny("qwenimage", dtype=torch.bfloat16)
+    artifact = write_artifact(sources["qwenimage"], tmp_path / "a", model, "w8a16")
+    quantized = load_component(artifact, "transformer")
+    layer = next(iter(quantized_linears(quantized).values()))
+    assert not layer.prepared and set(layer.stored_tensors()) == {
+        "weight_packed",
+        "weight_scale",
+        "weight_shape",
+    }
+    inputs = example_inputs("qwenimage", quantized)
+    first = _forward(quantized, inputs)
+    assert layer.prepared and layer.kernel is not None
+    prepared = layer.prepared_tensors()["weight"]
+    assert torch.equal(_forward(quantized, inputs), first)
+    assert layer.prepared_tensors()["weight"].data_ptr() == prepared.data_ptr()  # no second repack
+
+
+# --- corrupted and incomplete artifacts --------------------------------------------------------------
+
+
+@pytest.fixture
+def w8a8_artifact(sources: dict[str, Path], tmp_path: Path) -> Path:
+    model = build_tiny("qwenimage21", dtype=torch.bfloat16)
+    return write_artifact(sources["qwenimage21"], tmp_path / "artifact", model, "w8a8", shard_bytes=20_000)
+
+
+def _shards(artifact: Path) -> list[Path]:
+    return sorted((artifact / "transformer").glob("*.safetensors"))
+
+
+def _rewrite_shard_holding(artifact: Path, tensor: str, change: Any) -> Path:
+    for shard in _shards(artifact):
+        tensors = load_file(str(shard))
+        if tensor in tensors:
+            change(tensors)
+            save_file(tensors, str(shard))
+            return shard
+    raise AssertionError(f"no shard holds {tensor}")
+
+
+def test_truncated_shard_names_the_file(w8a8_artifact: Path) -> None:
+    shard = _shards(w8a8_artifact)[-1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) - 100])
+    with pytest.raises(InputError, match=rf"{shard.name}: tensor '.+' runs past the end of the file"):
+        load_component(w8a8_artifact, "transformer")
+
+
+def test_garbage_header_names_the_file(w8a8_artifact: Path) -> None:
+    shard = _shards(w8a8_artifact)[0]
+    shard.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all" + b"\x00" * 64)
+    with pytest.raises(InputError, match=rf"{shard.name}: corrupt safetensors header"):
+        load_component(w8a8_artifact, "transformer")
+
+
+def test_missing_tensor_is_named(w8a8_artifact: Path) -> None:
+    name = "transformer_blocks.1.attn.norm_k.weight"
+    _rewrite_shard_holding(w8a8_artifact, name, lambda tensors: tensors.pop(name))
+    with pytest.raises(InputError, match=rf"tensor '{name}' is missing from the weight files"):
+        load_component(w8a8_artifact, "transformer")
+
+
+def test_missing_scale_of_a_targeted_layer_is_named(w8a8_artifact: Path) -> None:
+    name = "transformer_blocks.0.attn.to_v.weight_scale"
+    _rewrite_shard_holding(w8a8_artifact, name, lambda tensors: tensors.pop(name))
+    with pytest.raises(InputError, match=r"transformer_blocks\.0\.attn\.to_v"):
+        load_component(w8a8_artifact, "transformer")
+
+
+def test_wrong_stored_dtype_is_named(w8a8_artifact: Path) -> None:
+    name = "transformer_blocks.0.attn.to_q.weight"
+
+    def widen(tensors: dict[str, torch.Tensor]) -> None:
+        tensors[name] = tensors[name].to(torch.int16)
+
+    _rewrite_shard_holding(w8a8_artifact, name, widen)
+    with pytest.raises(
+        InputError, match=r"transformer_blocks\.0\.attn\.to_q\.weight_scale has no int8/fp8 weight"
+    ):
+        load_component(w8a8_artifact, "transformer")
+
+
+def test_wrong_shape_is_named(w8a8_artifact: Path) -> None:
+    name = "transformer_blocks.0.attn.to_q.weight_scale"
+
+    def reshape(tensors: dict[str, torch.Tensor]) -> None:
+        tensors[name] = tensors[name][:-1].clone()
+
+    _rewrite_shard_holding(w8a8_artifact, name, reshape)
+    with pytest.raises(InputError, match=rf"tensor '{name}' has shape"):
+        load_component(w8a8_artifact, "transformer")
+
+
+def test_format_that_contradicts_the_tensors_is_named(w8a8_artifact: Path) -> None:
+    config_path = w8a8_artifact / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"]["transformer"]["format"] = "float-quantized"
+    for group in config["quantization_config"]["transformer"]["config_groups"].values():
+        group["format"] = "float-quantized"
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(InputError, match=r"config\.json: format says \['fp8'\], but .* is stored as w8a8"):
+        load_component(w8a8_artifact, "transformer")
+
+
+def test_stray_tensor_is_named(w8a8_artifact: Path) -> None:
+    name = "transformer_blocks.0.attn.to_q.weight"
+    _rewrite_shard_holding(w8a8_artifact, name, lambda t: t.update({"not_a_module.weight": torch.zeros(2)}))
+    with pytest.raises(
+        InputError, match=r"tensor 'not_a_module\.weight' has no place in QwenImage21Transformer2DModel"
+    ):
+        load_component(w8a8_artifact, "transformer")
+
+
+def test_unknown_component_is_named(w8a8_artifact: Path) -> None:
+    with pytest.raises(InputError, match=r"no component 'vae'"):
+        load_component(w8a8_artifact, "vae")
+
+
+def test_quantized_linear_class_per_scheme() -> None:
+    assert {quantized_linear_class(s).scheme.name for s in SCHEMES} == set(SCHEMES)
+    assert issubclass(quantized_linear_class("fp8"), QuantizedLinear)
+    with pytest.raises(InputError, match="no quantized Linear for scheme 'int4'"):
+        quantized_linear_class("int4")
