@@ -1,0 +1,149 @@
+"""The worker's queue (FIFO, drop on withdrawal, out-of-memory recovery) and SIGTERM draining."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from serve_testkit import FAST, GatedAdapter, LiveServer, make_app, raise_once, tiny_adapter, transformer_hook
+
+from ditq.runtime.adapter import GenerationRequest
+from ditq.serve.worker import GenerationWorker, OutOfMemory, QueueClosed, QueueFull
+
+HERE = Path(__file__).resolve().parent
+SMALL = {"num_inference_steps": 1, "width": 32, "height": 32, "seed": 0}
+
+
+def test_withdrawn_queued_job_never_runs_and_the_rest_keep_order() -> None:
+    gated = GatedAdapter(tiny_adapter())
+    worker = GenerationWorker(gated, max_queue=3)  # type: ignore[arg-type]
+    try:
+        jobs = [worker.submit(GenerationRequest(prompt="p0", **SMALL))]
+        assert gated.entered.acquire(timeout=30)  # p0 runs; p1..p3 fill the queue
+        jobs += [worker.submit(GenerationRequest(prompt=f"p{i}", **SMALL)) for i in range(1, 4)]
+        with pytest.raises(QueueFull):
+            worker.submit(GenerationRequest(prompt="p4", **SMALL))
+        assert worker.cancel(jobs[2]) is True  # queued: dropped
+        assert worker.cancel(jobs[0]) is False  # running: finishes, its result is simply not read
+        gated.release.set()
+        for job in (jobs[0], jobs[1], jobs[3]):
+            assert len(job.future.result(timeout=60).images) == 1
+        assert jobs[2].future.cancelled()
+        assert gated.prompts == ["p0", "p1", "p3"]
+        assert worker.dropped == 1
+    finally:
+        gated.release.set()
+        assert worker.close(60)
+    with pytest.raises(QueueClosed):
+        worker.submit(GenerationRequest(prompt="late", **SMALL))
+
+
+def test_out_of_memory_is_reported_counted_and_the_worker_goes_on() -> None:
+    adapter = tiny_adapter()
+    worker = GenerationWorker(adapter, max_queue=2)
+    try:
+        with transformer_hook(adapter, raise_once(torch.OutOfMemoryError("CUDA out of memory"))):
+            failed = worker.submit(GenerationRequest(prompt="big", **SMALL))
+            served = worker.submit(GenerationRequest(prompt="next", **SMALL))
+            with pytest.raises(OutOfMemory):
+                failed.future.result(timeout=60)
+            assert len(served.future.result(timeout=60).images) == 1
+        assert worker.oom_count == 1
+    finally:
+        assert worker.close(60)
+
+
+def test_close_drains_queued_jobs_before_stopping() -> None:
+    worker = GenerationWorker(tiny_adapter(), max_queue=4)
+    jobs = [worker.submit(GenerationRequest(prompt=f"p{i}", **SMALL)) for i in range(3)]
+    assert worker.close(120)
+    assert all(job.future.done() and not job.future.cancelled() for job in jobs)
+    assert all(len(job.future.result().images) == 1 for job in jobs)
+
+
+def test_sigterm_finishes_running_and_queued_requests_then_exits() -> None:
+    process = subprocess.Popen(
+        [sys.executable, str(HERE / "drain_server.py")], cwd=HERE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        base = f"http://127.0.0.1:{int(process.stdout.readline())}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert time.monotonic() < deadline, "server never became healthy"
+            try:
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        statuses: list[int] = []
+
+        def post(steps: int) -> None:
+            body = {"prompt": "drain me", **FAST, "num_inference_steps": steps}
+            statuses.append(httpx.post(f"{base}/v1/images/generations", json=body, timeout=120).status_code)
+
+        threads = [threading.Thread(target=post, args=(steps,)) for steps in (12, 2)]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.3)
+        while "ditq_queue_depth 1" not in httpx.get(f"{base}/metrics").text:  # one running, one queued
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        try:
+            late = httpx.post(f"{base}/v1/images/generations", json={"prompt": "late", **FAST}, timeout=30)
+            assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
+        except httpx.TransportError:
+            pass  # the listening socket is already closed: refused, as it should be
+        for thread in threads:
+            thread.join(120)
+        assert statuses == [200, 200]
+        assert process.wait(60) in (0, -signal.SIGTERM)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_a_client_that_disconnects_has_its_queued_request_dropped() -> None:
+    gated = GatedAdapter(tiny_adapter())
+    app = make_app(load=lambda: gated)
+    with LiveServer(app) as live:
+        assert app.state.serve.wait_loaded(120)
+        url = f"{live.base_url}/v1/images/generations"
+        held = threading.Thread(
+            target=httpx.post, args=(url,), kwargs={"json": {"prompt": "held", **FAST}, "timeout": 60}
+        )
+        held.start()
+        assert gated.entered.acquire(timeout=30)
+        body = json.dumps({"prompt": "impatient", **FAST}).encode()
+        with socket.create_connection(("127.0.0.1", live.port)) as raw:
+            raw.sendall(
+                b"POST /v1/images/generations HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            while app.state.serve.worker.queue_depth < 1:
+                time.sleep(0.02)
+        deadline = time.monotonic() + 30
+        while "ditq_dropped_requests_total 1" not in httpx.get(f"{live.base_url}/metrics").text:
+            assert time.monotonic() < deadline, "the disconnected request was not dropped"
+            time.sleep(0.1)
+        gated.release.set()
+        held.join(60)
+        assert gated.prompts == ["held"]
+        assert (
+            'ditq_requests_total{endpoint="generations",status="499"} 1'
+            in httpx.get(f"{live.base_url}/metrics").text
+        )

@@ -1,0 +1,104 @@
+"""Settings, the --max-memory size parser, the Prometheus exposition and image encoding."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from PIL import Image
+
+from ditq.errors import InputError
+from ditq.gate import load_rules
+from ditq.serve.config import ServeConfig, parse_memory_size
+from ditq.serve.images import collapse_reasons, encode_image
+from ditq.serve.metrics import ServerMetrics
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("24GiB", 24 * 1024**3),
+        ("24GB", 24 * 10**9),
+        ("20000MiB", 20000 * 1024**2),
+        ("1.5g", 1_500_000_000),
+        ("4096", 4096),
+    ],
+)
+def test_memory_sizes(text: str, expected: int) -> None:
+    assert parse_memory_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "24 parsecs", "0GiB", "-1GB"])
+def test_bad_memory_sizes_name_the_option(text: str) -> None:
+    with pytest.raises(InputError, match="--max-memory"):
+        parse_memory_size(text)
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(InputError, match="max_queue"):
+        ServeConfig(max_queue=0)
+    with pytest.raises(InputError, match="on_collapse"):
+        ServeConfig(on_collapse="ignore")  # type: ignore[arg-type]
+
+
+def test_latency_histogram_is_cumulative_with_sum_and_count() -> None:
+    metrics = ServerMetrics()
+    for seconds in (0.07, 0.3, 0.3, 700.0):
+        metrics.observe_request("generations", 200, seconds)
+    metrics.observe_request("generations", 429, 0.001)
+    text = metrics.render()
+    assert 'ditq_requests_total{endpoint="generations",status="200"} 4' in text
+    assert 'ditq_requests_total{endpoint="generations",status="429"} 1' in text
+    assert 'ditq_request_latency_seconds_bucket{endpoint="generations",le="0.05"} 1' in text
+    assert 'ditq_request_latency_seconds_bucket{endpoint="generations",le="0.1"} 2' in text
+    assert 'ditq_request_latency_seconds_bucket{endpoint="generations",le="0.5"} 4' in text
+    assert 'ditq_request_latency_seconds_bucket{endpoint="generations",le="600"} 4' in text
+    assert 'ditq_request_latency_seconds_bucket{endpoint="generations",le="+Inf"} 5' in text
+    assert 'ditq_request_latency_seconds_count{endpoint="generations"} 5' in text
+    assert 'ditq_request_latency_seconds_sum{endpoint="generations"} 700.671000' in text
+
+
+def test_peak_accelerator_memory_is_the_largest_seen() -> None:
+    metrics = ServerMetrics()
+    assert "ditq_peak_accelerator_memory_bytes" not in metrics.render()  # unknown on the CPU
+    for peak in (100, 300, None, 200):
+        metrics.observe_peak_memory(peak)
+    assert "ditq_peak_accelerator_memory_bytes 300" in metrics.render()
+
+
+def _noise(mode: str = "RGBA") -> Image.Image:
+    pixels = bytes((i * 37 + (i // 7) * 11) % 256 for i in range(32 * 32 * 4))
+    image = Image.frombytes("RGBA", (32, 32), pixels)
+    image.putalpha(255)
+    return image.convert(mode)
+
+
+def _half_transparent() -> Image.Image:
+    image = _noise()
+    image.putalpha(120)
+    return image
+
+
+def test_collapse_signatures() -> None:
+    rules = load_rules()
+    assert collapse_reasons(_noise(), rules) == []
+    assert any(r.startswith("flat") for r in collapse_reasons(Image.new("RGB", (32, 32)), rules))
+    assert any(r.startswith("transparent") for r in collapse_reasons(Image.new("RGBA", (32, 32)), rules))
+    assert any(r.startswith("transparent") for r in collapse_reasons(_half_transparent(), rules))
+
+
+@pytest.mark.parametrize(
+    ("output_format", "background", "mode"),
+    [
+        ("png", "auto", "RGBA"),
+        ("png", "opaque", "RGB"),
+        ("webp", "transparent", "RGBA"),
+        ("jpeg", "auto", "RGB"),
+    ],
+)
+def test_encoding_keeps_alpha_only_where_asked_and_possible(
+    output_format: str, background: str, mode: str
+) -> None:
+    data = encode_image(_half_transparent(), output_format, background)
+    decoded = Image.open(io.BytesIO(data))
+    assert decoded.format == output_format.upper() and decoded.mode == mode and decoded.size == (32, 32)
