@@ -39,6 +39,7 @@ __all__ = [
     "example_inputs",
     "make_model_dir",
     "save_sharded",
+    "write_model_dir",
 ]
 
 HEADS = 2
@@ -185,6 +186,33 @@ def save_sharded(state: dict[str, torch.Tensor], folder: Path, stem: str, shards
     (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index_doc, indent=2) + "\n")
 
 
+def write_model_dir(
+    model_dir: Path,
+    model: torch.nn.Module,
+    shards: int = 1,
+    text_encoder: torch.nn.Module | None = None,
+) -> Path:
+    """Save any diffusers ``model`` as the transformer of a diffusers model directory at ``model_dir``."""
+    transformer_dir = Path(model_dir) / "transformer"
+    transformer_dir.mkdir(parents=True)
+    model.save_config(str(transformer_dir))  # config.json with _class_name
+    save_sharded(model.state_dict(), transformer_dir, "diffusion_pytorch_model", shards)
+    FlowMatchEulerDiscreteScheduler(shift=3.0).save_config(str(Path(model_dir) / "scheduler"))
+    index: dict[str, Any] = {
+        "_class_name": "DiffusionPipeline",
+        "_diffusers_version": "0.42.1",
+        "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+        "transformer": ["diffusers", type(model).__name__],
+    }
+    if text_encoder is not None:
+        encoder_dir = Path(model_dir) / "text_encoder"
+        text_encoder.config.save_pretrained(str(encoder_dir))
+        save_sharded(text_encoder.state_dict(), encoder_dir, "model", 1)
+        index["text_encoder"] = ["transformers", type(text_encoder).__name__]
+    (Path(model_dir) / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return Path(model_dir)
+
+
 def make_model_dir(
     tmp_path: Path,
     name: str,
@@ -194,27 +222,12 @@ def make_model_dir(
     text_encoder: bool = False,
 ) -> Path:
     """Save the named tiny transformer as a diffusers model directory under ``tmp_path``; return its path."""
-    model_dir = Path(tmp_path) / f"{name}-model"
-    model = build_tiny(name, seed=seed, dtype=dtype)
-    transformer_dir = model_dir / "transformer"
-    model.save_config(str(transformer_dir))  # config.json with _class_name
-    save_sharded(model.state_dict(), transformer_dir, "diffusion_pytorch_model", shards)
-
-    FlowMatchEulerDiscreteScheduler(shift=3.0).save_config(str(model_dir / "scheduler"))
-    index: dict[str, Any] = {
-        "_class_name": "DiffusionPipeline",
-        "_diffusers_version": "0.42.1",
-        "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-        "transformer": ["diffusers", type(model).__name__],
-    }
-    if text_encoder:
-        encoder = build_tiny_text_encoder(seed=seed, dtype=dtype)
-        encoder_dir = model_dir / "text_encoder"
-        encoder.config.save_pretrained(str(encoder_dir))
-        save_sharded(encoder.state_dict(), encoder_dir, "model", 1)
-        index["text_encoder"] = ["transformers", "T5EncoderModel"]
-    (model_dir / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return model_dir
+    return write_model_dir(
+        Path(tmp_path) / f"{name}-model",
+        build_tiny(name, seed=seed, dtype=dtype),
+        shards=shards,
+        text_encoder=build_tiny_text_encoder(seed=seed, dtype=dtype) if text_encoder else None,
+    )
 
 
 def example_inputs(name: str, model: torch.nn.Module, batch: int = 1, seed: int = 0) -> dict[str, Any]:

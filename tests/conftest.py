@@ -1,0 +1,38 @@
+"""Shared test set-up: this folder is importable (``from tiny_models import ...``), plus model-directory fixtures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from tiny_models import make_model_dir
+
+import ditq
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Callable[..., Path]:
+    """Factory: ``model_dir("flux", shards=2, text_encoder=True)`` -> a fresh tiny diffusers directory."""
+
+    def make(name: str = "flux", **kwargs: object) -> Path:
+        folder = tmp_path / f"src-{len(list(tmp_path.glob('src-*')))}"
+        folder.mkdir()
+        return make_model_dir(folder, name, **kwargs)  # type: ignore[arg-type]
+
+    return make
+
+
+@pytest.fixture
+def artifact(model_dir: Callable[..., Path], tmp_path: Path) -> Callable[..., tuple[Path, Path]]:
+    """Factory: ``artifact("wan", "w8a8", shards=2)`` -> (source dir, quantized artifact dir)."""
+
+    def make(
+        name: str = "flux", scheme: str = "w8a8", shards: int = 1, **kwargs: object
+    ) -> tuple[Path, Path]:
+        source = model_dir(name, shards=shards, text_encoder=bool(kwargs.pop("text_encoder", False)))
+        out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
+        ditq.quantize(source, out, scheme, **kwargs)  # type: ignore[arg-type]
+        return source, out
+
+    return make

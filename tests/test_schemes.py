@@ -1,0 +1,112 @@
+"""Schemes as data: names and aliases, and the quantization_config every reader accepts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from compressed_tensors.quantization import QuantizationConfig
+
+from ditq.checkpoint.layout import quantization_config_of
+from ditq.checkpoint.qconfig import quantization_config, scheme_of, with_quantization_config
+from ditq.errors import InputError
+from ditq.schemes import FP8, SCHEMES, W8A8, W8A16, get_scheme, normalize_quant_method
+
+ALIASES = {
+    "int8wo": "w8a16",
+    "int8-weight-only": "w8a16",
+    "W8A16": "w8a16",
+    "w8a8dyn": "w8a8",
+    "int8dq": "w8a8",
+    "W8A8": "w8a8",
+    "fp8-dynamic": "fp8",
+    "FP8": "fp8",
+}
+ALL_SCHEMES = [W8A16, W8A16.with_group_size(16), W8A8, FP8]
+# Keys that readers before compressed-tensors 0.20 reject.
+FORBIDDEN_KEYS = {"scale_dtype", "zp_dtype"}
+
+
+@pytest.mark.parametrize(("alias", "name"), sorted(ALIASES.items()))
+def test_aliases_normalise(alias: str, name: str) -> None:
+    assert get_scheme(alias).name == name
+
+
+def test_unknown_scheme_suggests_the_closest() -> None:
+    with pytest.raises(InputError, match=r"did you mean 'w8a8'"):
+        get_scheme("w8a9")
+
+
+@pytest.mark.parametrize("spelling", ["compressed-tensors", "compressed_tensors", "Compressed_Tensors"])
+def test_both_method_spellings_resolve(spelling: str) -> None:
+    assert normalize_quant_method(spelling) == "compressed-tensors"
+
+
+def test_group_size_only_for_weight_only() -> None:
+    assert get_scheme("w8a16", group_size=128).group_size == 128
+    with pytest.raises(InputError, match="w8a16 only"):
+        get_scheme("w8a8", group_size=128)
+    with pytest.raises(InputError, match="positive"):
+        get_scheme("w8a16", group_size=0)
+
+
+def test_formats_and_storage_dtypes() -> None:
+    assert (W8A16.format, W8A8.format, FP8.format) == ("pack-quantized", "int-quantized", "float-quantized")
+    assert (W8A8.weight_dtype, FP8.weight_dtype) == (torch.int8, torch.float8_e4m3fn)
+    assert (W8A16.activations, W8A8.activations, FP8.activations) == (None, "int8", "fp8")
+
+
+def _keys(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in _keys(v)}
+    return set()
+
+
+def _values(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _values(v)]
+    return [value]
+
+
+@pytest.mark.parametrize("scheme", ALL_SCHEMES, ids=lambda s: f"{s.name}-g{s.group_size}")
+def test_config_validates_with_compressed_tensors(scheme) -> None:  # type: ignore[no-untyped-def]
+    plain = quantization_config(scheme, ["proj_out", "img_in"])
+    parsed = QuantizationConfig.model_validate(plain)
+    group = parsed.config_groups["group_0"]
+    assert parsed.format == scheme.format
+    assert parsed.ignore == ["img_in", "proj_out"]
+    assert group.targets == ["Linear"]
+    assert group.weights.num_bits == 8 and group.weights.symmetric
+    assert group.weights.type == scheme.weight_type
+    assert group.weights.strategy == scheme.weight_strategy
+    assert group.weights.group_size == scheme.group_size
+    if scheme.activations is None:
+        assert group.input_activations is None
+    else:
+        acts = group.input_activations
+        assert (acts.strategy, acts.dynamic, acts.symmetric) == ("token", True, True)
+    assert not (_keys(plain) & FORBIDDEN_KEYS)
+    assert None not in _values(plain)
+    assert scheme_of(plain, "test") == scheme
+
+
+@pytest.mark.parametrize("form", ["component", "global"])
+def test_config_forms_read_back(form: str) -> None:
+    plain = quantization_config(W8A8, [])
+    config = with_quantization_config({"num_layers": 2}, "transformer", plain, form)  # type: ignore[arg-type]
+    wrapped = config["quantization_config"]
+    assert ("transformer" in wrapped) == (form == "component")
+    assert quantization_config_of(config, "transformer") == plain
+    assert config["num_layers"] == 2
+
+
+def test_scheme_of_rejects_other_formats() -> None:
+    plain = quantization_config(W8A8, [])
+    plain["format"] = "nvfp4-pack-quantized"
+    with pytest.raises(InputError, match="not one of ditq's 8-bit schemes"):
+        scheme_of(plain, "transformer/config.json")
+
+
+def test_every_scheme_is_listed_once() -> None:
+    assert sorted(SCHEMES) == ["fp8", "w8a16", "w8a8"]
