@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny_models import TINY_CONFIGS, build_tiny, example_inputs, make_model_dir
 
+import ditq
 from ditq.errors import InputError
 from ditq.numerics import relative_l2
 from ditq.runtime.loader import load_component
@@ -40,22 +41,40 @@ def test_quantized_forward_matches_bf16_source(
     name: str, scheme: str, sources: dict[str, Path], tmp_path: Path
 ) -> None:
     source = sources[name]
-    bf16 = load_component(source, "transformer")
-    model = build_tiny(name, dtype=torch.bfloat16)
     form = "global" if scheme == "fp8" else "component"  # both config forms, across the matrix
-    artifact = write_artifact(source, tmp_path / "artifact", model, scheme, form=form)
+    ditq.quantize(source, tmp_path / "artifact", scheme, config_form=form)
+    bf16 = load_component(source, "transformer")
 
-    quantized = load_component(artifact, "transformer")
+    quantized = load_component(tmp_path / "artifact", "transformer")
 
     layers = quantized_linears(quantized)
-    assert sorted(layers) == sorted(target_linears(model)) and layers
-    assert all(type(layer) is quantized_linear_class(scheme) for layer in layers.values())
+    assert layers and all(type(layer) is quantized_linear_class(scheme) for layer in layers.values())
+    plain_linears = {n for n, m in quantized.named_modules() if type(m) is torch.nn.Linear}
+    assert plain_linears == set(quantized.ditq_quantization_config["ignore"])
     # No source-precision weight behind a quantized layer.
     for layer in layers.values():
-        assert not any(p.dtype == torch.bfloat16 and p.ndim == 2 for p in layer.buffers())
-    inputs = example_inputs(name, model)
+        assert not any(t.dtype == torch.bfloat16 and t.ndim == 2 for t in layer.buffers())
+    inputs = example_inputs(name, build_tiny(name, dtype=torch.bfloat16))
     error = relative_l2(_forward(quantized, inputs), _forward(bf16, inputs))
     assert 0.0 < error < FORWARD_BOUND[scheme], f"{name} {scheme}: rel-L2 {error:.4f}"
+
+
+def test_synthetic_artifact_targets_every_block_linear(sources: dict[str, Path], tmp_path: Path) -> None:
+    model = build_tiny("wan", dtype=torch.bfloat16)
+    artifact = write_artifact(sources["wan"], tmp_path / "artifact", model, "w8a8")
+    assert sorted(quantized_linears(load_component(artifact, "transformer"))) == sorted(target_linears(model))
+
+
+def test_quantized_transformers_text_encoder_loads(tmp_path: Path) -> None:
+    source = make_model_dir(tmp_path, "flux", text_encoder=True)
+    ditq.quantize(source, tmp_path / "artifact", "w8a8", components=("transformer", "text_encoder"))
+    encoder = load_component(tmp_path / "artifact", "text_encoder")
+    reference = load_component(source, "text_encoder")
+    assert quantized_linears(encoder)
+    ids = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        error = relative_l2(encoder(ids).last_hidden_state, reference(ids).last_hidden_state)
+    assert 0.0 < error < FORWARD_BOUND["w8a8"]
 
 
 def test_wrapped_config_for_another_component_is_refused(sources: dict[str, Path], tmp_path: Path) -> None:
