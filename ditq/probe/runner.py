@@ -275,8 +275,12 @@ def run_matrix(
     counts_lock = threading.Lock()
     steps, cfg = description["steps"], description["true_cfg_scale"]
 
+    stopping = (
+        threading.Event()
+    )  # set on Ctrl-C: workers take no new job; in-flight ones are redone on resume
+
     def work(executor: Executor, log_file: RecordLog) -> None:
-        while True:
+        while not stopping.is_set():
             try:
                 fixture, seed = jobs.get_nowait()
             except queue.Empty:
@@ -291,7 +295,10 @@ def run_matrix(
             record.update(fields)
             record["peak_memory_mib"] = sampler.peak_between(record["t_start"], record["t_end"] + 0.5)
             _finish_record(record, png, run)
-            log_file.append(record)
+            try:
+                log_file.append(record)
+            except ValueError:  # the log was closed by an interrupt; resume redoes this request
+                return
             with counts_lock:
                 summary.completed += 1
                 summary.failed += 0 if is_success(record) else 1
@@ -306,6 +313,9 @@ def run_matrix(
             for thread in threads:
                 while thread.is_alive():
                     thread.join(timeout=0.2)
+    except BaseException:
+        stopping.set()
+        raise
     finally:
         bar.close()
         sampler.stop()
@@ -318,7 +328,7 @@ def run_matrix(
                 "memory": summary.memory,
                 "started_utc": started,
                 "finished_utc": finished,
-                "status": "complete" if jobs.empty() else "interrupted",
+                "status": "interrupted" if stopping.is_set() else "complete",
                 "peak_memory_mib": summary.peak_memory_mib,
                 "counts": {
                     k: v

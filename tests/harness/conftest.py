@@ -41,6 +41,10 @@ FIXTURES = {
 @pytest.fixture
 def fixture_set(tmp_path: Path) -> tuple[Path, Path]:
     """(fixtures.json, refs dir) for FIXTURES, with seeded reference PNGs."""
+    return write_fixture_set(tmp_path)
+
+
+def write_fixture_set(tmp_path: Path) -> tuple[Path, Path]:
     refs = tmp_path / "refs"
     refs.mkdir()
     rng = np.random.default_rng(7)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import pytest
-from conftest import probe_run
+from conftest import probe_run, write_fixture_set
 from PIL import Image
 from stub_images_server import StubServer, StubState
 
@@ -23,18 +24,28 @@ def _compare_cli(*argv: str) -> int:
     return compare_command.run(parser.parse_args(list(argv)))
 
 
-@pytest.fixture
-def runs(tmp_path: Path, fixture_set) -> dict[str, Path]:
+@pytest.fixture(scope="module")
+def built_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """baseline (sealed), same (identical server), dim (RGB x0.9) and dark (RGB x0.5); seeds 1-2."""
-    paths = {name: tmp_path / name for name in ("baseline", "same", "dim", "dark")}
+    root = tmp_path_factory.mktemp("compare")
+    fixture_set = write_fixture_set(root)
     with StubServer() as server:
-        probe_run(server.url, fixture_set, paths["baseline"], [1, 2])
-        probe_run(server.url, fixture_set, paths["same"], [1, 2])
+        probe_run(server.url, fixture_set, root / "baseline", [1, 2])
+        probe_run(server.url, fixture_set, root / "same", [1, 2])
     for name, factor in (("dim", 0.9), ("dark", 0.5)):
         with StubServer(StubState(dim=factor)) as server:
-            probe_run(server.url, fixture_set, paths[name], [1, 2])
-    seal_run(paths["baseline"])
-    return paths
+            probe_run(server.url, fixture_set, root / name, [1, 2])
+    seal_run(root / "baseline")
+    return root
+
+
+@pytest.fixture
+def runs(built_runs: Path, tmp_path: Path) -> dict[str, Path]:
+    """A private copy of the built runs, free to alter."""
+    names = ("baseline", "same", "dim", "dark")
+    for name in names:
+        shutil.copytree(built_runs / name, tmp_path / name)
+    return {name: tmp_path / name for name in names}
 
 
 def test_identical_and_degraded_runs(runs: dict[str, Path]) -> None:

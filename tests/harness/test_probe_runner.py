@@ -131,3 +131,40 @@ def test_bad_options_are_refused(tmp_path: Path, fixture_set) -> None:
         probe_run("localhost:9", fixture_set, tmp_path / "run", [1])
     with pytest.raises(InputError, match="--only: unknown fixture 'nope'"):
         probe_run("http://127.0.0.1:9", fixture_set, tmp_path / "run", [1], only=["nope"])
+
+
+def test_probe_command_exit_codes(tmp_path: Path, fixture_set, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from ditq.commands import probe as probe_command
+
+    fixtures, refs = fixture_set
+
+    def cli(url: str, *extra: str) -> int:
+        parser = argparse.ArgumentParser()
+        probe_command.add_arguments(parser)
+        argv = [
+            "--endpoint",
+            url,
+            "--fixtures",
+            str(fixtures),
+            "--refs",
+            str(refs),
+            "--seeds",
+            "1,2",
+            "--steps",
+            "4",
+            "--out",
+            str(tmp_path / "run"),
+            "--no-progress",
+            *extra,
+        ]
+        return probe_command.run(parser.parse_args(argv))
+
+    state = StubState(fail_seeds={2})
+    with StubServer(state) as server:
+        assert cli(server.url) == 1
+        assert "3/6 with an image" in capsys.readouterr().out
+        state.fail_seeds.clear()
+        assert cli(f"{server.url},{server.url}", "--retry-failed", "--concurrency", "2") == 0
+        assert "6/6 with an image" in capsys.readouterr().out
