@@ -1,0 +1,62 @@
+"""The bundled demo model: a miniature Qwen-Image-2.1 DiT that draws shapes, trained by `ditq.demo.train`.
+
+`load_demo_pipeline(directory)` loads a saved demo pipeline (diffusers layout). `DiffusionPipeline.from_pretrained`
+cannot resolve a pipeline class outside the diffusers namespace, so use this function or
+`DitqDemoPipeline.from_pretrained(directory)` (importing `ditq.demo` first, so that diffusers finds the text
+encoder's module).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ditq.demo.pipeline import DitqDemoPipeline
+from ditq.demo.presets import TINY, build_pipeline
+from ditq.demo.text_encoder import DemoTextEncoder
+
+__all__ = [
+    "DemoTextEncoder",
+    "DitqDemoPipeline",
+    "build_tiny_pipeline",
+    "default_model_dir",
+    "fixtures_path",
+    "load_demo_pipeline",
+    "references_dir",
+]
+
+_HERE = Path(__file__).resolve().parent
+
+
+def default_model_dir() -> Path:
+    """The bundled, trained demo model: a diffusers directory inside the package."""
+    return _HERE / "model"
+
+
+def fixtures_path() -> Path:
+    """The demo fixtures (id -> mode, references, width, height, prompt, negative_prompt)."""
+    return _HERE / "fixtures.json"
+
+
+def references_dir() -> Path:
+    """The reference PNGs the fixtures name (file = <reference id>.png)."""
+    return _HERE / "references"
+
+
+def build_tiny_pipeline(seed: int = 0) -> DitqDemoPipeline:
+    """An untrained, tiny pipeline of the same classes, for fast tests."""
+    return build_pipeline(TINY, seed=seed)
+
+
+def load_demo_pipeline(
+    directory: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> DitqDemoPipeline:
+    """Load a demo pipeline saved in diffusers layout (default: the bundled model)."""
+    directory = Path(directory) if directory is not None else default_model_dir()
+    if not (directory / "model_index.json").is_file():
+        raise FileNotFoundError(f"{directory}: no model_index.json (not a diffusers pipeline directory)")
+    pipeline = DitqDemoPipeline.from_pretrained(directory, dtype=dtype)
+    return pipeline.to(device)

@@ -1,0 +1,235 @@
+"""Train the demo model: `python -m ditq.demo.train --out DIR [--steps N] [--device cuda]`.
+
+Rectified flow (x_t = (1 - t) x0 + t noise, the transformer predicts noise - x0), text encoder and transformer
+trained together from scratch on procedural tasks (`ditq.demo.scenes`). CPU workers sample task specs and token
+ids; the training device rasterizes them. Without --steps, the step count is fixed from the measured speed of the
+first steps so that training fits --time-budget seconds. The t2i prompts of the evaluation set are never trained on.
+Writes DIR/model (diffusers layout, bf16 safetensors, EMA weights), DIR/train_log.jsonl and DIR/train_summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from ditq.demo.packing import PIXELS_PER_TOKEN, pixels_to_tokens
+from ditq.demo.pipeline import TOKENS_PER_SLOT, DitqDemoPipeline, joint_layout
+from ditq.demo.presets import PRESETS, build_pipeline
+from ditq.demo.scenes import CANVAS, REFERENCE_CANVAS, Task, rasterize, sample_kind, sample_task, scene_arrays
+from ditq.demo.text_encoder import build_text_inputs
+
+__all__ = ["TaskBatches", "main", "train"]
+
+_REFERENCE_SLOTS = (REFERENCE_CANVAS // PIXELS_PER_TOKEN) ** 2 // TOKENS_PER_SLOT
+
+
+class TaskBatches(IterableDataset):
+    """Endless batches of one (kind, references) layout each: spec arrays + token ids, seeded per worker."""
+
+    def __init__(
+        self,
+        batch_size: int,
+        seed: int,
+        word_to_id: dict[str, int],
+        max_text_tokens: int,
+        excluded_prompts: frozenset[str],
+        prompt_dropout: float = 0.1,
+    ):
+        self.batch_size, self.seed, self.word_to_id = batch_size, seed, word_to_id
+        self.max_text_tokens, self.excluded_prompts, self.prompt_dropout = (
+            max_text_tokens,
+            excluded_prompts,
+            prompt_dropout,
+        )
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        worker = get_worker_info()
+        rng = np.random.default_rng([self.seed, worker.id if worker is not None else 0])
+        while True:
+            kind, num_refs = sample_kind(rng)
+            tasks: list[Task] = []
+            while len(tasks) < self.batch_size:
+                task = sample_task(rng, kind, num_refs)
+                if task.prompt not in self.excluded_prompts:
+                    tasks.append(task)
+            prompts = [task.prompt if rng.random() >= self.prompt_dropout else "" for task in tasks]
+            text = build_text_inputs(
+                self.word_to_id, self.max_text_tokens, prompts, [_REFERENCE_SLOTS] * num_refs
+            )
+            batch: dict[str, Any] = {
+                "num_refs": num_refs,
+                "target": scene_arrays([task.target for task in tasks]),
+                "input_ids": text.input_ids,
+                "attention_mask": text.attention_mask,
+                "image_mask": text.image_mask,
+            }
+            if num_refs:
+                batch["references"] = scene_arrays([ref for task in tasks for ref in task.references])
+            yield batch
+
+
+def _loader(dataset: TaskBatches, workers: int) -> Iterator[dict[str, Any]]:
+    loader = DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=workers,
+        prefetch_factor=4 if workers else None,
+        persistent_workers=workers > 0,
+    )
+    return iter(loader)
+
+
+def _velocity_loss(
+    pipe: DitqDemoPipeline, batch: dict[str, Any], device: torch.device, generator: torch.Generator
+):
+    """Flow-matching MSE for one batch (target tokens only; references are clean prefix tokens)."""
+    x0 = pixels_to_tokens(rasterize(batch["target"], CANVAS, device))  # (B, 256, 64)
+    size = x0.shape[0]
+    num_refs = batch["num_refs"]
+    ref_tokens = None
+    if num_refs:
+        refs = pixels_to_tokens(rasterize(batch["references"], REFERENCE_CANVAS, device))  # (B*k, 64, 64)
+        ref_tokens = refs.reshape(size, num_refs * refs.shape[1], refs.shape[2])
+    noise = torch.randn(x0.shape, device=device, generator=generator)
+    t = torch.sigmoid(torch.randn(size, device=device, generator=generator))  # logit-normal times
+    noisy = (1 - t[:, None, None]) * x0 + t[:, None, None] * noise
+    mask = batch["attention_mask"].to(device)
+    embeds = pipe.text_encoder(batch["input_ids"].to(device), mask)
+    grid = CANVAS // PIXELS_PER_TOKEN
+    ref_grid = REFERENCE_CANVAS // PIXELS_PER_TOKEN
+    img_mask, img_shapes = joint_layout(
+        batch["image_mask"].to(device), (ref_grid, ref_grid), num_refs, (grid, grid)
+    )
+    model_input = noisy if ref_tokens is None else torch.cat([ref_tokens, noisy], dim=1)
+    prediction = pipe.transformer(
+        hidden_states=model_input,
+        encoder_hidden_states=embeds,
+        encoder_hidden_states_mask=mask,
+        timestep=t,
+        img_shapes=img_shapes,
+        img_mask=img_mask,
+        return_dict=False,
+    )[0][:, -x0.shape[1] :]
+    return F.mse_loss(prediction.float(), noise - x0)
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    from ditq.demo.evaluate import heldout_t2i_prompts
+
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    pipe = build_pipeline(PRESETS[args.preset], seed=args.seed)
+    pipe.transformer.to(device).train()
+    pipe.text_encoder.to(device).train()
+    params = [p for module in (pipe.transformer, pipe.text_encoder) for p in module.parameters()]
+    ema = [p.detach().clone() for p in params]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
+    dataset = TaskBatches(
+        args.batch_size,
+        args.seed,
+        pipe.text_encoder.word_to_id,
+        pipe.text_encoder.config["max_text_tokens"],
+        heldout_t2i_prompts(),
+    )
+    batches = _loader(dataset, args.workers)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "train_log.jsonl").open("w")
+    total_steps, warmup, probe_steps = args.steps, 100, 30
+    start = time.perf_counter()
+    losses: list[float] = []
+    step = 0
+    while total_steps is None or step < total_steps:
+        if total_steps is None and step == probe_steps:
+            per_step = (time.perf_counter() - start) / probe_steps
+            total_steps = max(probe_steps + 1, int(args.time_budget / per_step))
+            print(f"{per_step * 1000:.1f} ms/step -> {total_steps} steps", flush=True)
+        horizon = total_steps or 10**9
+        lr_scale = min(1.0, (step + 1) / warmup) * (
+            0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / horizon))
+        )
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * lr_scale
+        with autocast:
+            loss = _velocity_loss(pipe, next(batches), device, generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        decay = min(args.ema, (1 + step) / (10 + step))
+        torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - decay)
+        losses.append(float(loss.detach()))
+        if step % args.log_every == 0:
+            record = {
+                "step": step,
+                "loss": losses[-1],
+                "lr": args.lr * lr_scale,
+                "s": time.perf_counter() - start,
+            }
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            print(json.dumps(record), flush=True)
+        step += 1
+    seconds = time.perf_counter() - start
+    log.close()
+    with torch.no_grad():
+        for p, e in zip(params, ema, strict=True):
+            p.copy_(e)
+    pipe.transformer.eval().to("cpu", torch.bfloat16)
+    pipe.text_encoder.eval().to("cpu", torch.bfloat16)
+    pipe.save_pretrained(out / "model", safe_serialization=True)
+    recent = losses[-500:]
+    summary = {
+        "command": "python -m ditq.demo.train " + " ".join(sys.argv[1:]),
+        "preset": args.preset,
+        "steps": step,
+        "batch_size": args.batch_size,
+        "train_seconds": round(seconds, 1),
+        "final_loss_mean_last_500_steps": float(np.mean(recent)) if recent else None,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "seed": args.seed,
+    }
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="output directory (model/ and logs are written here)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: fit --time-budget)")
+    parser.add_argument(
+        "--time-budget", type=float, default=480.0, help="seconds of training when --steps is unset"
+    )
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="demo")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=6e-4)
+    parser.add_argument("--ema", type=float, default=0.999)
+    parser.add_argument("--workers", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-every", type=int, default=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ditq.demo.train", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    summary = train(parser.parse_args(argv))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
