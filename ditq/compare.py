@@ -131,6 +131,26 @@ def _compare_pair(candidate: Path, reference: Path, scorer: LpipsScorer | None) 
     return row
 
 
+_SETTINGS = ("steps", "true_cfg_scale", "size")  # what must agree for two images to be comparable
+
+
+def _has_records(run: Path) -> bool:
+    return any(Path(run).glob("records.jsonl")) or any(Path(run).glob("matrix*.json"))
+
+
+def _settings_mismatch(candidate: dict[str, Any] | None, baseline: dict[str, Any]) -> str:
+    """'steps 4 vs baseline 20, ...' where the candidate's record says it was made differently."""
+    if candidate is None:
+        return ""
+    return ", ".join(
+        f"{key} {candidate[key]} vs baseline {baseline[key]}"
+        for key in _SETTINGS
+        if candidate.get(key) is not None
+        and baseline.get(key) is not None
+        and candidate[key] != baseline[key]
+    )
+
+
 def compare_run(
     run: Path,
     baseline: Path,
@@ -141,6 +161,7 @@ def compare_run(
 ) -> CompareResult:
     scorer, note = lpips_scorer() if use_lpips else (None, "lpips skipped: not requested")
     result = CompareResult(run=str(run), baseline=str(baseline), baseline_seal=baseline_seal, lpips_note=note)
+    candidates = latest_by_key(read_records(run)) if _has_records(run) else {}
     for (fixture_id, seed), record in latest_by_key(read_records(baseline)).items():
         if not is_success(record):
             continue
@@ -151,8 +172,11 @@ def compare_run(
             "n_references": record.get("n_references"),
         }
         candidate = find_image(run, fixture_id, seed)
+        mismatch = _settings_mismatch(candidates.get((fixture_id, seed)), record)
         if reference is None:
             row.update(status="error", error="baseline image missing")
+        elif candidate is not None and mismatch:
+            row.update(status="error", error=f"made with other settings: {mismatch}")
         elif candidate is None:
             row.update(status="missing")
         else:

@@ -122,3 +122,15 @@ def test_compare_command(runs: dict[str, Path], capsys: pytest.CaptureFixture[st
     assert [r["status"] for r in result["rows"]].count(
         "error"
     ) == 1  # the tampered baseline image cannot be read
+
+
+def test_images_made_with_other_settings_are_error_rows(runs: dict[str, Path]) -> None:
+    records = runs["same"] / "records.jsonl"
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    for record in lines:
+        if record["fixture_id"] == "gen-one":
+            record["steps"] = 20
+    records.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    result = compare_run(runs["same"], runs["baseline"])
+    bad = [r for r in result.rows if r["status"] == "error"]
+    assert {r["fixture_id"] for r in bad} == {"gen-one"} and "steps 20 vs baseline 4" in bad[0]["error"]

@@ -88,3 +88,11 @@ def test_parse_seeds() -> None:
     for bad in ("x", "4-2", "1,,2", "-3"):
         with pytest.raises(InputError, match="--seeds"):
             parse_seeds(bad)
+
+
+def test_demo_fixtures_load_when_shipped() -> None:
+    demo = pytest.importorskip("ditq.demo")
+    if not demo.fixtures_path().is_file():
+        pytest.skip(f"the demo fixtures are not shipped yet ({demo.fixtures_path()})")
+    fixtures = load_fixtures(demo.fixtures_path(), demo.references_dir())
+    assert fixtures and all(f.width % 16 == 0 and f.height % 16 == 0 for f in fixtures.values())
