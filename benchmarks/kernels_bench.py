@@ -74,7 +74,7 @@ def _torchao_fns(w: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Te
     return fns
 
 
-def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool) -> list[dict[str, object]]:
+def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -> list[dict[str, object]]:
     from ditq.kernels import all_kernels
     from ditq.kernels.stored import stored_from_quantized
     from ditq.numerics import quantize_weight, relative_l2
@@ -86,8 +86,11 @@ def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool) -> list[dict[str, 
     flops = 2.0 * m * n * k
     ref = torch.nn.functional.linear(x, w)
     rows: list[dict[str, object]] = []
+    torch._dynamo.reset()  # each shape's torchao modules compile afresh (no recompile-limit fallback to eager)
 
     def record(name: str, kind: str, fn: Callable[[], torch.Tensor], check: bool = True) -> None:
+        if only and not any(part in name for part in only):
+            return
         try:
             out = fn()
             error = relative_l2(out, ref) if check else None
@@ -140,6 +143,7 @@ def _triton_best_configs() -> dict[str, object]:
     for label, kernel in (
         ("w8a8_ptr", w8a8_gemm._w8a8_kernel),
         ("w8a8_tma", w8a8_gemm._w8a8_tma_kernel),
+        ("w8a8_persistent", w8a8_gemm._w8a8_persistent_kernel),
         ("w8a16", w8a16_gemm._w8a16_kernel),
     ):
         found[label] = {str(key): str(config) for key, config in kernel.cache.items()}
@@ -169,8 +173,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON results file")
     parser.add_argument("--no-torchao", action="store_true", help="skip the torchao rows")
+    parser.add_argument(
+        "--only", default="", help="comma list: time only rows whose name contains one (and bf16)"
+    )
     args = parser.parse_args()
     env = _environment()
+    only = [part for part in args.only.split(",") if part] + (["bf16-cublas"] if args.only else [])
     torchao_ok = not args.no_torchao and not str(env["torchao"]).startswith("unavailable")
     print(json.dumps(env), flush=True)
     rows: list[dict[str, object]] = []
@@ -178,7 +186,7 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for m in SHAPES_M:
         for k, n in SHAPES_KN:
-            rows.extend(_rows_for_shape(m, k, n, torchao_ok))
+            rows.extend(_rows_for_shape(m, k, n, torchao_ok, only))
             print(f"done M={m} K={k} N={n} at {time.time() - started:.0f}s", flush=True)
             result = {  # rewritten after every shape, so a cut-short run still leaves its numbers
                 "command": "python " + " ".join(sys.argv),

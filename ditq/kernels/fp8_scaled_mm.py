@@ -1,6 +1,8 @@
 """CUDA fp8 (sm_89+) through rowwise ``torch._scaled_mm``: per-token fp8 activation scale x per-channel
 weight scale applied by cuBLAS (ops ``ditq::fp8_scaled_mm``). Rowwise scaling writes bfloat16; other
-activation dtypes get one cast.
+activation dtypes get one cast. Accumulation is full precision: cuBLAS's fast accumulation
+(use_fast_accum=True) measured 2 % low on the all-ones K=4096 case and 0.51 % rel-L2 at K=12288 on
+an H200, so it is not offered.
 """
 
 from __future__ import annotations
@@ -72,13 +74,7 @@ _REQUIREMENTS = {
 }
 
 
-@register_kernel(name="scaled-mm-fp8-fastaccum", priority=90, **_REQUIREMENTS)  # type: ignore[arg-type]
-def matmul_fast_accum(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
-    """cuBLAS rowwise torch._scaled_mm, fast accumulation."""
-    return _matmul(x, prepared, bias, fast_accum=True)
-
-
-@register_kernel(name="scaled-mm-fp8", priority=80, **_REQUIREMENTS)  # type: ignore[arg-type]
+@register_kernel(name="scaled-mm-fp8", priority=90, **_REQUIREMENTS)  # type: ignore[arg-type]
 def matmul_exact_accum(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """cuBLAS rowwise torch._scaled_mm, full-precision accumulation."""
     return _matmul(x, prepared, bias, fast_accum=False)

@@ -23,12 +23,16 @@ def _prepare(stored: StoredWeight, device: torch.device) -> Prepared:
 
 
 def _run(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None, tma: bool
-):
-    from ditq.kernels._triton.w8a8_gemm import w8a8_gemm, w8a8_gemm_tma
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None, variant: str
+) -> torch.Tensor:
+    from ditq.kernels._triton import w8a8_gemm
 
     x_q, x_scale = quantize_rows(x, "fp8")  # (M, K) float8_e4m3fn, (M, 1) float32
-    gemm = w8a8_gemm_tma if tma else w8a8_gemm
+    gemm = {
+        "ptr": w8a8_gemm.w8a8_gemm,
+        "tma": w8a8_gemm.w8a8_gemm_tma,
+        "persistent": w8a8_gemm.w8a8_gemm_persistent,
+    }[variant]
     return gemm(x_q, weight, x_scale.reshape(-1), weight_scale, bias, x.dtype)
 
 
@@ -36,17 +40,24 @@ def _run(
 def fp8_triton(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    return _run(x, weight, weight_scale, bias, tma=False)
+    return _run(x, weight, weight_scale, bias, variant="ptr")
 
 
 @torch.library.custom_op("ditq::fp8_triton_tma", mutates_args=(), device_types="cuda")
 def fp8_triton_tma(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    return _run(x, weight, weight_scale, bias, tma=True)
+    return _run(x, weight, weight_scale, bias, variant="tma")
 
 
-for _op in (fp8_triton, fp8_triton_tma):
+@torch.library.custom_op("ditq::fp8_triton_persistent", mutates_args=(), device_types="cuda")
+def fp8_triton_persistent(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return _run(x, weight, weight_scale, bias, variant="persistent")
+
+
+for _op in (fp8_triton, fp8_triton_tma, fp8_triton_persistent):
 
     @_op.register_fake
     def _fake(
@@ -86,4 +97,21 @@ def matmul_triton(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None
 def matmul_triton_tma(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """Triton: per-token fp8 quantization kernel + fp8 GEMM (TMA tensor descriptors, sm_90) with fused epilogue."""
     y = fp8_triton_tma(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+@register_kernel(
+    name="triton-fp8-persistent",
+    scheme="fp8",
+    device_type="cuda",
+    prepare=_prepare,
+    priority=75,
+    min_capability=(9, 0),
+    activation_dtypes=FLOAT_ACTIVATIONS,
+    alignment=16,
+    available=triton_available,
+)
+def matmul_triton_persistent(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """Triton: per-token fp8 quantization kernel + persistent TMA fp8 GEMM (sm_90) with fused epilogue."""
+    y = fp8_triton_persistent(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
     return y.reshape(*x.shape[:-1], y.shape[-1])

@@ -6,8 +6,11 @@ weight, K contiguous: what the tensor cores want for both operands),
 scale_a (M,) float32, scale_b (N,) float32, bias (N,) or none ->
 c (M, N) = (a @ b^T) * scale_a[:, None] * scale_b[None, :] + bias, in c's dtype.
 
-Two variants of the same function: pointer loads (sm_80+) and TMA tensor
-descriptors (sm_90+). Tiles grouped along M for L2 reuse.
+Three variants of the same function: pointer loads (sm_80+), TMA tensor
+descriptors (sm_90+), and a persistent TMA kernel (one program per SM walking
+the tiles). Tiles grouped along M for L2 reuse. fp8 partial sums are promoted
+to float32 every BLOCK_K (Hopper's fp8 tensor-core accumulator is narrower than
+float32; without promotion the all-ones K=4096 case lands 2 % low).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-__all__ = ["w8a8_gemm", "w8a8_gemm_tma"]
+__all__ = ["w8a8_gemm", "w8a8_gemm_persistent", "w8a8_gemm_tma"]
 
 
 def _configs() -> list[triton.Config]:
@@ -90,6 +93,7 @@ def _w8a8_kernel(
     stride_cm,
     HAS_BIAS: tl.constexpr,
     ACC_DTYPE: tl.constexpr,
+    IS_FP8: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -114,7 +118,10 @@ def _w8a8_kernel(
             k_left = K - k * BLOCK_K
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0)
-        acc = tl.dot(a, b, acc, out_dtype=ACC_DTYPE)
+        if IS_FP8:
+            acc = tl.dot(a, b, acc, out_dtype=ACC_DTYPE, max_num_imprecise_acc=BLOCK_K)
+        else:
+            acc = tl.dot(a, b, acc, out_dtype=ACC_DTYPE)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     c = _epilogue(acc, scale_a_ptr, scale_b_ptr, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS)
@@ -153,6 +160,7 @@ def _w8a8_tma_kernel(
     M_BUCKET,
     HAS_BIAS: tl.constexpr,
     ACC_DTYPE: tl.constexpr,
+    IS_FP8: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -166,11 +174,80 @@ def _w8a8_tma_kernel(
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         a = a_desc.load([off_m, k * BLOCK_K])
         b = b_desc.load([off_n, k * BLOCK_K])
-        acc = tl.dot(a, b.T, acc, out_dtype=ACC_DTYPE)
+        if IS_FP8:
+            acc = tl.dot(a, b.T, acc, out_dtype=ACC_DTYPE, max_num_imprecise_acc=BLOCK_K)
+        else:
+            acc = tl.dot(a, b.T, acc, out_dtype=ACC_DTYPE)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     c = _epilogue(acc, scale_a_ptr, scale_b_ptr, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS)
     c_desc.store([off_m, off_n], c.to(c_desc.dtype))
+
+
+def _persistent_configs() -> list[triton.Config]:
+    shapes = [(128, 256, 128, 8, 3), (256, 128, 128, 8, 3), (128, 128, 128, 8, 4)]
+    if os.environ.get("DITQ_TRITON_AUTOTUNE", "1") == "0":
+        shapes = shapes[:1]
+    return [
+        triton.Config(
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+            num_warps=w,
+            num_stages=st,
+            pre_hook=_set_tma_blocks,
+        )
+        for bm, bn, bk, w, st in shapes
+    ]
+
+
+@triton.autotune(configs=_persistent_configs(), key=["M_BUCKET", "N", "K"])
+@triton.jit
+def _w8a8_persistent_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    scale_a_ptr,
+    scale_b_ptr,
+    bias_ptr,
+    M,
+    N,
+    K,
+    M_BUCKET,
+    HAS_BIAS: tl.constexpr,
+    ACC_DTYPE: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # One program per SM walks tiles start, start + NUM_SMS, ...; the flattened loop lets the
+    # compiler overlap one tile's epilogue with the next tile's loads.
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    num_pid_in_group = GROUP_M * num_pid_n
+    for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
+        group_id = tile_id // num_pid_in_group
+        first_pid_m = group_id * GROUP_M
+        group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + (tile_id % group_size_m)
+        pid_n = (tile_id % num_pid_in_group) // group_size_m
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
+        for ki in range(k_tiles):
+            a = a_desc.load([off_m, ki * BLOCK_K])
+            b = b_desc.load([off_n, ki * BLOCK_K])
+            if IS_FP8:
+                acc = tl.dot(a, b.T, acc, out_dtype=ACC_DTYPE, max_num_imprecise_acc=BLOCK_K)
+            else:
+                acc = tl.dot(a, b.T, acc, out_dtype=ACC_DTYPE)
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        c = _epilogue(acc, scale_a_ptr, scale_b_ptr, bias_ptr, offs_m, offs_n, M, N, HAS_BIAS)
+        c_desc.store([off_m, off_n], c.to(c_desc.dtype))
 
 
 def _acc_dtype(a: torch.Tensor) -> tl.dtype:
@@ -202,6 +279,7 @@ def w8a8_gemm(
         m, n, k, _bucket(m), a.stride(0), b.stride(0), c.stride(0),
         HAS_BIAS=bias is not None,
         ACC_DTYPE=_acc_dtype(a),
+        IS_FP8=a.dtype != torch.int8,
     )  # fmt: skip
     return c
 
@@ -231,5 +309,37 @@ def w8a8_gemm_tma(
         m, n, k, _bucket(m),
         HAS_BIAS=bias is not None,
         ACC_DTYPE=_acc_dtype(a),
+        IS_FP8=a.dtype != torch.int8,
+    )  # fmt: skip
+    return c
+
+
+def w8a8_gemm_persistent(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Persistent TMA variant (sm_90+); same contract as w8a8_gemm."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    a_desc = TensorDescriptor.from_tensor(a, [128, 128])
+    b_desc = TensorDescriptor.from_tensor(b, [128, 128])
+    c_desc = TensorDescriptor.from_tensor(c, [128, 128])
+    num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+
+    def grid(meta: dict) -> tuple[int]:
+        return (min(num_sms, triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),)
+
+    _w8a8_persistent_kernel[grid](
+        a_desc, b_desc, c_desc, scale_a, scale_b, bias if bias is not None else scale_b,
+        m, n, k, _bucket(m),
+        HAS_BIAS=bias is not None,
+        ACC_DTYPE=_acc_dtype(a),
+        IS_FP8=a.dtype != torch.int8,
+        NUM_SMS=num_sms,
     )  # fmt: skip
     return c
