@@ -2,8 +2,8 @@
 
 Rectified flow (x_t = (1 - t) x0 + t noise, the transformer predicts noise - x0), text encoder and transformer
 trained together from scratch on procedural tasks (`ditq.demo.scenes`). CPU workers sample task specs and token
-ids; the training device rasterizes them. Without --steps, the step count is fixed from the measured speed of the
-first steps so that training fits --time-budget seconds. The t2i prompts of the evaluation set are never trained on.
+ids; the training device rasterizes them. Without --steps, the learning-rate schedule follows wall time and
+training stops after --time-budget seconds. The t2i prompts of the evaluation set are never trained on.
 Writes DIR/model (diffusers layout, bf16 safetensors, EMA weights), DIR/train_log.jsonl and DIR/train_summary.json.
 """
 
@@ -130,11 +130,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
     pipe = build_pipeline(PRESETS[args.preset], seed=args.seed)
-    pipe.transformer.to(device).train()
-    pipe.text_encoder.to(device).train()
-    params = [p for module in (pipe.transformer, pipe.text_encoder) for p in module.parameters()]
-    ema = [p.detach().clone() for p in params]
-    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
     dataset = TaskBatches(
         args.batch_size,
         args.seed,
@@ -142,25 +137,29 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         pipe.text_encoder.config["max_text_tokens"],
         heldout_t2i_prompts(),
     )
-    batches = _loader(dataset, args.workers)
+    batches = _loader(dataset, args.workers)  # workers start before the accelerator is touched
+    torch.backends.cuda.matmul.allow_tf32 = True
+    pipe.transformer.to(device).train()
+    pipe.text_encoder.to(device).train()
+    params = [p for module in (pipe.transformer, pipe.text_encoder) for p in module.parameters()]
+    ema = [p.detach().clone() for p in params]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "train_log.jsonl").open("w")
-    total_steps, warmup, probe_steps = args.steps, 100, 30
+    warmup = min(100, max(1, (args.steps or 1000) // 10))
     start = time.perf_counter()
     losses: list[float] = []
     step = 0
-    while total_steps is None or step < total_steps:
-        if total_steps is None and step == probe_steps:
-            per_step = (time.perf_counter() - start) / probe_steps
-            total_steps = max(probe_steps + 1, int(args.time_budget / per_step))
-            print(f"{per_step * 1000:.1f} ms/step -> {total_steps} steps", flush=True)
-        horizon = total_steps or 10**9
-        lr_scale = min(1.0, (step + 1) / warmup) * (
-            0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / horizon))
-        )
+    while True:
+        # progress in [0, 1]: by steps when --steps is given (reproducible), else by wall time (fits the budget)
+        elapsed = time.perf_counter() - start
+        progress = step / args.steps if args.steps else elapsed / args.time_budget
+        if progress >= 1.0:
+            break
+        lr_scale = min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
         for group in optimizer.param_groups:
             group["lr"] = args.lr * lr_scale
         with autocast:
@@ -172,7 +171,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         decay = min(args.ema, (1 + step) / (10 + step))
         torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - decay)
         losses.append(float(loss.detach()))
-        if step % args.log_every == 0:
+        if step % args.log_every == 0 or step == args.steps:
             record = {
                 "step": step,
                 "loss": losses[-1],
@@ -211,7 +210,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output directory (model/ and logs are written here)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: fit --time-budget)")
     parser.add_argument(
-        "--time-budget", type=float, default=480.0, help="seconds of training when --steps is unset"
+        "--time-budget", type=float, default=450.0, help="seconds of training when --steps is unset"
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="demo")
