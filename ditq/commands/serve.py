@@ -23,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--device", default="cpu", help="torch device to generate on, e.g. cuda:0 (default: cpu)"
     )
     parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default="bfloat16",
+        help="compute dtype of the unquantized parts and the activations (default: %(default)s)",
+    )
+    parser.add_argument(
         "--offload",
         choices=("none", "model", "block"),
         default="none",
@@ -77,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         device=args.device,
         offload=args.offload,
+        dtype=args.dtype,
         max_memory=args.max_memory,
         skip_doctor=args.skip_doctor,
     )

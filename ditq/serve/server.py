@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 from types import FrameType
 
+import torch
 import uvicorn
 
 from ditq.errors import DitqError, InputError
@@ -42,6 +43,7 @@ def serve(
     port: int = 8091,
     device: str = "cpu",
     offload: str = "none",
+    dtype: str = "bfloat16",
     max_memory: str | None = None,
     skip_doctor: bool = False,
 ) -> None:
@@ -56,7 +58,7 @@ def serve(
     failures: list[str] = []
     app = create_app(
         config,
-        load=lambda: load_adapter(model_dir, device, offload),
+        load=lambda: load_adapter(model_dir, device, offload, getattr(torch, dtype)),
         doctor=make_doctor(skip_doctor, device),
         model_root=str(model_dir),
         drain_timeout_s=config.request_timeout_s,

@@ -42,11 +42,11 @@ def apply_memory_cap(max_memory: str | None, device: str) -> int | None:
     return size
 
 
-def load_adapter(model_dir: Path, device: str, offload: str) -> PipelineAdapter:
+def load_adapter(model_dir: Path, device: str, offload: str, dtype: torch.dtype) -> PipelineAdapter:
     """An artifact or a plain diffusers directory, through the runtime loader."""
     from ditq.runtime.loader import load_pipeline
 
-    return PipelineAdapter(load_pipeline(model_dir, device=device, offload=offload))
+    return PipelineAdapter(load_pipeline(model_dir, device=device, offload=offload, dtype=dtype))
 
 
 def quantized_layer_count(adapter: PipelineAdapter) -> int:

@@ -49,6 +49,13 @@ def png_bytes(
     return buffer.getvalue()
 
 
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for a server started in another process)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 class GatedAdapter:
     """The real adapter, except that each call waits until ``release`` is set (to hold the worker busy)."""
 

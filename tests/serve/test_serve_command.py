@@ -1,0 +1,81 @@
+"""`ditq serve` from the command line: usage errors exit 2 naming the option; a saved model serves."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_testkit import FAST, free_port
+
+from ditq.cli import main
+from ditq.demo import build_tiny_pipeline
+
+
+def test_max_memory_on_the_cpu_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "model_index.json").write_text("{}")
+    assert main(["serve", str(tmp_path), "--max-memory", "24GiB"]) == 2
+    assert "--max-memory" in capsys.readouterr().err
+
+
+def test_bad_memory_size_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "model_index.json").write_text("{}")
+    assert main(["serve", str(tmp_path), "--max-memory", "lots"]) == 2
+    assert "cannot read 'lots'" in capsys.readouterr().err
+
+
+def test_a_directory_without_model_index_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", str(tmp_path)]) == 2
+    assert "model_index.json" in capsys.readouterr().err
+
+
+def test_serve_a_saved_model_directory_through_the_cli(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        build_tiny_pipeline(seed=0).save_pretrained(tmp_path / "tiny")
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ditq.cli",
+            "serve",
+            str(tmp_path / "tiny"),
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--on-collapse",
+            "warn",
+            "--served-model-name",
+            "tiny-cli",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, "the server never became healthy"
+            try:
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        assert httpx.get(f"{base}/v1/models").json()["data"][0]["id"] == "tiny-cli"
+        response = httpx.post(f"{base}/v1/images/generations", json={"prompt": "a kite", **FAST}, timeout=120)
+        assert response.status_code == 200 and response.json()["size"] == "32x32"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
