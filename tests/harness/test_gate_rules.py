@@ -163,3 +163,20 @@ def test_rules_file_is_validated(tmp_path: Path) -> None:
     )
     assert _judge({"opaque_fraction": 0.95, "alpha_mean": 254.9, "rgb_std": [30, 30, 30]}, tmp_path) == []
     assert not gate_run(tmp_path / "one", load_rules(strict)).passed  # a stricter rule set is honoured
+
+
+def test_gate_refuses_an_altered_baseline_unless_allowed(tmp_path: Path, fixture_set, capsys) -> None:
+    from ditq.errors import DitqError
+
+    with StubServer() as server:
+        probe_run(server.url, fixture_set, tmp_path / "baseline", [1])
+        probe_run(server.url, fixture_set, tmp_path / "run", [1])
+    with pytest.raises(DitqError, match=r"SEAL\.json is missing"):
+        _gate_cli(str(tmp_path / "run"), "--baseline", str(tmp_path / "baseline"))
+    seal_run(tmp_path / "baseline")
+    image = tmp_path / "baseline" / "images" / "gen-one.s1.png"
+    image.write_bytes(image.read_bytes() + b"\0")
+    with pytest.raises(DitqError, match=r"images/gen-one.s1.png does not match its seal.*--allow-unsealed"):
+        _gate_cli(str(tmp_path / "run"), "--baseline", str(tmp_path / "baseline"))
+    assert _gate_cli(str(tmp_path / "run"), "--baseline", str(tmp_path / "baseline"), "--allow-unsealed") == 0
+    assert "unsealed (allowed)" in capsys.readouterr().out
