@@ -38,6 +38,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "serve an artifact or a plain model over an OpenAI-compatible images API",
     ),
     "report": ("ditq.commands.report", "judge runs against the baseline: verdicts, profiles, charts"),
+    "doctor": ("ditq.commands.doctor", "check every kernel path on this device against a float32 reference"),
+    "sweep": (
+        "ditq.commands.sweep",
+        "the main job: baseline, then every scheme through the chain, one report",
+    ),
+    "demo": ("ditq.commands.demo", "the sweep on the bundled demo model, on the CPU, in minutes"),
 }
 
 

@@ -83,7 +83,8 @@ def psnr_chart(report: ReportData, path: Path) -> Path | None:
             ]
             if points:
                 points.sort()
-                axis.plot([str(s) for s, _ in points], [p for _, p in points], "o-", label=a.candidate.name)
+                axis.plot([s for s, _ in points], [p for _, p in points], "o-", label=a.candidate.name)
+                axis.set_xticks(sorted({s for s, _ in points}))
         for floor in floors:
             axis.axhline(floor, linestyle="--", color="grey", linewidth=1)
         axis.set_title(fixture, fontsize=8)

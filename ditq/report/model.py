@@ -240,9 +240,9 @@ def _failures(row: dict[str, Any]) -> tuple[str, ...]:
     for key in ("failures", "failed_rules", "reasons", "signatures"):
         value = row.get(key)
         if isinstance(value, list):
-            return tuple(
-                str(v.get("rule", v.get("name", v))) if isinstance(v, dict) else str(v) for v in value
-            )
+            # gate.json reasons read "transparent: opaque_fraction 0.19 < 0.5": the rule's name comes first
+            names = (str(v.get("rule", v.get("name", v))) if isinstance(v, dict) else str(v) for v in value)
+            return tuple(dict.fromkeys(name.split(":")[0].strip() for name in names))
     return ()
 
 

@@ -116,7 +116,12 @@ def write_run(root: Path, spec: RunSpec, baseline: Path | None = None) -> Path:
                         "fixture_id": fixture_id,
                         "seed": seed,
                         "passed": not collapsed,
-                        "failures": ["transparent", "banded"] if collapsed else [],
+                        "reasons": [
+                            "transparent: opaque_fraction 0.0 < 0.5",
+                            "banded: banding_score 0.9 > 0.5",
+                        ]
+                        if collapsed
+                        else [],
                     }
                 )
                 reference_path = (

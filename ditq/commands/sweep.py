@@ -1,0 +1,73 @@
+"""`ditq sweep PATH --schemes ... --fixtures F --refs DIR --out DIR`: the whole chain, every scheme, one report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ditq.report import ReportResult
+from ditq.schemes import get_scheme
+from ditq.sweep import SweepOptions, parse_endpoint_for, run_sweep
+
+__all__ = ["add_arguments", "add_sweep_arguments", "print_verdicts", "run"]
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """What `ditq sweep` and `ditq demo` share."""
+    parser.add_argument("--seeds", help="e.g. 2301-2304 or 1,2,5 (default: the probe's, 2301-2304)")
+    parser.add_argument("--steps", type=int, help="num_inference_steps (default: the probe's, 20)")
+    parser.add_argument("--cfg", type=float, help="true_cfg_scale (default: the probe's, 1.0)")
+    parser.add_argument(
+        "--max-memory", metavar="SIZE", help="accelerator memory every server may use, e.g. 24GiB (recorded)"
+    )
+    parser.add_argument(
+        "--parity-db",
+        type=float,
+        help="PSNR of a BF16 reference pair: the parity band, in dB (passed to compare)",
+    )
+    parser.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for /health")
+    parser.add_argument("--no-progress", action="store_true", help="no progress lines")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", type=Path, metavar="PATH", help="the unquantized diffusers model directory")
+    parser.add_argument("--schemes", default="w8a16,w8a8,fp8", help="comma list (default: %(default)s)")
+    parser.add_argument("--fixtures", type=Path, required=True, help="fixtures JSON")
+    parser.add_argument("--refs", type=Path, required=True, help="directory of reference images, REF.png")
+    parser.add_argument("--out", type=Path, required=True, help="sweep directory (rerun to resume)")
+    parser.add_argument(
+        "--endpoint-for",
+        action="append",
+        default=[],
+        metavar="SCHEME=URL",
+        help="probe this scheme through a server already running (e.g. vLLM-Omni) instead of starting one",
+    )
+    add_sweep_arguments(parser)
+
+
+def print_verdicts(result: ReportResult) -> None:
+    for entry in result.data.document.candidates:
+        reasons = " ".join(r.message for r in entry.reasons) or "every check passed."
+        print(f"{entry.name}: {entry.verdict} - {reasons}")
+    print(f"report: {result.html}")
+
+
+def run(args: argparse.Namespace) -> int:
+    schemes = tuple(dict.fromkeys(get_scheme(s.strip()).name for s in args.schemes.split(",") if s.strip()))
+    options = SweepOptions(
+        model=args.model,
+        schemes=schemes,
+        fixtures=args.fixtures,
+        refs=args.refs,
+        out=args.out,
+        seeds=args.seeds,
+        steps=args.steps,
+        cfg=args.cfg,
+        max_memory=args.max_memory,
+        endpoint_for=parse_endpoint_for(args.endpoint_for),
+        parity_db=args.parity_db,
+        health_timeout_s=args.health_timeout,
+        progress=not args.no_progress,
+    )
+    print_verdicts(run_sweep(options))
+    return 0
