@@ -70,7 +70,7 @@ def test_baseline_probe_gate_compare(tmp_path: Path, fixture_set, ditq_server: s
             refs=refs,
             out=baseline,
             seeds=[1, 2],
-            steps=2,
+            steps=4,  # as probe_run sends
             endpoint=ditq_server,
             progress=False,
         )
