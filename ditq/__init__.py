@@ -11,6 +11,8 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "quantize": "ditq.quantize",
     "verify": "ditq.verify",
+    "load_pipeline": "ditq.runtime.loader",
+    "load_component": "ditq.runtime.loader",
 }
 
 __all__ = ["__version__", *_LAZY]

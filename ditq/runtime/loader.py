@@ -72,7 +72,7 @@ def pipeline_class(model_index: dict[str, Any], model_dir: Path) -> type:
         raise InputError(f"{model_dir}/model_index.json: no _class_name")
     import diffusers
 
-    if hasattr(diffusers, name):
+    if name in dir(diffusers):  # dir() lists the lazy names without importing every submodule
         return getattr(diffusers, name)  # type: ignore[no-any-return]
     for component in component_names(model_index):
         library, _ = component_class(model_index, component)

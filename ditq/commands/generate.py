@@ -1,0 +1,111 @@
+"""`ditq generate`: one image from an artifact, a plain diffusers directory or the bundled demo model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from ditq.errors import InputError
+from ditq.runtime.adapter import GenerationRequest
+from ditq.runtime.generate import GenerationReport, generate, parse_size, save_images
+from ditq.runtime.offload import OFFLOAD_MODES
+
+__all__ = ["add_arguments", "run"]
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "path",
+        type=Path,
+        nargs="?",
+        metavar="PATH",
+        help="artifact or diffusers directory (default: the bundled demo model)",
+    )
+    parser.add_argument("--prompt", required=True, help="what to draw")
+    parser.add_argument("--negative-prompt", help="what to avoid (pipelines that take one)")
+    parser.add_argument(
+        "--image",
+        type=Path,
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="REF",
+        help="reference image(s) for an edit",
+    )
+    parser.add_argument("--seed", type=int, help="random seed (0 is a seed)")
+    parser.add_argument("--steps", type=int, help="denoising steps (default: the pipeline's)")
+    parser.add_argument("--size", metavar="WxH", help="output size (default: the pipeline's)")
+    parser.add_argument("--guidance", type=float, help="guidance / true CFG scale")
+    parser.add_argument(
+        "--out", type=Path, default=Path("ditq-generate.png"), metavar="FILE", help="PNG to write"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    parser.add_argument(
+        "--offload", choices=OFFLOAD_MODES, default="none", help="none (default), model or block"
+    )
+    parser.add_argument("--dtype", choices=tuple(_DTYPES), default="bfloat16", help="activation dtype")
+
+
+def _open_references(paths: list[Path]) -> list[Image.Image]:
+    images = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                images.append(
+                    image.convert("RGBA") if image.mode in ("RGBA", "LA", "P") else image.convert("RGB")
+                )
+        except (OSError, ValueError) as error:
+            raise InputError(f"{path}: not a readable image ({error})") from error
+    return images
+
+
+def _gib(value: int | None) -> str:
+    return "n/a (CPU)" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+def _print_report(report: GenerationReport) -> None:
+    quantized = "; ".join(
+        f"{c}: " + ", ".join(f"{n} {s}" for s, n in sorted(per.items()))
+        for c, per in report.quantized.items()
+    )
+    print(f"model      {report.model_dir or 'untrained tiny demo pipeline'}")
+    print(f"quantized  {quantized or 'none (source precision)'}")
+    if report.kernels:
+        print("kernels    " + ", ".join(f"{name} x{count}" for name, count in sorted(report.kernels.items())))
+    print(f"device     {report.device} (offload {report.offload})")
+    print(
+        f"load       {report.load_seconds:8.3f} s   peak accelerator memory {_gib(report.load_peak_memory_bytes)}"
+    )
+    result = report.result
+    for stage, seconds in result.timings.items():
+        extra = ""
+        if stage == "denoising" and result.step_times:
+            extra = (
+                f"   ({len(result.step_times)} steps, {1000 * seconds / len(result.step_times):.1f} ms/step)"
+            )
+        print(f"{stage:<10} {seconds:8.3f} s{extra}")
+    print(f"peak       {_gib(result.peak_memory_bytes)}")
+
+
+def run(args: argparse.Namespace) -> int:
+    width, height = parse_size(args.size) if args.size else (None, None)
+    request = GenerationRequest(
+        prompt=args.prompt,
+        negative_prompt=args.negative_prompt,
+        images=_open_references(args.image),
+        width=width,
+        height=height,
+        num_inference_steps=args.steps,
+        guidance_scale=args.guidance,
+        seed=args.seed,
+    )
+    report = generate(args.path, request, device=args.device, offload=args.offload, dtype=_DTYPES[args.dtype])
+    _print_report(report)
+    for path in save_images(report.result.images, args.out):
+        print(f"wrote      {path}")
+    return 0

@@ -1,0 +1,126 @@
+"""One generation from a model directory: load (with offload), generate through the adapter, save, time it all.
+
+``generate`` is what ``ditq generate`` runs: the same code path for an
+artifact and for a plain diffusers directory (BF16 simply has no quantized
+layers). Without a directory it uses the bundled demo model.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from ditq.errors import InputError
+from ditq.fsutil import atomic_write_bytes
+from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
+from ditq.runtime.loader import load_pipeline
+from ditq.runtime.modules import quantized_linears
+
+__all__ = ["GenerationReport", "default_model_dir", "generate", "parse_size", "save_images"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationReport:
+    model_dir: Path | None
+    device: str
+    offload: str
+    quantized: dict[str, dict[str, int]]  # component -> scheme -> quantized Linear count
+    kernels: dict[str, int]  # kernel path -> layer count
+    load_seconds: float
+    load_peak_memory_bytes: int | None  # accelerator, while loading (None on CPU)
+    result: GenerationResult
+    written: list[Path] = field(default_factory=list)
+
+
+def default_model_dir() -> Path | None:
+    """The bundled demo model's directory, or None while the package carries none."""
+    from ditq.demo import default_model_dir as demo_dir
+
+    directory = demo_dir()
+    return directory if (directory / "model_index.json").is_file() else None
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'WxH' -> (width, height)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise InputError(f"--size: expected WxH (e.g. 1024x1024), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def _load(model_dir: Path | None, device: torch.device, offload: str, dtype: torch.dtype) -> Any:
+    if model_dir is not None:
+        return load_pipeline(model_dir, device=device, offload=offload, dtype=dtype)
+    from ditq.demo import build_tiny_pipeline
+
+    log.warning("no bundled demo model in this package: using an untrained tiny demo pipeline")
+    return build_tiny_pipeline().to(device=device, dtype=dtype)
+
+
+def _summaries(pipeline: Any) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    schemes: dict[str, dict[str, int]] = {}
+    kernels: dict[str, int] = {}
+    for name, component in pipeline.components.items():
+        if not isinstance(component, torch.nn.Module):
+            continue
+        for layer in quantized_linears(component).values():
+            per = schemes.setdefault(name, {})
+            per[layer.scheme.name] = per.get(layer.scheme.name, 0) + 1
+            kernel = layer.kernel.name if layer.kernel is not None else "unchosen"
+            kernels[kernel] = kernels.get(kernel, 0) + 1
+    return schemes, kernels
+
+
+def generate(
+    model_dir: str | Path | None,
+    request: GenerationRequest,
+    device: str = "cpu",
+    offload: str = "none",
+    dtype: torch.dtype = torch.bfloat16,
+) -> GenerationReport:
+    """Load ``model_dir`` (None: the bundled demo model) and run one request; nothing is written."""
+    directory = Path(model_dir) if model_dir is not None else default_model_dir()
+    torch_device = torch.device(device)
+    if torch_device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"--device {device}: no CUDA device here")
+        torch.cuda.reset_peak_memory_stats(torch_device)
+    start = time.perf_counter()
+    pipeline = _load(directory, torch_device, offload, dtype)
+    load_seconds = time.perf_counter() - start
+    load_peak = int(torch.cuda.max_memory_allocated(torch_device)) if torch_device.type == "cuda" else None
+    quantized, kernels = _summaries(pipeline)
+    result = PipelineAdapter(pipeline)(request)
+    return GenerationReport(
+        model_dir=directory,
+        device=str(torch_device),
+        offload=offload,
+        quantized=quantized,
+        kernels=kernels,
+        load_seconds=load_seconds,
+        load_peak_memory_bytes=load_peak,
+        result=result,
+    )
+
+
+def save_images(images: list[Image.Image], out: Path) -> list[Path]:
+    """Write PNGs atomically: ``out`` for one image, ``stem-N.suffix`` for several."""
+    paths = (
+        [out]
+        if len(images) == 1
+        else [out.with_name(f"{out.stem}-{i}{out.suffix}") for i in range(len(images))]
+    )
+    for image, path in zip(images, paths, strict=True):
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        atomic_write_bytes(path, buffer.getvalue())
+    return paths
