@@ -22,13 +22,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.serve import errors
 from ditq.serve.body_limit import BodyLimitMiddleware
 from ditq.serve.config import ServeConfig
-from ditq.serve.errors import APIError, bad_field
+from ditq.serve.errors import APIError, bad_field, envelope
 from ditq.serve.images import collapse_reasons, encode_image
 from ditq.serve.schemas import (
     ImageData,
@@ -91,7 +93,12 @@ async def _parse_form(request: Request, max_images: int) -> tuple[ImageRequest, 
     """Multipart form -> typed fields plus the uploaded images ('image' and 'image[]', in order)."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise bad_field("body", "/v1/images/edits takes multipart/form-data")
-    form = await request.form(max_files=max_images + 2, max_fields=64)
+    try:
+        form = await request.form(max_files=max_images + 2, max_fields=64)
+    except (HTTPException, MultiPartException) as error:  # starlette's limits, or a malformed body
+        message = error.detail if isinstance(error, HTTPException) else error.message
+        too_many_files = "files" in str(message).lower()
+        raise bad_field("image" if too_many_files else "body", str(message)) from None
     fields: dict[str, str] = {}
     uploads: list[Upload] = []
     for key, value in form.multi_items():
@@ -227,6 +234,12 @@ def _images_route(state: ServerState, endpoint: str, edits: bool) -> Callable[[R
             if error.status >= 500:
                 logger.warning("%s -> %d %s: %s", endpoint, error.status, error.code, error.message)
             response = JSONResponse(error.body(), status_code=error.status)
+        except Exception as error:  # a fault of the server itself, still answered in the envelope
+            logger.exception("%s: internal error", endpoint)
+            failure = APIError(
+                500, f"internal error: {type(error).__name__}: {error}", "server_error", code="internal_error"
+            )
+            response = JSONResponse(failure.body(), status_code=500)
         state.metrics.observe_request(endpoint, response.status_code, time.perf_counter() - started)
         return response
 
@@ -251,6 +264,14 @@ def create_app(
         await anyio.to_thread.run_sync(state.stop, drain_timeout_s)
 
     app = FastAPI(title="ditq serve", lifespan=lifespan)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, error: HTTPException) -> JSONResponse:
+        """Unknown paths and methods, in the same envelope as every other error."""
+        return JSONResponse(
+            envelope(str(error.detail), "invalid_request_error", None, None), status_code=error.status_code
+        )
+
     app.state.serve = state
     app.add_middleware(
         BodyLimitMiddleware,

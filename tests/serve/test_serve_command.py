@@ -36,6 +36,7 @@ def test_a_directory_without_model_index_is_a_usage_error(
     assert "model_index.json" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_serve_a_saved_model_directory_through_the_cli(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

@@ -108,6 +108,16 @@ def test_too_many_images_is_400(client: Any) -> None:
     assert "at most 4" in error["message"]
 
 
+def test_more_files_than_the_form_takes_is_400(client: Any) -> None:
+    files = [("image[]", (f"{i}.png", png_bytes(), "image/png")) for i in range(8)]
+    assert_error(edit(client, files), 400, "invalid_value", "image")
+
+
+def test_unknown_path_uses_the_envelope(client: Any) -> None:
+    response = client.get("/v1/images/variations")
+    assert response.status_code == 404 and response.json()["error"]["message"] == "Not Found"
+
+
 def test_zero_byte_image_is_400(client: Any) -> None:
     files = [("image", ("a.png", png_bytes(), "image/png")), ("image", ("empty.png", b"", "image/png"))]
     error = assert_error(edit(client, files), 400, "invalid_value", "image")

@@ -70,6 +70,7 @@ def test_close_drains_queued_jobs_before_stopping() -> None:
     assert all(len(job.future.result().images) == 1 for job in jobs)
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_running_and_queued_requests_then_exits() -> None:
     process = subprocess.Popen(
         [sys.executable, str(HERE / "drain_server.py")], cwd=HERE, stdout=subprocess.PIPE, text=True
