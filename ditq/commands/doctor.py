@@ -1,0 +1,97 @@
+"""`ditq doctor`: a thin layer over ``ditq.doctor.run_doctor``; exit 0 only when no checked path fails."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from ditq.errors import InputError
+from ditq.fsutil import atomic_write_json
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--artifact", type=Path, metavar="PATH", help="check with this artifact's own layers and shapes"
+    )
+    parser.add_argument("--scheme", nargs="+", metavar="S", help="only these schemes (w8a16, w8a8, fp8)")
+    parser.add_argument("--kernels", nargs="+", metavar="K", help="only these kernel paths (names as listed)")
+    parser.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="also use random synthetic weights (implied without --artifact)",
+    )
+    parser.add_argument("--device", default=None, help="device to check (default: cuda if present, else cpu)")
+    parser.add_argument(
+        "--geometry",
+        nargs="+",
+        metavar="INxOUT",
+        help="Linear shapes to check without an artifact (default: the seed's 4096x12288 4096x4096 12288x4096)",
+    )
+    parser.add_argument(
+        "--rows", type=int, default=512, metavar="M", help="tokens per checked matmul (default 512)"
+    )
+    parser.add_argument(
+        "--json", type=Path, metavar="FILE", help="write every check as JSON ('-' for stdout)"
+    )
+    parser.add_argument(
+        "--report", type=Path, metavar="DIR", help="write a report directory per failing path under DIR"
+    )
+
+
+def _geometry(text: str):  # type: ignore[no-untyped-def]
+    from ditq.doctor import Geometry
+
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise InputError(f"--geometry {text!r}: expected INxOUT, e.g. 4096x12288")
+    return Geometry(int(parts[0]), int(parts[1]))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ditq import doctor
+    from ditq.schemes import get_scheme
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {args.device}: CUDA is not available here")
+    schemes = [get_scheme(s).name for s in args.scheme] if args.scheme else None
+    report_root = args.report if args.report is not None else doctor.cache_dir() / "reports"
+    geometries = [_geometry(text) for text in args.geometry] if args.geometry else doctor.SEED_GEOMETRIES
+    if args.rows <= 0:
+        raise InputError(f"--rows must be positive, got {args.rows}")
+    results = doctor.run_doctor(
+        device,
+        args.artifact,
+        schemes,
+        args.kernels,
+        synthetic=args.synthetic,
+        report_root=report_root,
+        geometries=geometries,
+        rows=args.rows,
+    )
+    env = doctor.environment(device)
+    payload = {
+        "command": " ".join(["ditq", *sys.argv[1:]]),
+        "environment": env,
+        "bound": doctor.REL_L2_BOUND,
+        "paths": [r.to_json() for r in results],
+    }
+    if args.json is not None and str(args.json) == "-":
+        print(json.dumps(payload, indent=1))
+    else:
+        print(
+            f"ditq doctor on {env.get('gpu') or env['device']} (torch {env['torch']}, triton {env['triton']})"
+        )
+        print(doctor.table(results))
+        for r in results:
+            if r.report_dir:
+                print(f"{r.path}: report in {r.report_dir}; reproduce with: {doctor.repro_command(r.path)}")
+        if args.json is not None:
+            atomic_write_json(args.json, payload)
+    return 1 if any(r.verdict == "FAIL" for r in results) else 0

@@ -1,0 +1,221 @@
+"""The kernel doctor on the CPU: healthy paths pass, deliberately broken test-only paths are caught by
+the right step with the right message, and the runtime's chooser falls back to the next passing path."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ditq import doctor
+from ditq.cli import main
+from ditq.errors import DitqError
+from ditq.kernels import ENV_FORCE, get_kernel, register_kernel, unregister_kernel
+from ditq.kernels.registry import Prepared, StoredWeight
+from ditq.kernels.stored import stored_from_quantized
+from ditq.numerics import quantize_weight
+from ditq.schemes import get_scheme
+
+SMALL = [doctor.Geometry(64, 64, "square"), doctor.Geometry(128, 48, "wide-in")]
+SQUARE = [doctor.Geometry(64, 64, "square")]
+REFERENCE = "cpu-reference-w8a8"
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DITQ_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _register(name: str, matmul=None, prepare=None) -> None:  # type: ignore[no-untyped-def]
+    """A CPU w8a8 path preferred over the reference, broken in one way."""
+    reference = get_kernel(REFERENCE)
+    register_kernel(
+        name=name, scheme="w8a8", device_type="cpu", prepare=prepare or reference.prepare, priority=100
+    )(matmul or reference.matmul)
+
+
+def _returns_nan(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    return get_kernel(REFERENCE).matmul(x, prepared, bias) * float("nan")
+
+
+def _transposes(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    flipped = dict(
+        prepared, weight=prepared["weight"].t().contiguous(), weight_scale=prepared["weight_scale"]
+    )
+    return get_kernel(REFERENCE).matmul(x, flipped, bias)
+
+
+def _corrupting_prepare(stored: StoredWeight, device: torch.device) -> Prepared:
+    prepared = get_kernel(REFERENCE).prepare(stored, device)
+    return dict(prepared, weight_scale=prepared["weight_scale"] / 0.0)  # inf where the repack "rescales"
+
+
+BROKEN = {
+    "test-nan-w8a8": ({"matmul": _returns_nan}, "finite", "NaN/inf"),
+    "test-transpose-w8a8": ({"matmul": _transposes}, "output", "rel-L2"),
+    "test-bad-scale-w8a8": (
+        {"prepare": _corrupting_prepare},
+        "scales",
+        "after the test-bad-scale-w8a8 repack",
+    ),
+}
+
+
+@pytest.fixture(params=sorted(BROKEN))
+def broken(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    name = request.param
+    overrides, step, message = BROKEN[name]
+    _register(name, **overrides)
+    yield name, step, message
+    unregister_kernel(name)
+
+
+def test_cpu_reference_paths_pass_every_step() -> None:
+    results = doctor.run_doctor("cpu", geometries=SMALL, rows=32)
+    assert {r.path for r in results} == {"cpu-reference-w8a16", "cpu-reference-w8a8", "cpu-reference-fp8"}
+    for result in results:
+        assert result.verdict == "PASS", result.reason
+        steps = {c.step for c in result.checks}
+        assert steps == set(doctor.STEPS)
+        # 2 geometries x 2 weight kinds x (load + scales + 2 dtypes x (finite + output))
+        assert len(result.checks) == 2 * 2 * (2 + 2 * 2)
+        assert 0 < result.worst_rel_l2 <= doctor.REL_L2_BOUND
+
+
+def test_broken_path_is_caught_by_the_right_step(broken, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    name, step, message = broken
+    (result,) = doctor.run_doctor("cpu", kernels=[name], geometries=SQUARE, rows=32, report_root=tmp_path)
+    assert result.verdict == "FAIL"
+    assert result.capability_overclaim  # supports() offered it on this device
+    failure = result.first_failure
+    assert failure is not None and failure.step == step and message in failure.message
+    # The other steps, checked on their own inputs, still pass: the failure is isolated.
+    innocent = {c.step for c in result.checks if c.passed}
+    assert "load" in innocent
+    if step != "scales":
+        assert "scales" in innocent
+    report = Path(result.report_dir or "")
+    assert report == tmp_path / name
+    assert (report / "repro.txt").read_text().strip() == f"ditq doctor --synthetic --kernels {name}"
+    evidence = json.loads((report / "evidence.json").read_text())
+    assert evidence["verdict"] == "FAIL" and evidence["environment"]["device"] == "cpu"
+    assert "| FAIL |" in (report / "chain.md").read_text()
+    assert json.loads((report / "environment.json").read_text())["torch"] == torch.__version__
+
+
+def test_chooser_refuses_a_broken_path_and_falls_back(broken, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    name, _, _ = broken
+    with caplog.at_level(logging.WARNING, logger="ditq.doctor"):
+        path = doctor.choose_verified_path("w8a8", torch.device("cpu"), torch.bfloat16, 64, 64)
+    assert path.name == REFERENCE
+    refusal = next(r.getMessage() for r in caplog.records if "refusing" in r.getMessage())
+    assert name in refusal and "report:" in refusal
+    report_dir = refusal.split("report: ")[1].split(";")[0]
+    assert (Path(report_dir) / "evidence.json").is_file()
+
+
+def test_no_passing_path_is_an_error_naming_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    _register("test-only-nan-w8a8", matmul=_returns_nan)
+    try:
+        monkeypatch.setenv(ENV_FORCE, "test-only-nan-w8a8")
+        with pytest.raises(DitqError, match=r"test-only-nan-w8a8: .*test-only-nan-w8a8"):
+            doctor.choose_verified_path("w8a8", torch.device("cpu"), torch.bfloat16, 64, 64)
+    finally:
+        unregister_kernel("test-only-nan-w8a8")
+
+
+def test_verdicts_are_cached_per_environment_and_path(
+    monkeypatch: pytest.MonkeyPatch, private_cache: Path
+) -> None:
+    first = doctor.choose_verified_path("fp8", torch.device("cpu"), torch.bfloat16, 64, 32)
+    assert len(list((private_cache / "doctor").glob("*.json"))) == 1
+
+    def must_not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a cached verdict was recomputed")
+
+    monkeypatch.setattr(doctor, "check_path", must_not_run)
+    assert doctor.choose_verified_path("fp8", torch.device("cpu"), torch.bfloat16, 64, 32) == first
+    # Another geometry is another key.
+    with pytest.raises(AssertionError, match="recomputed"):
+        doctor.choose_verified_path("fp8", torch.device("cpu"), torch.bfloat16, 128, 32)
+
+
+def _layer(scheme_name: str, in_features: int, out_features: int):  # type: ignore[no-untyped-def]
+    from ditq.runtime.modules import linear_from_stored
+
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(3))
+    q, scale = quantize_weight(weight, get_scheme(scheme_name))
+    return linear_from_stored(stored_from_quantized(q, scale, scheme_name), get_scheme(scheme_name), None)
+
+
+def test_runtime_start_up_moves_layers_off_a_refused_path(broken) -> None:  # type: ignore[no-untyped-def]
+    from ditq.runtime.loader import prepare_quantized
+
+    name, _, _ = broken
+    model = torch.nn.Sequential(_layer("w8a8", 64, 64), _layer("w8a8", 64, 64))
+    model[0].use_kernel(get_kernel(name))  # as the registry alone would choose
+    ok, summary = doctor.startup_check(
+        SimpleNamespace(transformer=model, scheduler=object()), "cpu", torch.bfloat16
+    )
+    assert ok and REFERENCE in summary and "2 quantized layers" in summary
+    assert all(layer.kernel.name == REFERENCE for layer in model)
+    # The loader's chooser hook gives the same verified choice.
+    fresh = torch.nn.Sequential(_layer("w8a8", 64, 64))
+    prepare_quantized(fresh, "cpu", torch.bfloat16, chooser=doctor.verified_chooser)
+    assert fresh[0].kernel.name == REFERENCE
+    out = fresh(torch.randn(3, 64, dtype=torch.bfloat16))
+    assert torch.isfinite(out).all()
+
+
+def test_artifact_mode_uses_the_artifacts_own_layers(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    artifact = tmp_path / "artifact"
+    (artifact / "transformer").mkdir(parents=True)
+    (artifact / "model_index.json").write_text(
+        json.dumps({"_class_name": "P", "transformer": ["diffusers", "T"]})
+    )
+    qconfig = {"quant_method": "compressed_tensors", "format": "int-quantized"}
+    (artifact / "transformer" / "config.json").write_text(json.dumps({"quantization_config": qconfig}))
+    tensors = {}
+    for prefix, (n, k) in {
+        "blocks.0.to_q": (96, 64),
+        "blocks.1.to_q": (96, 64),
+        "blocks.0.out": (64, 96),
+    }.items():
+        q, scale = quantize_weight(torch.randn(n, k), get_scheme("w8a8"))
+        tensors |= {f"{prefix}.weight": q, f"{prefix}.weight_scale": scale, f"{prefix}.bias": torch.randn(n)}
+    save_file(tensors, str(artifact / "transformer" / "diffusion_pytorch_model.safetensors"))
+
+    results = {r.path: r for r in doctor.run_doctor("cpu", artifact=artifact, rows=16)}
+    assert results["cpu-reference-w8a16"].verdict == "SKIP"
+    assert "no w8a16 layers" in results["cpu-reference-w8a16"].reason
+    w8a8 = results[REFERENCE]
+    assert w8a8.verdict == "PASS", w8a8.reason
+    assert {c.geometry for c in w8a8.checks} == {"64->96", "96->64"}  # distinct shapes, each once
+    assert {c.weights for c in w8a8.checks} == {"analytic", "artifact:transformer/blocks.0.to_q",
+                                                "artifact:transformer/blocks.0.out"}  # fmt: skip
+
+
+def test_cli_table_json_exit_code_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _register("test-cli-nan-w8a8", matmul=_returns_nan)
+    try:
+        code = main(["doctor", "--scheme", "w8a8", "--kernels", "test-cli-nan-w8a8", REFERENCE,
+                     "--geometry", "64x32", "--rows", "16", "--json", str(tmp_path / "d.json"),
+                     "--report", str(tmp_path / "reports")])  # fmt: skip
+    finally:
+        unregister_kernel("test-cli-nan-w8a8")
+    assert code == 1
+    printed = capsys.readouterr().out
+    assert "test-cli-nan-w8a8" in printed and "FAIL" in printed and "PASS" in printed
+    assert "ditq doctor --synthetic --kernels test-cli-nan-w8a8" in printed
+    payload = json.loads((tmp_path / "d.json").read_text())
+    assert [p["verdict"] for p in payload["paths"]] == ["FAIL", "PASS"]
+    assert (tmp_path / "reports" / "test-cli-nan-w8a8" / "chain.md").is_file()
+    assert not (tmp_path / "reports" / REFERENCE).exists()
+    assert main(["doctor", "--geometry", "64", "--rows", "4"]) == 2
