@@ -20,7 +20,7 @@ from typing import Any
 
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import atomic_write_json, sha256_file
-from ditq.probe.fixtures import Fixture, fixture_digest, load_fixtures
+from ditq.probe.fixtures import Fixture, fixture_digest, fixture_digests, load_fixtures
 from ditq.probe.records import IMAGES_DIR, RECORDS_FILE, RUN_FILE
 from ditq.probe.runner import ProbeOptions, ProbeSummary, run_matrix, run_probe, versions
 
@@ -124,6 +124,8 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
         "fixtures_file": str(options.fixtures),
         "fixture_ids": list(fixtures),
         "fixture_digest": fixture_digest(fixtures),
+        "fixture_digests": fixture_digests(fixtures),
+        "refs_dir": str(options.refs),
         "seeds": list(options.seeds),
         "steps": options.steps,
         "true_cfg_scale": options.true_cfg_scale,

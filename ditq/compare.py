@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ditq.metrics import fidelity_arrays, load_png_array, psnr, ssim
-from ditq.probe.records import find_image, is_success, latest_by_key, read_records
+from ditq.probe.records import changed_fixtures, find_image, is_success, latest_by_key, read_records
 
 __all__ = [
     "PSNR_CAP_DB",
@@ -162,6 +162,7 @@ def compare_run(
     scorer, note = lpips_scorer() if use_lpips else (None, "lpips skipped: not requested")
     result = CompareResult(run=str(run), baseline=str(baseline), baseline_seal=baseline_seal, lpips_note=note)
     candidates = latest_by_key(read_records(run)) if _has_records(run) else {}
+    changed = changed_fixtures(run, baseline)
     for (fixture_id, seed), record in latest_by_key(read_records(baseline)).items():
         if not is_success(record):
             continue
@@ -177,6 +178,10 @@ def compare_run(
             row.update(status="error", error="baseline image missing")
         elif candidate is not None and mismatch:
             row.update(status="error", error=f"made with other settings: {mismatch}")
+        elif candidate is not None and fixture_id in changed:
+            row.update(
+                status="error", error="the fixture (prompt, size or references) differs from the baseline's"
+            )
         elif candidate is None:
             row.update(status="missing")
         else:

@@ -30,7 +30,7 @@ from typing import Any
 from ditq.errors import InputError
 from ditq.metrics import structure_metrics_png
 from ditq.probe.memory import read_vram_csv
-from ditq.probe.records import RUN_FILE, find_image, is_success, latest_by_key, read_records
+from ditq.probe.records import RUN_FILE, changed_fixtures, find_image, is_success, latest_by_key, read_records
 
 __all__ = [
     "Envelope",
@@ -297,9 +297,15 @@ def _judge(
 
 
 def gate_run(
-    run: Path, rules: GateRules, envelopes: dict[str, Envelope] | None = None, baseline: str | None = None
+    run: Path,
+    rules: GateRules,
+    envelopes: dict[str, Envelope] | None = None,
+    baseline: str | None = None,
+    baseline_dir: Path | None = None,
 ) -> GateRun:
+    """Judge every record of ``run``; with ``envelopes`` (from ``baseline_dir``) the envelope too."""
     run = Path(run)
+    changed = changed_fixtures(run, baseline_dir) if baseline_dir is not None else set()
     records = latest_by_key(read_records(run))
     result = GateRun(
         run=str(run),
@@ -322,6 +328,8 @@ def gate_run(
         else:
             envelope = None if envelopes is None else envelopes.get(record["fixture_id"])
             reasons, unchecked = _judge(structure, rules, envelope)
+            if record["fixture_id"] in changed:
+                reasons.append("the fixture (prompt, size or references) differs from the baseline's")
             if envelopes is not None and envelope is None:
                 unchecked.append("envelope (fixture not in the baseline)")
         peak, peak_source = _record_peak(record)

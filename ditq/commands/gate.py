@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline is not None:
         seal = require_sealed(args.baseline, args.allow_unsealed)
         envelopes, baseline_note = build_envelopes(args.baseline, rules), f"{args.baseline} ({seal})"
-    results = [gate_run(path, rules, envelopes, baseline_note) for path in args.runs]
+    results = [gate_run(path, rules, envelopes, baseline_note, args.baseline) for path in args.runs]
     for path, result in zip(args.runs, results, strict=True):
         if (path / RUN_FILE).is_file() and os.access(path, os.W_OK):
             atomic_write_json(path / "gate.json", result.to_json())

@@ -15,7 +15,15 @@ from typing import Any
 
 from ditq.errors import InputError
 
-__all__ = ["MODES", "SIZE_MULTIPLE", "Fixture", "fixture_digest", "load_fixtures", "parse_seeds"]
+__all__ = [
+    "MODES",
+    "SIZE_MULTIPLE",
+    "Fixture",
+    "fixture_digest",
+    "fixture_digests",
+    "load_fixtures",
+    "parse_seeds",
+]
 
 MODES = ("generate", "edit")
 SIZE_MULTIPLE = 16
@@ -102,16 +110,23 @@ def load_fixtures(path: Path, refs_dir: Path) -> dict[str, Fixture]:
     return {fixture_id: _fixture(path, fixture_id, value, refs_dir) for fixture_id, value in raw.items()}
 
 
-def fixture_digest(fixtures: dict[str, Fixture]) -> str:
-    """sha256 over the fixtures' content and the bytes of every reference image they name."""
-    digest = hashlib.sha256()
-    for fixture_id in sorted(fixtures):
-        f = fixtures[fixture_id]
+def fixture_digests(fixtures: dict[str, Fixture]) -> dict[str, str]:
+    """Per fixture: sha256 over its content and the bytes of every reference image it names."""
+    digests = {}
+    for fixture_id, f in fixtures.items():
+        digest = hashlib.sha256()
         entry = [f.id, f.mode, list(f.references), f.width, f.height, f.prompt, f.negative_prompt]
         digest.update(json.dumps(entry, sort_keys=True).encode())
         for ref_path in f.reference_paths:
             digest.update(hashlib.sha256(ref_path.read_bytes()).digest())
-    return digest.hexdigest()
+        digests[fixture_id] = digest.hexdigest()
+    return digests
+
+
+def fixture_digest(fixtures: dict[str, Fixture]) -> str:
+    """One sha256 for the whole set: over the sorted per-fixture digests."""
+    per_fixture = fixture_digests(fixtures)
+    return hashlib.sha256(json.dumps(sorted(per_fixture.items())).encode()).hexdigest()
 
 
 def parse_seeds(text: str) -> list[int]:

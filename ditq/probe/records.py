@@ -25,7 +25,9 @@ __all__ = [
     "RECORDS_FILE",
     "RUN_FILE",
     "RecordLog",
+    "changed_fixtures",
     "find_image",
+    "fixture_digests_of",
     "image_name",
     "is_success",
     "latest_by_key",
@@ -160,3 +162,18 @@ def find_image(run: Path, fixture_id: str, seed: int) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+def fixture_digests_of(run: Path) -> dict[str, str]:
+    """The per-fixture digests RUN.json recorded (empty for a run without them, e.g. the seed's)."""
+    path = Path(run) / RUN_FILE
+    if not path.is_file():
+        return {}
+    digests = json.loads(path.read_text()).get("fixture_digests")
+    return dict(digests) if isinstance(digests, dict) else {}
+
+
+def changed_fixtures(run: Path, baseline: Path) -> set[str]:
+    """Fixtures both runs name whose prompt, size or reference images differ between them."""
+    ours, theirs = fixture_digests_of(run), fixture_digests_of(baseline)
+    return {f for f in ours.keys() & theirs.keys() if ours[f] != theirs[f]}

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from ditq.errors import InputError
 from ditq.fsutil import atomic_write_bytes, atomic_write_json
 from ditq.metrics import structure_metrics_png
-from ditq.probe.fixtures import Fixture, fixture_digest, load_fixtures
+from ditq.probe.fixtures import Fixture, fixture_digest, fixture_digests, load_fixtures
 from ditq.probe.memory import MemorySampler
 from ditq.probe.records import (
     IMAGES_DIR,
@@ -235,11 +235,18 @@ def _check_resume(run: Path, description: dict[str, Any]) -> None:
     if not path.exists():
         return
     previous = json.loads(path.read_text())
-    for key in ("fixture_digest", "steps", "true_cfg_scale"):
+    for key in ("steps", "true_cfg_scale"):
         if previous.get(key) != description[key]:
             raise InputError(
                 f"{path}: this run was made with {key}={previous.get(key)!r}, not {description[key]!r}; "
                 "use a new --out directory"
+            )
+    before, now = previous.get("fixture_digests") or {}, description["fixture_digests"]
+    for fixture_id in sorted(before.keys() & now.keys()):
+        if before[fixture_id] != now[fixture_id]:
+            raise InputError(
+                f"{path}: fixture {fixture_id!r} changed (prompt, size or reference images) since this run "
+                "began; use a new --out directory"
             )
 
 
@@ -361,6 +368,8 @@ def run_probe(options: ProbeOptions) -> ProbeSummary:
         "fixtures_file": str(options.fixtures),
         "fixture_ids": list(fixtures),
         "fixture_digest": fixture_digest(fixtures),
+        "fixture_digests": fixture_digests(fixtures),
+        "refs_dir": str(options.refs),
         "seeds": list(options.seeds),
         "steps": options.steps,
         "true_cfg_scale": options.true_cfg_scale,

@@ -180,3 +180,25 @@ def test_gate_refuses_an_altered_baseline_unless_allowed(tmp_path: Path, fixture
         _gate_cli(str(tmp_path / "run"), "--baseline", str(tmp_path / "baseline"))
     assert _gate_cli(str(tmp_path / "run"), "--baseline", str(tmp_path / "baseline"), "--allow-unsealed") == 0
     assert "unsealed (allowed)" in capsys.readouterr().out
+
+
+def test_a_fixture_changed_since_the_baseline_is_caught(tmp_path: Path, fixture_set) -> None:
+    from ditq.compare import compare_run
+
+    fixtures = fixture_set[0]
+    with StubServer() as server:
+        probe_run(server.url, fixture_set, tmp_path / "baseline", [1])
+        changed = json.loads(fixtures.read_text())
+        changed["edit-one"]["prompt"] = "make it dawn"
+        fixtures.write_text(json.dumps(changed))
+        probe_run(server.url, fixture_set, tmp_path / "run", [1])
+        with pytest.raises(InputError, match=r"fixture 'edit-one' changed .* new --out"):
+            probe_run(server.url, fixture_set, tmp_path / "baseline", [1, 2])  # resuming with it is refused
+    seal_run(tmp_path / "baseline")
+    rules = load_rules()
+    result = gate_run(
+        tmp_path / "run", rules, build_envelopes(tmp_path / "baseline", rules), "b", tmp_path / "baseline"
+    )
+    assert [r.fixture_id for r in result.records if not r.passed] == ["edit-one"]
+    rows = compare_run(tmp_path / "run", tmp_path / "baseline").rows
+    assert [r["fixture_id"] for r in rows if r["status"] == "error"] == ["edit-one"]
