@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
+import torch
 from PIL import Image
 
 from ditq.errors import InputError
@@ -12,6 +13,7 @@ from ditq.gate import load_rules
 from ditq.serve.config import ServeConfig, parse_memory_size
 from ditq.serve.images import collapse_reasons, encode_image
 from ditq.serve.metrics import ServerMetrics
+from ditq.serve.startup import apply_memory_cap
 
 
 @pytest.mark.parametrize(
@@ -102,3 +104,18 @@ def test_encoding_keeps_alpha_only_where_asked_and_possible(
     data = encode_image(_half_transparent(), output_format, background)
     decoded = Image.open(io.BytesIO(data))
     assert decoded.format == output_format.upper() and decoded.mode == mode and decoded.size == (32, 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_max_memory_caps_cuda_allocations() -> None:
+    torch.cuda.empty_cache()
+    try:
+        assert apply_memory_cap("1GiB", "cuda") == 1024**3
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
+        kept = torch.empty(256 * 1024**2, dtype=torch.uint8, device="cuda")  # under the cap: fine
+        del kept
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
