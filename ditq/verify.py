@@ -90,11 +90,11 @@ class VerifyReport:
 
 def _check_manifest(root: Path, report: VerifyReport) -> dict[str, Any] | None:
     seal = root / MANIFEST_SEAL
-    expected = seal.read_text().split()[0] if seal.is_file() and seal.read_text().split() else None
     actual = sha256_file(root / MANIFEST)
+    sealed = seal.is_file() and seal.read_bytes() == f"{actual}  {MANIFEST}\n".encode()
     report.add(
         "manifest seal",
-        [] if expected == actual else [f"{MANIFEST} does not match {MANIFEST_SEAL}"],
+        [] if sealed else [f"{MANIFEST} does not match {MANIFEST_SEAL}"],
         f"sha256 {actual[:16]}…",
     )
     try:
@@ -155,7 +155,9 @@ def _stored_features(stored: dict[str, torch.Tensor]) -> tuple[int, int]:
     return int(stored["weight"].shape[0]), int(stored["weight"].shape[-1])
 
 
-def _check_config(root: Path, component: str, info: dict[str, Any], report: VerifyReport) -> Scheme | None:
+def _check_config(
+    root: Path, component: str, info: dict[str, Any], report: VerifyReport
+) -> tuple[Scheme, dict[str, Any]] | None:
     try:
         plain = quantization_config_of(load_component_config(root / component), component)
         if plain is None:
@@ -171,7 +173,7 @@ def _check_config(root: Path, component: str, info: dict[str, Any], report: Veri
         [] if same else ["quantization_config differs from the manifest's"],
         f"{scheme.format}, {len(plain.get('ignore', []))} ignored, parsed by compressed-tensors",
     )
-    return scheme
+    return scheme, plain
 
 
 def _check_coverage(
@@ -306,9 +308,12 @@ def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyRepo
         return report
     _check_files(root, manifest, report)
     for component, info in manifest["components"].items():
-        scheme = _check_config(root, component, info, report)
-        if scheme is not None:
-            _check_tensors(root, component, info, scheme, source_dir, report)
+        checked = _check_config(root, component, info, report)
+        if checked is not None:  # later checks read the artifact's own config, not the manifest's copy
+            scheme, plain = checked
+            _check_tensors(
+                root, component, {**info, "quantization_config": plain}, scheme, source_dir, report
+            )
     return report
 
 

@@ -1,0 +1,112 @@
+"""The quantize and verify commands: thin layers over the API, with its defaults and exit codes 0/1/2."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ditq.cli import main
+from ditq.commands import quantize as quantize_command
+from ditq.quantize import DEFAULTS, quantize
+
+
+def _parse(module, argv: list[str]) -> argparse.Namespace:  # type: ignore[no-untyped-def]
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_cli_defaults_are_the_api_defaults() -> None:
+    args = _parse(quantize_command, ["src", "out"])
+    signature = inspect.signature(quantize).parameters
+    assert args.scheme == signature["scheme"].default == DEFAULTS["scheme"]
+    assert args.components == list(signature["components"].default)
+    assert args.config_form == signature["config_form"].default
+    assert args.device == signature["device"].default
+    assert (args.copy, args.force, args.group_size) == (False, False, None)
+    assert args.targets == [] and args.ignore == []
+
+
+def test_quantize_then_verify(model_dir, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    source = model_dir("flux", text_encoder=True)
+    out = tmp_path / "out"
+    code = main(
+        [
+            "quantize",
+            str(source),
+            str(out),
+            "--scheme",
+            "int8wo",
+            "--components",
+            "transformer,text_encoder",
+            "--ignore",
+            "proj_mlp$",
+            "--json",
+        ]
+    )
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["statistics"]["quantized_tensors"] == 32  # 22 + 12 minus the two proj_mlp
+    assert main(["verify", str(out), "--source", str(source), "--json", str(tmp_path / "report.json")]) == 0
+    assert "OK: " in capsys.readouterr().out
+    assert json.loads((tmp_path / "report.json").read_text())["ok"] is True
+    shard = out / "transformer" / "diffusion_pytorch_model.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert main(["verify", str(out)]) == 1
+    assert "FAIL  files" in capsys.readouterr().out
+
+
+USAGE_ERRORS = [
+    (["quantize", "{src}", "{out}", "--scheme", "w8a9"], "did you mean 'w8a8'"),
+    (["quantize", "{tmp}", "{out}"], "not a diffusers model directory"),
+    (["quantize", "{src}", "{out}", "--components", "vae"], "no component 'vae'"),
+    (["quantize", "{src}", "{out}", "--ignore", "("], "not a valid regular expression"),
+    (["quantize", "{src}", "{out}", "--scheme", "w8a8", "--group-size", "128"], "w8a16 only"),
+    (["verify", "{src}"], "not a ditq artifact"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), USAGE_ERRORS, ids=[m for _, m in USAGE_ERRORS])
+def test_input_errors_exit_2_with_one_line(argv, message, model_dir, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    source = model_dir("wan")
+    values = {"src": str(source), "out": str(tmp_path / "out"), "tmp": str(tmp_path)}
+    assert main([a.format(**values) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and err[0].startswith(f"ditq {argv[0]}: error:")
+    assert not (tmp_path / "out").exists()
+
+
+def test_console_script_runs(model_dir, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    source = model_dir("qwenimage21")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ditq.cli",
+            "quantize",
+            str(source),
+            str(tmp_path / "out"),
+            "--scheme",
+            "fp8",
+            "--config-form",
+            "global",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "14 tensors quantized" in run.stdout
+    again = subprocess.run(
+        [sys.executable, "-m", "ditq.cli", "quantize", str(source), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 2 and "already exists" in again.stderr

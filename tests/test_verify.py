@@ -1,0 +1,178 @@
+"""verify: passes on a fresh artifact, fails on any flipped byte, and catches re-sealed tampering."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import ditq
+import ditq.verify as verify_module
+from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, file_records, read_manifest, write_manifest
+from ditq.errors import InputError
+from ditq.verify import REL_L2_BOUNDS, verify
+
+WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"
+
+
+def _reseal(out: Path) -> None:
+    """Recompute every digest, as a careful forger would, so only the content checks can object."""
+    manifest = read_manifest(out)
+    manifest["files"] = file_records(out, skip_dirs=set(manifest["linked"]))
+    write_manifest(out, manifest)
+
+
+def _edit_weights(out: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    tensors = load_file(str(out / WEIGHTS))
+    edit(tensors)
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    _reseal(out)
+
+
+def _failed(report) -> list[str]:  # type: ignore[no-untyped-def]
+    return [c.name for c in report.checks if not c.ok]
+
+
+@pytest.mark.parametrize("scheme", ["w8a16", "w8a8", "fp8"])
+def test_fresh_artifact_passes(scheme: str, artifact) -> None:  # type: ignore[no-untyped-def]
+    source, out = artifact(
+        "flux", scheme, shards=2, text_encoder=True, components=["transformer", "text_encoder"]
+    )
+    report = verify(out, source)
+    assert report.ok, report.table()
+    names = [c.name for c in report.checks]
+    assert {
+        "manifest seal",
+        "files",
+        "transformer: decode",
+        "transformer: source",
+        "text_encoder: source",
+    } <= set(names)
+    assert len(report.tensors) == 34
+    assert all(t["decoders_agree"] and t["scale_ok"] for t in report.tensors)
+    assert all(0 < t["rel_l2"] <= REL_L2_BOUNDS[scheme] for t in report.tensors)
+    assert verify(out).ok  # without the source
+
+
+def test_grouped_w8a16_passes(artifact) -> None:  # type: ignore[no-untyped-def]
+    source, out = artifact("qwenimage21", "w8a16", group_size=16)
+    report = verify(out, source)
+    assert report.ok, report.table()
+
+
+def test_flipping_any_byte_fails(artifact) -> None:  # type: ignore[no-untyped-def]
+    _, out = artifact("wan", "w8a16", copy=True)
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    assert len(files) >= 7
+    for path in files:
+        original = path.read_bytes()
+        for position in sorted({0, len(original) // 2, len(original) - 1}):
+            data = bytearray(original)
+            data[position] ^= 0x01
+            path.write_bytes(bytes(data))
+            report = verify(out)
+            assert not report.ok, f"flipping byte {position} of {path.relative_to(out)} went unnoticed"
+        path.write_bytes(original)
+    assert verify(out).ok
+
+
+def test_missing_extra_and_relinked(artifact, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _, out = artifact("sd3", "w8a8")
+    (out / "transformer" / "notes.txt").write_text("extra")
+    assert "extra transformer/notes.txt" in verify(out).checks[2].detail
+    (out / "transformer" / "notes.txt").unlink()
+    (out / "tensor_errors.json").unlink()
+    assert "missing tensor_errors.json" in verify(out).checks[2].detail
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (out / "scheduler").unlink()
+    (out / "scheduler").symlink_to(other)
+    assert "link scheduler" in verify(out).checks[2].detail
+
+
+def test_resealed_negative_scale_fails(artifact) -> None:  # type: ignore[no-untyped-def]
+    _, out = artifact("flux", "w8a8")
+    _edit_weights(out, lambda t: t["transformer_blocks.0.attn.to_q.weight_scale"].neg_())
+    report = verify(out)
+    assert _failed(report) == ["transformer: decode"]
+    assert "to_q: weight_scale not finite and positive" in report.checks[-1].detail
+
+
+def test_resealed_weight_change_fails_against_source(artifact) -> None:  # type: ignore[no-untyped-def]
+    source, out = artifact("flux", "w8a8")
+    _edit_weights(out, lambda t: t["transformer_blocks.0.attn.to_q.weight"].neg_())
+    assert verify(out).ok  # self-consistent: only the source can tell
+    report = verify(out, source)
+    assert _failed(report) == ["transformer: source"]
+    assert "to_q: rel-L2" in report.checks[-1].detail
+
+
+def test_resealed_kept_tensor_change_fails_against_source(artifact) -> None:  # type: ignore[no-untyped-def]
+    source, out = artifact("flux", "fp8")
+    _edit_weights(out, lambda t: t["proj_out.weight"].mul_(1.01))
+    report = verify(out, source)
+    assert _failed(report) == ["transformer: source"]
+    assert "proj_out.weight: bytes differ from the source" in report.checks[-1].detail
+
+
+def test_resealed_unquantized_target_fails(artifact) -> None:  # type: ignore[no-untyped-def]
+    source, out = artifact("wan", "w8a8")
+    prefix = "blocks.1.attn2.to_v"
+
+    def dequantize(t: dict[str, torch.Tensor]) -> None:
+        t[f"{prefix}.weight"] = (t[f"{prefix}.weight"].float() * t.pop(f"{prefix}.weight_scale")).bfloat16()
+
+    _edit_weights(out, dequantize)
+    report = verify(out, source)
+    assert "transformer: targets" in _failed(report)
+    assert f"Linear {prefix} kept in source precision but not in ignore" in " ".join(
+        c.detail for c in report.checks
+    )
+
+
+def test_decoder_disagreement_fails(artifact, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    _, out = artifact("qwenimage21", "w8a16")
+    original = verify_module.decode_stored
+    monkeypatch.setattr(
+        verify_module, "decode_stored", lambda stored, scheme: original(stored, scheme) * 1.0000001
+    )
+    report = verify(out)
+    assert _failed(report) == ["transformer: decode"]
+    assert "decode differently" in report.checks[-1].detail
+
+
+def test_wrong_source_fails(artifact, model_dir) -> None:  # type: ignore[no-untyped-def]
+    _, out = artifact("wan", "w8a8")
+    other = model_dir("wan", seed=1)
+    report = verify(out, other)
+    assert _failed(report) == ["transformer: source"]
+
+
+def test_config_changed_and_resealed_fails(artifact) -> None:  # type: ignore[no-untyped-def]
+    _, out = artifact("flux", "w8a8")
+    config_path = out / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"]["transformer"]["ignore"].append("transformer_blocks.0.attn.to_q")
+    config_path.write_text(json.dumps(config))
+    _reseal(out)
+    report = verify(out)
+    assert "transformer: config" in _failed(report) and "transformer: targets" in _failed(report)
+
+
+def test_report_json_and_table(artifact) -> None:  # type: ignore[no-untyped-def]
+    source, out = artifact("qwenimage", "fp8")
+    report = ditq.verify(out, source)
+    doc = json.loads(json.dumps(report.to_json()))
+    assert doc["ok"] is True and doc["source"] == str(source)
+    assert all(set(c) == {"name", "ok", "detail"} for c in doc["checks"])
+    assert report.table().splitlines()[-1].startswith("OK:")
+    (out / MANIFEST_SEAL).write_text("0" * 64 + f"  {MANIFEST}\n")
+    assert verify(out).table().splitlines()[-1].startswith("FAILED:")
+
+
+def test_not_an_artifact(model_dir) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InputError, match="not a ditq artifact"):
+        verify(model_dir("wan"))
