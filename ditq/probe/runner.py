@@ -250,6 +250,83 @@ def _check_resume(run: Path, description: dict[str, Any]) -> None:
             )
 
 
+class _Matrix:
+    """One invocation over a run directory: the shared queue, the workers, the counts and the sampler."""
+
+    def __init__(
+        self,
+        run: Path,
+        todo: list[tuple[Fixture, int]],
+        summary: ProbeSummary,
+        sampler: MemorySampler,
+        description: dict[str, Any],
+        progress: bool,
+    ) -> None:
+        self.run, self.summary, self.sampler, self.description = run, summary, sampler, description
+        self.jobs: queue.Queue[tuple[Fixture, int]] = queue.Queue()
+        for job in todo:
+            self.jobs.put(job)
+        self.bar = tqdm(total=len(todo), disable=not progress, unit="img", desc=run.name, dynamic_ncols=True)
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()  # set on Ctrl-C: no new jobs; in-flight ones are redone on resume
+        self.started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+    def one(self, executor: Executor, fixture: Fixture, seed: int) -> dict[str, Any]:
+        record = _base_record(fixture, seed, self.description["steps"], self.description["true_cfg_scale"])
+        record["endpoint"] = getattr(executor, "endpoint", None)
+        record["t_start"] = round(time.time(), 3)
+        self.sampler.sample_now()  # window edges get a sample of their own, however short the request
+        fields, png = executor(fixture, seed)
+        self.sampler.sample_now()
+        record["t_end"] = round(time.time(), 3)
+        record.update(fields)
+        record["peak_memory_mib"] = self.sampler.peak_between(record["t_start"], record["t_end"])
+        return _finish_record(record, png, self.run)
+
+    def work(self, executor: Executor, log_file: RecordLog) -> None:
+        while not self.stopping.is_set():
+            try:
+                fixture, seed = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            record = self.one(executor, fixture, seed)
+            try:
+                log_file.append(record)
+            except ValueError:  # the log was closed by an interrupt; resume redoes this request
+                return
+            with self.lock:
+                self.summary.completed += 1
+                self.summary.failed += 0 if is_success(record) else 1
+                self.bar.set_postfix(failed=self.summary.failed, refresh=False)
+                self.bar.update(1)
+
+    def write_run_json(self, status: str) -> None:
+        counts = {
+            k: v
+            for k, v in asdict(self.summary).items()
+            if k in ("planned", "skipped", "completed", "failed")
+        }
+        extra = (
+            {}
+            if status == "running"
+            else {
+                "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "peak_memory_mib": self.summary.peak_memory_mib,
+                "counts": counts,
+            }
+        )
+        atomic_write_json(
+            self.run / RUN_FILE,
+            {
+                **self.description,
+                "memory": self.summary.memory,
+                "started_utc": self.started,
+                "status": status,
+                **extra,
+            },
+        )
+
+
 def run_matrix(
     run: Path,
     fixtures: dict[str, Fixture],
@@ -271,79 +348,26 @@ def run_matrix(
     summary = ProbeSummary(run=run, planned=len(todo) + skipped, skipped=skipped)
     sampler = MemorySampler(run / "vram.csv", memory_interval_s, server_pid).start()
     summary.memory = sampler.describe()
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    atomic_write_json(
-        run / RUN_FILE, {**description, "memory": summary.memory, "started_utc": started, "status": "running"}
-    )
-    jobs: queue.Queue[tuple[Fixture, int]] = queue.Queue()
-    for job in todo:
-        jobs.put(job)
-    bar = tqdm(total=len(todo), disable=not progress, unit="img", desc=run.name, dynamic_ncols=True)
-    counts_lock = threading.Lock()
-    steps, cfg = description["steps"], description["true_cfg_scale"]
-
-    stopping = (
-        threading.Event()
-    )  # set on Ctrl-C: workers take no new job; in-flight ones are redone on resume
-
-    def work(executor: Executor, log_file: RecordLog) -> None:
-        while not stopping.is_set():
-            try:
-                fixture, seed = jobs.get_nowait()
-            except queue.Empty:
-                return
-            record = _base_record(fixture, seed, steps, cfg)
-            record["endpoint"] = getattr(executor, "endpoint", None)
-            sampler.sample_now()
-            record["t_start"] = round(time.time(), 3)
-            fields, png = executor(fixture, seed)
-            record["t_end"] = round(time.time(), 3)
-            sampler.sample_now()
-            record.update(fields)
-            record["peak_memory_mib"] = sampler.peak_between(record["t_start"], record["t_end"] + 0.5)
-            _finish_record(record, png, run)
-            try:
-                log_file.append(record)
-            except ValueError:  # the log was closed by an interrupt; resume redoes this request
-                return
-            with counts_lock:
-                summary.completed += 1
-                summary.failed += 0 if is_success(record) else 1
-                bar.set_postfix(failed=summary.failed, refresh=False)
-                bar.update(1)
-
+    matrix = _Matrix(run, todo, summary, sampler, description, progress)
+    matrix.write_run_json("running")
     try:
         with RecordLog(run / RECORDS_FILE) as log_file:
-            threads = [threading.Thread(target=work, args=(e, log_file), daemon=True) for e in executors]
+            threads = [
+                threading.Thread(target=matrix.work, args=(e, log_file), daemon=True) for e in executors
+            ]
             for thread in threads:
                 thread.start()
             for thread in threads:
-                while thread.is_alive():
+                while thread.is_alive():  # short joins keep Ctrl-C responsive
                     thread.join(timeout=0.2)
     except BaseException:
-        stopping.set()
+        matrix.stopping.set()
         raise
     finally:
-        bar.close()
+        matrix.bar.close()
         sampler.stop()
         summary.peak_memory_mib = sampler.peak()
-        finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        atomic_write_json(
-            run / RUN_FILE,
-            {
-                **description,
-                "memory": summary.memory,
-                "started_utc": started,
-                "finished_utc": finished,
-                "status": "interrupted" if stopping.is_set() else "complete",
-                "peak_memory_mib": summary.peak_memory_mib,
-                "counts": {
-                    k: v
-                    for k, v in asdict(summary).items()
-                    if k in ("planned", "skipped", "completed", "failed")
-                },
-            },
-        )
+        matrix.write_run_json("interrupted" if matrix.stopping.is_set() else "complete")
     return summary
 
 
