@@ -59,7 +59,7 @@ def serve(
     app = create_app(
         config,
         load=lambda: load_adapter(model_dir, device, offload, getattr(torch, dtype)),
-        doctor=make_doctor(skip_doctor, device),
+        doctor=make_doctor(skip_doctor, device, getattr(torch, dtype)),
         model_root=str(model_dir),
         drain_timeout_s=config.request_timeout_s,
     )

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from ditq.doctor import startup_check
+from ditq.errors import InputError
 from ditq.runtime.adapter import PipelineAdapter
-from ditq.runtime.modules import quantized_linears
 from ditq.serve.config import parse_memory_size
 from ditq.serve.state import DoctorOutcome
 
-__all__ = ["apply_memory_cap", "load_adapter", "make_doctor", "quantized_layer_count"]
+__all__ = ["apply_memory_cap", "load_adapter", "make_doctor"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +27,6 @@ def apply_memory_cap(max_memory: str | None, device: str) -> int | None:
     size = parse_memory_size(max_memory)
     torch_device = torch.device(device)
     if torch_device.type != "cuda":
-        from ditq.errors import InputError
-
         raise InputError(f"--max-memory caps accelerator memory; device '{device}' has none to cap")
     total = torch.cuda.get_device_properties(torch_device).total_memory
     fraction = min(1.0, size / total)
@@ -49,27 +47,15 @@ def load_adapter(model_dir: Path, device: str, offload: str, dtype: torch.dtype)
     return PipelineAdapter(load_pipeline(model_dir, device=device, offload=offload, dtype=dtype))
 
 
-def quantized_layer_count(adapter: PipelineAdapter) -> int:
-    modules = [m for m in vars(adapter.pipeline).values() if isinstance(m, torch.nn.Module)]
-    return sum(len(quantized_linears(module)) for module in modules)
-
-
-def make_doctor(skip: bool, device: str) -> Callable[[PipelineAdapter], DoctorOutcome]:
-    """The start-up check: ditq's kernel doctor over the kernel paths the loaded model uses."""
+def make_doctor(skip: bool, device: str, dtype: torch.dtype) -> Callable[[PipelineAdapter], DoctorOutcome]:
+    """The start-up check: the kernel doctor verifies (or replaces) the path of every quantized layer."""
 
     def check(adapter: PipelineAdapter) -> DoctorOutcome:
         if skip:
             logger.warning("--skip-doctor: kernel paths are trusted without the doctor's check")
             return DoctorOutcome("skipped", "--skip-doctor given")
-        layers = quantized_layer_count(adapter)
-        if layers == 0:
-            return DoctorOutcome("passed", "no quantized layers: nothing for the doctor to check")
-        try:
-            doctor = importlib.import_module("ditq.doctor")
-        except ModuleNotFoundError:
-            logger.warning("ditq.doctor is not available; %d quantized layers served unchecked", layers)
-            return DoctorOutcome("skipped", "ditq.doctor is not available in this installation")
-        passed, summary = doctor.startup_check(adapter.pipeline, torch.device(device))
+        passed, summary = startup_check(adapter.pipeline, torch.device(device), dtype)
+        logger.info("kernel doctor: %s", summary)
         return DoctorOutcome("passed" if passed else "failed", summary)
 
     return check

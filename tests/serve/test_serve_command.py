@@ -11,10 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_testkit import FAST, free_port
+import torch
+from serve_testkit import FAST, client_for, free_port, make_app
 
+import ditq
 from ditq.cli import main
 from ditq.demo import build_tiny_pipeline
+from ditq.serve.startup import load_adapter, make_doctor
 
 
 def test_max_memory_on_the_cpu_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,3 +83,21 @@ def test_serve_a_saved_model_directory_through_the_cli(tmp_path: Path) -> None:
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)
+
+
+@pytest.mark.parametrize("scheme", ["w8a8", "w8a16"])
+def test_an_artifact_is_served_after_the_doctor_verified_its_paths(tmp_path: Path, scheme: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        build_tiny_pipeline(seed=0).save_pretrained(tmp_path / "tiny")
+    ditq.quantize(tmp_path / "tiny", tmp_path / scheme, scheme)
+    app = make_app(
+        load=lambda: load_adapter(tmp_path / scheme, "cpu", "none", torch.float32),
+        doctor=make_doctor(skip=False, device="cpu", dtype=torch.float32),
+    )
+    with client_for(app) as client:
+        health = client.get("/health").json()
+        assert health["status"] == "ready" and health["doctor"]["status"] == "passed"
+        assert "14 quantized layers" in health["doctor"]["summary"]
+        response = client.post("/v1/images/generations", json={"prompt": "a kite", "seed": 0, **FAST})
+        assert response.status_code == 200 and response.json()["size"] == "32x32"
