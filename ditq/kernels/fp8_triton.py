@@ -1,5 +1,7 @@
 """CUDA fp8 through Triton: per-token fp8 activation quantization, e4m3 x e4m3 -> float32 GEMM,
 per-token x per-channel scale epilogue with bias and output cast fused (ops ``ditq::fp8_triton*``).
+Triton paths take bf16/fp16 activations (a float32 output tile does not fit beside the pipeline in
+shared memory at these tile sizes); float32 activations go to the cuBLAS or reference paths.
 """
 
 from __future__ import annotations
@@ -7,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ditq.kernels.cuda_common import flatten_rows, quantize_rows, triton_available
-from ditq.kernels.registry import FLOAT_ACTIVATIONS, Prepared, StoredWeight, register_kernel
+from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, StoredWeight, register_kernel
 from ditq.kernels.stored import stored_fp8_weight
 
 __all__: list[str] = []
@@ -73,7 +75,7 @@ for _op in (fp8_triton, fp8_triton_tma, fp8_triton_persistent):
     prepare=_prepare,
     priority=60,
     min_capability=(8, 9),
-    activation_dtypes=FLOAT_ACTIVATIONS,
+    activation_dtypes=HALF_ACTIVATIONS,
     alignment=16,
     available=triton_available,
 )
@@ -90,7 +92,7 @@ def matmul_triton(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None
     prepare=_prepare,
     priority=70,
     min_capability=(9, 0),
-    activation_dtypes=FLOAT_ACTIVATIONS,
+    activation_dtypes=HALF_ACTIVATIONS,
     alignment=16,
     available=triton_available,
 )
@@ -107,7 +109,7 @@ def matmul_triton_tma(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | 
     prepare=_prepare,
     priority=75,
     min_capability=(9, 0),
-    activation_dtypes=FLOAT_ACTIVATIONS,
+    activation_dtypes=HALF_ACTIVATIONS,
     alignment=16,
     available=triton_available,
 )

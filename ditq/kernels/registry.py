@@ -49,6 +49,7 @@ PrepareFn = Callable[[StoredWeight, torch.device], Prepared]
 MatmulFn = Callable[[torch.Tensor, Prepared, "torch.Tensor | None"], torch.Tensor]
 
 FLOAT_ACTIVATIONS = frozenset({torch.bfloat16, torch.float16, torch.float32})
+HALF_ACTIVATIONS = frozenset({torch.bfloat16, torch.float16})
 SCHEME_NAMES = ("w8a16", "w8a8", "fp8")
 
 

@@ -7,12 +7,10 @@ from __future__ import annotations
 import torch
 
 from ditq.kernels.cuda_common import flatten_rows, triton_available
-from ditq.kernels.registry import Prepared, StoredWeight, register_kernel
+from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, StoredWeight, register_kernel
 from ditq.kernels.stored import unpack_w8a16
 
 __all__: list[str] = []
-
-HALF_ACTIVATIONS = frozenset({torch.bfloat16, torch.float16})
 
 
 def _prepare(stored: StoredWeight, device: torch.device) -> Prepared:

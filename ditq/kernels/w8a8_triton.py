@@ -1,5 +1,7 @@
 """CUDA w8a8 through Triton: per-token int8 activation quantization, int8 x int8 -> int32 GEMM,
 per-token x per-channel scale epilogue with bias and the output cast fused (ops ``ditq::w8a8_triton*``).
+Triton paths take bf16/fp16 activations (a float32 output tile does not fit beside the pipeline in
+shared memory at these tile sizes); float32 activations go to the cuBLAS or reference paths.
 """
 
 from __future__ import annotations
@@ -7,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ditq.kernels.cuda_common import flatten_rows, quantize_rows, triton_available
-from ditq.kernels.registry import FLOAT_ACTIVATIONS, Prepared, StoredWeight, register_kernel
+from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, StoredWeight, register_kernel
 from ditq.kernels.stored import stored_int8_weight
 
 __all__ = ["prepare_w8a8"]
@@ -73,7 +75,7 @@ for _op in (w8a8_triton, w8a8_triton_tma, w8a8_triton_persistent):
     prepare=prepare_w8a8,
     priority=80,
     min_capability=(8, 0),
-    activation_dtypes=FLOAT_ACTIVATIONS,
+    activation_dtypes=HALF_ACTIVATIONS,
     alignment=16,
     available=triton_available,
 )
@@ -90,7 +92,7 @@ def matmul_triton(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None
     prepare=prepare_w8a8,
     priority=90,
     min_capability=(9, 0),
-    activation_dtypes=FLOAT_ACTIVATIONS,
+    activation_dtypes=HALF_ACTIVATIONS,
     alignment=16,
     available=triton_available,
 )
@@ -107,7 +109,7 @@ def matmul_triton_tma(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | 
     prepare=prepare_w8a8,
     priority=95,
     min_capability=(9, 0),
-    activation_dtypes=FLOAT_ACTIVATIONS,
+    activation_dtypes=HALF_ACTIVATIONS,
     alignment=16,
     available=triton_available,
 )

@@ -28,7 +28,7 @@ def _configs() -> list[triton.Config]:
         (64, 64, 128, 4, 4),
     ]
     if os.environ.get("DITQ_TRITON_AUTOTUNE", "1") == "0":
-        shapes = shapes[:1] + [s for s in shapes if s[0] == 64][:1]  # one config per M regime
+        shapes = shapes[:1]  # correctness runs: one config, no tuning
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
         for bm, bn, bk, w, s in shapes
@@ -37,7 +37,8 @@ def _configs() -> list[triton.Config]:
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
     m = named_args["M"]
-    return [c for c in configs if c.kwargs["BLOCK_M"] == 64] if m <= 64 else configs
+    small = [c for c in configs if c.kwargs["BLOCK_M"] == 64]
+    return small if m <= 64 and small else configs
 
 
 @triton.autotune(
