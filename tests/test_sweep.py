@@ -1,0 +1,148 @@
+"""`ditq sweep` end to end on a tiny model: killed mid-probe and resumed, one scheme's server never starts.
+
+The sweep runs in its own process group (a script under the test's temporary directory), so the
+kill takes the sweep, its server and its probe down at once, as a crash or Ctrl-C would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ditq.errors import InputError
+from ditq.report import validate_verdict_file
+from ditq.sweep import SweepOptions, parse_endpoint_for
+
+SEEDS = "1-3"
+FIXTURES = {"edit-one": 1, "edit-two": 2}  # fixture id -> reference count; 2 fixtures x 3 seeds = 6 requests
+
+_SCRIPT = """
+import sys
+from pathlib import Path
+
+from ditq.sweep import SweepOptions, default_serve_argv, run_sweep
+
+
+def serve_argv(model, port, max_memory):
+    if model.parent.name == "fp8":  # this scheme's server dies before it is healthy
+        return [sys.executable, "-c", "import sys; sys.exit('cannot start: no device for fp8')"]
+    return default_serve_argv(model, port, max_memory)
+
+
+root = Path(sys.argv[1])
+options = SweepOptions(
+    model=root / "model",
+    schemes=("w8a8", "fp8"),
+    fixtures=root / "fixtures.json",
+    refs=root / "refs",
+    out=root / "out",
+    seeds="{seeds}",
+    steps=4,
+    parity_db=30.0,
+    health_timeout_s=300,
+    serve_argv=serve_argv,
+)
+result = run_sweep(options, command="ditq sweep (test)")
+print("VERDICTS", result.verdicts)
+"""
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ditq.demo import build_tiny_pipeline
+
+    root = tmp_path_factory.mktemp("sweep")
+    build_tiny_pipeline(seed=0).save_pretrained(root / "model")
+    refs = root / "refs"
+    refs.mkdir()
+    for index in range(2):
+        pixels = np.zeros((32, 32, 4), np.uint8)
+        pixels[8:24, 8:24, index] = 220
+        pixels[..., 3] = 255
+        Image.fromarray(pixels, "RGBA").save(refs / f"ref-{index}.png")
+    fixtures = {
+        fixture_id: {
+            "mode": "edit",
+            "references": [f"ref-{i}" for i in range(count)],
+            "width": 32,
+            "height": 32,
+            "prompt": "a red square",
+            "negative_prompt": None,
+        }
+        for fixture_id, count in FIXTURES.items()
+    }
+    (root / "fixtures.json").write_text(json.dumps(fixtures))
+    (root / "sweep.py").write_text(_SCRIPT.replace("{seeds}", SEEDS))
+    return root
+
+
+def _start(root: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(root / "sweep.py"), str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: the kill below reaches its children too
+    )
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.slow
+def test_sweep_killed_mid_probe_resumes_and_records_a_server_that_never_started(workspace: Path):
+    records = workspace / "out" / "w8a8" / "run" / "records.jsonl"
+    sweep = _start(workspace)
+    deadline = time.monotonic() + 480
+    while not _lines(records) and sweep.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sweep.poll() is None, f"the sweep ended before its probe wrote a record:\n{sweep.stdout.read()}"
+    assert _lines(records), "no probe record within the time limit"
+    os.killpg(sweep.pid, signal.SIGKILL)
+    sweep.wait()
+    before = _lines(records)
+    assert 1 <= len(before) < 6, "the kill was meant to land mid-probe"
+
+    resumed = _start(workspace)
+    output, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, output
+    # the resumed sweep skipped what was complete and kept the records written before the kill
+    assert "baseline  skipped" in output and "quantize  skipped" in output and "verify    skipped" in output
+    after = _lines(records)
+    assert after[: len(before)] == before
+    keys = [(json.loads(line)["fixture_id"], json.loads(line)["seed"]) for line in after]
+    assert len(keys) == len(set(keys)) == 6
+
+    document = validate_verdict_file(workspace / "out" / "report" / "verdict.json")
+    by_name = {c.name: c for c in document.candidates}
+    fp8, w8a8 = by_name["fp8"], by_name["w8a8"]
+    assert fp8.verdict == "NO" and fp8.run is None
+    assert fp8.reasons[0].code == "stage_failure"
+    assert "serve step failed" in fp8.reasons[0].message and "no device for fp8" in fp8.reasons[0].message
+    assert w8a8.run is not None and w8a8.profile.max_references_served == 2
+    assert w8a8.profile.artifact_digest and len(w8a8.profile.artifact_digest) == 64
+    assert sum(p.requests for p in w8a8.profile.by_references) == 6
+    assert (workspace / "out" / "report" / "report.html").is_file()
+    candidate = json.loads((workspace / "out" / "fp8" / "CANDIDATE.json").read_text())
+    assert candidate["stages"]["serve"]["status"] == "failed"
+    assert "probe" not in candidate["stages"]  # never reached
+
+
+def test_endpoint_for_is_checked_at_the_edge(tmp_path: Path):
+    assert parse_endpoint_for(["W8A8=http://127.0.0.1:9000/"]) == {"w8a8": "http://127.0.0.1:9000"}
+    with pytest.raises(InputError, match="SCHEME=http"):
+        parse_endpoint_for(["w8a8:9000"])
+    with pytest.raises(InputError, match="not one of the swept schemes"):
+        SweepOptions(tmp_path, ("w8a8",), tmp_path, tmp_path, tmp_path, endpoint_for={"fp8": "http://x"})
+    with pytest.raises(InputError, match="--fixtures"):
+        SweepOptions(tmp_path, ("w8a8",), tmp_path / "missing.json", tmp_path, tmp_path)
