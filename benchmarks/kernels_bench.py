@@ -169,14 +169,68 @@ def _table(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+GOALS = {"w8a8": 1.5, "fp8": 1.7}  # throughput vs BF16 cuBLAS at M >= 4096
+
+
+def summarize(runs: list[dict[str, object]]) -> dict[str, object]:
+    """Per shape: BF16, each comparator and each ditq path (latest run that measured it), ratios, goals."""
+    from ditq.kernels import all_kernels
+
+    shipped = {f"ditq:{p.name}" for p in all_kernels()}
+    latest: dict[tuple[int, int, int, str], dict[str, object]] = {}
+    for index, run in enumerate(runs):
+        for row in run["rows"]:  # type: ignore[union-attr]
+            if row["path"].startswith("ditq:") and row["path"] not in shipped:
+                continue  # a path no longer registered (its rows stay in the raw runs)
+            if "tflops" in row:
+                latest[(row["M"], row["K"], row["N"], row["path"])] = dict(row, run=index)
+    shapes = sorted({key[:3] for key in latest})
+    table = []
+    for m, k, n in shapes:
+        base = latest[(m, k, n, "bf16-cublas")]
+        entries = {
+            path: {
+                "tflops": round(r["tflops"], 1),
+                "x_bf16": round(r["tflops"] / base["tflops"], 3),
+                "run": r["run"],
+            }
+            for (mm, kk, nn, path), r in latest.items()
+            if (mm, kk, nn) == (m, k, n)
+        }
+        goals = {}
+        for scheme, goal in GOALS.items():
+            ours = {p: e for p, e in entries.items() if p.startswith("ditq:") and _scheme_of(p) == scheme}
+            best = max(ours.items(), key=lambda item: item[1]["x_bf16"])
+            goals[scheme] = {"goal_x_bf16": goal, "best_path": best[0], "x_bf16": best[1]["x_bf16"],
+                             "met": best[1]["x_bf16"] >= goal}  # fmt: skip
+        table.append({"M": m, "K": k, "N": n, "paths": entries, "goals": goals})
+    return {"shapes": table}
+
+
+def _scheme_of(path: str) -> str:
+    return "w8a16" if "w8a16" in path else "fp8" if "fp8" in path else "w8a8"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON results file")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        metavar="RUN",
+        help="only summarize these runs' JSON (latest row wins)",
+    )
     parser.add_argument("--no-torchao", action="store_true", help="skip the torchao rows")
     parser.add_argument(
         "--only", default="", help="comma list: time only rows whose name contains one (and bf16)"
     )
     args = parser.parse_args()
+    if args.merge:
+        runs = [json.loads(path.read_text()) for path in args.merge]
+        merged = {"command": "python " + " ".join(sys.argv), "runs": runs, "summary": summarize(runs)}
+        args.out.write_text(json.dumps(merged, indent=1))
+        return 0
     env = _environment()
     only = [part for part in args.only.split(",") if part] + (["bf16-cublas"] if args.only else [])
     torchao_ok = not args.no_torchao and not str(env["torchao"]).startswith("unavailable")
