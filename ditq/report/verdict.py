@@ -64,7 +64,12 @@ def _stage_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRule
         and not any(s.name == "doctor" for s in candidate.failed_stages)
     ):
         failing = ", ".join(str(p) for p in doctor.get("failing", [])) or "a kernel path"
-        reasons.append(Reason("doctor_failure", f"The doctor found {failing} wrong against float32."))
+        reasons.append(
+            Reason(
+                "doctor_failure",
+                f"The doctor found kernel path(s) {failing} wrong against float32 on this device.",
+            )
+        )
     if candidate.run is None and not reasons:
         reasons.append(Reason("stage_failure", "The candidate was never probed, so nothing shows it serves."))
     return reasons

@@ -121,3 +121,27 @@ def test_seed_matrix_records_are_read(tmp_path, runs):
     assert candidate.run is not None and not candidate.run.has_images
     (row,) = capacity_matrix(candidate.run)
     assert (row.served, row.wall_mean_s, row.peak_memory_bytes) == (2, 31.5, 21594 * 2**20)
+
+
+def test_doctor_finding_makes_an_otherwise_healthy_candidate_no(tmp_path, runs):
+    candidate = tmp_path / "sweep" / "w8a8"
+    candidate.mkdir(parents=True)
+    spec = RunSpec(
+        "run", "healthy", {k: v * 0.7 for k, v in {1: 2.0, 2: 2.5, 3: 3.0, 4: 3.5}.items()}, "w8a8"
+    )
+    write_run(candidate, spec, runs["baseline"])
+    doctor = {"passed": False, "failing": ["triton-w8a8"], "checked": 3, "report": "doctor-reports"}
+    stages = {"doctor": {"status": "ok"}, "probe": {"status": "ok"}}
+    (candidate / "CANDIDATE.json").write_text(
+        json.dumps(
+            {"name": "w8a8", "scheme": "w8a8", "doctor": doctor, "stages": stages, "max_memory": "24GiB"}
+        )
+    )
+    (a,) = assess(load_candidate(runs["baseline"]), [load_candidate(candidate)], "x").assessments
+    assert [(r.code, r.message) for r in a.reasons] == [
+        (
+            "doctor_failure",
+            "The doctor found kernel path(s) triton-w8a8 wrong against float32 on this device.",
+        )
+    ]
+    assert a.profile.memory_budget == "24GiB" and a.profile.max_references_served == 4
