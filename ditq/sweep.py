@@ -193,7 +193,7 @@ class _Candidate:
                 "endpoint": self.options.endpoint_for.get(self.scheme),
                 "run": "run",
                 "doctor": self.doctor,
-                "stages": self.stages,
+                "stages": {k: self.stages[k] for k in SCHEME_STAGES if k in self.stages},
             },
         )
 
