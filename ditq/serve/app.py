@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import difflib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,18 +18,16 @@ from typing import Any
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import ValidationError
-from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException
 
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.serve import errors
 from ditq.serve.body_limit import BodyLimitMiddleware
 from ditq.serve.config import ServeConfig
-from ditq.serve.errors import APIError, bad_field, envelope
+from ditq.serve.errors import APIError, envelope
 from ditq.serve.images import collapse_reasons, encode_image
+from ditq.serve.parsing import parse_form, parse_json
 from ditq.serve.schemas import (
     ImageData,
     ImageRequest,
@@ -42,7 +38,7 @@ from ditq.serve.schemas import (
     StageMetrics,
 )
 from ditq.serve.state import DoctorOutcome, ServerState
-from ditq.serve.validation import Upload, decode_images, to_generation_request
+from ditq.serve.validation import decode_images, to_generation_request
 from ditq.serve.worker import Job, OutOfMemory, QueueClosed, QueueFull
 
 __all__ = ["create_app"]
@@ -51,22 +47,6 @@ logger = logging.getLogger(__name__)
 
 _DISCONNECT_POLL_S = 0.25
 _CLIENT_GONE = 499  # recorded in /metrics for a client that left before its answer (nothing is sent)
-_IMAGE_FIELDS = ("image", "image[]")
-_MASK_FIELDS = ("mask", "mask[]")
-
-
-def _validation_error(error: ValidationError) -> APIError:
-    """The first pydantic error as a 400 naming its field."""
-    first = error.errors()[0]
-    param = ".".join(str(part) for part in first["loc"]) or "body"
-    if first["type"] == "extra_forbidden":
-        known = list(ImageRequest.model_fields)
-        close = difflib.get_close_matches(param, known, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        return bad_field(param, f"unknown field{hint}", code="unknown_parameter")
-    if first["type"] == "missing":
-        return bad_field(param, "is required", code="missing_parameter")
-    return bad_field(param, first["msg"])
 
 
 def _input_error(error: InputError) -> APIError:
@@ -74,55 +54,6 @@ def _input_error(error: InputError) -> APIError:
     message = str(error)
     prefix = message.split(":", 1)[0]
     return APIError(400, message, param=prefix if prefix.isidentifier() else None, code="invalid_value")
-
-
-async def _parse_json(request: Request) -> ImageRequest:
-    try:
-        payload = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise bad_field("body", f"not valid JSON ({error})") from None
-    if not isinstance(payload, dict):
-        raise bad_field("body", "expected a JSON object")
-    try:
-        return ImageRequest.model_validate(payload)
-    except ValidationError as error:
-        raise _validation_error(error) from None
-
-
-async def _parse_form(request: Request, max_images: int) -> tuple[ImageRequest, list[Upload]]:
-    """Multipart form -> typed fields plus the uploaded images ('image' and 'image[]', in order)."""
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise bad_field("body", "/v1/images/edits takes multipart/form-data")
-    try:
-        form = await request.form(max_files=max_images + 2, max_fields=64)
-    except (HTTPException, MultiPartException) as error:  # starlette's limits, or a malformed body
-        message = error.detail if isinstance(error, HTTPException) else error.message
-        too_many_files = "files" in str(message).lower()
-        raise bad_field("image" if too_many_files else "body", str(message)) from None
-    fields: dict[str, str] = {}
-    uploads: list[Upload] = []
-    for key, value in form.multi_items():
-        if isinstance(value, UploadFile):
-            if key in _MASK_FIELDS:
-                raise bad_field(
-                    "mask",
-                    "the served pipeline takes no mask (inpainting is not supported)",
-                    code="unsupported_parameter",
-                )
-            if key not in _IMAGE_FIELDS:
-                raise bad_field(key, "unexpected file; images go in 'image' or 'image[]'")
-            uploads.append(Upload(key, value.filename or "", await value.read()))
-        elif key in _IMAGE_FIELDS or key in _MASK_FIELDS:
-            raise bad_field(key, "must be a file upload, not a text field")
-        elif key in fields:
-            raise bad_field(key, "given more than once")
-        else:
-            fields[key] = value
-    await form.close()
-    try:
-        return ImageRequest.model_validate(fields), uploads
-    except ValidationError as error:
-        raise _validation_error(error) from None
 
 
 async def _wait(request: Request, state: ServerState, job: Job, deadline: float) -> GenerationResult | None:
@@ -207,10 +138,10 @@ async def _generate(request: Request, state: ServerState, edits: bool) -> Respon
     adapter = state.adapter
     assert adapter is not None
     if edits:
-        body, uploads = await _parse_form(request, adapter.max_reference_images)
+        body, uploads = await parse_form(request, adapter.max_reference_images)
         images = decode_images(uploads, adapter)
     else:
-        body, images = await _parse_json(request), []
+        body, images = await parse_json(request), []
     generation = to_generation_request(body, images, adapter, state.config)
     try:
         job = worker.submit(generation)
