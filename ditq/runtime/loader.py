@@ -42,6 +42,7 @@ __all__ = [
     "is_quantized_component",
     "load_component",
     "load_pipeline",
+    "parameters_on_meta",
     "pipeline_class",
     "prepare_quantized",
 ]
@@ -103,7 +104,7 @@ def is_quantized_component(model_dir: Path, component: str) -> dict[str, Any] | 
 
 
 @contextmanager
-def _parameters_on_meta() -> Iterator[None]:
+def parameters_on_meta() -> Iterator[None]:
     """Every parameter registered inside the block lives on the meta device; buffers stay real."""
     original = torch.nn.Module.register_parameter
 
@@ -122,7 +123,7 @@ def _parameters_on_meta() -> Iterator[None]:
 def _build_empty(cls: Any, config: dict[str, Any], component_dir: Path) -> torch.nn.Module:
     """An instance from config with parameters on meta (diffusers ModelMixin or transformers PreTrainedModel)."""
     plain = {k: v for k, v in config.items() if k != "quantization_config"}
-    with _parameters_on_meta():
+    with parameters_on_meta():
         if hasattr(cls, "config_class") and hasattr(cls, "_from_config"):  # transformers
             model = cls._from_config(cls.config_class.from_dict(plain))
         elif hasattr(cls, "from_config"):  # diffusers

@@ -201,13 +201,10 @@ class QuantizedLinear(torch.nn.Module):
         out: Prepared = {}
         for key, where in self._prepared_layout.items():
             if isinstance(where, _Alias):
-                base = self._buffers[where.buffer]
-                assert base is not None
+                base = getattr(self, where.buffer)
                 out[key] = base.as_strided(where.size, where.stride, where.offset)
             else:
-                tensor = self._buffers[where]
-                assert tensor is not None
-                out[key] = tensor
+                out[key] = getattr(self, where)
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from tiny_models import TINY_CONFIGS, build_tiny, example_inputs, make_model_dir
 import ditq
 from ditq.errors import InputError
 from ditq.numerics import relative_l2
-from ditq.runtime.loader import load_component
+from ditq.runtime.loader import load_component, prepare_quantized
 from ditq.runtime.modules import QuantizedLinear, quantized_linear_class, quantized_linears
 from runtime.artifacts import target_linears, write_artifact
 
@@ -228,3 +228,17 @@ def test_quantized_linear_class_per_scheme() -> None:
     assert issubclass(quantized_linear_class("fp8"), QuantizedLinear)
     with pytest.raises(InputError, match="no quantized Linear for scheme 'int4'"):
         quantized_linear_class("int4")
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_quantized_blocks_compile_without_graph_breaks(
+    scheme: str, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    ditq.quantize(sources["qwenimage21"], tmp_path / "artifact", scheme)
+    quantized = load_component(tmp_path / "artifact", "transformer")
+    prepare_quantized(quantized, "cpu", torch.bfloat16)
+    inputs = example_inputs("qwenimage21", build_tiny("qwenimage21", dtype=torch.bfloat16))
+    eager = _forward(quantized, inputs)
+    torch._dynamo.reset()
+    quantized.compile_repeated_blocks(fullgraph=True, backend="aot_eager")  # a graph break raises
+    assert torch.equal(_forward(quantized, inputs), eager)
