@@ -39,6 +39,16 @@ def test_a_directory_without_model_index_is_a_usage_error(
     assert "model_index.json" in capsys.readouterr().err
 
 
+def test_a_model_that_fails_to_load_stops_the_server_with_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "model_index.json").write_text(
+        '{"_class_name": "NoSuchPipeline", "transformer": ["diffusers", "X"]}'
+    )
+    assert main(["serve", str(tmp_path), "--port", str(free_port())]) == 1
+    assert f"loading {tmp_path} failed" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_serve_a_saved_model_directory_through_the_cli(tmp_path: Path) -> None:
     with warnings.catch_warnings():
