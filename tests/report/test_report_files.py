@@ -91,3 +91,17 @@ def test_difference_heatmap_is_dark_for_equal_images_and_bright_for_different_on
     differ = np.asarray(difference_heatmap(a, b)).astype(int)
     assert same.shape == (8, 8, 3) and same.sum(axis=2).max() < 30  # inferno starts near black
     assert differ.sum(axis=2).min() > same.sum(axis=2).max() + 200
+
+
+def test_report_command_prints_verdicts_and_the_page(shared_runs, tmp_path, capsys):
+    from ditq.cli import main
+
+    out = tmp_path / "cli-report"
+    code = main(
+        ["report", str(shared_runs["fp8"]), "--baseline", str(shared_runs["baseline"]), "--out", str(out)]
+    )
+    printed = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert printed[0].startswith("fp8: NO - Collapsed outputs")
+    assert printed[-1] == str(out / "report.html")
+    assert validate_verdict_file(out / "verdict.json").candidates[0].verdict == "NO"
