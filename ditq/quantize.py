@@ -57,7 +57,7 @@ DEFAULTS: dict[str, Any] = {
     "config_form": "component",
     "device": "cpu",
     "max_shard_bytes": 5 * 1024**3,
-    "band_bytes": 32 * 1024**2,
+    "band_bytes": 1024**2,  # source bytes per band of rows: a band's float32 working set stays in cache
 }
 
 
@@ -259,7 +259,8 @@ def quantize(
             manifest = _manifest(
                 source, chosen, options, plans, results, source_tree_digest(source, known), linked
             )
-            manifest["files"] = file_records(tmp, skip_dirs=set(linked))
+            written = {f"{c}/{f}": d for c, r in results.items() for f, d in r.written_files.items()}
+            manifest["files"] = file_records(tmp, skip_dirs=set(linked), known=written)
             write_manifest(tmp, manifest)
             _make_readable(tmp)
     except OSError as error:

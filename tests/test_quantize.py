@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import ditq.checkpoint.rewrite as rewrite
 from ditq.checkpoint.layout import quantization_config_of
 from ditq.checkpoint.manifest import read_manifest
 from ditq.checkpoint.qconfig import scheme_of
+from ditq.checkpoint.safetensors_io import ShardSetWriter
 from ditq.checkpoint.stored import decode_stored
 from ditq.errors import DitqError, InputError
 from ditq.numerics import relative_l2
@@ -257,7 +257,7 @@ def test_unknown_scheme_and_device(model_dir, tmp_path: Path) -> None:  # type: 
 def test_interrupt_leaves_nothing(model_dir, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     source = model_dir("flux")
     calls = []
-    original = rewrite._quantize_tensor
+    original = rewrite._encode_on
 
     def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(1)
@@ -265,7 +265,7 @@ def test_interrupt_leaves_nothing(model_dir, tmp_path: Path, monkeypatch) -> Non
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(rewrite, "_quantize_tensor", interrupted)
+    monkeypatch.setattr(rewrite, "_encode_on", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ditq.quantize(source, tmp_path / "out", "w8a8")
     assert sorted(p.name for p in tmp_path.iterdir()) == [source.parent.name]
@@ -277,7 +277,7 @@ def test_disk_full_is_a_failure_and_leaves_nothing(model_dir, tmp_path: Path, mo
     def full(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "pwrite", full)
+    monkeypatch.setattr(ShardSetWriter, "_emit", full)
     with pytest.raises(DitqError, match="No space left") as info:
         ditq.quantize(source, tmp_path / "out", "w8a8")
     assert not isinstance(info.value, InputError)

@@ -191,12 +191,16 @@ def write_model_dir(
     model: torch.nn.Module,
     shards: int = 1,
     text_encoder: torch.nn.Module | None = None,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Save any diffusers ``model`` as the transformer of a diffusers model directory at ``model_dir``."""
+    """Save any diffusers ``model`` as the transformer of a diffusers model directory at ``model_dir``.
+
+    ``state`` replaces the model's own weights (e.g. for a model built on the meta device).
+    """
     transformer_dir = Path(model_dir) / "transformer"
     transformer_dir.mkdir(parents=True)
     model.save_config(str(transformer_dir))  # config.json with _class_name
-    save_sharded(model.state_dict(), transformer_dir, "diffusion_pytorch_model", shards)
+    save_sharded(model.state_dict() if state is None else state, transformer_dir, "diffusion_pytorch_model", shards)
     FlowMatchEulerDiscreteScheduler(shift=3.0).save_config(str(Path(model_dir) / "scheduler"))
     index: dict[str, Any] = {
         "_class_name": "DiffusionPipeline",

@@ -83,8 +83,14 @@ def source_tree_digest(source: Path, known: dict[Path, str]) -> dict[str, Any]:
     return {"tree_digest": f"sha256:{digest}", "files": len(lines), "bytes": total}
 
 
-def file_records(root: Path, skip_dirs: set[str]) -> dict[str, dict[str, Any]]:
-    """relative path -> {"sha256", "size"} for every regular file under ``root`` (linked folders skipped)."""
+def file_records(
+    root: Path, skip_dirs: set[str], known: dict[str, tuple[int, str]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """relative path -> {"sha256", "size"} for every regular file under ``root`` (linked folders skipped).
+
+    ``known`` gives (size, sha256) of files hashed while they were written; they are not read again.
+    """
+    known = known or {}
     records: dict[str, dict[str, Any]] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = Path(dirpath).relative_to(root)
@@ -94,7 +100,8 @@ def file_records(root: Path, skip_dirs: set[str]) -> dict[str, dict[str, Any]]:
             rel = (rel_dir / name).as_posix()
             if rel in (MANIFEST, MANIFEST_SEAL) or path.is_symlink():
                 continue
-            records[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+            size, digest = known.get(rel) or (path.stat().st_size, sha256_file(path))
+            records[rel] = {"sha256": digest, "size": size}
     return dict(sorted(records.items()))
 
 

@@ -1,18 +1,28 @@
 """Rewrite one component's weights: quantize its targets band by band, copy every other tensor byte for byte.
 
-Memory: one band of rows (``band_bytes`` of source data, plus its float32
-working copies) is resident at a time, whatever the tensor, shard or model
-size. The source files are read once, front to back, and hashed on the way
-(their sha256 feeds the manifest's tree digest without a second pass).
+The source files are read once, front to back, and hashed on the way (their
+sha256 feeds the manifest's tree digest without a second pass). Each band of
+rows is encoded on a worker thread (single-threaded torch inside each, which
+keeps small bands in cache and avoids thread-pool thrash), and the results
+are appended in source order, so the output -- hashed as it is written -- is
+the same whatever the band size or thread count. Memory: at most
+``2 x workers`` bands are in flight, whatever the tensor, shard or model size.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,7 +35,7 @@ from ditq.checkpoint.safetensors_io import (
     read_header,
     read_rows,
 )
-from ditq.checkpoint.stored import encode_band, stored_specs
+from ditq.checkpoint.stored import EncodedBand, encode_band, stored_specs
 from ditq.errors import InputError
 from ditq.schemes import Scheme
 from ditq.targets import TargetPlan
@@ -44,6 +54,7 @@ class ComponentResult:
     kept_params: int = 0
     errors: dict[str, float] = field(default_factory=dict)  # target prefix -> relative L2 error
     source_files: dict[str, tuple[int, str]] = field(default_factory=dict)  # file name -> (size, sha256)
+    written_files: dict[str, tuple[int, str]] = field(default_factory=dict)  # file name -> (size, sha256)
 
 
 def read_component_headers(component_dir: Path) -> dict[str, tuple[SafetensorsHeader, TensorEntry]]:
@@ -106,42 +117,124 @@ def _plan_shards(
     return {f"{stem}-{i + 1:05d}-of-{n:05d}.safetensors": tensors for i, tensors in enumerate(shards)}
 
 
+class _Pipeline:
+    """Run band jobs on worker threads; hand their results to callbacks in submission order."""
+
+    def __init__(self, pool: ThreadPoolExecutor, depth: int) -> None:
+        self._pool = pool
+        self._depth = depth
+        self._pending: deque[tuple[Future[Any], Callable[[Any], None]]] = deque()
+
+    def submit(self, job: Callable[[], Any], then: Callable[[Any], None]) -> None:
+        self._pending.append((self._pool.submit(job), then))
+        while len(self._pending) > self._depth:
+            self._finish_one()
+
+    def _finish_one(self) -> None:
+        future, then = self._pending.popleft()
+        then(future.result())
+
+    def drain(self) -> None:
+        while self._pending:
+            self._finish_one()
+
+
+@contextmanager
+def _single_threaded_torch() -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def _rows_per_band(entry: TensorEntry, band_bytes: int) -> int:
     row_bytes = entry.nbytes // entry.shape[0] if entry.shape and entry.shape[0] else entry.nbytes
     return max(1, band_bytes // max(1, row_bytes))
 
 
-def _quantize_tensor(handle, entry, prefix, scheme, writer, hasher, device, band_bytes) -> float:  # type: ignore[no-untyped-def]
-    """Stream one target weight through the encoder; returns its relative L2 error."""
-    stored_name = f"{prefix}.weight_packed" if scheme.format == "pack-quantized" else f"{prefix}.weight"
-    scales: list[torch.Tensor] = []
-    error_sq = reference_sq = 0.0
-    written = 0
-    for _, band in read_rows(handle, entry, _rows_per_band(entry, band_bytes)):
-        hasher.update(band.view(torch.uint8).numpy())
-        encoded = encode_band(band.to(device), scheme)
-        if not torch.isfinite(encoded.scale).all():
-            raise InputError(f"{handle.name}: tensor {entry.name} holds NaN or Inf")
-        writer.write(stored_name, encoded.stored_rows, written)
-        written += encoded.stored_rows.numel() * encoded.stored_rows.element_size()
-        scales.append(encoded.scale)
-        error_sq += encoded.error_sq
-        reference_sq += encoded.reference_sq
-    writer.write(f"{prefix}.weight_scale", torch.cat(scales))
-    if scheme.format == "pack-quantized":
-        writer.write(f"{prefix}.weight_shape", torch.tensor(list(entry.shape), dtype=torch.int64))
-    return (error_sq / reference_sq) ** 0.5 if reference_sq > 0 else 0.0
+def _encode_on(band: torch.Tensor, device: torch.device, scheme: Scheme) -> EncodedBand:
+    return encode_band(band.to(device), scheme)
 
 
-def _copy_tensor(handle, entry, writer, hasher, band_bytes) -> None:  # type: ignore[no-untyped-def]
-    written = 0
-    for _, band in read_rows(handle, entry, _rows_per_band(entry, band_bytes)):
-        raw = band.view(torch.uint8)
-        hasher.update(raw.numpy())
-        if band.is_floating_point() and not torch.isfinite(band).all():
-            raise InputError(f"{handle.name}: tensor {entry.name} holds NaN or Inf")
-        writer.write(entry.name, raw, written)
-        written += raw.numel()
+def _check_finite(band: torch.Tensor, where: str) -> torch.Tensor:
+    if band.is_floating_point() and not torch.isfinite(band).all():
+        raise InputError(f"{where} holds NaN or Inf")
+    return band.view(torch.uint8)
+
+
+class _Streamer:
+    """Streams one component's source files into the writer (see the module docstring)."""
+
+    def __init__(
+        self,
+        plan: TargetPlan,
+        scheme: Scheme,
+        writer: ShardSetWriter,
+        pipeline: _Pipeline,
+        result: ComponentResult,
+        device: torch.device,
+        band_bytes: int,
+    ) -> None:
+        self.plan, self.scheme, self.writer, self.pipeline = plan, scheme, writer, pipeline
+        self.result, self.device, self.band_bytes = result, device, band_bytes
+
+    def stream_file(self, header: SafetensorsHeader) -> None:
+        hasher = hashlib.sha256()
+        with open(header.path, "rb") as handle:
+            hasher.update(handle.read(header.data_start))
+            position = header.data_start
+            for entry in header.in_file_order():
+                if entry.begin != position:
+                    raise InputError(f"{header.path}: tensor {entry.name} does not follow the previous one")
+                prefix = entry.name[: -len(".weight")]
+                if entry.name.endswith(".weight") and prefix in self.plan.targets:
+                    self._quantize(handle, hasher, entry, prefix)
+                else:
+                    self._copy(handle, hasher, entry)
+                position = entry.end
+            handle.seek(position)
+            while chunk := handle.read(1 << 20):
+                hasher.update(chunk)
+                position += len(chunk)
+        self.result.source_files[header.path.name] = (position, hasher.hexdigest())
+
+    def _copy(self, handle, hasher, entry: TensorEntry) -> None:  # type: ignore[no-untyped-def]
+        where = f"{handle.name}: tensor {entry.name}"
+        for _, band in read_rows(handle, entry, _rows_per_band(entry, 16 * self.band_bytes)):
+            hasher.update(band.view(torch.uint8).numpy())
+            self.pipeline.submit(partial(_check_finite, band, where), partial(self.writer.write, entry.name))
+        self.result.kept_params += entry.nbytes // entry.dtype.itemsize
+
+    def _quantize(self, handle, hasher, entry: TensorEntry, prefix: str) -> None:  # type: ignore[no-untyped-def]
+        packed = self.scheme.format == "pack-quantized"
+        stored_name = f"{prefix}.weight_packed" if packed else f"{prefix}.weight"
+        scales: list[torch.Tensor] = []
+        sums = [0.0, 0.0]  # squared error, squared reference
+
+        def take(encoded: EncodedBand) -> None:
+            if not torch.isfinite(encoded.scale).all():
+                raise InputError(f"{handle.name}: tensor {entry.name} holds NaN or Inf")
+            self.writer.write(stored_name, encoded.stored_rows)
+            scales.append(encoded.scale)
+            sums[0] += encoded.error_sq
+            sums[1] += encoded.reference_sq
+
+        def finish(_: None) -> None:
+            self.writer.write(f"{prefix}.weight_scale", torch.cat(scales))
+            if packed:
+                self.writer.write(
+                    f"{prefix}.weight_shape", torch.tensor(list(entry.shape), dtype=torch.int64)
+                )
+            self.result.errors[prefix] = (sums[0] / sums[1]) ** 0.5 if sums[1] > 0 else 0.0
+
+        for _, band in read_rows(handle, entry, _rows_per_band(entry, self.band_bytes)):
+            hasher.update(band.view(torch.uint8).numpy())
+            self.pipeline.submit(partial(_encode_on, band, self.device, self.scheme), take)
+        self.pipeline.submit(lambda: None, finish)
+        self.result.quantized_tensors += 1
+        self.result.quantized_params += entry.nbytes // entry.dtype.itemsize
 
 
 def rewrite_component(
@@ -152,20 +245,29 @@ def rewrite_component(
     device: torch.device,
     max_shard_bytes: int,
     band_bytes: int,
+    workers: int | None = None,
 ) -> ComponentResult:
     """Write the component's weights into ``out_dir`` (shards + index when more than one)."""
     entries = read_component_headers(src_dir)
     _check_source(entries, plan)
-    groups = [_outputs(name, entries[name][1], plan, scheme) for name in sorted(entries)]
+    headers = sorted({h.path: h for h, _ in entries.values()}.values(), key=lambda h: h.path.name)
+    groups = [_outputs(e.name, e, plan, scheme) for h in headers for e in h.in_file_order()]
     shards = _plan_shards(groups, weight_stem(src_dir), max_shard_bytes)
     result = ComponentResult(weight_files=sorted(shards))
     writer = ShardSetWriter(out_dir, shards)
+    workers = workers or len(os.sched_getaffinity(0))
     try:
-        for header in sorted({h.path: h for h, _ in entries.values()}.values(), key=lambda h: h.path.name):
-            result.source_files[header.path.name] = _stream_file(
-                header, plan, scheme, writer, result, device, band_bytes
-            )
-        writer.close()
+        with _single_threaded_torch(), ThreadPoolExecutor(workers, thread_name_prefix="ditq-band") as pool:
+            pipeline = _Pipeline(pool, depth=2 * workers)
+            streamer = _Streamer(plan, scheme, writer, pipeline, result, device, band_bytes)
+            try:
+                for header in headers:
+                    streamer.stream_file(header)
+                pipeline.drain()
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+        result.written_files = writer.close()
     except BaseException:
         writer.abort()
         raise
@@ -177,32 +279,3 @@ def rewrite_component(
         (out_dir / index_name).write_text(json.dumps(index, indent=2) + "\n")
         result.weight_files.append(index_name)
     return result
-
-
-def _stream_file(header, plan, scheme, writer, result, device, band_bytes) -> tuple[int, str]:  # type: ignore[no-untyped-def]
-    """Process one source file front to back; returns its (size, sha256)."""
-    hasher = hashlib.sha256()
-    with open(header.path, "rb") as handle:
-        hasher.update(handle.read(header.data_start))
-        position = header.data_start
-        for entry in header.in_file_order():
-            if entry.begin != position:
-                raise InputError(
-                    f"{header.path}: tensor {entry.name} does not follow the previous one (corrupt file)"
-                )
-            prefix = entry.name[: -len(".weight")]
-            if entry.name.endswith(".weight") and prefix in plan.targets:
-                result.errors[prefix] = _quantize_tensor(
-                    handle, entry, prefix, scheme, writer, hasher, device, band_bytes
-                )
-                result.quantized_tensors += 1
-                result.quantized_params += entry.nbytes // entry.dtype.itemsize
-            else:
-                _copy_tensor(handle, entry, writer, hasher, band_bytes)
-                result.kept_params += entry.nbytes // entry.dtype.itemsize
-            position = entry.end
-        handle.seek(position)
-        while chunk := handle.read(1 << 20):
-            hasher.update(chunk)
-            position += len(chunk)
-    return position, hasher.hexdigest()

@@ -7,18 +7,19 @@ relative to the end of the header) + the tensor bytes, contiguous.
 Reading uses ``readinto`` on the file (no mmap), so resident memory is the
 buffer we ask for, never the file. Writing plans every shard's header first
 (all output shapes and dtypes are known before any tensor is read), then
-fills tensor data in place with ``os.pwrite`` in whatever order the input is
-read -- the output bytes do not depend on that order.
+appends tensor data in that order as it is produced, hashing as it goes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -163,71 +164,83 @@ class OutputTensor:
         return self.dtype.itemsize * _numel(self.shape)
 
 
-def _layout(tensors: list[OutputTensor]) -> tuple[bytes, dict[str, int]]:
-    """(header bytes incl. length prefix, name -> absolute data offset), widest dtypes first for alignment."""
-    ordered = sorted(tensors, key=lambda t: (-t.dtype.itemsize, t.name))
+def _header(tensors: list[OutputTensor]) -> bytes:
+    """Length prefix + JSON header for ``tensors`` laid out contiguously in the given order."""
     doc: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
-    relative: dict[str, int] = {}
-    for tensor in ordered:
+    for tensor in tensors:
         doc[tensor.name] = {
             "dtype": DTYPE_NAMES[tensor.dtype],
             "shape": list(tensor.shape),
             "data_offsets": [offset, offset + tensor.nbytes],
         }
-        relative[tensor.name] = offset
         offset += tensor.nbytes
     header = json.dumps(doc, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)
-    prefix = struct.pack("<Q", len(header)) + header
-    return prefix, {name: len(prefix) + rel for name, rel in relative.items()}
+    return struct.pack("<Q", len(header)) + header
 
 
 class ShardSetWriter:
-    """Writes a planned set of safetensors shards; tensor data arrives in any order, in row bands.
+    """Writes a planned set of safetensors shards front to back, hashing every byte on the way.
 
-    ``shards`` maps file name -> the tensors it holds. Every file is created
-    at its final size with its header; ``write`` puts bytes at a tensor's
-    offset (plus a byte offset inside it, for row bands).
+    ``shards`` maps file name -> its tensors in file order. Data must arrive
+    in exactly that order (a tensor may come in several pieces, e.g. row
+    bands); each file's header is written when the file is opened. ``close``
+    returns each file's (size, sha256) without reading anything back.
     """
 
     def __init__(self, folder: Path, shards: dict[str, list[OutputTensor]]) -> None:
-        self._fds: dict[str, int] = {}
-        self._where: dict[str, tuple[int, int, int]] = {}  # name -> (fd, offset, nbytes)
-        self._written: dict[str, int] = {}
-        for file_name, tensors in shards.items():
-            prefix, offsets = _layout(tensors)
-            fd = os.open(Path(folder) / file_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            self._fds[file_name] = fd
-            os.pwrite(fd, prefix, 0)
-            os.ftruncate(fd, len(prefix) + sum(t.nbytes for t in tensors))
-            for tensor in tensors:
-                self._where[tensor.name] = (fd, offsets[tensor.name], tensor.nbytes)
-                self._written[tensor.name] = 0
+        self._folder = Path(folder)
+        self._queue = [(file_name, tensor) for file_name, tensors in shards.items() for tensor in tensors]
+        self._shards = shards
+        self._position = 0  # index into _queue of the tensor being written
+        self._filled = 0  # bytes of it written so far
+        self._file_name: str | None = None
+        self._handle: BinaryIO | None = None
+        self._hasher = hashlib.sha256()
+        self._size = 0
+        self.digests: dict[str, tuple[int, str]] = {}
 
-    def write(self, name: str, data: torch.Tensor, byte_offset: int = 0) -> None:
-        """Write ``data`` (contiguous, any dtype) into tensor ``name`` starting ``byte_offset`` bytes in."""
-        fd, offset, nbytes = self._where[name]
+    def _emit(self, data: memoryview | bytes) -> None:
+        assert self._handle is not None
+        self._handle.write(data)
+        self._hasher.update(data)
+        self._size += len(data)
+
+    def _finish_file(self) -> None:
+        if self._handle is not None and self._file_name is not None:
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+            self._handle.close()
+            self.digests[self._file_name] = (self._size, self._hasher.hexdigest())
+            self._handle = None
+
+    def write(self, name: str, data: torch.Tensor) -> None:
+        """Append the next bytes of tensor ``name`` (which must be the tensor being written)."""
+        file_name, tensor = self._queue[self._position]
+        if name != tensor.name:
+            raise RuntimeError(f"output order broken: got {name}, expected {tensor.name}")
+        if file_name != self._file_name:
+            self._finish_file()
+            self._file_name, self._hasher, self._size = file_name, hashlib.sha256(), 0
+            self._handle = open(self._folder / file_name, "wb")  # noqa: SIM115 - closed in _finish_file
+            self._emit(_header(self._shards[file_name]))
         raw = data.detach().contiguous().view(torch.uint8).reshape(-1).numpy()
-        if byte_offset + raw.nbytes > nbytes:
-            raise ValueError(f"{name}: write of {raw.nbytes} bytes at {byte_offset} overflows {nbytes}")
-        view = raw.data  # memoryview over the bytes
-        done = 0
-        while done < raw.nbytes:
-            done += os.pwrite(fd, view[done:], offset + byte_offset + done)
-        self._written[name] += raw.nbytes
+        if self._filled + raw.nbytes > tensor.nbytes:
+            raise RuntimeError(f"{name}: {self._filled + raw.nbytes} bytes written, {tensor.nbytes} planned")
+        self._emit(raw.data)
+        self._filled += raw.nbytes
+        if self._filled == tensor.nbytes:
+            self._position, self._filled = self._position + 1, 0
 
-    def close(self) -> None:
-        """fsync and close every shard; every tensor must have been written in full."""
-        missing = [n for n, (_, _, size) in self._where.items() if self._written[n] != size]
-        for fd in self._fds.values():
-            os.fsync(fd)
-            os.close(fd)
-        self._fds.clear()
-        if missing:
-            raise RuntimeError(f"incomplete output tensors: {', '.join(sorted(missing)[:5])}")
+    def close(self) -> dict[str, tuple[int, str]]:
+        """Finish the last file; every planned tensor must have been written in full."""
+        if self._position != len(self._queue):
+            raise RuntimeError(f"output incomplete at {self._queue[self._position][1].name}")
+        self._finish_file()
+        return self.digests
 
     def abort(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
