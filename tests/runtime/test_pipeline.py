@@ -164,3 +164,14 @@ def test_host_memory_while_loading_under_model_offload(demo_dirs: dict[str, Path
     assert added > 0.8 * artifact_bytes, (added, artifact_bytes)
     # ...and nothing near a full-precision copy ever was.
     assert added <= HOST_LOAD_BOUND * artifact_bytes, (added / artifact_bytes, measured)
+
+
+def test_generate_without_a_path_uses_the_bundled_demo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "demo.png"
+    code = main(
+        ["generate", "--prompt", "a green triangle", "--seed", "3", "--steps", "1", "--out", str(out)]
+    )
+    assert code == 0 and out.is_file()
+    assert "model " in capsys.readouterr().out
