@@ -19,6 +19,7 @@ verdict in the report; the other schemes go on.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -43,23 +44,38 @@ from ditq.report.model import CANDIDATE_FILE
 from ditq.report.provenance import shell_command
 from ditq.schemes import get_scheme
 
-__all__ = ["SCHEME_STAGES", "SweepOptions", "parse_endpoint_for", "run_sweep"]
+__all__ = [
+    "SCHEME_STAGES",
+    "SweepOptions",
+    "default_device",
+    "default_serve_argv",
+    "parse_endpoint_for",
+    "run_sweep",
+]
 
 SCHEME_STAGES = ("quantize", "verify", "doctor", "serve", "probe", "gate", "compare")
 
-# (scheme artifact dir, port, max_memory) -> the server's argv; tests swap it to start a server that fails
-ServeArgv = Callable[[Path, int, str | None], list[str]]
+# (model or artifact dir, port, sweep options) -> the server's argv; tests swap it for a server that fails
+ServeArgv = Callable[[Path, int, "SweepOptions"], list[str]]
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def ditq_argv(*args: str | Path) -> list[str]:
     return [sys.executable, "-m", "ditq.cli", *(str(a) for a in args)]
 
 
-def default_serve_argv(model: Path, port: int, max_memory: str | None) -> list[str]:
+def default_serve_argv(model: Path, port: int, options: SweepOptions) -> list[str]:
     # A collapsed image must come back (with a warning) so the gate can judge it: a 500 instead would
     # hide the very failure the sweep exists to show.
     argv = ditq_argv("serve", model, "--host", "127.0.0.1", "--port", str(port), "--on-collapse", "warn")
-    return argv + (["--max-memory", max_memory] if max_memory else [])
+    argv += ["--device", options.device]
+    argv += ["--dtype", options.dtype] if options.dtype else []
+    return argv + (["--max-memory", options.max_memory] if options.max_memory else [])
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,8 @@ class SweepOptions:
     steps: int | None = None
     cfg: float | None = None
     max_memory: str | None = None
+    device: str = "cpu"  # where every server (and the doctor) runs: cpu, cuda, cuda:1, ...
+    dtype: str | None = None  # the servers' compute dtype (None: ditq serve's default, bfloat16)
     endpoint_for: dict[str, str] = field(default_factory=dict)  # scheme -> URL of a server already running
     parity_db: float | None = None  # the parity band's PSNR (a BF16 reference pair's), stated
     health_timeout_s: float = 600.0
@@ -131,10 +149,10 @@ def _last_line(log: Path) -> str:
 class _Server:
     """A server subprocess on a free loopback port, healthy (/health 200) or stopped and explained."""
 
-    def __init__(self, argv_for: ServeArgv, model: Path, max_memory: str | None, log: Path) -> None:
+    def __init__(self, options: SweepOptions, model: Path, log: Path) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = argv_for(model, self.port, max_memory)
+        self.argv = options.serve_argv(model, self.port, options)
         self.log = log
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as sink:
@@ -218,13 +236,19 @@ class _Candidate:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    import json
-
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError:
         return {}  # a torn file from a killed run: the stages simply run again
     return data if isinstance(data, dict) else {}
+
+
+def _read_json_list(path: Path) -> list[str]:
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else []
+    except json.JSONDecodeError:
+        return []
+    return [str(item) for item in data] if isinstance(data, list) else []
 
 
 def _run_logged(argv: list[str], log: Path) -> int:
@@ -310,15 +334,15 @@ class _Sweep:
         self.progress("BF16", "baseline", "running")
         started = time.monotonic()
         logs = self.out / "logs"
-        server = _Server(
-            self.options.serve_argv, self.options.model, self.options.max_memory, logs / "serve-baseline.log"
-        )
+        server = _Server(self.options, self.options.model, logs / "serve-baseline.log")
         try:
             problem = server.wait_healthy(self.options.health_timeout_s)
             if problem:
                 raise DitqError(f"baseline: {problem} (log: {server.log})")
             argv = ditq_argv("baseline", self.options.model, "--endpoint", server.url, "--out", self.baseline)
-            code = _run_logged(argv + _matrix_args(self.options), logs / "baseline.log")
+            argv += _matrix_args(self.options)
+            atomic_write_json(logs / "baseline-commands.json", [_shown(server.argv), _shown(argv)])
+            code = _run_logged(argv, logs / "baseline.log")
         finally:
             server.stop()
         if code not in (0, 1) or not seal.is_file():
@@ -348,7 +372,10 @@ class _Sweep:
             # A failing kernel path is a finding, not the end of the chain: the server falls back to a path
             # that passed, the numbers show what that gives, and the verdict carries the doctor's finding.
             doctor_json, reports = c.dir / "doctor.json", c.dir / "doctor-reports"
-            doctor = ditq_argv("doctor", "--artifact", c.artifact, "--scheme", scheme, "--json", doctor_json)
+            doctor = ditq_argv(
+                "doctor", "--artifact", c.artifact, "--scheme", scheme, "--device", options.device
+            )
+            doctor += ["--json", str(doctor_json)]
             chain_ok = self._step(c, "doctor", [*doctor, "--report", str(reports)], [doctor_json], (0, 1))
             if chain_ok and c.stages["doctor"]["status"] == "ok":
                 c.doctor = _doctor_summary(doctor_json, reports)
@@ -385,9 +412,7 @@ class _Sweep:
         if endpoint is None:
             self._show(c, "serve", "running")
             started = time.monotonic()
-            server = _Server(
-                self.options.serve_argv, c.artifact, self.options.max_memory, c.logs / "serve.log"
-            )
+            server = _Server(self.options, c.artifact, c.logs / "serve.log")
             problem = server.wait_healthy(self.options.health_timeout_s)
             c.record(
                 "serve",
@@ -423,6 +448,7 @@ class _Sweep:
             self.out / "report",
             VerdictRules(parity_reference_db=self.options.parity_db),
             command=self.command,
+            baseline_commands=_read_json_list(self.out / "logs" / "baseline-commands.json"),
         )
         self.progress("all", "report", "ok", str(result.html))
         return result
@@ -444,6 +470,8 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
             "seeds": options.seeds,
             "steps": options.steps,
             "max_memory": options.max_memory,
+            "device": options.device,
+            "dtype": options.dtype,
             "endpoint_for": options.endpoint_for,
             "parity_db": options.parity_db,
             "pid": os.getpid(),

@@ -32,10 +32,10 @@ from pathlib import Path
 from ditq.sweep import SweepOptions, default_serve_argv, run_sweep
 
 
-def serve_argv(model, port, max_memory):
+def serve_argv(model, port, options):
     if model.parent.name == "fp8":  # this scheme's server dies before it is healthy
         return [sys.executable, "-c", "import sys; sys.exit('cannot start: no device for fp8')"]
-    return default_serve_argv(model, port, max_memory)
+    return default_serve_argv(model, port, options)
 
 
 root = Path(sys.argv[1])
@@ -47,6 +47,8 @@ options = SweepOptions(
     out=root / "out",
     seeds="{seeds}",
     steps=4,
+    device="cpu",
+    dtype="float32",
     parity_db=30.0,
     health_timeout_s=300,
     serve_argv=serve_argv,

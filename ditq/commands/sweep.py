@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ditq.report import ReportResult
 from ditq.schemes import get_scheme
-from ditq.sweep import SweepOptions, parse_endpoint_for, run_sweep
+from ditq.sweep import SweepOptions, default_device, parse_endpoint_for, run_sweep
 
 __all__ = ["add_arguments", "add_sweep_arguments", "print_verdicts", "run"]
 
@@ -25,6 +25,12 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="PSNR of a BF16 reference pair: the parity band, in dB (passed to compare)",
     )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="device of every server and of the doctor (default: cuda if present, else cpu)",
+    )
+    parser.add_argument("--dtype", help="the servers' compute dtype, e.g. float32 (default: ditq serve's)")
     parser.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for /health")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines")
 
@@ -64,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps,
         cfg=args.cfg,
         max_memory=args.max_memory,
+        device=args.device or default_device(),
+        dtype=args.dtype,
         endpoint_for=parse_endpoint_for(args.endpoint_for),
         parity_db=args.parity_db,
         health_timeout_s=args.health_timeout,

@@ -41,10 +41,12 @@ def build_report(
     out: Path,
     rules: VerdictRules | None = None,
     command: str | None = None,
+    baseline_commands: Sequence[str] = (),
 ) -> ReportResult:
     """Judge every candidate in ``runs`` against ``baseline`` and write the report directory ``out``.
 
-    ``out`` is replaced as a whole (written beside it, then renamed), so a report on disk is
+    ``baseline_commands`` are the command lines behind the baseline when the caller knows them (a
+    sweep does). ``out`` is replaced as a whole (written beside it, then renamed), so a report on disk is
     always complete.
     """
     out = Path(out)
@@ -54,6 +56,7 @@ def build_report(
     if base.run is None:
         raise InputError(f"{baseline}: the baseline has no records")
     base.name = base.name if base.name not in ("baseline", base.run.path.name) else "BF16"
+    base.extra_commands = list(baseline_commands)
     candidates = [load_candidate(Path(run)) for run in runs]
     names = [c.name for c in candidates]
     for name in names:

@@ -132,7 +132,14 @@ class RunData:
         command = self.run_json.get("command") or self.run_json.get("argv")
         if isinstance(command, list):
             return [" ".join(str(part) for part in command)]
-        return [str(command)] if command else []
+        if command:
+            return [str(command)]
+        if not self.run_json:
+            return []
+        # RUN.json records what was run rather than the command line: say that, field by field
+        facts = ("kind", "model", "endpoints", "fixtures_file", "seeds", "steps", "true_cfg_scale")
+        described = ", ".join(f"{k}={self.run_json[k]}" for k in facts if self.run_json.get(k) is not None)
+        return [f"(from RUN.json) {described}"] if described else []
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,7 @@ class Candidate:
     endpoint: str | None = None
     stages: list[StageStatus] = field(default_factory=list)
     doctor: dict[str, Any] | None = None  # {"passed": bool, "failing": [path names], "report": ...}
+    extra_commands: list[str] = field(default_factory=list)  # e.g. the server a sweep started for it
 
     @property
     def failed_stages(self) -> list[StageStatus]:
@@ -164,7 +172,7 @@ class Candidate:
     @property
     def commands(self) -> list[str]:
         from_stages = [s.command for s in self.stages if s.command]
-        return from_stages or (self.run.commands if self.run else [])
+        return [*self.extra_commands, *(from_stages or (self.run.commands if self.run else []))]
 
 
 def image_path(run_dir: Path, fixture_id: str, seed: int) -> Path:
