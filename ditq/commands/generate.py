@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--offload", choices=OFFLOAD_MODES, default="none", help="none (default), model or block"
     )
+    parser.add_argument(
+        "--skip-doctor",
+        action="store_true",
+        help="use kernel paths without the kernel doctor's check (warns)",
+    )
     parser.add_argument("--dtype", choices=tuple(_DTYPES), default="bfloat16", help="activation dtype")
 
 
@@ -104,7 +109,14 @@ def run(args: argparse.Namespace) -> int:
         guidance_scale=args.guidance,
         seed=args.seed,
     )
-    report = generate(args.path, request, device=args.device, offload=args.offload, dtype=_DTYPES[args.dtype])
+    report = generate(
+        args.path,
+        request,
+        device=args.device,
+        offload=args.offload,
+        dtype=_DTYPES[args.dtype],
+        skip_doctor=args.skip_doctor,
+    )
     _print_report(report)
     for path in save_images(report.result.images, args.out):
         print(f"wrote      {path}")

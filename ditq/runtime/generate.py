@@ -57,9 +57,18 @@ def parse_size(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-def _load(model_dir: Path | None, device: torch.device, offload: str, dtype: torch.dtype) -> Any:
+def _load(
+    model_dir: Path | None, device: torch.device, offload: str, dtype: torch.dtype, skip_doctor: bool
+) -> Any:
     if model_dir is not None:
-        return load_pipeline(model_dir, device=device, offload=offload, dtype=dtype)
+        if skip_doctor:
+            log.warning("--skip-doctor: kernel paths run without verification on this device")
+            chooser = None
+        else:
+            from ditq.doctor import verified_chooser
+
+            chooser = verified_chooser
+        return load_pipeline(model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser)
     from ditq.demo import build_tiny_pipeline
 
     log.warning("no bundled demo model in this package: using an untrained tiny demo pipeline")
@@ -86,8 +95,13 @@ def generate(
     device: str = "cpu",
     offload: str = "none",
     dtype: torch.dtype = torch.bfloat16,
+    skip_doctor: bool = False,
 ) -> GenerationReport:
-    """Load ``model_dir`` (None: the bundled demo model) and run one request; nothing is written."""
+    """Load ``model_dir`` (None: the bundled demo model) and run one request; nothing is written.
+
+    Each quantized layer runs the first kernel path the kernel doctor verifies on this device
+    (``ditq.doctor.verified_chooser``); ``skip_doctor`` takes the registry's first candidate unverified.
+    """
     directory = Path(model_dir) if model_dir is not None else default_model_dir()
     torch_device = torch.device(device)
     if torch_device.type == "cuda":
@@ -95,7 +109,7 @@ def generate(
             raise InputError(f"--device {device}: no CUDA device here")
         torch.cuda.reset_peak_memory_stats(torch_device)
     start = time.perf_counter()
-    pipeline = _load(directory, torch_device, offload, dtype)
+    pipeline = _load(directory, torch_device, offload, dtype, skip_doctor)
     load_seconds = time.perf_counter() - start
     load_peak = int(torch.cuda.max_memory_allocated(torch_device)) if torch_device.type == "cuda" else None
     quantized, kernels = _summaries(pipeline)

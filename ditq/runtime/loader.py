@@ -366,9 +366,12 @@ def prepare_quantized(
     """
     device = torch.device(device)
     layers = quantized_linears(module)
+    chosen: dict[tuple[Any, ...], KernelPath | None] = {}  # one decision per geometry
     for layer in layers.values():
-        path = chooser(layer, device, dtype) if chooser is not None else None
-        layer.use_kernel(path, device, dtype)
+        key = (layer.scheme.name, layer.in_features, layer.out_features, layer.group_size)
+        if key not in chosen:
+            chosen[key] = chooser(layer, device, dtype) if chooser is not None else None
+        layer.use_kernel(chosen[key], device, dtype)
         layer.prepare(device, dtype)
     return len(layers)
 

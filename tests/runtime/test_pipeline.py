@@ -175,3 +175,12 @@ def test_generate_without_a_path_uses_the_bundled_demo(
     )
     assert code == 0 and out.is_file()
     assert "model " in capsys.readouterr().out
+
+
+def test_generate_skip_doctor_warns(
+    demo_dirs: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    argv = ["generate", str(demo_dirs["w8a8"]), "--prompt", "p", "--steps", "1", "--skip-doctor"]
+    with caplog.at_level("WARNING"):
+        assert main([*argv, "--out", str(tmp_path / "x.png")]) == 0
+    assert any("--skip-doctor" in record.getMessage() for record in caplog.records)
