@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from diffusers import QwenImage21Transformer2DModel
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from tiny_models import TINY_CONFIGS, build_tiny, example_inputs
+from tiny_models import TINY_CONFIGS, build_tiny, example_inputs, write_model_dir
 
 import ditq
 import ditq.checkpoint.rewrite as rewrite
@@ -282,3 +285,57 @@ def test_disk_full_is_a_failure_and_leaves_nothing(model_dir, tmp_path: Path, mo
         ditq.quantize(source, tmp_path / "out", "w8a8")
     assert not isinstance(info.value, InputError)
     assert sorted(p.name for p in tmp_path.iterdir()) == [source.parent.name]
+
+
+_MEMORY_CHILD = """
+import json, sys
+from pathlib import Path
+import ditq.quantize
+from ditq.targets import build_meta_model
+
+def status(key):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+
+source, out = Path(sys.argv[1]), Path(sys.argv[2])
+build_meta_model(source / "transformer", "diffusers", "QwenImage21Transformer2DModel")  # imports warm
+Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
+base = status("VmRSS")
+ditq.quantize(source, out, "w8a8")
+print(json.dumps({"base": base, "peak": status("VmHWM")}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc peak-RSS reset")
+def test_peak_memory_bounded_by_largest_tensor(tmp_path: Path) -> None:
+    """236 MB of BF16 weights whose largest tensor is 8.4 MB: the quantizer's peak RSS growth stays
+    within 3 x largest + 300 MB, and below half the model (a whole-shard reader needs all of it)."""
+    config = dict(
+        num_layers=8,
+        attention_head_dim=128,
+        num_attention_heads=8,
+        context_in_dim=1024,
+        in_channels=64,
+        out_channels=64,
+        axes_dims_rope=(16, 56, 56),
+    )
+    with torch.device("meta"):
+        model = QwenImage21Transformer2DModel(**config)
+    pool = torch.randn(1 << 23, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    state = {name: pool[: t.numel()].reshape(t.shape) for name, t in model.state_dict().items()}
+    model_bytes = sum(t.numel() * 2 for t in state.values())
+    largest = max(t.numel() * 2 for t in state.values())
+    assert (model_bytes, largest) == (235_673_600, 8_388_608)
+    source = write_model_dir(tmp_path / "big", model, state=state)
+    run = subprocess.run(
+        [sys.executable, "-c", _MEMORY_CHILD, str(source), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    measured = json.loads(run.stdout.strip().splitlines()[-1])
+    growth = measured["peak"] - measured["base"]
+    assert growth <= 3 * largest + 300 * 2**20
+    assert growth < model_bytes / 2, f"peak RSS grew {growth / 2**20:.0f} MiB"

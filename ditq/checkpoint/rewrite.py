@@ -202,7 +202,7 @@ class _Streamer:
 
     def _copy(self, handle, hasher, entry: TensorEntry) -> None:  # type: ignore[no-untyped-def]
         where = f"{handle.name}: tensor {entry.name}"
-        for _, band in read_rows(handle, entry, _rows_per_band(entry, 16 * self.band_bytes)):
+        for _, band in read_rows(handle, entry, _rows_per_band(entry, 4 * self.band_bytes)):
             hasher.update(band.view(torch.uint8).numpy())
             self.pipeline.submit(partial(_check_finite, band, where), partial(self.writer.write, entry.name))
         self.result.kept_params += entry.nbytes // entry.dtype.itemsize
