@@ -172,8 +172,11 @@ def _table(rows: list[dict[str, object]]) -> str:
 GOALS = {"w8a8": 1.5, "fp8": 1.7}  # throughput vs BF16 cuBLAS at M >= 4096
 
 
-def summarize(runs: list[dict[str, object]]) -> dict[str, object]:
-    """Per shape: BF16, each comparator and each ditq path (latest run that measured it), ratios, goals."""
+def summarize(runs: list[dict[str, object]], exclude: dict[str, str]) -> dict[str, object]:
+    """Per shape: BF16, each comparator and each ditq path (latest run that measured it), ratios, goals.
+
+    ``exclude`` maps "path@M,K,N" to why that measurement is not valid (it is left out of the summary).
+    """
     from ditq.kernels import all_kernels
 
     shipped = {f"ditq:{p.name}" for p in all_kernels()}
@@ -182,17 +185,31 @@ def summarize(runs: list[dict[str, object]]) -> dict[str, object]:
         for row in run["rows"]:  # type: ignore[union-attr]
             if row["path"].startswith("ditq:") and row["path"] not in shipped:
                 continue  # a path no longer registered (its rows stay in the raw runs)
+            if f"{row['path']}@{row['M']},{row['K']},{row['N']}" in exclude:
+                continue
             if "tflops" in row:
-                latest[(row["M"], row["K"], row["N"], row["path"])] = dict(row, run=index)
+                key = (row["M"], row["K"], row["N"], row["path"])
+                earlier = latest[key]["all_runs"] if key in latest else []
+                latest[key] = dict(row, run=index, all_runs=[*earlier, (index, row["tflops"])])
+    # Ratios against BF16 of the same run and shape (runs may be on different machines).
+    bf16 = {
+        (index, row["M"], row["K"], row["N"]): row["tflops"]
+        for index, run in enumerate(runs)
+        for row in run["rows"]  # type: ignore[union-attr]
+        if row["path"] == "bf16-cublas" and "tflops" in row
+    }
     shapes = sorted({key[:3] for key in latest})
     table = []
     for m, k, n in shapes:
-        base = latest[(m, k, n, "bf16-cublas")]
         entries = {
             path: {
                 "tflops": round(r["tflops"], 1),
-                "x_bf16": round(r["tflops"] / base["tflops"], 3),
+                "x_bf16": round(r["tflops"] / bf16[(r["run"], m, k, n)], 3),
                 "run": r["run"],
+                "x_bf16_each_run": {
+                    f"run{i + 1}": round(t / bf16[(i, m, k, n)], 3)
+                    for i, t in r["all_runs"]  # type: ignore[union-attr]
+                },
             }
             for (mm, kk, nn, path), r in latest.items()
             if (mm, kk, nn) == (m, k, n)
@@ -204,7 +221,7 @@ def summarize(runs: list[dict[str, object]]) -> dict[str, object]:
             goals[scheme] = {"goal_x_bf16": goal, "best_path": best[0], "x_bf16": best[1]["x_bf16"],
                              "met": best[1]["x_bf16"] >= goal}  # fmt: skip
         table.append({"M": m, "K": k, "N": n, "paths": entries, "goals": goals})
-    return {"shapes": table}
+    return {"shapes": table, "excluded": exclude}
 
 
 def _scheme_of(path: str) -> str:
@@ -221,6 +238,13 @@ def main() -> int:
         metavar="RUN",
         help="only summarize these runs' JSON (latest row wins)",
     )
+    parser.add_argument(
+        "--exclude",
+        nargs="*",
+        default=[],
+        metavar="PATH@M,K,N=WHY",
+        help="with --merge: invalid measurements",
+    )
     parser.add_argument("--no-torchao", action="store_true", help="skip the torchao rows")
     parser.add_argument(
         "--only", default="", help="comma list: time only rows whose name contains one (and bf16)"
@@ -228,7 +252,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.merge:
         runs = [json.loads(path.read_text()) for path in args.merge]
-        merged = {"command": "python " + " ".join(sys.argv), "runs": runs, "summary": summarize(runs)}
+        exclude = dict(item.split("=", 1) for item in args.exclude)
+        merged = {
+            "command": "python " + " ".join(sys.argv),
+            "runs": runs,
+            "summary": summarize(runs, exclude),
+        }
         args.out.write_text(json.dumps(merged, indent=1))
         return 0
     env = _environment()

@@ -1,5 +1,8 @@
 """CUDA w8a16: a Triton mixed-precision GEMM (int8 weights converted in registers, scale in the epilogue)
 and dequantize + cuBLAS GEMM (ops ``ditq::w8a16_triton``, ``ditq::w8a16_dequant_matmul``).
+
+Dequantize + cuBLAS is preferred: at DiT token counts (M >= 4096) it ran at 0.91-0.94x BF16 on an
+H200, the Triton kernel at 0.56-0.64x (benchmarks/results/kernels_bench.json).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def matmul_triton(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None
     scheme="w8a16",
     device_type="cuda",
     prepare=_prepare,
-    priority=70,
+    priority=85,
     min_capability=(8, 0),
     activation_dtypes=HALF_ACTIVATIONS | {torch.float32},
     alignment=16,
