@@ -318,7 +318,7 @@ def linear_from_stored(
             raise InputError(f"{scheme.name} stored weight lacks {name!r} (has {sorted(stored)})")
         setattr(module, name, stored[name])
     if bias is not None:
-        module.bias = bias
+        module.bias = bias.detach()
     return module
 
 
