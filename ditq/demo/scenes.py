@@ -1,7 +1,8 @@
 """Procedural scenes and tasks: shapes of given colors, sizes, positions and counts on plain backgrounds.
 
 Tasks (what the model learns and what the evaluation asks):
-- "t2i": a prompt names 1-3 groups (count, color, shape; at most 4 objects) and a background.
+- "t2i": a prompt names 1-3 groups (count, color, shape; at most 4 objects) and a background; the objects appear
+  in the order listed, at the slots compose uses (below) jittered by up to 2 px, with random sizes.
 - "recolor": reference 1 is a cut-out sprite (transparent background); the result keeps its shape, centered and
   larger, in the color and on the background the prompt names.
 - "compose": references 1..k (k = 1..4) are sprites; the result puts their objects, in order, at fixed places
@@ -54,6 +55,14 @@ _COMPOSE_CENTERS: dict[int, list[tuple[float, float]]] = {  # (x, y) on the 64 c
     3: [(17, 19), (47, 19), (32, 46)],
     4: [(17, 17), (47, 17), (17, 47), (47, 47)],
 }
+# t2i: objects in the order the prompt lists them, at the same slots as compose, jittered, sizes drawn per count
+_T2I_SIZES: dict[int, tuple[float, float]] = {
+    1: (20.0, 40.0),
+    2: (14.0, 24.0),
+    3: (13.0, 22.0),
+    4: (13.0, 22.0),
+}
+_T2I_JITTER = 2.0
 _RECOLOR_SCALE = 1.6  # a single object is drawn 1.6x its reference size
 
 
@@ -189,22 +198,29 @@ def _pick(rng: np.random.Generator, options: Iterable[str]) -> str:
     return items[int(rng.integers(len(items)))]
 
 
-def _place(rng: np.random.Generator, sizes: list[float]) -> list[tuple[float, float]] | None:
-    """Centers for boxes of `sizes`, 3 px apart and 2 px from the border; None if none was found."""
-    centers: list[tuple[float, float]] = []
-    for size in sizes:
-        for _ in range(200):
-            low, high = size / 2 + 2, CANVAS - size / 2 - 2
-            x, y = low + (high - low) * rng.random(), low + (high - low) * rng.random()
-            if all(
-                max(abs(x - ox), abs(y - oy)) > (size + osize) / 2 + 3  # bounding boxes 3 px apart
-                for (ox, oy), osize in zip(centers, sizes[: len(centers)], strict=True)
-            ):
-                centers.append((float(x), float(y)))
-                break
-        else:
-            return None
-    return centers
+def _separated(centers: list[tuple[float, float]], sizes: list[float]) -> bool:
+    """True when every pair of bounding boxes is at least 2 px apart (so objects stay separate components)."""
+    boxes = list(zip(centers, sizes, strict=True))
+    return all(
+        max(abs(ax - bx), abs(ay - by)) > (asize + bsize) / 2 + 2
+        for index, ((ax, ay), asize) in enumerate(boxes)
+        for (bx, by), bsize in boxes[index + 1 :]
+    )
+
+
+def _layout(
+    rng: np.random.Generator, sizes_range: tuple[float, float], count: int
+) -> tuple[list, list[float]]:
+    """Jittered slot centers (`_COMPOSE_CENTERS`) and random sizes for `count` separated objects."""
+    low, high = sizes_range
+    while True:
+        sizes = [low + (high - low) * rng.random() for _ in range(count)]
+        centers = [
+            (x + _T2I_JITTER * (2 * rng.random() - 1), y + _T2I_JITTER * (2 * rng.random() - 1))
+            for x, y in _COMPOSE_CENTERS[count]
+        ]
+        if _separated(centers, sizes):
+            return centers, sizes
 
 
 def _count_phrase(count: int, color: str, shape: str, rng: np.random.Generator) -> str:
@@ -221,12 +237,7 @@ def _t2i(rng: np.random.Generator) -> Task:
         counts[int(rng.integers(num_groups))] += 1
     background = _pick(rng, BACKGROUND_COLORS)
     total = sum(counts)
-    while True:
-        top = {1: 30, 2: 24, 3: 20, 4: 18}[total]
-        sizes = [float(rng.uniform(12, top)) for _ in range(total)]
-        centers = _place(rng, sizes)
-        if centers is not None:
-            break
+    centers, sizes = _layout(rng, _T2I_SIZES[total], total)
     kinds_flat = [kind for kind, count in zip(chosen, counts, strict=True) for _ in range(count)]
     objects = tuple(
         SceneObject(s, c, xy, size) for (s, c), xy, size in zip(kinds_flat, centers, sizes, strict=True)

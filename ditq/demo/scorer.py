@@ -123,7 +123,7 @@ def _classify_shape(pixels: np.ndarray) -> tuple[str, float, float]:
     fill = area / box
     if solidity < 0.8:
         return "star", fill, solidity
-    if fill >= 0.87:
+    if fill >= 0.93:
         return "square", fill, solidity
     if fill >= 0.66:
         return "circle", fill, solidity

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ditq.demo import load_demo_pipeline
 from ditq.demo.packing import PIXELS_PER_TOKEN, pixels_to_tokens
 from ditq.demo.pipeline import TOKENS_PER_SLOT, DitqDemoPipeline, joint_layout
 from ditq.demo.presets import PRESETS, build_pipeline
@@ -130,6 +131,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
     pipe = build_pipeline(PRESETS[args.preset], seed=args.seed)
+    if args.init is not None:  # continue from a saved demo pipeline of the same preset
+        source = load_demo_pipeline(args.init, dtype=torch.float32)
+        pipe.transformer.load_state_dict(source.transformer.state_dict())
+        pipe.text_encoder.load_state_dict(source.text_encoder.state_dict())
     dataset = TaskBatches(
         args.batch_size,
         args.seed,
@@ -201,6 +206,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "seed": args.seed,
+        "init": str(args.init) if args.init is not None else None,
     }
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -213,6 +219,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-budget", type=float, default=450.0, help="seconds of training when --steps is unset"
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--init", type=Path, default=None, help="start from this saved demo pipeline's weights"
+    )
     parser.add_argument("--preset", choices=sorted(PRESETS), default="demo")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=6e-4)
