@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -132,8 +133,15 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
         "options": {"device": options.device, "offload": options.offload},
         "versions": versions(),
     }
+    # The generating process is this one: sample its own device memory too.
     return run_matrix(
-        options.out, fixtures, options.seeds, [executor], description, progress=options.progress
+        options.out,
+        fixtures,
+        options.seeds,
+        [executor],
+        description,
+        server_pid=os.getpid(),
+        progress=options.progress,
     )
 
 
