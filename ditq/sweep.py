@@ -93,6 +93,7 @@ class SweepOptions:
     dtype: str | None = None  # the servers' compute dtype (None: ditq serve's default, bfloat16)
     endpoint_for: dict[str, str] = field(default_factory=dict)  # scheme -> URL of a server already running
     parity_db: float | None = None  # the parity band's PSNR (a BF16 reference pair's), stated
+    parity_pair: tuple[Path, Path] | None = None  # two acceptable reference runs that span the band
     health_timeout_s: float = 600.0
     request_timeout_s: float | None = None
     progress: bool = True
@@ -104,6 +105,8 @@ class SweepOptions:
         unknown = set(self.endpoint_for) - set(self.schemes)
         if unknown:
             raise InputError(f"--endpoint-for: {sorted(unknown)[0]!r} is not one of the swept schemes")
+        if self.parity_db is not None and self.parity_pair is not None:
+            raise InputError("--parity-db and --parity-pair: give one of them")
         for path, what in ((self.model, "model"), (self.fixtures, "--fixtures"), (self.refs, "--refs")):
             if not Path(path).exists():
                 raise InputError(f"{what}: {path} does not exist")
@@ -389,6 +392,8 @@ class _Sweep:
         compare = ditq_argv("compare", c.run_dir, "--baseline", baseline, "--no-lpips")
         if options.parity_db is not None:
             compare += ["--parity-db", str(options.parity_db)]
+        elif options.parity_pair is not None:
+            compare += ["--parity-pair", *(str(p) for p in options.parity_pair)]
         if chain_ok:
             self._step(c, "compare", compare, [compare_json], (0, 1))
         for stage in SCHEME_STAGES:
@@ -474,6 +479,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
             "dtype": options.dtype,
             "endpoint_for": options.endpoint_for,
             "parity_db": options.parity_db,
+            "parity_pair": [str(p) for p in options.parity_pair] if options.parity_pair else None,
             "pid": os.getpid(),
         },
     )

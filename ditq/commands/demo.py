@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         device="cpu",
         dtype=args.dtype or DEMO.dtype,
         parity_db=args.parity_db,
+        parity_pair=tuple(args.parity_pair) if args.parity_pair else None,
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
     )

@@ -26,6 +26,13 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         help="PSNR of a BF16 reference pair: the parity band, in dB (passed to compare)",
     )
     parser.add_argument(
+        "--parity-pair",
+        nargs=2,
+        type=Path,
+        metavar=("RUN_A", "RUN_B"),
+        help="two acceptable reference runs (e.g. two BF16 implementations) whose PSNR is the band",
+    )
+    parser.add_argument(
         "--device",
         default=None,
         help="device of every server and of the doctor (default: cuda if present, else cpu)",
@@ -74,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         endpoint_for=parse_endpoint_for(args.endpoint_for),
         parity_db=args.parity_db,
+        parity_pair=tuple(args.parity_pair) if args.parity_pair else None,
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
     )
