@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -97,9 +98,12 @@ def environment() -> dict[str, Any]:
         except Exception as error:
             env[name] = f"unavailable: {error!r}"[:200]
     try:
-        env["git_commit"] = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
+        env["git_commit"] = subprocess.check_output(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, text=True, stderr=subprocess.DEVNULL
+        ).strip()
     except (OSError, subprocess.CalledProcessError):
-        env["git_commit"] = "unknown"
+        # A copy of the tree without .git (a remote runner): the caller may say which commit it is.
+        env["git_commit"] = os.environ.get("DITQ_SOURCE_COMMIT", "unknown")
     return env
 
 
@@ -155,11 +159,24 @@ def quantized_copy(
     return model.to(device).eval()
 
 
+def _storages(tensor: torch.Tensor) -> dict[int, int]:
+    """data pointer -> bytes of every storage behind ``tensor`` (tensor subclasses such as torchao's unwrapped)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(tensor):
+        names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+        found: dict[int, int] = {}
+        for name in names:
+            found.update(_storages(getattr(tensor, name)))
+        return found
+    storage = tensor.untyped_storage()
+    return {storage.data_ptr(): storage.nbytes()}
+
+
 def tensor_bytes(model: torch.nn.Module) -> int:
     storages: dict[int, int] = {}
     for tensor in [*model.parameters(), *model.buffers()]:
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
+        storages.update(_storages(tensor))
     return sum(storages.values())
 
 
