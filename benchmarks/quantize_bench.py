@@ -5,10 +5,11 @@ widths with 4 blocks (about 1.0 B parameters, random BF16, 2 shards), then runs 
 processes, one after the other on the same folder:
 
 - ``ditq quantize SRC OUT --scheme w8a8`` (the boundary layers it keeps are recorded), and
-- llm-compressor's ``model_free_ptq(SRC/transformer, OUT, scheme="W8A8", ignore=<the same layers>)``
-  in its own virtual environment (``--llmc-python``), so both quantize exactly the same tensors.
+- llm-compressor's ``model_free_ptq(SRC/transformer, OUT, scheme="W8A8", ignore=<the same layers, plus the
+  1-D norm weights it would otherwise try to quantize>)`` in its own virtual environment
+  (``--llmc-python``), so both quantize exactly the same tensors.
 
-Each run is timed (wall clock) and its peak RSS read from ``wait4``; afterwards the mean relative L2
+Each run is timed (wall clock) and its peak RSS read by ``/usr/bin/time``; afterwards the mean relative L2
 error of every quantized weight against the source is computed the same way for both outputs.
 Usage: python benchmarks/quantize_bench.py --llmc-python .venv-bench/bin/python
 """
@@ -80,23 +81,40 @@ def build_checkpoint(root: Path, layers: int, seed: int) -> dict[str, Any]:
     }
 
 
-def timed(argv: list[str]) -> dict[str, Any]:
-    """Run ``argv``; wall seconds, peak RSS (bytes, from wait4) and the load average around it."""
+def non_linear_weights(source: Path) -> list[str]:
+    """Module names whose ``.weight`` is not 2-D (RMSNorm scales): model_free_ptq must be told to skip them."""
+    names: list[str] = []
+    for path in sorted((source / "transformer").glob("*.safetensors")):
+        with safe_open(str(path), "pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                if name.endswith(".weight") and len(handle.get_slice(name).get_shape()) != 2:
+                    names.append(name[: -len(".weight")])
+    return sorted(names)
+
+
+def timed(argv: list[str], scratch: Path) -> dict[str, Any]:
+    """Run ``argv`` under /usr/bin/time: wall seconds, peak RSS, CPU seconds, and the load average around it.
+
+    /usr/bin/time forks the command from its own small process, so the peak RSS is the command's alone
+    (a child forked from this process would start out counting this process's pages).
+    """
+    report = scratch / "time.txt"
     load_before = os.getloadavg()
     start = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert process.stdout is not None
-    output = process.stdout.read()
-    _, status, usage = os.wait4(process.pid, 0)
+    run = subprocess.run(
+        ["/usr/bin/time", "-o", str(report), "-f", "%M %U %S", *argv], capture_output=True, text=True
+    )
     wall = time.perf_counter() - start
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode != 0:
-        raise SystemExit(f"{shlex.join(argv)} failed ({process.returncode}):\n{output.decode()[-3000:]}")
+    if run.returncode != 0:
+        raise SystemExit(
+            f"{shlex.join(argv)} failed ({run.returncode}):\n{(run.stdout + run.stderr)[-3000:]}"
+        )
+    peak_kib, user, system = report.read_text().split()[-3:]
     return {
         "wall_s": round(wall, 2),
-        "peak_rss_bytes": usage.ru_maxrss * 1024,
-        "user_s": round(usage.ru_utime, 2),
-        "sys_s": round(usage.ru_stime, 2),
+        "peak_rss_bytes": int(peak_kib) * 1024,
+        "user_s": float(user),
+        "sys_s": float(system),
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
     }
@@ -154,10 +172,11 @@ def main() -> None:
                 str(root / "ditq-out"),
                 "--scheme",
                 "w8a8",
-            ]
+            ],
+            root,
         )
         manifest = json.loads((root / "ditq-out" / "MANIFEST.json").read_text())
-        ignore = sorted(manifest["components"]["transformer"]["ignored"])
+        ignore = sorted(manifest["components"]["transformer"]["ignored"]) + non_linear_weights(root / "src")
         print(f"ditq: {ditq_run}", flush=True)
         llmc_run = timed(
             [
@@ -167,7 +186,8 @@ def main() -> None:
                 str(root / "src" / "transformer"),
                 str(root / "llmc-out"),
                 json.dumps(ignore),
-            ]
+            ],
+            root,
         )
         print(f"llm-compressor: {llmc_run}", flush=True)
         ditq_run.update(

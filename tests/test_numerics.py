@@ -67,7 +67,7 @@ def test_bands_encode_like_the_whole_tensor(scheme) -> None:  # type: ignore[no-
     bands = [encode_band(weight[i : i + 40], scheme) for i in range(0, 96, 40)]
     assert torch.equal(torch.cat([b.stored_rows for b in bands]), whole.stored_rows)
     assert torch.equal(torch.cat([b.scale for b in bands]), whole.scale)
-    assert sum(b.error_sq for b in bands) == pytest.approx(whole.error_sq, rel=1e-9)
+    assert sum(b.error_sq for b in bands) == pytest.approx(whole.error_sq, rel=1e-5)
 
 
 @pytest.mark.parametrize("scheme", [W8A16, W8A16.with_group_size(32), W8A8, FP8], ids=lambda s: s.name)

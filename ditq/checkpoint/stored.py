@@ -53,8 +53,9 @@ def encode_band(weight_rows: torch.Tensor, scheme: Scheme) -> EncodedBand:
     q, scale = quantize_weight(weight_rows, scheme)
     reference = weight_rows.to(torch.float32)
     error = dequantize_weight(q, scale).sub_(reference)
-    error_sq = float(torch.linalg.vector_norm(error, dtype=torch.float64) ** 2)
-    reference_sq = float(torch.linalg.vector_norm(reference, dtype=torch.float64) ** 2)
+    # float32 sums over one band (torch reduces in blocks); bands are summed in float64 by the caller.
+    error_sq = float(torch.linalg.vector_norm(error)) ** 2
+    reference_sq = float(torch.linalg.vector_norm(reference)) ** 2
     stored = pack_int8_to_int32(q) if scheme.format == "pack-quantized" else q
     return EncodedBand(stored.cpu(), scale.cpu(), error_sq, reference_sq)
 
