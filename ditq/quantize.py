@@ -205,6 +205,8 @@ def quantize(
 ) -> QuantizeResult:
     """Quantize ``components`` of the diffusers directory ``source`` into the artifact ``output``."""
     chosen = get_scheme(scheme, group_size)
+    if isinstance(components, str):
+        components = [c.strip() for c in components.split(",") if c.strip()]
     source, output = Path(source).resolve(), Path(output).absolute()
     if config_form not in ("component", "global"):
         raise InputError(f"--config-form must be 'component' or 'global', got {config_form!r}")

@@ -200,7 +200,9 @@ def write_model_dir(
     transformer_dir = Path(model_dir) / "transformer"
     transformer_dir.mkdir(parents=True)
     model.save_config(str(transformer_dir))  # config.json with _class_name
-    save_sharded(model.state_dict() if state is None else state, transformer_dir, "diffusion_pytorch_model", shards)
+    save_sharded(
+        model.state_dict() if state is None else state, transformer_dir, "diffusion_pytorch_model", shards
+    )
     FlowMatchEulerDiscreteScheduler(shift=3.0).save_config(str(Path(model_dir) / "scheduler"))
     index: dict[str, Any] = {
         "_class_name": "DiffusionPipeline",
