@@ -1,7 +1,33 @@
-"""Running ditq artifacts: quantized Linear modules, the loader, offload, and the pipeline adapter."""
+"""Running ditq artifacts: quantized Linear modules, the loader, offload, and the pipeline adapter.
+
+The adapter's names import eagerly (they are light); the loader and modules on first use, so
+``import ditq.runtime`` does not pull in diffusers.
+"""
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import Any
+
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 
-__all__ = ["GenerationRequest", "GenerationResult", "PipelineAdapter"]
+# Public name -> module that defines it, imported on first use.
+_LAZY: dict[str, str] = {
+    "load_pipeline": "ditq.runtime.loader",
+    "load_component": "ditq.runtime.loader",
+    "prepare_quantized": "ditq.runtime.loader",
+    "QuantizedLinear": "ditq.runtime.modules",
+    "linear_from_stored": "ditq.runtime.modules",
+    "quantized_linear_class": "ditq.runtime.modules",
+    "quantized_linears": "ditq.runtime.modules",
+    "OFFLOAD_MODES": "ditq.runtime.offload",
+    "generate": "ditq.runtime.generate",
+}
+
+__all__ = ["GenerationRequest", "GenerationResult", "PipelineAdapter", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ditq.runtime' has no attribute {name!r}")
