@@ -14,7 +14,9 @@ import json
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,8 +85,13 @@ def resolve_device(device: str) -> torch.device:
 
 
 def _plan_component(
-    source: Path, index: dict[str, Any], component: str, scheme: Scheme, targets, ignore
-) -> TargetPlan:  # type: ignore[no-untyped-def]
+    source: Path,
+    index: dict[str, Any],
+    component: str,
+    scheme: Scheme,
+    targets: Sequence[str],
+    ignore: Sequence[str],
+) -> TargetPlan:
     library, class_name = component_class(index, component)
     component_dir = source / component
     config = load_component_config(component_dir)
@@ -92,7 +99,6 @@ def _plan_component(
         raise InputError(
             f"{component_dir}/config.json: component is already quantized (has quantization_config)"
         )
-    weight_files(component_dir)
     shapes = {name: entry.shape for name, (_, entry) in read_component_headers(component_dir).items()}
     model = build_meta_model(component_dir, library, class_name)
     return plan_targets(model, component, shapes, targets, ignore, MIN_FEATURES, scheme.group_size)
@@ -129,6 +135,29 @@ def _write_component(
         elif path.name not in skip:
             _link_or_copy(path, out_dir / path.name, copy=True)
     return result
+
+
+def _link_the_rest(source: Path, tmp: Path, rewritten: set[str], copy: bool) -> dict[str, str]:
+    """Copy model_index.json, link (or copy) every other entry; returns name -> link target."""
+    linked: dict[str, str] = {}
+    for path in sorted(source.iterdir()):
+        if path.name == MODEL_INDEX:
+            shutil.copyfile(path, tmp / MODEL_INDEX)
+        elif path.name not in rewritten:
+            _link_or_copy(path, tmp / path.name, copy)
+            if not copy:
+                linked[path.name] = str(path)
+    return linked
+
+
+def _finish(tmp: Path, manifest: dict[str, Any], results: dict[str, ComponentResult]) -> None:
+    """Per-tensor errors, then the digest of every file, then the sealed manifest."""
+    errors = {f"{c}/{prefix}": e for c, r in results.items() for prefix, e in sorted(r.errors.items())}
+    atomic_write_json(tmp / ERRORS_FILE, {"metric": "relative_l2", "tensors": errors})
+    written = {f"{c}/{f}": d for c, r in results.items() for f, d in r.written_files.items()}
+    manifest["files"] = file_records(tmp, skip_dirs=set(manifest["linked"]), known=written)
+    write_manifest(tmp, manifest)
+    _make_readable(tmp)
 
 
 def _make_readable(root: Path) -> None:
@@ -216,57 +245,37 @@ def quantize(
     if output.exists() and not force:
         raise InputError(f"{output}: already exists (use --force to replace it)")
     torch_device = resolve_device(device)
-    plans = {c: _plan_component(source, index, c, chosen, targets, ignore) for c in dict.fromkeys(components)}
-    options = {
-        "scheme": chosen.name,
-        "group_size": group_size,
-        "components": list(plans),
-        "targets": list(targets),
-        "ignore": list(ignore),
-        "config_form": config_form,
-        "copy": copy,
-        "device": torch_device.type,
-    }
+    stop = threading.Event()
+    digest_pool = ThreadPoolExecutor(1, thread_name_prefix="ditq-digest")
+    tree_digest = digest_pool.submit(source_tree_digest, source, stop)  # overlaps planning and writing
     try:
+        plans = {
+            c: _plan_component(source, index, c, chosen, targets, ignore) for c in dict.fromkeys(components)
+        }
+        options = {
+            "scheme": chosen.name,
+            "group_size": group_size,
+            "components": list(plans),
+            "targets": list(targets),
+            "ignore": list(ignore),
+            "config_form": config_form,
+            "copy": copy,
+            "device": torch_device.type,
+        }
         with atomic_directory(output, force=force) as tmp:
+            limits = {"max_shard_bytes": max_shard_bytes, "band_bytes": band_bytes}
             results = {
-                c: _write_component(
-                    source,
-                    tmp,
-                    p,
-                    chosen,
-                    config_form,
-                    torch_device,
-                    {"max_shard_bytes": max_shard_bytes, "band_bytes": band_bytes},
-                )
+                c: _write_component(source, tmp, p, chosen, config_form, torch_device, limits)
                 for c, p in plans.items()
             }
-            linked: dict[str, str] = {}
-            for path in sorted(source.iterdir()):
-                if path.name == MODEL_INDEX:
-                    shutil.copyfile(path, tmp / MODEL_INDEX)
-                elif path.name not in plans:
-                    _link_or_copy(path, tmp / path.name, copy)
-                    if not copy:
-                        linked[path.name] = str(path)
-            errors = {
-                f"{c}/{prefix}": e for c, r in results.items() for prefix, e in sorted(r.errors.items())
-            }
-            atomic_write_json(tmp / ERRORS_FILE, {"metric": "relative_l2", "tensors": errors})
-            known = {
-                source / c / f: digest
-                for c, r in results.items()
-                for f, (_, digest) in r.source_files.items()
-            }
-            manifest = _manifest(
-                source, chosen, options, plans, results, source_tree_digest(source, known), linked
-            )
-            written = {f"{c}/{f}": d for c, r in results.items() for f, d in r.written_files.items()}
-            manifest["files"] = file_records(tmp, skip_dirs=set(linked), known=written)
-            write_manifest(tmp, manifest)
-            _make_readable(tmp)
+            linked = _link_the_rest(source, tmp, set(plans), copy)
+            manifest = _manifest(source, chosen, options, plans, results, tree_digest.result(), linked)
+            _finish(tmp, manifest, results)
     except OSError as error:
         raise DitqError(f"{output}: writing failed ({error}); nothing was left behind") from error
+    finally:
+        stop.set()
+        digest_pool.shutdown(wait=True)
     stats = manifest["statistics"]
     log.info(
         "wrote %s: %d tensors quantized, mean rel-L2 %.4f, max %.4f",

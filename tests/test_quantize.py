@@ -339,3 +339,14 @@ def test_peak_memory_bounded_by_largest_tensor(tmp_path: Path) -> None:
     growth = measured["peak"] - measured["base"]
     assert growth <= 3 * largest + 300 * 2**20
     assert growth < model_bytes / 2, f"peak RSS grew {growth / 2**20:.0f} MiB"
+
+
+def test_leftovers_of_a_killed_run_are_swept(model_dir, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A killed run cannot clean up after itself; its temporary sibling goes on the next run."""
+    source = model_dir("wan")
+    leftover = tmp_path / ".ditq-tmp-out.killed"
+    (leftover / "transformer").mkdir(parents=True)
+    (leftover / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(b"partial")
+    ditq.quantize(source, tmp_path / "out", "w8a8")
+    assert not leftover.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([source.parent.name, "out"])

@@ -15,6 +15,7 @@ import importlib.metadata
 import os
 import platform
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -61,24 +62,31 @@ def hub_revision(source: Path) -> str | None:
     return None
 
 
-def _file_sha256(path: Path, known: dict[Path, str]) -> str:
-    if path in known:
-        return known[path]
+def _file_sha256(path: Path, stop: threading.Event) -> str:
     target = Path(os.path.realpath(path))
     if path.is_symlink() and target.parent.name == "blobs" and _HEX64.match(target.name):
         return target.name
-    return sha256_file(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 22):
+            if stop.is_set():
+                raise InterruptedError(f"digest of {path} abandoned")
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
-def source_tree_digest(source: Path, known: dict[Path, str]) -> dict[str, Any]:
-    """{"tree_digest": "sha256:...", "files": n, "bytes": n} over every file under ``source``."""
-    source = Path(source)
+def source_tree_digest(source: Path, stop: threading.Event | None = None) -> dict[str, Any]:
+    """{"tree_digest": "sha256:...", "files": n, "bytes": n} over every file under ``source``.
+
+    Meant to run on a background thread while the source is quantized; ``stop`` abandons it.
+    """
+    source, stop = Path(source), stop or threading.Event()
     lines = []
     total = 0
     for path in sorted(p for p in source.rglob("*") if p.is_file()):
         size = path.stat().st_size
         total += size
-        lines.append(f"{_file_sha256(path, known)} {size} {path.relative_to(source).as_posix()}\n")
+        lines.append(f"{_file_sha256(path, stop)} {size} {path.relative_to(source).as_posix()}\n")
     digest = hashlib.sha256("".join(lines).encode()).hexdigest()
     return {"tree_digest": f"sha256:{digest}", "files": len(lines), "bytes": total}
 

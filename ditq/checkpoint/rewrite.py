@@ -1,7 +1,6 @@
 """Rewrite one component's weights: quantize its targets band by band, copy every other tensor byte for byte.
 
-The source files are read once, front to back, and hashed on the way (their
-sha256 feeds the manifest's tree digest without a second pass). Each band of
+The source files are read once, front to back. Each band of
 rows is encoded on a worker thread (single-threaded torch inside each, which
 keeps small bands in cache and avoids thread-pool thrash), and the results
 are appended in source order, so the output -- hashed as it is written -- is
@@ -11,7 +10,6 @@ the same whatever the band size or thread count. Memory: at most
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -53,7 +51,6 @@ class ComponentResult:
     quantized_params: int = 0
     kept_params: int = 0
     errors: dict[str, float] = field(default_factory=dict)  # target prefix -> relative L2 error
-    source_files: dict[str, tuple[int, str]] = field(default_factory=dict)  # file name -> (size, sha256)
     written_files: dict[str, tuple[int, str]] = field(default_factory=dict)  # file name -> (size, sha256)
 
 
@@ -181,33 +178,25 @@ class _Streamer:
         self.result, self.device, self.band_bytes = result, device, band_bytes
 
     def stream_file(self, header: SafetensorsHeader) -> None:
-        hasher = hashlib.sha256()
         with open(header.path, "rb") as handle:
-            hasher.update(handle.read(header.data_start))
             position = header.data_start
             for entry in header.in_file_order():
                 if entry.begin != position:
                     raise InputError(f"{header.path}: tensor {entry.name} does not follow the previous one")
                 prefix = entry.name[: -len(".weight")]
                 if entry.name.endswith(".weight") and prefix in self.plan.targets:
-                    self._quantize(handle, hasher, entry, prefix)
+                    self._quantize(handle, entry, prefix)
                 else:
-                    self._copy(handle, hasher, entry)
+                    self._copy(handle, entry)
                 position = entry.end
-            handle.seek(position)
-            while chunk := handle.read(1 << 20):
-                hasher.update(chunk)
-                position += len(chunk)
-        self.result.source_files[header.path.name] = (position, hasher.hexdigest())
 
-    def _copy(self, handle, hasher, entry: TensorEntry) -> None:  # type: ignore[no-untyped-def]
+    def _copy(self, handle, entry: TensorEntry) -> None:  # type: ignore[no-untyped-def]
         where = f"{handle.name}: tensor {entry.name}"
         for _, band in read_rows(handle, entry, _rows_per_band(entry, 4 * self.band_bytes)):
-            hasher.update(band.view(torch.uint8).numpy())
             self.pipeline.submit(partial(_check_finite, band, where), partial(self.writer.write, entry.name))
         self.result.kept_params += entry.nbytes // entry.dtype.itemsize
 
-    def _quantize(self, handle, hasher, entry: TensorEntry, prefix: str) -> None:  # type: ignore[no-untyped-def]
+    def _quantize(self, handle, entry: TensorEntry, prefix: str) -> None:  # type: ignore[no-untyped-def]
         packed = self.scheme.format == "pack-quantized"
         stored_name = f"{prefix}.weight_packed" if packed else f"{prefix}.weight"
         scales: list[torch.Tensor] = []
@@ -230,7 +219,6 @@ class _Streamer:
             self.result.errors[prefix] = (sums[0] / sums[1]) ** 0.5 if sums[1] > 0 else 0.0
 
         for _, band in read_rows(handle, entry, _rows_per_band(entry, self.band_bytes)):
-            hasher.update(band.view(torch.uint8).numpy())
             self.pipeline.submit(partial(_encode_on, band, self.device, self.scheme), take)
         self.pipeline.submit(lambda: None, finish)
         self.result.quantized_tensors += 1
