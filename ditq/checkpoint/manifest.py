@@ -67,11 +67,12 @@ def _file_sha256(path: Path, stop: threading.Event) -> str:
     if path.is_symlink() and target.parent.name == "blobs" and _HEX64.match(target.name):
         return target.name
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 22):
+    buffer = memoryview(bytearray(1 << 22))  # one reused buffer: no allocation per chunk
+    with open(path, "rb", buffering=0) as handle:
+        while count := handle.readinto(buffer):
             if stop.is_set():
                 raise InterruptedError(f"digest of {path} abandoned")
-            digest.update(chunk)
+            digest.update(buffer[:count])
     return digest.hexdigest()
 
 
