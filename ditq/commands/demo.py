@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ditq.commands.sweep import add_sweep_arguments, print_verdicts
+from ditq.fsutil import atomic_write_bytes
 from ditq.sweep import SCHEME_STAGES, SweepOptions, run_sweep
 
-__all__ = ["DEMO", "DemoSettings", "add_arguments", "run"]
+__all__ = ["DEMO", "DemoSettings", "add_arguments", "demo_fixtures", "run"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,9 @@ class DemoSettings:
     # Two-core CPUs without bfloat16 matrix units run BF16 many times slower than float32: the demo's
     # "BF16" baseline and the quantized models' unquantized parts compute in float32 there.
     dtype: str = "float32"
+    # The seed's capacity matrix: one fixture each for 1, 2, 3 and 4 reference images (the bundled
+    # text-to-image fixture is left out of the demo's sweep).
+    references: tuple[int, ...] = (1, 2, 3, 4)
 
 
 DEMO = DemoSettings()
@@ -36,6 +41,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sweep_arguments(parser)
 
 
+def demo_fixtures(out: Path) -> Path:
+    """The bundled fixtures with DEMO.references references, written (unchanged if present) under ``out``."""
+    from ditq import demo
+
+    bundled = json.loads(demo.fixtures_path().read_text())
+    chosen = {k: v for k, v in bundled.items() if len(v.get("references") or []) in DEMO.references}
+    path = out / "demo-fixtures.json"
+    text = json.dumps(chosen, indent=1) + "\n"
+    if not path.is_file() or path.read_text() != text:
+        atomic_write_bytes(path, text.encode())
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     from ditq import demo
 
@@ -43,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     options = SweepOptions(
         model=demo.default_model_dir(),
         schemes=DEMO.schemes,
-        fixtures=demo.fixtures_path(),
+        fixtures=demo_fixtures(args.out),
         refs=demo.references_dir(),
         out=args.out,
         seeds=args.seeds or DEMO.seeds,
