@@ -236,6 +236,7 @@ def quantize(
     chosen = get_scheme(scheme, group_size)
     if isinstance(components, str):
         components = [c.strip() for c in components.split(",") if c.strip()]
+    targets, ignore = ([p] if isinstance(p, str) else list(p) for p in (targets, ignore))
     source, output = Path(source).resolve(), Path(output).absolute()
     if config_form not in ("component", "global"):
         raise InputError(f"--config-form must be 'component' or 'global', got {config_form!r}")
