@@ -454,6 +454,7 @@ class _Sweep:
             VerdictRules(parity_reference_db=self.options.parity_db),
             command=self.command,
             baseline_commands=_read_json_list(self.out / "logs" / "baseline-commands.json"),
+            baseline_name="BF16" if self.options.dtype in (None, "bfloat16") else self.options.dtype,
         )
         self.progress("all", "report", "ok", str(result.html))
         return result

@@ -17,6 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", required=True, type=Path, help="the sealed BF16 baseline run directory")
     parser.add_argument("--out", required=True, type=Path, help="report directory (replaced as a whole)")
     parser.add_argument(
+        "--baseline-name", default="BF16", help="what to call the baseline (default: %(default)s)"
+    )
+    parser.add_argument(
         "--parity-db",
         type=float,
         default=None,
@@ -42,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         parity_margin_db=args.parity_margin_db,
         parity_reference_db=args.parity_db,
     )
-    result = build_report(args.runs, args.baseline, args.out, rules)
+    result = build_report(args.runs, args.baseline, args.out, rules, baseline_name=args.baseline_name)
     for entry in result.data.document.candidates:
         reasons = " ".join(r.message for r in entry.reasons) or "every check passed."
         print(f"{entry.name}: {entry.verdict} - {reasons}")

@@ -42,6 +42,7 @@ def build_report(
     rules: VerdictRules | None = None,
     command: str | None = None,
     baseline_commands: Sequence[str] = (),
+    baseline_name: str | None = None,
 ) -> ReportResult:
     """Judge every candidate in ``runs`` against ``baseline`` and write the report directory ``out``.
 
@@ -55,7 +56,10 @@ def build_report(
     base = load_candidate(Path(baseline))
     if base.run is None:
         raise InputError(f"{baseline}: the baseline has no records")
-    base.name = base.name if base.name not in ("baseline", base.run.path.name) else "BF16"
+    if baseline_name is not None:
+        base.name = baseline_name
+    elif base.name in ("baseline", base.run.path.name):
+        base.name = "BF16"
     base.extra_commands = list(baseline_commands)
     candidates = [load_candidate(Path(run)) for run in runs]
     names = [c.name for c in candidates]

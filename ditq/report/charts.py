@@ -121,7 +121,7 @@ def memory_chart(report: ReportData, path: Path) -> Path | None:
 # file name -> (title, drawing function)
 CHARTS = {
     "wall_vs_refs.png": ("Seconds per image vs reference count", wall_chart),
-    "psnr_per_seed.png": ("PSNR against BF16 per seed", psnr_chart),
+    "psnr_per_seed.png": ("PSNR against the baseline per seed", psnr_chart),
     "memory.png": ("Device memory over time", memory_chart),
 }
 

@@ -110,7 +110,7 @@ def _cell(row: CapacityRow | None, baseline: CapacityRow | None) -> str:
     if baseline is not None and baseline.wall_mean_s:
         text += f" (×{baseline.wall_mean_s / row.wall_mean_s:.2f})"
     elif baseline is not None and baseline.out_of_memory:
-        text += " (BF16 OOM)"
+        text += " (baseline OOM)"
     return text
 
 

@@ -147,7 +147,11 @@ def _fidelity_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictR
         return []
     summaries = [s for s in fidelity_by_fixture(run) if s.psnr_mean_db is not None]
     if not summaries:
-        return [Reason("no_fidelity_result", "No image of this run was compared with the BF16 baseline.")]
+        return [
+            Reason(
+                "no_fidelity_result", f"No image of this run was compared with the {baseline.name} baseline."
+            )
+        ]
     parity = run.parity or {}
     floor = parity_floor_db(candidate, rules)
     worst = min(summaries, key=lambda s: s.psnr_mean_db if s.psnr_mean_db is not None else math.inf)
@@ -182,7 +186,7 @@ def _fidelity_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictR
     return [
         Reason(
             "outside_parity_band",
-            f"Outside the parity band: PSNR against BF16 averages {worst.psnr_mean_db:.1f} dB "
+            f"Outside the parity band: PSNR against {baseline.name} averages {worst.psnr_mean_db:.1f} dB "
             f"on {worst.fixture_id}{floor_text}.",
         )
     ]
@@ -204,7 +208,7 @@ def _speed_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRule
     return [
         Reason(
             "slower_than_baseline",
-            f"Slower than BF16 at {counts} reference(s): {ours[k]:.2f} s vs {theirs[k]:.2f} s per image "
+            f"Slower than {baseline.name} at {counts} reference(s): {ours[k]:.2f} s vs {theirs[k]:.2f} s per image "
             f"at {_plural(k, 'reference')}.",
         )
     ]
