@@ -148,3 +148,13 @@ def test_endpoint_for_is_checked_at_the_edge(tmp_path: Path):
         SweepOptions(tmp_path, ("w8a8",), tmp_path, tmp_path, tmp_path, endpoint_for={"fp8": "http://x"})
     with pytest.raises(InputError, match="--fixtures"):
         SweepOptions(tmp_path, ("w8a8",), tmp_path / "missing.json", tmp_path, tmp_path)
+
+
+def test_demo_sweeps_the_seed_matrix_of_the_bundled_fixtures(tmp_path: Path):
+    from ditq.commands.demo import DEMO, demo_fixtures
+
+    path = demo_fixtures(tmp_path)
+    chosen = json.loads(path.read_text())
+    assert sorted(len(f["references"]) for f in chosen.values()) == list(DEMO.references) == [1, 2, 3, 4]
+    written = path.stat().st_mtime_ns
+    assert demo_fixtures(tmp_path) == path and path.stat().st_mtime_ns == written  # resume sees the same file
