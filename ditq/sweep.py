@@ -455,6 +455,7 @@ class _Sweep:
             command=self.command,
             baseline_commands=_read_json_list(self.out / "logs" / "baseline-commands.json"),
             baseline_name="BF16" if self.options.dtype in (None, "bfloat16") else self.options.dtype,
+            baseline_memory_budget=self.options.max_memory,
         )
         self.progress("all", "report", "ok", str(result.html))
         return result

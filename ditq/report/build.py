@@ -43,6 +43,7 @@ def build_report(
     command: str | None = None,
     baseline_commands: Sequence[str] = (),
     baseline_name: str | None = None,
+    baseline_memory_budget: str | None = None,
 ) -> ReportResult:
     """Judge every candidate in ``runs`` against ``baseline`` and write the report directory ``out``.
 
@@ -61,6 +62,7 @@ def build_report(
     elif base.name in ("baseline", base.run.path.name):
         base.name = "BF16"
     base.extra_commands = list(baseline_commands)
+    base.memory_budget = baseline_memory_budget or base.memory_budget
     candidates = [load_candidate(Path(run)) for run in runs]
     names = [c.name for c in candidates]
     for name in names:
