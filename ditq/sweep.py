@@ -293,6 +293,8 @@ class _Sweep:
         self.options, self.command = options, command
         self.out = options.out
         self.baseline = self.out / "baseline"
+        # the baseline is BF16 unless the servers compute in another dtype (float32 on a CPU, say)
+        self.baseline_name = "BF16" if options.dtype in (None, "bfloat16") else options.dtype
         self.progress = _Progress(1 + len(SCHEME_STAGES) * len(options.schemes) + 1, options.progress)
 
     def _show(self, c: _Candidate, stage: str, status: str, detail: str = "") -> None:
@@ -332,9 +334,9 @@ class _Sweep:
 
         seal = self.baseline / "SEAL.json"
         if seal.is_file() and not verify_seal(self.baseline):
-            self.progress("BF16", "baseline", "skipped", "sealed by an earlier run")
+            self.progress(self.baseline_name, "baseline", "skipped", "sealed by an earlier run")
             return False
-        self.progress("BF16", "baseline", "running")
+        self.progress(self.baseline_name, "baseline", "running")
         started = time.monotonic()
         logs = self.out / "logs"
         server = _Server(self.options, self.options.model, logs / "serve-baseline.log")
@@ -352,7 +354,7 @@ class _Sweep:
             raise DitqError(
                 f"baseline: exit code {code}, no sealed baseline ({_last_line(logs / 'baseline.log')})"
             )
-        self.progress("BF16", "baseline", "ok", f"{time.monotonic() - started:.1f} s")
+        self.progress(self.baseline_name, "baseline", "ok", f"{time.monotonic() - started:.1f} s")
         return True
 
     # -- one scheme ----------------------------------------------------------------------------------
@@ -454,7 +456,7 @@ class _Sweep:
             VerdictRules(parity_reference_db=self.options.parity_db),
             command=self.command,
             baseline_commands=_read_json_list(self.out / "logs" / "baseline-commands.json"),
-            baseline_name="BF16" if self.options.dtype in (None, "bfloat16") else self.options.dtype,
+            baseline_name=self.baseline_name,
             baseline_memory_budget=self.options.max_memory,
         )
         self.progress("all", "report", "ok", str(result.html))

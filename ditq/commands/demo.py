@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ditq.commands.sweep import add_sweep_arguments, print_verdicts
+from ditq.commands.sweep import add_sweep_arguments, print_verdicts, stop_on_sigterm
 from ditq.fsutil import atomic_write_bytes
 from ditq.sweep import SCHEME_STAGES, SweepOptions, run_sweep
 
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
     )
+    stop_on_sigterm()
     result = run_sweep(options)
     print_verdicts(result)
     print(

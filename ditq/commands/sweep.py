@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 
 from ditq.report import ReportResult
 from ditq.schemes import get_scheme
 from ditq.sweep import SweepOptions, default_device, parse_endpoint_for, run_sweep
 
-__all__ = ["add_arguments", "add_sweep_arguments", "print_verdicts", "run"]
+__all__ = ["add_arguments", "add_sweep_arguments", "print_verdicts", "run", "stop_on_sigterm"]
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +66,15 @@ def print_verdicts(result: ReportResult) -> None:
     print(f"report: {result.html}")
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the servers the sweep started are stopped on the way out."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def run(args: argparse.Namespace) -> int:
     schemes = tuple(dict.fromkeys(get_scheme(s.strip()).name for s in args.schemes.split(",") if s.strip()))
     options = SweepOptions(
@@ -85,5 +95,6 @@ def run(args: argparse.Namespace) -> int:
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
     )
+    stop_on_sigterm()
     print_verdicts(run_sweep(options))
     return 0
