@@ -22,7 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("output", type=Path, metavar="OUT", help="artifact directory to create")
     parser.add_argument(
-        "--scheme", default=DEFAULTS["scheme"], help=f"one of {', '.join(SCHEMES)} or an alias"
+        "--scheme",
+        default=DEFAULTS["scheme"],
+        help=f"one of {', '.join(SCHEMES)} or an alias (default: {DEFAULTS['scheme']})",
     )
     parser.add_argument(
         "--components",
