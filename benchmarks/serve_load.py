@@ -5,13 +5,14 @@
 Starts `ditq serve MODEL` (default: the bundled demo model) as a subprocess on a free loopback port with
 ``--max-queue`` = clients, so a steady phase of ``clients`` closed-loop clients (each sends its next
 request when the previous one is answered) can never fill the queue: every answer must be 200 and no
-429 may appear. Requests alternate text-to-image and 1-2 reference edits. Then a burst of
+429 may appear. Requests cycle through the demo fixtures (text-to-image and edits with 1-4 references). Then a burst of
 ``clients + 1 + extra`` simultaneous requests: at most ``extra`` (those beyond 1 running + max_queue
 waiting) may get 429, every other one must be 200.
 
-Resident memory of the server is sampled every second from /proc (Linux). Growth compares the mean
-of the first and the last ``--window`` seconds of the steady phase, both after the first answer (the
-model is warm). The JSON records the command, versions, settings, per-status counts, latencies,
+Before the steady phase, one request per fixture runs alone (warm-up: every request shape has been
+served once). Resident memory of the server is sampled every second from /proc (Linux). Growth
+compares the mean of the first and the last ``--window`` seconds of the steady phase (which ends when
+the last steady request is answered). The JSON records the command, versions, settings, per-status counts, latencies,
 throughput, the memory series and the pass/fail of each criterion.
 """
 
@@ -55,22 +56,20 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
-def reference_pngs(count: int) -> list[bytes]:
-    """The demo's own reference images when present, else small generated ones."""
-    try:
-        from ditq.demo import references_dir
+def demo_requests() -> list[dict[str, Any]]:
+    """The demo fixtures as requests: prompt, size and reference PNG bytes (0 to 4 references)."""
+    from ditq.demo import fixtures_path, references_dir
 
-        paths = sorted(references_dir().glob("*.png"))[:count]
-    except ImportError:
-        paths = []
-    if len(paths) >= count:
-        return [path.read_bytes() for path in paths]
-    images = []
-    for index in range(count):
-        buffer = io.BytesIO()
-        Image.new("RGBA", (32, 32), (60 * index % 256, 120, 200, 255)).save(buffer, format="PNG")
-        images.append(buffer.getvalue())
-    return images
+    fixtures = json.loads(fixtures_path().read_text())
+    return [
+        {
+            "id": name,
+            "prompt": fixture["prompt"],
+            "size": f"{fixture['width']}x{fixture['height']}",
+            "references": [(references_dir() / f"{ref}.png").read_bytes() for ref in fixture["references"]],
+        }
+        for name, fixture in fixtures.items()
+    ]
 
 
 class Load:
@@ -80,22 +79,25 @@ class Load:
         self.base, self.args = base, args
         self.records: list[dict[str, Any]] = []
         self.lock = threading.Lock()
-        self.references = reference_pngs(2)
+        self.requests = demo_requests()
 
     def one(self, client: httpx.Client, phase: str, index: int) -> None:
+        fixture = self.requests[index % len(self.requests)]
         fields = {
-            "prompt": f"a small red circle on a blue background, variant {index % 5}",
-            "size": self.args.size,
+            "prompt": fixture["prompt"],
+            "size": self.args.size or fixture["size"],
             "num_inference_steps": self.args.steps,
             "seed": index,
         }
-        started = time.perf_counter()
-        endpoint = "edits" if index % 2 else "generations"
-        record: dict[str, Any] = {"phase": phase, "endpoint": endpoint, "start_s": started}
+        endpoint = "edits" if fixture["references"] else "generations"
+        record: dict[str, Any] = {"phase": phase, "endpoint": endpoint, "fixture": fixture["id"]}
+        started = record["start_s"] = time.perf_counter()
         try:
             if endpoint == "edits":
-                refs = self.references[: 1 + index % 2]
-                files = [("image[]", (f"ref{i}.png", data, "image/png")) for i, data in enumerate(refs)]
+                files = [
+                    ("image[]", (f"ref{i}.png", data, "image/png"))
+                    for i, data in enumerate(fixture["references"])
+                ]
                 data = {key: str(value) for key, value in fields.items()}
                 response = client.post(f"{self.base}/v1/images/edits", data=data, files=files)
             else:
@@ -129,6 +131,12 @@ class Load:
             thread.start()
         for thread in threads:
             thread.join()
+
+    def warmup(self) -> None:
+        """One request per fixture, one at a time: every request shape has been seen before measuring."""
+        with httpx.Client(timeout=self.args.timeout) as client:
+            for index in range(len(self.requests)):
+                self.one(client, "warmup", index)
 
     def burst(self, size: int) -> None:
         barrier = threading.Barrier(size)
@@ -164,12 +172,12 @@ def summarize(load: Load, series: list[tuple[float, int]], args: argparse.Namesp
     burst = [r for r in load.records if r["phase"] == "burst"]
     ok = [r for r in steady if r["status"] == 200]
     latencies = [r["seconds"] for r in ok]
-    first_answer = min(r["start_s"] + r["seconds"] for r in ok) if ok else None
+    steady_start = min((r["start_s"] for r in steady), default=None)
     steady_end = max((r["start_s"] + r["seconds"] for r in steady), default=None)
     memory: dict[str, Any] = {"window_s": args.window}
-    if first_answer is not None and steady_end is not None:
-        warm = [(t, v) for t, v in series if first_answer <= t <= steady_end]
-        first = [v for t, v in warm if t <= first_answer + args.window]
+    if steady_start is not None and steady_end is not None:
+        warm = [(t, v) for t, v in series if steady_start <= t <= steady_end]
+        first = [v for t, v in warm if t <= steady_start + args.window]
         last = [v for t, v in warm if t >= steady_end - args.window]
         if first and last:
             memory.update(
@@ -178,11 +186,12 @@ def summarize(load: Load, series: list[tuple[float, int]], args: argparse.Namesp
                 growth_percent=100 * (statistics.mean(last) / statistics.mean(first) - 1),
             )
         memory["series_mib"] = [round(v / 2**20, 1) for _, v in warm]
+    warmup = [r for r in load.records if r["phase"] == "warmup"]
     beyond = len(burst) - (1 + args.clients)
     burst_429 = sum(r["status"] == 429 for r in burst)
     criteria = {
         "zero_lost": all(r["status"] is not None for r in load.records),
-        "zero_failed_valid_requests_steady": all(r["status"] == 200 for r in steady),
+        "zero_failed_valid_requests_steady": all(r["status"] == 200 for r in steady + warmup),
         "no_429_within_queue_bound": not any(r["status"] == 429 for r in steady),
         "burst_429_only_beyond_bound": burst_429 <= beyond and all(r["status"] in (200, 429) for r in burst),
         "rss_growth_below_10_percent": memory.get("growth_percent") is not None
@@ -196,7 +205,9 @@ def summarize(load: Load, series: list[tuple[float, int]], args: argparse.Namesp
         "steady": {
             "requests": len(steady),
             "ok": len(ok),
-            "images_per_s": len(ok) / args.duration,
+            "images_per_s": len(ok) / (steady_end - steady_start)
+            if ok and steady_start is not None and steady_end is not None
+            else None,
             "latency_s": {
                 "mean": statistics.mean(latencies) if latencies else None,
                 "p50": percentile(latencies, 0.5),
@@ -236,14 +247,15 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of the steady phase")
     parser.add_argument("--extra", type=int, default=3, help="burst requests beyond 1 running + max_queue")
-    parser.add_argument("--size", default="64x64")
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--size", help="WxH for every request (default: each fixture's own size)")
+    parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--window", type=float, default=10.0, help="seconds of each memory window")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--serve-arg", action="append", default=[], help="extra argument for ditq serve")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "serve_load.json")
     args = parser.parse_args()
 
+    load_average_before = os.getloadavg()
     port = free_port()
     command = [
         sys.executable,
@@ -278,6 +290,7 @@ def main() -> int:
         sampler = threading.Thread(target=sample_memory, args=(server.pid, stop, series), daemon=True)
         sampler.start()
         load = Load(base, args)
+        load.warmup()
         started = time.perf_counter()
         load.steady()
         steady_wall = time.perf_counter() - started
@@ -298,6 +311,8 @@ def main() -> int:
             "machine": platform.machine(),
             "cpu_count": os.cpu_count(),
             "torch": __import__("torch").__version__,
+            "load_average_1_5_15_min_before": [round(v, 2) for v in load_average_before],
+            "load_average_1_5_15_min_after": [round(v, 2) for v in os.getloadavg()],
             "note": "CPU only; the cores are shared with other work, so latencies are indicative",
         },
         "settings": {
@@ -309,7 +324,7 @@ def main() -> int:
             "size": args.size,
             "num_inference_steps": args.steps,
             "model": str(args.model or "bundled demo model"),
-            "request_mix": "alternating generations and edits with 1-2 references",
+            "request_mix": "the demo fixtures in turn (0-4 references), seed = request index",
         },
         **summarize(load, series, args),
         "server_metrics": [
