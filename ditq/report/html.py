@@ -31,7 +31,7 @@ color:#1d1d1f;padding:0 1rem;line-height:1.4}
 table{border-collapse:collapse;margin:0.6rem 0 1.2rem;font-size:0.85rem}
 th,td{border:1px solid #d0d0d5;padding:0.25rem 0.5rem;text-align:left;vertical-align:top}
 th{background:#f2f2f5} .YES{color:#0a7a2f;font-weight:700} .NO{color:#b00020;font-weight:700}
-figure{margin:0.8rem 0} figcaption{font-size:0.8rem;color:#555} img{max-width:100%;height:auto}
+figure{margin:0.8rem 0} .grids{display:flex;flex-wrap:wrap;gap:0 1.5rem;align-items:flex-start} figcaption{font-size:0.8rem;color:#555} img{max-width:100%;height:auto}
 code{background:#f2f2f5;padding:0 0.2rem}
 """
 
@@ -102,10 +102,13 @@ def render_html(report: ReportData, charts: dict[str, Path | None], grids: list[
             parts.append(table_html(capacity_table(a.matrix)))
         if a.candidate.stages:
             parts.append(table_html(stages_table(a.candidate)))
+        figures = []
         for grid in (g for g in grids if g.candidate == a.candidate.name):
             seeds = ", ".join(str(s) for s in grid.seeds)
             caption = f"{grid.fixture_id}: {report.baseline.name} | {grid.candidate} | amplified difference, seeds {seeds}"
-            parts.append(_figure(grid.path, caption))
+            figures.append(_figure(grid.path, caption))
+        if figures:
+            parts.append(f'<div class="grids">{"".join(figures)}</div>')
     parts.append("<h2>Charts</h2>")
     for name, (title, _) in CHARTS.items():
         path = charts.get(name)
