@@ -218,11 +218,15 @@ class _Candidate:
             },
         )
 
-    def complete(self, stage: str, outputs: Sequence[Path]) -> bool:
+    def complete(self, stage: str, outputs: Sequence[Path], command: str | None = None) -> bool:
+        """Done by an earlier run: ok, outputs present, nothing before it ran again and, when ``command``
+        is given, made by the same command (so a changed option, --parity-db say, runs the stage again)."""
+        previous = self.stages.get(stage, {})
         return (
             not self.dirty
-            and self.stages.get(stage, {}).get("status") == "ok"
+            and previous.get("status") == "ok"
             and all(p.exists() for p in outputs)
+            and (command is None or previous.get("command") == command)
         )
 
     def record(
@@ -311,7 +315,7 @@ class _Sweep:
         outputs: Sequence[Path],
         ok_codes: tuple[int, ...] = (0,),
     ) -> bool:
-        if c.complete(stage, outputs):
+        if c.complete(stage, outputs, _shown(argv)):
             self._show(c, stage, "skipped", "complete from an earlier run")
             return True
         if argv[3:4] and argv[3] not in COMMANDS:
@@ -366,9 +370,8 @@ class _Sweep:
         c.save()
         options = self.options
         manifest = c.artifact / "MANIFEST.json"
-        quantize = ditq_argv("quantize", options.model, c.artifact, "--scheme", scheme)
-        if c.artifact.exists() and not c.complete("quantize", [manifest]):
-            quantize.append("--force")
+        # --force: an artifact left by an interrupted or older run is replaced (quantize writes atomically)
+        quantize = ditq_argv("quantize", options.model, c.artifact, "--scheme", scheme, "--force")
         chain_ok = self._step(c, "quantize", quantize, [manifest])
         chain_ok = chain_ok and self._step(
             c, "verify", ditq_argv("verify", c.artifact, "--source", options.model), []

@@ -29,6 +29,10 @@ class DemoSettings:
     # The seed's capacity matrix: one fixture each for 1, 2, 3 and 4 reference images (the bundled
     # text-to-image fixture is left out of the demo's sweep).
     references: tuple[int, ...] = (1, 2, 3, 4)
+    # The parity band: the lowest per-fixture mean PSNR between two acceptable runs of the unquantized demo
+    # model (float32 served vs bfloat16 in process, 8 steps, the same seeds): benchmarks/demo_parity.py,
+    # result in benchmarks/results/demo_parity.json. Compare's 1 dB tolerance applies below it.
+    parity_db: float = 50.7
 
 
 DEMO = DemoSettings()
@@ -70,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         max_memory=args.max_memory,
         device="cpu",
         dtype=args.dtype or DEMO.dtype,
-        parity_db=args.parity_db,
+        parity_db=args.parity_db if args.parity_db is not None or args.parity_pair else DEMO.parity_db,
         parity_pair=tuple(args.parity_pair) if args.parity_pair else None,
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
