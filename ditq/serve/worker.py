@@ -8,10 +8,12 @@ disconnect) is cancelled: while still queued it is removed and never runs; once 
 from __future__ import annotations
 
 import collections
+import ctypes
 import gc
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -54,6 +56,25 @@ def free_accelerator_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None on another C library."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _libc_malloc_trim()
+
+
+def return_free_host_memory() -> None:
+    """Hand the heap's free pages back to the OS. A generation allocates and frees hundreds of MB
+    of activations of request-dependent sizes; glibc keeps the freed pages, and without this the
+    resident size of a long-running server creeps up with fragmentation although nothing is live."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 class GenerationWorker:
@@ -142,6 +163,7 @@ class GenerationWorker:
                 # Outside the except block: the traceback (and the tensors its frames hold) is gone.
                 self.oom_count += 1
                 free_accelerator_memory()
+            return_free_host_memory()
             job.finished_at = time.perf_counter()
             with self._lock:
                 self._running = None
