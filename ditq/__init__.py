@@ -9,8 +9,8 @@ __version__ = "0.1.0"
 
 # Public API name -> module that defines it; imported on first use so `import ditq` stays light.
 _LAZY: dict[str, str] = {
-    "quantize": "ditq.quantize",
-    "verify": "ditq.verify",
+    "quantize": "ditq.quantizer",
+    "verify": "ditq.verifier",
     "load_pipeline": "ditq.runtime.loader",
     "load_component": "ditq.runtime.loader",
 }

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from ditq._callable import make_module_callable
 from ditq.checkpoint.layout import (
     MODEL_INDEX,
     component_class,
@@ -286,6 +285,3 @@ def quantize(
         stats["max_rel_l2"],
     )
     return QuantizeResult(output, manifest)
-
-
-make_module_callable(__name__, quantize)

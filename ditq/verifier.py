@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from ditq._callable import make_module_callable
 from ditq.checkpoint.layout import load_component_config, quantization_config_of, read_model_index
 from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, SCHEMA_VERSION, file_records
 from ditq.checkpoint.qconfig import scheme_of
@@ -315,6 +314,3 @@ def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyRepo
                 root, component, {**info, "quantization_config": plain}, scheme, source_dir, report
             )
     return report
-
-
-make_module_callable(__name__, verify)

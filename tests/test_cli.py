@@ -13,7 +13,7 @@ import pytest
 
 from ditq.cli import main
 from ditq.commands import quantize as quantize_command
-from ditq.quantize import DEFAULTS, quantize
+from ditq.quantizer import DEFAULTS, quantize
 
 
 def _parse(module, argv: list[str]) -> argparse.Namespace:  # type: ignore[no-untyped-def]

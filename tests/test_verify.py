@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ditq
-import ditq.verify as verify_module
+import ditq.verifier as verify_module
 from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, file_records, read_manifest, write_manifest
 from ditq.errors import InputError
-from ditq.verify import REL_L2_BOUNDS, verify
+from ditq.verifier import REL_L2_BOUNDS, verify
 
 WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"
 

@@ -1,4 +1,4 @@
-"""`ditq quantize`: a thin layer over ``ditq.quantize.quantize`` (same defaults)."""
+"""`ditq quantize`: a thin layer over ``ditq.quantizer.quantize`` (same defaults)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ditq.quantize import DEFAULTS, quantize
+from ditq.quantizer import DEFAULTS, quantize
 from ditq.schemes import SCHEMES
 
 __all__ = ["add_arguments", "run"]
