@@ -24,6 +24,12 @@ def _save(figure, path: Path) -> Path:
     return path
 
 
+def _color(report: ReportData, name: str) -> str:
+    """One colour per run across every chart: the baseline first, then the candidates in order."""
+    names = [c.name for c in report.all_candidates]
+    return f"C{names.index(name) % 10}"
+
+
 def wall_chart(report: ReportData, path: Path) -> Path | None:
     """Seconds per image vs reference count, one line per candidate, min–max as error bars; OOM marked."""
     figure, axis = plt.subplots(figsize=(6.4, 3.8))
@@ -40,7 +46,13 @@ def wall_chart(report: ReportData, path: Path) -> Path | None:
             high = [(r.wall_max_s or m) - m for m, r in zip(means, served, strict=True)]
             style = "--" if candidate is report.baseline else "-"
             line = axis.errorbar(
-                ks, means, yerr=[low, high], fmt="o" + style, capsize=3, label=candidate.name
+                ks,
+                means,
+                yerr=[low, high],
+                fmt="o" + style,
+                capsize=3,
+                label=candidate.name,
+                color=_color(report, candidate.name),
             )
             plotted = True
             top = max(means)
@@ -83,7 +95,10 @@ def psnr_chart(report: ReportData, path: Path) -> Path | None:
             ]
             if points:
                 points.sort()
-                axis.plot([s for s, _ in points], [p for _, p in points], "o-", label=a.candidate.name)
+                color = _color(report, a.candidate.name)
+                axis.plot(
+                    [s for s, _ in points], [p for _, p in points], "o-", label=a.candidate.name, color=color
+                )
                 axis.set_xticks(sorted({s for s, _ in points}))
         for floor in floors:
             axis.axhline(floor, linestyle="--", color="grey", linewidth=1)
@@ -109,7 +124,8 @@ def memory_chart(report: ReportData, path: Path) -> Path | None:
     for candidate in runs:
         assert candidate.run is not None
         samples = candidate.run.memory
-        axis.plot([s.t_s for s in samples], [s.used_bytes / 2**30 for s in samples], label=candidate.name)
+        gib = [s.used_bytes / 2**30 for s in samples]
+        axis.plot([s.t_s for s in samples], gib, label=candidate.name, color=_color(report, candidate.name))
     axis.set_xlabel("seconds since the run started")
     axis.set_ylabel("device memory used (GiB)")
     axis.set_title("Memory over time")
