@@ -39,9 +39,8 @@ def main() -> int:
         wall = time.monotonic() - started
         load_after = os.getloadavg()
     finally:
-        output = locals().get("done")
         shutil.rmtree(work, ignore_errors=True)
-    assert output is not None
+    output = done
     lines = output.stdout.splitlines()
     sweep = next((line for line in lines if line.startswith("demo: ")), None)
     verdicts = [line for line in lines if re.match(r"^(w8a16|w8a8|fp8): (YES|NO)", line)]

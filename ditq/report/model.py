@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,10 +32,8 @@ __all__ = [
     "Record",
     "RunData",
     "StageStatus",
-    "image_path",
     "load_candidate",
     "load_run",
-    "reference_counts",
 ]
 
 CANDIDATE_FILE = "CANDIDATE.json"
@@ -173,10 +170,6 @@ class Candidate:
     def commands(self) -> list[str]:
         from_stages = [s.command for s in self.stages if s.command]
         return [*self.extra_commands, *(from_stages or (self.run.commands if self.run else []))]
-
-
-def image_path(run_dir: Path, fixture_id: str, seed: int) -> Path:
-    return Path(run_dir) / "images" / f"{fixture_id}.s{seed}.png"
 
 
 def _read_json(path: Path) -> Any:
@@ -388,11 +381,3 @@ def load_candidate(path: Path) -> Candidate:
         stages=_stages(raw.get("stages"), description),
         doctor=raw.get("doctor"),
     )
-
-
-def reference_counts(candidates: Iterable[Candidate]) -> list[int]:
-    counts: set[int] = set()
-    for candidate in candidates:
-        if candidate.run:
-            counts.update(candidate.run.reference_counts)
-    return sorted(counts)
