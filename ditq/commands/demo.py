@@ -43,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=Path("demo-out"), help="sweep directory (default: demo-out)"
     )
     add_sweep_arguments(parser)
+    parser.epilog = (
+        f"The demo's own defaults: --seeds {DEMO.seeds} --steps {DEMO.steps} --device cpu "
+        f"--dtype {DEMO.dtype} --parity-db {DEMO.parity_db}, schemes {','.join(DEMO.schemes)}."
+    )
 
 
 def demo_fixtures(out: Path) -> Path:
@@ -72,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps if args.steps is not None else DEMO.steps,
         cfg=args.cfg,
         max_memory=args.max_memory,
-        device="cpu",
+        device=args.device or "cpu",
         dtype=args.dtype or DEMO.dtype,
         parity_db=args.parity_db if args.parity_db is not None or args.parity_pair else DEMO.parity_db,
         parity_pair=tuple(args.parity_pair) if args.parity_pair else None,
