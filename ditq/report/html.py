@@ -95,6 +95,10 @@ def render_html(report: ReportData, charts: dict[str, Path | None], grids: list[
         ]
         if a.floor_db is not None:
             facts.append(f"parity floor {a.floor_db:.2f} dB")
+        if a.candidate.endpoint:
+            facts.append(f"probed through <code>{_e(a.candidate.endpoint)}</code>")
+        if a.candidate.memory_budget:
+            facts.append(f"memory budget {_e(a.candidate.memory_budget)}")
         parts.append("<p>" + "; ".join(facts) + ".</p>")
         items = "".join(f"<li><b>{_e(r.code)}</b>: {_e(r.message)}</li>" for r in a.reasons)
         parts.append(f"<ul>{items or '<li>Every check passed.</li>'}</ul>")

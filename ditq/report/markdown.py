@@ -57,7 +57,9 @@ def render_markdown(
         if a.floor_db is not None:
             facts.append(f"parity floor {a.floor_db:.2f} dB")
         if a.candidate.endpoint:
-            facts.append(f"endpoint {a.candidate.endpoint}")
+            facts.append(f"probed through {a.candidate.endpoint}")
+        if a.candidate.memory_budget:
+            facts.append(f"memory budget {a.candidate.memory_budget}")
         parts.append("; ".join(facts) + ".")
         parts.append("\n".join(f"- **{r.code}**: {r.message}" for r in a.reasons) or "- Every check passed.")
         if a.matrix:
