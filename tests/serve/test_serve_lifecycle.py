@@ -89,14 +89,16 @@ def test_sigterm_finishes_running_and_queued_requests_then_exits() -> None:
             time.sleep(0.2)
         statuses: list[int] = []
 
-        def post(steps: int) -> None:
-            body = {"prompt": "drain me", **FAST, "num_inference_steps": steps}
+        def post(steps: int, size: str) -> None:
+            body = {"prompt": "drain me", **FAST, "num_inference_steps": steps, "size": size}
             statuses.append(httpx.post(f"{base}/v1/images/generations", json=body, timeout=120).status_code)
 
-        threads = [threading.Thread(target=post, args=(steps,)) for steps in (12, 2)]
+        # The first request must still be running when the second arrives: 200 steps at 64x64 take seconds
+        # even on an idle machine (12 steps at 32x32 took 0.05 s, and the queue was never seen holding one).
+        threads = [threading.Thread(target=post, args=args) for args in ((200, "64x64"), (2, "32x32"))]
         for thread in threads:
             thread.start()
-            time.sleep(0.3)
+            time.sleep(0.1)
         while "ditq_queue_depth 1" not in httpx.get(f"{base}/metrics").text:  # one running, one queued
             assert time.monotonic() < deadline
             time.sleep(0.05)
