@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 session for the kernel paths: doctor over every CUDA path, GPU tests, GEMM benchmark.
+# The H200 run for the kernel paths: doctor over every CUDA path, GPU tests, GEMM benchmark.
 # Writes under $OUT (default ./h200-out). Runs from the repository root with the machine's python3.
 set -o pipefail
 OUT=${OUT:-h200-out}
