@@ -79,6 +79,17 @@ class Signature:
     when: tuple[Condition, ...]
     unless: tuple[Condition, ...] = ()
 
+    def fires(self, structure: dict[str, Any]) -> bool | None:
+        """Every ``when`` condition holds and not every ``unless`` one does; None when a ``when`` metric is missing."""
+        results = [c.holds(structure) for c in self.when]
+        if any(r is None for r in results):
+            return None
+        return all(results) and not (self.unless and all(c.holds(structure) is True for c in self.unless))
+
+    def describe(self, structure: dict[str, Any]) -> str:
+        """``name: metric value op bound, ...`` with the measured values."""
+        return f"{self.name}: " + ", ".join(c.text(structure) for c in self.when)
+
 
 @dataclass(frozen=True)
 class EnvelopeMetric:
@@ -274,16 +285,12 @@ def _judge(
 ) -> tuple[list[str], list[str]]:
     reasons, unchecked = [], []
     for sig in rules.signatures:
-        results = [c.holds(structure) for c in sig.when]
-        if any(r is None for r in results):
-            missing = [c.metric for c, r in zip(sig.when, results, strict=True) if r is None]
+        fired = sig.fires(structure)
+        if fired is None:
+            missing = [c.metric for c in sig.when if c.holds(structure) is None]
             unchecked.append(f"{sig.name} (no {', '.join(missing)})")
-            continue
-        if not all(results):
-            continue
-        if sig.unless and all(c.holds(structure) is True for c in sig.unless):
-            continue
-        reasons.append(f"{sig.name}: " + ", ".join(c.text(structure) for c in sig.when))
+        elif fired:
+            reasons.append(sig.describe(structure))
     if envelope is not None:
         for metric, (low, high) in envelope.bands.items():
             value = structure.get(metric)

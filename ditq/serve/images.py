@@ -20,21 +20,13 @@ _SAVE_OPTIONS: dict[str, dict[str, object]] = {
 
 
 def collapse_reasons(image: Image.Image, rules: GateRules) -> list[str]:
-    """The gate's collapse signatures this image shows (name: measured values); empty when sound.
+    """The gate's collapse signatures this image shows (``name: measured values``); empty when sound.
 
-    A signature fires when every ``when`` condition holds, unless every ``unless`` condition holds
-    (the gate's own reading of its rules file). Non-finite latents reach a PIL image as black or
-    transparent pixels, which the flat and transparent signatures catch.
+    Non-finite latents reach a PIL image as black or transparent pixels, which the flat and
+    transparent signatures catch.
     """
     structure = structure_metrics(np.asarray(image))
-    reasons = []
-    for signature in rules.signatures:
-        fires = all(condition.holds(structure) is True for condition in signature.when)
-        excused = bool(signature.unless) and all(c.holds(structure) is True for c in signature.unless)
-        if fires and not excused:
-            measured = ", ".join(condition.text(structure) for condition in signature.when)
-            reasons.append(f"{signature.name} ({measured})")
-    return reasons
+    return [sig.describe(structure) for sig in rules.signatures if sig.fires(structure)]
 
 
 def _over_white(image: Image.Image) -> Image.Image:
