@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import get_args
 
 from ditq.report.capacity import CapacityRow, capacity_matrix, fidelity_by_fixture
 from ditq.report.model import Candidate
+from ditq.report.schema import ReasonCode
 
 __all__ = ["REASON_CODES", "Reason", "VerdictRules", "decide", "parity_floor_db"]
 
@@ -34,17 +36,8 @@ class Reason:
     message: str  # one sentence
 
 
-REASON_CODES = (
-    "stage_failure",
-    "doctor_failure",
-    "failed_requests",
-    "out_of_memory",
-    "collapsed_outputs",
-    "no_gate_result",
-    "outside_parity_band",
-    "no_fidelity_result",
-    "slower_than_baseline",
-)
+# The codes a reason may carry: verdict.json's schema is where they are defined.
+REASON_CODES: tuple[str, ...] = get_args(ReasonCode)
 
 
 def _plural(n: int, word: str) -> str:
