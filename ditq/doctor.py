@@ -198,19 +198,20 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _production_read(case: WeightCase) -> dict[str, torch.Tensor]:
     """The stored tensors as the production reader reads them from a safetensors file."""
-    from ditq.runtime.reader import read_header, read_tensor
+    from ditq.checkpoint.safetensors_io import read_entry, read_header
 
     if case.sources is not None:
         return {
-            key: read_tensor(read_header(file)[f"{case.prefix}.{key}"]) for key, file in case.sources.items()
+            key: read_entry(read_header(file).entries[f"{case.prefix}.{key}"])
+            for key, file in case.sources.items()
         }
     from safetensors.torch import save_file
 
     with tempfile.TemporaryDirectory(prefix="ditq-doctor-") as tmp:
         file = Path(tmp) / "layer.safetensors"
         save_file({f"layer.{k}": v.contiguous() for k, v in case.stored.items()}, str(file))
-        entries = read_header(file)
-        return {key: read_tensor(entries[f"layer.{key}"]) for key in case.stored}
+        entries = read_header(file).entries
+        return {key: read_entry(entries[f"layer.{key}"]) for key in case.stored}
 
 
 def _module(

@@ -32,6 +32,7 @@ __all__ = [
     "SafetensorsHeader",
     "ShardSetWriter",
     "TensorEntry",
+    "read_entry",
     "read_header",
     "read_rows",
     "read_tensor",
@@ -62,6 +63,7 @@ class TensorEntry:
     shape: tuple[int, ...]
     begin: int  # absolute byte offset in the file
     end: int
+    path: Path  # the file that holds it
 
     @property
     def nbytes(self) -> int:
@@ -113,8 +115,8 @@ def read_header(path: Path) -> SafetensorsHeader:
         if end - begin != expected or begin < 0:
             raise InputError(f"{path}: tensor {name}: {end - begin} bytes for shape {list(shape)}")
         if data_start + end > size:
-            raise InputError(f"{path}: truncated: tensor {name} ends past the end of the file")
-        entries[name] = TensorEntry(name, dtype, shape, data_start + begin, data_start + end)
+            raise InputError(f"{path}: tensor {name!r} runs past the end of the file (truncated)")
+        entries[name] = TensorEntry(name, dtype, shape, data_start + begin, data_start + end, path)
     return SafetensorsHeader(path, data_start, entries, dict(metadata))
 
 
@@ -138,6 +140,12 @@ def _read_exact(handle, offset: int, nbytes: int) -> torch.Tensor:  # type: igno
 def read_tensor(handle, entry: TensorEntry) -> torch.Tensor:  # type: ignore[no-untyped-def]
     """The whole tensor ``entry`` from an open binary file handle."""
     return _read_exact(handle, entry.begin, entry.nbytes).view(entry.dtype).reshape(entry.shape)
+
+
+def read_entry(entry: TensorEntry) -> torch.Tensor:
+    """The whole tensor ``entry``, read from its file into fresh CPU memory."""
+    with open(entry.path, "rb") as handle:
+        return read_tensor(handle, entry)
 
 
 def read_rows(handle, entry: TensorEntry, rows_per_band: int) -> Iterator[tuple[int, torch.Tensor]]:  # type: ignore[no-untyped-def]

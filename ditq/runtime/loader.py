@@ -30,11 +30,11 @@ from ditq.checkpoint.layout import (
     read_model_index,
     weight_files,
 )
+from ditq.checkpoint.safetensors_io import TensorEntry, read_entry, read_header
 from ditq.errors import InputError
 from ditq.kernels.registry import KernelPath
 from ditq.runtime.modules import QuantizedLinear, quantized_linear_class, quantized_linears
 from ditq.runtime.offload import OFFLOAD_MODES, apply_offload
-from ditq.runtime.reader import TensorEntry, read_header, read_tensor
 from ditq.schemes import SCHEMES, Scheme
 
 __all__ = [
@@ -175,7 +175,7 @@ def _layer_scheme(prefix: str, entries: dict[str, TensorEntry]) -> Scheme:
     scale = entries[f"{prefix}.weight_scale"]
     groups = scale.shape[1] if len(scale.shape) == 2 else 1
     if groups > 1:
-        in_features = int(read_tensor(entries[f"{prefix}.weight_shape"])[1]) if scheme.name == "w8a16" else 0
+        in_features = int(read_entry(entries[f"{prefix}.weight_shape"])[1]) if scheme.name == "w8a16" else 0
         scheme = scheme.with_group_size(in_features // groups)
     return scheme
 
@@ -284,7 +284,7 @@ def _load_quantized(
 ) -> torch.nn.Module:
     entries: dict[str, TensorEntry] = {}
     for path in weight_files(component_dir):
-        entries.update(read_header(path))
+        entries.update(read_header(path).entries)
     model = _build_empty(cls, config, component_dir)
     schemes = _swap_quantized_linears(model, entries, qconfig, component_dir, dtype)
     expected = set(model.state_dict(keep_vars=True))
@@ -292,7 +292,7 @@ def _load_quantized(
         if name not in expected:
             raise InputError(f"{entries[name].path}: tensor {name!r} has no place in {type(model).__name__}")
     for entry in sorted(entries.values(), key=lambda e: (str(e.path), e.begin)):
-        _assign(model, entry.name, read_tensor(entry), entry, device, dtype)
+        _assign(model, entry.name, read_entry(entry), entry, device, dtype)
     tie_weights = getattr(model, "tie_weights", None)
     if callable(tie_weights):
         tie_weights()
