@@ -21,9 +21,9 @@ from typing import Any
 
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import atomic_write_json, sha256_file
-from ditq.probe.fixtures import Fixture, fixture_digest, fixture_digests, load_fixtures
+from ditq.probe.fixtures import Fixture, load_fixtures
 from ditq.probe.records import IMAGES_DIR, RECORDS_FILE, RUN_FILE
-from ditq.probe.runner import ProbeOptions, ProbeSummary, run_matrix, run_probe, versions
+from ditq.probe.runner import ProbeOptions, ProbeSummary, describe_run, run_matrix, run_probe, versions
 
 __all__ = [
     "SEAL_FILE",
@@ -117,22 +117,18 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
 
     pipeline = load_pipeline(options.model, device=options.device, offload=options.offload)
     executor = AdapterExecutor(PipelineAdapter(pipeline), options.steps, options.true_cfg_scale)
-    description = {
-        "schema": "ditq-run-v1",
-        "kind": "baseline",
-        "model": str(options.model),
-        "endpoints": ["in-process"],
-        "fixtures_file": str(options.fixtures),
-        "fixture_ids": list(fixtures),
-        "fixture_digest": fixture_digest(fixtures),
-        "fixture_digests": fixture_digests(fixtures),
-        "refs_dir": str(options.refs),
-        "seeds": list(options.seeds),
-        "steps": options.steps,
-        "true_cfg_scale": options.true_cfg_scale,
-        "options": {"device": options.device, "offload": options.offload},
-        "versions": versions(),
-    }
+    description = describe_run(
+        "baseline",
+        ["in-process"],
+        options.fixtures,
+        options.refs,
+        fixtures,
+        options.seeds,
+        options.steps,
+        options.true_cfg_scale,
+        {"device": options.device, "offload": options.offload},
+        {"model": str(options.model)},
+    )
     # The generating process is this one: sample its own device memory too.
     return run_matrix(
         options.out,

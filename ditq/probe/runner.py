@@ -49,6 +49,7 @@ __all__ = [
     "HttpExecutor",
     "ProbeOptions",
     "ProbeSummary",
+    "describe_run",
     "normalize_endpoint",
     "run_matrix",
     "run_probe",
@@ -371,6 +372,37 @@ def run_matrix(
     return summary
 
 
+def describe_run(
+    kind: str,
+    endpoints: list[str],
+    fixtures_file: Path,
+    refs: Path,
+    fixtures: dict[str, Fixture],
+    seeds: list[int],
+    steps: int,
+    true_cfg_scale: float,
+    options: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """RUN.json: what was run, against what, with which fixtures (digested) and versions."""
+    return {
+        "schema": "ditq-run-v1",
+        "kind": kind,
+        **(extra or {}),
+        "endpoints": endpoints,
+        "fixtures_file": str(fixtures_file),
+        "fixture_ids": list(fixtures),
+        "fixture_digest": fixture_digest(fixtures),
+        "fixture_digests": fixture_digests(fixtures),
+        "refs_dir": str(refs),
+        "seeds": list(seeds),
+        "steps": steps,
+        "true_cfg_scale": true_cfg_scale,
+        "options": options,
+        "versions": versions(),
+    }
+
+
 def run_probe(options: ProbeOptions) -> ProbeSummary:
     """The ``ditq probe`` job: fixtures x seeds against the endpoints, into ``options.out``."""
     if options.concurrency < 1:
@@ -384,27 +416,23 @@ def run_probe(options: ProbeOptions) -> ProbeSummary:
         if unknown:
             raise InputError(f"--only: unknown fixture {unknown[0]!r} (known: {', '.join(fixtures)})")
         fixtures = {k: v for k, v in fixtures.items() if k in options.only}
-    description = {
-        "schema": "ditq-run-v1",
-        "kind": options.kind,
-        **options.extra,
-        "endpoints": endpoints,
-        "fixtures_file": str(options.fixtures),
-        "fixture_ids": list(fixtures),
-        "fixture_digest": fixture_digest(fixtures),
-        "fixture_digests": fixture_digests(fixtures),
-        "refs_dir": str(options.refs),
-        "seeds": list(options.seeds),
-        "steps": options.steps,
-        "true_cfg_scale": options.true_cfg_scale,
-        "options": {
+    description = describe_run(
+        options.kind,
+        endpoints,
+        options.fixtures,
+        options.refs,
+        fixtures,
+        options.seeds,
+        options.steps,
+        options.true_cfg_scale,
+        {
             "concurrency": options.concurrency,
             "timeout_s": options.timeout_s,
             "model": options.model,
             "retry_failed": options.retry_failed,
         },
-        "versions": versions(),
-    }
+        options.extra,
+    )
     executors = [HttpExecutor(e, options) for e in endpoints for _ in range(options.concurrency)]
     try:
         return run_matrix(
