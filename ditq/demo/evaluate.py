@@ -1,6 +1,7 @@
 """Evaluate the demo model with the semantic scorer, and time it on the CPU.
 
     python -m ditq.demo.evaluate [--model DIR] [--device cuda] [--t2i 200] [--edits 200] [--out results.json]
+                                 [--guidance G] [--task-seed S]
     python -m ditq.demo.evaluate --timing [--threads 2] [--out timing.json]
 
 The evaluation tasks are a fixed, seeded draw; their text-to-image prompts are excluded from training
@@ -196,7 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--guidance", type=float, default=None, help="default: the pipeline's")
     parser.add_argument("--batch-size", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generation noise")
+    parser.add_argument(
+        "--task-seed",
+        type=int,
+        default=EVALUATION_SEED,
+        help="seed of the task draw (default: the held-out evaluation set; another seed: a validation draw)",
+    )
     parser.add_argument("--timing", action="store_true", help="time CPU generation instead of scoring")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="write the JSON result here")
@@ -209,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = evaluate(
             pipe,
-            evaluation_tasks(args.t2i, args.edits),
+            evaluation_tasks(args.t2i, args.edits, args.task_seed),
             args.steps,
             args.guidance,
             args.batch_size,

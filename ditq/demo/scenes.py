@@ -42,10 +42,10 @@ REFERENCE_CANVAS = 32  # reference sprites are REFERENCE_CANVAS x REFERENCE_CANV
 _VERTICES = 24  # every shape is a polygon padded to this many vertices
 # (kind, references): the task mix used for training and evaluation, with weights.
 TASK_KINDS: dict[tuple[str, int], float] = {
-    ("t2i", 0): 0.40,
-    ("recolor", 1): 0.18,
-    ("compose", 1): 0.04,
-    ("compose", 2): 0.12,
+    ("t2i", 0): 0.50,
+    ("recolor", 1): 0.10,
+    ("compose", 1): 0.03,
+    ("compose", 2): 0.11,
     ("compose", 3): 0.12,
     ("compose", 4): 0.14,
 }
@@ -57,10 +57,10 @@ _COMPOSE_CENTERS: dict[int, list[tuple[float, float]]] = {  # (x, y) on the 64 c
 }
 # t2i: objects in the order the prompt lists them, at the same slots as compose, jittered, sizes drawn per count
 _T2I_SIZES: dict[int, tuple[float, float]] = {
-    1: (20.0, 40.0),
-    2: (14.0, 24.0),
-    3: (13.0, 22.0),
-    4: (13.0, 22.0),
+    1: (22.0, 40.0),
+    2: (16.0, 26.0),
+    3: (15.0, 23.0),
+    4: (15.0, 23.0),
 }
 _T2I_JITTER = 2.0
 _RECOLOR_SCALE = 1.6  # a single object is drawn 1.6x its reference size

@@ -1,10 +1,12 @@
-"""Train the demo model: `python -m ditq.demo.train --out DIR [--steps N] [--device cuda]`.
+"""Train the demo model: `python -m ditq.demo.train --out DIR [--steps N] [--device cuda] [--compile]`.
 
 Rectified flow (x_t = (1 - t) x0 + t noise, the transformer predicts noise - x0), text encoder and transformer
 trained together from scratch on procedural tasks (`ditq.demo.scenes`). CPU workers sample task specs and token
 ids; the training device rasterizes them. Without --steps, the learning-rate schedule follows wall time and
-training stops after --time-budget seconds. The t2i prompts of the evaluation set are never trained on.
-Writes DIR/model (diffusers layout, bf16 safetensors, EMA weights), DIR/train_log.jsonl and DIR/train_summary.json.
+training stops after --time-budget seconds (compilation included; --eval-every's evaluations excluded). The t2i
+prompts of the evaluation set are never trained on; --eval-every scores the EMA weights on a separate validation
+draw while training. Writes DIR/model (diffusers layout, bf16 safetensors, EMA weights), DIR/train_log.jsonl and
+DIR/train_summary.json.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from diffusers.models.transformers.transformer_qwenimage21 import (
+    QwenImage21AttnProcessor,
+    _qwenimage21_prepare_qkv,
+)
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ditq.demo import load_demo_pipeline
@@ -33,6 +39,59 @@ from ditq.demo.text_encoder import build_text_inputs
 __all__ = ["TaskBatches", "main", "train"]
 
 _REFERENCE_SLOTS = (REFERENCE_CANVAS // PIXELS_PER_TOKEN) ** 2 // TOKENS_PER_SLOT
+VALIDATION_SEED = 7  # --eval-every draws its tasks with this seed, not the evaluation's
+
+
+@torch.compiler.disable
+def _segment_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    segments: list[tuple[int, int, bool]],
+    key_valid: torch.Tensor | None,
+) -> torch.Tensor:
+    """The block-causal prefill of `QwenImage21AttnProcessor` on (B, S, H, D) tensors: every prefix segment attends
+    to the keys before its end (text causally), the target to everything; padded keys are dropped."""
+    query, key, value = (x.transpose(1, 2) for x in (query, key, value))
+    prefix_len = segments[-1][1] if segments else 0
+    outputs = []
+    for start, end, is_text in segments:
+        mask = None if key_valid is None else key_valid[:, None, None, :end]
+        if is_text:
+            causal = torch.ones(end - start, end, dtype=torch.bool, device=query.device).tril(start)
+            mask = causal[None, None] if mask is None else mask & causal
+        outputs.append(
+            F.scaled_dot_product_attention(
+                query[:, :, start:end], key[:, :, :end], value[:, :, :end], attn_mask=mask
+            )
+        )
+    mask = None if key_valid is None else key_valid[:, None, None, :]
+    outputs.append(F.scaled_dot_product_attention(query[:, :, prefix_len:], key, value, attn_mask=mask))
+    return torch.cat(outputs, dim=2).transpose(1, 2)
+
+
+class CompiledTrainingProcessor(QwenImage21AttnProcessor):
+    """Training-time attention for --compile: the same computation as `QwenImage21AttnProcessor` (no KV cache),
+    with the per-segment attention loop left out of the compiled graph, so one compiled block serves every task
+    layout (the loop's segment count differs per layout and would otherwise recompile the whole block)."""
+
+    def __call__(  # type: ignore[override]
+        self,
+        attn: Any,
+        hidden_states: torch.Tensor,
+        attention_mask: Any = None,
+        rotary_emb: torch.Tensor | None = None,
+        layer_cache: Any = None,
+        kv_cache_mode: str | None = None,
+        cache_write_slice: slice | None = None,
+        segments: list[tuple[int, int, bool]] | None = None,
+        key_valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if layer_cache is not None or segments is None:
+            raise ValueError("CompiledTrainingProcessor runs full training forwards only (no KV cache)")
+        query, key, value, _ = _qwenimage21_prepare_qkv(attn, hidden_states, rotary_emb, None, None, None)
+        hidden = _segment_attention(query, key, value, segments, key_valid)
+        return attn.to_out[0](hidden.flatten(2, 3).type_as(query))
 
 
 class TaskBatches(IterableDataset):
@@ -125,6 +184,26 @@ def _velocity_loss(
     return F.mse_loss(prediction.float(), noise - x0)
 
 
+def _validation(ema: list[torch.Tensor], args: argparse.Namespace) -> dict[str, Any]:
+    """Score the EMA weights on the validation draw with an uncompiled copy of the pipeline (float32)."""
+    from ditq.demo.evaluate import evaluate, evaluation_tasks
+
+    scorer_pipe = build_pipeline(PRESETS[args.preset], seed=args.seed)
+    scorer_pipe.to(ema[0].device)
+    copies = list(scorer_pipe.transformer.parameters()) + list(scorer_pipe.text_encoder.parameters())
+    with torch.no_grad():
+        for target, source in zip(copies, ema, strict=True):
+            target.copy_(source)
+    scorer_pipe.set_progress_bar_config(disable=True)
+    tasks = evaluation_tasks(args.eval_t2i, args.eval_edits, seed=VALIDATION_SEED)
+    result = evaluate(scorer_pipe, tasks)
+    return {
+        "t2i_accuracy": result["t2i_accuracy"],
+        "edit_accuracy": result["edit_accuracy"],
+        "by_layout": {key: value["accuracy"] for key, value in result["by_layout"].items()},
+    }
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from ditq.demo.evaluate import heldout_t2i_prompts
 
@@ -146,6 +225,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = True
     pipe.transformer.to(device).train()
     pipe.text_encoder.to(device).train()
+    if args.compile:
+        torch._dynamo.config.recompile_limit = 64
+        pipe.transformer.set_attn_processor(CompiledTrainingProcessor())
+        pipe.transformer.compile_repeated_blocks(dynamic=True)
     params = [p for module in (pipe.transformer, pipe.text_encoder) for p in module.parameters()]
     ema = [p.detach().clone() for p in params]
     optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
@@ -156,57 +239,82 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     log = (out / "train_log.jsonl").open("w")
     warmup = min(100, max(1, (args.steps or 1000) // 10))
     start = time.perf_counter()
-    losses: list[float] = []
+    losses: list[torch.Tensor] = []  # kept on the device: no synchronization per step
+    evaluations: list[dict[str, Any]] = []
+    eval_seconds, next_eval, samples = 0.0, args.eval_every, 0
     step = 0
     while True:
         # progress in [0, 1]: by steps when --steps is given (reproducible), else by wall time (fits the budget)
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start - eval_seconds
         progress = step / args.steps if args.steps else elapsed / args.time_budget
         if progress >= 1.0:
             break
+        if args.eval_every and elapsed >= next_eval:
+            eval_start = time.perf_counter()
+            record = {"step": step, "train_s": round(elapsed, 1), **_validation(ema, args)}
+            evaluations.append(record)
+            log.write(json.dumps({"eval": record}) + "\n")
+            log.flush()
+            print(json.dumps({"eval": record}), flush=True)
+            eval_seconds += time.perf_counter() - eval_start
+            next_eval = elapsed + args.eval_every
         lr_scale = min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
         for group in optimizer.param_groups:
             group["lr"] = args.lr * lr_scale
+        batch = next(batches)
+        samples += int(batch["input_ids"].shape[0])
         with autocast:
-            loss = _velocity_loss(pipe, next(batches), device, generator)
+            loss = _velocity_loss(pipe, batch, device, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         decay = min(args.ema, (1 + step) / (10 + step))
         torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - decay)
-        losses.append(float(loss.detach()))
+        losses.append(loss.detach())
         if step % args.log_every == 0 or step == args.steps:
+            trained = time.perf_counter() - start - eval_seconds
             record = {
                 "step": step,
-                "loss": losses[-1],
+                "loss": float(losses[-1]),
                 "lr": args.lr * lr_scale,
-                "s": time.perf_counter() - start,
+                "s": round(trained, 2),
+                "samples_per_s": round(samples / trained, 1),
             }
             log.write(json.dumps(record) + "\n")
             log.flush()
             print(json.dumps(record), flush=True)
         step += 1
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start - eval_seconds
+    if args.eval_every:
+        evaluations.append({"step": step, "train_s": round(seconds, 1), **_validation(ema, args)})
+        log.write(json.dumps({"eval": evaluations[-1]}) + "\n")
+        print(json.dumps({"eval": evaluations[-1]}), flush=True)
     log.close()
     with torch.no_grad():
         for p, e in zip(params, ema, strict=True):
             p.copy_(e)
+    if args.compile:  # saved and shipped with the default processor
+        pipe.transformer.set_attn_processor(QwenImage21AttnProcessor())
     pipe.transformer.eval().to("cpu", torch.bfloat16)
     pipe.text_encoder.eval().to("cpu", torch.bfloat16)
     pipe.save_pretrained(out / "model", safe_serialization=True)
-    recent = losses[-500:]
+    recent = [float(value) for value in torch.stack(losses[-500:]).cpu()] if losses else []
     summary = {
         "command": "python -m ditq.demo.train " + " ".join(sys.argv[1:]),
         "preset": args.preset,
         "steps": step,
         "batch_size": args.batch_size,
         "train_seconds": round(seconds, 1),
+        "eval_seconds": round(eval_seconds, 1),
+        "samples": samples,
+        "compile": bool(args.compile),
         "final_loss_mean_last_500_steps": float(np.mean(recent)) if recent else None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "seed": args.seed,
         "init": str(args.init) if args.init is not None else None,
+        "validation": evaluations,
     }
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -229,6 +337,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=100)
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the transformer blocks (regional, dynamic shapes)",
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=float,
+        default=0.0,
+        help="score the EMA weights on a validation draw every this many training seconds (0: never)",
+    )
+    parser.add_argument("--eval-t2i", type=int, default=100, help="validation t2i tasks per --eval-every")
+    parser.add_argument("--eval-edits", type=int, default=100, help="validation edits per --eval-every")
 
 
 def main(argv: list[str] | None = None) -> int:
