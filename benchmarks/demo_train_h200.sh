@@ -10,7 +10,7 @@ OUT=${OUT:-demo-train-out}
 RUN=${RUN:-/tmp/demo-run}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-TRAIN_ARGS=${TRAIN_ARGS:---time-budget 870 --batch-size 512 --lr 8e-4 --workers 12 --compile --eval-every 120}
+TRAIN_ARGS=${TRAIN_ARGS:---time-budget 720 --batch-size 512 --lr 8e-4 --workers 12 --compile --eval-every 180}
 EVAL_ARGS=${EVAL_ARGS:---device cuda}
 
 case "$1" in

@@ -271,7 +271,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         optimizer.step()
         decay = min(args.ema, (1 + step) / (10 + step))
         torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - decay)
-        losses.append(loss.detach())
+        losses.append(loss.detach().clone())  # a 0-d loss can be a view of a whole (B, tokens, channels) buffer
         if step % args.log_every == 0 or step == args.steps:
             trained = time.perf_counter() - start - eval_seconds
             record = {
@@ -281,6 +281,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "s": round(trained, 2),
                 "samples_per_s": round(samples / trained, 1),
             }
+            if device.type == "cuda":
+                record["cuda_allocated_gb"] = round(torch.cuda.memory_allocated(device) / 2**30, 2)
             log.write(json.dumps(record) + "\n")
             log.flush()
             print(json.dumps(record), flush=True)
