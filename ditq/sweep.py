@@ -466,9 +466,35 @@ class _Sweep:
         return result
 
 
+def model_fingerprint(model: Path) -> dict[str, list[int]]:
+    """Every file of the model directory -> [size, mtime_ns]: what a sweep's finished stages were made from."""
+    files = sorted(path for path in model.rglob("*") if path.is_file())
+    return {str(path.relative_to(model)): [path.stat().st_size, path.stat().st_mtime_ns] for path in files}
+
+
+def check_same_model(out: Path, fingerprint: dict[str, list[int]]) -> None:
+    """Refuse to resume a sweep whose finished stages were made from other model files: its baseline and artifacts
+    would be stale (a re-trained or re-downloaded model in the same place, say)."""
+    earlier = (
+        _read_json(out / "SWEEP.json").get("model_fingerprint") if (out / "SWEEP.json").is_file() else None
+    )
+    if not isinstance(earlier, dict) or earlier == fingerprint:
+        return  # a new sweep, or one whose model is unchanged
+    changed = sorted(
+        name for name in set(earlier) | set(fingerprint) if earlier.get(name) != fingerprint.get(name)
+    )
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    raise InputError(
+        f"{out}: made by an earlier sweep from other model files ({shown} changed since); "
+        "remove it or choose another --out"
+    )
+
+
 def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult:
     """Run (or resume) the whole sweep and return its report."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /health poll is noise
+    fingerprint = model_fingerprint(options.model)
+    check_same_model(options.out, fingerprint)
     options.out.mkdir(parents=True, exist_ok=True)
     command = command or shell_command()
     atomic_write_json(
@@ -476,6 +502,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         {
             "command": command,
             "model": str(options.model),
+            "model_fingerprint": fingerprint,
             "schemes": list(options.schemes),
             "fixtures": str(options.fixtures),
             "refs": str(options.refs),

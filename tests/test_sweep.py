@@ -20,7 +20,7 @@ from PIL import Image
 
 from ditq.errors import InputError
 from ditq.report import validate_verdict_file
-from ditq.sweep import SweepOptions, parse_endpoint_for
+from ditq.sweep import SweepOptions, check_same_model, model_fingerprint, parse_endpoint_for
 
 SEEDS = "1-3"
 FIXTURES = {"edit-one": 1, "edit-two": 2}  # fixture id -> reference count; 2 fixtures x 3 seeds = 6 requests
@@ -148,6 +148,24 @@ def test_endpoint_for_is_checked_at_the_edge(tmp_path: Path):
         SweepOptions(tmp_path, ("w8a8",), tmp_path, tmp_path, tmp_path, endpoint_for={"fp8": "http://x"})
     with pytest.raises(InputError, match="--fixtures"):
         SweepOptions(tmp_path, ("w8a8",), tmp_path / "missing.json", tmp_path, tmp_path)
+
+
+def test_a_sweep_made_from_other_model_files_is_not_resumed(tmp_path: Path):
+    model, out = tmp_path / "model", tmp_path / "out"
+    (model / "transformer").mkdir(parents=True)
+    weights = model / "transformer" / "weights.safetensors"
+    weights.write_bytes(b"old weights")
+    (model / "model_index.json").write_text("{}")
+    before = model_fingerprint(model)
+    check_same_model(out, before)  # no earlier sweep: nothing to compare
+    out.mkdir()
+    (out / "SWEEP.json").write_text(json.dumps({"model_fingerprint": before}))
+    check_same_model(out, model_fingerprint(model))  # unchanged: resumes
+    weights.write_bytes(b"new weights, re-trained")
+    with pytest.raises(InputError, match=r"transformer/weights.safetensors changed since"):
+        check_same_model(out, model_fingerprint(model))
+    (out / "SWEEP.json").write_text(json.dumps({"command": "an older sweep, no fingerprint"}))
+    check_same_model(out, model_fingerprint(model))  # nothing recorded: cannot tell, resumes as before
 
 
 def test_demo_sweeps_the_seed_matrix_of_the_bundled_fixtures(tmp_path: Path):

@@ -54,9 +54,10 @@ def test_fixtures_follow_the_seed_shape_and_cover_0_to_4_references():
     assert {r for f in fixtures.values() for r in f["references"]} == set(REFERENCES)
 
 
-def test_trained_model_recolors_the_fixture_reference(pipe):
-    fixture = FIXTURES["edit-recolor"]
-    refs = [Image.open(references_dir() / f"{r}.png") for r in fixture["references"]]
+@pytest.mark.parametrize("fixture_id", sorted(FIXTURES))
+def test_trained_model_draws_what_each_fixture_asks(pipe, fixture_id):
+    fixture = FIXTURES[fixture_id]
+    refs = [Image.open(references_dir() / f"{r}.png") for r in fixture["references"]] or None
     image = pipe(fixture["prompt"], image=refs, generator=torch.Generator().manual_seed(0)).images[0]
-    score = score_fixture("edit-recolor", image)
+    score = score_fixture(fixture_id, image)
     assert score.correct, score.as_dict()

@@ -120,3 +120,19 @@ def test_noise_speckles_are_ignored():
     image.putpixel((5, 5), (240, 220, 40, 255))
     image.putpixel((58, 50), (40, 80, 220, 255))
     assert score_image(image, _expect("black", [("star", "orange")])).correct
+
+
+def test_scorer_accepts_every_rendered_evaluation_target():
+    """The demo's own renders of the evaluation tasks are the right answers: the scorer must call them correct."""
+    from ditq.demo.evaluate import evaluation_tasks
+    from ditq.demo.packing import pixels_to_pil
+    from ditq.demo.scenes import render_scenes
+
+    tasks = evaluation_tasks(200, 200)
+    images = render_scenes([task.target for task in tasks])
+    wrong = [
+        (task.prompt, score.as_dict()["found"])
+        for task, pixels in zip(tasks, images, strict=True)
+        if not (score := score_image(pixels_to_pil(pixels), task.expectation)).correct
+    ]
+    assert not wrong
