@@ -35,6 +35,7 @@ class StubState:
     delay_s: float = 0.0  # every request takes at least this long
     collapse: bool = False  # answer see-through horizontal-stripe noise
     dim: float | None = None  # scale RGB by this factor (a drift, not a collapse)
+    alpha: int | None = None  # set every pixel's alpha to this value
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -87,6 +88,10 @@ def make_app(state: StubState) -> FastAPI:
             if state.dim is not None:
                 array = np.asarray(image).copy()
                 array[..., :3] = (array[..., :3] * state.dim).astype(np.uint8)
+                image = Image.fromarray(array, "RGBA")
+            if state.alpha is not None:
+                array = np.asarray(image).copy()
+                array[..., 3] = state.alpha
                 image = Image.fromarray(array, "RGBA")
         return JSONResponse(
             {

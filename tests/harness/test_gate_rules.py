@@ -103,6 +103,23 @@ def test_collapse_signatures_from_pixels(tmp_path: Path) -> None:
     assert "non-finite" in [r.split(":")[0] for r in _judge(structure_metrics(nan), tmp_path)]
 
 
+def test_envelope_ignores_an_invisible_alpha_step_and_catches_alpha_drift(
+    tmp_path: Path, fixture_set
+) -> None:
+    """Alpha 254 everywhere (opaque_fraction 1 -> 0, invisible) is not drift; alpha 150 is."""
+    runs = {"baseline": None, "alpha254": 254, "alpha150": 150}
+    for name, alpha in runs.items():
+        with StubServer(StubState(alpha=alpha)) as server:
+            probe_run(server.url, fixture_set, tmp_path / name, [1, 2, 3] if alpha is None else [1, 2])
+    seal_run(tmp_path / "baseline")
+    rules = load_rules()
+    envelopes = build_envelopes(tmp_path / "baseline", rules)
+    assert gate_run(tmp_path / "alpha254", rules, envelopes).passed
+    drifted = gate_run(tmp_path / "alpha150", rules, envelopes)
+    assert not any(r.passed for r in drifted.records)
+    assert all(any(x.startswith("drift: alpha_mean") for x in r.reasons) for r in drifted.records)
+
+
 def test_envelope_passes_variation_and_fails_drift(tmp_path: Path, fixture_set) -> None:
     with StubServer() as server:
         probe_run(server.url, fixture_set, tmp_path / "baseline", [1, 2, 3])
