@@ -180,12 +180,22 @@ def test_host_memory_while_loading_under_model_offload(demo_dirs: dict[str, Path
 def test_generate_without_a_path_uses_the_bundled_demo(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from collections import Counter
+
+    from PIL import Image
+
+    from ditq.demo.scenes import Expectation
+    from ditq.demo.scorer import score_image
+
     out = tmp_path / "demo.png"
     code = main(
-        ["generate", "--prompt", "a green triangle", "--seed", "3", "--steps", "1", "--out", str(out)]
+        ["generate", "--prompt", "a green triangle on a white background", "--seed", "3", "--out", str(out)]
     )
     assert code == 0 and out.is_file()
     assert "model " in capsys.readouterr().out
+    # the trained demo model, at its default 20 steps (float32 on the CPU): the picture the prompt asks for
+    score = score_image(Image.open(out), Expectation("white", Counter({("triangle", "green"): 1})))
+    assert score.correct, score.as_dict()
 
 
 def test_generate_skip_doctor_warns(
