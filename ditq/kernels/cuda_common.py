@@ -1,14 +1,25 @@
-"""What the CUDA paths share: availability checks and per-token activation quantization."""
+"""What the CUDA paths share: availability checks, per-token activation quantization, and the row-op plumbing
+(flatten to (M, K), call, reshape back; shape-only fakes for torch.compile)."""
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from ditq.kernels.registry import Prepared
 from ditq.numerics import quantize_activation_per_token
 
-__all__ = ["cuda_available", "flatten_rows", "quantize_rows", "triton_available"]
+__all__ = [
+    "cuda_available",
+    "flatten_rows",
+    "matmul_rows",
+    "quantize_rows",
+    "register_row_fakes",
+    "triton_available",
+]
 
 
 def cuda_available() -> str | None:
@@ -27,6 +38,27 @@ def flatten_rows(x: torch.Tensor) -> torch.Tensor:
     """x (..., K) -> (M, K) with a contiguous last dim (a view where possible)."""
     x2 = x.reshape(-1, x.shape[-1])
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def matmul_rows(
+    op: Callable[..., torch.Tensor], x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x (..., K) through a row op (x (M, K), weight, weight_scale, bias) -> (M, N), reshaped to (..., N)."""
+    y = op(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def _rows_out(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def register_row_fakes(*ops: Any) -> None:
+    """Shape-only implementations for row ops (x (M, K), weight (N, K), weight_scale, bias) -> (M, N), so
+    torch.compile traces through them."""
+    for op in ops:
+        op.register_fake(_rows_out)
 
 
 def quantize_rows(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,15 +1,13 @@
-"""CUDA fp8 through Triton: per-token fp8 activation quantization, e4m3 x e4m3 -> float32 GEMM,
-per-token x per-channel scale epilogue with bias and output cast fused (ops ``ditq::fp8_triton*``).
-Triton paths take bf16/fp16 activations (a float32 output tile does not fit beside the pipeline in
-shared memory at these tile sizes); float32 activations go to the cuBLAS or reference paths.
+"""CUDA fp8 through Triton: per-token e4m3 activations x per-channel e4m3 weights, float32 accumulation, scale,
+bias and output cast fused (ops ``ditq::fp8_triton*``; the paths themselves: ``per_token_triton``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ditq.kernels.cuda_common import flatten_rows, quantize_rows, triton_available
-from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, StoredWeight, register_kernel
+from ditq.kernels.per_token_triton import register_per_token_triton
+from ditq.kernels.registry import Prepared, StoredWeight
 from ditq.kernels.stored import stored_fp8_weight
 
 __all__: list[str] = []
@@ -24,96 +22,4 @@ def _prepare(stored: StoredWeight, device: torch.device) -> Prepared:
     }
 
 
-def _run(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None, variant: str
-) -> torch.Tensor:
-    from ditq.kernels._triton import w8a8_gemm
-
-    x_q, x_scale = quantize_rows(x, "fp8")  # (M, K) float8_e4m3fn, (M, 1) float32
-    gemm = {
-        "ptr": w8a8_gemm.w8a8_gemm,
-        "tma": w8a8_gemm.w8a8_gemm_tma,
-        "persistent": w8a8_gemm.w8a8_gemm_persistent,
-    }[variant]
-    return gemm(x_q, weight, x_scale.reshape(-1), weight_scale, bias, x.dtype)
-
-
-@torch.library.custom_op("ditq::fp8_triton", mutates_args=(), device_types="cuda")
-def fp8_triton(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    return _run(x, weight, weight_scale, bias, variant="ptr")
-
-
-@torch.library.custom_op("ditq::fp8_triton_tma", mutates_args=(), device_types="cuda")
-def fp8_triton_tma(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    return _run(x, weight, weight_scale, bias, variant="tma")
-
-
-@torch.library.custom_op("ditq::fp8_triton_persistent", mutates_args=(), device_types="cuda")
-def fp8_triton_persistent(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    return _run(x, weight, weight_scale, bias, variant="persistent")
-
-
-for _op in (fp8_triton, fp8_triton_tma, fp8_triton_persistent):
-
-    @_op.register_fake
-    def _fake(
-        x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        return x.new_empty((x.shape[0], weight.shape[0]))
-
-
-@register_kernel(
-    name="triton-fp8",
-    scheme="fp8",
-    device_type="cuda",
-    prepare=_prepare,
-    priority=60,
-    min_capability=(8, 9),
-    activation_dtypes=HALF_ACTIVATIONS,
-    alignment=16,
-    available=triton_available,
-)
-def matmul_triton(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
-    """Triton: per-token fp8 quantization kernel + fp8 GEMM (pointer loads) with fused scale/bias epilogue."""
-    y = fp8_triton(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
-
-
-@register_kernel(
-    name="triton-fp8-tma",
-    scheme="fp8",
-    device_type="cuda",
-    prepare=_prepare,
-    priority=70,
-    min_capability=(9, 0),
-    activation_dtypes=HALF_ACTIVATIONS,
-    alignment=16,
-    available=triton_available,
-)
-def matmul_triton_tma(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
-    """Triton: per-token fp8 quantization kernel + fp8 GEMM (TMA tensor descriptors, sm_90) with fused epilogue."""
-    y = fp8_triton_tma(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
-
-
-@register_kernel(
-    name="triton-fp8-persistent",
-    scheme="fp8",
-    device_type="cuda",
-    prepare=_prepare,
-    priority=75,
-    min_capability=(9, 0),
-    activation_dtypes=HALF_ACTIVATIONS,
-    alignment=16,
-    available=triton_available,
-)
-def matmul_triton_persistent(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
-    """Triton: per-token fp8 quantization kernel + persistent TMA fp8 GEMM (sm_90) with fused epilogue."""
-    y = fp8_triton_persistent(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+register_per_token_triton("fp8", "fp8", _prepare, priorities=(60, 70, 75), min_capability=(8, 9))

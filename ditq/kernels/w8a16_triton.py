@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ditq.kernels.cuda_common import flatten_rows, triton_available
+from ditq.kernels.cuda_common import matmul_rows, register_row_fakes, triton_available
 from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, StoredWeight, register_kernel
 from ditq.kernels.stored import unpack_w8a16
 
@@ -41,13 +41,7 @@ def w8a16_dequant_matmul(
     return torch.nn.functional.linear(x, w, bias)
 
 
-for _op in (w8a16_triton, w8a16_dequant_matmul):
-
-    @_op.register_fake
-    def _fake(
-        x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        return x.new_empty((x.shape[0], weight.shape[0]))
+register_row_fakes(w8a16_triton, w8a16_dequant_matmul)
 
 
 @register_kernel(
@@ -63,8 +57,7 @@ for _op in (w8a16_triton, w8a16_dequant_matmul):
 )
 def matmul_triton(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """Triton mixed-precision GEMM: int8 weights converted in registers, per-channel scale in the epilogue."""
-    y = w8a16_triton(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+    return matmul_rows(w8a16_triton, x, prepared, bias)
 
 
 @register_kernel(
@@ -80,5 +73,4 @@ def matmul_triton(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None
 )
 def matmul_dequant(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """Dequantize to the activation dtype (Triton), then a cuBLAS GEMM."""
-    y = w8a16_dequant_matmul(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+    return matmul_rows(w8a16_dequant_matmul, x, prepared, bias)

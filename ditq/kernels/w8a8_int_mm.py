@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ditq.kernels.cuda_common import cuda_available, flatten_rows, quantize_rows
+from ditq.kernels.cuda_common import cuda_available, matmul_rows, quantize_rows, register_row_fakes
 from ditq.kernels.registry import FLOAT_ACTIVATIONS, Prepared, register_kernel
 from ditq.kernels.w8a8_triton import prepare_w8a8
 
@@ -30,11 +30,7 @@ def w8a8_int_mm(
     return y.to(x.dtype)
 
 
-@w8a8_int_mm.register_fake
-def _fake(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    return x.new_empty((x.shape[0], weight.shape[0]))
+register_row_fakes(w8a8_int_mm)
 
 
 @register_kernel(
@@ -50,5 +46,4 @@ def _fake(
 )
 def matmul_int_mm(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """cuBLAS torch._int_mm with per-token quantization and an eager scale epilogue."""
-    y = w8a8_int_mm(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+    return matmul_rows(w8a8_int_mm, x, prepared, bias)

@@ -1,0 +1,87 @@
+"""The Triton paths of the per-token-activation schemes (w8a8: int8, fp8: float8_e4m3fn), registered per scheme.
+
+Each path quantizes the activations per token, runs the shared GEMM kernel (``_triton.w8a8_gemm``) on the two
+8-bit operands with a float32/int32 accumulator, and applies the per-token x per-channel scales, the bias and the
+output cast in the epilogue. Three GEMM variants: pointer loads, TMA tensor descriptors (sm_90) and persistent
+TMA (sm_90); each is a custom op ``ditq::<scheme>_triton[_tma|_persistent]`` and a registered kernel path
+``triton-<scheme>[-tma|-persistent]``. Triton paths take bf16/fp16 activations (a float32 output tile does not
+fit beside the pipeline in shared memory at these tile sizes); float32 activations go to the cuBLAS or reference
+paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ditq.kernels.cuda_common import matmul_rows, quantize_rows, register_row_fakes, triton_available
+from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, PrepareFn, register_kernel
+
+__all__ = ["register_per_token_triton"]
+
+# variant -> (op and path suffix, minimum capability (None: the scheme's own), how the GEMM loads its tiles)
+_VARIANTS: dict[str, tuple[str, tuple[int, int] | None, str]] = {
+    "ptr": ("", None, "GEMM (pointer loads)"),
+    "tma": ("tma", (9, 0), "GEMM (TMA tensor descriptors, sm_90)"),
+    "persistent": ("persistent", (9, 0), "GEMM, persistent TMA (sm_90)"),
+}
+
+
+def _gemm(variant: str) -> Callable[..., torch.Tensor]:
+    from ditq.kernels._triton import w8a8_gemm
+
+    return {
+        "ptr": w8a8_gemm.w8a8_gemm,
+        "tma": w8a8_gemm.w8a8_gemm_tma,
+        "persistent": w8a8_gemm.w8a8_gemm_persistent,
+    }[variant]
+
+
+def _row_op(name: str, activation: str, variant: str) -> Callable[..., torch.Tensor]:
+    """Custom op ``name``: x (M, K) bf16/fp16 -> per-token `activation` quantization -> GEMM -> (M, N) in x's dtype."""
+
+    def run(
+        x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        x_q, x_scale = quantize_rows(x, activation)  # (M, K) 8-bit, (M, 1) float32
+        return _gemm(variant)(x_q, weight, x_scale.reshape(-1), weight_scale, bias, x.dtype)
+
+    op = torch.library.custom_op(name, mutates_args=(), device_types="cuda")(run)
+    register_row_fakes(op)
+    return op
+
+
+def register_per_token_triton(
+    scheme: str,
+    activation: str,
+    prepare: PrepareFn,
+    priorities: tuple[int, int, int],
+    min_capability: tuple[int, int],
+) -> None:
+    """Register the pointer, TMA and persistent paths of `scheme`, whose activations are quantized per token to
+    `activation` ("int8" or "fp8"); `priorities` in that order; `min_capability` for the pointer path."""
+    for (variant, (suffix, capability, gemm)), priority in zip(_VARIANTS.items(), priorities, strict=True):
+        op = _row_op(f"ditq::{scheme}_triton" + (f"_{suffix}" if suffix else ""), activation, variant)
+
+        def matmul(
+            x: torch.Tensor,
+            prepared: Prepared,
+            bias: torch.Tensor | None,
+            op: Callable[..., torch.Tensor] = op,
+        ) -> torch.Tensor:
+            return matmul_rows(op, x, prepared, bias)
+
+        register_kernel(
+            name=f"triton-{scheme}" + (f"-{suffix}" if suffix else ""),
+            scheme=scheme,
+            device_type="cuda",
+            prepare=prepare,
+            priority=priority,
+            min_capability=capability or min_capability,
+            activation_dtypes=HALF_ACTIVATIONS,
+            alignment=16,
+            available=triton_available,
+            description=f"Triton: per-token {activation} quantization kernel + {activation} {gemm} with fused "
+            "scale/bias epilogue.",
+        )(matmul)
