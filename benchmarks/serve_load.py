@@ -37,6 +37,8 @@ from typing import Any
 import httpx
 from PIL import Image
 
+from ditq.healthcheck import wait_healthy
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -277,16 +279,9 @@ def main() -> int:
     series: list[tuple[float, int]] = []
     stop = threading.Event()
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"ditq serve did not become healthy; see {log_path}")
-            try:
-                if httpx.get(f"{base}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+        problem = wait_healthy(base, 300, server)
+        if problem is not None:
+            raise SystemExit(f"ditq serve: {problem}; see {log_path}")
         sampler = threading.Thread(target=sample_memory, args=(server.pid, stop, series), daemon=True)
         sampler.start()
         load = Load(base, args)

@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import httpx
-
 from ditq.cli import COMMANDS
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import atomic_write_json, sha256_file
+from ditq.healthcheck import wait_healthy
 from ditq.report import ReportResult, VerdictRules, build_report
 from ditq.report.model import CANDIDATE_FILE
 from ditq.report.provenance import shell_command
@@ -163,19 +162,13 @@ class _Server:
 
     def wait_healthy(self, timeout_s: float) -> str | None:
         """None once /health answers 200; otherwise why not (and the server is stopped)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            code = self.process.poll()
-            if code is not None:
-                return f"the server exited with code {code} before it was healthy ({_last_line(self.log)})"
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                    return None
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        problem = wait_healthy(self.url, timeout_s, self.process)
+        if problem is None:
+            return None
+        if self.process.poll() is not None:
+            return f"{problem} ({_last_line(self.log)})"
         self.stop()
-        return f"the server did not answer /health with 200 within {timeout_s:.0f} s"
+        return problem
 
     def stop(self) -> None:
         if self.process.poll() is None:

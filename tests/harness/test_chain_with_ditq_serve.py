@@ -11,12 +11,10 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
-import httpx
 import pytest
 import uvicorn
 from conftest import probe_run
@@ -24,6 +22,7 @@ from conftest import probe_run
 from ditq.baseline import BaselineOptions, make_baseline, require_sealed
 from ditq.compare import ParityBand, compare_run
 from ditq.gate import build_envelopes, gate_run, load_rules
+from ditq.healthcheck import wait_healthy
 from ditq.probe.records import is_success, read_records
 
 serve = pytest.importorskip("ditq.serve")
@@ -46,15 +45,8 @@ def ditq_server() -> Iterator[str]:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.time() < deadline, "ditq serve did not become ready"
-        time.sleep(0.1)
+    problem = wait_healthy(url, 120, interval_s=0.1)
+    assert problem is None, f"ditq serve did not become ready: {problem}"
     yield url
     server.should_exit = True
     thread.join(timeout=30)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from serve_testkit import FAST, client_for, free_port, make_app
 import ditq
 from ditq.cli import main
 from ditq.demo import build_tiny_pipeline
+from ditq.healthcheck import wait_healthy
 from ditq.serve.startup import load_adapter, make_doctor
 
 
@@ -77,16 +77,8 @@ def test_serve_a_saved_model_directory_through_the_cli(tmp_path: Path) -> None:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stderr.read() if process.stderr else ""
-            assert time.monotonic() < deadline, "the server never became healthy"
-            try:
-                if httpx.get(f"{base}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
+        problem = wait_healthy(base, 120, process, interval_s=0.3)
+        assert problem is None, f"{problem}: {process.stderr.read() if process.stderr else ''}"
         assert httpx.get(f"{base}/v1/models").json()["data"][0]["id"] == "tiny-cli"
         response = httpx.post(f"{base}/v1/images/generations", json={"prompt": "a kite", **FAST}, timeout=120)
         assert response.status_code == 200 and response.json()["size"] == "32x32"

@@ -16,6 +16,7 @@ import pytest
 import torch
 from serve_testkit import FAST, GatedAdapter, LiveServer, make_app, raise_once, tiny_adapter, transformer_hook
 
+from ditq.healthcheck import wait_healthy
 from ditq.runtime.adapter import GenerationRequest
 from ditq.serve.worker import GenerationWorker, OutOfMemory, QueueClosed, QueueFull
 
@@ -78,15 +79,9 @@ def test_sigterm_finishes_running_and_queued_requests_then_exits() -> None:
     try:
         assert process.stdout is not None
         base = f"http://127.0.0.1:{int(process.stdout.readline())}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert time.monotonic() < deadline, "server never became healthy"
-            try:
-                if httpx.get(f"{base}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        deadline = time.monotonic() + 120  # for the health check and the queue below together
+        problem = wait_healthy(base, 120, process, interval_s=0.2)
+        assert problem is None, problem
         statuses: list[int] = []
 
         def post(steps: int, size: str) -> None:
