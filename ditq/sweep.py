@@ -461,8 +461,8 @@ class _Sweep:
 
 def model_fingerprint(model: Path) -> dict[str, list[int]]:
     """Every file of the model directory -> [size, mtime_ns]: what a sweep's finished stages were made from."""
-    files = sorted(path for path in model.rglob("*") if path.is_file())
-    return {str(path.relative_to(model)): [path.stat().st_size, path.stat().st_mtime_ns] for path in files}
+    stats = {str(path.relative_to(model)): path.stat() for path in sorted(model.rglob("*")) if path.is_file()}
+    return {name: [stat.st_size, stat.st_mtime_ns] for name, stat in stats.items()}
 
 
 def check_same_model(out: Path, fingerprint: dict[str, list[int]]) -> None:

@@ -184,24 +184,29 @@ def _velocity_loss(
     return F.mse_loss(prediction.float(), noise - x0)
 
 
-def _validation(ema: list[torch.Tensor], args: argparse.Namespace) -> dict[str, Any]:
-    """Score the EMA weights on the validation draw with an uncompiled copy of the pipeline (float32)."""
-    from ditq.demo.evaluate import evaluate, evaluation_tasks
+class _Validation:
+    """Scores EMA weights on the validation draw: one uncompiled float32 copy of the pipeline, built once and
+    refilled from the EMA tensors at every call; the tasks are drawn once."""
 
-    scorer_pipe = build_pipeline(PRESETS[args.preset], seed=args.seed)
-    scorer_pipe.to(ema[0].device)
-    copies = list(scorer_pipe.transformer.parameters()) + list(scorer_pipe.text_encoder.parameters())
-    with torch.no_grad():
-        for target, source in zip(copies, ema, strict=True):
-            target.copy_(source)
-    scorer_pipe.set_progress_bar_config(disable=True)
-    tasks = evaluation_tasks(args.eval_t2i, args.eval_edits, seed=VALIDATION_SEED)
-    result = evaluate(scorer_pipe, tasks)
-    return {
-        "t2i_accuracy": result["t2i_accuracy"],
-        "edit_accuracy": result["edit_accuracy"],
-        "by_layout": {key: value["accuracy"] for key, value in result["by_layout"].items()},
-    }
+    def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
+        from ditq.demo.evaluate import evaluation_tasks
+
+        self.pipe = build_pipeline(PRESETS[args.preset], seed=args.seed).to(device)
+        self.pipe.set_progress_bar_config(disable=True)
+        self.params = list(self.pipe.transformer.parameters()) + list(self.pipe.text_encoder.parameters())
+        self.tasks = evaluation_tasks(args.eval_t2i, args.eval_edits, seed=VALIDATION_SEED)
+
+    def __call__(self, ema: list[torch.Tensor]) -> dict[str, Any]:
+        from ditq.demo.evaluate import evaluate
+
+        with torch.no_grad():
+            torch._foreach_copy_(self.params, ema)
+        result = evaluate(self.pipe, self.tasks)
+        return {
+            "t2i_accuracy": result["t2i_accuracy"],
+            "edit_accuracy": result["edit_accuracy"],
+            "by_layout": {key: value["accuracy"] for key, value in result["by_layout"].items()},
+        }
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -238,6 +243,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "train_log.jsonl").open("w")
     warmup = min(100, max(1, (args.steps or 1000) // 10))
+    validation = _Validation(args, device) if args.eval_every else None  # built off the training clock
     start = time.perf_counter()
     losses: list[torch.Tensor] = []  # kept on the device: no synchronization per step
     evaluations: list[dict[str, Any]] = []
@@ -249,9 +255,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         progress = step / args.steps if args.steps else elapsed / args.time_budget
         if progress >= 1.0:
             break
-        if args.eval_every and elapsed >= next_eval:
+        if validation is not None and elapsed >= next_eval:
             eval_start = time.perf_counter()
-            record = {"step": step, "train_s": round(elapsed, 1), **_validation(ema, args)}
+            record = {"step": step, "train_s": round(elapsed, 1), **validation(ema)}
             evaluations.append(record)
             log.write(json.dumps({"eval": record}) + "\n")
             log.flush()
@@ -289,8 +295,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             print(json.dumps(record), flush=True)
         step += 1
     seconds = time.perf_counter() - start - eval_seconds
-    if args.eval_every:
-        evaluations.append({"step": step, "train_s": round(seconds, 1), **_validation(ema, args)})
+    if validation is not None:
+        evaluations.append({"step": step, "train_s": round(seconds, 1), **validation(ema)})
         log.write(json.dumps({"eval": evaluations[-1]}) + "\n")
         print(json.dumps({"eval": evaluations[-1]}), flush=True)
     log.close()
