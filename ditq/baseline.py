@@ -55,6 +55,8 @@ class BaselineOptions:
     offload: str = "none"
     timeout_s: float = 1800.0
     concurrency: int = 1
+    retry_failed: bool = False
+    retry_out_of_memory: bool = False
     progress: bool = True
 
 
@@ -63,10 +65,11 @@ class AdapterExecutor:
 
     endpoint = "in-process"
 
-    def __init__(self, adapter: Any, steps: int, true_cfg_scale: float) -> None:
+    def __init__(self, adapter: Any, steps: int, true_cfg_scale: float, offload: str = "none") -> None:
         self.adapter = adapter
         self.steps = steps
         self.true_cfg_scale = true_cfg_scale
+        self.offload = offload
 
     def __call__(self, fixture: Fixture, seed: int) -> tuple[dict[str, Any], bytes | None]:
         from PIL import Image
@@ -116,7 +119,9 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
     from ditq.runtime.loader import load_pipeline
 
     pipeline = load_pipeline(options.model, device=options.device, offload=options.offload)
-    executor = AdapterExecutor(PipelineAdapter(pipeline), options.steps, options.true_cfg_scale)
+    executor = AdapterExecutor(
+        PipelineAdapter(pipeline), options.steps, options.true_cfg_scale, options.offload
+    )
     description = describe_run(
         "baseline",
         ["in-process"],
@@ -136,6 +141,8 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
         options.seeds,
         [executor],
         description,
+        retry_failed=options.retry_failed,
+        retry_out_of_memory=options.retry_out_of_memory,
         server_pid=os.getpid(),
         progress=options.progress,
     )
@@ -155,6 +162,8 @@ def make_baseline(options: BaselineOptions) -> ProbeSummary:
                 steps=options.steps,
                 true_cfg_scale=options.true_cfg_scale,
                 concurrency=options.concurrency,
+                retry_failed=options.retry_failed,
+                retry_out_of_memory=options.retry_out_of_memory,
                 timeout_s=options.timeout_s,
                 progress=options.progress,
                 kind="baseline",

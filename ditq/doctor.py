@@ -64,6 +64,7 @@ __all__ = [
     "check_paths",
     "choose_verified_path",
     "environment",
+    "kernel_chooser",
     "startup_check",
     "write_reports",
 ]
@@ -580,6 +581,16 @@ def verified_chooser(layer: Any, device: torch.device, dtype: torch.dtype) -> Ke
     """A ``ditq.runtime.loader.KernelChooser``: the doctor-verified path for one QuantizedLinear."""
     return choose_verified_path(layer.scheme.name, device, dtype, layer.in_features, layer.out_features,
                                 group_size=getattr(layer, "group_size", None))  # fmt: skip
+
+
+def kernel_chooser(skip_doctor: bool) -> Callable[[Any, torch.device, torch.dtype], KernelPath] | None:
+    """The loader's chooser for ``ditq generate`` and ``ditq serve`` alike: the doctor-verified path, chosen
+    before the repack so a refused path can still be replaced; None (the registry's first candidate,
+    unverified, logged as a warning) with ``--skip-doctor``."""
+    if skip_doctor:
+        log.warning("--skip-doctor: kernel paths run without verification on this device")
+        return None
+    return verified_chooser
 
 
 def startup_check(

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "DitqError", "InputError"]
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_OUT_OF_MEMORY",
+    "EXIT_USAGE",
+    "DitqError",
+    "InputError",
+    "OutOfMemoryError",
+]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_OUT_OF_MEMORY = 3  # `ditq serve`: the model did not fit in the accelerator memory it may use
 
 
 class DitqError(Exception):
@@ -19,3 +28,9 @@ class InputError(DitqError):
     """Bad input or usage: a missing file, a corrupt tensor, an unknown name. Exit code 2."""
 
     exit_code = EXIT_USAGE
+
+
+class OutOfMemoryError(DitqError):
+    """The accelerator memory (or the --max-memory budget) cannot hold what was asked of it. Exit code 3."""
+
+    exit_code = EXIT_OUT_OF_MEMORY

@@ -29,7 +29,7 @@ from typing import Any
 
 from ditq.errors import InputError
 from ditq.metrics import structure_metrics_png
-from ditq.probe.memory import read_vram_csv
+from ditq.probe.memory import peak_mib, read_vram_csv
 from ditq.probe.records import RUN_FILE, changed_fixtures, find_image, is_success, latest_by_key, read_records
 
 __all__ = [
@@ -357,7 +357,7 @@ def gate_run(
         )
     sampled = read_vram_csv(run / "vram.csv")
     if sampled:
-        result.run_peak_memory_mib, result.run_peak_source = max(s.used_mib for s in sampled), "vram.csv"
+        result.run_peak_memory_mib, result.run_peak_source = peak_mib(sampled), "vram.csv"
     else:
         peaks = [r.peak_memory_mib for r in result.records if r.peak_memory_mib is not None]
         if peaks:

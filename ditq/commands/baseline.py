@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
             offload=args.offload,
             timeout_s=args.timeout,
             concurrency=args.concurrency,
+            retry_failed=args.retry_failed,
+            retry_out_of_memory=args.retry_out_of_memory,
             progress=not args.no_progress,
         )
     )

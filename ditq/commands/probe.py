@@ -29,6 +29,12 @@ def add_matrix_arguments(parser: argparse.ArgumentParser) -> None:
         "--concurrency", type=int, default=1, help="requests in flight per endpoint (default 1)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--retry-failed", action="store_true", help="redo requests whose record is a failure")
+    parser.add_argument(
+        "--retry-out-of-memory",
+        action="store_true",
+        help="redo only the requests that ran out of accelerator memory (say, on a server with more offload)",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="server base URL (http://host:port); several (comma list or repeated) share one queue",
     )
     add_matrix_arguments(parser)
-    parser.add_argument("--retry-failed", action="store_true", help="redo requests whose record is a failure")
     parser.add_argument("--model", help="'model' field sent with each request (some servers require it)")
     parser.add_argument("--only", help="comma list of fixture ids to run (default: all)")
     parser.add_argument("--server-pid", type=int, help="server process id, to sample its own device memory")
@@ -60,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
             true_cfg_scale=args.cfg,
             concurrency=args.concurrency,
             retry_failed=args.retry_failed,
+            retry_out_of_memory=args.retry_out_of_memory,
             timeout_s=args.timeout,
             model=args.model,
             only=args.only.split(",") if args.only else None,

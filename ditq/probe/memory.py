@@ -3,7 +3,9 @@
 Each sample is one row per device in ``vram.csv``:
 ``t_unix, device, used_mib, total_mib, process_mib`` where ``process_mib`` is the
 memory of the server process (``pid``) on that device when the driver shows it,
-empty otherwise. Peaks are taken over a time window (one request) or the run.
+empty otherwise. Peaks are taken over a time window (one request) or the run: the
+server process's own memory where the driver shows it (summed over its devices),
+else the used memory of the server's device (``device``), else of the fullest one.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MemorySample", "MemorySampler", "peak_mib", "read_vram_csv"]
+__all__ = ["MemorySample", "MemorySampler", "memory_series", "peak_mib", "read_vram_csv"]
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +101,17 @@ def _smi_reader(pid: int | None) -> Reader:
 class MemorySampler:
     """Samples every ``interval_s`` in a thread while started; ``sample_now`` marks window edges."""
 
-    def __init__(self, csv_path: Path | None, interval_s: float = 1.0, pid: int | None = None) -> None:
+    def __init__(
+        self,
+        csv_path: Path | None,
+        interval_s: float = 1.0,
+        pid: int | None = None,
+        device: int | None = None,
+    ) -> None:
         self.csv_path = csv_path
         self.interval_s = interval_s
         self.pid = pid
+        self.device = device  # the server's device index, where known
         self.source = "unavailable"
         self.reason = ""
         self._reader: Reader | None = None
@@ -169,11 +178,11 @@ class MemorySampler:
 
     def peak_between(self, t_start: float, t_end: float) -> float | None:
         with self._lock:
-            return peak_mib([s for s in self._samples if t_start <= s.t_unix <= t_end])
+            return peak_mib([s for s in self._samples if t_start <= s.t_unix <= t_end], self.device)
 
     def peak(self) -> float | None:
         with self._lock:
-            return peak_mib(self._samples)
+            return peak_mib(self._samples, self.device)
 
     def stop(self) -> None:
         self._stop.set()
@@ -187,18 +196,44 @@ class MemorySampler:
                 self._writer = None
         self._reader = None
 
+    @property
+    def measures(self) -> str:
+        """What a peak is the peak of."""
+        with self._lock:
+            if any(s.process_mib is not None for s in self._samples):
+                return "server process (driver count)"
+        return "whole device" if self.device is None else f"whole device {self.device}"
+
     def describe(self) -> dict[str, object]:
         return {
             "source": self.source,
             "interval_s": self.interval_s,
             "pid": self.pid,
+            "device": self.device,
+            "measures": self.measures,
             "reason": self.reason or None,
         }
 
 
-def peak_mib(samples: list[MemorySample]) -> float | None:
-    """Highest device memory used over the samples (the fullest device), in MiB."""
-    return max((s.used_mib for s in samples), default=None)
+def memory_series(samples: list[MemorySample], device: int | None = None) -> list[tuple[float, float]]:
+    """(t_unix, MiB) per sampling time: the server process's memory summed over its devices where the driver
+    shows it, else the used memory of ``device`` (else of the fullest device)."""
+    process: dict[float, float] = {}
+    for s in samples:
+        if s.process_mib is not None:
+            process[s.t_unix] = process.get(s.t_unix, 0.0) + s.process_mib
+    if process:
+        return sorted(process.items())
+    used: dict[float, float] = {}
+    for s in samples:
+        if device is None or s.device == device:
+            used[s.t_unix] = max(used.get(s.t_unix, 0.0), s.used_mib)
+    return sorted(used.items())
+
+
+def peak_mib(samples: list[MemorySample], device: int | None = None) -> float | None:
+    """Highest memory over the samples, in MiB, as ``memory_series`` measures it."""
+    return max((mib for _, mib in memory_series(samples, device)), default=None)
 
 
 def read_vram_csv(path: Path) -> list[MemorySample]:

@@ -2,8 +2,11 @@
 
 A record carries the seed probe's fields (fixture_id, seed, n_references, steps,
 true_cfg_scale, size, wall_s, http, bytes, sha256, structure, usage, metrics,
-error) plus endpoint, t_start/t_end (unix seconds) and peak_memory_mib. The key
-of a record is (fixture_id, seed); when a key was retried, the last line wins.
+error) plus endpoint, t_start/t_end (unix seconds), peak_memory_mib, error_code
+(the code of an OpenAI error envelope, e.g. ``out_of_memory``), and, where the
+server says so on /health, its offload mode and the probe invocation (one per
+server start) that sent it. The key of a record is (fixture_id, seed); when a
+key was retried, the last line wins, and the earlier lines stay as history.
 
 Readers accept ditq runs (``records.jsonl``, ``images/``) and the seed probe's
 layout (``matrix*.json`` lists, ``matrix/`` images) as they are.
@@ -29,6 +32,7 @@ __all__ = [
     "find_image",
     "fixture_digests_of",
     "image_name",
+    "is_out_of_memory",
     "is_success",
     "latest_by_key",
     "read_records",
@@ -56,6 +60,11 @@ def image_name(fixture_id: str, seed: int) -> str:
 def is_success(record: Record) -> bool:
     """An image came back (over HTTP 200, or in process where ``http`` is null) and nothing failed."""
     return record.get("http") in (200, None) and bool(record.get("sha256")) and not record.get("error")
+
+
+def is_out_of_memory(record: Record) -> bool:
+    """The server answered that this request ran out of accelerator memory (503 ``out_of_memory``)."""
+    return record.get("error_code") == "out_of_memory"
 
 
 class RecordLog:

@@ -39,6 +39,7 @@ from ditq.probe.records import (
     RUN_FILE,
     RecordLog,
     image_name,
+    is_out_of_memory,
     is_success,
     latest_by_key,
     read_records,
@@ -73,6 +74,7 @@ class ProbeOptions:
     true_cfg_scale: float = 1.0
     concurrency: int = 1  # in-flight requests per endpoint
     retry_failed: bool = False
+    retry_out_of_memory: bool = False  # redo only the requests that ran out of accelerator memory
     timeout_s: float = 1800.0
     model: str | None = None
     only: list[str] | None = None  # fixture ids; None = all
@@ -117,15 +119,41 @@ def normalize_endpoint(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
+def server_facts(endpoint: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """What the server says about itself on GET /health (ditq serve: device, offload, memory budget, load
+    time, kernel paths, doctor), or None when it says nothing readable (another server, say)."""
+    try:
+        response = httpx.get(f"{endpoint}/health", timeout=timeout_s)
+        body = response.json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    """The ``code`` of an OpenAI error envelope, if the body is one."""
+    try:
+        code = response.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, str) else None
+
+
 class HttpExecutor:
     """One OpenAI-compatible images endpoint: edits (multipart, ``image[]``) or generations (JSON)."""
 
-    def __init__(self, endpoint: str, options: ProbeOptions) -> None:
+    def __init__(self, endpoint: str, options: ProbeOptions, server: dict[str, Any] | None = None) -> None:
         self.endpoint = endpoint
         self.options = options
+        self.server = server or {}
         self.client = httpx.Client(
             timeout=httpx.Timeout(options.timeout_s, connect=min(30.0, options.timeout_s))
         )
+
+    @property
+    def offload(self) -> str | None:
+        offload = self.server.get("offload")
+        return offload if isinstance(offload, str) else None
 
     def _fields(self, fixture: Fixture, seed: int) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -168,6 +196,7 @@ class HttpExecutor:
         fields["http"] = response.status_code
         if response.status_code != 200:
             fields["error"] = f"HTTP {response.status_code}: {response.text[:500]}"
+            fields["error_code"] = _error_code(response)
             return fields, None
         try:
             body = response.json()
@@ -213,18 +242,26 @@ def _finish_record(record: dict[str, Any], png: bytes | None, run: Path) -> dict
     record.setdefault("usage", None)
     record.setdefault("metrics", None)
     record.setdefault("error", None)
+    record.setdefault("error_code", None)
     return record
 
 
 def _plan(
-    fixtures: dict[str, Fixture], seeds: Sequence[int], run: Path, retry_failed: bool
+    fixtures: dict[str, Fixture],
+    seeds: Sequence[int],
+    run: Path,
+    retry_failed: bool,
+    retry_out_of_memory: bool = False,
 ) -> tuple[list[tuple[Fixture, int]], int]:
     done = latest_by_key(read_records(run)) if (run / RECORDS_FILE).exists() else {}
     todo, skipped = [], 0
     for fixture in fixtures.values():
         for seed in seeds:
             previous = done.get((fixture.id, seed))
-            if previous is not None and (is_success(previous) or not retry_failed):
+            if previous is not None and (
+                is_success(previous)
+                or not (retry_failed or (retry_out_of_memory and is_out_of_memory(previous)))
+            ):
                 skipped += 1
                 continue
             todo.append((fixture, seed))
@@ -271,10 +308,13 @@ class _Matrix:
         self.lock = threading.Lock()
         self.stopping = threading.Event()  # set on Ctrl-C: no new jobs; in-flight ones are redone on resume
         self.started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.invocation = 0
 
     def one(self, executor: Executor, fixture: Fixture, seed: int) -> dict[str, Any]:
         record = _base_record(fixture, seed, self.description["steps"], self.description["true_cfg_scale"])
         record["endpoint"] = getattr(executor, "endpoint", None)
+        record["offload"] = getattr(executor, "offload", None)
+        record["invocation"] = self.invocation
         record["t_start"] = round(time.time(), 3)
         self.sampler.sample_now()  # window edges get a sample of their own, however short the request
         fields, png = executor(fixture, seed)
@@ -336,20 +376,39 @@ def run_matrix(
     description: dict[str, Any],
     *,
     retry_failed: bool = False,
+    retry_out_of_memory: bool = False,
     memory_interval_s: float = 1.0,
     server_pid: int | None = None,
+    servers: Sequence[dict[str, Any]] = (),
     progress: bool = True,
 ) -> ProbeSummary:
-    """Drain fixtures x seeds through ``executors`` (one worker each), appending records to ``run``."""
+    """Drain fixtures x seeds through ``executors`` (one worker each), appending records to ``run``.
+
+    Each call is one *invocation* of the run directory, listed in RUN.json with the servers it talked to
+    (``servers``: endpoint and what /health said) and stamped on the records it wrote.
+    """
     run.mkdir(parents=True, exist_ok=True)
     _check_resume(run, description)
     for leftover in (run / IMAGES_DIR).glob(".ditq-tmp-*"):  # half-written images of a killed run
         leftover.unlink()
-    todo, skipped = _plan(fixtures, seeds, run, retry_failed)
+    todo, skipped = _plan(fixtures, seeds, run, retry_failed, retry_out_of_memory)
     summary = ProbeSummary(run=run, planned=len(todo) + skipped, skipped=skipped)
-    sampler = MemorySampler(run / "vram.csv", memory_interval_s, server_pid).start()
+    earlier = (
+        json.loads((run / RUN_FILE).read_text()).get("invocations", []) if (run / RUN_FILE).exists() else []
+    )
+    index = len(earlier)
+    invocation = {
+        "index": index,
+        "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "planned": len(todo),
+        "retry": "failed" if retry_failed else "out_of_memory" if retry_out_of_memory else None,
+        "servers": list(servers),
+    }
+    description = {**description, "invocations": [*earlier, invocation]}
+    sampler = MemorySampler(run / "vram.csv", memory_interval_s, server_pid, _device_index(servers)).start()
     summary.memory = sampler.describe()
     matrix = _Matrix(run, todo, summary, sampler, description, progress)
+    matrix.invocation = index
     matrix.write_run_json("running")
     try:
         with RecordLog(run / RECORDS_FILE) as log_file:
@@ -368,8 +427,18 @@ def run_matrix(
         matrix.bar.close()
         sampler.stop()
         summary.peak_memory_mib = sampler.peak()
+        summary.memory = sampler.describe()
         matrix.write_run_json("interrupted" if matrix.stopping.is_set() else "complete")
     return summary
+
+
+def _device_index(servers: Sequence[dict[str, Any]]) -> int | None:
+    """The CUDA index the (first) server says it runs on ("cuda:1" -> 1), for the memory sampler."""
+    for server in servers:
+        device = str((server.get("health") or {}).get("device") or "")
+        if device.startswith("cuda:") and device[5:].isdigit():
+            return int(device[5:])
+    return None
 
 
 def describe_run(
@@ -429,11 +498,12 @@ def run_probe(options: ProbeOptions) -> ProbeSummary:
             "concurrency": options.concurrency,
             "timeout_s": options.timeout_s,
             "model": options.model,
-            "retry_failed": options.retry_failed,
         },
         options.extra,
     )
-    executors = [HttpExecutor(e, options) for e in endpoints for _ in range(options.concurrency)]
+    facts = {endpoint: server_facts(endpoint) for endpoint in endpoints}
+    servers = [{"endpoint": endpoint, "health": health} for endpoint, health in facts.items()]
+    executors = [HttpExecutor(e, options, facts[e]) for e in endpoints for _ in range(options.concurrency)]
     try:
         return run_matrix(
             Path(options.out),
@@ -442,8 +512,10 @@ def run_probe(options: ProbeOptions) -> ProbeSummary:
             executors,
             description,
             retry_failed=options.retry_failed,
+            retry_out_of_memory=options.retry_out_of_memory,
             memory_interval_s=options.memory_interval_s,
             server_pid=options.server_pid,
+            servers=servers,
             progress=options.progress,
         )
     finally:

@@ -23,7 +23,14 @@ from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAd
 from ditq.runtime.loader import load_pipeline
 from ditq.runtime.modules import quantized_linears
 
-__all__ = ["GenerationReport", "default_model_dir", "generate", "parse_size", "save_images"]
+__all__ = [
+    "GenerationReport",
+    "default_model_dir",
+    "generate",
+    "parse_size",
+    "pipeline_summary",
+    "save_images",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +68,9 @@ def _load(
     model_dir: Path | None, device: torch.device, offload: str, dtype: torch.dtype, skip_doctor: bool
 ) -> Any:
     if model_dir is not None:
-        if skip_doctor:
-            log.warning("--skip-doctor: kernel paths run without verification on this device")
-            chooser = None
-        else:
-            from ditq.doctor import verified_chooser
+        from ditq.doctor import kernel_chooser
 
-            chooser = verified_chooser
+        chooser = kernel_chooser(skip_doctor)
         return load_pipeline(model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser)
     from ditq.demo import build_tiny_pipeline
 
@@ -75,7 +78,8 @@ def _load(
     return build_tiny_pipeline().to(device=device, dtype=dtype)
 
 
-def _summaries(pipeline: Any) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+def pipeline_summary(pipeline: Any) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """(component -> scheme -> quantized Linear count, kernel path -> layer count) of a loaded pipeline."""
     schemes: dict[str, dict[str, int]] = {}
     kernels: dict[str, int] = {}
     for name, component in pipeline.components.items():
@@ -112,7 +116,7 @@ def generate(
     pipeline = _load(directory, torch_device, offload, dtype, skip_doctor)
     load_seconds = time.perf_counter() - start
     load_peak = int(torch.cuda.max_memory_allocated(torch_device)) if torch_device.type == "cuda" else None
-    quantized, kernels = _summaries(pipeline)
+    quantized, kernels = pipeline_summary(pipeline)
     result = PipelineAdapter(pipeline)(request)
     return GenerationReport(
         model_dir=directory,

@@ -182,11 +182,15 @@ def create_app(
     load: Callable[[], PipelineAdapter],
     doctor: Callable[[PipelineAdapter], DoctorOutcome],
     model_root: str,
-    on_load_failure: Callable[[str], None] | None = None,
+    on_load_failure: Callable[[str, bool], None] | None = None,
     drain_timeout_s: float | None = None,
+    facts: dict[str, Any] | None = None,
 ) -> FastAPI:
-    """An app that loads its model in the background at start-up (``load`` then ``doctor``)."""
-    state = ServerState(config, load, doctor, model_root, on_load_failure)
+    """An app that loads its model in the background at start-up (``load`` then ``doctor``).
+
+    ``facts`` (device, offload, memory budget...) are shown by /health with the load time and kernel paths.
+    """
+    state = ServerState(config, load, doctor, model_root, on_load_failure, facts)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -220,7 +224,7 @@ def create_app(
     @app.get("/health")
     def health() -> JSONResponse:
         doctor_outcome = state.doctor_outcome
-        body: dict[str, Any] = {"status": state.phase, "model": config.served_model_name}
+        body: dict[str, Any] = {"status": state.phase, "model": config.served_model_name, **state.facts}
         if doctor_outcome is not None:
             body["doctor"] = {"status": doctor_outcome.status, "summary": doctor_outcome.summary}
         if state.failure is not None:

@@ -13,7 +13,7 @@ from types import FrameType
 import torch
 import uvicorn
 
-from ditq.errors import DitqError, InputError
+from ditq.errors import DitqError, InputError, OutOfMemoryError
 from ditq.serve.app import create_app
 from ditq.serve.config import ServeConfig
 from ditq.serve.startup import apply_memory_cap, load_adapter, make_doctor
@@ -47,31 +47,42 @@ def serve(
     max_memory: str | None = None,
     skip_doctor: bool = False,
 ) -> None:
-    """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model)."""
+    """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model).
+
+    Raises OutOfMemoryError (exit code 3) when the model does not fit in the accelerator memory it may use.
+    """
     if model_dir is None:
         from ditq.demo import default_model_dir
 
         model_dir = default_model_dir()
     if not (model_dir / "model_index.json").is_file():
         raise InputError(f"{model_dir}: no model_index.json (not a diffusers model directory)")
-    apply_memory_cap(max_memory, device)
-    failures: list[str] = []
+    cap = apply_memory_cap(max_memory, device)
+    failures: list[tuple[str, bool]] = []
+    facts = {
+        "device": cap.device if cap is not None else device,
+        "offload": offload,
+        "dtype": dtype,
+        "max_memory": cap.to_json() if cap is not None else None,
+    }
     app = create_app(
         config,
-        load=lambda: load_adapter(model_dir, device, offload, getattr(torch, dtype)),
+        load=lambda: load_adapter(model_dir, device, offload, getattr(torch, dtype), skip_doctor),
         doctor=make_doctor(skip_doctor, device, getattr(torch, dtype)),
         model_root=str(model_dir),
         drain_timeout_s=config.request_timeout_s,
+        facts=facts,
     )
     state: ServerState = app.state.serve
     server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info"), state)
 
-    def stop_on_failure(message: str) -> None:
-        failures.append(message)
+    def stop_on_failure(message: str, out_of_memory: bool) -> None:
+        failures.append((message, out_of_memory))
         server.should_exit = True
 
     state.on_load_failure = stop_on_failure
     logger.info("serving %s as '%s' on http://%s:%d", model_dir, config.served_model_name, host, port)
     server.run()
     if failures:
-        raise DitqError(failures[-1])
+        message, out_of_memory = failures[-1]
+        raise OutOfMemoryError(message) if out_of_memory else DitqError(message)

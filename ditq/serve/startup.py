@@ -1,58 +1,139 @@
-"""What runs before the first request: loading the model and the kernel doctor's start-up check."""
+"""What runs before the first request: the memory budget, loading the model with doctor-verified kernel
+paths, and the doctor's start-up summary."""
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from ditq.doctor import startup_check
+from ditq.doctor import kernel_chooser, startup_check
 from ditq.errors import InputError
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.serve.config import parse_memory_size
 from ditq.serve.state import DoctorOutcome
 
-__all__ = ["apply_memory_cap", "load_adapter", "make_doctor"]
+__all__ = ["MemoryCap", "apply_memory_cap", "cuda_device", "load_adapter", "make_doctor"]
 
 logger = logging.getLogger(__name__)
 
 
-def apply_memory_cap(max_memory: str | None, device: str) -> int | None:
-    """Cap this process's accelerator memory at ``max_memory`` (e.g. '24GiB') on a CUDA device, so the
-    capacity of a smaller card can be tested on a larger one. Returns the cap in bytes."""
+@dataclass(frozen=True)
+class MemoryCap:
+    """A process budget on one CUDA device: what the allocator may hold, after what lives outside it."""
+
+    device: str  # with its index, e.g. cuda:1
+    budget_bytes: int  # --max-memory: everything this process may hold on the device
+    outside_allocator_bytes: int  # CUDA context and libraries, measured at start-up
+    allocator_bytes: int  # the caching allocator's cap: budget - outside
+    device_total_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cuda_device(device: str | torch.device) -> torch.device:
+    """``cuda``, ``cuda:N`` or an index as a torch.device with its index (``cuda`` is the current device)."""
+    torch_device = torch.device(device)
+    if torch_device.type != "cuda":
+        raise InputError(f"--device {device}: not a CUDA device")
+    if not torch.cuda.is_available():
+        raise InputError(f"--device {device}: no CUDA device here")
+    index = torch.cuda.current_device() if torch_device.index is None else torch_device.index
+    if not 0 <= index < torch.cuda.device_count():
+        raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA devices")
+    return torch.device("cuda", index)
+
+
+def _process_bytes_on(device: torch.device) -> int | None:
+    """This process's memory on ``device`` as the driver counts it (NVML), or None where it cannot say."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        handle = next(
+            pynvml.nvmlDeviceGetHandleByIndex(i)
+            for i in range(pynvml.nvmlDeviceGetCount())
+            if str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))).endswith(uuid)
+        )
+        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if process.pid == os.getpid() and process.usedGpuMemory is not None:
+                return int(process.usedGpuMemory)
+    except Exception:  # no NVML, another driver, a sandbox that hides processes: the caller falls back
+        return None
+    return None
+
+
+def apply_memory_cap(max_memory: str | None, device: str) -> MemoryCap | None:
+    """Cap what this process holds on a CUDA device at ``max_memory`` (e.g. '24GiB'), so the capacity of a
+    smaller card can be tested on a larger one.
+
+    The budget covers the whole process as the driver counts it: the CUDA context and the libraries' own
+    memory (measured here, after one cuBLAS call, through NVML; where NVML cannot see this process, the
+    device's used memory is taken, which also counts other processes and so errs on the safe side) are
+    taken off, and the caching allocator gets the rest (``torch.cuda.set_per_process_memory_fraction``).
+    An allocation past it raises ``torch.OutOfMemoryError`` like a full card would.
+    """
     if max_memory is None:
         return None
     size = parse_memory_size(max_memory)
-    torch_device = torch.device(device)
-    if torch_device.type != "cuda":
+    if torch.device(device).type != "cuda":
         raise InputError(f"--max-memory caps accelerator memory; device '{device}' has none to cap")
-    total = torch.cuda.get_device_properties(torch_device).total_memory
-    fraction = min(1.0, size / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, torch_device)
+    torch_device = cuda_device(device)
+    torch.cuda.set_device(torch_device)
+    warm = torch.ones(64, 64, device=torch_device)
+    torch.matmul(warm, warm)  # the context and cuBLAS's handle exist from here on
+    torch.cuda.synchronize(torch_device)
+    reserved = torch.cuda.memory_reserved(torch_device)
+    free, total = torch.cuda.mem_get_info(torch_device)
+    process = _process_bytes_on(torch_device)
+    outside = (process if process is not None else total - free) - reserved
+    allowed = size - max(outside, 0)
+    if allowed <= 0:
+        raise InputError(
+            f"--max-memory {max_memory}: the CUDA context alone holds {outside / 2**30:.2f} GiB on {torch_device}"
+        )
+    torch.cuda.set_per_process_memory_fraction(min(1.0, allowed / total), torch_device)
+    cap = MemoryCap(str(torch_device), size, max(outside, 0), allowed, total)
     logger.info(
-        "accelerator memory capped at %.2f GiB (%.1f%% of %.2f GiB)",
-        size / 1024**3,
-        fraction * 100,
-        total / 1024**3,
+        "accelerator memory capped at %.2f GiB on %s: %.2f GiB for tensors, %.2f GiB held by the CUDA context "
+        "and libraries (%s)",
+        size / 2**30,
+        torch_device,
+        allowed / 2**30,
+        max(outside, 0) / 2**30,
+        "this process, NVML" if process is not None else "whole device",
     )
-    return size
+    return cap
 
 
-def load_adapter(model_dir: Path, device: str, offload: str, dtype: torch.dtype) -> PipelineAdapter:
-    """An artifact or a plain diffusers directory, through the runtime loader."""
+def load_adapter(
+    model_dir: Path, device: str, offload: str, dtype: torch.dtype, skip_doctor: bool = False
+) -> PipelineAdapter:
+    """An artifact or a plain diffusers directory, through the runtime loader.
+
+    Each quantized layer's kernel path is chosen by the doctor before the repack (``kernel_chooser``): a
+    path that fails its check is refused and the next one is used, as ``ditq generate`` does.
+    """
     from ditq.runtime.loader import load_pipeline
 
-    return PipelineAdapter(load_pipeline(model_dir, device=device, offload=offload, dtype=dtype))
+    chooser = kernel_chooser(skip_doctor)
+    return PipelineAdapter(
+        load_pipeline(model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser)
+    )
 
 
 def make_doctor(skip: bool, device: str, dtype: torch.dtype) -> Callable[[PipelineAdapter], DoctorOutcome]:
-    """The start-up check: the kernel doctor verifies (or replaces) the path of every quantized layer."""
+    """The start-up check: every quantized layer runs a path the doctor verified (the loader chose them)."""
 
     def check(adapter: PipelineAdapter) -> DoctorOutcome:
         if skip:
-            logger.warning("--skip-doctor: kernel paths are trusted without the doctor's check")
             return DoctorOutcome("skipped", "--skip-doctor given")
         passed, summary = startup_check(adapter.pipeline, torch.device(device), dtype)
         logger.info("kernel doctor: %s", summary)

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ditq.gate import load_rules
 from ditq.runtime.adapter import PipelineAdapter
@@ -15,7 +15,7 @@ from ditq.serve import errors
 from ditq.serve.config import ServeConfig
 from ditq.serve.errors import APIError
 from ditq.serve.metrics import ServerMetrics
-from ditq.serve.worker import GenerationWorker
+from ditq.serve.worker import GenerationWorker, is_out_of_memory
 
 __all__ = ["DoctorOutcome", "Phase", "ServerState"]
 
@@ -45,9 +45,13 @@ class ServerState:
         load: Callable[[], PipelineAdapter],
         doctor: Callable[[PipelineAdapter], DoctorOutcome],
         model_root: str,
-        on_load_failure: Callable[[str], None] | None = None,
+        on_load_failure: Callable[[str, bool], None] | None = None,
+        facts: dict[str, Any] | None = None,
     ) -> None:
         self.config = config
+        # What /health tells a client about this server beyond its phase: device, offload, memory budget
+        # (set by the caller), then load time and kernel paths (set once loaded).
+        self.facts: dict[str, Any] = dict(facts or {})
         self.metrics = ServerMetrics()
         self.gate_rules = load_rules()  # the collapse signatures a returned image must not show
         self.model_root = model_root
@@ -56,6 +60,7 @@ class ServerState:
         self.worker: GenerationWorker | None = None
         self.doctor_outcome: DoctorOutcome | None = None
         self.failure: str | None = None
+        self.out_of_memory_at_load = False
         self.loaded_at: int | None = None
         self._load = load
         self._doctor = doctor
@@ -100,11 +105,24 @@ class ServerState:
         started = time.perf_counter()
         try:
             adapter = self._load()
+            loaded_s = time.perf_counter() - started
             outcome = self._doctor(adapter)
         except Exception as error:  # reported by /health and the load-failure callback
             logger.exception("loading %s failed", self.model_root)
-            self._fail(f"loading {self.model_root} failed: {error}")
+            first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+            if is_out_of_memory(error):
+                self._fail(f"loading {self.model_root} ran out of accelerator memory: {first_line}", True)
+            else:
+                self._fail(f"loading {self.model_root} failed: {first_line}")
             return
+        from ditq.runtime.generate import pipeline_summary
+
+        _, kernels = pipeline_summary(adapter.pipeline)
+        self.facts.update(
+            load_seconds=round(loaded_s, 3),
+            ready_seconds=round(time.perf_counter() - started, 3),  # load + the doctor's check
+            kernel_paths=kernels,
+        )
         self.adapter, self.doctor_outcome = adapter, outcome
         if not outcome.allows_serving:
             self._fail(f"the kernel doctor failed: {outcome.summary}")
@@ -120,11 +138,12 @@ class ServerState:
             outcome.status,
         )
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, out_of_memory: bool = False) -> None:
         self.failure = message
+        self.out_of_memory_at_load = out_of_memory
         self.phase = "failed"
         if self.on_load_failure is not None:
-            self.on_load_failure(message)
+            self.on_load_failure(message, out_of_memory)
 
     def begin_drain(self) -> None:
         """Refuse new requests from now on; queued and running ones still finish."""

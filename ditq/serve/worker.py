@@ -21,7 +21,7 @@ import torch
 
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 
-__all__ = ["GenerationWorker", "Job", "OutOfMemory", "QueueClosed", "QueueFull"]
+__all__ = ["GenerationWorker", "Job", "OutOfMemory", "QueueClosed", "QueueFull", "is_out_of_memory"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,14 @@ class Job:
     @property
     def queue_wait_s(self) -> float:
         return (self.started_at or time.perf_counter()) - self.enqueued_at
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """An accelerator allocation that failed: torch's OutOfMemoryError, or a library's RuntimeError that says
+    so (cuBLAS or a Triton launch asking for workspace past the budget)."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
 
 
 def free_accelerator_memory() -> None:
@@ -151,14 +159,15 @@ class GenerationWorker:
             out_of_memory = False
             try:
                 job.future.set_result(self.adapter(job.request))
-            except torch.OutOfMemoryError as error:
-                out_of_memory = True
-                logger.error(
-                    "out of accelerator memory: %s", str(error).splitlines()[0] if str(error) else ""
-                )
-                job.future.set_exception(OutOfMemory("out of accelerator memory"))
             except Exception as error:  # reported to the client; the worker carries on
-                job.future.set_exception(error)
+                if is_out_of_memory(error):
+                    out_of_memory = True
+                    logger.error(
+                        "out of accelerator memory: %s", str(error).splitlines()[0] if str(error) else ""
+                    )
+                    job.future.set_exception(OutOfMemory("out of accelerator memory"))
+                else:
+                    job.future.set_exception(error)
             if out_of_memory:
                 # Outside the except block: the traceback (and the tensors its frames hold) is gone.
                 self.oom_count += 1

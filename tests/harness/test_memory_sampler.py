@@ -51,18 +51,24 @@ def test_nvidia_smi_fallback_samples_devices_and_the_server_process(tmp_path: Pa
     assert len(samples) >= 6 and {s.device for s in samples} == {0, 1}
     assert {s.process_mib for s in samples if s.device == 0} == {1000.0}
     assert {s.process_mib for s in samples if s.device == 1} == {None}
-    assert sampler.peak() == 2000.0 and sampler.peak_between(t0, time.time()) == 2000.0
+    # the peak is the server process's own memory (1000 MiB on device 0), not another process's device 1
+    assert sampler.peak() == 1000.0 and sampler.peak_between(t0, time.time()) == 1000.0
     assert sampler.peak_between(0.0, 1.0) is None
+    assert memory.peak_mib([s for s in samples if s.device == 1]) == 2000.0  # no process: the device's use
+    without_process = [memory.MemorySample(s.t_unix, s.device, s.used_mib, s.total_mib, None) for s in samples]
+    assert memory.peak_mib(without_process) == 2000.0  # the fullest device
+    assert memory.peak_mib(without_process, device=0) == 1234.0  # the server's device, when known
 
 
 def test_probe_records_peaks_and_gate_reads_vram_csv(tmp_path: Path, fixture_set, fake_smi: None) -> None:
     with StubServer() as server:
         probe_run(server.url, fixture_set, tmp_path / "run", [1], server_pid=4242)
     run = json.loads((tmp_path / "run" / "RUN.json").read_text())
-    assert run["memory"]["source"] == "nvidia-smi" and run["peak_memory_mib"] == 2000.0
-    assert all(r["peak_memory_mib"] == 2000.0 for r in read_records(tmp_path / "run"))
+    assert run["memory"]["source"] == "nvidia-smi" and run["peak_memory_mib"] == 1000.0
+    assert run["memory"]["measures"] == "server process (driver count)"
+    assert all(r["peak_memory_mib"] == 1000.0 for r in read_records(tmp_path / "run"))
     result = gate_run(tmp_path / "run", load_rules())
-    assert (result.run_peak_memory_mib, result.run_peak_source) == (2000.0, "vram.csv")
+    assert (result.run_peak_memory_mib, result.run_peak_source) == (1000.0, "vram.csv")
 
 
 def test_without_a_gpu_memory_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

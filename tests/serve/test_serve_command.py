@@ -103,3 +103,52 @@ def test_an_artifact_is_served_after_the_doctor_verified_its_paths(tmp_path: Pat
         assert "14 quantized layers" in health["doctor"]["summary"]
         response = client.post("/v1/images/generations", json={"prompt": "a kite", "seed": 0, **FAST})
         assert response.status_code == 200 and response.json()["size"] == "32x32"
+
+
+@pytest.fixture
+def nan_w8a16_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """A CPU w8a16 path ahead of the reference in the registry that returns NaN: the seed's broken kernel."""
+    from ditq.kernels import get_kernel, register_kernel, unregister_kernel
+
+    monkeypatch.setenv("DITQ_CACHE_DIR", str(tmp_path / "doctor-cache"))
+    reference = get_kernel("cpu-reference-w8a16")
+    name = "test-serve-nan-w8a16"
+    register_kernel(name=name, scheme="w8a16", device_type="cpu", prepare=reference.prepare, priority=100)(
+        lambda x, prepared, bias: reference.matmul(x, prepared, bias) * float("nan")
+    )
+    yield name
+    unregister_kernel(name)
+
+
+def test_serve_falls_back_from_a_failing_w8a16_path_chosen_before_the_repack(
+    tmp_path: Path, nan_w8a16_path: str
+) -> None:
+    from ditq.doctor import startup_check
+    from ditq.runtime.loader import load_pipeline
+    from ditq.runtime.modules import quantized_linears
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        build_tiny_pipeline(seed=0).save_pretrained(tmp_path / "tiny")
+    ditq.quantize(tmp_path / "tiny", tmp_path / "w8a16", "w8a16")
+    # The order serve used to follow: the registry's first path, repacked, then the doctor. The repack released
+    # the stored tensors, so the doctor cannot move the layers off the failing path.
+    unverified = load_pipeline(tmp_path / "w8a16", "cpu", dtype=torch.float32)
+    assert {layer.kernel.name for layer in quantized_linears(unverified.transformer).values()} == {
+        nan_w8a16_path
+    }
+    ok, summary = startup_check(unverified, "cpu", torch.float32)
+    assert not ok and "cannot switch kernel path after a repack" in summary
+
+    app = make_app(
+        load=lambda: load_adapter(tmp_path / "w8a16", "cpu", "none", torch.float32),
+        doctor=make_doctor(skip=False, device="cpu", dtype=torch.float32),
+    )
+    with client_for(app) as client:
+        health = client.get("/health").json()
+        assert health["status"] == "ready" and health["doctor"]["status"] == "passed", health
+        assert health["kernel_paths"] == {"cpu-reference-w8a16": 14}
+        layers = quantized_linears(app.state.serve.adapter.pipeline.transformer).values()
+        assert {layer.kernel.name for layer in layers} == {"cpu-reference-w8a16"}
+        response = client.post("/v1/images/generations", json={"prompt": "a kite", "seed": 0, **FAST})
+        assert response.status_code == 200, response.text

@@ -108,13 +108,18 @@ def test_encoding_keeps_alpha_only_where_asked_and_possible(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_max_memory_caps_cuda_allocations() -> None:
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_max_memory_caps_cuda_allocations(device: str) -> None:
     torch.cuda.empty_cache()
     try:
-        assert apply_memory_cap("1GiB", "cuda") == 1024**3
+        cap = apply_memory_cap("2GiB", device)
+        assert cap is not None and cap.device == "cuda:0" and cap.budget_bytes == 2 * 1024**3
+        # the CUDA context is measured and taken off the budget: the allocator gets the rest
+        assert 0 < cap.outside_allocator_bytes < 2 * 1024**3
+        assert cap.allocator_bytes == cap.budget_bytes - cap.outside_allocator_bytes
         with pytest.raises(torch.OutOfMemoryError):
-            torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
-        kept = torch.empty(256 * 1024**2, dtype=torch.uint8, device="cuda")  # under the cap: fine
+            torch.empty(2 * 1024**3, dtype=torch.uint8, device=device)
+        kept = torch.empty(256 * 1024**2, dtype=torch.uint8, device=device)  # under the cap: fine
         del kept
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)

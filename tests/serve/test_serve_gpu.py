@@ -1,0 +1,118 @@
+"""`ditq serve --max-memory` on a CUDA device, live on loopback: a request past the budget is a 503
+``out_of_memory`` and the server serves the next one; a model past the budget stops start-up with exit code 3."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from serve_testkit import free_port
+
+from ditq.demo import default_model_dir
+from ditq.errors import EXIT_OUT_OF_MEMORY
+from ditq.healthcheck import wait_healthy
+from ditq.runtime.adapter import GenerationRequest
+from ditq.serve.startup import load_adapter
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+MIB = 1024**2
+SMALL = {"prompt": "a red circle on a white background", "size": "64x64", "num_inference_steps": 2, "seed": 0}
+# Four 2048x2048 images in one request: far more activation memory than SMALL (measured below, not assumed)
+BIG = {**SMALL, "size": "2048x2048", "n": 4, "num_inference_steps": 1}
+
+
+def _allocator_peaks() -> tuple[int, int]:
+    """The allocator's peak for SMALL and BIG on the demo model, in this process, without a budget."""
+    adapter = load_adapter(default_model_dir(), "cuda", "none", torch.bfloat16)
+    peaks = []
+    for fields in (SMALL, BIG):
+        width, height = (int(v) for v in str(fields["size"]).split("x"))
+        request = GenerationRequest(
+            prompt=str(fields["prompt"]),
+            width=width,
+            height=height,
+            num_inference_steps=int(fields["num_inference_steps"]),
+            seed=0,
+            num_images=int(fields.get("n", 1)),
+        )
+        peak = adapter(request).peak_memory_bytes
+        assert peak is not None
+        peaks.append(peak)
+    del adapter
+    gc.collect()
+    torch.cuda.empty_cache()
+    return peaks[0], peaks[1]
+
+
+@contextmanager
+def _server(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
+    port = free_port()
+    log_path = tmp_path / f"serve-{port}.log"
+    log = open(log_path, "w")  # noqa: SIM115 - closed below
+    argv = [sys.executable, "-m", "ditq.cli", "serve", "--port", str(port), "--device", "cuda:0", *args]
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield process, f"http://127.0.0.1:{port}", log_path
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(60)
+        log.close()
+
+
+def _process_mib(pid: int) -> float | None:
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    used = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == pid]
+    return used[0] / MIB if used and used[0] is not None else None
+
+
+def test_a_request_past_the_budget_is_503_and_the_next_one_is_served(tmp_path: Path) -> None:
+    small, big = _allocator_peaks()
+    assert big - small > 2 * 1024**3, f"BIG must need clearly more memory than SMALL ({small=}, {big=})"
+    budget_mib = (small + big) // 2 // MIB + 512  # 512 MiB for the CUDA context, measured by the server
+    with _server(tmp_path, "--max-memory", f"{budget_mib}MiB", "--on-collapse", "warn") as (
+        process,
+        base,
+        log,
+    ):
+        assert wait_healthy(base, 300, process) is None, log.read_text()[-3000:]
+        cap = httpx.get(f"{base}/health").json()["max_memory"]
+        assert cap["budget_bytes"] == budget_mib * MIB and cap["device"] == "cuda:0"
+        assert small < cap["allocator_bytes"] < big, cap  # the budget sits between the two requests
+
+        with httpx.Client(base_url=base, timeout=600) as client:
+            assert client.post("/v1/images/generations", json=SMALL).status_code == 200
+            over = client.post("/v1/images/generations", json=BIG)
+            assert over.status_code == 503, over.text
+            assert over.json()["error"]["code"] == "out_of_memory"
+            assert client.get("/health").json()["status"] == "ready"
+            after = client.post("/v1/images/generations", json=SMALL)
+            assert after.status_code == 200, after.text
+            assert "ditq_out_of_memory_total 1" in client.get("/metrics").text
+        used = _process_mib(process.pid)
+        if used is not None:  # the driver's count for the whole process stays inside the budget
+            assert used <= budget_mib, f"{used:.0f} MiB used under a {budget_mib} MiB budget"
+
+
+def test_a_model_past_the_budget_stops_start_up_with_exit_code_3(tmp_path: Path) -> None:
+    with _server(tmp_path, "--max-memory", "16GiB") as (process, base, log):
+        assert wait_healthy(base, 300, process) is None, log.read_text()[-3000:]
+        outside = httpx.get(f"{base}/health").json()["max_memory"]["outside_allocator_bytes"]
+    # Room for the CUDA context and 8 MiB: the demo model's 12 MB of weights cannot load.
+    with _server(tmp_path, "--max-memory", f"{outside // MIB + 8}MiB") as (process, _, log):
+        assert process.wait(300) == EXIT_OUT_OF_MEMORY, log.read_text()[-3000:]
+    assert "ran out of accelerator memory" in log.read_text()
