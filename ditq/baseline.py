@@ -57,6 +57,8 @@ class BaselineOptions:
     concurrency: int = 1
     retry_failed: bool = False
     retry_out_of_memory: bool = False
+    server_pid: int | None = None  # through an endpoint: the server process, to sample its own memory
+    memory_interval_s: float = 1.0
     progress: bool = True
 
 
@@ -143,6 +145,7 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
         description,
         retry_failed=options.retry_failed,
         retry_out_of_memory=options.retry_out_of_memory,
+        memory_interval_s=options.memory_interval_s,
         server_pid=os.getpid(),
         progress=options.progress,
     )
@@ -164,6 +167,8 @@ def make_baseline(options: BaselineOptions) -> ProbeSummary:
                 concurrency=options.concurrency,
                 retry_failed=options.retry_failed,
                 retry_out_of_memory=options.retry_out_of_memory,
+                server_pid=options.server_pid,
+                memory_interval_s=options.memory_interval_s,
                 timeout_s=options.timeout_s,
                 progress=options.progress,
                 kind="baseline",

@@ -3,6 +3,12 @@ probe -> gate -> compare, then one report over all of them.
 
 Every step is the step's own command, run as a subprocess with its output in ``OUT/<scheme>/logs/``,
 so a crash in one step cannot take the sweep down and every number has the command behind it.
+
+Offload ladder (``--offload none,model,block``): each candidate, the baseline included, is served at the
+first mode; the requests that ran out of accelerator memory (503 ``out_of_memory``), or all of them when the
+model did not even load (``ditq serve`` exit code 3), are sent again to a server at the next mode, and so on.
+Every attempt is recorded (``CANDIDATE.json`` ``attempts``; ``logs/baseline-attempts.json``), and every record
+says the offload it was served at, so the report shows which reference counts fit at which offload.
 Layout::
 
     OUT/SWEEP.json                   options and the command that started the sweep
@@ -35,27 +41,33 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ditq.cli import COMMANDS
-from ditq.errors import DitqError, InputError
+from ditq.errors import EXIT_OUT_OF_MEMORY, DitqError, InputError
 from ditq.fsutil import atomic_write_json, sha256_file
 from ditq.healthcheck import wait_healthy
+from ditq.probe.records import RECORDS_FILE, is_out_of_memory, latest_by_key, read_records
 from ditq.report import ReportResult, VerdictRules, build_report
 from ditq.report.model import CANDIDATE_FILE
 from ditq.report.provenance import shell_command
+from ditq.runtime.offload import OFFLOAD_MODES
 from ditq.schemes import get_scheme
 
 __all__ = [
+    "ATTEMPTS_FILE",
     "SCHEME_STAGES",
     "SweepOptions",
     "default_device",
     "default_serve_argv",
     "parse_endpoint_for",
+    "parse_offload",
     "run_sweep",
 ]
 
 SCHEME_STAGES = ("quantize", "verify", "doctor", "serve", "probe", "gate", "compare")
+ATTEMPTS_FILE = "baseline-attempts.json"  # under OUT/logs: the baseline's offload attempts
 
-# (model or artifact dir, port, sweep options) -> the server's argv; tests swap it for a server that fails
-ServeArgv = Callable[[Path, int, "SweepOptions"], list[str]]
+# (model or artifact dir, port, sweep options, offload mode) -> the server's argv; tests swap it for a
+# server that fails
+ServeArgv = Callable[[Path, int, "SweepOptions", str], list[str]]
 
 
 def default_device() -> str:
@@ -68,11 +80,11 @@ def ditq_argv(*args: str | Path) -> list[str]:
     return [sys.executable, "-m", "ditq.cli", *(str(a) for a in args)]
 
 
-def default_serve_argv(model: Path, port: int, options: SweepOptions) -> list[str]:
+def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: str = "none") -> list[str]:
     # A collapsed image must come back (with a warning) so the gate can judge it: a 500 instead would
     # hide the very failure the sweep exists to show.
     argv = ditq_argv("serve", model, "--host", "127.0.0.1", "--port", str(port), "--on-collapse", "warn")
-    argv += ["--device", options.device]
+    argv += ["--device", options.device, "--offload", offload]
     argv += ["--dtype", options.dtype] if options.dtype else []
     return argv + (["--max-memory", options.max_memory] if options.max_memory else [])
 
@@ -90,6 +102,9 @@ class SweepOptions:
     max_memory: str | None = None
     device: str = "cpu"  # where every server (and the doctor) runs: cpu, cuda, cuda:1, ...
     dtype: str | None = None  # the servers' compute dtype (None: ditq serve's default, bfloat16)
+    offload: tuple[str, ...] = (
+        "none",
+    )  # the ladder: each mode serves what ran out of memory at the one before
     endpoint_for: dict[str, str] = field(default_factory=dict)  # scheme -> URL of a server already running
     parity_db: float | None = None  # the parity band's PSNR (a BF16 reference pair's), stated
     parity_pair: tuple[Path, Path] | None = None  # two acceptable reference runs that span the band
@@ -106,9 +121,22 @@ class SweepOptions:
             raise InputError(f"--endpoint-for: {sorted(unknown)[0]!r} is not one of the swept schemes")
         if self.parity_db is not None and self.parity_pair is not None:
             raise InputError("--parity-db and --parity-pair: give one of them")
+        unknown_modes = [m for m in self.offload if m not in OFFLOAD_MODES]
+        if not self.offload or unknown_modes or len(set(self.offload)) != len(self.offload):
+            raise InputError(
+                f"--offload: {','.join(self.offload) or 'nothing'} is not a list of distinct modes "
+                f"from {', '.join(OFFLOAD_MODES)} (e.g. none,model,block)"
+            )
         for path, what in ((self.model, "model"), (self.fixtures, "--fixtures"), (self.refs, "--refs")):
             if not Path(path).exists():
                 raise InputError(f"{what}: {path} does not exist")
+
+
+def parse_offload(value: str) -> tuple[str, ...]:
+    """``--offload``: one mode, a comma list tried in order, or ``auto`` (none, then model, then block)."""
+    return (
+        OFFLOAD_MODES if value.strip() == "auto" else tuple(m.strip() for m in value.split(",") if m.strip())
+    )
 
 
 def parse_endpoint_for(values: Sequence[str]) -> dict[str, str]:
@@ -151,10 +179,11 @@ def _last_line(log: Path) -> str:
 class _Server:
     """A server subprocess on a free loopback port, healthy (/health 200) or stopped and explained."""
 
-    def __init__(self, options: SweepOptions, model: Path, log: Path) -> None:
+    def __init__(self, options: SweepOptions, model: Path, log: Path, offload: str = "none") -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = options.serve_argv(model, self.port, options)
+        self.offload = offload
+        self.argv = options.serve_argv(model, self.port, options, offload)
         self.log = log
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as sink:
@@ -169,6 +198,11 @@ class _Server:
             return f"{problem} ({_last_line(self.log)})"
         self.stop()
         return problem
+
+    @property
+    def out_of_memory_at_load(self) -> bool:
+        """The server stopped because the model did not fit in the memory it may use."""
+        return self.process.poll() == EXIT_OUT_OF_MEMORY
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -191,6 +225,7 @@ class _Candidate:
         previous = _read_json(path) if path.is_file() else {}
         self.stages: dict[str, dict[str, Any]] = dict(previous.get("stages") or {})
         self.doctor: dict[str, Any] | None = previous.get("doctor")
+        self.attempts: list[dict[str, Any]] = list(previous.get("attempts") or [])  # the offload ladder
         self.dirty = False  # a stage ran in this sweep: every later stage runs again
         self.reached: set[str] = set()  # stages this sweep got to (the rest follow a failure)
 
@@ -207,6 +242,8 @@ class _Candidate:
                 "endpoint": self.options.endpoint_for.get(self.scheme),
                 "run": "run",
                 "doctor": self.doctor,
+                "offload": list(self.options.offload),
+                "attempts": self.attempts,
                 "stages": {k: self.stages[k] for k in SCHEME_STAGES if k in self.stages},
             },
         )
@@ -270,6 +307,13 @@ def _matrix_args(options: SweepOptions) -> list[str]:
     if options.request_timeout_s is not None:
         args += ["--timeout", str(options.request_timeout_s)]
     return args
+
+
+def _out_of_memory_keys(run_dir: Path) -> list[tuple[str, int]]:
+    """The requests whose latest record ran out of accelerator memory (all of a run is none when nothing ran)."""
+    if not (run_dir / RECORDS_FILE).is_file():
+        return []
+    return [key for key, record in latest_by_key(read_records(run_dir)).items() if is_out_of_memory(record)]
 
 
 def _doctor_summary(doctor_json: Path, reports: Path) -> dict[str, Any]:
@@ -336,23 +380,78 @@ class _Sweep:
         self.progress(self.baseline_name, "baseline", "running")
         started = time.monotonic()
         logs = self.out / "logs"
-        server = _Server(self.options, self.options.model, logs / "serve-baseline.log")
-        try:
-            problem = server.wait_healthy(self.options.health_timeout_s)
-            if problem:
-                raise DitqError(f"baseline: {problem} (log: {server.log})")
+
+        def baseline_argv(server: _Server, retry: bool) -> list[str]:
             argv = ditq_argv("baseline", self.options.model, "--endpoint", server.url, "--out", self.baseline)
-            argv += _matrix_args(self.options)
-            atomic_write_json(logs / "baseline-commands.json", [_shown(server.argv), _shown(argv)])
-            code = _run_logged(argv, logs / "baseline.log")
-        finally:
-            server.stop()
-        if code not in (0, 1) or not seal.is_file():
-            raise DitqError(
-                f"baseline: exit code {code}, no sealed baseline ({_last_line(logs / 'baseline.log')})"
-            )
+            argv += [*_matrix_args(self.options), "--server-pid", str(server.process.pid)]
+            return argv + (["--retry-out-of-memory"] if retry else [])
+
+        attempts, failure = self._serve_ladder(
+            self.options.model, self.baseline, logs, "baseline", baseline_argv, logs / "baseline.log"
+        )
+        atomic_write_json(logs / ATTEMPTS_FILE, attempts)
+        commands = [c for a in attempts for c in (a["command"], a.get("probe_command")) if c]
+        atomic_write_json(logs / "baseline-commands.json", commands)
+        if failure is not None or not seal.is_file():
+            raise DitqError(f"baseline: {failure or 'no sealed baseline'} (log: {logs / 'baseline.log'})")
         self.progress(self.baseline_name, "baseline", "ok", f"{time.monotonic() - started:.1f} s")
         return True
+
+    # -- serving through the offload ladder ------------------------------------------------------------
+    def _serve_ladder(
+        self,
+        model: Path,
+        run_dir: Path,
+        logs: Path,
+        who: str,
+        probe_argv: Callable[[_Server, bool], list[str]],
+        probe_log: Path,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """Serve ``model`` at each offload mode in turn until nothing ran out of memory; probe each server.
+
+        Returns every attempt (offload, status, seconds, the server's and the probe's commands, requests
+        still out of memory after it) and why the ladder stopped short (None: it did not).
+        """
+        attempts: list[dict[str, Any]] = []
+        for rung, offload in enumerate(self.options.offload):
+            started = time.monotonic()
+            suffix = "" if len(self.options.offload) == 1 else f"-{offload}"
+            log = logs / (f"serve-baseline{suffix}.log" if who == "baseline" else f"serve{suffix}.log")
+            server = _Server(self.options, model, log, offload)
+            attempt: dict[str, Any] = {"offload": offload, "command": _shown(server.argv)}
+            problem = server.wait_healthy(self.options.health_timeout_s)
+            if problem is not None:
+                attempt.update(seconds=round(time.monotonic() - started, 2), message=problem)
+                if server.out_of_memory_at_load:
+                    attempts.append({**attempt, "status": "out_of_memory_at_load"})
+                    self.progress(who, "serve", "out of memory", f"offload {offload}: the model did not load")
+                    continue
+                attempts.append({**attempt, "status": "failed"})
+                return attempts, problem
+            attempt["ready_s"] = round(time.monotonic() - started, 2)
+            self.progress(who, "serve", "ok", f"offload {offload}, {server.url}")
+            try:
+                argv = probe_argv(server, rung > 0)
+                code = _run_logged(argv, probe_log)
+            finally:
+                server.stop()
+            remaining = _out_of_memory_keys(run_dir)
+            attempts.append(
+                {
+                    **attempt,
+                    "status": "ok" if code in (0, 1) else "failed",
+                    "seconds": round(time.monotonic() - started, 2),
+                    "probe_command": _shown(argv),
+                    "exit_code": code,
+                    "out_of_memory_after": len(remaining),
+                }
+            )
+            if code not in (0, 1):
+                return attempts, f"exit code {code}: {_last_line(probe_log)}"
+            if not remaining:
+                break
+            self.progress(who, "probe", "out of memory", f"{len(remaining)} requests at offload {offload}")
+        return attempts, None
 
     # -- one scheme ----------------------------------------------------------------------------------
     def run_scheme(self, scheme: str, baseline_ran: bool) -> None:
@@ -411,37 +510,47 @@ class _Sweep:
             # over; otherwise an unfinished probe (a killed sweep) resumes where it stopped
             shutil.rmtree(c.run_dir)
         endpoint = self.options.endpoint_for.get(c.scheme)
-        server = None
-        if endpoint is None:
-            self._show(c, "serve", "running")
-            started = time.monotonic()
-            server = _Server(self.options, c.artifact, c.logs / "serve.log")
-            problem = server.wait_healthy(self.options.health_timeout_s)
-            c.record(
-                "serve",
-                "failed" if problem else "ok",
-                time.monotonic() - started,
-                _shown(server.argv),
-                problem,
-            )
-            self._show(c, "serve", "FAILED" if problem else "ok", problem or server.url)
-            if problem:
-                server.stop()
-                return False
-            endpoint = server.url
-        else:
+        if endpoint is not None:
             c.record("serve", "skipped", 0.0, None, f"probed through {endpoint}")
             self._show(c, "serve", "skipped", f"probed through {endpoint}")
-        try:
             probe = ditq_argv(
                 "probe", "--endpoint", endpoint, "--out", c.run_dir, *_matrix_args(self.options)
             )
-            if server is not None:
-                probe += ["--server-pid", str(server.process.pid)]
             return self._step(c, "probe", probe, [records], (0, 1))
-        finally:
-            if server is not None:
-                server.stop()
+
+        def probe_argv(server: _Server, retry: bool) -> list[str]:
+            argv = ditq_argv(
+                "probe", "--endpoint", server.url, "--out", c.run_dir, *_matrix_args(self.options)
+            )
+            return argv + (["--retry-out-of-memory"] if retry else [])
+
+        self._show(c, "serve", "running")
+        started = time.monotonic()
+        attempts, failure = self._serve_ladder(
+            c.artifact, c.run_dir, c.logs, c.scheme, probe_argv, c.logs / "probe.log"
+        )
+        c.attempts = attempts
+        served = [a for a in attempts if a.get("probe_command")]
+        serve_failure = (
+            None
+            if served
+            else failure or "; ".join(f"offload {a['offload']}: {a.get('message')}" for a in attempts)
+        )
+        seconds = time.monotonic() - started
+        c.record("serve", "failed" if serve_failure else "ok", sum(a.get("ready_s", a.get("seconds", 0.0)) for a in attempts),
+                 attempts[-1]["command"] if attempts else None, serve_failure)  # fmt: skip
+        self._show(
+            c,
+            "serve",
+            "FAILED" if serve_failure else "ok",
+            serve_failure or ", ".join(a["offload"] for a in served),
+        )
+        if serve_failure:
+            return False
+        ok = failure is None and records.exists()
+        c.record("probe", "ok" if ok else "failed", seconds, served[-1]["probe_command"], failure)
+        self._show(c, "probe", "ok" if ok else "FAILED", failure or f"{seconds:.1f} s")
+        return ok
 
     def report(self) -> ReportResult:
         self.progress("all", "report", "running")
@@ -502,6 +611,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
             "seeds": options.seeds,
             "steps": options.steps,
             "max_memory": options.max_memory,
+            "offload": list(options.offload),
             "device": options.device,
             "dtype": options.dtype,
             "endpoint_for": options.endpoint_for,

@@ -32,10 +32,10 @@ from pathlib import Path
 from ditq.sweep import SweepOptions, default_serve_argv, run_sweep
 
 
-def serve_argv(model, port, options):
+def serve_argv(model, port, options, offload):
     if model.parent.name == "fp8":  # this scheme's server dies before it is healthy
         return [sys.executable, "-c", "import sys; sys.exit('cannot start: no device for fp8')"]
-    return default_serve_argv(model, port, options)
+    return default_serve_argv(model, port, options, offload)
 
 
 root = Path(sys.argv[1])
@@ -46,7 +46,7 @@ options = SweepOptions(
     refs=root / "refs",
     out=root / "out",
     seeds="{seeds}",
-    steps=4,
+    steps=12,  # slow enough that the kill below lands mid-probe
     device="cpu",
     dtype="float32",
     parity_db=30.0,
@@ -185,3 +185,102 @@ def test_demo_parity_band_is_the_committed_measurement():
     lowest = min(f["mean"] for f in measured["per_fixture_psnr_db"].values())
     assert DEMO.parity_db == round(lowest, 1)
     assert measured["steps"] == DEMO.steps and measured["seeds"] == DEMO.seeds
+
+
+_LADDER_SCRIPT = """
+import sys
+from pathlib import Path
+
+from ditq.sweep import SweepOptions, default_serve_argv, run_sweep
+
+root = Path(sys.argv[1])
+
+
+def serve_argv(model, port, options, offload):
+    if offload == "none":  # the model does not fit: ditq serve's exit code for that
+        return [sys.executable, "-c", "import sys; print('CUDA out of memory (simulated)'); sys.exit(3)"]
+    argv = default_serve_argv(model, port, options, offload)
+    if offload == "model":  # a real server whose two-reference generations run out of memory
+        return [sys.executable, str(root / "oom_server.py"), *argv[3:]]
+    return argv
+
+
+options = SweepOptions(
+    model=root / "model",
+    schemes=("w8a8",),
+    fixtures=root / "fixtures.json",
+    refs=root / "refs",
+    out=root / "out-ladder",
+    seeds="1-2",
+    steps=2,
+    device="cpu",
+    dtype="float32",
+    offload=("none", "model", "block"),
+    parity_db=30.0,
+    health_timeout_s=300,
+    serve_argv=serve_argv,
+)
+result = run_sweep(options, command="ditq sweep --offload auto (test)")
+print("VERDICTS", result.verdicts)
+"""
+
+# `ditq serve` itself, except that a generation with two or more references raises the error CUDA raises when
+# an allocation does not fit: the worker's out-of-memory path runs for real, only the cause is simulated (a
+# CPU has no accelerator memory to exhaust).
+_OOM_SERVER = """
+import sys
+
+import torch
+
+from ditq.cli import main
+from ditq.runtime.adapter import PipelineAdapter
+
+generate = PipelineAdapter.__call__
+
+
+def run_out_with_two_references(self, request):
+    if len(request.images) >= 2:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+    return generate(self, request)
+
+
+PipelineAdapter.__call__ = run_out_with_two_references
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_offload_ladder_serves_what_ran_out_of_memory_at_the_next_mode(workspace: Path):
+    (workspace / "ladder.py").write_text(_LADDER_SCRIPT)
+    (workspace / "oom_server.py").write_text(_OOM_SERVER)
+    sweep = subprocess.run(
+        [sys.executable, str(workspace / "ladder.py"), str(workspace)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    out = workspace / "out-ladder"
+    candidate = json.loads((out / "w8a8" / "CANDIDATE.json").read_text())
+    attempts = [(a["offload"], a["status"], a.get("out_of_memory_after")) for a in candidate["attempts"]]
+    assert attempts == [("none", "out_of_memory_at_load", None), ("model", "ok", 2), ("block", "ok", 0)]
+    assert candidate["stages"]["serve"]["status"] == "ok" and candidate["stages"]["probe"]["status"] == "ok"
+    baseline_attempts = json.loads((out / "logs" / "baseline-attempts.json").read_text())
+    assert [a["status"] for a in baseline_attempts] == ["out_of_memory_at_load", "ok", "ok"]
+    for run in (out / "w8a8" / "run", out / "baseline"):
+        lines = [json.loads(line) for line in _lines(run / "records.jsonl")]
+        # one-reference requests were served with model offload; two-reference ones ran out of memory there
+        # (503 out_of_memory, kept as history) and were served again with block offload
+        by_key = {(r["fixture_id"], r["seed"], r["offload"]): r for r in lines}
+        assert len(lines) == 6
+        for seed in (1, 2):
+            assert by_key[("edit-one", seed, "model")]["http"] == 200
+            assert by_key[("edit-two", seed, "model")]["http"] == 503
+            assert by_key[("edit-two", seed, "model")]["error_code"] == "out_of_memory"
+            assert by_key[("edit-two", seed, "block")]["http"] == 200
+        invocations = json.loads((run / "RUN.json").read_text())["invocations"]
+        assert [i["servers"][0]["health"]["offload"] for i in invocations] == ["model", "block"]
+        assert [i["retry"] for i in invocations] == [
+            "out_of_memory",
+            "out_of_memory",
+        ]  # rungs after the first

@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             retry_failed=args.retry_failed,
             retry_out_of_memory=args.retry_out_of_memory,
+            server_pid=args.server_pid,
+            memory_interval_s=args.memory_interval,
             progress=not args.no_progress,
         )
     )

@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         max_memory=args.max_memory,
         device=args.device or "cpu",
         dtype=args.dtype or DEMO.dtype,
+        offload=args.offload,
         parity_db=args.parity_db if args.parity_db is not None or args.parity_pair else DEMO.parity_db,
         parity_pair=tuple(args.parity_pair) if args.parity_pair else None,
         health_timeout_s=args.health_timeout,

@@ -29,6 +29,8 @@ def add_matrix_arguments(parser: argparse.ArgumentParser) -> None:
         "--concurrency", type=int, default=1, help="requests in flight per endpoint (default 1)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--server-pid", type=int, help="server process id, to sample its own device memory")
+    parser.add_argument("--memory-interval", type=float, default=1.0, help="seconds between memory samples")
     parser.add_argument("--retry-failed", action="store_true", help="redo requests whose record is a failure")
     parser.add_argument(
         "--retry-out-of-memory",
@@ -48,8 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_matrix_arguments(parser)
     parser.add_argument("--model", help="'model' field sent with each request (some servers require it)")
     parser.add_argument("--only", help="comma list of fixture ids to run (default: all)")
-    parser.add_argument("--server-pid", type=int, help="server process id, to sample its own device memory")
-    parser.add_argument("--memory-interval", type=float, default=1.0, help="seconds between memory samples")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ditq.report import ReportResult
 from ditq.schemes import get_scheme
-from ditq.sweep import SweepOptions, default_device, parse_endpoint_for, run_sweep
+from ditq.sweep import SweepOptions, default_device, parse_endpoint_for, parse_offload, run_sweep
 
 __all__ = ["add_arguments", "add_sweep_arguments", "print_verdicts", "run", "stop_on_sigterm"]
 
@@ -39,6 +39,15 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         help="device of every server and of the doctor (default: cuda if present, else cpu)",
     )
     parser.add_argument("--dtype", help="the servers' compute dtype, e.g. float32 (default: ditq serve's)")
+    parser.add_argument(
+        "--offload",
+        type=parse_offload,
+        default=("none",),
+        metavar="MODE[,MODE...]|auto",
+        help="offload of every server; a comma list is a ladder: requests that run out of accelerator memory "
+        "(or a model that does not load) go to a server at the next mode; auto = none,model,block "
+        "(default: none)",
+    )
     parser.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for /health")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines")
 
@@ -89,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         max_memory=args.max_memory,
         device=args.device or default_device(),
         dtype=args.dtype,
+        offload=args.offload,
         endpoint_for=parse_endpoint_for(args.endpoint_for),
         parity_db=args.parity_db,
         parity_pair=tuple(args.parity_pair) if args.parity_pair else None,
