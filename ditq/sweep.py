@@ -102,9 +102,9 @@ class SweepOptions:
     max_memory: str | None = None
     device: str = "cpu"  # where every server (and the doctor) runs: cpu, cuda, cuda:1, ...
     dtype: str | None = None  # the servers' compute dtype (None: ditq serve's default, bfloat16)
-    offload: tuple[str, ...] = (
-        "none",
-    )  # the ladder: each mode serves what ran out of memory at the one before
+    # the offload ladder: each mode serves what ran out of memory at the one before
+    offload: tuple[str, ...] = ("none",)
+    note: str | None = None  # said at the top of the report (e.g. that the weights are random)
     endpoint_for: dict[str, str] = field(default_factory=dict)  # scheme -> URL of a server already running
     parity_db: float | None = None  # the parity band's PSNR (a BF16 reference pair's), stated
     parity_pair: tuple[Path, Path] | None = None  # two acceptable reference runs that span the band
@@ -231,6 +231,7 @@ class _Candidate:
 
     def save(self) -> None:
         manifest = self.artifact / "MANIFEST.json"
+        weight_bytes = _weight_bytes(self.artifact, self.options.model) if manifest.is_file() else None
         atomic_write_json(
             self.dir / CANDIDATE_FILE,
             {
@@ -238,6 +239,7 @@ class _Candidate:
                 "scheme": self.scheme,
                 "artifact": str(self.artifact),
                 "artifact_digest": sha256_file(manifest) if manifest.is_file() else None,
+                "weight_bytes": weight_bytes,
                 "max_memory": self.options.max_memory,
                 "endpoint": self.options.endpoint_for.get(self.scheme),
                 "run": "run",
@@ -307,6 +309,21 @@ def _matrix_args(options: SweepOptions) -> list[str]:
     if options.request_timeout_s is not None:
         args += ["--timeout", str(options.request_timeout_s)]
     return args
+
+
+def _weight_bytes(artifact: Path, source: Path) -> dict[str, dict[str, int]]:
+    """Per quantized component of the artifact: the bytes of its weight files and of the source's."""
+    from ditq.checkpoint.layout import component_names, read_model_index, weight_files
+    from ditq.runtime.loader import is_quantized_component
+
+    sizes = {}
+    for component in component_names(read_model_index(artifact)):
+        if (artifact / component / "config.json").is_file() and is_quantized_component(artifact, component):
+            sizes[component] = {
+                "artifact": sum(p.stat().st_size for p in weight_files(artifact / component)),
+                "source": sum(p.stat().st_size for p in weight_files(source / component)),
+            }
+    return sizes
 
 
 def _out_of_memory_keys(run_dir: Path) -> list[tuple[str, int]]:
@@ -612,6 +629,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
             "steps": options.steps,
             "max_memory": options.max_memory,
             "offload": list(options.offload),
+            "note": options.note,
             "device": options.device,
             "dtype": options.dtype,
             "endpoint_for": options.endpoint_for,

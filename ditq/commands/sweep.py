@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SCHEME=URL",
         help="probe this scheme through a server already running (e.g. vLLM-Omni) instead of starting one",
     )
+    parser.add_argument(
+        "--note", help="a sentence for the top of the report (e.g. that the weights are random)"
+    )
     add_sweep_arguments(parser)
 
 
@@ -99,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device or default_device(),
         dtype=args.dtype,
         offload=args.offload,
+        note=args.note,
         endpoint_for=parse_endpoint_for(args.endpoint_for),
         parity_db=args.parity_db,
         parity_pair=tuple(args.parity_pair) if args.parity_pair else None,
