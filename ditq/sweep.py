@@ -481,6 +481,7 @@ class _Sweep:
         manifest = c.artifact / "MANIFEST.json"
         # --force: an artifact left by an interrupted or older run is replaced (quantize writes atomically)
         quantize = ditq_argv("quantize", options.model, c.artifact, "--scheme", scheme, "--force")
+        quantize += ["--device", options.device]  # the device the servers use encodes fastest
         chain_ok = self._step(c, "quantize", quantize, [manifest])
         chain_ok = chain_ok and self._step(
             c, "verify", ditq_argv("verify", c.artifact, "--source", options.model), []

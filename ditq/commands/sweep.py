@@ -36,7 +36,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device",
         default=None,
-        help="device of every server and of the doctor (default: cuda if present, else cpu)",
+        help="device of the quantizer, every server and the doctor (default: cuda if present, else cpu)",
     )
     parser.add_argument("--dtype", help="the servers' compute dtype, e.g. float32 (default: ditq serve's)")
     parser.add_argument(

@@ -1,0 +1,146 @@
+"""benchmarks/full_size_pipeline.py at its tiny preset: builds, loads, generates, quantizes, generates again (CPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import ditq
+from ditq.probe.fixtures import load_fixtures
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "full_size_pipeline.py"
+SIZE = 64  # the tiny preset's fixture size
+STEPS = 2
+
+
+def _import_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("full_size_pipeline", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+script = _import_script()
+
+
+def _loading() -> AbstractContextManager[Any]:
+    """Where torchvision is missing, Qwen3VLProcessor loads without its video processor (see the script)."""
+    has_torchvision = importlib.util.find_spec("torchvision") is not None
+    return nullcontext() if has_torchvision else script.without_video_processor()
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "pipeline"
+    script.build(out, "tiny", device="cpu", seed=0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def quantized(source: Path) -> Path:
+    out = source.with_name("pipeline-w8a8")
+    ditq.quantize(source, out, "w8a8")
+    return out
+
+
+def _generate(directory: Path, prompt: str, references: Sequence[Image.Image]) -> dict[int, Image.Image]:
+    """Number of references (0 or 2) -> the picture the pipeline in ``directory`` generates with them."""
+    with _loading():
+        pipeline = ditq.load_pipeline(directory, device="cpu", dtype=torch.float32)
+    pictures = {}
+    for count in (0, 2):
+        output = pipeline(
+            prompt=prompt,
+            image=references[:count] or None,
+            width=SIZE,
+            height=SIZE,
+            num_inference_steps=STEPS,
+            # The pipeline scales references to output_resolution**2 pixels (1024**2 by default).
+            output_resolution=SIZE,
+            generator=torch.Generator().manual_seed(0),
+        )
+        pictures[count] = output.images[0]
+    return pictures
+
+
+@pytest.fixture(scope="module")
+def images(source: Path, quantized: Path) -> dict[tuple[str, int], Image.Image]:
+    """(model, number of references) -> the generated picture, for the source and the w8a8 artifact."""
+    fixture = load_fixtures(source / "fixtures" / "fixtures.json", source / "fixtures" / "refs")["edit-2ref"]
+    references = [Image.open(path) for path in fixture.reference_paths]
+    # One thread: these models are tiny, and on a busy machine OpenMP's threads waiting for each other took
+    # 2-4 s per call instead of 0.03 s.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {
+            (name, count): picture
+            for name, directory in (("source", source), ("w8a8", quantized))
+            for count, picture in _generate(directory, fixture.prompt, references).items()
+        }
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_fixtures_follow_the_probe_format(source: Path) -> None:
+    fixtures = load_fixtures(source / "fixtures" / "fixtures.json", source / "fixtures" / "refs")
+    assert [len(f.references) for f in fixtures.values()] == [0, 1, 2, 3, 4]
+    assert [f.mode for f in fixtures.values()] == ["generate", "edit", "edit", "edit", "edit"]
+    assert {(f.width, f.height) for f in fixtures.values()} == {(SIZE, SIZE)}
+    for path in {p for f in fixtures.values() for p in f.reference_paths}:
+        assert Image.open(path).size == (SIZE, SIZE)
+
+
+@pytest.mark.parametrize("model", ["source", "w8a8"])
+@pytest.mark.parametrize("references", [0, 2])
+def test_generates_a_picture(images: dict[tuple[str, int], Image.Image], model: str, references: int) -> None:
+    picture = np.asarray(images[model, references])
+    assert picture.shape[:2] == (SIZE, SIZE)
+    assert np.unique(picture.reshape(-1, picture.shape[-1]), axis=0).shape[0] > 1, "every pixel is the same"
+
+
+@pytest.mark.parametrize("references", [0, 2])
+def test_w8a8_tracks_the_source(images: dict[tuple[str, int], Image.Image], references: int) -> None:
+    reference = np.asarray(images["source", references], dtype=np.float64)
+    quantized = np.asarray(images["w8a8", references], dtype=np.float64)
+    mean_squared_error = np.mean((reference - quantized) ** 2)
+    assert mean_squared_error > 0, "the w8a8 picture is the source's, bit for bit: nothing ran quantized"
+    psnr = 10 * np.log10(255.0**2 / mean_squared_error)
+    assert psnr > 50, f"PSNR {psnr:.1f} dB"  # about 70 dB here; 0 vs 2 references differ by about 54 dB
+
+
+def test_references_change_the_picture(images: dict[tuple[str, int], Image.Image]) -> None:
+    assert not np.array_equal(np.asarray(images["source", 0]), np.asarray(images["source", 2]))
+
+
+def test_artifact_verifies_and_quantizes_every_block_linear(source: Path, quantized: Path) -> None:
+    report = ditq.verify(quantized, source)
+    assert report.ok, report.table()
+    transformer = json.loads((quantized / "MANIFEST.json").read_text())["components"]["transformer"]
+    assert len(transformer["quantized"]) == 2 * 7  # blocks x (q, k, v, out, MLP proj, gate, out)
+    assert not [name for name, reason in transformer["ignored"].items() if reason.startswith("shape guard")]
+
+
+def test_same_seed_same_bytes(source: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again"
+    script.build(again, "tiny", device="cpu", seed=0)
+    for path in sorted(source.rglob("*.safetensors")):
+        assert (again / path.relative_to(source)).read_bytes() == path.read_bytes(), path.name
+
+
+def test_refuses_an_existing_directory(source: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert script.main(["--preset", "tiny", "--out", str(source)]) == 2
+    assert "already exists" in capsys.readouterr().err
