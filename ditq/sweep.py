@@ -572,6 +572,7 @@ class _Sweep:
 
     def report(self) -> ReportResult:
         self.progress("all", "report", "running")
+        attempts = self.out / "logs" / ATTEMPTS_FILE
         result = build_report(
             [self.out / scheme for scheme in self.options.schemes],
             self.baseline,
@@ -581,6 +582,8 @@ class _Sweep:
             baseline_commands=_read_json_list(self.out / "logs" / "baseline-commands.json"),
             baseline_name=self.baseline_name,
             baseline_memory_budget=self.options.max_memory,
+            baseline_attempts=attempts if attempts.is_file() else None,
+            note=self.options.note,
         )
         self.progress("all", "report", "ok", str(result.html))
         return result

@@ -20,6 +20,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--baseline-name", default="BF16", help="what to call the baseline (default: %(default)s)"
     )
     parser.add_argument(
+        "--baseline-attempts",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the baseline's offload attempts (a sweep's logs/baseline-attempts.json)",
+    )
+    parser.add_argument(
+        "--note", default=None, help="a sentence for the top of the report (e.g. that the weights are random)"
+    )
+    parser.add_argument(
         "--parity-db",
         type=float,
         default=None,
@@ -45,7 +55,15 @@ def run(args: argparse.Namespace) -> int:
         parity_margin_db=args.parity_margin_db,
         parity_reference_db=args.parity_db,
     )
-    result = build_report(args.runs, args.baseline, args.out, rules, baseline_name=args.baseline_name)
+    result = build_report(
+        args.runs,
+        args.baseline,
+        args.out,
+        rules,
+        baseline_name=args.baseline_name,
+        baseline_attempts=args.baseline_attempts,
+        note=args.note,
+    )
     for entry in result.data.document.candidates:
         reasons = " ".join(r.message for r in entry.reasons) or "every check passed."
         print(f"{entry.name}: {entry.verdict} - {reasons}")

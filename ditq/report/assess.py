@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import ditq
 from ditq.report.capacity import CapacityRow, capacity_matrix, max_references_served
+from ditq.report.ladder import server_starts
 from ditq.report.model import Candidate
 from ditq.report.provenance import device_description, git_revision, library_versions
 from ditq.report.schema import (
@@ -22,7 +23,7 @@ from ditq.report.schema import (
 )
 from ditq.report.verdict import Reason, VerdictRules, decide, parity_floor_db
 
-__all__ = ["Assessment", "ReportData", "assess", "serving_profile"]
+__all__ = ["Assessment", "ReportData", "assess", "serving_profile", "source_weight_bytes"]
 
 
 @dataclass
@@ -57,7 +58,32 @@ class ReportData:
         return sorted({row.n_references for row in rows})
 
 
-def serving_profile(candidate: Candidate, matrix: list[CapacityRow]) -> ServingProfile:
+def _reference_profile(row: CapacityRow) -> ReferenceProfile:
+    return ReferenceProfile(
+        references=row.n_references,
+        requests=row.requests,
+        served=row.served,
+        out_of_memory=row.out_of_memory,
+        offload=",".join(row.offload) or None,
+        seconds_per_image=row.wall_mean_s,
+        seconds_median=row.wall_median_s,
+        seconds_min=row.wall_min_s,
+        seconds_max=row.wall_max_s,
+        seconds_first=row.wall_first_s,
+        peak_memory_bytes=row.peak_memory_bytes,
+        gate_passed=row.gate_passed,
+        psnr_mean_db=row.psnr_mean_db,
+        ssim_mean=row.ssim_mean,
+    )
+
+
+def serving_profile(
+    candidate: Candidate, matrix: list[CapacityRow], weight_bytes: int | None = None
+) -> ServingProfile:
+    """``weight_bytes``: the quantized components' bytes; None: the candidate's own (CANDIDATE.json)."""
+    if weight_bytes is None and candidate.weight_bytes:
+        weight_bytes = sum(w.artifact for w in candidate.weight_bytes.values())
+    loaded = next((s.health for s in server_starts(candidate) if s.health and s.health.load_seconds), None)
     return ServingProfile(
         scheme=candidate.scheme,
         artifact_digest=candidate.artifact_digest,
@@ -67,24 +93,18 @@ def serving_profile(candidate: Candidate, matrix: list[CapacityRow]) -> ServingP
         },
         peak_memory_bytes=candidate.run.peak_memory_bytes if candidate.run else None,
         memory_budget=candidate.memory_budget,
+        load_seconds=loaded.load_seconds if loaded else None,
+        kernel_paths=dict(loaded.kernel_paths) if loaded else {},
+        weight_bytes=weight_bytes,
         endpoint=candidate.endpoint,
-        by_references=[
-            ReferenceProfile(
-                references=row.n_references,
-                requests=row.requests,
-                served=row.served,
-                out_of_memory=row.out_of_memory,
-                seconds_per_image=row.wall_mean_s,
-                seconds_min=row.wall_min_s,
-                seconds_max=row.wall_max_s,
-                peak_memory_bytes=row.peak_memory_bytes,
-                gate_passed=row.gate_passed,
-                psnr_mean_db=row.psnr_mean_db,
-                ssim_mean=row.ssim_mean,
-            )
-            for row in matrix
-        ],
+        by_references=[_reference_profile(row) for row in matrix],
     )
+
+
+def source_weight_bytes(candidates: list[Candidate]) -> int | None:
+    """The source model's bytes of the components the candidates quantized (the first that says)."""
+    sized = next((c.weight_bytes for c in candidates if c.weight_bytes), None)
+    return sum(w.source for w in sized.values()) if sized else None
 
 
 def _provenance(baseline: Candidate, candidates: list[Candidate], report_command: str) -> Provenance:
@@ -101,7 +121,11 @@ def _provenance(baseline: Candidate, candidates: list[Candidate], report_command
 
 
 def assess(
-    baseline: Candidate, candidates: list[Candidate], report_command: str, rules: VerdictRules | None = None
+    baseline: Candidate,
+    candidates: list[Candidate],
+    report_command: str,
+    rules: VerdictRules | None = None,
+    note: str | None = None,
 ) -> ReportData:
     rules = rules or VerdictRules()
     if baseline.run is None:
@@ -120,10 +144,11 @@ def assess(
             )
         )
     budgets = {c.memory_budget for c in [baseline, *candidates] if c.memory_budget}
-    baseline_profile = serving_profile(baseline, baseline_matrix)
+    baseline_profile = serving_profile(baseline, baseline_matrix, source_weight_bytes(candidates))
     document = VerdictDocument(
         schema_version="ditq-verdict-1",
         generated_utc=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        note=note,
         memory_budget=", ".join(sorted(budgets)) if budgets else None,
         baseline=BaselineEntry(name=baseline.name, run=str(baseline.run.path), profile=baseline_profile),
         candidates=[

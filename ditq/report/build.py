@@ -16,6 +16,7 @@ from ditq.report.html import render_html
 from ditq.report.markdown import render_markdown
 from ditq.report.model import load_candidate
 from ditq.report.provenance import shell_command
+from ditq.report.runfiles import read_attempts
 from ditq.report.schema import validate_verdict
 from ditq.report.verdict import VerdictRules
 
@@ -44,17 +45,21 @@ def build_report(
     baseline_commands: Sequence[str] = (),
     baseline_name: str | None = None,
     baseline_memory_budget: str | None = None,
+    baseline_attempts: Path | None = None,
+    note: str | None = None,
 ) -> ReportResult:
     """Judge every candidate in ``runs`` against ``baseline`` and write the report directory ``out``.
 
-    ``baseline_commands`` are the command lines behind the baseline when the caller knows them (a
-    sweep does). ``out`` is replaced as a whole (written beside it, then renamed), so a report on disk is
-    always complete.
+    ``baseline_commands`` are the command lines behind the baseline and ``baseline_attempts`` the file of
+    its offload attempts (``logs/baseline-attempts.json``), when the caller has them (a sweep does).
+    ``note`` is said first, in the report and in verdict.json. ``out`` is replaced as a whole (written
+    beside it, then renamed), so a report on disk is always complete.
     """
     out = Path(out)
     if not runs:
         raise InputError("report: name at least one run or candidate directory")
-    base = load_candidate(Path(baseline))
+    attempts = read_attempts(baseline_attempts) if baseline_attempts is not None else None
+    base = load_candidate(Path(baseline), attempts)
     if base.run is None:
         raise InputError(f"{baseline}: the baseline has no records")
     if baseline_name is not None:
@@ -70,7 +75,7 @@ def build_report(
             raise InputError(
                 f"report: two runs are both named {name!r} (set a label in RUN.json or CANDIDATE.json)"
             )
-    data = assess(base, candidates, command or shell_command(), rules)
+    data = assess(base, candidates, command or shell_command(), rules, note)
     document = data.document.model_dump(mode="json")
     validate_verdict(document)  # what we write is what the schema promises
     with atomic_directory(out, force=True) as tmp:

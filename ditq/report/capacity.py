@@ -1,4 +1,10 @@
-"""The capacity matrix: per reference count, what a run served, how fast, in how much memory, how well."""
+"""The capacity matrix: per reference count, what a run served, at which offload, how fast, in how much memory,
+how well.
+
+Seconds per image are taken over warm requests: a server's first request of each shape (reference count,
+size) is ``cold`` (compilation, autotuning, allocator warm-up) and shown apart, as ``wall_first_s``. A shape
+that has no warm request contributes its cold ones, and the row says so (``includes_cold``).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,8 @@ __all__ = [
     "capacity_matrix",
     "fidelity_by_fixture",
     "max_references_served",
+    "served_offloads",
+    "timed_walls",
 ]
 
 
@@ -24,9 +32,13 @@ class CapacityRow:
     served: int  # HTTP 200 with an image
     out_of_memory: int
     failed: int  # other failures (timeouts, 5xx, refused connections)
-    wall_mean_s: float | None  # over served requests only
+    offload: tuple[str, ...]  # the offload modes its served requests were served at (empty: not known)
+    wall_mean_s: float | None  # over warm served requests (see timed_walls)
+    wall_median_s: float | None
     wall_min_s: float | None
     wall_max_s: float | None
+    wall_first_s: float | None  # mean over the cold ones: each server start's first request of a shape
+    includes_cold: bool  # a shape had no warm request, so its cold ones are in the statistics
     peak_memory_bytes: int | None  # the largest per-request peak the server reported
     gate_passed: int | None  # None: no gate result
     gate_total: int | None
@@ -55,12 +67,38 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def timed_walls(served: list[Record]) -> tuple[list[float], bool]:
+    """The wall times s/image statistics are taken over, and whether cold ones are among them: per shape
+    (reference count, size), its warm requests, or its cold ones when it has no warm request."""
+    walls: list[float] = []
+    includes_cold = False
+    for shape in dict.fromkeys(r.shape for r in served):
+        timed = [r for r in served if r.shape == shape and r.wall_s is not None]
+        warm = [r for r in timed if not r.cold]
+        includes_cold = includes_cold or (bool(timed) and not warm)
+        walls += [r.wall_s for r in (warm or timed) if r.wall_s is not None]
+    return walls, includes_cold
+
+
+def served_offloads(records: list[Record]) -> tuple[str, ...]:
+    """The offload modes the served ``records`` were served at, in the order they were first used."""
+    ordered = sorted(
+        (r for r in records if r.ok and r.offload), key=lambda r: (r.invocation or 0, r.t_start or 0)
+    )
+    return tuple(dict.fromkeys(r.offload for r in ordered if r.offload))
+
+
 def _row(
     n_references: int, records: list[Record], gate: list[GateRow] | None, fidelity: list[FidelityRow] | None
-):
+) -> CapacityRow:
     keys = {r.key for r in records}
     served = [r for r in records if r.ok]
-    walls = [r.wall_s for r in served if r.wall_s is not None]
+    walls, includes_cold = timed_walls(served)
+    first = [r.wall_s for r in served if r.cold and r.wall_s is not None]
     peaks = [r.peak_memory_bytes for r in records if r.peak_memory_bytes is not None]
     served_keys = {r.key for r in served}  # the gate judges images; failed requests are counted apart
     gate_rows = [g for g in gate if (g.fixture_id, g.seed) in served_keys] if gate is not None else None
@@ -75,9 +113,13 @@ def _row(
         served=len(served),
         out_of_memory=oom,
         failed=len(records) - len(served) - oom,
+        offload=served_offloads(records),
         wall_mean_s=_mean(walls),
+        wall_median_s=_median(walls),
         wall_min_s=min(walls) if walls else None,
         wall_max_s=max(walls) if walls else None,
+        wall_first_s=_mean(first),
+        includes_cold=includes_cold,
         peak_memory_bytes=max(peaks) if peaks else None,
         gate_passed=None if gate_rows is None else sum(1 for g in gate_rows if g.passed),
         gate_total=None if gate_rows is None else len(gate_rows),

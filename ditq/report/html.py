@@ -12,16 +12,9 @@ import html
 from pathlib import Path
 
 from ditq.report.assess import ReportData
-from ditq.report.charts import CHARTS
+from ditq.report.document import Block, Bullets, Figures, Heading, Paragraph, Span, report_blocks
 from ditq.report.grids import Grid
-from ditq.report.tables import (
-    Table,
-    capacity_table,
-    comparison_table,
-    provenance_table,
-    stages_table,
-    verdict_table,
-)
+from ditq.report.tables import Table
 
 __all__ = ["CHECK_SCRIPT", "data_uri", "render_html", "table_html"]
 
@@ -67,65 +60,43 @@ def table_html(table: Table, verdict_column: str | None = "Verdict") -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+_TAGS = {"": "", "bold": "b", "code": "code", "italic": "i"}
+
+
+def _spans(spans: tuple[Span, ...]) -> str:
+    return "".join(
+        f"<{_TAGS[style]}>{_e(text)}</{_TAGS[style]}>" if style else _e(text) for text, style in spans
+    )
+
+
 def _figure(path: Path, caption: str) -> str:
     return f'<figure><img src="{data_uri(path)}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption></figure>'
 
 
+def _heading(block: Heading) -> str:
+    anchor = f' id="{_e(block.anchor)}"' if block.anchor else ""
+    verdict = f'<span class="{block.verdict}">{block.verdict}</span>' if block.verdict else ""
+    return f"<h{block.level}{anchor}>{_e(block.text)}{verdict}</h{block.level}>"
+
+
+def _block(block: Block) -> str:
+    if isinstance(block, Heading):
+        return _heading(block)
+    if isinstance(block, Paragraph):
+        return f"<p>{_spans(block.spans)}</p>"
+    if isinstance(block, Bullets):
+        return "<ul>" + "".join(f"<li>{_spans(item)}</li>" for item in block.items) + "</ul>"
+    if isinstance(block, Figures):
+        figures = "".join(_figure(f.path, f.caption or f.title) for f in block.figures)
+        return f'<div class="grids">{figures}</div>' if len(block.figures) > 1 else figures
+    return table_html(block)
+
+
 def render_html(report: ReportData, charts: dict[str, Path | None], grids: list[Grid]) -> str:
-    budget = report.document.memory_budget or "the whole device"
-    parts = [
-        "<h1>ditq report</h1>",
-        f"<p>Baseline: <b>{_e(report.baseline.name)}</b> (<code>{_e(report.document.baseline.run)}</code>). "
-        f"Memory budget: <b>{_e(budget)}</b>. Generated {_e(report.document.generated_utc)}.</p>",
-        "<h2>Verdicts</h2>",
-        table_html(verdict_table(report)),
-        f"<h2>Comparison with {_e(report.baseline.name)} and between candidates</h2>",
-        "<p>Seconds per image by reference count; (×N) is the speed-up over the baseline at the same count.</p>",
-        table_html(comparison_table(report)),
-        f"<h2>{_e(report.baseline.name)} (baseline) capacity matrix</h2>",
-        table_html(capacity_table(report.baseline_matrix)),
-    ]
-    for a in report.assessments:
-        parts.append(
-            f'<h2 id="{_e(a.candidate.name)}">{_e(a.candidate.name)}: <span class="{a.verdict}">{a.verdict}</span></h2>'
-        )
-        facts = [
-            f"scheme <code>{_e(a.candidate.scheme or 'n/a')}</code>",
-            f"artifact digest <code>{_e(a.candidate.artifact_digest or 'n/a')}</code>",
-        ]
-        if a.floor_db is not None:
-            facts.append(f"parity floor {a.floor_db:.2f} dB")
-        if a.candidate.endpoint:
-            facts.append(f"probed through <code>{_e(a.candidate.endpoint)}</code>")
-        if a.candidate.memory_budget:
-            facts.append(f"memory budget {_e(a.candidate.memory_budget)}")
-        parts.append("<p>" + "; ".join(facts) + ".</p>")
-        items = "".join(f"<li><b>{_e(r.code)}</b>: {_e(r.message)}</li>" for r in a.reasons)
-        parts.append(f"<ul>{items or '<li>Every check passed.</li>'}</ul>")
-        if a.matrix:
-            parts.append(table_html(capacity_table(a.matrix)))
-        if a.candidate.stages:
-            parts.append(table_html(stages_table(a.candidate)))
-        figures = []
-        for grid in (g for g in grids if g.candidate == a.candidate.name):
-            seeds = ", ".join(str(s) for s in grid.seeds)
-            caption = f"{grid.fixture_id}: {report.baseline.name} | {grid.candidate} | amplified difference, seeds {seeds}"
-            figures.append(_figure(grid.path, caption))
-        if figures:
-            parts.append(f'<div class="grids">{"".join(figures)}</div>')
-    parts.append("<h2>Charts</h2>")
-    for name, (title, _) in CHARTS.items():
-        path = charts.get(name)
-        if path is None:
-            parts.append(
-                f"<p><i>{_e(title)}: nothing to draw (no run has these numbers; memory is sampled on GPUs only).</i></p>"
-            )
-        else:
-            parts.append(_figure(path, title))
-    parts += ["<h2>Provenance</h2>", table_html(provenance_table(report), None)]
+    body = "".join(_block(block) for block in report_blocks(report, charts, grids))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">'
         f"<title>ditq report</title><script>{CHECK_SCRIPT}</script><style>{_STYLE}</style></head>"
-        f"<body>{''.join(parts)}</body></html>\n"
+        f"<body>{body}</body></html>\n"
     )

@@ -6,8 +6,13 @@ and, once the later steps ran, ``gate.json`` and ``compare.json``. The seed's ha
 evidence (a ``matrix.json`` list of the same records, no images) is read too.
 
 A *candidate directory* is what ``ditq sweep`` writes per scheme: ``CANDIDATE.json``
-(scheme, artifact digest, memory budget, every stage's status and command) and the
-probe's run directory under ``run/``. A failed stage is a result, not a crash.
+(scheme, artifact digest, weight bytes, memory budget, the offload attempts, every stage's
+status, command and time) and the probe's run directory under ``run/``. A failed stage is a
+result, not a crash.
+
+Timing: in a ditq run every probe invocation talked to a freshly started server, whose first
+request of each shape (reference count, size) pays for compilation, autotuning and allocator
+warm-up. Those requests are marked ``cold``; s/image statistics are taken over the others.
 """
 
 from __future__ import annotations
@@ -15,13 +20,23 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ditq.errors import InputError
-from ditq.probe.memory import read_vram_csv
-from ditq.probe.records import find_image, is_success, latest_by_key, read_records
+from ditq.probe.memory import memory_series, read_vram_csv
+from ditq.probe.records import find_image, is_out_of_memory, is_success, read_records
+from ditq.report.runfiles import (
+    Attempt,
+    CandidateFile,
+    DoctorSummary,
+    Invocation,
+    MemoryDescription,
+    ServerHealth,
+    WeightBytes,
+    parse,
+)
 
 __all__ = [
     "CANDIDATE_FILE",
@@ -34,6 +49,7 @@ __all__ = [
     "StageStatus",
     "load_candidate",
     "load_run",
+    "mark_cold",
 ]
 
 CANDIDATE_FILE = "CANDIDATE.json"
@@ -54,14 +70,22 @@ class Record:
     structure: dict[str, Any]
     peak_memory_bytes: int | None  # sampled over the request's window, else as the server reported it
     success: bool  # an image came back and nothing failed (the probe's own definition)
+    out_of_memory: bool  # the server said the request ran out of accelerator memory
+    size: str | None = None  # "WxH"
+    offload: str | None = None  # the serving server's offload mode (none | model | block), where it said
+    invocation: int | None = None  # which probe invocation (server start) of the run sent it
+    endpoint: str | None = None  # the server it went to (an invocation may drain through several)
+    t_start: float | None = None  # unix seconds
+    cold: bool = False  # the first served request of its shape at its server start (False: not known)
 
     @property
     def ok(self) -> bool:
         return self.success
 
     @property
-    def out_of_memory(self) -> bool:
-        return not self.ok and bool(_OOM.search(self.error or ""))
+    def shape(self) -> tuple[int, str | None]:
+        """What a server warms up for: the reference count and the output size."""
+        return (self.n_references, self.size)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -95,13 +119,16 @@ class MemorySample:
 class RunData:
     path: Path
     run_json: dict[str, Any]
-    records: list[Record]
+    records: list[Record]  # the latest record per (fixture_id, seed)
     gate: list[GateRow] | None  # None: no gate result in this run
     fidelity: list[FidelityRow] | None  # None: no compare result
     parity: dict[str, Any] | None  # compare's parity band for this run, as it wrote it
     parity_fixtures: dict[str, dict[str, Any]]  # compare's per-fixture entries (parity_edge_db, inside_...)
     memory: list[MemorySample]
     has_images: bool
+    history: list[Record] = field(default_factory=list)  # every record line, retried ones included
+    invocations: list[Invocation] = field(default_factory=list)  # RUN.json: one per server start
+    memory_description: MemoryDescription | None = None  # RUN.json: how memory was sampled
 
     @property
     def label(self) -> str:
@@ -113,9 +140,14 @@ class RunData:
     @property
     def peak_memory_bytes(self) -> int | None:
         sampled = [s.used_bytes for s in self.memory]
-        reported = [r.peak_memory_bytes for r in self.records if r.peak_memory_bytes is not None]
+        reported = [r.peak_memory_bytes for r in self.history if r.peak_memory_bytes is not None]
         values = sampled or reported
         return max(values) if values else None
+
+    @property
+    def servers(self) -> list[ServerHealth | None]:
+        """What each server this run talked to said on /health, in invocation order (None: nothing readable)."""
+        return [server.facts for invocation in self.invocations for server in invocation.servers]
 
     @property
     def reference_counts(self) -> list[int]:
@@ -159,12 +191,24 @@ class Candidate:
     memory_budget: str | None = None
     endpoint: str | None = None
     stages: list[StageStatus] = field(default_factory=list)
-    doctor: dict[str, Any] | None = None  # {"passed": bool, "failing": [path names], "report": ...}
+    doctor: DoctorSummary | None = None
     extra_commands: list[str] = field(default_factory=list)  # e.g. the server a sweep started for it
+    attempts: list[Attempt] = field(default_factory=list)  # the sweep's offload ladder, in order
+    weight_bytes: dict[str, WeightBytes] | None = None  # quantized component -> artifact and source bytes
 
     @property
     def failed_stages(self) -> list[StageStatus]:
         return [s for s in self.stages if s.status == "failed"]
+
+    @property
+    def never_loaded(self) -> bool:
+        """The sweep tried to serve it and no server loaded the model (at any offload mode)."""
+        return bool(self.attempts) and not any(a.loaded for a in self.attempts)
+
+    @property
+    def did_not_fit(self) -> bool:
+        """Never loaded, and at least one offload mode said the model does not fit in memory."""
+        return self.never_loaded and any(a.status == "out_of_memory_at_load" for a in self.attempts)
 
     @property
     def commands(self) -> list[str]:
@@ -189,23 +233,52 @@ def _record_from(raw: dict[str, Any], where: str) -> Record:
         peak_mib = metrics.get("peak_memory_mb")  # the server's own report (the seed's records)
     peak_bytes = None if peak_mib is None else int(float(peak_mib) * _MIB)
     error = raw.get("error")
+    error = None if error in (None, "") else (error if isinstance(error, str) else json.dumps(error))
+    success = is_success(raw)
+    # records from before error_code (the seed's) say it only in the error text
+    legacy_oom = "error_code" not in raw and not success and bool(_OOM.search(error or ""))
     return Record(
         fixture_id=str(raw["fixture_id"]),
         seed=int(raw["seed"]),
         n_references=int(raw["n_references"]),
         wall_s=None if raw.get("wall_s") is None else float(raw["wall_s"]),
         http=None if raw.get("http") is None else int(raw["http"]),
-        error=None if error in (None, "") else (error if isinstance(error, str) else json.dumps(error)),
+        error=error,
         structure=dict(raw.get("structure") or {}),
         peak_memory_bytes=peak_bytes,
-        success=is_success(raw),
+        success=success,
+        out_of_memory=is_out_of_memory(raw) or legacy_oom,
+        size=None if raw.get("size") is None else str(raw["size"]),
+        offload=None if raw.get("offload") is None else str(raw["offload"]),
+        invocation=None if raw.get("invocation") is None else int(raw["invocation"]),
+        endpoint=None if raw.get("endpoint") is None else str(raw["endpoint"]),
+        t_start=None if raw.get("t_start") is None else float(raw["t_start"]),
     )
 
 
-def _read_records(run_dir: Path) -> list[Record]:
-    """records.jsonl (the last line per key wins: a retried request replaces its failure), or matrix*.json."""
-    latest = latest_by_key(read_records(run_dir))
-    return [_record_from(raw, f"{run_dir} record {key}") for key, raw in latest.items()]
+def mark_cold(history: list[Record]) -> list[Record]:
+    """``history`` with ``cold`` set on the first served request of each shape per server start (invocation and
+    endpoint), by start time. Records without an invocation (the seed's, an older probe's) stay warm: not known."""
+    first: dict[tuple[int, str | None, int, str | None], int] = {}
+    for index, record in enumerate(history):
+        if record.invocation is None or not record.ok:
+            continue
+        slot = (record.invocation, record.endpoint, *record.shape)
+        earlier = first.get(slot)
+        if earlier is None or (record.t_start or 0.0) < (history[earlier].t_start or 0.0):
+            first[slot] = index
+    cold = set(first.values())
+    return [replace(r, cold=True) if i in cold else r for i, r in enumerate(history)]
+
+
+def _read_records(run_dir: Path) -> tuple[list[Record], list[Record]]:
+    """(latest, history): records.jsonl's lines, the last per key winning (a retried request replaces its
+    failure; the earlier lines stay as history), or the seed's matrix*.json."""
+    history = mark_cold(
+        [_record_from(raw, f"{run_dir} record {i}") for i, raw in enumerate(read_records(run_dir))]
+    )
+    latest = {record.key: record for record in history}
+    return list(latest.values()), history
 
 
 def _rows(document: Any, run_dir: Path) -> list[dict[str, Any]] | None:
@@ -303,15 +376,26 @@ def _read_compare(
     )
 
 
-def _read_memory(run_dir: Path) -> list[MemorySample]:
-    """vram.csv as (seconds since start, bytes used on the fullest device); empty without a GPU."""
-    by_time: dict[float, float] = {}
-    for sample in read_vram_csv(run_dir / "vram.csv"):
-        by_time[sample.t_unix] = max(by_time.get(sample.t_unix, 0.0), sample.used_mib)
-    if not by_time:
+def _read_memory(run_dir: Path, device: int | None) -> list[MemorySample]:
+    """vram.csv as (seconds since start, bytes): the server process's memory where the driver showed it,
+    else the server's device (``device``), else the fullest one; empty without a GPU."""
+    series = memory_series(read_vram_csv(run_dir / "vram.csv"), device)
+    if not series:
         return []
-    t0 = min(by_time)
-    return [MemorySample(t - t0, int(used * _MIB)) for t, used in sorted(by_time.items())]
+    t0 = series[0][0]
+    return [MemorySample(t - t0, int(mib * _MIB)) for t, mib in series]
+
+
+def _run_facts(run_json: dict[str, Any], where: Path) -> tuple[list[Invocation], MemoryDescription | None]:
+    """RUN.json's server starts and memory description, typed (a run written before them has neither)."""
+    raw_invocations = run_json.get("invocations", [])
+    if not isinstance(raw_invocations, list):
+        raise InputError(f"{where}: invocations: expected a list")
+    invocations = [
+        parse(Invocation, raw, f"{where} invocations.{i}") for i, raw in enumerate(raw_invocations)
+    ]
+    memory = run_json.get("memory")
+    return invocations, None if memory is None else parse(MemoryDescription, memory, f"{where} memory")
 
 
 def load_run(run_dir: Path) -> RunData:
@@ -322,7 +406,9 @@ def load_run(run_dir: Path) -> RunData:
     run_json = _read_json(run_json_path) if run_json_path.is_file() else {}
     if not isinstance(run_json, dict):
         raise InputError(f"{run_json_path}: expected a JSON object")
-    records = _read_records(run_dir)
+    invocations, memory_description = _run_facts(run_json, run_json_path)
+    devices = [s.facts.cuda_index for i in invocations for s in i.servers if s.facts is not None]
+    records, history = _read_records(run_dir)
     fidelity, parity, parity_fixtures = _read_compare(run_dir)
     return RunData(
         path=run_dir,
@@ -332,28 +418,17 @@ def load_run(run_dir: Path) -> RunData:
         fidelity=fidelity,
         parity=parity,
         parity_fixtures=parity_fixtures,
-        memory=_read_memory(run_dir),
+        memory=_read_memory(run_dir, next((d for d in devices if d is not None), None)),
         has_images=(run_dir / "images").is_dir() or (run_dir / "matrix").is_dir(),
+        history=history,
+        invocations=invocations,
+        memory_description=memory_description,
     )
 
 
-def _stages(raw: Any, where: Path) -> list[StageStatus]:
-    if not isinstance(raw, dict):
-        return []
-    stages = []
-    for name, value in raw.items():
-        if not isinstance(value, dict) or value.get("status") not in ("ok", "failed", "skipped"):
-            raise InputError(f"{where}: stage {name!r} needs a status of ok, failed or skipped")
-        stages.append(
-            StageStatus(
-                name, value["status"], value.get("message"), value.get("command"), value.get("seconds")
-            )
-        )
-    return stages
-
-
-def load_candidate(path: Path) -> Candidate:
-    """A sweep's candidate directory (CANDIDATE.json [+ run/]) or a bare run directory."""
+def load_candidate(path: Path, attempts: list[Attempt] | None = None) -> Candidate:
+    """A sweep's candidate directory (CANDIDATE.json [+ run/]) or a bare run directory (whose offload
+    ``attempts``, a sweep's baseline say, may be given)."""
     path = Path(path)
     description = path / CANDIDATE_FILE
     if not description.is_file():
@@ -365,19 +440,22 @@ def load_candidate(path: Path) -> Candidate:
             run=run,
             artifact_digest=run.run_json.get("artifact_digest"),
             memory_budget=run.run_json.get("max_memory"),
+            attempts=list(attempts or []),
         )
-    raw = _read_json(description)
-    if not isinstance(raw, dict) or "name" not in raw:
-        raise InputError(f"{description}: expected an object with a 'name'")
-    run_dir = path / str(raw.get("run", "run"))
+    raw = parse(CandidateFile, _read_json(description), str(description))
+    run_dir = path / raw.run
     has_run = (run_dir / "records.jsonl").is_file() or any(run_dir.glob("matrix*.json"))
     return Candidate(
-        name=str(raw["name"]),
-        scheme=raw.get("scheme"),
+        name=raw.name,
+        scheme=raw.scheme,
         run=load_run(run_dir) if has_run else None,
-        artifact_digest=raw.get("artifact_digest"),
-        memory_budget=raw.get("max_memory"),
-        endpoint=raw.get("endpoint"),
-        stages=_stages(raw.get("stages"), description),
-        doctor=raw.get("doctor"),
+        artifact_digest=raw.artifact_digest,
+        memory_budget=raw.max_memory,
+        endpoint=raw.endpoint,
+        stages=[
+            StageStatus(name, s.status, s.message, s.command, s.seconds) for name, s in raw.stages.items()
+        ],
+        doctor=raw.doctor,
+        attempts=list(attempts or raw.attempts),
+        weight_bytes=raw.weight_bytes,
     )

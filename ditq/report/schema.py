@@ -60,9 +60,19 @@ class ReferenceProfile(_Strict):
     requests: int = Field(ge=0)
     served: int = Field(ge=0, description="requests answered with an image")
     out_of_memory: int = Field(ge=0)
-    seconds_per_image: float | None = Field(description="mean wall time of served requests")
+    offload: str | None = Field(
+        description="offload mode(s) its served requests were served at, comma-joined; null: not known"
+    )
+    seconds_per_image: float | None = Field(
+        description="mean wall time of warm served requests: a server's first request of each shape (reference "
+        "count, size) is cold and left out, unless the shape had no other request"
+    )
+    seconds_median: float | None = Field(description="median wall time over the same requests")
     seconds_min: float | None
     seconds_max: float | None
+    seconds_first: float | None = Field(
+        description="mean wall time of the cold requests (each server start's first request of a shape)"
+    )
     peak_memory_bytes: int | None = Field(description="largest per-request peak the server reported")
     gate_passed: int | None
     psnr_mean_db: float | None = Field(description="null when nothing was compared or images were identical")
@@ -73,9 +83,24 @@ class ServingProfile(_Strict):
     scheme: str | None = Field(description="w8a16 | w8a8 | fp8, or null for the BF16 baseline")
     artifact_digest: str | None = Field(description="sha256 of the artifact's MANIFEST.json")
     max_references_served: int = Field(ge=0, description="largest reference count with every request served")
-    seconds_per_image: dict[str, float] = Field(description="reference count -> mean seconds per image")
-    peak_memory_bytes: int | None = Field(description="run peak: sampled device memory, else server-reported")
+    seconds_per_image: dict[str, float] = Field(
+        description="reference count -> mean seconds per image over warm requests"
+    )
+    peak_memory_bytes: int | None = Field(
+        description="run peak: sampled memory (the server process's where the driver shows it, else its "
+        "device's), else server-reported"
+    )
     memory_budget: str | None = Field(description="--max-memory the server ran under; null: the whole device")
+    load_seconds: float | None = Field(
+        description="seconds the first server that loaded the model took to load it (its /health); null: unknown"
+    )
+    kernel_paths: dict[str, int] = Field(
+        description="kernel path -> quantized layers using it, as that server reported; empty: none or unknown"
+    )
+    weight_bytes: int | None = Field(
+        description="bytes of the quantized components' weight files (for the baseline: the same components "
+        "in the source model); null: unknown"
+    )
     endpoint: str | None
     by_references: list[ReferenceProfile]
 
@@ -111,6 +136,10 @@ class Provenance(_Strict):
 class VerdictDocument(_Strict):
     schema_version: Literal["ditq-verdict-1"]
     generated_utc: str
+    note: str | None = Field(
+        description="what the reader must know first, e.g. that the weights are random, so PSNR and SSIM measure "
+        "numerical deviation, not image quality"
+    )
     memory_budget: str | None
     baseline: BaselineEntry
     candidates: list[CandidateVerdict]

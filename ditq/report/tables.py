@@ -7,14 +7,20 @@ from dataclasses import dataclass
 
 from ditq.report.assess import ReportData
 from ditq.report.capacity import CapacityRow
+from ditq.report.ladder import offload_ladder, server_starts
 from ditq.report.model import Candidate
+from ditq.report.runfiles import MemoryCapFacts
 
 __all__ = [
     "Table",
+    "capacity_summary_table",
     "capacity_table",
     "comparison_table",
+    "format_budget",
     "format_bytes",
+    "ladder_table",
     "provenance_table",
+    "servers_table",
     "stages_table",
     "verdict_table",
 ]
@@ -29,7 +35,9 @@ class Table:
 def format_bytes(n: int | None) -> str:
     if n is None:
         return "n/a"
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 2**10:,.0f} KiB"
 
 
 def _num(value: float | None, digits: int = 2, unit: str = "") -> str:
@@ -49,10 +57,19 @@ def _served(row: CapacityRow) -> str:
     return text
 
 
-def _wall(row: CapacityRow) -> str:
+def _wall(row: CapacityRow) -> tuple[str, str, str]:
+    """(mean, median, min–max) s/image; OOM when nothing was served because memory ran out."""
     if row.wall_mean_s is None:
-        return "OOM" if row.out_of_memory else "n/a"
-    return f"{row.wall_mean_s:.2f} ({row.wall_min_s:.2f}–{row.wall_max_s:.2f})"
+        text = "OOM" if row.out_of_memory else "n/a"
+        return text, text, text
+    return _num(row.wall_mean_s), _num(row.wall_median_s), f"{row.wall_min_s:.2f}–{row.wall_max_s:.2f}"
+
+
+def _first(row: CapacityRow) -> str:
+    if row.wall_first_s is None:
+        return "n/a"
+    shared = " (also in the statistics: a shape had no warm request)" if row.includes_cold else ""
+    return f"{row.wall_first_s:.2f}{shared}"
 
 
 def capacity_table(matrix: list[CapacityRow]) -> Table:
@@ -60,8 +77,10 @@ def capacity_table(matrix: list[CapacityRow]) -> Table:
         (
             str(row.n_references),
             ", ".join(row.fixtures),
+            ", ".join(row.offload) or "n/a",
             _served(row),
-            _wall(row),
+            *_wall(row),
+            _first(row),
             format_bytes(row.peak_memory_bytes),
             "not run" if row.gate_total is None else f"{row.gate_passed}/{row.gate_total}",
             f"{_num(row.psnr_mean_db)} / {_num(row.psnr_min_db)}",
@@ -72,8 +91,12 @@ def capacity_table(matrix: list[CapacityRow]) -> Table:
     headers = (
         "Refs",
         "Fixtures",
+        "Offload",
         "Served",
-        "Wall s mean (min–max)",
+        "s/image mean",
+        "s/image median",
+        "s/image min–max",
+        "First request s",
         "Peak memory",
         "Gate passes",
         "PSNR dB mean / min",
@@ -82,22 +105,66 @@ def capacity_table(matrix: list[CapacityRow]) -> Table:
     return Table(headers, rows)
 
 
+def _summary_cell(row: CapacityRow | None) -> str:
+    if row is None:
+        return "—"
+    if row.served == 0:
+        return "OOM" if row.out_of_memory else "failed"
+    facts = [", ".join(row.offload), f"{_num(row.wall_median_s)} s", _gib(row.peak_memory_bytes)]
+    text = ", ".join(fact for fact in facts if fact)
+    if not row.fully_served:
+        missing = f"{row.out_of_memory} OOM" if row.out_of_memory else f"{row.failed} failed"
+        text += f" ({row.served}/{row.requests} served, {missing})"
+    return text
+
+
+def _gib(n: int | None) -> str:
+    return "peak n/a" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def capacity_summary_table(report: ReportData) -> Table:
+    """Baseline then candidates x reference count: the offload it was served at, median s/image, peak memory."""
+    counts = report.reference_counts
+    entries = [(report.baseline, report.baseline_matrix)] + [
+        (a.candidate, a.matrix) for a in report.assessments
+    ]
+    rows = []
+    for candidate, matrix in entries:
+        by_k = {row.n_references: row for row in matrix}
+        if candidate.run is None:
+            cell = "did not load (OOM)" if candidate.did_not_fit else "not run"
+            rows.append((candidate.name, *(cell for _ in counts)))
+        else:
+            rows.append((candidate.name, *(_summary_cell(by_k.get(k)) for k in counts)))
+    return Table(("Row", *(f"{k} refs" for k in counts)), tuple(rows))
+
+
 def verdict_table(report: ReportData) -> Table:
     rows = []
     for a in report.assessments:
         profile = a.profile
-        seconds = ", ".join(f"{k}: {v:.2f}" for k, v in profile.seconds_per_image.items()) or "n/a"
+        timed = [p for p in profile.by_references if p.seconds_per_image is not None]
+        seconds = ", ".join(
+            f"{p.references}: {_num(p.seconds_per_image)} / {_num(p.seconds_median)}" for p in timed
+        )
         rows.append(
             (
                 a.candidate.name,
                 a.verdict,
                 str(profile.max_references_served),
-                seconds,
+                seconds or "n/a",
                 format_bytes(profile.peak_memory_bytes),
                 " ".join(r.message for r in a.reasons) or "Every check passed.",
             )
         )
-    headers = ("Candidate", "Verdict", "Max refs served", "s/image by refs", "Peak memory", "Reasons")
+    headers = (
+        "Candidate",
+        "Verdict",
+        "Max refs served",
+        "s/image by refs (mean / median)",
+        "Peak memory",
+        "Reasons",
+    )
     return Table(headers, tuple(rows))
 
 
@@ -106,7 +173,7 @@ def _cell(row: CapacityRow | None, baseline: CapacityRow | None) -> str:
         return "—"
     if row.wall_mean_s is None:
         return "OOM" if row.out_of_memory else "failed"
-    text = f"{row.wall_mean_s:.2f} s"
+    text = f"{row.wall_mean_s:.2f} / {_num(row.wall_median_s)} s"
     if baseline is not None and baseline.wall_mean_s:
         text += f" (×{baseline.wall_mean_s / row.wall_mean_s:.2f})"
     elif baseline is not None and baseline.out_of_memory:
@@ -154,6 +221,69 @@ def stages_table(candidate: Candidate) -> Table:
         for s in candidate.stages
     )
     return Table(("Stage", "Status", "Time", "Message", "Command"), rows)
+
+
+def ladder_table(candidate: Candidate) -> Table:
+    """Per offload mode tried x reference count, from every record line: what it served, what ran out of memory."""
+    rows = []
+    for row in offload_ladder(candidate):
+        if row.n_references is None:
+            rows.append((row.offload, "—", row.outcome or "", "", "", ""))
+            continue
+        rows.append(
+            (
+                row.offload,
+                str(row.n_references),
+                f"{row.served}/{row.requests}",
+                str(row.out_of_memory),
+                _num(row.wall_median_s),
+                format_bytes(row.peak_memory_bytes),
+            )
+        )
+    headers = ("Offload", "Refs", "Served", "Out of memory", "s/image median", "Peak memory")
+    return Table(headers, tuple(rows))
+
+
+def format_budget(cap: MemoryCapFacts | None) -> str:
+    if cap is None:
+        return "whole device"
+    return (
+        f"{format_bytes(cap.budget_bytes)} on {cap.device} (of {format_bytes(cap.device_total_bytes)}): "
+        f"{format_bytes(cap.outside_allocator_bytes)} outside the allocator (CUDA context, libraries), "
+        f"allocator capped at {format_bytes(cap.allocator_bytes)}"
+    )
+
+
+def _kernels(paths: dict[str, int]) -> str:
+    return ", ".join(f"{path} ({layers} layers)" for path, layers in paths.items()) or "none (unquantized)"
+
+
+def servers_table(candidate: Candidate) -> Table:
+    """Per server started for the candidate (per ladder attempt): its outcome, load and ready time, kernels, budget."""
+    rows = []
+    for start in server_starts(candidate):
+        health = start.health
+        rows.append(
+            (
+                start.offload or "n/a",
+                start.outcome,
+                _num(start.ready_s, 1, " s"),
+                _num(health.load_seconds if health else None, 1, " s"),
+                _num(health.ready_seconds if health else None, 1, " s"),
+                _kernels(health.kernel_paths) if health else "n/a",
+                format_budget(health.max_memory) if health else "n/a",
+            )
+        )
+    headers = (
+        "Offload",
+        "Result",
+        "Start to ready",
+        "Load",
+        "Load + doctor",
+        "Kernel paths",
+        "Memory budget",
+    )
+    return Table(headers, tuple(rows))
 
 
 def provenance_table(report: ReportData) -> Table:

@@ -51,12 +51,8 @@ def _stage_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRule
         detail = (stage.message or "no message").rstrip(".")
         reasons.append(Reason(code, f"The {stage.name} step failed: {detail}."))
     doctor = candidate.doctor
-    if (
-        doctor
-        and doctor.get("passed") is False
-        and not any(s.name == "doctor" for s in candidate.failed_stages)
-    ):
-        failing = ", ".join(str(p) for p in doctor.get("failing", [])) or "a kernel path"
+    if doctor and not doctor.passed and not any(s.name == "doctor" for s in candidate.failed_stages):
+        failing = ", ".join(doctor.failing) or "a kernel path"
         reasons.append(
             Reason(
                 "doctor_failure",
@@ -75,11 +71,14 @@ def _request_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRu
     rows = capacity_matrix(candidate.run)
     for row in rows:
         if row.out_of_memory:
+            records = candidate.run.records_with(row.n_references)
+            modes = sorted({r.offload for r in records if r.out_of_memory and r.offload})
+            where = f" with {' and '.join(modes)} offload" if modes else ""
             reasons.append(
                 Reason(
                     "out_of_memory",
                     f"Out of memory at {_plural(row.n_references, 'reference')} "
-                    f"({row.out_of_memory} of {row.requests} requests).",
+                    f"({row.out_of_memory} of {row.requests} requests){where}.",
                 )
             )
     failed = sum(row.failed for row in rows)

@@ -150,3 +150,174 @@ def write_run(root: Path, spec: RunSpec, baseline: Path | None = None) -> Path:
     if spec.compare and baseline is not None:
         (run / "compare.json").write_text(json.dumps({"rows": compare_rows, "parity": spec.parity}))
     return run
+
+
+# -- a sweep's offload ladder, as ditq probe and ditq sweep write it ------------------------------------------
+
+GIB = 2**30
+LADDER_FIXTURES = {"fx-one": 1, "fx-two": 2}  # fixture id -> reference count (ids shared with FIXTURES)
+KERNEL_PATHS = {"triton-w8a8": 196}
+MEMORY_CAP = {
+    "device": "cuda:0",
+    "budget_bytes": 24 * GIB,
+    "outside_allocator_bytes": 512 * 2**20,
+    "allocator_bytes": 24 * GIB - 512 * 2**20,
+    "device_total_bytes": 140 * GIB,
+}
+
+
+@dataclass
+class LadderSpec:
+    """Which offload mode serves each reference count; the modes before ``loads_from`` do not load the model.
+
+    ``walls[k]`` are the seconds of the requests at k references in the order they ran: the first is the
+    server's first request of that shape (cold). ``served_at[k]`` None: out of memory at every mode.
+    """
+
+    walls: dict[int, tuple[float, ...]]
+    served_at: dict[int, str | None]
+    ladder: tuple[str, ...] = ("none", "model", "block")
+    loads_from: str = "model"
+    peak_mib: dict[str, float] = field(default_factory=lambda: {"model": 15000.0, "block": 9000.0})
+    kernel_paths: dict[str, int] = field(default_factory=lambda: dict(KERNEL_PATHS))
+
+
+def _health(offload: str, kernel_paths: dict[str, int]) -> dict:
+    return {
+        "status": "ready",
+        "model": "artifact",
+        "device": "cuda:0",
+        "offload": offload,
+        "dtype": "bfloat16",
+        "max_memory": MEMORY_CAP,
+        "load_seconds": 41.5 if offload == "model" else 55.5,
+        "ready_seconds": 44.0 if offload == "model" else 58.0,
+        "kernel_paths": kernel_paths,
+        "doctor": {"status": "passed", "summary": "196 quantized layers"},
+    }
+
+
+def _ladder_record(fixture_id: str, seed: int, offload: str, invocation: int, t_start: float) -> dict:
+    return {
+        "fixture_id": fixture_id,
+        "seed": seed,
+        "n_references": LADDER_FIXTURES[fixture_id],
+        "size": f"{SIZE}x{SIZE}",
+        "endpoint": "http://127.0.0.1:9000",
+        "offload": offload,
+        "invocation": invocation,
+        "t_start": t_start,
+        "peak_memory_mib": None,
+        "error": None,
+        "error_code": None,
+        "sha256": None,
+        "http": 200,
+    }
+
+
+def _attempt(offload: str, status: str, **fields: object) -> dict:
+    return {"offload": offload, "command": f"ditq serve --offload {offload}", "status": status, **fields}
+
+
+def _ladder_lines(run: Path, spec: LadderSpec, kind: str) -> tuple[list[dict], list[dict], list[dict]]:
+    """(record lines, invocations, attempts), climbing the ladder until nothing runs out of memory."""
+    lines, invocations, attempts = [], [], []
+    pending = dict(LADDER_FIXTURES)
+    clock = 1000.0
+    for offload in spec.ladder:
+        if spec.ladder.index(offload) < spec.ladder.index(spec.loads_from):
+            message = "the server exited with code 3 before it was healthy"
+            attempts.append(_attempt(offload, "out_of_memory_at_load", seconds=20.0, message=message))
+            continue
+        invocation = len(invocations)
+        server = {"endpoint": "http://127.0.0.1:9000", "health": _health(offload, spec.kernel_paths)}
+        invocations.append(
+            {
+                "index": invocation,
+                "started_utc": "2026-11-30T12:00:00+00:00",
+                "planned": 0,
+                "retry": "out_of_memory" if invocation else None,
+                "servers": [server],
+            }
+        )
+        for fixture_id, refs in list(pending.items()):
+            for seed, wall in enumerate(spec.walls[refs], start=1):
+                record = _ladder_record(fixture_id, seed, offload, invocation, clock)
+                clock += 20.0
+                if spec.served_at[refs] == offload:
+                    pixels = baseline_pixels(fixture_id, seed) if kind == "baseline" else None
+                    pixels = candidate_pixels("healthy", fixture_id, seed) if pixels is None else pixels
+                    path = run / "images" / f"{fixture_id}.s{seed}.png"
+                    Image.fromarray(pixels, "RGBA").save(path)
+                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                    record.update(wall_s=wall, sha256=digest, peak_memory_mib=spec.peak_mib[offload])
+                else:
+                    record.update(
+                        http=503, wall_s=0.5, error="HTTP 503: out of memory", error_code="out_of_memory"
+                    )
+                lines.append(record)
+            if spec.served_at[refs] == offload:
+                del pending[fixture_id]
+        still = sum(len(spec.walls[k]) for k in pending.values())
+        attempts.append(
+            _attempt(
+                offload,
+                "ok",
+                seconds=90.0,
+                ready_s=50.0,
+                probe_command=f"ditq {kind} --out {run}",
+                exit_code=1 if still else 0,
+                out_of_memory_after=still,
+            )
+        )
+        if not pending:
+            break
+    return lines, invocations, attempts
+
+
+def write_ladder_run(run: Path, spec: LadderSpec, kind: str = "probe") -> list[dict]:
+    """A run directory served through an offload ladder (records, RUN.json, vram.csv); returns the attempts."""
+    (run / "images").mkdir(parents=True)
+    lines, invocations, attempts = _ladder_lines(run, spec, kind)
+    memory = {
+        "source": "nvml",
+        "interval_s": 1.0,
+        "pid": 4242,
+        "device": 0,
+        "measures": "server process (driver count)",
+        "reason": None,
+    }
+    run_json = {"schema": "ditq-run-v1", "kind": kind, "invocations": invocations, "memory": memory}
+    (run / "RUN.json").write_text(json.dumps(run_json))
+    (run / "records.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    # another process holds more of device 0 than the server does: the peak is the server's own 20000 MiB
+    rows = ["t_unix,device,used_mib,total_mib,process_mib"]
+    rows += [f"{1000.0 + i},0,{30000 + i},143771,{19998 + i}" for i in range(3)]
+    (run / "vram.csv").write_text("\n".join(rows) + "\n")
+    return attempts
+
+
+def write_ladder_candidate(root: Path, name: str, spec: LadderSpec) -> Path:
+    """A sweep's candidate directory: CANDIDATE.json (attempts, weight bytes, stage times) and run/."""
+    candidate = root / name
+    attempts = write_ladder_run(candidate / "run", spec)
+    stages = {
+        stage: {"status": "ok", "seconds": seconds, "command": f"ditq {stage}", "message": None}
+        for stage, seconds in (("quantize", 120.0), ("serve", 150.0), ("probe", 300.0))
+    }
+    description = {
+        "name": name,
+        "scheme": "w8a8",
+        "artifact": str(candidate / "artifact"),
+        "artifact_digest": "ab" * 32,
+        "weight_bytes": {"transformer": {"artifact": int(7.26 * GIB), "source": int(13.96 * GIB)}},
+        "max_memory": "24GiB",
+        "endpoint": None,
+        "run": "run",
+        "doctor": {"passed": True, "failing": [], "checked": 1, "report": "doctor-reports"},
+        "offload": list(spec.ladder),
+        "attempts": attempts,
+        "stages": stages,
+    }
+    (candidate / "CANDIDATE.json").write_text(json.dumps(description))
+    return candidate

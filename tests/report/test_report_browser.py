@@ -21,6 +21,8 @@ from PIL import Image
 from ditq.report import build_report
 from ditq.report.html import CHECK_SCRIPT
 
+from .synthetic import LadderSpec, write_ladder_candidate
+
 CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser")) if p), None)
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="no chromium on PATH: `apt-get install chromium` (Debian) runs the browser check"
@@ -61,14 +63,18 @@ def _console_problems(stderr: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def report(shared_runs, tmp_path_factory):
-    out = tmp_path_factory.mktemp("browser") / "report"
-    return build_report(
-        [shared_runs["w8a8"], shared_runs["fp8"], shared_runs["w8a16"]], shared_runs["baseline"], out
-    )
+    root = tmp_path_factory.mktemp("browser")
+    # a candidate served through an offload ladder brings the ladder and servers tables onto the page
+    spec = LadderSpec(walls={1: (9.0, 1.0, 2.0), 2: (12.0, 3.0, 4.0)}, served_at={1: "model", 2: "block"})
+    ladder = write_ladder_candidate(root, "w8a8-ladder", spec)
+    runs = [shared_runs["w8a8"], shared_runs["fp8"], shared_runs["w8a16"], ladder]
+    return build_report(runs, shared_runs["baseline"], root / "report", note="Synthetic runs.")
 
 
 def test_report_renders_with_every_image_loaded_and_no_errors(report, tmp_path):
-    count = len(re.findall(r"<img ", report.html.read_text()))
+    page = report.html.read_text()
+    count = len(re.findall(r"<img ", page))
+    assert "Offload ladder" in page and "Synthetic runs." in page
     images, errors, stderr = _page_state(report.html, tmp_path / "profile")
     assert images == f"{count}/{count} loaded"
     assert errors == "0"

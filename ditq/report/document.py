@@ -1,0 +1,236 @@
+"""The report's layout as data: headings, paragraphs, lists, tables and figures, in reading order.
+
+``markdown.py`` and ``html.py`` render the same blocks, so REPORT.md and report.html always say the same
+things in the same order: the note, the capacity summary, the verdicts, the comparison, the baseline and
+each candidate (facts, reasons, capacity matrix, offload ladder, servers, stages, image grids), the charts
+and the provenance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from ditq.report.assess import Assessment, ReportData
+from ditq.report.charts import CHARTS
+from ditq.report.grids import Grid
+from ditq.report.ladder import ladder_outcome, offload_ladder, server_starts
+from ditq.report.model import Candidate
+from ditq.report.tables import (
+    Table,
+    capacity_summary_table,
+    capacity_table,
+    comparison_table,
+    format_bytes,
+    ladder_table,
+    provenance_table,
+    servers_table,
+    stages_table,
+    verdict_table,
+)
+
+__all__ = ["Block", "Bullets", "Figure", "Figures", "Heading", "Paragraph", "Span", "report_blocks"]
+
+Style = Literal["", "bold", "code", "italic"]
+Span = tuple[str, Style]
+
+
+@dataclass(frozen=True)
+class Heading:
+    level: int
+    text: str
+    verdict: str | None = None  # "YES" | "NO", shown after the text
+    anchor: str | None = None
+
+
+@dataclass(frozen=True)
+class Paragraph:
+    spans: tuple[Span, ...]
+
+
+@dataclass(frozen=True)
+class Bullets:
+    items: tuple[tuple[Span, ...], ...]
+
+
+@dataclass(frozen=True)
+class Figure:
+    path: Path
+    title: str
+    caption: str | None  # shown under the image; None: the title says it
+
+
+@dataclass(frozen=True)
+class Figures:
+    figures: tuple[Figure, ...]
+
+
+Block = Heading | Paragraph | Bullets | Table | Figures
+
+
+def _text(text: str) -> Paragraph:
+    return Paragraph(((text, ""),))
+
+
+def _facts(candidate: Candidate, assessment: Assessment | None, report: ReportData) -> list[tuple[Span, ...]]:
+    """The candidate's facts: scheme, digest, parity floor, endpoint, budget, weights, what peaks measure."""
+    parts: list[tuple[Span, ...]] = []
+    if assessment is not None:
+        parts.append((("scheme ", ""), (candidate.scheme or "n/a", "code")))
+        parts.append((("artifact digest ", ""), (candidate.artifact_digest or "n/a", "code")))
+        if assessment.floor_db is not None:
+            parts.append(((f"parity floor {assessment.floor_db:.2f} dB", ""),))
+    if candidate.endpoint:
+        parts.append((("probed through ", ""), (candidate.endpoint, "code")))
+    if candidate.memory_budget:
+        parts.append(((f"memory budget {candidate.memory_budget}", ""),))
+    facts = (_weights(candidate, report), _memory_measure(candidate))
+    return parts + [((fact, ""),) for fact in facts if fact]
+
+
+def _memory_measure(candidate: Candidate) -> str | None:
+    description = candidate.run.memory_description if candidate.run else None
+    if description is not None and description.source == "unavailable":
+        return "device memory was not sampled (no NVML or nvidia-smi)"
+    if description is not None and description.measures is not None:
+        return f"peak memory measures the {description.measures} ({description.source})"
+    return None
+
+
+def _sentence(parts: list[tuple[Span, ...]]) -> Paragraph:
+    """Parts joined by semicolons into one sentence, starting with a capital."""
+    separator: tuple[Span, ...] = (("; ", ""),)
+    spans: list[Span] = [
+        span for index, part in enumerate(parts) for span in (separator if index else ()) + part
+    ]
+    text, style = spans[0]
+    return Paragraph(((text[:1].upper() + text[1:], style), *spans[1:], (".", "")))
+
+
+def _weights(candidate: Candidate, report: ReportData) -> str | None:
+    if candidate.weight_bytes:
+        ours = sum(w.artifact for w in candidate.weight_bytes.values())
+        source = sum(w.source for w in candidate.weight_bytes.values())
+        names = ", ".join(candidate.weight_bytes)
+        return (
+            f"{names} weights {format_bytes(ours)} ({ours / source:.2f}× the source's {format_bytes(source)})"
+        )
+    if candidate is report.baseline and report.baseline_profile.weight_bytes is not None:
+        weights = format_bytes(report.baseline_profile.weight_bytes)
+        return f"the components the candidates quantize weigh {weights} in the source model"
+    return None
+
+
+def _serving(candidate: Candidate) -> Iterator[Block]:
+    """The capacity matrix's companions: the offload ladder and the servers behind the numbers."""
+    if offload_ladder(candidate):
+        yield Heading(3, "Offload ladder")
+        yield _text(
+            "Every request line of the run, by the offload mode its server ran at (requests that ran out of "
+            "memory at one mode were sent to the next)."
+        )
+        yield ladder_table(candidate)
+    outcome = ladder_outcome(candidate)
+    if outcome:
+        yield _text(outcome)
+    starts = server_starts(candidate)
+    if any(s.health is not None or s.outcome != "served" for s in starts):
+        yield Heading(3, "Servers")
+        yield _text(
+            "Start to ready: from starting the server to /health 200, as the sweep measured it. Load and "
+            "load + doctor: as the server reported them."
+        )
+        yield servers_table(candidate)
+
+
+def _candidate(a: Assessment, report: ReportData, grids: list[Grid]) -> Iterator[Block]:
+    candidate = a.candidate
+    yield Heading(2, f"{candidate.name}: ", a.verdict, candidate.name)
+    facts = _facts(candidate, a, report)
+    if facts:
+        yield _sentence(facts)
+    yield Bullets(
+        tuple(((r.code, "bold"), (f": {r.message}", "")) for r in a.reasons)
+        or ((("Every check passed.", ""),),)
+    )
+    if a.matrix:
+        yield Heading(3, "Capacity matrix")
+        yield capacity_table(a.matrix)
+    yield from _serving(candidate)
+    if candidate.stages:
+        yield Heading(3, "Stages")
+        yield stages_table(candidate)
+    figures = tuple(
+        Figure(
+            grid.path,
+            f"{grid.candidate} {grid.fixture_id}",
+            f"{grid.fixture_id}: {report.baseline.name} | {grid.candidate} | amplified difference, "
+            f"seeds {', '.join(str(s) for s in grid.seeds)}",
+        )
+        for grid in grids
+        if grid.candidate == candidate.name
+    )
+    if figures:
+        yield Figures(figures)
+
+
+def _head(report: ReportData) -> Iterator[Block]:
+    document = report.document
+    yield Heading(1, "ditq report")
+    if document.note:
+        yield Paragraph((("Note:", "bold"), (f" {document.note}", "")))
+    yield Paragraph(
+        (
+            ("Baseline: ", ""),
+            (report.baseline.name, "bold"),
+            (" (", ""),
+            (document.baseline.run, "code"),
+            ("). Memory budget: ", ""),
+            (document.memory_budget or "the whole device", "bold"),
+            (f". Generated {document.generated_utc}.", ""),
+        )
+    )
+    yield Heading(2, "Capacity")
+    yield _text(
+        "Per reference count: the offload mode the requests were served at, the median seconds per image "
+        "(a server's first request of each shape left out) and the peak memory. OOM: out of memory at every "
+        "offload mode tried."
+    )
+    yield capacity_summary_table(report)
+
+
+def report_blocks(report: ReportData, charts: dict[str, Path | None], grids: list[Grid]) -> list[Block]:
+    base = report.baseline
+    blocks: list[Block] = [*_head(report), Heading(2, "Verdicts"), verdict_table(report)]
+    blocks += [
+        Heading(2, f"Comparison with {base.name} and between candidates"),
+        _text(
+            "Seconds per image by reference count (mean / median of warm requests); (×N) is the speed-up over "
+            "the baseline at the same count."
+        ),
+        comparison_table(report),
+        Heading(2, f"{base.name} (baseline)"),
+    ]
+    facts = _facts(base, None, report)
+    blocks += [_sentence(facts)] if facts else []
+    blocks += [Heading(3, "Capacity matrix"), capacity_table(report.baseline_matrix), *_serving(base)]
+    for a in report.assessments:
+        blocks += _candidate(a, report, grids)
+    blocks.append(Heading(2, "Charts"))
+    for name, (title, _) in CHARTS.items():
+        path = charts.get(name)
+        blocks.append(
+            Figures((Figure(path, title, None),))
+            if path is not None
+            else Paragraph(
+                (
+                    (
+                        f"{title}: nothing to draw (no run has these numbers; memory is sampled on GPUs only).",
+                        "italic",
+                    ),
+                )
+            )
+        )
+    return [*blocks, Heading(2, "Provenance"), provenance_table(report)]
