@@ -540,6 +540,7 @@ class _Sweep:
             argv = ditq_argv(
                 "probe", "--endpoint", server.url, "--out", c.run_dir, *_matrix_args(self.options)
             )
+            argv += ["--server-pid", str(server.process.pid)]  # the sampler measures this process's memory
             return argv + (["--retry-out-of-memory"] if retry else [])
 
         self._show(c, "serve", "running")

@@ -278,7 +278,9 @@ def test_offload_ladder_serves_what_ran_out_of_memory_at_the_next_mode(workspace
             assert by_key[("edit-two", seed, "model")]["http"] == 503
             assert by_key[("edit-two", seed, "model")]["error_code"] == "out_of_memory"
             assert by_key[("edit-two", seed, "block")]["http"] == 200
-        invocations = json.loads((run / "RUN.json").read_text())["invocations"]
+        run_json = json.loads((run / "RUN.json").read_text())
+        assert isinstance(run_json["memory"]["pid"], int)  # the sampler was told which process is the server
+        invocations = run_json["invocations"]
         assert [i["servers"][0]["health"]["offload"] for i in invocations] == ["model", "block"]
         assert [i["retry"] for i in invocations] == [
             "out_of_memory",

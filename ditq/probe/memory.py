@@ -218,10 +218,15 @@ class MemorySampler:
 def memory_series(samples: list[MemorySample], device: int | None = None) -> list[tuple[float, float]]:
     """(t_unix, MiB) per sampling time: the server process's memory summed over its devices where the driver
     shows it, else the used memory of ``device`` (else of the fullest device)."""
-    process: dict[float, float] = {}
+    # (time, device) -> MiB: two samples in the same millisecond (a request's edge and the next one's) are one
+    per_device: dict[tuple[float, int], float] = {}
     for s in samples:
         if s.process_mib is not None:
-            process[s.t_unix] = process.get(s.t_unix, 0.0) + s.process_mib
+            key = (s.t_unix, s.device)
+            per_device[key] = max(per_device.get(key, 0.0), s.process_mib)
+    process: dict[float, float] = {}
+    for (t_unix, _), mib in per_device.items():
+        process[t_unix] = process.get(t_unix, 0.0) + mib
     if process:
         return sorted(process.items())
     used: dict[float, float] = {}

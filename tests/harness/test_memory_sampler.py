@@ -55,9 +55,17 @@ def test_nvidia_smi_fallback_samples_devices_and_the_server_process(tmp_path: Pa
     assert sampler.peak() == 1000.0 and sampler.peak_between(t0, time.time()) == 1000.0
     assert sampler.peak_between(0.0, 1.0) is None
     assert memory.peak_mib([s for s in samples if s.device == 1]) == 2000.0  # no process: the device's use
-    without_process = [memory.MemorySample(s.t_unix, s.device, s.used_mib, s.total_mib, None) for s in samples]
+    without_process = [
+        memory.MemorySample(s.t_unix, s.device, s.used_mib, s.total_mib, None) for s in samples
+    ]
     assert memory.peak_mib(without_process) == 2000.0  # the fullest device
     assert memory.peak_mib(without_process, device=0) == 1234.0  # the server's device, when known
+    # two samples within one millisecond (one request's last, the next one's first) are one sample, not a sum
+    twice = [
+        memory.MemorySample(1.0, 0, 2000.0, 8000.0, 1000.0),
+        memory.MemorySample(1.0, 0, 2000.0, 8000.0, 1000.0),
+    ]
+    assert memory.peak_mib(twice) == 1000.0
 
 
 def test_probe_records_peaks_and_gate_reads_vram_csv(tmp_path: Path, fixture_set, fake_smi: None) -> None:
