@@ -11,6 +11,11 @@ Two kinds of rule, both data (``gate_rules.json``, or ``--rules FILE``):
    margin, relative_margin * |mean|)``, so ordinary seed-to-seed variation passes
    and a drift far outside it fails.
 
+With a baseline, a signature that the baseline's own image of the same fixture and
+seed shows too is *inherited*: listed apart (``inherited``), not a failure of the
+run, since the unquantized model made the same picture (a model with random
+weights, say). The report says so instead of calling it a collapse.
+
 Structure is recomputed from the image when the run has it, else taken from the
 record (the seed probe's evidence keeps records but not images).
 """
@@ -37,6 +42,7 @@ __all__ = [
     "GateRecord",
     "GateRules",
     "GateRun",
+    "baseline_signatures",
     "build_envelopes",
     "format_gate",
     "gate_run",
@@ -216,6 +222,7 @@ class GateRecord:
     passed: bool
     reasons: list[str]
     unchecked: list[str]
+    inherited: list[str]  # signatures the baseline's image of this fixture and seed shows too
     structure: dict[str, Any] | None
     structure_source: str
     wall_s: float | None
@@ -280,17 +287,30 @@ def _record_peak(record: dict[str, Any]) -> tuple[float | None, str | None]:
     return (float(server), "server") if isinstance(server, int | float) else (None, None)
 
 
+def baseline_signatures(baseline: Path, rules: GateRules) -> dict[tuple[str, int], set[str]]:
+    """(fixture_id, seed) -> the signatures the baseline's own image fires."""
+    fired: dict[tuple[str, int], set[str]] = {}
+    for key, record in latest_by_key(read_records(baseline)).items():
+        structure, _ = record_structure(baseline, record) if is_success(record) else (None, "")
+        if structure is not None:
+            fired[key] = {sig.name for sig in rules.signatures if sig.fires(structure)}
+    return fired
+
+
 def _judge(
-    structure: dict[str, Any], rules: GateRules, envelope: Envelope | None
-) -> tuple[list[str], list[str]]:
-    reasons, unchecked = [], []
+    structure: dict[str, Any], rules: GateRules, envelope: Envelope | None, in_baseline: set[str]
+) -> tuple[list[str], list[str], list[str]]:
+    """(failures, unchecked, inherited): ``in_baseline`` are the signatures the baseline's image shows."""
+    reasons: list[str] = []
+    unchecked: list[str] = []
+    inherited: list[str] = []
     for sig in rules.signatures:
         fired = sig.fires(structure)
         if fired is None:
             missing = [c.metric for c in sig.when if c.holds(structure) is None]
             unchecked.append(f"{sig.name} (no {', '.join(missing)})")
         elif fired:
-            reasons.append(sig.describe(structure))
+            (inherited if sig.name in in_baseline else reasons).append(sig.describe(structure))
     if envelope is not None:
         for metric, (low, high) in envelope.bands.items():
             value = structure.get(metric)
@@ -300,7 +320,7 @@ def _judge(
                 reasons.append(
                     f"drift: {metric} {value} outside the baseline envelope [{low:.4g}, {high:.4g}] (n={envelope.n})"
                 )
-    return reasons, unchecked
+    return reasons, unchecked, inherited
 
 
 def gate_run(
@@ -310,9 +330,11 @@ def gate_run(
     baseline: str | None = None,
     baseline_dir: Path | None = None,
 ) -> GateRun:
-    """Judge every record of ``run``; with ``envelopes`` (from ``baseline_dir``) the envelope too."""
+    """Judge every record of ``run``; with ``envelopes`` (from ``baseline_dir``) the envelope too, and with
+    ``baseline_dir`` the signatures its images show are inherited rather than failures."""
     run = Path(run)
     changed = changed_fixtures(run, baseline_dir) if baseline_dir is not None else set()
+    in_baseline = baseline_signatures(baseline_dir, rules) if baseline_dir is not None else {}
     records = latest_by_key(read_records(run))
     result = GateRun(
         run=str(run),
@@ -324,6 +346,7 @@ def gate_run(
         structure, source = record_structure(run, record)
         reasons: list[str]
         unchecked: list[str] = []
+        inherited: list[str] = []
         if not is_success(record) and record.get("error"):
             reasons = [f"request failed: {str(record['error'])[:200]}"]
         elif structure is None:
@@ -334,7 +357,8 @@ def gate_run(
             ]
         else:
             envelope = None if envelopes is None else envelopes.get(record["fixture_id"])
-            reasons, unchecked = _judge(structure, rules, envelope)
+            key = (str(record["fixture_id"]), int(record["seed"]))
+            reasons, unchecked, inherited = _judge(structure, rules, envelope, in_baseline.get(key, set()))
             if record["fixture_id"] in changed:
                 reasons.append("the fixture (prompt, size or references) differs from the baseline's")
             if envelopes is not None and envelope is None:
@@ -348,6 +372,7 @@ def gate_run(
                 passed=not reasons,
                 reasons=reasons,
                 unchecked=unchecked,
+                inherited=inherited,
                 structure=structure,
                 structure_source=source,
                 wall_s=record.get("wall_s"),
@@ -393,6 +418,11 @@ def format_gate(results: Sequence[GateRun]) -> str:
                     f"    {rec.fixture_id} s{rec.seed}: {'PASS' if rec.passed else 'FAIL'} "
                     f"[{rec.structure_source}] {detail}"
                 )
+        inherited = sorted({i.split(":")[0] for r in run.records for i in r.inherited})
+        if inherited:
+            lines.append(
+                f"  inherited from the baseline (its own images show them; not counted): {', '.join(inherited)}"
+            )
         unchecked = sorted({u for r in run.records for u in r.unchecked})
         if unchecked:
             lines.append(f"  unchecked: {'; '.join(unchecked)}")

@@ -98,6 +98,7 @@ class GateRow:
     seed: int
     passed: bool
     failures: tuple[str, ...]  # names of the failed rules, e.g. ("transparent", "banded")
+    inherited: tuple[str, ...] = ()  # signatures the baseline's own image of this fixture and seed shows too
 
 
 @dataclass(frozen=True)
@@ -330,7 +331,10 @@ def _read_gate(run_dir: Path) -> list[GateRow] | None:
     out = []
     for i, row in enumerate(rows):
         try:
-            out.append(GateRow(str(row["fixture_id"]), int(row["seed"]), _passed(row), _failures(row)))
+            inherited = tuple(dict.fromkeys(str(i).split(":")[0].strip() for i in row.get("inherited") or []))
+            out.append(
+                GateRow(str(row["fixture_id"]), int(row["seed"]), _passed(row), _failures(row), inherited)
+            )
         except KeyError as error:
             raise InputError(f"{path}: row {i} lacks {error.args[0]}") from None
     return out

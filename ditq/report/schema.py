@@ -39,6 +39,7 @@ ReasonCode = Literal[
     "failed_requests",
     "out_of_memory",
     "collapsed_outputs",
+    "baseline_collapsed",
     "no_gate_result",
     "outside_parity_band",
     "no_fidelity_result",

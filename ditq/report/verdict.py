@@ -105,16 +105,28 @@ def _gate_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRules
     served = {r.key for r in run.records if r.ok}
     judged = [g for g in run.gate if (g.fixture_id, g.seed) in served]
     failing = [g for g in judged if not g.passed]
-    if not failing:
-        return []
-    signatures = sorted({name for g in failing for name in g.failures})
-    named = f" ({', '.join(signatures)})" if signatures else ""
-    return [
-        Reason(
-            "collapsed_outputs",
-            f"Collapsed outputs: the structure gate failed {len(failing)} of {len(judged)} images{named}.",
+    reasons = []
+    if failing:
+        signatures = sorted({name for g in failing for name in g.failures})
+        named = f" ({', '.join(signatures)})" if signatures else ""
+        reasons.append(
+            Reason(
+                "collapsed_outputs",
+                f"Collapsed outputs: the structure gate failed {len(failing)} of {len(judged)} images{named}.",
+            )
         )
-    ]
+    inherited = [g for g in judged if g.inherited]
+    if inherited:
+        shown = ", ".join(sorted({name for g in inherited for name in g.inherited}))
+        reasons.append(
+            Reason(
+                "baseline_collapsed",
+                f"The {baseline.name} baseline's own images show collapse signatures ({shown}) for "
+                f"{len(inherited)} of {len(judged)} of these images, so the gate cannot tell a collapse "
+                "apart from the model's own output.",
+            )
+        )
+    return reasons
 
 
 def parity_floor_db(candidate: Candidate, rules: VerdictRules) -> float | None:

@@ -219,3 +219,29 @@ def test_a_fixture_changed_since_the_baseline_is_caught(tmp_path: Path, fixture_
     assert [r.fixture_id for r in result.records if not r.passed] == ["edit-one"]
     rows = compare_run(tmp_path / "run", tmp_path / "baseline").rows
     assert [r["fixture_id"] for r in rows if r["status"] == "error"] == ["edit-one"]
+
+
+def _recorded_run(run: Path, structures: dict[tuple[str, int], dict]) -> Path:
+    """A ditq-style run holding only records with their recorded structure (no images)."""
+    run.mkdir(parents=True)
+    lines = [
+        {"fixture_id": f, "seed": s, "n_references": 0, "http": 200, "sha256": "0" * 64, "structure": st}
+        for (f, s), st in structures.items()
+    ]
+    (run / "records.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return run
+
+
+def test_a_signature_the_baseline_shows_too_is_inherited_not_a_failure(tmp_path: Path) -> None:
+    noise = {"opaque_fraction": 0.0015, "alpha_mean": 141.9, "rgb_std": [39.5, 43.4, 36.0]}  # random weights
+    intact = {"opaque_fraction": 1.0, "alpha_mean": 255.0, "rgb_std": [40.0, 41.0, 42.0]}
+    baseline = _recorded_run(tmp_path / "baseline", {("f", 1): noise, ("f", 2): intact})
+    run = _recorded_run(tmp_path / "run", {("f", 1): noise, ("f", 2): noise})
+    by_seed = {r.seed: r for r in gate_run(run, load_rules(), baseline_dir=baseline).records}
+    # seed 1: the baseline's own image is transparent too, so the candidate's is not a collapse of its own
+    assert by_seed[1].passed and by_seed[1].inherited[0].startswith("transparent:")
+    # seed 2: the baseline's image is intact, so the same transparent image is a failure
+    assert not by_seed[2].passed and by_seed[2].reasons[0].startswith("transparent:")
+    assert by_seed[2].inherited == []
+    # without a baseline both fail, as before
+    assert not any(r.passed for r in gate_run(run, load_rules()).records)

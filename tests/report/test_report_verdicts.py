@@ -145,3 +145,18 @@ def test_doctor_finding_makes_an_otherwise_healthy_candidate_no(tmp_path, runs):
         )
     ]
     assert a.profile.memory_budget == "24GiB" and a.profile.max_references_served == 4
+
+
+def test_signatures_the_baseline_shows_too_are_their_own_reason_not_a_collapse(runs, tmp_path):
+    """gate.json marks a signature the baseline's own image shows as inherited (a model with random weights)."""
+    import shutil
+
+    candidate = tmp_path / "w8a8"
+    shutil.copytree(runs["w8a8"], candidate)
+    gate = json.loads((candidate / "gate.json").read_text())
+    for row in gate["records"]:
+        row["inherited"] = ["transparent: opaque_fraction 0.0015 < 0.5", "banded: banding_score 0.61 > 0.6"]
+    (candidate / "gate.json").write_text(json.dumps(gate))
+    (a,) = _assess({**runs, "inherited": candidate}, "inherited").assessments
+    assert [r.code for r in a.reasons] == ["baseline_collapsed"]
+    assert "(banded, transparent) for 8 of 8 of these images" in a.reasons[0].message
