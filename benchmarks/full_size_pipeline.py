@@ -617,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--preset", choices=sorted(PRESETS), default="full")
     parser.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu", help="where the weights are drawn"
+        "--device", default="cpu", help="where the weights are drawn: cpu, cuda or cuda:N (default: cpu)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fixtures-out", type=Path, help="fixtures.json and refs/ (default: OUT/fixtures)")
@@ -631,8 +631,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         parser.error("--out is required (or --dry-run)")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device here")
+    if not (args.device == "cpu" or args.device == "cuda" or args.device.startswith("cuda:")):
+        parser.error(f"--device {args.device}: expected cpu, cuda or cuda:N")
+    if args.device != "cpu" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device here")
     try:
         build(args.out, args.preset, args.device, args.seed, args.fixtures_out, args.force)
     except FileExistsError as error:
