@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ditq.errors import InputError
+from ditq.report.runfiles import parse
 
 __all__ = [
     "SCHEMA_PATH",
@@ -156,12 +157,7 @@ def json_schema() -> dict[str, Any]:
 
 def validate_verdict(document: Any, where: str = "verdict.json") -> VerdictDocument:
     """Parse and check a verdict document; raise InputError naming the first bad field."""
-    try:
-        return VerdictDocument.model_validate(document)
-    except ValidationError as error:
-        first = error.errors()[0]
-        location = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        raise InputError(f"{where}: {location}: {first['msg']}") from None
+    return parse(VerdictDocument, document, where)
 
 
 def validate_verdict_file(path: Path) -> VerdictDocument:
