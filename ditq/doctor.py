@@ -60,6 +60,7 @@ __all__ = [
     "Check",
     "Geometry",
     "PathResult",
+    "VerifiedChooser",
     "WeightCase",
     "check_paths",
     "choose_verified_path",
@@ -583,14 +584,29 @@ def verified_chooser(layer: Any, device: torch.device, dtype: torch.dtype) -> Ke
                                 group_size=getattr(layer, "group_size", None))  # fmt: skip
 
 
-def kernel_chooser(skip_doctor: bool) -> Callable[[Any, torch.device, torch.dtype], KernelPath] | None:
+class VerifiedChooser:
+    """``verified_chooser`` that keeps the time it took: the checks compile (and autotune) kernels, which a
+    server's start-up time should show apart from reading weights."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self, layer: Any, device: torch.device, dtype: torch.dtype) -> KernelPath:
+        started = time.perf_counter()
+        try:
+            return verified_chooser(layer, device, dtype)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+
+def kernel_chooser(skip_doctor: bool) -> VerifiedChooser | None:
     """The loader's chooser for ``ditq generate`` and ``ditq serve`` alike: the doctor-verified path, chosen
     before the repack so a refused path can still be replaced; None (the registry's first candidate,
     unverified, logged as a warning) with ``--skip-doctor``."""
     if skip_doctor:
         log.warning("--skip-doctor: kernel paths run without verification on this device")
         return None
-    return verified_chooser
+    return VerifiedChooser()
 
 
 def startup_check(

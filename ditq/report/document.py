@@ -139,8 +139,9 @@ def _serving(candidate: Candidate) -> Iterator[Block]:
     if any(s.health is not None or s.outcome != "served" for s in starts):
         yield Heading(3, "Servers")
         yield _text(
-            "Start to ready: from starting the server to /health 200, as the sweep measured it. Load and "
-            "load + doctor: as the server reported them."
+            "Start to ready: from starting the server to /health 200, as the sweep measured it. Load, kernel "
+            "choice and load + doctor: as the server reported them; kernel choice is the part of the load the "
+            "doctor's checks took while choosing each layer's path, kernel compilation included."
         )
         yield servers_table(candidate)
 

@@ -67,7 +67,10 @@ class ServerHealth(BaseModel):
     offload: str | None = None  # none | model | block
     dtype: str | None = None
     max_memory: MemoryCapFacts | None = None
-    load_seconds: float | None = None  # reading the weights onto the device
+    load_seconds: float | None = None  # reading the weights onto the device, kernel choice included
+    kernel_choice_seconds: float | None = (
+        None  # of which: the doctor's checks choosing paths (compilation too)
+    )
     ready_seconds: float | None = None  # load + the doctor's start-up check
     kernel_paths: dict[str, int] = {}  # kernel path -> quantized layers that use it
     doctor: DoctorStatus | None = None

@@ -138,6 +138,7 @@ class PipelineAdapter:
 
     def __init__(self, pipeline: Any) -> None:
         self.pipeline = pipeline
+        self.load_facts: dict[str, Any] = {}  # what loading found out (e.g. the time kernel choice took)
         self.parameters = set(inspect.signature(pipeline.__call__).parameters)
         self._targets = {
             name: next((p for p in candidates if p in self.parameters), None)

@@ -124,9 +124,11 @@ def load_adapter(
     from ditq.runtime.loader import load_pipeline
 
     chooser = kernel_chooser(skip_doctor)
-    return PipelineAdapter(
-        load_pipeline(model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser)
-    )
+    pipeline = load_pipeline(model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser)
+    adapter = PipelineAdapter(pipeline)
+    if chooser is not None:  # part of the load time: the doctor's checks, kernel compilation included
+        adapter.load_facts["kernel_choice_seconds"] = round(chooser.seconds, 3)
+    return adapter
 
 
 def make_doctor(skip: bool, device: str, dtype: torch.dtype) -> Callable[[PipelineAdapter], DoctorOutcome]:

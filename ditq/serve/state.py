@@ -119,6 +119,7 @@ class ServerState:
 
         _, kernels = pipeline_summary(adapter.pipeline)
         self.facts.update(
+            adapter.load_facts,
             load_seconds=round(loaded_s, 3),
             ready_seconds=round(time.perf_counter() - started, 3),  # load + the doctor's check
             kernel_paths=kernels,

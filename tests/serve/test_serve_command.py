@@ -148,6 +148,7 @@ def test_serve_falls_back_from_a_failing_w8a16_path_chosen_before_the_repack(
         health = client.get("/health").json()
         assert health["status"] == "ready" and health["doctor"]["status"] == "passed", health
         assert health["kernel_paths"] == {"cpu-reference-w8a16": 14}
+        assert 0 < health["kernel_choice_seconds"] <= health["load_seconds"]  # the checks, timed apart
         layers = quantized_linears(app.state.serve.adapter.pipeline.transformer).values()
         assert {layer.kernel.name for layer in layers} == {"cpu-reference-w8a16"}
         response = client.post("/v1/images/generations", json={"prompt": "a kite", "seed": 0, **FAST})
