@@ -10,23 +10,34 @@ writes ``SEAL.json``: the sha256 of every image, of ``records.jsonl`` and of
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ditq.errors import DitqError, InputError
-from ditq.fsutil import atomic_write_json, sha256_file
+from ditq.fsutil import sha256_file
 from ditq.probe.fixtures import Fixture, load_fixtures
-from ditq.probe.records import IMAGES_DIR, RECORDS_FILE, RUN_FILE
-from ditq.probe.runner import ProbeOptions, ProbeSummary, describe_run, run_matrix, run_probe, versions
+from ditq.probe.runner import ProbeOptions, ProbeSummary, Reply, describe_run, run_matrix, run_probe, versions
+from ditq.runfiles import (
+    IMAGES_DIR,
+    RECORDS_FILE,
+    RUN_FILE,
+    SEAL_FILE,
+    InProcessOptions,
+    RunFile,
+    SealFile,
+    read_model,
+    write_model,
+)
+
+if TYPE_CHECKING:
+    from ditq.runtime.adapter import GenerationResult
 
 __all__ = [
-    "SEAL_FILE",
     "AdapterExecutor",
     "BaselineOptions",
     "make_baseline",
@@ -37,7 +48,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SEAL_FILE = "SEAL.json"
 _MIB = 1024 * 1024
 
 
@@ -63,7 +73,8 @@ class BaselineOptions:
 
 
 class AdapterExecutor:
-    """In-process generation through a PipelineAdapter; one request at a time."""
+    """In-process generation through a PipelineAdapter; one request at a time. Its record's ``metrics`` are what
+    ditq serve would have answered for the same generation (``StageMetrics``: milliseconds, no queue)."""
 
     endpoint = "in-process"
 
@@ -71,9 +82,9 @@ class AdapterExecutor:
         self.adapter = adapter
         self.steps = steps
         self.true_cfg_scale = true_cfg_scale
-        self.offload = offload
+        self.offload: str | None = offload
 
-    def __call__(self, fixture: Fixture, seed: int) -> tuple[dict[str, Any], bytes | None]:
+    def __call__(self, fixture: Fixture, seed: int) -> Reply:
         from PIL import Image
 
         from ditq.runtime.adapter import GenerationRequest
@@ -95,25 +106,35 @@ class AdapterExecutor:
                 seed=seed,
             )
             result = self.adapter(request)
+            encoding = time.perf_counter()
             buffer = io.BytesIO()
             result.images[0].save(buffer, format="PNG")
+            encode_s = time.perf_counter() - encoding
         except Exception as error:  # one failed generation is a record, not the end of the run
-            return {
-                "wall_s": round(time.perf_counter() - t0, 3),
-                "http": None,
-                "error": f"{type(error).__name__}: {error}",
-            }, None
-        peak = result.peak_memory_bytes
-        metrics = {
-            "timings": result.timings,
-            "step_times": result.step_times,
-            "peak_memory_mb": None if peak is None else round(peak / _MIB, 1),
-        }
-        return {
-            "wall_s": round(time.perf_counter() - t0, 3),
-            "http": None,
-            "metrics": metrics,
-        }, buffer.getvalue()
+            return Reply(round(time.perf_counter() - t0, 3), None, error=f"{type(error).__name__}: {error}")
+        metrics = _stage_metrics(result, encode_s, self.steps)
+        return Reply(round(time.perf_counter() - t0, 3), None, buffer.getvalue(), metrics=metrics)
+
+
+def _stage_metrics(result: GenerationResult, encode_s: float, steps: int) -> dict[str, Any]:
+    """The response ``metrics`` ditq serve gives for ``result`` with return_stage_metrics (ditq.serve.app)."""
+    from ditq.serve.schemas import StageMetrics
+
+    timings, step_times = result.timings, result.step_times
+    width, height = result.images[0].size
+    return StageMetrics(
+        queue_wait_ms=0.0,
+        text_encoding_ms=timings.get("text_encoding", 0.0) * 1000,
+        denoising_ms=timings.get("denoising", 0.0) * 1000,
+        denoise_step_latency_ms=(sum(step_times) / len(step_times) * 1000) if step_times else 0.0,
+        decoding_ms=timings.get("decoding", 0.0) * 1000,
+        postprocess_time_ms=(timings.get("postprocess", 0.0) + encode_s) * 1000,
+        generation_ms=timings.get("total", 0.0) * 1000,
+        peak_memory_mb=None if result.peak_memory_bytes is None else result.peak_memory_bytes / _MIB,
+        num_inference_steps=len(step_times) or steps,
+        image_pixels=width * height,
+        denoise_step_latencies_ms=[s * 1000 for s in step_times],
+    ).model_dump(mode="json")
 
 
 def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> ProbeSummary:
@@ -133,8 +154,8 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
         options.seeds,
         options.steps,
         options.true_cfg_scale,
-        {"device": options.device, "offload": options.offload},
-        {"model": str(options.model)},
+        InProcessOptions(device=options.device, offload=options.offload),
+        options.model,
     )
     # The generating process is this one: sample its own device memory too.
     return run_matrix(
@@ -172,7 +193,7 @@ def make_baseline(options: BaselineOptions) -> ProbeSummary:
                 timeout_s=options.timeout_s,
                 progress=options.progress,
                 kind="baseline",
-                extra={"model": str(options.model)},
+                model_dir=options.model,
             )
         )
     else:
@@ -190,38 +211,38 @@ def _image_digests(run: Path) -> dict[str, str]:
     return {f"{IMAGES_DIR}/{p.name}": sha256_file(p) for p in sorted(folder.glob("*.png"))}
 
 
-def seal_run(run: Path) -> dict[str, Any]:
+def seal_run(run: Path) -> SealFile:
     """Write RUN/SEAL.json over the run's records, RUN.json and every image."""
     run = Path(run)
     for name in (RECORDS_FILE, RUN_FILE):
         if not (run / name).is_file():
             raise InputError(f"{run}: cannot seal, {name} is missing")
-    description = json.loads((run / RUN_FILE).read_text())
-    seal = {
-        "schema": "ditq-seal-v1",
-        "sealed_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "files": {
+    description = read_model(RunFile, run / RUN_FILE)
+    seal = SealFile(
+        schema="ditq-seal-v1",
+        sealed_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        files={
             RECORDS_FILE: sha256_file(run / RECORDS_FILE),
             RUN_FILE: sha256_file(run / RUN_FILE),
             **_image_digests(run),
         },
-        "fixture_digest": description.get("fixture_digest"),
-        "versions": versions(),
-    }
-    atomic_write_json(run / SEAL_FILE, seal)
+        fixture_digest=description.fixture_digest,
+        versions=versions(),
+    )
+    write_model(run / SEAL_FILE, seal)
     return seal
 
 
 def verify_seal(run: Path) -> list[str]:
-    """What no longer matches the seal (empty list: intact). An absent seal is one problem."""
+    """What no longer matches the seal (empty list: intact). An absent or unreadable seal is one problem."""
     run = Path(run)
     path = run / SEAL_FILE
     if not path.is_file():
         return [f"{SEAL_FILE} is missing (not sealed)"]
     try:
-        sealed: dict[str, str] = json.loads(path.read_text())["files"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return [f"{SEAL_FILE} is unreadable"]
+        sealed = read_model(SealFile, path).files
+    except InputError as error:
+        return [f"{SEAL_FILE} is unreadable ({error})"]
     problems = []
     for name, digest in sealed.items():
         target = run / name

@@ -18,18 +18,28 @@ import logging
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ditq.errors import InputError
 from ditq.metrics import fidelity_arrays, load_png_array, psnr, ssim
 from ditq.probe.records import changed_fixtures, find_image, is_success, latest_by_key, read_records
+from ditq.runfiles import (
+    RECORDS_FILE,
+    CompareFile,
+    CompareRow,
+    FidelityOverall,
+    FidelityStats,
+    FixtureFidelity,
+    ParityResult,
+    ProbeRecord,
+)
 
 __all__ = [
     "PSNR_CAP_DB",
-    "CompareResult",
     "ParityBand",
     "compare_run",
     "format_compare",
@@ -80,32 +90,18 @@ class ParityBand:
         return value - self.tolerance_db
 
 
-@dataclass
-class CompareResult:
-    run: str
-    baseline: str
-    baseline_seal: str
-    lpips_note: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    fixtures: dict[str, dict[str, Any]] = field(default_factory=dict)
-    overall: dict[str, Any] = field(default_factory=dict)
-    parity: dict[str, Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def _stats(values: list[float], digits: int) -> dict[str, float | None]:
+def _stats(values: list[float], digits: int) -> FidelityStats:
     if not values:
-        return {"mean": None, "min": None, "max": None}
-    return {
-        "mean": round(statistics.fmean(values), digits),
-        "min": round(min(values), digits),
-        "max": round(max(values), digits),
-    }
+        return FidelityStats(mean=None, min=None, max=None)
+    return FidelityStats(
+        mean=round(statistics.fmean(values), digits),
+        min=round(min(values), digits),
+        max=round(max(values), digits),
+    )
 
 
 def _compare_pair(candidate: Path, reference: Path, scorer: LpipsScorer | None) -> dict[str, Any]:
+    """The row's fields: status ok with PSNR, SSIM, the space compared in (and LPIPS), else status error."""
     try:
         a, a_mode = load_png_array(reference.read_bytes())
     except Exception as error:  # an unreadable file is a row of its own, not the end of the comparison
@@ -131,23 +127,65 @@ def _compare_pair(candidate: Path, reference: Path, scorer: LpipsScorer | None) 
     return row
 
 
-_SETTINGS = ("steps", "true_cfg_scale", "size")  # what must agree for two images to be comparable
-
-
 def _has_records(run: Path) -> bool:
-    return any(Path(run).glob("records.jsonl")) or any(Path(run).glob("matrix*.json"))
+    return any(Path(run).glob(RECORDS_FILE)) or any(Path(run).glob("matrix*.json"))
 
 
-def _settings_mismatch(candidate: dict[str, Any] | None, baseline: dict[str, Any]) -> str:
-    """'steps 4 vs baseline 20, ...' where the candidate's record says it was made differently."""
+def _settings_mismatch(candidate: ProbeRecord | None, baseline: ProbeRecord) -> str:
+    """'steps 4 vs baseline 20, ...' where the candidate's record says it was made differently (what must agree
+    for two images to be comparable)."""
     if candidate is None:
         return ""
-    return ", ".join(
-        f"{key} {candidate[key]} vs baseline {baseline[key]}"
-        for key in _SETTINGS
-        if candidate.get(key) is not None
-        and baseline.get(key) is not None
-        and candidate[key] != baseline[key]
+    settings = (
+        ("steps", candidate.steps, baseline.steps),
+        ("true_cfg_scale", candidate.true_cfg_scale, baseline.true_cfg_scale),
+        ("size", candidate.size, baseline.size),
+    )
+    return ", ".join(f"{key} {ours} vs baseline {theirs}" for key, ours, theirs in settings if ours != theirs)
+
+
+def _row(run: Path, baseline: Path, record: ProbeRecord, candidate: ProbeRecord | None, changed: bool,
+         scorer: LpipsScorer | None) -> CompareRow:  # fmt: skip
+    """The candidate's image of ``record``'s fixture and seed against the baseline's."""
+    reference = find_image(baseline, record.fixture_id, record.seed)
+    image = find_image(run, record.fixture_id, record.seed)
+    mismatch = _settings_mismatch(candidate, record)
+    fields: dict[str, Any]
+    if reference is None:
+        fields = {"status": "error", "error": "baseline image missing"}
+    elif image is not None and mismatch:
+        fields = {"status": "error", "error": f"made with other settings: {mismatch}"}
+    elif image is not None and changed:
+        fields = {
+            "status": "error",
+            "error": "the fixture (prompt, size or references) differs from the baseline's",
+        }
+    elif image is None:
+        fields = {"status": "missing"}
+    else:
+        fields = _compare_pair(image, reference, scorer)
+    return CompareRow(
+        fixture_id=record.fixture_id, seed=record.seed, n_references=record.n_references, **fields
+    )
+
+
+def _fixture(rows: list[CompareRow], scorer: LpipsScorer | None, edge: float | None) -> FixtureFidelity:
+    """One fixture's rows summarized; ``edge``: its parity band's edge (None: no band)."""
+    ok = [r for r in rows if r.status == "ok"]
+    psnr_db = _stats([r.psnr_db for r in ok if r.psnr_db is not None], 2)
+    optional: dict[str, Any] = {}  # written only where measured
+    if scorer is not None:
+        optional["lpips"] = _stats([r.lpips for r in ok if r.lpips is not None], 4)
+    if edge is not None and psnr_db.mean is not None:
+        optional.update(parity_edge_db=round(edge, 2), inside_parity_band=psnr_db.mean >= edge)
+    return FixtureFidelity(
+        n=len(rows),
+        ok=len(ok),
+        missing=sum(r.status == "missing" for r in rows),
+        errors=sum(r.status == "error" for r in rows),
+        psnr_db=psnr_db,
+        ssim=_stats([r.ssim for r in ok if r.ssim is not None], 4),
+        **optional,
     )
 
 
@@ -158,118 +196,97 @@ def compare_run(
     baseline_seal: str = "sealed",
     parity: ParityBand | None = None,
     use_lpips: bool = True,
-) -> CompareResult:
+) -> CompareFile:
     scorer, note = lpips_scorer() if use_lpips else (None, "lpips skipped: not requested")
-    result = CompareResult(run=str(run), baseline=str(baseline), baseline_seal=baseline_seal, lpips_note=note)
     candidates = latest_by_key(read_records(run)) if _has_records(run) else {}
     changed = changed_fixtures(run, baseline)
-    for (fixture_id, seed), record in latest_by_key(read_records(baseline)).items():
-        if not is_success(record):
-            continue
-        reference = find_image(baseline, fixture_id, seed)
-        row: dict[str, Any] = {
-            "fixture_id": fixture_id,
-            "seed": seed,
-            "n_references": record.get("n_references"),
-        }
-        candidate = find_image(run, fixture_id, seed)
-        mismatch = _settings_mismatch(candidates.get((fixture_id, seed)), record)
-        if reference is None:
-            row.update(status="error", error="baseline image missing")
-        elif candidate is not None and mismatch:
-            row.update(status="error", error=f"made with other settings: {mismatch}")
-        elif candidate is not None and fixture_id in changed:
-            row.update(
-                status="error", error="the fixture (prompt, size or references) differs from the baseline's"
-            )
-        elif candidate is None:
-            row.update(status="missing")
-        else:
-            row.update(_compare_pair(candidate, reference, scorer))
-        result.rows.append(row)
-    for fixture_id in dict.fromkeys(r["fixture_id"] for r in result.rows):
-        rows = [r for r in result.rows if r["fixture_id"] == fixture_id]
-        ok = [r for r in rows if r["status"] == "ok"]
-        entry: dict[str, Any] = {
-            "n": len(rows),
-            "ok": len(ok),
-            "missing": sum(r["status"] == "missing" for r in rows),
-            "errors": sum(r["status"] == "error" for r in rows),
-            "psnr_db": _stats([r["psnr_db"] for r in ok], 2),
-            "ssim": _stats([r["ssim"] for r in ok], 4),
-        }
-        if scorer is not None:
-            entry["lpips"] = _stats([r["lpips"] for r in ok], 4)
-        if parity is not None and ok:
-            edge = parity.edge(fixture_id)
-            entry["parity_edge_db"] = round(edge, 2)
-            entry["inside_parity_band"] = entry["psnr_db"]["mean"] >= edge
-        result.fixtures[fixture_id] = entry
-    ok_rows = [r for r in result.rows if r["status"] == "ok"]
-    result.overall = {
-        "n": len(result.rows),
-        "ok": len(ok_rows),
-        "psnr_db": _stats([r["psnr_db"] for r in ok_rows], 2),
-        "ssim": _stats([r["ssim"] for r in ok_rows], 4),
+    rows = [
+        _row(run, baseline, record, candidates.get(key), record.fixture_id in changed, scorer)
+        for key, record in latest_by_key(read_records(baseline)).items()
+        if is_success(record)
+    ]
+    fixtures = {
+        fixture_id: _fixture(
+            [r for r in rows if r.fixture_id == fixture_id],
+            scorer,
+            None if parity is None else parity.edge(fixture_id),
+        )
+        for fixture_id in dict.fromkeys(r.fixture_id for r in rows)
     }
+    ok_rows = [r for r in rows if r.status == "ok"]
+    result_parity = None
     if parity is not None:
-        inside = [e["inside_parity_band"] for e in result.fixtures.values() if "inside_parity_band" in e]
-        result.parity = {
-            "source": parity.source,
-            "overall_db": round(parity.overall_db, 2),
-            "per_fixture_db": {k: round(v, 2) for k, v in parity.per_fixture_db.items()},
-            "tolerance_db": parity.tolerance_db,
-            "inside": bool(inside) and all(inside) and len(ok_rows) == len(result.rows),
-        }
-    return result
+        inside = [e.inside_parity_band for e in fixtures.values() if e.inside_parity_band is not None]
+        result_parity = ParityResult(
+            source=parity.source,
+            overall_db=round(parity.overall_db, 2),
+            per_fixture_db={k: round(v, 2) for k, v in parity.per_fixture_db.items()},
+            tolerance_db=parity.tolerance_db,
+            inside=bool(inside) and all(inside) and len(ok_rows) == len(rows),
+        )
+    return CompareFile(
+        run=str(run),
+        baseline=str(baseline),
+        baseline_seal=baseline_seal,
+        lpips_note=note,
+        rows=rows,
+        fixtures=fixtures,
+        overall=FidelityOverall(
+            n=len(rows),
+            ok=len(ok_rows),
+            psnr_db=_stats([r.psnr_db for r in ok_rows if r.psnr_db is not None], 2),
+            ssim=_stats([r.ssim for r in ok_rows if r.ssim is not None], 4),
+        ),
+        parity=result_parity,
+    )
 
 
 def parity_from_pair(first: Path, second: Path, tolerance_db: float) -> ParityBand:
     """The band two acceptable runs span: their mean PSNR to each other, per fixture and overall."""
     pair = compare_run(second, first, use_lpips=False)
-    if not pair.overall["ok"]:
-        from ditq.errors import InputError
-
+    overall = pair.overall.psnr_db.mean
+    if not pair.overall.ok or overall is None:
         raise InputError(f"--parity-pair: {first} and {second} share no comparable images")
-    per_fixture = {k: v["psnr_db"]["mean"] for k, v in pair.fixtures.items() if v["ok"]}
-    return ParityBand(f"pair {first} vs {second}", pair.overall["psnr_db"]["mean"], per_fixture, tolerance_db)
+    per_fixture = {k: v.psnr_db.mean for k, v in pair.fixtures.items() if v.ok and v.psnr_db.mean is not None}
+    return ParityBand(f"pair {first} vs {second}", overall, per_fixture, tolerance_db)
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
-def format_compare(results: Sequence[CompareResult]) -> str:
+def format_compare(results: Sequence[CompareFile]) -> str:
     lines = []
     for res in results:
         lines.append(f"== {res.run} vs {res.baseline} (baseline {res.baseline_seal}) ==")
         for row in res.rows:
-            head = f"    {row['fixture_id']} s{row['seed']}: "
-            if row["status"] == "ok":
-                extra = f" lpips {row['lpips']:.4f}" if "lpips" in row else ""
+            head = f"    {row.fixture_id} s{row.seed}: "
+            if row.status == "ok":
+                extra = f" lpips {row.lpips:.4f}" if row.lpips is not None else ""
                 lines.append(
-                    head + f"PSNR {row['psnr_db']:.2f} dB  SSIM {row['ssim']:.4f}{extra}  ({row['space']})"
+                    head
+                    + f"PSNR {_fmt(row.psnr_db, '.2f')} dB  SSIM {_fmt(row.ssim, '.4f')}{extra}  ({row.space})"
                 )
             else:
-                lines.append(head + row["status"].upper() + (f": {row['error']}" if row.get("error") else ""))
+                lines.append(head + row.status.upper() + (f": {row.error}" if row.error else ""))
         for fixture_id, e in res.fixtures.items():
-            p, s = e["psnr_db"], e["ssim"]
+            p, s = e.psnr_db, e.ssim
             band = ""
-            if "inside_parity_band" in e:
-                band = f"  {'inside' if e['inside_parity_band'] else 'OUTSIDE'} parity band (edge {e['parity_edge_db']:.2f} dB)"
+            if e.inside_parity_band is not None:
+                band = f"  {'inside' if e.inside_parity_band else 'OUTSIDE'} parity band (edge {_fmt(e.parity_edge_db, '.2f')} dB)"
             lines.append(
-                f"  {fixture_id}: n={e['n']} ok={e['ok']} missing={e['missing']} errors={e['errors']}  "
-                f"PSNR mean {_fmt(p['mean'], '.2f')} [{_fmt(p['min'], '.2f')}, {_fmt(p['max'], '.2f')}] dB  "
-                f"SSIM mean {_fmt(s['mean'], '.4f')}{band}"
+                f"  {fixture_id}: n={e.n} ok={e.ok} missing={e.missing} errors={e.errors}  "
+                f"PSNR mean {_fmt(p.mean, '.2f')} [{_fmt(p.min, '.2f')}, {_fmt(p.max, '.2f')}] dB  "
+                f"SSIM mean {_fmt(s.mean, '.4f')}{band}"
             )
         lines.append(f"  {res.lpips_note}")
-        o = res.overall["psnr_db"]
+        overall = res.overall
         lines.append(
-            f"  overall: {res.overall['ok']}/{res.overall['n']} compared, PSNR mean {_fmt(o['mean'], '.2f')} dB"
+            f"  overall: {overall.ok}/{overall.n} compared, PSNR mean {_fmt(overall.psnr_db.mean, '.2f')} dB"
         )
         if res.parity is not None:
             lines.append(
-                f"  parity band ({res.parity['source']}, {res.parity['overall_db']:.2f} dB, tolerance "
-                f"{res.parity['tolerance_db']:g} dB): {'INSIDE' if res.parity['inside'] else 'OUTSIDE'}"
+                f"  parity band ({res.parity.source}, {res.parity.overall_db:.2f} dB, tolerance "
+                f"{res.parity.tolerance_db:g} dB): {'INSIDE' if res.parity.inside else 'OUTSIDE'}"
             )
     return "\n".join(lines)

@@ -30,16 +30,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ditq.errors import InputError
 from ditq.metrics import structure_metrics_png
 from ditq.probe.memory import peak_mib, read_vram_csv
-from ditq.probe.records import RUN_FILE, changed_fixtures, find_image, is_success, latest_by_key, read_records
+from ditq.probe.records import changed_fixtures, find_image, is_success, latest_by_key, read_records
+from ditq.runfiles import (
+    RECORDS_FILE,
+    RUN_FILE,
+    GateFile,
+    GateRecord,
+    GateSummary,
+    ProbeRecord,
+    Structure,
+    StructureSource,
+)
 
 __all__ = [
     "Envelope",
-    "GateRecord",
     "GateRules",
     "GateRun",
     "baseline_signatures",
@@ -159,23 +168,22 @@ def load_rules(path: Path | None = None) -> GateRules:
     return GateRules(source, signatures, envelope)
 
 
-def record_structure(run: Path, record: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+def record_structure(run: Path, record: ProbeRecord) -> tuple[Structure | None, StructureSource]:
     """(structure, where it came from): recomputed from the image if present, else as recorded."""
-    image = find_image(run, record["fixture_id"], int(record["seed"]))
+    image = find_image(run, record.fixture_id, record.seed)
     if image is not None:
         try:
-            return structure_metrics_png(image.read_bytes()), "image"
+            return Structure.model_validate(structure_metrics_png(image.read_bytes())), "image"
         except Exception as error:  # judged as a failure below: no structure
             log.warning("%s cannot be decoded (%s: %s)", image, type(error).__name__, error)
             return None, "undecodable image"
-    recorded = record.get("structure")
-    if not recorded:
+    recorded = record.structure
+    if recorded is None:
         return None, "none"
-    structure = dict(recorded)
-    stds = structure.get("rgb_std")
-    if structure.get("rgb_std_mean") is None and stds:
-        structure["rgb_std_mean"] = round(sum(stds) / len(stds), 2)
-    return structure, "recorded"
+    stds = recorded.rgb_std
+    if recorded.rgb_std_mean is None and stds:  # the seed recorded the channels only
+        recorded = recorded.model_copy(update={"rgb_std_mean": round(sum(stds) / len(stds), 2)})
+    return recorded, "recorded"
 
 
 @dataclass(frozen=True)
@@ -194,10 +202,11 @@ def build_envelopes(baseline: Path, rules: GateRules) -> dict[str, Envelope]:
         structure, _ = record_structure(baseline, record)
         if structure is None:
             continue
-        per_metric = values.setdefault(record["fixture_id"], {})
+        measured = structure.as_metrics()
+        per_metric = values.setdefault(record.fixture_id, {})
         for m in rules.envelope:
-            if structure.get(m.metric) is not None:
-                per_metric.setdefault(m.metric, []).append(float(structure[m.metric]))
+            if measured.get(m.metric) is not None:
+                per_metric.setdefault(m.metric, []).append(float(measured[m.metric]))
     envelopes = {}
     for fixture_id, per_metric in values.items():
         bands = {}
@@ -215,25 +224,9 @@ def build_envelopes(baseline: Path, rules: GateRules) -> dict[str, Envelope]:
 
 
 @dataclass
-class GateRecord:
-    fixture_id: str
-    seed: int
-    n_references: int | None
-    passed: bool
-    reasons: list[str]
-    unchecked: list[str]
-    inherited: list[str]  # signatures the baseline's image of this fixture and seed shows too
-    structure: dict[str, Any] | None
-    structure_source: str
-    wall_s: float | None
-    peak_memory_mib: float | None
-    peak_memory_source: str | None  # "sampled" (vram samples in the request window) | "server" (its report)
-
-
-@dataclass
 class GateRun:
     run: str
-    format: str  # "ditq" | "seed-matrix"
+    format: Literal["ditq", "seed-matrix"]
     baseline: str | None
     rules: str
     records: list[GateRecord] = field(default_factory=list)
@@ -244,56 +237,57 @@ class GateRun:
     def passed(self) -> bool:
         return bool(self.records) and all(r.passed for r in self.records)
 
-    def summary(self) -> dict[int | None, dict[str, Any]]:
-        rows: dict[int | None, dict[str, Any]] = {}
-        for n_refs in sorted({r.n_references for r in self.records}, key=lambda n: -1 if n is None else n):
+    def summary(self) -> dict[int, GateSummary]:
+        rows: dict[int, GateSummary] = {}
+        for n_refs in sorted({r.n_references for r in self.records}):
             group = [r for r in self.records if r.n_references == n_refs]
-            walls = [r.wall_s for r in group if r.wall_s is not None]
+            walls = [r.wall_s for r in group]
             peaks = [r.peak_memory_mib for r in group if r.peak_memory_mib is not None]
-            rows[n_refs] = {
-                "n": len(group),
-                "passes": sum(r.passed for r in group),
-                "wall_min_s": min(walls, default=None),
-                "wall_max_s": max(walls, default=None),
-                "wall_mean_s": round(statistics.fmean(walls), 2) if walls else None,
-                "peak_memory_mib": max(peaks, default=None),
-                "peak_memory_source": "/".join(
+            rows[n_refs] = GateSummary(
+                n=len(group),
+                passes=sum(r.passed for r in group),
+                wall_min_s=min(walls, default=None),
+                wall_max_s=max(walls, default=None),
+                wall_mean_s=round(statistics.fmean(walls), 2) if walls else None,
+                peak_memory_mib=max(peaks, default=None),
+                peak_memory_source="/".join(
                     sorted({r.peak_memory_source for r in group if r.peak_memory_source})
                 ),
-            }
+            )
         return rows
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run": self.run,
-            "format": self.format,
-            "baseline": self.baseline,
-            "rules": self.rules,
-            "verdict": "PASS" if self.passed else "FAIL",
-            "passes": sum(r.passed for r in self.records),
-            "n": len(self.records),
-            "run_peak_memory_mib": self.run_peak_memory_mib,
-            "run_peak_source": self.run_peak_source,
-            "by_references": {str(k): v for k, v in self.summary().items()},
-            "records": [r.__dict__ for r in self.records],
-        }
+    def to_file(self) -> GateFile:
+        return GateFile(
+            run=self.run,
+            format=self.format,
+            baseline=self.baseline,
+            rules=self.rules,
+            verdict="PASS" if self.passed else "FAIL",
+            passes=sum(r.passed for r in self.records),
+            n=len(self.records),
+            run_peak_memory_mib=self.run_peak_memory_mib,
+            run_peak_source=self.run_peak_source,
+            by_references=self.summary(),
+            records=self.records,
+        )
 
 
-def _record_peak(record: dict[str, Any]) -> tuple[float | None, str | None]:
+def _record_peak(record: ProbeRecord) -> tuple[float | None, Literal["sampled", "server"] | None]:
     """(peak, source): sampled on the device during the request, else the server's own report."""
-    if record.get("peak_memory_mib") is not None:
-        return float(record["peak_memory_mib"]), "sampled"
-    server = (record.get("metrics") or {}).get("peak_memory_mb")
-    return (float(server), "server") if isinstance(server, int | float) else (None, None)
+    if record.peak_memory_mib is not None:
+        return record.peak_memory_mib, "sampled"
+    server = record.server_peak_mib
+    return (server, "server") if server is not None else (None, None)
 
 
 def baseline_signatures(baseline: Path, rules: GateRules) -> dict[tuple[str, int], set[str]]:
     """(fixture_id, seed) -> the signatures the baseline's own image fires."""
     fired: dict[tuple[str, int], set[str]] = {}
     for key, record in latest_by_key(read_records(baseline)).items():
-        structure, _ = record_structure(baseline, record) if is_success(record) else (None, "")
+        structure, _ = record_structure(baseline, record) if is_success(record) else (None, "none")
         if structure is not None:
-            fired[key] = {sig.name for sig in rules.signatures if sig.fires(structure)}
+            measured = structure.as_metrics()
+            fired[key] = {sig.name for sig in rules.signatures if sig.fires(measured)}
     return fired
 
 
@@ -338,7 +332,7 @@ def gate_run(
     records = latest_by_key(read_records(run))
     result = GateRun(
         run=str(run),
-        format="ditq" if (run / RUN_FILE).exists() or (run / "records.jsonl").exists() else "seed-matrix",
+        format="ditq" if (run / RUN_FILE).exists() or (run / RECORDS_FILE).exists() else "seed-matrix",
         baseline=baseline,
         rules=rules.source,
     )
@@ -347,8 +341,8 @@ def gate_run(
         reasons: list[str]
         unchecked: list[str] = []
         inherited: list[str] = []
-        if not is_success(record) and record.get("error"):
-            reasons = [f"request failed: {str(record['error'])[:200]}"]
+        if not is_success(record) and record.error:
+            reasons = [f"request failed: {record.error[:200]}"]
         elif structure is None:
             reasons = [
                 "image cannot be decoded"
@@ -356,26 +350,27 @@ def gate_run(
                 else "no image and no recorded structure"
             ]
         else:
-            envelope = None if envelopes is None else envelopes.get(record["fixture_id"])
-            key = (str(record["fixture_id"]), int(record["seed"]))
-            reasons, unchecked, inherited = _judge(structure, rules, envelope, in_baseline.get(key, set()))
-            if record["fixture_id"] in changed:
+            envelope = None if envelopes is None else envelopes.get(record.fixture_id)
+            reasons, unchecked, inherited = _judge(
+                structure.as_metrics(), rules, envelope, in_baseline.get(record.key, set())
+            )
+            if record.fixture_id in changed:
                 reasons.append("the fixture (prompt, size or references) differs from the baseline's")
             if envelopes is not None and envelope is None:
                 unchecked.append("envelope (fixture not in the baseline)")
         peak, peak_source = _record_peak(record)
         result.records.append(
             GateRecord(
-                fixture_id=record["fixture_id"],
-                seed=int(record["seed"]),
-                n_references=record.get("n_references"),
+                fixture_id=record.fixture_id,
+                seed=record.seed,
+                n_references=record.n_references,
                 passed=not reasons,
                 reasons=reasons,
                 unchecked=unchecked,
                 inherited=inherited,
                 structure=structure,
                 structure_source=source,
-                wall_s=record.get("wall_s"),
+                wall_s=record.wall_s,
                 peak_memory_mib=peak,
                 peak_memory_source=peak_source,
             )
@@ -407,10 +402,10 @@ def format_gate(results: Sequence[GateRun]) -> str:
         )
         for n_refs, row in run.summary().items():
             lines.append(
-                f"  {n_refs}-ref: n={row['n']} pass={row['passes']}/{row['n']} "
-                f"{'PASS' if row['passes'] == row['n'] else 'FAIL'}  wall {_num(row['wall_min_s'])}-"
-                f"{_num(row['wall_max_s'])} s (mean {_num(row['wall_mean_s'])} s)  "
-                f"peak {_num(row['peak_memory_mib'], '.0f')} MiB ({row['peak_memory_source'] or 'unavailable'})"
+                f"  {n_refs}-ref: n={row.n} pass={row.passes}/{row.n} "
+                f"{'PASS' if row.passes == row.n else 'FAIL'}  wall {_num(row.wall_min_s)}-"
+                f"{_num(row.wall_max_s)} s (mean {_num(row.wall_mean_s)} s)  "
+                f"peak {_num(row.peak_memory_mib, '.0f')} MiB ({row.peak_memory_source or 'unavailable'})"
             )
             for rec in (r for r in run.records if r.n_references == n_refs):
                 detail = "; ".join(rec.reasons) if rec.reasons else "ok"
@@ -418,7 +413,7 @@ def format_gate(results: Sequence[GateRun]) -> str:
                     f"    {rec.fixture_id} s{rec.seed}: {'PASS' if rec.passed else 'FAIL'} "
                     f"[{rec.structure_source}] {detail}"
                 )
-        inherited = sorted({i.split(":")[0] for r in run.records for i in r.inherited})
+        inherited = sorted({name for r in run.records for name in r.inherited_rules})
         if inherited:
             lines.append(
                 f"  inherited from the baseline (its own images show them; not counted): {', '.join(inherited)}"

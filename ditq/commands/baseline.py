@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ditq.baseline import BaselineOptions, make_baseline
 from ditq.commands.probe import add_matrix_arguments
-from ditq.probe.records import RECORDS_FILE, is_success, latest_by_key, read_records
+from ditq.probe.records import is_success, latest_by_key, read_records
+from ditq.runfiles import RECORDS_FILE
 
 __all__ = ["add_arguments", "run"]
 
@@ -53,5 +54,5 @@ def run(args: argparse.Namespace) -> int:
         f"{len(failed)} failed; sealed in {args.out / 'SEAL.json'}"
     )
     for fixture_id, seed in failed:
-        print(f"  failed: {fixture_id} s{seed}: {records[(fixture_id, seed)].get('error')}")
+        print(f"  failed: {fixture_id} s{seed}: {records[(fixture_id, seed)].error}")
     return 0 if not failed else 1

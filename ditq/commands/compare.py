@@ -10,8 +10,7 @@ from pathlib import Path
 from ditq.baseline import require_sealed
 from ditq.compare import ParityBand, compare_run, format_compare, parity_from_pair
 from ditq.errors import InputError
-from ditq.fsutil import atomic_write_json
-from ditq.probe.records import RUN_FILE
+from ditq.runfiles import COMPARE_FILE, RUN_FILE, to_json, write_model
 
 __all__ = ["add_arguments", "run"]
 
@@ -52,11 +51,11 @@ def run(args: argparse.Namespace) -> int:
     ]
     for path, result in zip(args.runs, results, strict=True):
         if (path / RUN_FILE).is_file() and os.access(path, os.W_OK):
-            atomic_write_json(path / "compare.json", result.to_json())
+            write_model(path / COMPARE_FILE, result)
     if args.json:
-        print(json.dumps([r.to_json() for r in results], indent=1))
+        print(json.dumps([to_json(r) for r in results], indent=1))
     else:
         print(format_compare(results))
-    complete = all(r.overall["ok"] == r.overall["n"] and r.overall["n"] > 0 for r in results)
-    inside = all(r.parity is None or r.parity["inside"] for r in results)
+    complete = all(r.overall.ok == r.overall.n and r.overall.n > 0 for r in results)
+    inside = all(r.parity is None or r.parity.inside for r in results)
     return 0 if complete and inside else 1

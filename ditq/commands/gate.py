@@ -9,9 +9,8 @@ import os
 from pathlib import Path
 
 from ditq.baseline import require_sealed
-from ditq.fsutil import atomic_write_json
 from ditq.gate import build_envelopes, format_gate, gate_run, load_rules
-from ditq.probe.records import RUN_FILE
+from ditq.runfiles import GATE_FILE, RUN_FILE, to_json, write_model
 
 __all__ = ["add_arguments", "run"]
 
@@ -37,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
     results = [gate_run(path, rules, envelopes, baseline_note, args.baseline) for path in args.runs]
     for path, result in zip(args.runs, results, strict=True):
         if (path / RUN_FILE).is_file() and os.access(path, os.W_OK):
-            atomic_write_json(path / "gate.json", result.to_json())
+            write_model(path / GATE_FILE, result.to_file())
     if args.json:
-        print(json.dumps([r.to_json() for r in results], indent=1))
+        print(json.dumps([to_json(r.to_file()) for r in results], indent=1))
     else:
         print(format_gate(results))
     return 0 if all(r.passed for r in results) else 1

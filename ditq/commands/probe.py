@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 
 from ditq.probe.fixtures import parse_seeds
-from ditq.probe.records import RECORDS_FILE, is_success, latest_by_key, read_records
+from ditq.probe.records import is_success, latest_by_key, read_records
 from ditq.probe.runner import ProbeOptions, run_probe
+from ditq.runfiles import RECORDS_FILE
 
 __all__ = ["add_arguments", "add_matrix_arguments", "run"]
 
@@ -79,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     peak = "unavailable" if summary.peak_memory_mib is None else f"{summary.peak_memory_mib:.0f} MiB"
     print(
         f"{args.out}: {summary.completed} run now, {summary.skipped} already done, "
-        f"{len(records) - len(failed)}/{len(records)} with an image; memory {summary.memory['source']}, peak {peak}"
+        f"{len(records) - len(failed)}/{len(records)} with an image; memory {summary.memory.source}, peak {peak}"
     )
     for fixture_id, seed in failed:
-        print(f"  failed: {fixture_id} s{seed}: {records[(fixture_id, seed)].get('error')}")
+        print(f"  failed: {fixture_id} s{seed}: {records[(fixture_id, seed)].error}")
     return 0 if not failed else 1

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ditq.runfiles import MemoryDescription, MemorySource
+
 __all__ = ["MemorySample", "MemorySampler", "memory_series", "peak_mib", "read_vram_csv"]
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,7 @@ class MemorySampler:
         self.interval_s = interval_s
         self.pid = pid
         self.device = device  # the server's device index, where known
-        self.source = "unavailable"
+        self.source: MemorySource = "unavailable"
         self.reason = ""
         self._reader: Reader | None = None
         self._samples: list[MemorySample] = []
@@ -124,7 +126,11 @@ class MemorySampler:
 
     def _detect(self) -> None:
         reasons = []
-        for name, factory in (("nvml", _nvml_reader), ("nvidia-smi", _smi_reader)):
+        readers: tuple[tuple[MemorySource, Callable[[int | None], Reader]], ...] = (
+            ("nvml", _nvml_reader),
+            ("nvidia-smi", _smi_reader),
+        )
+        for name, factory in readers:
             try:
                 self._reader = factory(self.pid)
                 self.source = name
@@ -204,15 +210,15 @@ class MemorySampler:
                 return "server process (driver count)"
         return "whole device" if self.device is None else f"whole device {self.device}"
 
-    def describe(self) -> dict[str, object]:
-        return {
-            "source": self.source,
-            "interval_s": self.interval_s,
-            "pid": self.pid,
-            "device": self.device,
-            "measures": self.measures,
-            "reason": self.reason or None,
-        }
+    def describe(self) -> MemoryDescription:
+        return MemoryDescription(
+            source=self.source,
+            interval_s=self.interval_s,
+            pid=self.pid,
+            device=self.device,
+            measures=self.measures,
+            reason=self.reason or None,
+        )
 
 
 def memory_series(samples: list[MemorySample], device: int | None = None) -> list[tuple[float, float]]:

@@ -1,15 +1,8 @@
-"""Run records: one JSON object per request, appended and fsynced as each completes.
+"""Run records: one ``ProbeRecord`` per request, appended to records.jsonl and fsynced as each completes.
 
-A record carries the seed probe's fields (fixture_id, seed, n_references, steps,
-true_cfg_scale, size, wall_s, http, bytes, sha256, structure, usage, metrics,
-error) plus endpoint, t_start/t_end (unix seconds), peak_memory_mib, error_code
-(the code of an OpenAI error envelope, e.g. ``out_of_memory``), and, where the
-server says so on /health, its offload mode and the probe invocation (one per
-server start) that sent it. The key of a record is (fixture_id, seed); when a
-key was retried, the last line wins, and the earlier lines stay as history.
-
-Readers accept ditq runs (``records.jsonl``, ``images/``) and the seed probe's
-layout (``matrix*.json`` lists, ``matrix/`` images) as they are.
+The key of a record is (fixture_id, seed); when a key was retried, the last line wins, and the earlier lines
+stay as history. The seed probe's layout (``matrix*.json`` lists, ``matrix/`` images) is read too: its
+records are turned into ``ProbeRecord`` here, by ``SeedRecord``, and nowhere else.
 """
 
 from __future__ import annotations
@@ -17,54 +10,58 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from ditq.errors import InputError
+from ditq.runfiles import (
+    IMAGES_DIR,
+    RECORDS_FILE,
+    RUN_FILE,
+    ProbeRecord,
+    RunFile,
+    Structure,
+    parse,
+    read_json,
+    read_model,
+    to_json,
+)
 
 __all__ = [
-    "IMAGES_DIR",
-    "RECORDS_FILE",
-    "RUN_FILE",
     "RecordLog",
+    "SeedRecord",
     "changed_fixtures",
     "find_image",
-    "fixture_digests_of",
     "image_name",
     "is_out_of_memory",
     "is_success",
     "latest_by_key",
     "read_records",
-    "record_key",
+    "read_run_file",
 ]
 
 log = logging.getLogger(__name__)
 
-RECORDS_FILE = "records.jsonl"
-RUN_FILE = "RUN.json"
-IMAGES_DIR = "images"
 _SEED_IMAGES_DIR = "matrix"
-
-Record = dict[str, Any]
-
-
-def record_key(record: Record) -> tuple[str, int]:
-    return str(record["fixture_id"]), int(record["seed"])
+_OOM = re.compile(r"out[ _-]of[ _-]memory|\boom\b", re.IGNORECASE)
 
 
 def image_name(fixture_id: str, seed: int) -> str:
     return f"{fixture_id}.s{seed}.png"
 
 
-def is_success(record: Record) -> bool:
+def is_success(record: ProbeRecord) -> bool:
     """An image came back (over HTTP 200, or in process where ``http`` is null) and nothing failed."""
-    return record.get("http") in (200, None) and bool(record.get("sha256")) and not record.get("error")
+    return record.http in (200, None) and bool(record.sha256) and not record.error
 
 
-def is_out_of_memory(record: Record) -> bool:
+def is_out_of_memory(record: ProbeRecord) -> bool:
     """The server answered that this request ran out of accelerator memory (503 ``out_of_memory``)."""
-    return record.get("error_code") == "out_of_memory"
+    return record.error_code == "out_of_memory"
 
 
 class RecordLog:
@@ -90,8 +87,8 @@ class RecordLog:
             with open(self.path, "r+b") as handle:
                 handle.truncate(keep)
 
-    def append(self, record: Record) -> None:
-        line = json.dumps(record, sort_keys=False) + "\n"
+    def append(self, record: ProbeRecord) -> None:
+        line = json.dumps(to_json(record)) + "\n"
         with self._lock:
             self._handle.write(line)
             self._handle.flush()
@@ -108,23 +105,70 @@ class RecordLog:
         self.close()
 
 
-def _read_jsonl(path: Path) -> list[Record]:
+class SeedRecord(BaseModel):
+    """A record of the seed probe (``seed/probe-issue-5/probe.py``) as its ``matrix.json`` holds it: the
+    request's settings and wall time always; the rest as far as the request got."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fixture_id: str
+    seed: int
+    n_references: int
+    steps: int
+    true_cfg_scale: float
+    size: str
+    wall_s: float
+    http: int | None = None  # absent when the request raised
+    bytes: int | None = None
+    sha256: str | None = None
+    structure: Structure | None = None
+    usage: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
+    stage_metrics: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    error: str | None = None
+
+    def to_record(self) -> ProbeRecord:
+        """As ditq records it: the response's extra metrics merged into ``metrics`` (as the probe merges
+        them), out of memory read from the error text (the seed had no error codes), nothing sampled."""
+        extra = {k: v for k, v in (("stage_metrics", self.stage_metrics), ("timings", self.timings)) if v}
+        return ProbeRecord(
+            **self.model_dump(exclude={"structure", "metrics", "stage_metrics", "timings"}),
+            structure=self.structure,
+            metrics={**(self.metrics or {}), **extra} or None,
+            endpoint=None,
+            t_start=None,
+            t_end=None,
+            error_code="out_of_memory" if self.error and _OOM.search(self.error) else None,
+            peak_memory_mib=None,
+        )
+
+
+def _read_jsonl(path: Path) -> list[ProbeRecord]:
     records = []
     lines = path.read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            raw = json.loads(line)
         except json.JSONDecodeError:
             if number == len(lines):  # torn by a kill; the runner redoes that request
                 log.warning("%s: ignoring a torn last line", path)
                 continue
             raise InputError(f"{path}: line {number} is not valid JSON") from None
+        records.append(parse(ProbeRecord, raw, f"{path} line {number}"))
     return records
 
 
-def read_records(run: Path) -> list[Record]:
+def _read_seed_matrix(path: Path) -> list[ProbeRecord]:
+    raw = read_json(path)
+    if not isinstance(raw, list):
+        raise InputError(f"{path}: (top level): expected a list of records")
+    return [parse(SeedRecord, item, f"{path} record {i}").to_record() for i, item in enumerate(raw)]
+
+
+def read_records(run: Path) -> list[ProbeRecord]:
     """Every record of a run directory (or of one records file), in file order."""
     run = Path(run)
     if run.is_file():
@@ -135,30 +179,16 @@ def read_records(run: Path) -> list[Record]:
         files = sorted(run.glob("matrix*.json"))
     if not files:
         raise InputError(f"{run}: no {RECORDS_FILE} (nor a seed-style matrix*.json) found")
-    records: list[Record] = []
-    for path in files:
-        if path.suffix == ".jsonl":
-            records.extend(_read_jsonl(path))
-            continue
-        try:
-            loaded = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            raise InputError(f"{path}: not valid JSON ({error})") from None
-        if not isinstance(loaded, list):
-            raise InputError(f"{path}: expected a list of records")
-        records.extend(loaded)
-    for index, record in enumerate(records):
-        if not isinstance(record, dict) or "fixture_id" not in record or "seed" not in record:
-            raise InputError(f"{run}: record {index} lacks 'fixture_id' or 'seed'")
-    return records
+    return [
+        r
+        for path in files
+        for r in (_read_jsonl(path) if path.suffix == ".jsonl" else _read_seed_matrix(path))
+    ]
 
 
-def latest_by_key(records: list[Record]) -> dict[tuple[str, int], Record]:
+def latest_by_key(records: list[ProbeRecord]) -> dict[tuple[str, int], ProbeRecord]:
     """One record per (fixture_id, seed): the last one written."""
-    latest: dict[tuple[str, int], Record] = {}
-    for record in records:
-        latest[record_key(record)] = record
-    return latest
+    return {record.key: record for record in records}
 
 
 def find_image(run: Path, fixture_id: str, seed: int) -> Path | None:
@@ -173,16 +203,16 @@ def find_image(run: Path, fixture_id: str, seed: int) -> Path | None:
     return None
 
 
-def fixture_digests_of(run: Path) -> dict[str, str]:
-    """The per-fixture digests RUN.json recorded (empty for a run without them, e.g. the seed's)."""
+def read_run_file(run: Path) -> RunFile | None:
+    """The run directory's RUN.json, or None where it has none (the seed's evidence)."""
     path = Path(run) / RUN_FILE
-    if not path.is_file():
-        return {}
-    digests = json.loads(path.read_text()).get("fixture_digests")
-    return dict(digests) if isinstance(digests, dict) else {}
+    return read_model(RunFile, path) if path.is_file() else None
 
 
 def changed_fixtures(run: Path, baseline: Path) -> set[str]:
     """Fixtures both runs name whose prompt, size or reference images differ between them."""
-    ours, theirs = fixture_digests_of(run), fixture_digests_of(baseline)
-    return {f for f in ours.keys() & theirs.keys() if ours[f] != theirs[f]}
+    ours, theirs = read_run_file(run), read_run_file(baseline)
+    if ours is None or theirs is None:
+        return set()
+    before, now = ours.fixture_digests, theirs.fixture_digests
+    return {f for f in before.keys() & now.keys() if before[f] != now[f]}

@@ -13,36 +13,49 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
 import platform
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import httpx
 from tqdm import tqdm
 
 from ditq.errors import InputError
-from ditq.fsutil import atomic_write_bytes, atomic_write_json
+from ditq.fsutil import atomic_write_bytes
 from ditq.metrics import structure_metrics_png
 from ditq.probe.fixtures import Fixture, fixture_digest, fixture_digests, load_fixtures
 from ditq.probe.memory import MemorySampler
 from ditq.probe.records import (
-    IMAGES_DIR,
-    RECORDS_FILE,
-    RUN_FILE,
     RecordLog,
     image_name,
     is_out_of_memory,
     is_success,
     latest_by_key,
     read_records,
+    read_run_file,
+)
+from ditq.runfiles import (
+    IMAGES_DIR,
+    RECORDS_FILE,
+    RUN_FILE,
+    HttpOptions,
+    InProcessOptions,
+    Invocation,
+    MemoryDescription,
+    ProbeRecord,
+    RunCounts,
+    RunDescription,
+    RunFile,
+    ServerEntry,
+    Structure,
+    write_model,
 )
 
 __all__ = [
@@ -50,6 +63,7 @@ __all__ = [
     "HttpExecutor",
     "ProbeOptions",
     "ProbeSummary",
+    "Reply",
     "describe_run",
     "normalize_endpoint",
     "run_matrix",
@@ -59,8 +73,30 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# (fixture, seed) -> (record fields: wall_s, http, usage, metrics, error; PNG bytes or None)
-Executor = Callable[[Fixture, int], tuple[dict[str, Any], bytes | None]]
+
+@dataclass(frozen=True)
+class Reply:
+    """What an executor got for one request: the record's fields it measures, and the image (None: none)."""
+
+    wall_s: float
+    http: int | None  # None: no HTTP answer (in process, a timeout, a refused connection)
+    png: bytes | None = None
+    usage: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
+    error: str | None = None
+    error_code: str | None = None
+
+
+class Executor(Protocol):
+    """Makes one image: through an endpoint (``HttpExecutor``) or in process (``ditq.baseline``)."""
+
+    @property
+    def endpoint(self) -> str: ...  # a server's base URL, or "in-process"
+
+    @property
+    def offload(self) -> str | None: ...  # the serving side's offload mode, where known
+
+    def __call__(self, fixture: Fixture, seed: int) -> Reply: ...
 
 
 @dataclass
@@ -76,13 +112,13 @@ class ProbeOptions:
     retry_failed: bool = False
     retry_out_of_memory: bool = False  # redo only the requests that ran out of accelerator memory
     timeout_s: float = 1800.0
-    model: str | None = None
+    model: str | None = None  # the ``model`` field sent with each request
     only: list[str] | None = None  # fixture ids; None = all
     memory_interval_s: float = 1.0
     server_pid: int | None = None
     progress: bool = True
-    kind: str = "probe"  # what RUN.json says this run is ("probe" or "baseline")
-    extra: dict[str, Any] = field(default_factory=dict)  # more facts for RUN.json (e.g. the model path)
+    kind: Literal["probe", "baseline"] = "probe"  # what RUN.json says this run is
+    model_dir: Path | None = None  # the model the server serves, recorded in RUN.json (a baseline's)
 
 
 @dataclass
@@ -90,9 +126,9 @@ class ProbeSummary:
     run: Path
     planned: int
     skipped: int
+    memory: MemoryDescription
     completed: int = 0
     failed: int = 0
-    memory: dict[str, Any] = field(default_factory=dict)
     peak_memory_mib: float | None = None
 
 
@@ -119,15 +155,15 @@ def normalize_endpoint(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def server_facts(endpoint: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+def server_facts(endpoint: str, timeout_s: float = 10.0) -> ServerEntry:
     """What the server says about itself on GET /health (ditq serve: device, offload, memory budget, load
-    time, kernel paths, doctor), or None when it says nothing readable (another server, say)."""
+    time, kernel paths, doctor); the body is None when it says nothing readable (another server, say)."""
     try:
         response = httpx.get(f"{endpoint}/health", timeout=timeout_s)
         body = response.json()
     except (httpx.HTTPError, ValueError):
-        return None
-    return body if isinstance(body, dict) else None
+        body = None
+    return ServerEntry(endpoint=endpoint, health=body if isinstance(body, dict) else None)
 
 
 def _error_code(response: httpx.Response) -> str | None:
@@ -142,18 +178,14 @@ def _error_code(response: httpx.Response) -> str | None:
 class HttpExecutor:
     """One OpenAI-compatible images endpoint: edits (multipart, ``image[]``) or generations (JSON)."""
 
-    def __init__(self, endpoint: str, options: ProbeOptions, server: dict[str, Any] | None = None) -> None:
-        self.endpoint = endpoint
+    def __init__(self, server: ServerEntry, options: ProbeOptions) -> None:
+        self.endpoint = server.endpoint
         self.options = options
-        self.server = server or {}
+        facts = server.facts
+        self.offload = None if facts is None else facts.offload
         self.client = httpx.Client(
             timeout=httpx.Timeout(options.timeout_s, connect=min(30.0, options.timeout_s))
         )
-
-    @property
-    def offload(self) -> str | None:
-        offload = self.server.get("offload")
-        return offload if isinstance(offload, str) else None
 
     def _fields(self, fixture: Fixture, seed: int) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -181,69 +213,50 @@ class HttpExecutor:
         files = [("image[]", (p.name, p.read_bytes(), "image/png")) for p in fixture.reference_paths]
         return self.client.post(f"{self.endpoint}/v1/images/edits", data=form, files=files)
 
-    def __call__(self, fixture: Fixture, seed: int) -> tuple[dict[str, Any], bytes | None]:
+    def __call__(self, fixture: Fixture, seed: int) -> Reply:
         t0 = time.perf_counter()
-        fields: dict[str, Any] = {"http": None}
         try:
             response = self._post(fixture, seed)
         except httpx.TimeoutException as error:
-            fields["error"] = f"timeout after {self.options.timeout_s:g} s ({type(error).__name__})"
-            return {"wall_s": round(time.perf_counter() - t0, 3), **fields}, None
+            error_text = f"timeout after {self.options.timeout_s:g} s ({type(error).__name__})"
+            return Reply(round(time.perf_counter() - t0, 3), None, error=error_text)
         except httpx.HTTPError as error:
-            fields["error"] = f"{type(error).__name__}: {error}"
-            return {"wall_s": round(time.perf_counter() - t0, 3), **fields}, None
-        fields["wall_s"] = round(time.perf_counter() - t0, 3)
-        fields["http"] = response.status_code
+            return Reply(round(time.perf_counter() - t0, 3), None, error=f"{type(error).__name__}: {error}")
+        wall_s = round(time.perf_counter() - t0, 3)
         if response.status_code != 200:
-            fields["error"] = f"HTTP {response.status_code}: {response.text[:500]}"
-            fields["error_code"] = _error_code(response)
-            return fields, None
+            error_text = f"HTTP {response.status_code}: {response.text[:500]}"
+            return Reply(wall_s, response.status_code, error=error_text, error_code=_error_code(response))
         try:
             body = response.json()
             png = base64.b64decode(body["data"][0]["b64_json"], validate=True)
         except (ValueError, KeyError, IndexError, TypeError) as error:
-            fields["error"] = f"HTTP 200 without a decodable image ({type(error).__name__}: {error})"
-            return fields, None
-        fields["usage"] = body.get("usage")
+            error_text = f"HTTP 200 without a decodable image ({type(error).__name__}: {error})"
+            return Reply(wall_s, 200, error=error_text)
         metrics = body.get("metrics")
         extra = {k: body[k] for k in ("stage_metrics", "timings") if body.get(k)}
-        fields["metrics"] = {**(metrics or {}), **extra} if (metrics or extra) else None
-        return fields, png
+        merged = {**(metrics or {}), **extra} if (metrics or extra) else None
+        return Reply(wall_s, 200, png, usage=body.get("usage"), metrics=merged)
 
     def close(self) -> None:
         self.client.close()
 
 
-def _base_record(fixture: Fixture, seed: int, steps: int, cfg: float) -> dict[str, Any]:
+def _image_fields(reply: Reply, run: Path, fixture_id: str, seed: int) -> dict[str, Any]:
+    """bytes, sha256, structure and error: from the PNG (written atomically first), or the reply's error."""
+    failed = {"bytes": None, "sha256": None, "structure": None, "error": reply.error}
+    if reply.png is None or reply.error:
+        return failed
+    try:
+        structure = Structure.model_validate(structure_metrics_png(reply.png))
+    except Exception as error:  # undecodable bytes are a server fault, recorded
+        return {**failed, "error": f"response image cannot be decoded ({type(error).__name__}: {error})"}
+    atomic_write_bytes(run / IMAGES_DIR / image_name(fixture_id, seed), reply.png)
     return {
-        "fixture_id": fixture.id,
-        "seed": seed,
-        "n_references": len(fixture.references),
-        "steps": steps,
-        "true_cfg_scale": cfg,
-        "size": fixture.size,
+        "bytes": len(reply.png),
+        "sha256": hashlib.sha256(reply.png).hexdigest(),
+        "structure": structure,
+        "error": None,
     }
-
-
-def _finish_record(record: dict[str, Any], png: bytes | None, run: Path) -> dict[str, Any]:
-    """Fill bytes/sha256/structure from the PNG (written atomically first) or keep the error."""
-    if png is not None and not record.get("error"):
-        try:
-            record["structure"] = structure_metrics_png(png)
-        except Exception as error:  # undecodable bytes are a server fault, recorded
-            record["error"] = f"response image cannot be decoded ({type(error).__name__}: {error})"
-        else:
-            atomic_write_bytes(run / IMAGES_DIR / image_name(record["fixture_id"], record["seed"]), png)
-            record["bytes"] = len(png)
-            record["sha256"] = hashlib.sha256(png).hexdigest()
-    record.setdefault("bytes", None)
-    record.setdefault("sha256", None)
-    record.setdefault("structure", None)
-    record.setdefault("usage", None)
-    record.setdefault("metrics", None)
-    record.setdefault("error", None)
-    record.setdefault("error_code", None)
-    return record
 
 
 def _plan(
@@ -268,20 +281,21 @@ def _plan(
     return todo, skipped
 
 
-def _check_resume(run: Path, description: dict[str, Any]) -> None:
-    path = run / RUN_FILE
-    if not path.exists():
+def _check_resume(path: Path, previous: RunFile | None, description: RunDescription) -> None:
+    if previous is None:
         return
-    previous = json.loads(path.read_text())
-    for key in ("steps", "true_cfg_scale"):
-        if previous.get(key) != description[key]:
+    settings = (
+        ("steps", previous.steps, description.steps),
+        ("true_cfg_scale", previous.true_cfg_scale, description.true_cfg_scale),
+    )
+    for key, before, now in settings:
+        if before != now:
             raise InputError(
-                f"{path}: this run was made with {key}={previous.get(key)!r}, not {description[key]!r}; "
-                "use a new --out directory"
+                f"{path}: this run was made with {key}={before!r}, not {now!r}; use a new --out directory"
             )
-    before, now = previous.get("fixture_digests") or {}, description["fixture_digests"]
-    for fixture_id in sorted(before.keys() & now.keys()):
-        if before[fixture_id] != now[fixture_id]:
+    before_digests, now_digests = previous.fixture_digests, description.fixture_digests
+    for fixture_id in sorted(before_digests.keys() & now_digests.keys()):
+        if before_digests[fixture_id] != now_digests[fixture_id]:
             raise InputError(
                 f"{path}: fixture {fixture_id!r} changed (prompt, size or reference images) since this run "
                 "began; use a new --out directory"
@@ -297,10 +311,12 @@ class _Matrix:
         todo: list[tuple[Fixture, int]],
         summary: ProbeSummary,
         sampler: MemorySampler,
-        description: dict[str, Any],
+        description: RunDescription,
+        invocations: list[Invocation],
         progress: bool,
     ) -> None:
         self.run, self.summary, self.sampler, self.description = run, summary, sampler, description
+        self.invocations = invocations  # the earlier ones and this one, last
         self.jobs: queue.Queue[tuple[Fixture, int]] = queue.Queue()
         for job in todo:
             self.jobs.put(job)
@@ -308,21 +324,33 @@ class _Matrix:
         self.lock = threading.Lock()
         self.stopping = threading.Event()  # set on Ctrl-C: no new jobs; in-flight ones are redone on resume
         self.started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        self.invocation = 0
 
-    def one(self, executor: Executor, fixture: Fixture, seed: int) -> dict[str, Any]:
-        record = _base_record(fixture, seed, self.description["steps"], self.description["true_cfg_scale"])
-        record["endpoint"] = getattr(executor, "endpoint", None)
-        record["offload"] = getattr(executor, "offload", None)
-        record["invocation"] = self.invocation
-        record["t_start"] = round(time.time(), 3)
+    def one(self, executor: Executor, fixture: Fixture, seed: int) -> ProbeRecord:
+        t_start = round(time.time(), 3)
         self.sampler.sample_now()  # window edges get a sample of their own, however short the request
-        fields, png = executor(fixture, seed)
+        reply = executor(fixture, seed)
         self.sampler.sample_now()
-        record["t_end"] = round(time.time(), 3)
-        record.update(fields)
-        record["peak_memory_mib"] = self.sampler.peak_between(record["t_start"], record["t_end"])
-        return _finish_record(record, png, self.run)
+        t_end = round(time.time(), 3)
+        return ProbeRecord(
+            fixture_id=fixture.id,
+            seed=seed,
+            n_references=len(fixture.references),
+            steps=self.description.steps,
+            true_cfg_scale=self.description.true_cfg_scale,
+            size=fixture.size,
+            endpoint=executor.endpoint,
+            offload=executor.offload,
+            invocation=self.invocations[-1].index,
+            t_start=t_start,
+            t_end=t_end,
+            wall_s=reply.wall_s,
+            http=reply.http,
+            usage=reply.usage,
+            metrics=reply.metrics,
+            error_code=reply.error_code,
+            peak_memory_mib=self.sampler.peak_between(t_start, t_end),
+            **_image_fields(reply, self.run, fixture.id, seed),
+        )
 
     def work(self, executor: Executor, log_file: RecordLog) -> None:
         while not self.stopping.is_set():
@@ -341,31 +369,31 @@ class _Matrix:
                 self.bar.set_postfix(failed=self.summary.failed, refresh=False)
                 self.bar.update(1)
 
-    def write_run_json(self, status: str) -> None:
-        counts = {
-            k: v
-            for k, v in asdict(self.summary).items()
-            if k in ("planned", "skipped", "completed", "failed")
-        }
-        extra = (
+    def write_run_json(self, status: Literal["running", "interrupted", "complete"]) -> None:
+        summary = self.summary
+        finished: dict[str, Any] = (
             {}
             if status == "running"
             else {
                 "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "peak_memory_mib": self.summary.peak_memory_mib,
-                "counts": counts,
+                "peak_memory_mib": summary.peak_memory_mib,
+                "counts": RunCounts(
+                    planned=summary.planned,
+                    skipped=summary.skipped,
+                    completed=summary.completed,
+                    failed=summary.failed,
+                ),
             }
         )
-        atomic_write_json(
-            self.run / RUN_FILE,
-            {
-                **self.description,
-                "memory": self.summary.memory,
-                "started_utc": self.started,
-                "status": status,
-                **extra,
-            },
+        run_file = RunFile.of(
+            self.description,
+            invocations=self.invocations,
+            memory=summary.memory,
+            started_utc=self.started,
+            status=status,
+            **finished,
         )
+        write_model(self.run / RUN_FILE, run_file)
 
 
 def run_matrix(
@@ -373,13 +401,13 @@ def run_matrix(
     fixtures: dict[str, Fixture],
     seeds: Sequence[int],
     executors: Sequence[Executor],
-    description: dict[str, Any],
+    description: RunDescription,
     *,
     retry_failed: bool = False,
     retry_out_of_memory: bool = False,
     memory_interval_s: float = 1.0,
     server_pid: int | None = None,
-    servers: Sequence[dict[str, Any]] = (),
+    servers: Sequence[ServerEntry] = (),
     progress: bool = True,
 ) -> ProbeSummary:
     """Drain fixtures x seeds through ``executors`` (one worker each), appending records to ``run``.
@@ -388,27 +416,23 @@ def run_matrix(
     (``servers``: endpoint and what /health said) and stamped on the records it wrote.
     """
     run.mkdir(parents=True, exist_ok=True)
-    _check_resume(run, description)
+    previous = read_run_file(run)
+    _check_resume(run / RUN_FILE, previous, description)
     for leftover in (run / IMAGES_DIR).glob(".ditq-tmp-*"):  # half-written images of a killed run
         leftover.unlink()
     todo, skipped = _plan(fixtures, seeds, run, retry_failed, retry_out_of_memory)
-    summary = ProbeSummary(run=run, planned=len(todo) + skipped, skipped=skipped)
-    earlier = (
-        json.loads((run / RUN_FILE).read_text()).get("invocations", []) if (run / RUN_FILE).exists() else []
+    earlier = [] if previous is None else previous.invocations
+    invocation = Invocation(
+        index=len(earlier),
+        started_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        planned=len(todo),
+        retry="failed" if retry_failed else "out_of_memory" if retry_out_of_memory else None,
+        servers=list(servers),
     )
-    index = len(earlier)
-    invocation = {
-        "index": index,
-        "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "planned": len(todo),
-        "retry": "failed" if retry_failed else "out_of_memory" if retry_out_of_memory else None,
-        "servers": list(servers),
-    }
-    description = {**description, "invocations": [*earlier, invocation]}
-    sampler = MemorySampler(run / "vram.csv", memory_interval_s, server_pid, _device_index(servers)).start()
-    summary.memory = sampler.describe()
-    matrix = _Matrix(run, todo, summary, sampler, description, progress)
-    matrix.invocation = index
+    device = next((s.cuda_index for s in servers if s.cuda_index is not None), None)
+    sampler = MemorySampler(run / "vram.csv", memory_interval_s, server_pid, device).start()
+    summary = ProbeSummary(run=run, planned=len(todo) + skipped, skipped=skipped, memory=sampler.describe())
+    matrix = _Matrix(run, todo, summary, sampler, description, [*earlier, invocation], progress)
     matrix.write_run_json("running")
     try:
         with RecordLog(run / RECORDS_FILE) as log_file:
@@ -432,17 +456,8 @@ def run_matrix(
     return summary
 
 
-def _device_index(servers: Sequence[dict[str, Any]]) -> int | None:
-    """The CUDA index the (first) server says it runs on ("cuda:1" -> 1), for the memory sampler."""
-    for server in servers:
-        device = str((server.get("health") or {}).get("device") or "")
-        if device.startswith("cuda:") and device[5:].isdigit():
-            return int(device[5:])
-    return None
-
-
 def describe_run(
-    kind: str,
+    kind: Literal["probe", "baseline"],
     endpoints: list[str],
     fixtures_file: Path,
     refs: Path,
@@ -450,26 +465,26 @@ def describe_run(
     seeds: list[int],
     steps: int,
     true_cfg_scale: float,
-    options: dict[str, Any],
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """RUN.json: what was run, against what, with which fixtures (digested) and versions."""
-    return {
-        "schema": "ditq-run-v1",
-        "kind": kind,
-        **(extra or {}),
-        "endpoints": endpoints,
-        "fixtures_file": str(fixtures_file),
-        "fixture_ids": list(fixtures),
-        "fixture_digest": fixture_digest(fixtures),
-        "fixture_digests": fixture_digests(fixtures),
-        "refs_dir": str(refs),
-        "seeds": list(seeds),
-        "steps": steps,
-        "true_cfg_scale": true_cfg_scale,
-        "options": options,
-        "versions": versions(),
-    }
+    options: HttpOptions | InProcessOptions,
+    model_dir: Path | None = None,
+) -> RunDescription:
+    """RUN.json's description: what was run, against what, with which fixtures (digested) and versions."""
+    return RunDescription(
+        schema="ditq-run-v1",
+        kind=kind,
+        **({} if model_dir is None else {"model": str(model_dir)}),
+        endpoints=endpoints,
+        fixtures_file=str(fixtures_file),
+        fixture_ids=list(fixtures),
+        fixture_digest=fixture_digest(fixtures),
+        fixture_digests=fixture_digests(fixtures),
+        refs_dir=str(refs),
+        seeds=list(seeds),
+        steps=steps,
+        true_cfg_scale=true_cfg_scale,
+        options=options,
+        versions=versions(),
+    )
 
 
 def run_probe(options: ProbeOptions) -> ProbeSummary:
@@ -494,16 +509,11 @@ def run_probe(options: ProbeOptions) -> ProbeSummary:
         options.seeds,
         options.steps,
         options.true_cfg_scale,
-        {
-            "concurrency": options.concurrency,
-            "timeout_s": options.timeout_s,
-            "model": options.model,
-        },
-        options.extra,
+        HttpOptions(concurrency=options.concurrency, timeout_s=options.timeout_s, model=options.model),
+        options.model_dir,
     )
-    facts = {endpoint: server_facts(endpoint) for endpoint in endpoints}
-    servers = [{"endpoint": endpoint, "health": health} for endpoint, health in facts.items()]
-    executors = [HttpExecutor(e, options, facts[e]) for e in endpoints for _ in range(options.concurrency)]
+    servers = [server_facts(endpoint) for endpoint in endpoints]
+    executors = [HttpExecutor(server, options) for server in servers for _ in range(options.concurrency)]
     try:
         return run_matrix(
             Path(options.out),

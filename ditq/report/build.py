@@ -16,9 +16,9 @@ from ditq.report.html import render_html
 from ditq.report.markdown import render_markdown
 from ditq.report.model import load_candidate
 from ditq.report.provenance import shell_command
-from ditq.report.runfiles import read_attempts
 from ditq.report.schema import validate_verdict
 from ditq.report.verdict import VerdictRules
+from ditq.runfiles import Attempt, read_model_list
 
 __all__ = ["ReportResult", "build_report"]
 
@@ -58,7 +58,7 @@ def build_report(
     out = Path(out)
     if not runs:
         raise InputError("report: name at least one run or candidate directory")
-    attempts = read_attempts(baseline_attempts) if baseline_attempts is not None else None
+    attempts = read_model_list(Attempt, baseline_attempts) if baseline_attempts is not None else None
     base = load_candidate(Path(baseline), attempts)
     if base.run is None:
         raise InputError(f"{baseline}: the baseline has no records")
@@ -73,7 +73,8 @@ def build_report(
     for name in names:
         if names.count(name) > 1 or name == base.name:
             raise InputError(
-                f"report: two runs are both named {name!r} (set a label in RUN.json or CANDIDATE.json)"
+                f"report: two runs are both named {name!r} (rename a run directory, or a candidate's name in "
+                "CANDIDATE.json)"
             )
     data = assess(base, candidates, command or shell_command(), rules, note)
     document = data.document.model_dump(mode="json")

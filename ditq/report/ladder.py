@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ditq.report.capacity import served_offloads, timed_walls
 from ditq.report.model import Candidate, Record
-from ditq.report.runfiles import Attempt, ServerHealth
+from ditq.runfiles import Attempt, ServerHealth
 
 __all__ = ["LadderRow", "ServerStart", "ladder_modes", "ladder_outcome", "offload_ladder", "server_starts"]
 

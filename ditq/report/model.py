@@ -17,29 +17,36 @@ warm-up. Those requests are marked ``cold``; s/image statistics are taken over t
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ditq.errors import InputError
 from ditq.probe.memory import memory_series, read_vram_csv
-from ditq.probe.records import find_image, is_out_of_memory, is_success, read_records
-from ditq.report.runfiles import (
+from ditq.probe.records import find_image, is_out_of_memory, is_success, read_records, read_run_file
+from ditq.runfiles import (
+    CANDIDATE_FILE,
+    COMPARE_FILE,
+    GATE_FILE,
+    RECORDS_FILE,
     Attempt,
     CandidateFile,
+    CompareFile,
     DoctorSummary,
+    FixtureFidelity,
+    GateFile,
+    InProcessOptions,
     Invocation,
     MemoryDescription,
+    ParityResult,
+    ProbeRecord,
+    RunFile,
     ServerHealth,
     WeightBytes,
-    parse,
+    read_model,
 )
 
 __all__ = [
-    "CANDIDATE_FILE",
     "Candidate",
     "FidelityRow",
     "GateRow",
@@ -52,8 +59,6 @@ __all__ = [
     "mark_cold",
 ]
 
-CANDIDATE_FILE = "CANDIDATE.json"
-_OOM = re.compile(r"out[ _-]of[ _-]memory|\boom\b", re.IGNORECASE)
 _MIB = 1 << 20
 
 
@@ -119,21 +124,29 @@ class MemorySample:
 @dataclass
 class RunData:
     path: Path
-    run_json: dict[str, Any]
+    run_file: RunFile | None  # None: the seed's evidence, which has no RUN.json
     records: list[Record]  # the latest record per (fixture_id, seed)
     gate: list[GateRow] | None  # None: no gate result in this run
     fidelity: list[FidelityRow] | None  # None: no compare result
-    parity: dict[str, Any] | None  # compare's parity band for this run, as it wrote it
-    parity_fixtures: dict[str, dict[str, Any]]  # compare's per-fixture entries (parity_edge_db, inside_...)
+    parity: ParityResult | None  # compare's parity band for this run
+    parity_fixtures: dict[str, FixtureFidelity]  # compare's per-fixture entries (parity_edge_db, inside_...)
     memory: list[MemorySample]
     has_images: bool
     history: list[Record] = field(default_factory=list)  # every record line, retried ones included
-    invocations: list[Invocation] = field(default_factory=list)  # RUN.json: one per server start
-    memory_description: MemoryDescription | None = None  # RUN.json: how memory was sampled
 
     @property
     def label(self) -> str:
-        return str(self.run_json.get("label") or self.path.name)
+        return self.path.name
+
+    @property
+    def invocations(self) -> list[Invocation]:
+        """RUN.json's server starts, in order."""
+        return [] if self.run_file is None else self.run_file.invocations
+
+    @property
+    def memory_description(self) -> MemoryDescription | None:
+        """How memory was sampled (RUN.json)."""
+        return None if self.run_file is None else self.run_file.memory
 
     def image(self, fixture_id: str, seed: int) -> Path | None:
         return find_image(self.path, fixture_id, seed)
@@ -151,6 +164,14 @@ class RunData:
         return [server.facts for invocation in self.invocations for server in invocation.servers]
 
     @property
+    def device(self) -> str | None:
+        """Where the images were made: the in-process baseline's device, else the first server's, where it said."""
+        options = None if self.run_file is None else self.run_file.options
+        if isinstance(options, InProcessOptions):
+            return options.device
+        return next((s.device for s in self.servers if s is not None and s.device), None)
+
+    @property
     def reference_counts(self) -> list[int]:
         return sorted({r.n_references for r in self.records})
 
@@ -159,17 +180,20 @@ class RunData:
 
     @property
     def commands(self) -> list[str]:
-        command = self.run_json.get("command") or self.run_json.get("argv")
-        if isinstance(command, list):
-            return [" ".join(str(part) for part in command)]
-        if command:
-            return [str(command)]
-        if not self.run_json:
+        """RUN.json records what was run rather than the command line: say that, field by field."""
+        if self.run_file is None:
             return []
-        # RUN.json records what was run rather than the command line: say that, field by field
-        facts = ("kind", "model", "endpoints", "fixtures_file", "seeds", "steps", "true_cfg_scale")
-        described = ", ".join(f"{k}={self.run_json[k]}" for k in facts if self.run_json.get(k) is not None)
-        return [f"(from RUN.json) {described}"] if described else []
+        run = self.run_file
+        facts = {
+            "kind": run.kind,
+            "model": run.model,
+            "endpoints": run.endpoints,
+            "fixtures_file": run.fixtures_file,
+            "seeds": run.seeds,
+            "steps": run.steps,
+            "true_cfg_scale": run.true_cfg_scale,
+        }
+        return ["(from RUN.json) " + ", ".join(f"{k}={v}" for k, v in facts.items() if v is not None)]
 
 
 @dataclass(frozen=True)
@@ -217,43 +241,24 @@ class Candidate:
         return [*self.extra_commands, *(from_stages or (self.run.commands if self.run else []))]
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
-
-
-def _record_from(raw: dict[str, Any], where: str) -> Record:
-    for name in ("fixture_id", "seed", "n_references"):
-        if name not in raw:
-            raise InputError(f"{where}: record lacks the field {name!r}")
-    metrics = raw.get("metrics") or {}
-    peak_mib = raw.get("peak_memory_mib")  # the probe's sampler, over this request's window
-    if peak_mib is None and isinstance(metrics, dict):
-        peak_mib = metrics.get("peak_memory_mb")  # the server's own report (the seed's records)
-    peak_bytes = None if peak_mib is None else int(float(peak_mib) * _MIB)
-    error = raw.get("error")
-    error = None if error in (None, "") else (error if isinstance(error, str) else json.dumps(error))
-    success = is_success(raw)
-    # records from before error_code (the seed's) say it only in the error text
-    legacy_oom = "error_code" not in raw and not success and bool(_OOM.search(error or ""))
+def _record_from(raw: ProbeRecord) -> Record:
+    peak_mib = raw.peak_memory_mib if raw.peak_memory_mib is not None else raw.server_peak_mib
     return Record(
-        fixture_id=str(raw["fixture_id"]),
-        seed=int(raw["seed"]),
-        n_references=int(raw["n_references"]),
-        wall_s=None if raw.get("wall_s") is None else float(raw["wall_s"]),
-        http=None if raw.get("http") is None else int(raw["http"]),
-        error=error,
-        structure=dict(raw.get("structure") or {}),
-        peak_memory_bytes=peak_bytes,
-        success=success,
-        out_of_memory=is_out_of_memory(raw) or legacy_oom,
-        size=None if raw.get("size") is None else str(raw["size"]),
-        offload=None if raw.get("offload") is None else str(raw["offload"]),
-        invocation=None if raw.get("invocation") is None else int(raw["invocation"]),
-        endpoint=None if raw.get("endpoint") is None else str(raw["endpoint"]),
-        t_start=None if raw.get("t_start") is None else float(raw["t_start"]),
+        fixture_id=raw.fixture_id,
+        seed=raw.seed,
+        n_references=raw.n_references,
+        wall_s=raw.wall_s,
+        http=raw.http,
+        error=raw.error or None,
+        structure={} if raw.structure is None else raw.structure.as_metrics(),
+        peak_memory_bytes=None if peak_mib is None else int(peak_mib * _MIB),
+        success=is_success(raw),
+        out_of_memory=is_out_of_memory(raw),
+        size=raw.size,
+        offload=raw.offload,
+        invocation=raw.invocation,
+        endpoint=raw.endpoint,
+        t_start=raw.t_start,
     )
 
 
@@ -275,109 +280,33 @@ def mark_cold(history: list[Record]) -> list[Record]:
 def _read_records(run_dir: Path) -> tuple[list[Record], list[Record]]:
     """(latest, history): records.jsonl's lines, the last per key winning (a retried request replaces its
     failure; the earlier lines stay as history), or the seed's matrix*.json."""
-    history = mark_cold(
-        [_record_from(raw, f"{run_dir} record {i}") for i, raw in enumerate(read_records(run_dir))]
-    )
+    history = mark_cold([_record_from(raw) for raw in read_records(run_dir)])
     latest = {record.key: record for record in history}
     return list(latest.values()), history
 
 
-def _rows(document: Any, run_dir: Path) -> list[dict[str, Any]] | None:
-    """The per-request rows of a gate.json / compare.json: top-level, or under this run's entry."""
-    if isinstance(document, list):
-        return [row for row in document if isinstance(row, dict)]
-    if not isinstance(document, dict):
-        return None
-    for key in ("records", "rows", "results"):
-        if isinstance(document.get(key), list):
-            return [row for row in document[key] if isinstance(row, dict)]
-    runs = document.get("runs")
-    if isinstance(runs, list):
-        chosen = [r for r in runs if isinstance(r, dict) and Path(str(r.get("run", ""))).name == run_dir.name]
-        for run in chosen or runs[:1]:
-            rows = _rows(run, run_dir)
-            if rows is not None:
-                return rows
-    return None
-
-
-def _passed(row: dict[str, Any]) -> bool:
-    for key in ("passed", "pass", "ok"):
-        if isinstance(row.get(key), bool):
-            return bool(row[key])
-    verdict = str(row.get("verdict") or row.get("status") or "").upper()
-    if verdict in ("PASS", "FAIL"):
-        return verdict == "PASS"
-    raise KeyError("no pass/fail field")
-
-
-def _failures(row: dict[str, Any]) -> tuple[str, ...]:
-    for key in ("failures", "failed_rules", "reasons", "signatures"):
-        value = row.get(key)
-        if isinstance(value, list):
-            # gate.json reasons read "transparent: opaque_fraction 0.19 < 0.5": the rule's name comes first
-            names = (str(v.get("rule", v.get("name", v))) if isinstance(v, dict) else str(v) for v in value)
-            return tuple(dict.fromkeys(name.split(":")[0].strip() for name in names))
-    return ()
-
-
 def _read_gate(run_dir: Path) -> list[GateRow] | None:
-    path = run_dir / "gate.json"
+    path = run_dir / GATE_FILE
     if not path.is_file():
         return None
-    rows = _rows(_read_json(path), run_dir)
-    if rows is None:
-        raise InputError(f"{path}: no per-request rows (expected 'records')")
-    out = []
-    for i, row in enumerate(rows):
-        try:
-            inherited = tuple(dict.fromkeys(str(i).split(":")[0].strip() for i in row.get("inherited") or []))
-            out.append(
-                GateRow(str(row["fixture_id"]), int(row["seed"]), _passed(row), _failures(row), inherited)
-            )
-        except KeyError as error:
-            raise InputError(f"{path}: row {i} lacks {error.args[0]}") from None
-    return out
+    return [
+        GateRow(r.fixture_id, r.seed, r.passed, tuple(r.failed_rules), tuple(r.inherited_rules))
+        for r in read_model(GateFile, path).records
+    ]
 
 
-def _number(value: Any) -> float | None:
-    if value is None:
-        return None
-    number = float(value)  # "inf" (identical images) parses; NaN is no measurement
-    return None if math.isnan(number) else number
+def _read_compare(run_dir: Path) -> CompareFile | None:
+    path = run_dir / COMPARE_FILE
+    return read_model(CompareFile, path) if path.is_file() else None
 
 
-def _read_compare(
-    run_dir: Path,
-) -> tuple[list[FidelityRow] | None, dict[str, Any] | None, dict[str, dict[str, Any]]]:
-    path = run_dir / "compare.json"
-    if not path.is_file():
-        return None, None, {}
-    document = _read_json(path)
-    rows = _rows(document, run_dir)
-    if rows is None:
-        raise InputError(f"{path}: no per-image rows (expected 'rows')")
-    fidelity = []
-    for i, row in enumerate(rows):
-        if "fixture_id" not in row or "seed" not in row:
-            raise InputError(f"{path}: row {i} lacks fixture_id or seed")
-        psnr = row.get("psnr_db", row.get("psnr"))
-        fidelity.append(
-            FidelityRow(
-                str(row["fixture_id"]),
-                int(row["seed"]),
-                _number(psnr),
-                _number(row.get("ssim")),
-                row.get("error") or (None if row.get("status") in (None, "ok") else str(row["status"])),
-            )
+def _fidelity(compare: CompareFile) -> list[FidelityRow]:
+    return [
+        FidelityRow(
+            r.fixture_id, r.seed, r.psnr_db, r.ssim, r.error or (None if r.status == "ok" else r.status)
         )
-    parity = document.get("parity") if isinstance(document, dict) else None
-    fixtures = document.get("fixtures") if isinstance(document, dict) else None
-    return (
-        fidelity,
-        parity if isinstance(parity, dict) else None,
-        {str(k): v for k, v in fixtures.items() if isinstance(v, dict)} if isinstance(fixtures, dict) else {},
-    )
+        for r in compare.rows
+    ]
 
 
 def _read_memory(run_dir: Path, device: int | None) -> list[MemorySample]:
@@ -390,43 +319,26 @@ def _read_memory(run_dir: Path, device: int | None) -> list[MemorySample]:
     return [MemorySample(t - t0, int(mib * _MIB)) for t, mib in series]
 
 
-def _run_facts(run_json: dict[str, Any], where: Path) -> tuple[list[Invocation], MemoryDescription | None]:
-    """RUN.json's server starts and memory description, typed (a run written before them has neither)."""
-    raw_invocations = run_json.get("invocations", [])
-    if not isinstance(raw_invocations, list):
-        raise InputError(f"{where}: invocations: expected a list")
-    invocations = [
-        parse(Invocation, raw, f"{where} invocations.{i}") for i, raw in enumerate(raw_invocations)
-    ]
-    memory = run_json.get("memory")
-    return invocations, None if memory is None else parse(MemoryDescription, memory, f"{where} memory")
-
-
 def load_run(run_dir: Path) -> RunData:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run directory")
-    run_json_path = run_dir / "RUN.json"
-    run_json = _read_json(run_json_path) if run_json_path.is_file() else {}
-    if not isinstance(run_json, dict):
-        raise InputError(f"{run_json_path}: expected a JSON object")
-    invocations, memory_description = _run_facts(run_json, run_json_path)
-    devices = [s.facts.cuda_index for i in invocations for s in i.servers if s.facts is not None]
+    run_file = read_run_file(run_dir)
+    invocations = [] if run_file is None else run_file.invocations
+    devices = [s.cuda_index for i in invocations for s in i.servers]
     records, history = _read_records(run_dir)
-    fidelity, parity, parity_fixtures = _read_compare(run_dir)
+    compare = _read_compare(run_dir)
     return RunData(
         path=run_dir,
-        run_json=run_json,
+        run_file=run_file,
         records=sorted(records, key=lambda r: (r.n_references, r.fixture_id, r.seed)),
         gate=_read_gate(run_dir),
-        fidelity=fidelity,
-        parity=parity,
-        parity_fixtures=parity_fixtures,
+        fidelity=None if compare is None else _fidelity(compare),
+        parity=None if compare is None else compare.parity,
+        parity_fixtures={} if compare is None else compare.fixtures,
         memory=_read_memory(run_dir, next((d for d in devices if d is not None), None)),
         has_images=(run_dir / "images").is_dir() or (run_dir / "matrix").is_dir(),
         history=history,
-        invocations=invocations,
-        memory_description=memory_description,
     )
 
 
@@ -437,18 +349,10 @@ def load_candidate(path: Path, attempts: list[Attempt] | None = None) -> Candida
     description = path / CANDIDATE_FILE
     if not description.is_file():
         run = load_run(path)
-        scheme = run.run_json.get("scheme")
-        return Candidate(
-            name=run.label,
-            scheme=str(scheme) if scheme else None,
-            run=run,
-            artifact_digest=run.run_json.get("artifact_digest"),
-            memory_budget=run.run_json.get("max_memory"),
-            attempts=list(attempts or []),
-        )
-    raw = parse(CandidateFile, _read_json(description), str(description))
+        return Candidate(name=run.label, scheme=None, run=run, attempts=list(attempts or []))
+    raw = read_model(CandidateFile, description)
     run_dir = path / raw.run
-    has_run = (run_dir / "records.jsonl").is_file() or any(run_dir.glob("matrix*.json"))
+    has_run = (run_dir / RECORDS_FILE).is_file() or any(run_dir.glob("matrix*.json"))
     return Candidate(
         name=raw.name,
         scheme=raw.scheme,

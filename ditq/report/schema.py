@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ditq.errors import InputError
-from ditq.report.runfiles import parse
+from ditq.runfiles import parse
 
 __all__ = [
     "SCHEMA_PATH",

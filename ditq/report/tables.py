@@ -9,7 +9,7 @@ from ditq.report.assess import ReportData
 from ditq.report.capacity import CapacityRow
 from ditq.report.ladder import offload_ladder, server_starts
 from ditq.report.model import Candidate
-from ditq.report.runfiles import MemoryCapFacts
+from ditq.runfiles import MemoryCapFacts
 
 __all__ = [
     "Table",
@@ -301,6 +301,6 @@ def provenance_table(report: ReportData) -> Table:
     for name, commands in p.run_commands.items():
         rows.extend((f"{name} command", command) for command in commands)
     for candidate in report.all_candidates:
-        if candidate.run and candidate.run.run_json.get("device"):
-            rows.append((f"{candidate.name} device", str(candidate.run.run_json["device"])))
+        if candidate.run and candidate.run.device:
+            rows.append((f"{candidate.name} device", candidate.run.device))
     return Table(("What", "Value"), tuple(rows))

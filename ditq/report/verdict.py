@@ -130,16 +130,10 @@ def _gate_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRules
 
 
 def parity_floor_db(candidate: Candidate, rules: VerdictRules) -> float | None:
-    """The lowest PSNR (dB) inside the parity band, from compare.json or the rules; None: no band."""
+    """The lowest PSNR (dB) inside the parity band: compare.json's band, else the rules'; None: no band."""
     parity = candidate.run.parity if candidate.run else None
-    if parity:
-        for key in ("floor_db", "low_db", "min_db"):
-            if isinstance(parity.get(key), (int, float)):
-                return float(parity[key])
-        for key in ("overall_db", "reference_db", "reference_pair_db"):
-            if isinstance(parity.get(key), (int, float)):
-                margin = parity.get("tolerance_db", rules.parity_margin_db)
-                return float(parity[key]) - float(margin)
+    if parity is not None:
+        return parity.floor_db
     if rules.parity_reference_db is not None:
         return rules.parity_reference_db - rules.parity_margin_db
     return None
@@ -156,27 +150,22 @@ def _fidelity_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictR
                 "no_fidelity_result", f"No image of this run was compared with the {baseline.name} baseline."
             )
         ]
-    parity = run.parity or {}
     floor = parity_floor_db(candidate, rules)
     worst = min(summaries, key=lambda s: s.psnr_mean_db if s.psnr_mean_db is not None else math.inf)
     # compare.json marks each fixture inside or outside its own band edge; missing images are not
     # fidelity failures (a failed request has its own reason), so the per-fixture flags decide first.
     flags = {
-        k: v["inside_parity_band"]
-        for k, v in run.parity_fixtures.items()
-        if isinstance(v.get("inside_parity_band"), bool)
+        k: v.inside_parity_band for k, v in run.parity_fixtures.items() if v.inside_parity_band is not None
     }
     if flags:
         outside_ids = [k for k, inside in flags.items() if not inside]
         outside = bool(outside_ids)
         if outside:
             worst = next((s for s in summaries if s.fixture_id == outside_ids[0]), worst)
-            edge = run.parity_fixtures[outside_ids[0]].get("parity_edge_db")
-            floor = float(edge) if isinstance(edge, (int, float)) else floor
+            edge = run.parity_fixtures[outside_ids[0]].parity_edge_db
+            floor = edge if edge is not None else floor
     elif floor is not None:
         outside = worst.psnr_mean_db is not None and worst.psnr_mean_db < floor
-    elif isinstance(parity.get("inside"), bool):
-        outside = not parity["inside"]
     else:
         return [
             Reason(

@@ -11,6 +11,8 @@ import pytest
 from PIL import Image
 from stub_images_server import StubServer
 
+from ditq.runfiles import ProbeRecord, Structure
+
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
 SEED_EVIDENCE = REPO_ROOT.parent / "shared" / "seed" / "probe-issue-5" / "evidence" / "rtx3090"
@@ -84,3 +86,34 @@ def probe_run(
             **options,
         )  # type: ignore[arg-type]
     )
+
+
+def served_record(
+    fixture_id: str, seed: int, structure: Structure | None = None, **fields: object
+) -> ProbeRecord:
+    """A records.jsonl line as the probe writes it for a request its server answered with an image."""
+    values: dict[str, object] = {
+        "fixture_id": fixture_id,
+        "seed": seed,
+        "n_references": 0,
+        "steps": 4,
+        "true_cfg_scale": 1.0,
+        "size": "32x32",
+        "endpoint": "http://127.0.0.1:9000",
+        "offload": "none",
+        "invocation": 0,
+        "t_start": 1000.0,
+        "t_end": 1001.0,
+        "wall_s": 1.0,
+        "http": 200,
+        "bytes": 100,
+        "sha256": "0" * 64,
+        "structure": structure,
+        "usage": None,
+        "metrics": None,
+        "error": None,
+        "error_code": None,
+        "peak_memory_mib": None,
+        **fields,
+    }
+    return ProbeRecord.model_validate(values)

@@ -70,8 +70,8 @@ def test_baseline_probe_gate_compare(tmp_path: Path, fixture_set, ditq_server: s
     assert require_sealed(baseline, allow_unsealed=False) == "sealed"
     probe_run(ditq_server, fixture_set, tmp_path / "candidate", [1, 2])
     records = read_records(tmp_path / "candidate")
-    assert len(records) == 6 and all(is_success(r) for r in records), [r["error"] for r in records]
-    assert all(r["metrics"] for r in records)  # the server's stage metrics are kept
+    assert len(records) == 6 and all(is_success(r) for r in records), [r.error for r in records]
+    assert all(r.metrics for r in records)  # the server's stage metrics are kept
 
     default = gate_run(tmp_path / "candidate", load_rules())
     assert not default.passed and all(
@@ -87,4 +87,4 @@ def test_baseline_probe_gate_compare(tmp_path: Path, fixture_set, ditq_server: s
     assert result.passed, [r.reasons for r in result.records]
 
     comparison = compare_run(tmp_path / "candidate", baseline, parity=ParityBand("stated", 27.6, {}, 1.0))
-    assert comparison.overall["ok"] == 6 and comparison.parity is not None and comparison.parity["inside"]
+    assert comparison.overall.ok == 6 and comparison.parity is not None and comparison.parity.inside

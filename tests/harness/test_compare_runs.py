@@ -51,34 +51,34 @@ def runs(built_runs: Path, tmp_path: Path) -> dict[str, Path]:
 
 def test_identical_and_degraded_runs(runs: dict[str, Path]) -> None:
     same = compare_run(runs["same"], runs["baseline"])
-    assert same.overall["ok"] == same.overall["n"] == 6
-    assert all(r["psnr_db"] == PSNR_CAP_DB and r["ssim"] == pytest.approx(1.0) for r in same.rows)
-    assert all(r["space"] == "RGBA" for r in same.rows)
+    assert same.overall.ok == same.overall.n == 6
+    assert all(r.psnr_db == PSNR_CAP_DB and r.ssim == pytest.approx(1.0) for r in same.rows)
+    assert all(r.space == "RGBA" for r in same.rows)
     if importlib.util.find_spec("lpips") is None:
         assert same.lpips_note == "lpips skipped: the lpips package is not installed"
-        assert all("lpips" not in r for r in same.rows)
+        assert all(r.lpips is None for r in same.rows)
     else:
         assert same.lpips_note.startswith("lpips")  # used, or skipped for want of local weights, and said so
     dim, dark = compare_run(runs["dim"], runs["baseline"]), compare_run(runs["dark"], runs["baseline"])
     for fixture_id in ("gen-one", "edit-one", "edit-two"):
         d, k = dim.fixtures[fixture_id], dark.fixtures[fixture_id]
-        assert d["psnr_db"]["min"] <= d["psnr_db"]["mean"] <= d["psnr_db"]["max"]
-        assert PSNR_CAP_DB > d["psnr_db"]["mean"] > k["psnr_db"]["mean"] > 0
-        assert 1.0 > d["ssim"]["mean"] > k["ssim"]["mean"]
+        assert d.psnr_db.min is not None and d.psnr_db.mean is not None and d.psnr_db.max is not None
+        assert k.psnr_db.mean is not None and d.ssim.mean is not None and k.ssim.mean is not None
+        assert d.psnr_db.min <= d.psnr_db.mean <= d.psnr_db.max
+        assert PSNR_CAP_DB > d.psnr_db.mean > k.psnr_db.mean > 0
+        assert 1.0 > d.ssim.mean > k.ssim.mean
 
 
 def test_missing_image_and_size_mismatch_rows(runs: dict[str, Path]) -> None:
     (runs["dim"] / "images" / "edit-one.s1.png").unlink()
     Image.new("RGBA", (16, 16)).save(runs["dim"] / "images" / "edit-two.s2.png")
     result = compare_run(runs["dim"], runs["baseline"])
-    rows = {(r["fixture_id"], r["seed"]): r for r in result.rows}
-    assert rows[("edit-one", 1)]["status"] == "missing"
-    assert (
-        rows[("edit-two", 2)]["status"] == "error"
-        and "size 16x16 vs baseline 32x32" in rows[("edit-two", 2)]["error"]
-    )
-    assert result.fixtures["edit-one"]["missing"] == 1 and result.fixtures["edit-two"]["errors"] == 1
-    assert result.overall["ok"] == 4
+    rows = {(r.fixture_id, r.seed): r for r in result.rows}
+    assert rows[("edit-one", 1)].status == "missing"
+    assert rows[("edit-two", 2)].status == "error"
+    assert "size 16x16 vs baseline 32x32" in (rows[("edit-two", 2)].error or "")
+    assert result.fixtures["edit-one"].missing == 1 and result.fixtures["edit-two"].errors == 1
+    assert result.overall.ok == 4
 
 
 def test_rgb_candidate_is_composited_over_white(runs: dict[str, Path]) -> None:
@@ -88,27 +88,27 @@ def test_rgb_candidate_is_composited_over_white(runs: dict[str, Path]) -> None:
     row = next(
         r
         for r in compare_run(runs["same"], runs["baseline"]).rows
-        if r["fixture_id"] == "gen-one" and r["seed"] == 1
+        if r.fixture_id == "gen-one" and r.seed == 1
     )
-    assert row["space"] == "RGB over white" and row["psnr_db"] == PSNR_CAP_DB
+    assert row.space == "RGB over white" and row.psnr_db == PSNR_CAP_DB
 
 
 def test_parity_band_stated_and_from_a_pair(runs: dict[str, Path]) -> None:
     dim = compare_run(runs["dim"], runs["baseline"])
-    level = dim.overall["psnr_db"]["mean"]
+    level = dim.overall.psnr_db.mean
+    assert level is not None
     inside = compare_run(runs["dim"], runs["baseline"], parity=ParityBand("stated", level - 2, {}, 1.0))
     outside = compare_run(runs["dim"], runs["baseline"], parity=ParityBand("stated", level + 30, {}, 1.0))
-    assert inside.parity is not None and inside.parity["inside"]
-    assert outside.parity is not None and not outside.parity["inside"]
-    assert all(not e["inside_parity_band"] for e in outside.fixtures.values())
+    assert inside.parity is not None and inside.parity.inside
+    assert outside.parity is not None and not outside.parity.inside
+    assert all(e.inside_parity_band is False for e in outside.fixtures.values())
     # Pair: baseline vs dim defines the band; dim sits on it, dark far below.
     band = parity_from_pair(runs["baseline"], runs["dim"], tolerance_db=0.5)
-    assert band.per_fixture_db["gen-one"] == pytest.approx(
-        dim.fixtures["gen-one"]["psnr_db"]["mean"], abs=0.01
-    )
+    assert band.per_fixture_db["gen-one"] == pytest.approx(dim.fixtures["gen-one"].psnr_db.mean, abs=0.01)
     on_band = compare_run(runs["dim"], runs["baseline"], parity=band)
     below = compare_run(runs["dark"], runs["baseline"], parity=band)
-    assert on_band.parity["inside"] and not below.parity["inside"]  # type: ignore[index]
+    assert on_band.parity is not None and below.parity is not None
+    assert on_band.parity.inside and not below.parity.inside
 
 
 def test_compare_command(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,5 +137,5 @@ def test_images_made_with_other_settings_are_error_rows(runs: dict[str, Path]) -
             record["steps"] = 20
     records.write_text("".join(json.dumps(r) + "\n" for r in lines))
     result = compare_run(runs["same"], runs["baseline"])
-    bad = [r for r in result.rows if r["status"] == "error"]
-    assert {r["fixture_id"] for r in bad} == {"gen-one"} and "steps 20 vs baseline 4" in bad[0]["error"]
+    bad = [r for r in result.rows if r.status == "error"]
+    assert {r.fixture_id for r in bad} == {"gen-one"} and "steps 20 vs baseline 4" in (bad[0].error or "")

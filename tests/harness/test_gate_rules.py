@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SEED_EVIDENCE, SEED_EVIDENCE_COPY, probe_run
+from conftest import SEED_EVIDENCE, SEED_EVIDENCE_COPY, probe_run, served_record
 from PIL import Image
 from stub_images_server import StubServer, StubState, collapsed_image, healthy_image
 
@@ -18,6 +18,8 @@ from ditq.commands import gate as gate_command
 from ditq.errors import InputError
 from ditq.gate import build_envelopes, gate_run, load_rules
 from ditq.metrics import structure_metrics
+from ditq.probe.records import RecordLog
+from ditq.runfiles import Structure
 
 
 def _gate_cli(*argv: str) -> int:
@@ -30,10 +32,14 @@ def _judge(structure: dict, tmp_path: Path) -> list[str]:
     """Gate one recorded structure (no image), as the seed's evidence is gated."""
     run = tmp_path / "one"
     run.mkdir(exist_ok=True)
-    record = {
+    record = {  # the seed probe's record of a served request
         "fixture_id": "f",
         "seed": 1,
         "n_references": 1,
+        "steps": 20,
+        "true_cfg_scale": 1.0,
+        "size": "64x64",
+        "wall_s": 30.0,
         "http": 200,
         "sha256": "0" * 64,
         "structure": structure,
@@ -58,8 +64,8 @@ def test_seed_int8_weight_only_run_fails_all_sixteen(
     assert all(any(reason.startswith("transparent:") for reason in r.reasons) for r in result.records)
     summary = result.summary()
     assert sorted(summary) == [1, 2, 3, 4]
-    assert all(row["n"] == 4 and row["passes"] == 0 for row in summary.values())
-    assert summary[4]["wall_min_s"] == 46.4 and summary[4]["wall_max_s"] == 46.48
+    assert all(row.n == 4 and row.passes == 0 for row in summary.values())
+    assert summary[4].wall_min_s == 46.4 and summary[4].wall_max_s == 46.48
     assert _gate_cli(str(evidence)) == 1
     out = capsys.readouterr().out
     assert "GATE: FAIL (0/16 pass)" in out and "4-ref: n=4 pass=0/4 FAIL" in out
@@ -218,17 +224,15 @@ def test_a_fixture_changed_since_the_baseline_is_caught(tmp_path: Path, fixture_
     )
     assert [r.fixture_id for r in result.records if not r.passed] == ["edit-one"]
     rows = compare_run(tmp_path / "run", tmp_path / "baseline").rows
-    assert [r["fixture_id"] for r in rows if r["status"] == "error"] == ["edit-one"]
+    assert [r.fixture_id for r in rows if r.status == "error"] == ["edit-one"]
 
 
 def _recorded_run(run: Path, structures: dict[tuple[str, int], dict]) -> Path:
     """A ditq-style run holding only records with their recorded structure (no images)."""
     run.mkdir(parents=True)
-    lines = [
-        {"fixture_id": f, "seed": s, "n_references": 0, "http": 200, "sha256": "0" * 64, "structure": st}
-        for (f, s), st in structures.items()
-    ]
-    (run / "records.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with RecordLog(run / "records.jsonl") as log:
+        for (fixture_id, seed), structure in structures.items():
+            log.append(served_record(fixture_id, seed, Structure.model_validate(structure)))
     return run
 
 

@@ -74,7 +74,7 @@ def test_probe_records_peaks_and_gate_reads_vram_csv(tmp_path: Path, fixture_set
     run = json.loads((tmp_path / "run" / "RUN.json").read_text())
     assert run["memory"]["source"] == "nvidia-smi" and run["peak_memory_mib"] == 1000.0
     assert run["memory"]["measures"] == "server process (driver count)"
-    assert all(r["peak_memory_mib"] == 1000.0 for r in read_records(tmp_path / "run"))
+    assert all(r.peak_memory_mib == 1000.0 for r in read_records(tmp_path / "run"))
     result = gate_run(tmp_path / "run", load_rules())
     assert (result.run_peak_memory_mib, result.run_peak_source) == (1000.0, "vram.csv")
 

@@ -58,7 +58,7 @@ def test_killed_probe_resumes_without_duplicates(tmp_path: Path, fixture_set) ->
         served_after = len(server.state.requests)
 
     records = read_records(out)
-    keys = Counter((r["fixture_id"], r["seed"]) for r in records)
+    keys = Counter(r.key for r in records)
     assert len(keys) == 9 and max(keys.values()) == 1, keys
     assert all(is_success(r) for r in records)
     assert summary.skipped == len(written) and summary.completed == 9 - len(written)

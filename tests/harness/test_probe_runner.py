@@ -35,15 +35,15 @@ def test_probe_writes_records_images_and_run_json(tmp_path: Path, fixture_set, s
     summary = probe_run(stub.url + "/v1/", fixture_set, out, [1, 2], concurrency=2)
     records = read_records(out)
     assert summary.completed == 6 and summary.failed == 0 and len(records) == 6
-    assert {(r["fixture_id"], r["seed"]) for r in records} == {
-        (f, s) for f in ("gen-one", "edit-one", "edit-two") for s in (1, 2)
-    }
+    assert {r.key for r in records} == {(f, s) for f in ("gen-one", "edit-one", "edit-two") for s in (1, 2)}
+    lines = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert all(field in line for line in lines for field in SEED_FIELDS)
     for record in records:
-        assert all(field in record for field in SEED_FIELDS) and is_success(record)
-        image = out / "images" / f"{record['fixture_id']}.s{record['seed']}.png"
-        assert image.is_file() and image.stat().st_size == record["bytes"]
-        assert record["structure"]["opaque_fraction"] == 1.0
-        assert record["metrics"]["peak_memory_mb"] == 1000.0 + record["n_references"]
+        assert is_success(record) and record.structure is not None and record.metrics is not None
+        image = out / "images" / f"{record.fixture_id}.s{record.seed}.png"
+        assert image.is_file() and image.stat().st_size == record.bytes
+        assert record.structure.opaque_fraction == 1.0
+        assert record.metrics["peak_memory_mb"] == 1000.0 + record.n_references
     run = json.loads((out / "RUN.json").read_text())
     assert run["endpoints"] == [stub.url] and run["status"] == "complete" and run["steps"] == 4
     assert (
@@ -61,7 +61,7 @@ def test_probe_writes_records_images_and_run_json(tmp_path: Path, fixture_set, s
 def test_identical_requests_give_identical_images(tmp_path: Path, fixture_set, stub: StubServer) -> None:
     probe_run(stub.url, fixture_set, tmp_path / "a", [5])
     probe_run(stub.url, fixture_set, tmp_path / "b", [5])
-    digests = [{r["fixture_id"]: r["sha256"] for r in read_records(tmp_path / x)} for x in "ab"]
+    digests = [{r.fixture_id: r.sha256 for r in read_records(tmp_path / x)} for x in "ab"]
     assert digests[0] == digests[1] and len(set(digests[0].values())) == 3
 
 
@@ -72,7 +72,7 @@ def test_several_endpoints_share_one_queue(tmp_path: Path, fixture_set) -> None:
     records = read_records(tmp_path / "run")
     assert len(records) == 9 and all(is_success(r) for r in records)
     assert sum(served) == 9 and min(served) >= 2
-    assert {r["endpoint"] for r in records} == {first.url, second.url}
+    assert {r.endpoint for r in records} == {first.url, second.url}
 
 
 def test_500s_timeouts_and_refused_connections_become_records(tmp_path: Path, fixture_set) -> None:
@@ -81,12 +81,12 @@ def test_500s_timeouts_and_refused_connections_become_records(tmp_path: Path, fi
     with StubServer(state) as server:
         summary = probe_run(server.url, fixture_set, out, [1, 2, 3], timeout_s=0.5, concurrency=3)
         assert summary.completed == 9 and summary.failed == 6
-        by_seed = {s: [r for r in read_records(out) if r["seed"] == s] for s in (1, 2, 3)}
+        by_seed = {s: [r for r in read_records(out) if r.seed == s] for s in (1, 2, 3)}
         assert all(is_success(r) for r in by_seed[1])
         assert all(
-            r["http"] == 500 and r["error"].startswith("HTTP 500") and r["sha256"] is None for r in by_seed[2]
+            r.http == 500 and (r.error or "").startswith("HTTP 500") and r.sha256 is None for r in by_seed[2]
         )
-        assert all(r["http"] is None and "timeout" in r["error"] for r in by_seed[3])
+        assert all(r.http is None and "timeout" in (r.error or "") for r in by_seed[3])
         assert not (out / "images" / "edit-one.s2.png").exists()
 
         # A rerun skips every recorded key, failed ones included ...
@@ -106,7 +106,7 @@ def test_refused_connection_is_a_record(tmp_path: Path, fixture_set) -> None:
         url = server.url  # the port is closed once the server has stopped
     summary = probe_run(url, fixture_set, tmp_path / "run", [1], timeout_s=2)
     records = read_records(tmp_path / "run")
-    assert summary.failed == 3 and all("ConnectError" in r["error"] for r in records)
+    assert summary.failed == 3 and all("ConnectError" in (r.error or "") for r in records)
 
 
 def test_collapsed_images_are_recorded_with_their_structure(tmp_path: Path, fixture_set) -> None:
@@ -114,7 +114,9 @@ def test_collapsed_images_are_recorded_with_their_structure(tmp_path: Path, fixt
         probe_run(server.url, fixture_set, tmp_path / "run", [1])
     for record in read_records(tmp_path / "run"):
         assert is_success(record)  # the request worked; judging the image is the gate's job
-        assert record["structure"]["opaque_fraction"] == 0.0 and record["structure"]["banding_score"] > 0.9
+        structure = record.structure
+        assert structure is not None and structure.opaque_fraction == 0.0
+        assert structure.banding_score is not None and structure.banding_score > 0.9
 
 
 def test_resume_with_other_settings_is_refused(tmp_path: Path, fixture_set, stub: StubServer) -> None:

@@ -18,17 +18,13 @@ def make_runs(root: Path) -> dict[str, Path]:
         "baseline": baseline,
         "w8a8": write_run(
             root,
-            RunSpec(
-                "w8a8", "healthy", {k: v * 0.7 for k, v in WALLS.items()}, "w8a8", memory_mib=(80, 700, 900)
-            ),
+            RunSpec("w8a8", "healthy", {k: v * 0.7 for k, v in WALLS.items()}, memory_mib=(80, 700, 900)),
             baseline,
         ),
-        "fp8": write_run(
-            root, RunSpec("fp8", "collapsed", {k: v * 0.6 for k, v in WALLS.items()}, "fp8"), baseline
-        ),
+        "fp8": write_run(root, RunSpec("fp8", "collapsed", {k: v * 0.6 for k, v in WALLS.items()}), baseline),
         "w8a16": write_run(
             root,
-            RunSpec("w8a16", "healthy", {k: v * 1.5 for k, v in WALLS.items()}, "w8a16", oom_refs=(4,)),
+            RunSpec("w8a16", "healthy", {k: v * 1.5 for k, v in WALLS.items()}, oom_refs=(4,)),
             baseline,
         ),
     }

@@ -1,4 +1,5 @@
-"""Synthetic run directories in the run-directory contract: real PNGs (PIL), real records, gate and compare JSON.
+"""Synthetic run directories in the run-directory contract: real PNGs (PIL); RUN.json and records written through
+their models (ditq.runfiles), gate.json and compare.json by the gate and compare themselves.
 
 The images are seeded patterns: the baseline draws a smooth scene per (fixture, seed); a
 "healthy" candidate adds small seeded noise to it; a "collapsed" candidate writes transparent
@@ -8,12 +9,27 @@ horizontal stripes (the seed's broken int8 signature).
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from ditq.compare import ParityBand, compare_run
+from ditq.gate import gate_run, load_rules
+from ditq.probe.records import RecordLog
+from ditq.runfiles import (
+    Attempt,
+    CandidateFile,
+    HttpOptions,
+    Invocation,
+    MemoryDescription,
+    ProbeRecord,
+    RunFile,
+    ServerEntry,
+    write_model,
+)
 
 FIXTURES = {"fx-one": 1, "fx-two": 2, "fx-three": 3, "fx-four": 4}  # fixture id -> reference count
 SEEDS = (2301, 2302)
@@ -49,96 +65,114 @@ def candidate_pixels(kind: str, fixture_id: str, seed: int) -> np.ndarray:
     raise ValueError(kind)
 
 
-def _psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10.0 * np.log10(255.0**2 / mse)
-
-
 @dataclass
 class RunSpec:
     label: str
     kind: str  # "baseline" | "healthy" | "collapsed"
     wall_by_refs: dict[int, float]  # mean seconds per image
-    scheme: str | None = None
     oom_refs: tuple[int, ...] = ()  # reference counts whose requests run out of memory
     fail_refs: tuple[int, ...] = ()  # reference counts whose requests get a 500
-    parity: dict | None = field(default_factory=lambda: {"reference_db": 30.0})
+    parity_db: float | None = 30.0  # the parity band compare is given (None: none)
     memory_mib: tuple[float, ...] = ()  # a vram.csv series, one sample a second
     gate: bool = True
     compare: bool = True
 
 
+def run_file(kind: str, invocations: list[Invocation], memory: MemoryDescription | None = None) -> RunFile:
+    """RUN.json of a finished run over FIXTURES x SEEDS."""
+    return RunFile.model_validate(
+        {
+            "schema": "ditq-run-v1",
+            "kind": kind,
+            "endpoints": ["http://127.0.0.1:9000"],
+            "fixtures_file": "fixtures.json",
+            "fixture_ids": list(FIXTURES),
+            "fixture_digest": "f" * 64,
+            "fixture_digests": {fixture_id: "f" * 64 for fixture_id in FIXTURES},
+            "refs_dir": "refs",
+            "seeds": list(SEEDS),
+            "steps": 4,
+            "true_cfg_scale": 1.0,
+            "options": HttpOptions(concurrency=1, timeout_s=60.0, model=None),
+            "versions": {"ditq": "test"},
+            "invocations": invocations,
+            "memory": memory
+            or MemoryDescription(source="unavailable", interval_s=1.0, pid=None, reason="no GPU"),
+            "started_utc": "2026-11-30T12:00:00+00:00",
+            "status": "complete",
+        }
+    )
+
+
+def record(fixture_id: str, seed: int, **fields: Any) -> ProbeRecord:
+    """A records.jsonl line as the probe writes it; ``fields`` say how the request went (default: 200, no image).
+    Without an ``invocation`` it is not known which server start sent it, so no request counts as cold."""
+    return ProbeRecord.model_validate(
+        {
+            "fixture_id": fixture_id,
+            "seed": seed,
+            "n_references": FIXTURES[fixture_id],
+            "steps": 4,
+            "true_cfg_scale": 1.0,
+            "size": f"{SIZE}x{SIZE}",
+            "endpoint": "http://127.0.0.1:9000",
+            "invocation": None,
+            "t_start": None,
+            "t_end": None,
+            "wall_s": 0.5,
+            "http": 200,
+            "bytes": None,
+            "sha256": None,
+            "structure": None,
+            "usage": None,
+            "metrics": None,
+            "error": None,
+            "error_code": None,
+            "peak_memory_mib": None,
+            **fields,
+        }
+    )
+
+
+def _image(run: Path, fixture_id: str, seed: int, pixels: np.ndarray) -> dict[str, Any]:
+    """Save the PNG; the record fields that describe it."""
+    path = run / "images" / f"{fixture_id}.s{seed}.png"
+    Image.fromarray(pixels, "RGBA").save(path)
+    return {"bytes": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def write_records(run: Path, records: list[ProbeRecord]) -> None:
+    with RecordLog(run / "records.jsonl") as log:
+        for line in records:
+            log.append(line)
+
+
 def write_run(root: Path, spec: RunSpec, baseline: Path | None = None) -> Path:
+    """A probe run directory; with ``baseline``, judged by ``ditq gate`` and compared by ``ditq compare``."""
     run = root / spec.label
     (run / "images").mkdir(parents=True)
-    (run / "RUN.json").write_text(
-        json.dumps(
-            {"label": spec.label, "scheme": spec.scheme, "command": ["ditq", "probe", "--out", str(run)]}
-        )
-    )
-    records, gate_rows, compare_rows = [], [], []
+    write_model(run / "RUN.json", run_file("baseline" if spec.kind == "baseline" else "probe", []))
+    records = []
     for fixture_id, refs in FIXTURES.items():
         for index, seed in enumerate(SEEDS):
-            record = {
-                "fixture_id": fixture_id,
-                "seed": seed,
-                "n_references": refs,
-                "steps": 4,
-                "true_cfg_scale": 1.0,
-                "size": f"{SIZE}x{SIZE}",
-                "wall_s": None,
-                "http": 200,
-                "bytes": 0,
-                "sha256": None,
-                "structure": None,
-                "usage": None,
-                "metrics": None,
-                "error": None,
-            }
             if refs in spec.oom_refs:
-                record.update(http=503, error="HTTP 503 out_of_memory: CUDA out of memory")
+                fields: dict[str, Any] = {
+                    "http": 503,
+                    "error": "HTTP 503 out_of_memory: CUDA out of memory",
+                    "error_code": "out_of_memory",
+                }
             elif refs in spec.fail_refs:
-                record.update(http=500, error="HTTP 500 generation_failed")
+                fields = {"http": 500, "error": "HTTP 500 generation_failed"}
             else:
                 pixels = baseline_pixels(fixture_id, seed) if spec.kind == "baseline" else None
                 if pixels is None:
                     pixels = candidate_pixels(spec.kind, fixture_id, seed)
-                path = run / "images" / f"{fixture_id}.s{seed}.png"
-                Image.fromarray(pixels, "RGBA").save(path)
-                record.update(
-                    wall_s=spec.wall_by_refs[refs] + 0.1 * index,
-                    bytes=path.stat().st_size,
-                    sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
-                )
-                collapsed = spec.kind == "collapsed"
-                gate_rows.append(
-                    {
-                        "fixture_id": fixture_id,
-                        "seed": seed,
-                        "passed": not collapsed,
-                        "reasons": [
-                            "transparent: opaque_fraction 0.0 < 0.5",
-                            "banded: banding_score 0.9 > 0.5",
-                        ]
-                        if collapsed
-                        else [],
-                    }
-                )
-                reference_path = (
-                    None if baseline is None else baseline / "images" / f"{fixture_id}.s{seed}.png"
-                )
-                if reference_path is not None and reference_path.is_file():
-                    reference = np.asarray(Image.open(reference_path))
-                    compare_rows.append(
-                        {
-                            "fixture_id": fixture_id,
-                            "seed": seed,
-                            "psnr_db": _psnr(reference, pixels),
-                            "ssim": None,
-                        }
-                    )
-            records.append(record)
-    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+                fields = {
+                    "wall_s": spec.wall_by_refs[refs] + 0.1 * index,
+                    **_image(run, fixture_id, seed, pixels),
+                }
+            records.append(record(fixture_id, seed, **fields))
+    write_records(run, records)
     if spec.memory_mib:
         # the probe's sampler format: one row per device and sample; device 1 stays idle
         lines = ["t_unix,device,used_mib,total_mib,process_mib"]
@@ -146,9 +180,10 @@ def write_run(root: Path, spec: RunSpec, baseline: Path | None = None) -> Path:
             lines += [f"{1000.0 + i:.3f},0,{used},24576,", f"{1000.0 + i:.3f},1,10,24576,"]
         (run / "vram.csv").write_text("\n".join(lines) + "\n")
     if spec.gate:
-        (run / "gate.json").write_text(json.dumps({"records": gate_rows}))
+        write_model(run / "gate.json", gate_run(run, load_rules()).to_file())
     if spec.compare and baseline is not None:
-        (run / "compare.json").write_text(json.dumps({"rows": compare_rows, "parity": spec.parity}))
+        band = None if spec.parity_db is None else ParityBand("stated", spec.parity_db, {}, 1.0)
+        write_model(run / "compare.json", compare_run(run, baseline, parity=band, use_lpips=False))
     return run
 
 
@@ -198,29 +233,15 @@ def _health(offload: str, kernel_paths: dict[str, int]) -> dict:
     }
 
 
-def _ladder_record(fixture_id: str, seed: int, offload: str, invocation: int, t_start: float) -> dict:
-    return {
-        "fixture_id": fixture_id,
-        "seed": seed,
-        "n_references": LADDER_FIXTURES[fixture_id],
-        "size": f"{SIZE}x{SIZE}",
-        "endpoint": "http://127.0.0.1:9000",
-        "offload": offload,
-        "invocation": invocation,
-        "t_start": t_start,
-        "peak_memory_mib": None,
-        "error": None,
-        "error_code": None,
-        "sha256": None,
-        "http": 200,
-    }
+def _attempt(offload: str, status: str, **fields: object) -> Attempt:
+    return Attempt.model_validate(
+        {"offload": offload, "command": f"ditq serve --offload {offload}", "status": status, **fields}
+    )
 
 
-def _attempt(offload: str, status: str, **fields: object) -> dict:
-    return {"offload": offload, "command": f"ditq serve --offload {offload}", "status": status, **fields}
-
-
-def _ladder_lines(run: Path, spec: LadderSpec, kind: str) -> tuple[list[dict], list[dict], list[dict]]:
+def _ladder_lines(
+    run: Path, spec: LadderSpec, kind: str
+) -> tuple[list[ProbeRecord], list[Invocation], list[Attempt]]:
     """(record lines, invocations, attempts), climbing the ladder until nothing runs out of memory."""
     lines, invocations, attempts = [], [], []
     pending = dict(LADDER_FIXTURES)
@@ -231,32 +252,30 @@ def _ladder_lines(run: Path, spec: LadderSpec, kind: str) -> tuple[list[dict], l
             attempts.append(_attempt(offload, "out_of_memory_at_load", seconds=20.0, message=message))
             continue
         invocation = len(invocations)
-        server = {"endpoint": "http://127.0.0.1:9000", "health": _health(offload, spec.kernel_paths)}
+        server = ServerEntry(endpoint="http://127.0.0.1:9000", health=_health(offload, spec.kernel_paths))
         invocations.append(
-            {
-                "index": invocation,
-                "started_utc": "2026-11-30T12:00:00+00:00",
-                "planned": 0,
-                "retry": "out_of_memory" if invocation else None,
-                "servers": [server],
-            }
+            Invocation(
+                index=invocation,
+                started_utc="2026-11-30T12:00:00+00:00",
+                planned=0,
+                retry="out_of_memory" if invocation else None,
+                servers=[server],
+            )
         )
         for fixture_id, refs in list(pending.items()):
             for seed, wall in enumerate(spec.walls[refs], start=1):
-                record = _ladder_record(fixture_id, seed, offload, invocation, clock)
+                fields: dict[str, Any] = {"offload": offload, "invocation": invocation, "t_start": clock}
                 clock += 20.0
                 if spec.served_at[refs] == offload:
                     pixels = baseline_pixels(fixture_id, seed) if kind == "baseline" else None
                     pixels = candidate_pixels("healthy", fixture_id, seed) if pixels is None else pixels
-                    path = run / "images" / f"{fixture_id}.s{seed}.png"
-                    Image.fromarray(pixels, "RGBA").save(path)
-                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-                    record.update(wall_s=wall, sha256=digest, peak_memory_mib=spec.peak_mib[offload])
+                    fields.update(wall_s=wall, peak_memory_mib=spec.peak_mib[offload])
+                    fields.update(_image(run, fixture_id, seed, pixels))
                 else:
-                    record.update(
+                    fields.update(
                         http=503, wall_s=0.5, error="HTTP 503: out of memory", error_code="out_of_memory"
                     )
-                lines.append(record)
+                lines.append(record(fixture_id, seed, t_end=fields["t_start"] + fields["wall_s"], **fields))
             if spec.served_at[refs] == offload:
                 del pending[fixture_id]
         still = sum(len(spec.walls[k]) for k in pending.values())
@@ -276,21 +295,20 @@ def _ladder_lines(run: Path, spec: LadderSpec, kind: str) -> tuple[list[dict], l
     return lines, invocations, attempts
 
 
-def write_ladder_run(run: Path, spec: LadderSpec, kind: str = "probe") -> list[dict]:
+def write_ladder_run(run: Path, spec: LadderSpec, kind: str = "probe") -> list[Attempt]:
     """A run directory served through an offload ladder (records, RUN.json, vram.csv); returns the attempts."""
     (run / "images").mkdir(parents=True)
     lines, invocations, attempts = _ladder_lines(run, spec, kind)
-    memory = {
-        "source": "nvml",
-        "interval_s": 1.0,
-        "pid": 4242,
-        "device": 0,
-        "measures": "server process (driver count)",
-        "reason": None,
-    }
-    run_json = {"schema": "ditq-run-v1", "kind": kind, "invocations": invocations, "memory": memory}
-    (run / "RUN.json").write_text(json.dumps(run_json))
-    (run / "records.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    memory = MemoryDescription(
+        source="nvml",
+        interval_s=1.0,
+        pid=4242,
+        device=0,
+        measures="server process (driver count)",
+        reason=None,
+    )
+    write_model(run / "RUN.json", run_file(kind, invocations, memory))
+    write_records(run, lines)
     # another process holds more of device 0 than the server does: the peak is the server's own 20000 MiB
     rows = ["t_unix,device,used_mib,total_mib,process_mib"]
     rows += [f"{1000.0 + i},0,{30000 + i},143771,{19998 + i}" for i in range(3)]
@@ -320,5 +338,5 @@ def write_ladder_candidate(root: Path, name: str, spec: LadderSpec) -> Path:
         "attempts": attempts,
         "stages": stages,
     }
-    (candidate / "CANDIDATE.json").write_text(json.dumps(description))
+    write_model(candidate / "CANDIDATE.json", CandidateFile.model_validate(description))
     return candidate

@@ -16,6 +16,7 @@ from ditq.report import build_report, load_candidate, validate_verdict_file
 from ditq.report.capacity import capacity_matrix
 from ditq.report.model import Record, mark_cold
 from ditq.report.tables import capacity_summary_table, capacity_table, ladder_table, servers_table
+from ditq.runfiles import write_model
 
 from .synthetic import LadderSpec, write_ladder_candidate, write_ladder_run
 
@@ -55,7 +56,7 @@ def _never_loaded(root: Path) -> Path:
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("sweep")
     attempts = write_ladder_run(root / "baseline", BASELINE, kind="baseline")
-    (root / "baseline-attempts.json").write_text(json.dumps(attempts))
+    write_model(root / "baseline-attempts.json", attempts)
     return {
         "root": root,
         "baseline": root / "baseline",

@@ -22,7 +22,9 @@ def test_healthy_faster_candidate_is_yes_with_its_profile(runs):
     assert a.verdict == "YES", a.reasons
     assert a.profile.max_references_served == 4
     assert a.profile.seconds_per_image == {"1": 1.45, "2": 1.8, "3": 2.15, "4": 2.5}
-    assert a.profile.scheme == "w8a8"
+    assert (
+        a.profile.scheme is None
+    )  # a bare probe run does not know its scheme; a sweep's CANDIDATE.json does
     assert a.profile.peak_memory_bytes == 900 * 2**20  # the vram.csv maximum
 
 
@@ -59,7 +61,7 @@ def test_slower_tolerance_is_data(runs):
 
 
 def test_missing_gate_and_band_are_reasons_not_silence(tmp_path, runs):
-    spec = RunSpec("nogate", "healthy", {1: 1, 2: 1, 3: 1, 4: 1}, "w8a8", gate=False, parity=None)
+    spec = RunSpec("nogate", "healthy", {1: 1, 2: 1, 3: 1, 4: 1}, gate=False, parity_db=None)
     write_run(tmp_path, spec, runs["baseline"])
     (a,) = assess(load_candidate(runs["baseline"]), [load_candidate(tmp_path / "nogate")], "x").assessments
     assert [r.code for r in a.reasons] == ["no_gate_result", "no_fidelity_result"]
@@ -72,7 +74,7 @@ def test_missing_gate_and_band_are_reasons_not_silence(tmp_path, runs):
 
 
 def test_failed_requests_are_their_own_reason(tmp_path, runs):
-    spec = RunSpec("flaky", "healthy", {1: 1, 2: 1, 3: 1, 4: 1}, "w8a8", fail_refs=(2,))
+    spec = RunSpec("flaky", "healthy", {1: 1, 2: 1, 3: 1, 4: 1}, fail_refs=(2,))
     write_run(tmp_path, spec, runs["baseline"])
     (a,) = assess(load_candidate(runs["baseline"]), [load_candidate(tmp_path / "flaky")], "x").assessments
     assert [r.code for r in a.reasons] == ["failed_requests"]
@@ -107,6 +109,9 @@ def test_seed_matrix_records_are_read(tmp_path, runs):
             "fixture_id": "fx-one",
             "seed": seed,
             "n_references": 1,
+            "steps": 20,
+            "true_cfg_scale": 1.0,
+            "size": "864x1152",
             "wall_s": 31.0 + i,
             "http": 200,
             "sha256": "ab" * 32,
@@ -126,9 +131,7 @@ def test_seed_matrix_records_are_read(tmp_path, runs):
 def test_doctor_finding_makes_an_otherwise_healthy_candidate_no(tmp_path, runs):
     candidate = tmp_path / "sweep" / "w8a8"
     candidate.mkdir(parents=True)
-    spec = RunSpec(
-        "run", "healthy", {k: v * 0.7 for k, v in {1: 2.0, 2: 2.5, 3: 3.0, 4: 3.5}.items()}, "w8a8"
-    )
+    spec = RunSpec("run", "healthy", {k: v * 0.7 for k, v in {1: 2.0, 2: 2.5, 3: 3.0, 4: 3.5}.items()})
     write_run(candidate, spec, runs["baseline"])
     doctor = {"passed": False, "failing": ["triton-w8a8"], "checked": 3, "report": "doctor-reports"}
     stages = {"doctor": {"status": "ok"}, "probe": {"status": "ok"}}

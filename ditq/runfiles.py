@@ -1,0 +1,573 @@
+"""The files of a run directory and of a sweep, typed: one pydantic model per file, written and read through it.
+
+The writers (``ditq probe`` / ``ditq baseline``, ``gate``, ``compare``, ``sweep``) build these models and
+``write_model`` them; the readers (``gate``, ``compare``, the baseline's seal, the sweep's resume, ``report``)
+``read_model`` them. Every model refuses a field it does not know (``extra="forbid"``), so no reader guesses a
+key: a file that does not match is an InputError naming the file and the first bad field.
+
+A field is written when its writer set it: an attempt that never served has no ``probe_command``, a running
+RUN.json no ``counts``. Read back, an absent field takes its default, so a file reads back to the same model.
+
+Times are seconds (``wall_s``, ``t_start``), except inside a server's response ``metrics``, which stay in the
+server's words: ditq serve's ``StageMetrics`` and vLLM-Omni's are milliseconds (``*_ms``) and
+``peak_memory_mb``; the in-process baseline writes the same shape. A server's /health body is read loosely too
+(``ServerEntry.health``). The seed probe's ``matrix.json`` is not a ditq file: one adapter at the edge
+(``ditq.probe.records``) turns it into ``ProbeRecord``.
+
+A run directory::                        A sweep::
+
+    RUN.json       RunFile                   SWEEP.json                    SweepFile
+    records.jsonl  ProbeRecord per line      <scheme>/CANDIDATE.json       CandidateFile
+    SEAL.json      SealFile (a baseline)     logs/baseline-attempts.json   list[Attempt]
+    gate.json      GateFile
+    compare.json   CompareFile
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ditq.errors import InputError
+from ditq.fsutil import atomic_write_json
+
+__all__ = [
+    "ATTEMPTS_FILE",
+    "CANDIDATE_FILE",
+    "COMPARE_FILE",
+    "GATE_FILE",
+    "IMAGES_DIR",
+    "RECORDS_FILE",
+    "RUN_FILE",
+    "SEAL_FILE",
+    "SWEEP_FILE",
+    "Attempt",
+    "CandidateFile",
+    "CompareFile",
+    "CompareRow",
+    "DoctorSummary",
+    "FidelityOverall",
+    "FidelityStats",
+    "FixtureFidelity",
+    "GateFile",
+    "GateRecord",
+    "GateSummary",
+    "HttpOptions",
+    "InProcessOptions",
+    "Invocation",
+    "MemoryCapFacts",
+    "MemoryDescription",
+    "MemorySource",
+    "ParityResult",
+    "ProbeRecord",
+    "RunCounts",
+    "RunDescription",
+    "RunFile",
+    "SealFile",
+    "ServerEntry",
+    "ServerHealth",
+    "StageEntry",
+    "Structure",
+    "StructureSource",
+    "SweepFile",
+    "WeightBytes",
+    "parse",
+    "read_json",
+    "read_model",
+    "read_model_list",
+    "to_json",
+    "write_model",
+]
+
+RUN_FILE = "RUN.json"
+RECORDS_FILE = "records.jsonl"
+IMAGES_DIR = "images"
+SEAL_FILE = "SEAL.json"
+GATE_FILE = "gate.json"
+COMPARE_FILE = "compare.json"
+SWEEP_FILE = "SWEEP.json"
+CANDIDATE_FILE = "CANDIDATE.json"
+ATTEMPTS_FILE = "baseline-attempts.json"  # under a sweep's logs/
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class _File(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
+
+
+# -- records.jsonl -----------------------------------------------------------------------------------------
+
+
+class Structure(_File):
+    """An image's structure numbers (``ditq.metrics.structure_metrics``, named in ``ditq.metrics.METRICS``).
+    The seed probe recorded only opaque_fraction, alpha_mean and rgb_std."""
+
+    opaque_fraction: float | None = None
+    translucent_fraction: float | None = None
+    alpha_mean: float | None = None
+    rgb_std: list[float] | None = None
+    rgb_std_mean: float | None = None
+    banding_score: float | None = None
+    clipped_fraction: float | None = None
+    non_finite: bool | None = None
+    flat: bool | None = None
+
+    def as_metrics(self) -> dict[str, Any]:
+        """Metric name -> value, for the gate's rules (which name metrics as data)."""
+        return self.model_dump(exclude_none=True)
+
+
+class ProbeRecord(_File):
+    """One request of the matrix: one line of records.jsonl."""
+
+    fixture_id: str
+    seed: int
+    n_references: int
+    steps: int
+    true_cfg_scale: float
+    size: str  # "WxH"
+    endpoint: str | None  # a server's base URL, "in-process"; None: the seed's record
+    offload: str | None = None  # the server's offload mode where its /health said (absent before 372e5b4)
+    invocation: int | None = None  # the run's invocation (server start) that sent it (absent before 372e5b4)
+    t_start: float | None  # unix seconds; None: the seed's record
+    t_end: float | None
+    wall_s: float
+    http: int | None  # None: no HTTP answer (in process, a timeout, a refused connection)
+    bytes: int | None
+    sha256: str | None
+    structure: Structure | None
+    usage: dict[str, Any] | None  # the response's usage, in the server's words
+    metrics: dict[str, Any] | None  # the response's metrics, in the server's words (ms)
+    error: str | None
+    error_code: str | None = (
+        None  # an OpenAI error envelope's code, e.g. out_of_memory (absent before 372e5b4)
+    )
+    peak_memory_mib: float | None  # sampled over the request's window (the server process's, where known)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.fixture_id, self.seed)
+
+    @property
+    def server_peak_mib(self) -> float | None:
+        """The peak the server itself reported for this request (``metrics.peak_memory_mb``, ditq serve's and
+        vLLM-Omni's name), where it did."""
+        value = (self.metrics or {}).get("peak_memory_mb")
+        return float(value) if isinstance(value, int | float) else None
+
+
+# -- RUN.json ------------------------------------------------------------------------------------------------
+
+
+class MemoryCapFacts(_File):
+    """``ditq serve --max-memory`` on one CUDA device (ditq.serve.startup.MemoryCap.to_json)."""
+
+    device: str
+    budget_bytes: int  # everything the server process may hold on the device
+    outside_allocator_bytes: int  # CUDA context and libraries, measured at start-up
+    allocator_bytes: int  # the caching allocator's cap: budget - outside
+    device_total_bytes: int
+
+
+class DoctorStatus(_File):
+    status: str
+    summary: str
+
+
+class ServerHealth(BaseModel):
+    """What ditq serve says on GET /health once ready. Fields it may add later are ignored, not refused: the
+    server describes itself, and a report of older runs must still read."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    status: str | None = None
+    model: str | None = None
+    device: str | None = None  # "cuda:0", "cpu"
+    offload: str | None = None  # none | model | block
+    dtype: str | None = None
+    max_memory: MemoryCapFacts | None = None
+    load_seconds: float | None = None  # reading the weights onto the device, kernel choice included
+    kernel_choice_seconds: float | None = (
+        None  # of which: the doctor's checks choosing paths (compilation too)
+    )
+    ready_seconds: float | None = None  # load + the doctor's start-up check
+    kernel_paths: dict[str, int] = {}  # kernel path -> quantized layers that use it
+    doctor: DoctorStatus | None = None
+
+    @property
+    def cuda_index(self) -> int | None:
+        """The CUDA index of ``device`` ("cuda:1" -> 1), as the probe's memory sampler reads it."""
+        device = self.device or ""
+        return int(device[5:]) if device.startswith("cuda:") and device[5:].isdigit() else None
+
+
+class ServerEntry(_File):
+    endpoint: str
+    health: Any = None  # the /health body as the probe got it (null: none readable); see ``facts``
+
+    @property
+    def facts(self) -> ServerHealth | None:
+        """The body as ditq serve's health, or None: no body, or another server's words."""
+        if not isinstance(self.health, dict):
+            return None
+        try:
+            return ServerHealth.model_validate(self.health)
+        except ValidationError:
+            return None
+
+    @property
+    def cuda_index(self) -> int | None:
+        facts = self.facts
+        return None if facts is None else facts.cuda_index
+
+
+class Invocation(_File):
+    """One ``ditq probe`` / ``ditq baseline`` call over a run directory: one start of its server(s)."""
+
+    index: int
+    started_utc: str
+    planned: int
+    retry: Literal["failed", "out_of_memory"] | None
+    servers: list[ServerEntry]
+
+
+MemorySource = Literal["nvml", "nvidia-smi", "unavailable"]
+
+
+class MemoryDescription(_File):
+    """How the probe sampled accelerator memory, and what its peaks measure."""
+
+    source: MemorySource
+    interval_s: float
+    pid: int | None  # the server process whose own memory is sampled, where given
+    reason: str | None  # why sampling is unavailable
+    device: int | None = None  # the server's CUDA index (absent before 372e5b4)
+    measures: str | None = (
+        None  # "server process (driver count)" or "whole device ..." (absent before 372e5b4)
+    )
+
+
+class HttpOptions(_File):
+    """A run through endpoints: its request settings."""
+
+    concurrency: int  # requests in flight per endpoint
+    timeout_s: float
+    model: str | None  # the ``model`` field sent with each request
+
+
+class InProcessOptions(_File):
+    """The in-process baseline: where the pipeline ran."""
+
+    device: str
+    offload: str
+
+
+class RunCounts(_File):
+    planned: int
+    skipped: int
+    completed: int
+    failed: int
+
+
+class RunDescription(_File):
+    """What a run is: written before its first request, checked when it is resumed."""
+
+    schema_version: Literal["ditq-run-v1"] = Field(alias="schema")
+    kind: Literal["probe", "baseline"]
+    model: str | None = None  # a baseline's model directory
+    endpoints: list[str]  # ["in-process"] for the in-process baseline
+    fixtures_file: str
+    fixture_ids: list[str]
+    fixture_digest: str
+    fixture_digests: dict[str, str]  # fixture id -> digest of its prompt, size and reference images
+    refs_dir: str
+    seeds: list[int]
+    steps: int
+    true_cfg_scale: float
+    options: HttpOptions | InProcessOptions
+    versions: dict[str, str]
+
+
+class RunFile(RunDescription):
+    """RUN.json: the description, one entry per invocation, the memory sampling and, once not running, counts."""
+
+    invocations: list[Invocation]
+    memory: MemoryDescription
+    started_utc: str
+    status: Literal["running", "interrupted", "complete"]
+    finished_utc: str | None = None  # these three once the status is no longer "running"
+    peak_memory_mib: float | None = None
+    counts: RunCounts | None = None
+
+    @classmethod
+    def of(cls, description: RunDescription, **state: Any) -> RunFile:
+        return cls.model_validate({**description.model_dump(exclude_unset=True), **state})
+
+
+# -- SEAL.json -----------------------------------------------------------------------------------------------
+
+
+class SealFile(_File):
+    schema_version: Literal["ditq-seal-v1"] = Field(alias="schema")
+    sealed_utc: str
+    files: dict[str, str]  # path in the run directory -> sha256
+    fixture_digest: str
+    versions: dict[str, str]
+
+
+# -- gate.json -----------------------------------------------------------------------------------------------
+
+
+StructureSource = Literal["image", "recorded", "undecodable image", "none"]
+
+
+class GateRecord(_File):
+    """One image judged. Each reason and inherited entry begins with its rule's name ("transparent: ...")."""
+
+    fixture_id: str
+    seed: int
+    n_references: int
+    passed: bool
+    reasons: list[str]
+    unchecked: list[str]
+    inherited: list[str] = []  # signatures the baseline's image shows too (absent before a1a0907)
+    structure: Structure | None
+    structure_source: StructureSource
+    wall_s: float
+    peak_memory_mib: float | None
+    peak_memory_source: Literal["sampled", "server"] | None  # over the request's window | the server's report
+
+    @property
+    def failed_rules(self) -> list[str]:
+        """The names of the rules it failed ("transparent", "drift", "request failed", ...)."""
+        return _rule_names(self.reasons)
+
+    @property
+    def inherited_rules(self) -> list[str]:
+        return _rule_names(self.inherited)
+
+
+def _rule_names(texts: list[str]) -> list[str]:
+    return list(dict.fromkeys(text.split(":")[0].strip() for text in texts))
+
+
+class GateSummary(_File):
+    """The images of one reference count."""
+
+    n: int
+    passes: int
+    wall_min_s: float | None
+    wall_max_s: float | None
+    wall_mean_s: float | None
+    peak_memory_mib: float | None
+    peak_memory_source: str  # "sampled", "server", both joined by "/", or ""
+
+
+class GateFile(_File):
+    run: str
+    format: Literal["ditq", "seed-matrix"]
+    baseline: str | None  # the baseline and its seal status, where one was given
+    rules: str
+    verdict: Literal["PASS", "FAIL"]
+    passes: int
+    n: int
+    run_peak_memory_mib: float | None
+    run_peak_source: str  # "vram.csv", "records: server-reported peak_memory_mb" or "unavailable"
+    by_references: dict[int, GateSummary]
+    records: list[GateRecord]
+
+
+# -- compare.json --------------------------------------------------------------------------------------------
+
+
+class CompareRow(_File):
+    """One image against the baseline's: ok (with its numbers), missing, or error."""
+
+    fixture_id: str
+    seed: int
+    n_references: int
+    status: Literal["ok", "missing", "error"]
+    error: str | None = None
+    psnr_db: float | None = None  # capped at ditq.compare.PSNR_CAP_DB for identical images
+    ssim: float | None = None
+    space: Literal["RGBA", "RGB over white"] | None = None
+    lpips: float | None = None  # only where LPIPS ran
+
+
+class FidelityStats(_File):
+    mean: float | None
+    min: float | None
+    max: float | None
+
+
+class FixtureFidelity(_File):
+    n: int
+    ok: int
+    missing: int
+    errors: int
+    psnr_db: FidelityStats
+    ssim: FidelityStats
+    lpips: FidelityStats | None = None
+    parity_edge_db: float | None = None  # these two with a parity band and at least one ok row
+    inside_parity_band: bool | None = None
+
+
+class FidelityOverall(_File):
+    n: int
+    ok: int
+    psnr_db: FidelityStats
+    ssim: FidelityStats
+
+
+class ParityResult(_File):
+    """The parity band: a fixture is inside when its mean PSNR reaches its band's PSNR minus the tolerance."""
+
+    source: str  # "stated" or "pair A vs B"
+    overall_db: float
+    per_fixture_db: dict[str, float]
+    tolerance_db: float
+    inside: bool  # every fixture inside and every image compared
+
+    @property
+    def floor_db(self) -> float:
+        return self.overall_db - self.tolerance_db
+
+
+class CompareFile(_File):
+    run: str
+    baseline: str
+    baseline_seal: str  # "sealed" or "unsealed (allowed): ..."
+    lpips_note: str
+    rows: list[CompareRow]
+    fixtures: dict[str, FixtureFidelity]
+    overall: FidelityOverall
+    parity: ParityResult | None
+
+
+# -- a sweep: SWEEP.json, CANDIDATE.json, the offload attempts ----------------------------------------------
+
+
+class Attempt(_File):
+    """One rung of a sweep's offload ladder: a server started at ``offload`` and, once healthy, probed."""
+
+    offload: str
+    command: str | None = None
+    status: Literal["ok", "failed", "out_of_memory_at_load"]
+    seconds: float | None = None
+    ready_s: float | None = None  # from starting the server to /health 200, as the sweep measured it
+    message: str | None = None
+    probe_command: str | None = None
+    exit_code: int | None = None
+    out_of_memory_after: int | None = None  # requests still out of memory after this rung
+
+    @property
+    def loaded(self) -> bool:
+        return self.probe_command is not None
+
+
+class StageEntry(_File):
+    status: Literal["ok", "failed", "skipped"]
+    seconds: float | None = None
+    command: str | None = None
+    message: str | None = None
+
+
+class DoctorSummary(_File):
+    passed: bool
+    failing: list[str] = []
+    checked: int | None = None
+    report: str | None = None
+
+
+class WeightBytes(_File):
+    artifact: int  # the quantized component's weight files in the artifact
+    source: int  # the same component's weight files in the source model
+
+
+class CandidateFile(_File):
+    """A sweep's ``OUT/<scheme>/CANDIDATE.json``, rewritten after every stage."""
+
+    name: str
+    scheme: str | None = None
+    artifact: str | None = None
+    artifact_digest: str | None = None
+    weight_bytes: dict[str, WeightBytes] | None = None  # quantized component -> bytes
+    max_memory: str | None = None
+    endpoint: str | None = None
+    run: str = "run"
+    doctor: DoctorSummary | None = None
+    offload: list[str] = []  # the ladder the sweep climbed
+    attempts: list[Attempt] = []
+    stages: dict[str, StageEntry] = {}
+
+
+class SweepFile(_File):
+    """A sweep's ``OUT/SWEEP.json``: its options, the command and the model files it was made from."""
+
+    command: str
+    model: str
+    model_fingerprint: dict[str, list[int]] | None = None  # file -> [size, mtime_ns] (absent before e332eb9)
+    schemes: list[str]
+    fixtures: str
+    refs: str
+    seeds: str | None
+    steps: int | None
+    max_memory: str | None
+    offload: list[str]
+    note: str | None
+    device: str
+    dtype: str | None
+    endpoint_for: dict[str, str]
+    parity_db: float | None
+    parity_pair: list[str] | None
+    pid: int
+
+
+# -- reading and writing -----------------------------------------------------------------------------------
+
+
+def parse(model: type[M], raw: Any, where: str) -> M:
+    """``raw`` as ``model``, or an InputError naming ``where`` and the first bad field."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        location = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise InputError(f"{where}: {location}: {first['msg']}") from None
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
+
+
+def read_model(model: type[M], path: Path) -> M:
+    return parse(model, read_json(path), str(path))
+
+
+def read_model_list(model: type[M], path: Path) -> list[M]:
+    """A JSON list of ``model`` (a sweep's offload attempts)."""
+    raw = read_json(path)
+    if not isinstance(raw, list):
+        raise InputError(f"{path}: (top level): expected a list")
+    return [parse(model, item, f"{path} item {i}") for i, item in enumerate(raw)]
+
+
+def to_json(model: BaseModel) -> dict[str, Any]:
+    """The fields its writer set, as JSON values."""
+    return model.model_dump(mode="json", exclude_unset=True)
+
+
+def write_model(path: Path, content: BaseModel | Sequence[BaseModel]) -> None:
+    """Write a model (or a list of them) atomically, as ``read_model`` (``read_model_list``) reads it."""
+    data = to_json(content) if isinstance(content, BaseModel) else [to_json(item) for item in content]
+    atomic_write_json(path, data)
