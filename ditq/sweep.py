@@ -11,7 +11,7 @@ Every attempt is recorded (``CANDIDATE.json`` ``attempts``; ``logs/baseline-atte
 says the offload it was served at, so the report shows which reference counts fit at which offload.
 Layout::
 
-    OUT/SWEEP.json                   options and the command that started the sweep
+    OUT/SWEEP.json                   options and the command that started the sweep (ditq.runfiles.SweepFile)
     OUT/baseline/                    sealed BF16 run (served under the same --max-memory)
     OUT/<scheme>/CANDIDATE.json      status, message, command and time of every stage
     OUT/<scheme>/artifact/           the quantized model
@@ -38,21 +38,34 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from ditq.cli import COMMANDS
 from ditq.errors import EXIT_OUT_OF_MEMORY, DitqError, InputError
 from ditq.fsutil import atomic_write_json, sha256_file
 from ditq.healthcheck import wait_healthy
-from ditq.probe.records import RECORDS_FILE, is_out_of_memory, latest_by_key, read_records
+from ditq.probe.records import is_out_of_memory, latest_by_key, read_records
 from ditq.report import ReportResult, VerdictRules, build_report
-from ditq.report.model import CANDIDATE_FILE
 from ditq.report.provenance import shell_command
+from ditq.runfiles import (
+    ATTEMPTS_FILE,
+    CANDIDATE_FILE,
+    RECORDS_FILE,
+    SWEEP_FILE,
+    Attempt,
+    CandidateFile,
+    DoctorSummary,
+    StageEntry,
+    SweepFile,
+    WeightBytes,
+    read_json,
+    read_model,
+    write_model,
+)
 from ditq.runtime.offload import OFFLOAD_MODES
 from ditq.schemes import get_scheme
 
 __all__ = [
-    "ATTEMPTS_FILE",
     "SCHEME_STAGES",
     "SweepOptions",
     "default_device",
@@ -63,7 +76,6 @@ __all__ = [
 ]
 
 SCHEME_STAGES = ("quantize", "verify", "doctor", "serve", "probe", "gate", "compare")
-ATTEMPTS_FILE = "baseline-attempts.json"  # under OUT/logs: the baseline's offload attempts
 
 # (model or artifact dir, port, sweep options, offload mode) -> the server's argv; tests swap it for a
 # server that fails
@@ -222,64 +234,57 @@ class _Candidate:
         self.dir = options.out / scheme
         self.artifact, self.run_dir, self.logs = self.dir / "artifact", self.dir / "run", self.dir / "logs"
         path = self.dir / CANDIDATE_FILE
-        previous = _read_json(path) if path.is_file() else {}
-        self.stages: dict[str, dict[str, Any]] = dict(previous.get("stages") or {})
-        self.doctor: dict[str, Any] | None = previous.get("doctor")
-        self.attempts: list[dict[str, Any]] = list(previous.get("attempts") or [])  # the offload ladder
+        previous = read_model(CandidateFile, path) if path.is_file() else CandidateFile(name=scheme)
+        self.stages: dict[str, StageEntry] = dict(previous.stages)
+        self.doctor: DoctorSummary | None = previous.doctor
+        self.attempts: list[Attempt] = list(previous.attempts)  # the offload ladder
         self.dirty = False  # a stage ran in this sweep: every later stage runs again
         self.reached: set[str] = set()  # stages this sweep got to (the rest follow a failure)
 
     def save(self) -> None:
         manifest = self.artifact / "MANIFEST.json"
         weight_bytes = _weight_bytes(self.artifact, self.options.model) if manifest.is_file() else None
-        atomic_write_json(
-            self.dir / CANDIDATE_FILE,
-            {
-                "name": self.scheme,
-                "scheme": self.scheme,
-                "artifact": str(self.artifact),
-                "artifact_digest": sha256_file(manifest) if manifest.is_file() else None,
-                "weight_bytes": weight_bytes,
-                "max_memory": self.options.max_memory,
-                "endpoint": self.options.endpoint_for.get(self.scheme),
-                "run": "run",
-                "doctor": self.doctor,
-                "offload": list(self.options.offload),
-                "attempts": self.attempts,
-                "stages": {k: self.stages[k] for k in SCHEME_STAGES if k in self.stages},
-            },
+        candidate = CandidateFile(
+            name=self.scheme,
+            scheme=self.scheme,
+            artifact=str(self.artifact),
+            artifact_digest=sha256_file(manifest) if manifest.is_file() else None,
+            weight_bytes=weight_bytes,
+            max_memory=self.options.max_memory,
+            endpoint=self.options.endpoint_for.get(self.scheme),
+            run="run",
+            doctor=self.doctor,
+            offload=list(self.options.offload),
+            attempts=self.attempts,
+            stages={k: self.stages[k] for k in SCHEME_STAGES if k in self.stages},
         )
+        write_model(self.dir / CANDIDATE_FILE, candidate)
 
     def complete(self, stage: str, outputs: Sequence[Path], command: str | None = None) -> bool:
         """Done by an earlier run: ok, outputs present, nothing before it ran again and, when ``command``
         is given, made by the same command (so a changed option, --parity-db say, runs the stage again)."""
-        previous = self.stages.get(stage, {})
+        previous = self.stages.get(stage)
         return (
             not self.dirty
-            and previous.get("status") == "ok"
+            and previous is not None
+            and previous.status == "ok"
             and all(p.exists() for p in outputs)
-            and (command is None or previous.get("command") == command)
+            and (command is None or previous.command == command)
         )
 
     def record(
-        self, stage: str, status: str, seconds: float, command: str | None, message: str | None
+        self,
+        stage: str,
+        status: Literal["ok", "failed", "skipped"],
+        seconds: float,
+        command: str | None,
+        message: str | None,
     ) -> None:
-        self.stages[stage] = {
-            "status": status,
-            "seconds": round(seconds, 2),
-            "command": command,
-            "message": message,
-        }
+        self.stages[stage] = StageEntry(
+            status=status, seconds=round(seconds, 2), command=command, message=message
+        )
         self.dirty = self.dirty or status != "skipped"  # a skipped stage changed nothing downstream
         self.save()
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return {}  # a torn file from a killed run: the stages simply run again
-    return data if isinstance(data, dict) else {}
 
 
 def _read_json_list(path: Path) -> list[str]:
@@ -311,7 +316,7 @@ def _matrix_args(options: SweepOptions) -> list[str]:
     return args
 
 
-def _weight_bytes(artifact: Path, source: Path) -> dict[str, dict[str, int]]:
+def _weight_bytes(artifact: Path, source: Path) -> dict[str, WeightBytes]:
     """Per quantized component of the artifact: the bytes of its weight files and of the source's."""
     from ditq.checkpoint.layout import component_names, read_model_index, weight_files
     from ditq.runtime.loader import is_quantized_component
@@ -319,10 +324,10 @@ def _weight_bytes(artifact: Path, source: Path) -> dict[str, dict[str, int]]:
     sizes = {}
     for component in component_names(read_model_index(artifact)):
         if (artifact / component / "config.json").is_file() and is_quantized_component(artifact, component):
-            sizes[component] = {
-                "artifact": sum(p.stat().st_size for p in weight_files(artifact / component)),
-                "source": sum(p.stat().st_size for p in weight_files(source / component)),
-            }
+            sizes[component] = WeightBytes(
+                artifact=sum(p.stat().st_size for p in weight_files(artifact / component)),
+                source=sum(p.stat().st_size for p in weight_files(source / component)),
+            )
     return sizes
 
 
@@ -333,10 +338,12 @@ def _out_of_memory_keys(run_dir: Path) -> list[tuple[str, int]]:
     return [key for key, record in latest_by_key(read_records(run_dir)).items() if is_out_of_memory(record)]
 
 
-def _doctor_summary(doctor_json: Path, reports: Path) -> dict[str, Any]:
-    paths = _read_json(doctor_json).get("paths") or []
+def _doctor_summary(doctor_json: Path, reports: Path) -> DoctorSummary:
+    """From ``ditq doctor --json``'s file (ditq.commands.doctor: a ``paths`` list of path verdicts)."""
+    document = read_json(doctor_json)
+    paths = document.get("paths") or [] if isinstance(document, dict) else []
     failing = [str(p.get("path")) for p in paths if isinstance(p, dict) and p.get("verdict") == "FAIL"]
-    return {"passed": not failing, "failing": failing, "checked": len(paths), "report": str(reports)}
+    return DoctorSummary(passed=not failing, failing=failing, checked=len(paths), report=str(reports))
 
 
 def _shown(argv: list[str]) -> str:
@@ -406,8 +413,8 @@ class _Sweep:
         attempts, failure = self._serve_ladder(
             self.options.model, self.baseline, logs, "baseline", baseline_argv, logs / "baseline.log"
         )
-        atomic_write_json(logs / ATTEMPTS_FILE, attempts)
-        commands = [c for a in attempts for c in (a["command"], a.get("probe_command")) if c]
+        write_model(logs / ATTEMPTS_FILE, attempts)
+        commands = [c for a in attempts for c in (a.command, a.probe_command) if c]
         atomic_write_json(logs / "baseline-commands.json", commands)
         if failure is not None or not seal.is_file():
             raise DitqError(f"baseline: {failure or 'no sealed baseline'} (log: {logs / 'baseline.log'})")
@@ -423,13 +430,13 @@ class _Sweep:
         who: str,
         probe_argv: Callable[[_Server, bool], list[str]],
         probe_log: Path,
-    ) -> tuple[list[dict[str, Any]], str | None]:
+    ) -> tuple[list[Attempt], str | None]:
         """Serve ``model`` at each offload mode in turn until nothing ran out of memory; probe each server.
 
         Returns every attempt (offload, status, seconds, the server's and the probe's commands, requests
         still out of memory after it) and why the ladder stopped short (None: it did not).
         """
-        attempts: list[dict[str, Any]] = []
+        attempts: list[Attempt] = []
         for rung, offload in enumerate(self.options.offload):
             started = time.monotonic()
             suffix = "" if len(self.options.offload) == 1 else f"-{offload}"
@@ -440,12 +447,12 @@ class _Sweep:
             if problem is not None:
                 attempt.update(seconds=round(time.monotonic() - started, 2), message=problem)
                 if server.out_of_memory_at_load:
-                    attempts.append({**attempt, "status": "out_of_memory_at_load"})
+                    attempts.append(Attempt(**attempt, status="out_of_memory_at_load"))
                     self.progress(who, "serve", "out of memory", f"offload {offload}: the model did not load")
                     continue
-                attempts.append({**attempt, "status": "failed"})
+                attempts.append(Attempt(**attempt, status="failed"))
                 return attempts, problem
-            attempt["ready_s"] = round(time.monotonic() - started, 2)
+            ready_s = round(time.monotonic() - started, 2)
             self.progress(who, "serve", "ok", f"offload {offload}, {server.url}")
             try:
                 argv = probe_argv(server, rung > 0)
@@ -454,14 +461,15 @@ class _Sweep:
                 server.stop()
             remaining = _out_of_memory_keys(run_dir)
             attempts.append(
-                {
+                Attempt(
                     **attempt,
-                    "status": "ok" if code in (0, 1) else "failed",
-                    "seconds": round(time.monotonic() - started, 2),
-                    "probe_command": _shown(argv),
-                    "exit_code": code,
-                    "out_of_memory_after": len(remaining),
-                }
+                    ready_s=ready_s,
+                    status="ok" if code in (0, 1) else "failed",
+                    seconds=round(time.monotonic() - started, 2),
+                    probe_command=_shown(argv),
+                    exit_code=code,
+                    out_of_memory_after=len(remaining),
+                )
             )
             if code not in (0, 1):
                 return attempts, f"exit code {code}: {_last_line(probe_log)}"
@@ -495,7 +503,7 @@ class _Sweep:
             )
             doctor += ["--json", str(doctor_json)]
             chain_ok = self._step(c, "doctor", [*doctor, "--report", str(reports)], [doctor_json], (0, 1))
-            if chain_ok and c.stages["doctor"]["status"] == "ok":
+            if chain_ok and c.stages["doctor"].status == "ok":
                 c.doctor = _doctor_summary(doctor_json, reports)
                 c.save()
         chain_ok = chain_ok and self._serve_and_probe(c)
@@ -549,25 +557,29 @@ class _Sweep:
             c.artifact, c.run_dir, c.logs, c.scheme, probe_argv, c.logs / "probe.log"
         )
         c.attempts = attempts
-        served = [a for a in attempts if a.get("probe_command")]
+        served = [a for a in attempts if a.loaded]
         serve_failure = (
-            None
-            if served
-            else failure or "; ".join(f"offload {a['offload']}: {a.get('message')}" for a in attempts)
+            None if served else failure or "; ".join(f"offload {a.offload}: {a.message}" for a in attempts)
         )
         seconds = time.monotonic() - started
-        c.record("serve", "failed" if serve_failure else "ok", sum(a.get("ready_s", a.get("seconds", 0.0)) for a in attempts),
-                 attempts[-1]["command"] if attempts else None, serve_failure)  # fmt: skip
+        ready = sum(a.ready_s if a.ready_s is not None else a.seconds or 0.0 for a in attempts)
+        c.record(
+            "serve",
+            "failed" if serve_failure else "ok",
+            ready,
+            attempts[-1].command if attempts else None,
+            serve_failure,
+        )
         self._show(
             c,
             "serve",
             "FAILED" if serve_failure else "ok",
-            serve_failure or ", ".join(a["offload"] for a in served),
+            serve_failure or ", ".join(a.offload for a in served),
         )
         if serve_failure:
             return False
         ok = failure is None and records.exists()
-        c.record("probe", "ok" if ok else "failed", seconds, served[-1]["probe_command"], failure)
+        c.record("probe", "ok" if ok else "failed", seconds, served[-1].probe_command, failure)
         self._show(c, "probe", "ok" if ok else "FAILED", failure or f"{seconds:.1f} s")
         return ok
 
@@ -599,11 +611,10 @@ def model_fingerprint(model: Path) -> dict[str, list[int]]:
 def check_same_model(out: Path, fingerprint: dict[str, list[int]]) -> None:
     """Refuse to resume a sweep whose finished stages were made from other model files: its baseline and artifacts
     would be stale (a re-trained or re-downloaded model in the same place, say)."""
-    earlier = (
-        _read_json(out / "SWEEP.json").get("model_fingerprint") if (out / "SWEEP.json").is_file() else None
-    )
-    if not isinstance(earlier, dict) or earlier == fingerprint:
-        return  # a new sweep, or one whose model is unchanged
+    path = out / SWEEP_FILE
+    earlier = read_model(SweepFile, path).model_fingerprint if path.is_file() else None
+    if earlier is None or earlier == fingerprint:
+        return  # a new sweep, one whose model is unchanged, or one from before fingerprints (cannot tell)
     changed = sorted(
         name for name in set(earlier) | set(fingerprint) if earlier.get(name) != fingerprint.get(name)
     )
@@ -621,28 +632,26 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
     check_same_model(options.out, fingerprint)
     options.out.mkdir(parents=True, exist_ok=True)
     command = command or shell_command()
-    atomic_write_json(
-        options.out / "SWEEP.json",
-        {
-            "command": command,
-            "model": str(options.model),
-            "model_fingerprint": fingerprint,
-            "schemes": list(options.schemes),
-            "fixtures": str(options.fixtures),
-            "refs": str(options.refs),
-            "seeds": options.seeds,
-            "steps": options.steps,
-            "max_memory": options.max_memory,
-            "offload": list(options.offload),
-            "note": options.note,
-            "device": options.device,
-            "dtype": options.dtype,
-            "endpoint_for": options.endpoint_for,
-            "parity_db": options.parity_db,
-            "parity_pair": [str(p) for p in options.parity_pair] if options.parity_pair else None,
-            "pid": os.getpid(),
-        },
+    sweep_file = SweepFile(
+        command=command,
+        model=str(options.model),
+        model_fingerprint=fingerprint,
+        schemes=list(options.schemes),
+        fixtures=str(options.fixtures),
+        refs=str(options.refs),
+        seeds=options.seeds,
+        steps=options.steps,
+        max_memory=options.max_memory,
+        offload=list(options.offload),
+        note=options.note,
+        device=options.device,
+        dtype=options.dtype,
+        endpoint_for=options.endpoint_for,
+        parity_db=options.parity_db,
+        parity_pair=[str(p) for p in options.parity_pair] if options.parity_pair else None,
+        pid=os.getpid(),
     )
+    write_model(options.out / SWEEP_FILE, sweep_file)
     sweep = _Sweep(options, command)
     baseline_ran = sweep.run_baseline()
     for scheme in options.schemes:

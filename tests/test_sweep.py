@@ -20,6 +20,15 @@ from PIL import Image
 
 from ditq.errors import InputError
 from ditq.report import validate_verdict_file
+from ditq.runfiles import (
+    Attempt,
+    CandidateFile,
+    SweepFile,
+    read_model,
+    read_model_list,
+    to_json,
+    write_model,
+)
 from ditq.sweep import SweepOptions, check_same_model, model_fingerprint, parse_endpoint_for
 
 SEEDS = "1-3"
@@ -150,6 +159,30 @@ def test_endpoint_for_is_checked_at_the_edge(tmp_path: Path):
         SweepOptions(tmp_path, ("w8a8",), tmp_path / "missing.json", tmp_path, tmp_path)
 
 
+def _sweep_file(model: Path, fingerprint: dict[str, list[int]] | None) -> SweepFile:
+    """SWEEP.json as a sweep writes it (one from before e332eb9 has no fingerprint)."""
+    options = {
+        "command": "ditq sweep",
+        "model": str(model),
+        "schemes": ["w8a8"],
+        "fixtures": "fixtures.json",
+        "refs": "refs",
+        "seeds": None,
+        "steps": None,
+        "max_memory": None,
+        "offload": ["none"],
+        "note": None,
+        "device": "cpu",
+        "dtype": None,
+        "endpoint_for": {},
+        "parity_db": None,
+        "parity_pair": None,
+        "pid": 1,
+    }
+    recorded = {} if fingerprint is None else {"model_fingerprint": fingerprint}
+    return SweepFile.model_validate({**options, **recorded})
+
+
 def test_a_sweep_made_from_other_model_files_is_not_resumed(tmp_path: Path):
     model, out = tmp_path / "model", tmp_path / "out"
     (model / "transformer").mkdir(parents=True)
@@ -159,12 +192,12 @@ def test_a_sweep_made_from_other_model_files_is_not_resumed(tmp_path: Path):
     before = model_fingerprint(model)
     check_same_model(out, before)  # no earlier sweep: nothing to compare
     out.mkdir()
-    (out / "SWEEP.json").write_text(json.dumps({"model_fingerprint": before}))
+    write_model(out / "SWEEP.json", _sweep_file(model, before))
     check_same_model(out, model_fingerprint(model))  # unchanged: resumes
     weights.write_bytes(b"new weights, re-trained")
     with pytest.raises(InputError, match=r"transformer/weights.safetensors changed since"):
         check_same_model(out, model_fingerprint(model))
-    (out / "SWEEP.json").write_text(json.dumps({"command": "an older sweep, no fingerprint"}))
+    write_model(out / "SWEEP.json", _sweep_file(model, None))  # an older sweep, no fingerprint
     check_same_model(out, model_fingerprint(model))  # nothing recorded: cannot tell, resumes as before
 
 
@@ -267,6 +300,11 @@ def test_offload_ladder_serves_what_ran_out_of_memory_at_the_next_mode(workspace
     assert candidate["stages"]["serve"]["status"] == "ok" and candidate["stages"]["probe"]["status"] == "ok"
     baseline_attempts = json.loads((out / "logs" / "baseline-attempts.json").read_text())
     assert [a["status"] for a in baseline_attempts] == ["out_of_memory_at_load", "ok", "ok"]
+    # what the sweep wrote reads back through the same models, unchanged
+    for path, model in ((out / "w8a8" / "CANDIDATE.json", CandidateFile), (out / "SWEEP.json", SweepFile)):
+        assert to_json(read_model(model, path)) == json.loads(path.read_text())
+    typed = read_model_list(Attempt, out / "logs" / "baseline-attempts.json")
+    assert [to_json(a) for a in typed] == baseline_attempts
     for run in (out / "w8a8" / "run", out / "baseline"):
         lines = [json.loads(line) for line in _lines(run / "records.jsonl")]
         # one-reference requests were served with model offload; two-reference ones ran out of memory there
