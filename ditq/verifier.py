@@ -24,13 +24,12 @@ from typing import Any
 
 import torch
 
+from ditq.checkpoint.codecs import SCALE, Codec, codec_for, quantized_layers, scheme_of_config
 from ditq.checkpoint.layout import load_component_config, quantization_config_of, read_model_index
 from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, SCHEMA_VERSION, file_records
-from ditq.checkpoint.qconfig import scheme_of
 from ditq.checkpoint.reference import ReferenceDecoder
 from ditq.checkpoint.rewrite import read_component_headers
 from ditq.checkpoint.safetensors_io import SafetensorsHeader, TensorEntry, read_tensor
-from ditq.checkpoint.stored import decode_stored, stored_specs
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import sha256_file
 from ditq.numerics import relative_l2
@@ -147,11 +146,25 @@ def _linear_shapes(root: Path, component: str, info: dict[str, Any]) -> dict[str
     }
 
 
-def _stored_features(stored: dict[str, torch.Tensor]) -> tuple[int, int]:
-    """(out, in) from the stored tensors, for a Linear the model's module names do not spell the same way."""
-    if "weight_shape" in stored:
-        return int(stored["weight_shape"][0]), int(stored["weight_shape"][1])
-    return int(stored["weight"].shape[0]), int(stored["weight"].shape[-1])
+def _layout_problem(
+    codec: Codec, stored: dict[str, torch.Tensor], model_shape: tuple[int, int] | None, group_size: int | None
+) -> str | None:
+    """Why one Linear's stored tensors are not what the scheme stores for the model's (out, in) Linear, or None.
+
+    ``model_shape`` None: a Linear the model's module names do not spell the same way; its own tensors say.
+    """
+    try:
+        stored_shape = codec.features(stored)
+    except DitqError as error:
+        return str(error)
+    out_features, in_features = model_shape or stored_shape
+    specs = codec.specs(out_features, in_features, group_size)
+    layout = {k: (v.dtype, tuple(v.shape)) for k, v in stored.items()}
+    if layout != specs:
+        return f"stored {layout} but the scheme needs {specs}"
+    if stored_shape != (out_features, in_features):
+        return f"stored for a {list(stored_shape)} weight, the model's is {[out_features, in_features]}"
+    return None
 
 
 def _check_config(
@@ -161,7 +174,7 @@ def _check_config(
         plain = quantization_config_of(load_component_config(root / component), component)
         if plain is None:
             raise InputError(f"{component}/config.json: no quantization_config")
-        scheme = scheme_of(plain, f"{component}/config.json")
+        scheme = scheme_of_config(plain, f"{component}/config.json")
         ReferenceDecoder(plain)  # compressed-tensors must accept it too
     except (DitqError, ValueError) as error:
         report.add(f"{component}: config", [str(error)], "")
@@ -215,35 +228,25 @@ def _check_tensors(
     except DitqError as error:
         report.add(f"{component}: tensors", [str(error)], "")
         return
-    quantized = {n[: -len(".weight_scale")] for n in where if n.endswith(".weight_scale")}
+    layers = quantized_layers(where)
+    quantized = set(layers)
     _check_coverage(component, info, linears, set(where), quantized, report)
+    codec = codec_for(scheme)
     decoder = ReferenceDecoder(info["quantization_config"])
     problems: list[str] = []
     source_problems: list[str] = []
     bound = REL_L2_BOUNDS[scheme.name]
-    for prefix in sorted(quantized):
-        stored_names = [n for n in where if n.startswith(f"{prefix}.weight_")] + (
-            [f"{prefix}.weight"] if f"{prefix}.weight" in where else []
-        )
-        stored = {n[len(prefix) + 1 :]: _read(where, n) for n in stored_names}
-        out_features, in_features = linears.get(prefix) or _stored_features(stored)
-        specs = stored_specs(scheme, out_features, in_features)
-        layout = {k: (v.dtype, tuple(v.shape)) for k, v in stored.items()}
+    for prefix, names in layers.items():
+        stored = {n: _read(where, f"{prefix}.{n}") for n in names}
         row: dict[str, Any] = {"component": component, "tensor": prefix}
-        if layout != specs:
-            problems.append(f"{prefix}: stored {layout} but the scheme needs {specs}")
+        layout_problem = _layout_problem(codec, stored, linears.get(prefix), scheme.group_size)
+        if layout_problem is not None:
+            problems.append(f"{prefix}: {layout_problem}")
             report.tensors.append({**row, "layout_ok": False})
             continue
-        scale = stored["weight_scale"]
+        scale = stored[SCALE]
         row["scale_ok"] = bool(torch.isfinite(scale).all() and (scale > 0).all())
-        if scheme.format == "pack-quantized" and stored["weight_shape"].tolist() != [
-            out_features,
-            in_features,
-        ]:
-            problems.append(
-                f"{prefix}: weight_shape {stored['weight_shape'].tolist()} is not {[out_features, in_features]}"
-            )
-        ours, theirs = decode_stored(stored, scheme), decoder.decode(stored)
+        ours, theirs = codec.decode(stored), decoder.decode(stored)
         row["decoders_agree"] = ours.dtype == theirs.dtype and torch.equal(ours, theirs)
         if not row["scale_ok"]:
             problems.append(f"{prefix}: weight_scale not finite and positive")
@@ -265,13 +268,18 @@ def _check_tensors(
         f"{len(quantized)} tensors: layout ok, scales finite and positive, decoders agree bitwise",
     )
     if source_where is not None:
-        _check_against_source(component, where, source_where, quantized, source_problems, report)
+        _check_against_source(component, where, source_where, layers, source_problems, report)
 
 
 def _check_against_source(
-    component: str, where, source_where, quantized: set[str], problems: list[str], report: VerifyReport
+    component: str,
+    where,
+    source_where,
+    layers: dict[str, list[str]],
+    problems: list[str],
+    report: VerifyReport,
 ) -> None:  # type: ignore[no-untyped-def]
-    derived = {n for n in where if any(n.startswith(f"{p}.weight") for p in quantized)}
+    derived = {f"{prefix}.{name}" for prefix, names in layers.items() for name in names}
     kept = sorted(set(where) - derived)
     for name in kept:
         if name not in source_where:
@@ -283,7 +291,7 @@ def _check_against_source(
             problems.append(f"{name}: dtype or shape differs from the source")
         elif _raw(where, name) != _raw(source_where, name):
             problems.append(f"{name}: bytes differ from the source")
-    accounted = set(kept) | {f"{p}.weight" for p in quantized}
+    accounted = set(kept) | {f"{p}.weight" for p in layers}
     problems += [f"{n}: in the source but not in the artifact" for n in sorted(set(source_where) - accounted)]
     errors = [t["rel_l2"] for t in report.tensors if t["component"] == component and "rel_l2" in t]
     report.add(

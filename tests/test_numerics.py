@@ -6,7 +6,7 @@ import pytest
 import torch
 from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32
 
-from ditq.checkpoint.stored import decode_stored, encode_band, stored_specs
+from ditq.checkpoint.rewrite import encode_band
 from ditq.numerics import (
     dequantize_weight,
     pack_int8_to_int32,
@@ -68,19 +68,3 @@ def test_bands_encode_like_the_whole_tensor(scheme) -> None:  # type: ignore[no-
     assert torch.equal(torch.cat([b.stored_rows for b in bands]), whole.stored_rows)
     assert torch.equal(torch.cat([b.scale for b in bands]), whole.scale)
     assert sum(b.error_sq for b in bands) == pytest.approx(whole.error_sq, rel=1e-5)
-
-
-@pytest.mark.parametrize("scheme", [W8A16, W8A16.with_group_size(32), W8A8, FP8], ids=lambda s: s.name)
-def test_stored_layout_and_decoder(scheme) -> None:  # type: ignore[no-untyped-def]
-    weight = _weight(48, 128)
-    band = encode_band(weight, scheme)
-    specs = stored_specs(scheme, 48, 128)
-    stored = {
-        ("weight_packed" if "weight_packed" in specs else "weight"): band.stored_rows,
-        "weight_scale": band.scale,
-    }
-    if "weight_shape" in specs:
-        stored["weight_shape"] = torch.tensor([48, 128])
-    assert {k: (v.dtype, tuple(v.shape)) for k, v in stored.items()} == specs
-    q, scale = quantize_weight(weight, scheme)
-    assert torch.equal(decode_stored(stored, scheme), dequantize_weight(q, scale))

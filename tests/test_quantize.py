@@ -16,11 +16,10 @@ from tiny_models import TINY_CONFIGS, build_tiny, example_inputs, write_model_di
 
 import ditq
 import ditq.checkpoint.rewrite as rewrite
+from ditq.checkpoint.codecs import codec_for, quantized_layers, scheme_of_config
 from ditq.checkpoint.layout import quantization_config_of
 from ditq.checkpoint.manifest import read_manifest
-from ditq.checkpoint.qconfig import scheme_of
 from ditq.checkpoint.safetensors_io import ShardSetWriter
-from ditq.checkpoint.stored import decode_stored
 from ditq.errors import DitqError, InputError
 from ditq.numerics import relative_l2
 
@@ -39,14 +38,11 @@ def _tensors(component: Path) -> dict[str, torch.Tensor]:
 def _dequantized_state(component: Path) -> dict[str, torch.Tensor]:
     """The artifact's component as a plain BF16 state dict (quantized Linears decoded by ditq)."""
     config = json.loads((component / "config.json").read_text())
-    scheme = scheme_of(quantization_config_of(config, component.name) or {}, "test")
+    codec = codec_for(scheme_of_config(quantization_config_of(config, component.name) or {}, "test"))
     tensors = _tensors(component)
-    prefixes = {n[: -len(".weight_scale")] for n in tensors if n.endswith(".weight_scale")}
-    state = {n: t for n, t in tensors.items() if not any(n.startswith(f"{p}.weight") for p in prefixes)}
-    for p in prefixes:
-        stored = {n[len(p) + 1 :]: t for n, t in tensors.items() if n.startswith(f"{p}.weight")}
-        state[f"{p}.weight"] = decode_stored(stored, scheme).to(torch.bfloat16)
-    return state
+    layers = quantized_layers(tensors)
+    stored = {p: {n: tensors.pop(f"{p}.{n}") for n in names} for p, names in layers.items()}
+    return tensors | {f"{p}.weight": codec.decode(s, torch.bfloat16) for p, s in stored.items()}
 
 
 def _tree_bytes(root: Path) -> dict[str, bytes]:

@@ -8,8 +8,9 @@ import pytest
 import torch
 from compressed_tensors.quantization import QuantizationConfig
 
+from ditq.checkpoint.codecs import scheme_of_config
 from ditq.checkpoint.layout import quantization_config_of
-from ditq.checkpoint.qconfig import quantization_config, scheme_of, with_quantization_config
+from ditq.checkpoint.qconfig import quantization_config, with_quantization_config
 from ditq.errors import InputError
 from ditq.schemes import FP8, SCHEMES, W8A8, W8A16, get_scheme, normalize_quant_method
 
@@ -88,7 +89,7 @@ def test_config_validates_with_compressed_tensors(scheme) -> None:  # type: igno
         assert (acts.strategy, acts.dynamic, acts.symmetric) == ("token", True, True)
     assert not (_keys(plain) & FORBIDDEN_KEYS)
     assert None not in _values(plain)
-    assert scheme_of(plain, "test") == scheme
+    assert scheme_of_config(plain, "test") == scheme
 
 
 @pytest.mark.parametrize("form", ["component", "global"])
@@ -101,11 +102,11 @@ def test_config_forms_read_back(form: str) -> None:
     assert config["num_layers"] == 2
 
 
-def test_scheme_of_rejects_other_formats() -> None:
+def test_scheme_of_config_rejects_other_formats() -> None:
     plain = quantization_config(W8A8, [])
     plain["format"] = "nvfp4-pack-quantized"
     with pytest.raises(InputError, match="not one of ditq's 8-bit schemes"):
-        scheme_of(plain, "transformer/config.json")
+        scheme_of_config(plain, "transformer/config.json")
 
 
 def test_every_scheme_is_listed_once() -> None:

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ditq
-import ditq.verifier as verify_module
+from ditq.checkpoint.codecs import PackQuantizedCodec
 from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, file_records, read_manifest, write_manifest
 from ditq.errors import InputError
 from ditq.verifier import REL_L2_BOUNDS, verify
@@ -135,9 +135,11 @@ def test_resealed_unquantized_target_fails(artifact) -> None:  # type: ignore[no
 
 def test_decoder_disagreement_fails(artifact, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     _, out = artifact("qwenimage21", "w8a16")
-    original = verify_module.decode_stored
+    original = PackQuantizedCodec.decode
     monkeypatch.setattr(
-        verify_module, "decode_stored", lambda stored, scheme: original(stored, scheme) * 1.0000001
+        PackQuantizedCodec,
+        "decode",
+        lambda self, stored, dtype=torch.float32: original(self, stored) * 1.0000001,
     )
     report = verify(out)
     assert _failed(report) == ["transformer: decode"]

@@ -1,4 +1,4 @@
-"""The ``quantization_config`` a quantized component carries, written and read back.
+"""The ``quantization_config`` a quantized component carries (read back by ``codecs.scheme_of_config``).
 
 The dict is built here field by field (not dumped from compressed-tensors'
 pydantic models) so that it holds only keys every reader since 0.19 accepts:
@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from ditq.errors import InputError
-from ditq.schemes import SCHEMES, Scheme, normalize_quant_method
+from ditq.schemes import Scheme
 
-__all__ = ["ConfigForm", "quantization_config", "scheme_of", "with_quantization_config"]
+__all__ = ["ConfigForm", "quantization_config", "with_quantization_config"]
 
 ConfigForm = Literal["component", "global"]
 QUANT_METHOD = "compressed-tensors"
@@ -68,19 +68,3 @@ def with_quantization_config(
     out = dict(config)
     out["quantization_config"] = {component: plain} if form == "component" else plain
     return out
-
-
-def scheme_of(plain: dict[str, Any], where: str) -> Scheme:
-    """The ditq scheme a plain compressed-tensors config describes; anything else is an InputError."""
-    normalize_quant_method(str(plain.get("quant_method", "")))
-    groups = plain.get("config_groups")
-    if not isinstance(groups, dict) or len(groups) != 1:
-        raise InputError(f"{where}: quantization_config must have exactly one config group")
-    (group,) = groups.values()
-    weights = group.get("weights") or {}
-    matches = [s for s in SCHEMES.values() if s.format == plain.get("format")]
-    if not matches or weights.get("num_bits") != 8 or not weights.get("symmetric", False):
-        raise InputError(f"{where}: format {plain.get('format')!r} is not one of ditq's 8-bit schemes")
-    scheme = matches[0]
-    group_size = weights.get("group_size") if weights.get("strategy") == "group" else None
-    return scheme if group_size is None else scheme.with_group_size(int(group_size))

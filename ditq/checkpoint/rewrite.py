@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ditq.checkpoint.codecs import SCALE, codec_for, is_quantized_tensor
 from ditq.checkpoint.layout import weight_files
 from ditq.checkpoint.safetensors_io import (
     OutputTensor,
@@ -33,15 +34,21 @@ from ditq.checkpoint.safetensors_io import (
     read_header,
     read_rows,
 )
-from ditq.checkpoint.stored import EncodedBand, encode_band, stored_specs
 from ditq.errors import InputError
+from ditq.numerics import dequantize_weight, quantize_weight
 from ditq.schemes import Scheme
 from ditq.targets import TargetPlan
 
-__all__ = ["ComponentResult", "read_component_headers", "rewrite_component", "weight_stem"]
+__all__ = [
+    "ComponentResult",
+    "EncodedBand",
+    "encode_band",
+    "read_component_headers",
+    "rewrite_component",
+    "weight_stem",
+]
 
 SOURCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_QUANTIZED_SUFFIXES = (".weight_packed", ".weight_scale", ".weight_shape", ".input_scale")
 
 
 @dataclass
@@ -74,9 +81,7 @@ def weight_stem(component_dir: Path) -> str:
 
 def _check_source(entries: dict[str, tuple[SafetensorsHeader, TensorEntry]], plan: TargetPlan) -> None:
     for name, (header, entry) in entries.items():
-        if name.endswith(_QUANTIZED_SUFFIXES) or (
-            name.endswith(".weight") and entry.dtype in (torch.int8, torch.float8_e4m3fn, torch.int32)
-        ):
+        if is_quantized_tensor(name, entry.dtype):
             raise InputError(
                 f"{header.path}: tensor {name} is already quantized; ditq quantizes BF16/FP16/FP32 models"
             )
@@ -90,7 +95,7 @@ def _outputs(name: str, entry: TensorEntry, plan: TargetPlan, scheme: Scheme) ->
     prefix = name[: -len(".weight")]
     if name.endswith(".weight") and prefix in plan.targets:
         layer = plan.targets[prefix]
-        specs = stored_specs(scheme, layer.out_features, layer.in_features)
+        specs = codec_for(scheme).specs(layer.out_features, layer.in_features, scheme.group_size)
         return [OutputTensor(f"{prefix}.{local}", dtype, shape) for local, (dtype, shape) in specs.items()]
     return [OutputTensor(name, entry.dtype, entry.shape)]
 
@@ -151,6 +156,31 @@ def _rows_per_band(entry: TensorEntry, band_bytes: int) -> int:
     return max(1, band_bytes // max(1, row_bytes))
 
 
+@dataclass
+class EncodedBand:
+    """One band of rows: the stored weight rows, their scales, and the squared error terms of the band."""
+
+    stored_rows: torch.Tensor  # the format's weight rows: (rows, in) int8/fp8, or (rows, in/4) int32
+    scale: torch.Tensor  # (rows, groups) float32
+    error_sq: float  # sum (w - dequantized)^2 over the band
+    reference_sq: float  # sum w^2 over the band
+
+
+def encode_band(weight_rows: torch.Tensor, scheme: Scheme) -> EncodedBand:
+    """Quantize a (rows, in) band of a weight; stored rows and scales come back on the CPU.
+
+    Quantization is per output row (channel, or groups within a row), so bands encode like the whole tensor.
+    """
+    q, scale = quantize_weight(weight_rows, scheme)
+    reference = weight_rows.to(torch.float32)
+    error = dequantize_weight(q, scale).sub_(reference)
+    # float32 sums over one band (torch reduces in blocks); bands are summed in float64 by the caller.
+    error_sq = float(torch.linalg.vector_norm(error)) ** 2
+    reference_sq = float(torch.linalg.vector_norm(reference)) ** 2
+    stored = codec_for(scheme).encode_values(q)
+    return EncodedBand(stored.cpu(), scale.cpu(), error_sq, reference_sq)
+
+
 def _encode_on(band: torch.Tensor, device: torch.device, scheme: Scheme) -> EncodedBand:
     return encode_band(band.to(device), scheme)
 
@@ -197,25 +227,22 @@ class _Streamer:
         self.result.kept_params += entry.nbytes // entry.dtype.itemsize
 
     def _quantize(self, handle, entry: TensorEntry, prefix: str) -> None:  # type: ignore[no-untyped-def]
-        packed = self.scheme.format == "pack-quantized"
-        stored_name = f"{prefix}.weight_packed" if packed else f"{prefix}.weight"
+        codec = codec_for(self.scheme)
         scales: list[torch.Tensor] = []
         sums = [0.0, 0.0]  # squared error, squared reference
 
         def take(encoded: EncodedBand) -> None:
             if not torch.isfinite(encoded.scale).all():
                 raise InputError(f"{handle.name}: tensor {entry.name} holds NaN or Inf")
-            self.writer.write(stored_name, encoded.stored_rows)
+            self.writer.write(f"{prefix}.{codec.weight_name}", encoded.stored_rows)
             scales.append(encoded.scale)
             sums[0] += encoded.error_sq
             sums[1] += encoded.reference_sq
 
         def finish(_: None) -> None:
-            self.writer.write(f"{prefix}.weight_scale", torch.cat(scales))
-            if packed:
-                self.writer.write(
-                    f"{prefix}.weight_shape", torch.tensor(list(entry.shape), dtype=torch.int64)
-                )
+            self.writer.write(f"{prefix}.{SCALE}", torch.cat(scales))
+            for local, tensor in codec.trailer(*entry.shape).items():  # in the order ``specs`` planned
+                self.writer.write(f"{prefix}.{local}", tensor)
             self.result.errors[prefix] = (sums[0] / sums[1]) ** 0.5 if sums[1] > 0 else 0.0
 
         for _, band in read_rows(handle, entry, _rows_per_band(entry, self.band_bytes)):

@@ -1,0 +1,298 @@
+"""One codec per compressed-tensors format: what a quantized Linear stores, and how it is encoded, read,
+decoded and recognised.
+
+As compressed-tensors' ``BaseCompressor`` registry gives each format one class (``compression_param_info``,
+``compress_weight``, ``decompress_weight``), each format here is one registered ``Codec``:
+
+| format          | scheme | tensors (``<prefix>.`` + name), in file order                                       |
+| pack-quantized  | w8a16  | weight_packed int32 (out, ceil(in/4)), weight_scale f32 (out, 1 or in/g), weight_shape int64 (2,) |
+| int-quantized   | w8a8   | weight int8 (out, in), weight_scale f32 (out, 1)                                     |
+| float-quantized | fp8    | weight float8_e4m3fn (out, in), weight_scale f32 (out, 1)                            |
+
+The quantizer, verifier, loader, QuantizedLinear, kernel paths and doctor all ask this module; the arithmetic
+is ``ditq.numerics``. Recognising a checkpoint's schemes (from its tensors' names and dtypes, or from its
+``quantization_config``) is here too.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from ditq.errors import InputError
+from ditq.numerics import dequantize_weight, pack_int8_to_int32, unpack_int32_to_int8
+from ditq.schemes import FP8, W8A8, W8A16, Scheme, normalize_quant_method
+
+__all__ = [
+    "CODECS",
+    "SCALE",
+    "Codec",
+    "FloatQuantizedCodec",
+    "IntQuantizedCodec",
+    "PackQuantizedCodec",
+    "StoredSpec",
+    "codec_for",
+    "detect_codec",
+    "is_quantized_tensor",
+    "quantized_layers",
+    "register_codec",
+    "scheme_of_config",
+    "schemes_allowed_by_config",
+]
+
+StoredSpec = tuple[torch.dtype, tuple[int, ...]]  # (dtype, shape) of one stored tensor
+SCALE = "weight_scale"  # every format stores one; its presence marks a quantized Linear
+
+
+def _present(stored: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in stored:
+        raise InputError(f"stored weight lacks {name!r} (has {sorted(stored)})")
+    return stored[name]
+
+
+class Codec(ABC):
+    """One stored format. A subclass sets the class attributes and registers with ``@register_codec``."""
+
+    format: ClassVar[str]  # compressed-tensors' name for the format
+    scheme: ClassVar[Scheme]  # the ditq preset stored this way (per output channel)
+    weight_name: ClassVar[str]  # the tensor that holds the quantized weight values
+
+    @abstractmethod
+    def specs(
+        self, out_features: int, in_features: int, group_size: int | None = None
+    ) -> dict[str, StoredSpec]:
+        """Local name -> (dtype, shape) of every tensor one (out, in) Linear stores, in file order."""
+
+    @abstractmethod
+    def encode_values(self, q: torch.Tensor) -> torch.Tensor:
+        """q (rows, in) int8|fp8 -> the stored weight tensor's rows (a band encodes like the whole)."""
+
+    @abstractmethod
+    def decode_values(self, stored_weight: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+        """The stored weight tensor -> q (out, in) int8|fp8 (the tensor itself where nothing needs unpacking)."""
+
+    @abstractmethod
+    def features(self, stored: Mapping[str, torch.Tensor]) -> tuple[int, int]:
+        """(out, in) of the Linear the stored tensors hold."""
+
+    @abstractmethod
+    def matches(self, prefix: str, dtypes: Mapping[str, torch.dtype]) -> bool:
+        """Whether the Linear at ``prefix`` is stored in this format (``dtypes``: tensor name -> dtype)."""
+
+    @abstractmethod
+    def scheme_for(self, in_features: int, scale_columns: int) -> Scheme:
+        """The scheme of a stored Linear whose weight_scale has ``scale_columns`` columns."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The stored tensors' local names (they do not depend on the shape)."""
+        return tuple(self.specs(0, 0))
+
+    def trailer(self, out_features: int, in_features: int) -> dict[str, torch.Tensor]:
+        """Tensors stored after the weight and its scale (none unless the format says otherwise)."""
+        return {}
+
+    def encode(self, q: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
+        """(q (out, in), scale (out, 1|groups)) -> one Linear's stored tensors, in file order."""
+        return {self.weight_name: self.encode_values(q), SCALE: scale, **self.trailer(*q.shape)}
+
+    def read(self, stored: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One Linear's stored tensors -> (q (out, in) int8|fp8, scale (out, 1|groups) float32), on their device.
+
+        Every tensor is checked against ``specs``; an error is one line naming the tensor.
+        """
+        out_features, in_features = self.features(stored)
+        scale = _present(stored, SCALE)
+        rows, columns = scale.shape if scale.ndim == 2 else (0, 0)
+        if rows != out_features or not columns or in_features % columns:
+            raise InputError(
+                f"stored {SCALE!r} {tuple(scale.shape)} does not fit a ({out_features}, {in_features}) weight"
+            )
+        group_size = self.scheme_for(in_features, columns).group_size
+        for name, (dtype, shape) in self.specs(out_features, in_features, group_size).items():
+            tensor = _present(stored, name)
+            if tensor.dtype != dtype or tuple(tensor.shape) != shape:
+                raise InputError(
+                    f"stored {name!r} is {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} {shape}"
+                )
+        return self.decode_values(stored[self.weight_name], (out_features, in_features)), scale
+
+    def decode(self, stored: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """ditq's decoder: one Linear's stored tensors -> its weight (out, in) in ``dtype`` (computed in float32)."""
+        return dequantize_weight(*self.read(stored), dtype)
+
+
+CODECS: dict[str, Codec] = {}  # format -> its codec, in detection order
+
+
+def register_codec(cls: type[Codec]) -> type[Codec]:
+    """Class decorator: ``cls`` is the codec of ``cls.format``."""
+    if cls.format in CODECS:
+        raise ValueError(f"format {cls.format!r} has two codecs")
+    CODECS[cls.format] = cls()
+    return cls
+
+
+def codec_for(scheme: Scheme) -> Codec:
+    """The codec of the format ``scheme`` is stored in."""
+    return CODECS[scheme.format]
+
+
+@register_codec
+class PackQuantizedCodec(Codec):
+    """w8a16: int8 values biased to bytes, four to an int32 (compressed-tensors' 8-bit packing), plus the shape."""
+
+    format = "pack-quantized"
+    scheme = W8A16
+    weight_name = "weight_packed"
+
+    def specs(
+        self, out_features: int, in_features: int, group_size: int | None = None
+    ) -> dict[str, StoredSpec]:
+        columns = 1 if group_size is None else in_features // group_size
+        return {
+            "weight_packed": (torch.int32, (out_features, (in_features + 3) // 4)),
+            SCALE: (torch.float32, (out_features, columns)),
+            "weight_shape": (torch.int64, (2,)),
+        }
+
+    def encode_values(self, q: torch.Tensor) -> torch.Tensor:
+        return pack_int8_to_int32(q)
+
+    def decode_values(self, stored_weight: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+        return unpack_int32_to_int8(stored_weight, shape)
+
+    def trailer(self, out_features: int, in_features: int) -> dict[str, torch.Tensor]:
+        return {"weight_shape": torch.tensor([out_features, in_features], dtype=torch.int64)}
+
+    def features(self, stored: Mapping[str, torch.Tensor]) -> tuple[int, int]:
+        shape = _present(stored, "weight_shape")
+        if shape.dtype != torch.int64 or tuple(shape.shape) != (2,):
+            raise InputError(
+                f"stored 'weight_shape' is {shape.dtype} {tuple(shape.shape)}, expected torch.int64 (2,)"
+            )
+        out_features, in_features = (int(v) for v in shape.tolist())
+        return out_features, in_features
+
+    def matches(self, prefix: str, dtypes: Mapping[str, torch.dtype]) -> bool:
+        return f"{prefix}.weight_packed" in dtypes
+
+    def scheme_for(self, in_features: int, scale_columns: int) -> Scheme:
+        if scale_columns <= 1:
+            return self.scheme
+        return self.scheme.with_group_size(in_features // scale_columns)
+
+
+class _UnpackedCodec(Codec):
+    """Weights stored as they are quantized (compressed-tensors' naive formats), one scale per output channel."""
+
+    weight_name = "weight"
+
+    def specs(
+        self, out_features: int, in_features: int, group_size: int | None = None
+    ) -> dict[str, StoredSpec]:
+        if group_size is not None:
+            raise InputError(f"{self.format}: one scale per output channel, not groups of {group_size}")
+        return {
+            "weight": (self.scheme.weight_dtype, (out_features, in_features)),
+            SCALE: (torch.float32, (out_features, 1)),
+        }
+
+    def encode_values(self, q: torch.Tensor) -> torch.Tensor:
+        return q
+
+    def decode_values(self, stored_weight: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+        return stored_weight
+
+    def features(self, stored: Mapping[str, torch.Tensor]) -> tuple[int, int]:
+        weight = _present(stored, "weight")
+        if weight.ndim != 2:
+            raise InputError(f"stored 'weight' is {weight.dtype} {tuple(weight.shape)}, expected 2 dims")
+        return int(weight.shape[0]), int(weight.shape[1])
+
+    def matches(self, prefix: str, dtypes: Mapping[str, torch.dtype]) -> bool:
+        return dtypes.get(f"{prefix}.weight") == self.scheme.weight_dtype
+
+    def scheme_for(self, in_features: int, scale_columns: int) -> Scheme:
+        return self.scheme  # a grouped scale does not fit ``specs``: the shape checks name it
+
+
+@register_codec
+class IntQuantizedCodec(_UnpackedCodec):
+    """w8a8: int8 weights."""
+
+    format = "int-quantized"
+    scheme = W8A8
+
+
+@register_codec
+class FloatQuantizedCodec(_UnpackedCodec):
+    """fp8: float8_e4m3fn weights."""
+
+    format = "float-quantized"
+    scheme = FP8
+
+
+# What only an already quantized checkpoint holds: stored names besides ``weight`` (and static activation
+# scales), and weights in a stored weight dtype.
+_QUANTIZED_ONLY_NAMES = frozenset(n for c in CODECS.values() for n in c.names) - {"weight"} | {"input_scale"}
+_STORED_WEIGHT_DTYPES = frozenset(c.specs(0, 0)[c.weight_name][0] for c in CODECS.values())
+
+
+def is_quantized_tensor(name: str, dtype: torch.dtype) -> bool:
+    """Whether a tensor of a source checkpoint shows that the checkpoint is already quantized."""
+    local = name.rpartition(".")[2]
+    return local in _QUANTIZED_ONLY_NAMES or (local == "weight" and dtype in _STORED_WEIGHT_DTYPES)
+
+
+def quantized_layers(names: Iterable[str]) -> dict[str, list[str]]:
+    """Prefix of every quantized Linear among tensor names (each stores a weight_scale) -> the local names stored
+    for it (``weight`` and every ``weight_*``), both sorted."""
+    ordered = sorted(names)
+    suffix = f".{SCALE}"
+    layers: dict[str, list[str]] = {n[: -len(suffix)]: [] for n in ordered if n.endswith(suffix)}
+    for name in ordered:
+        prefix, _, local = name.rpartition(".")
+        if prefix in layers and (local == "weight" or local.startswith("weight_")):
+            layers[prefix].append(local)
+    return layers
+
+
+def detect_codec(prefix: str, dtypes: Mapping[str, torch.dtype], where: str) -> Codec:
+    """The codec of the quantized Linear at ``prefix``, from a checkpoint's tensor names -> dtypes."""
+    for codec in CODECS.values():
+        if codec.matches(prefix, dtypes):
+            return codec
+    found = dtypes.get(f"{prefix}.weight")
+    raise InputError(
+        f"{where}: {prefix}.{SCALE} has no int8/fp8 weight or weight_packed beside it ({found or 'none'})"
+    )
+
+
+def scheme_of_config(plain: dict[str, Any], where: str) -> Scheme:
+    """The ditq scheme a plain compressed-tensors config describes; anything else is an InputError."""
+    normalize_quant_method(str(plain.get("quant_method", "")))
+    groups = plain.get("config_groups")
+    if not isinstance(groups, dict) or len(groups) != 1:
+        raise InputError(f"{where}: quantization_config must have exactly one config group")
+    (group,) = groups.values()
+    weights = group.get("weights") or {}
+    codec = CODECS.get(str(plain.get("format")))
+    if codec is None or weights.get("num_bits") != 8 or not weights.get("symmetric", False):
+        raise InputError(f"{where}: format {plain.get('format')!r} is not one of ditq's 8-bit schemes")
+    group_size = weights.get("group_size") if weights.get("strategy") == "group" else None
+    return codec.scheme if group_size is None else codec.scheme.with_group_size(int(group_size))
+
+
+def schemes_allowed_by_config(qconfig: dict[str, Any]) -> set[str] | None:
+    """Names of the schemes a config's formats (top level and per group) allow; None when it pins none
+    (no format, or mixed-precision)."""
+    groups = (qconfig.get("config_groups") or {}).values()
+    formats = {qconfig.get("format")} | {g.get("format") for g in groups if isinstance(g, dict)}
+    formats.discard(None)
+    if not formats or "mixed-precision" in formats:
+        return None
+    return {CODECS[f].scheme.name for f in formats if f in CODECS}

@@ -1,0 +1,145 @@
+"""The codecs: each format's stored layout (written out here from compressed-tensors' conventions), encode ->
+read -> decode round trips checked against compressed-tensors' own decoder, one-line errors naming the tensor,
+and recognising a scheme from a checkpoint's tensors or its quantization_config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ditq.checkpoint.codecs import (
+    codec_for,
+    detect_codec,
+    is_quantized_tensor,
+    quantized_layers,
+    scheme_of_config,
+    schemes_allowed_by_config,
+)
+from ditq.checkpoint.qconfig import quantization_config
+from ditq.checkpoint.reference import ReferenceDecoder
+from ditq.errors import InputError
+from ditq.numerics import dequantize_weight, quantize_weight
+from ditq.schemes import FP8, W8A8, W8A16, Scheme
+
+SCHEMES = [W8A16, W8A16.with_group_size(32), W8A8, FP8]
+I32, I64, F32 = torch.int32, torch.int64, torch.float32
+# (out, in) = (48, 128): the tensors per quantized Linear, in file order (DESIGN.md's table).
+LAYOUTS = {
+    "w8a16": {"weight_packed": (I32, (48, 32)), "weight_scale": (F32, (48, 1)), "weight_shape": (I64, (2,))},
+    "w8a16-g32": {
+        "weight_packed": (I32, (48, 32)),
+        "weight_scale": (F32, (48, 4)),
+        "weight_shape": (I64, (2,)),
+    },
+    "w8a8": {"weight": (torch.int8, (48, 128)), "weight_scale": (F32, (48, 1))},
+    "fp8": {"weight": (torch.float8_e4m3fn, (48, 128)), "weight_scale": (F32, (48, 1))},
+}
+
+
+def _id(scheme: Scheme) -> str:
+    return scheme.name + (f"-g{scheme.group_size}" if scheme.group_size else "")
+
+
+def _stored(scheme: Scheme, out_features: int = 48, in_features: int = 128) -> dict[str, torch.Tensor]:
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0)) * 0.02
+    return codec_for(scheme).encode(*quantize_weight(weight, scheme))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=_id)
+def test_layout_encode_read_decode(scheme: Scheme) -> None:
+    codec = codec_for(scheme)
+    assert codec.specs(48, 128, scheme.group_size) == LAYOUTS[_id(scheme)]
+    stored = _stored(scheme)
+    assert list(stored) == list(LAYOUTS[_id(scheme)])  # file order
+    assert {k: (v.dtype, tuple(v.shape)) for k, v in stored.items()} == LAYOUTS[_id(scheme)]
+    assert codec.features(stored) == (48, 128)
+    q, scale = codec.read(stored)
+    weight = torch.randn(48, 128, generator=torch.Generator().manual_seed(0)) * 0.02
+    expected_q, expected_scale = quantize_weight(weight, scheme)
+    assert torch.equal(q.view(torch.uint8), expected_q.view(torch.uint8)) and torch.equal(
+        scale, expected_scale
+    )
+    decoded = codec.decode(stored)
+    assert torch.equal(decoded, dequantize_weight(expected_q, expected_scale))
+    theirs = ReferenceDecoder(quantization_config(scheme, [])).decode(stored)
+    assert decoded.dtype == theirs.dtype and torch.equal(decoded, theirs)
+    assert codec.scheme_for(128, scale.shape[1]) == scheme
+
+
+def test_packed_width_is_compressed_tensors_ceiling() -> None:
+    """compressed-tensors packs ceil(in * 8 / 32) int32 words per row."""
+    assert codec_for(W8A16).specs(4, 36)["weight_packed"] == (I32, (4, 9))
+    assert codec_for(W8A16).specs(4, 37)["weight_packed"] == (I32, (4, 10))
+
+
+BROKEN = {
+    "missing": (W8A8, lambda s: s.pop("weight_scale"), r"lacks 'weight_scale'"),
+    "dtype": (W8A8, lambda s: s.update(weight=s["weight"].to(torch.int16)), r"'weight' is torch\.int16"),
+    "fp8 as int8": (FP8, lambda s: s.update(weight=s["weight"].view(torch.int8)), r"'weight' is torch\.int8"),
+    "packed width": (
+        W8A16,
+        lambda s: s.update(weight_packed=s["weight_packed"][:, :-1]),
+        r"'weight_packed' is",
+    ),
+    "shape values": (W8A16, lambda s: s.update(weight_shape=torch.tensor([48, 64])), r"'weight_packed' is"),
+    "scale rows": (
+        W8A8,
+        lambda s: s.update(weight_scale=s["weight_scale"][:-1]),
+        r"'weight_scale' .* not fit",
+    ),
+    "grouped int8": (
+        W8A8,
+        lambda s: s.update(weight_scale=torch.ones(48, 4)),
+        r"'weight_scale' is .*\(48, 1\)",
+    ),
+    "scale dtype": (
+        FP8,
+        lambda s: s.update(weight_scale=s["weight_scale"].half()),
+        r"'weight_scale' is torch\.f",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_read_names_the_tensor(case: str) -> None:
+    scheme, edit, message = BROKEN[case]
+    stored = _stored(scheme)
+    edit(stored)
+    with pytest.raises(InputError, match=message) as info:
+        codec_for(scheme).read(stored)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=_id)
+def test_detected_from_names_and_dtypes(scheme: Scheme) -> None:
+    names = {f"blocks.0.to_q.{k}": v.dtype for k, v in _stored(scheme).items()} | {"blocks.0.to_q.bias": F32}
+    assert detect_codec("blocks.0.to_q", names, "file") is codec_for(scheme)
+    assert quantized_layers(names) == {"blocks.0.to_q": sorted(_stored(scheme))}
+    assert all(is_quantized_tensor(n, dtype) for n, dtype in names.items() if not n.endswith("bias"))
+
+
+def test_undetectable_layer_names_file_and_tensor() -> None:
+    names = {"a.weight": torch.int16, "a.weight_scale": F32}
+    with pytest.raises(InputError, match=r"^f\.safetensors: a\.weight_scale has no int8/fp8 weight .*int16"):
+        detect_codec("a", names, "f.safetensors")
+
+
+def test_source_tensors_are_not_quantized() -> None:
+    assert not is_quantized_tensor("blocks.0.to_q.weight", torch.bfloat16)
+    assert not is_quantized_tensor("blocks.0.norm.weight", F32)
+    assert is_quantized_tensor("blocks.0.to_q.input_scale", F32)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=_id)
+def test_scheme_of_config_reads_back_what_is_written(scheme: Scheme) -> None:
+    plain = quantization_config(scheme, ["proj_out"])
+    assert scheme_of_config(plain, "config.json") == scheme
+    assert schemes_allowed_by_config(plain) == {scheme.name}
+
+
+def test_configs_that_pin_no_format() -> None:
+    assert schemes_allowed_by_config({"quant_method": "compressed-tensors"}) is None
+    assert schemes_allowed_by_config({"format": "mixed-precision"}) is None
+    groups = {"g0": {"format": "float-quantized"}, "g1": {"format": "int-quantized"}}
+    assert schemes_allowed_by_config({"format": "mixed-precision", "config_groups": groups}) is None
+    assert schemes_allowed_by_config({"config_groups": groups}) == {"fp8", "w8a8"}
