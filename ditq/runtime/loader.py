@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ditq.checkpoint.codecs import SCALE, detect_codec, quantized_layers, schemes_allowed_by_config
 from ditq.checkpoint.layout import (
     component_class,
     component_names,
@@ -35,7 +36,7 @@ from ditq.errors import InputError
 from ditq.kernels.registry import KernelPath
 from ditq.runtime.modules import QuantizedLinear, quantized_linear_class, quantized_linears
 from ditq.runtime.offload import OFFLOAD_MODES, apply_offload
-from ditq.schemes import SCHEMES, Scheme
+from ditq.schemes import Scheme
 
 __all__ = [
     "KernelChooser",
@@ -51,8 +52,6 @@ log = logging.getLogger(__name__)
 
 # Decides the kernel path of one layer (e.g. the doctor's verified choice); None = the registry's first candidate.
 KernelChooser = Callable[[QuantizedLinear, torch.device, torch.dtype], "KernelPath | None"]
-_FORMAT_SCHEME = {scheme.format: name for name, scheme in SCHEMES.items()}
-_STORED_DTYPE_SCHEME = {torch.int8: "w8a8", torch.float8_e4m3fn: "fp8"}
 
 
 def _import(library: str, class_name: str, where: str) -> Any:
@@ -146,40 +145,6 @@ def _matches(entries: list[str], name: str, module: torch.nn.Module) -> bool:
     return False
 
 
-def _config_schemes(qconfig: dict[str, Any]) -> set[str] | None:
-    """Schemes the config's formats allow; None when the config does not pin one (mixed precision)."""
-    formats = {qconfig.get("format")} | {
-        group.get("format")
-        for group in (qconfig.get("config_groups") or {}).values()
-        if isinstance(group, dict)
-    }
-    formats.discard(None)
-    if not formats or "mixed-precision" in formats:
-        return None
-    return {_FORMAT_SCHEME[f] for f in formats if f in _FORMAT_SCHEME}
-
-
-def _layer_scheme(prefix: str, entries: dict[str, TensorEntry]) -> Scheme:
-    """The scheme a stored Linear uses, read from its tensors."""
-    if f"{prefix}.weight_packed" in entries:
-        scheme = SCHEMES["w8a16"]
-    else:
-        weight = entries.get(f"{prefix}.weight")
-        if weight is None or weight.dtype not in _STORED_DTYPE_SCHEME:
-            found = "none" if weight is None else str(weight.dtype)
-            where = weight.path if weight else entries[f"{prefix}.weight_scale"].path
-            raise InputError(
-                f"{where}: {prefix}.weight_scale has no int8/fp8 weight or weight_packed beside it ({found})"
-            )
-        scheme = SCHEMES[_STORED_DTYPE_SCHEME[weight.dtype]]
-    scale = entries[f"{prefix}.weight_scale"]
-    groups = scale.shape[1] if len(scale.shape) == 2 else 1
-    if groups > 1:
-        in_features = int(read_entry(entries[f"{prefix}.weight_shape"])[1]) if scheme.name == "w8a16" else 0
-        scheme = scheme.with_group_size(in_features // groups)
-    return scheme
-
-
 def _swap_quantized_linears(
     model: torch.nn.Module,
     entries: dict[str, TensorEntry],
@@ -187,26 +152,25 @@ def _swap_quantized_linears(
     component_dir: Path,
     dtype: torch.dtype,
 ) -> dict[str, Scheme]:
-    allowed = _config_schemes(qconfig)
-    prefixes = sorted(name[: -len(".weight_scale")] for name in entries if name.endswith(".weight_scale"))
+    allowed = schemes_allowed_by_config(qconfig)
+    dtypes = {name: entry.dtype for name, entry in entries.items()}
     schemes: dict[str, Scheme] = {}
-    for prefix in prefixes:
-        where = entries[f"{prefix}.weight_scale"].path
+    for prefix in quantized_layers(entries):
+        scale = entries[f"{prefix}.{SCALE}"]
+        where = scale.path
         try:
             linear = model.get_submodule(prefix)
         except AttributeError:
-            raise InputError(
-                f"{where}: {prefix}.weight_scale names no module of {type(model).__name__}"
-            ) from None
+            raise InputError(f"{where}: {prefix}.{SCALE} names no module of {type(model).__name__}") from None
         if not isinstance(linear, torch.nn.Linear):
             raise InputError(f"{where}: {prefix} is a {type(linear).__name__}, not a Linear")
-        scheme = _layer_scheme(prefix, entries)
+        codec = detect_codec(prefix, dtypes, str(entries.get(f"{prefix}.weight", scale).path))
+        scheme = codec.scheme_for(linear.in_features, scale.shape[1] if len(scale.shape) == 2 else 1)
         if allowed is not None and scheme.name not in allowed:
             raise InputError(
                 f"{component_dir}/config.json: format says {sorted(allowed)}, but {prefix} is stored as {scheme.name}"
             )
-        cls = quantized_linear_class(scheme.name)
-        replacement = cls(
+        replacement = quantized_linear_class(scheme.name)(
             linear.in_features,
             linear.out_features,
             bias=linear.bias is not None,
@@ -232,7 +196,7 @@ def _swap_quantized_linears(
         ):
             raise InputError(
                 f"{component_dir}: {name} is targeted by quantization_config and not ignored, "
-                f"but the weight files hold no {name}.weight_scale (incomplete artifact)"
+                f"but the weight files hold no {name}.{SCALE} (incomplete artifact)"
             )
     return schemes
 
@@ -259,7 +223,7 @@ def _assign(
             f"{entry.path}: tensor {name!r} has shape {tuple(tensor.shape)}, {type(model).__name__} expects {tuple(placeholder.shape)}"
         )
     stored_quantized = isinstance(module, QuantizedLinear) and attr in module.stored_names
-    if stored_quantized and attr == "weight_scale" and tensor.is_floating_point():
+    if stored_quantized and attr == SCALE and tensor.is_floating_point():
         tensor = tensor.to(torch.float32)
     elif stored_quantized and tensor.dtype != placeholder.dtype:
         raise InputError(

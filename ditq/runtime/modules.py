@@ -1,9 +1,9 @@
 """Quantized Linear modules: one per scheme, holding the tensors exactly as the checkpoint stores them.
 
-A module's persistent buffers carry the stored names (``weight_packed``,
-``weight_scale``, ``weight_shape`` for w8a16; ``weight``, ``weight_scale``
-for w8a8 and fp8), so a component's state dict reads straight from the
-safetensors files with ``load_state_dict(assign=True)``. The matmul is done by
+A module's persistent buffers are the tensors its format stores, with their
+stored names, dtypes and shapes (``ditq.checkpoint.codecs``), so a
+component's state dict reads straight from the safetensors files with
+``load_state_dict(assign=True)``. The matmul is done by
 a kernel path from ``ditq.kernels`` chosen per layer; the path's one-time
 repack (``prepare``) runs after loading, explicitly via ``prepare`` or lazily
 on the first forward.
@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import torch
 
 import ditq.kernels  # noqa: F401 - importing the package registers every kernel path
+from ditq.checkpoint.codecs import SCALE, Codec, codec_for
 from ditq.errors import DitqError, InputError
 from ditq.kernels.registry import KernelPath, Prepared, candidate_paths
 from ditq.schemes import FP8, W8A8, W8A16, Scheme
@@ -76,7 +77,7 @@ class QuantizedLinear(torch.nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.group_size = group_size
-        for name, (shape, dtype) in self.stored_layout(in_features, out_features, group_size).items():
+        for name, (dtype, shape) in self.codec.specs(out_features, in_features, group_size).items():
             self.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
         if bias:
             self.register_buffer("bias", torch.empty(out_features, dtype=bias_dtype, device=device))
@@ -85,12 +86,10 @@ class QuantizedLinear(torch.nn.Module):
         self.kernel: KernelPath | None = None
         self._prepared_layout: dict[str, str | _Alias] | None = None
 
-    @classmethod
-    def stored_layout(
-        cls, in_features: int, out_features: int, group_size: int | None
-    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """Stored tensor name -> (shape, dtype), the compressed-tensors conventions for this scheme."""
-        raise NotImplementedError
+    @property
+    def codec(self) -> Codec:
+        """The stored format: names, dtypes and shapes of the buffers, and how they read."""
+        return codec_for(self.scheme)
 
     def extra_repr(self) -> str:
         kernel = self.kernel.name if self.kernel is not None else "unchosen"
@@ -101,7 +100,7 @@ class QuantizedLinear(torch.nn.Module):
 
     @property
     def stored_names(self) -> tuple[str, ...]:
-        return tuple(self.stored_layout(self.in_features, self.out_features, self.group_size))
+        return tuple(self.codec.specs(self.out_features, self.in_features, self.group_size))
 
     @property
     def prepared(self) -> bool:
@@ -238,46 +237,17 @@ class W8A16Linear(QuantizedLinear):
 
     scheme = W8A16
 
-    @classmethod
-    def stored_layout(
-        cls, in_features: int, out_features: int, group_size: int | None
-    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        groups = 1 if group_size is None else in_features // group_size
-        return {
-            "weight_packed": ((out_features, (in_features + 3) // 4), torch.int32),
-            "weight_scale": ((out_features, groups), torch.float32),
-            "weight_shape": ((2,), torch.int64),
-        }
-
 
 class W8A8Linear(QuantizedLinear):
     """int8 weights per channel; activations quantized to int8 per token at run time."""
 
     scheme = W8A8
 
-    @classmethod
-    def stored_layout(
-        cls, in_features: int, out_features: int, group_size: int | None
-    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        return {
-            "weight": ((out_features, in_features), torch.int8),
-            "weight_scale": ((out_features, 1), torch.float32),
-        }
-
 
 class FP8Linear(QuantizedLinear):
     """float8_e4m3fn weights per channel; activations quantized to fp8 per token at run time."""
 
     scheme = FP8
-
-    @classmethod
-    def stored_layout(
-        cls, in_features: int, out_features: int, group_size: int | None
-    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        return {
-            "weight": ((out_features, in_features), torch.float8_e4m3fn),
-            "weight_scale": ((out_features, 1), torch.float32),
-        }
 
 
 _CLASSES: dict[str, type[QuantizedLinear]] = {c.scheme.name: c for c in (W8A16Linear, W8A8Linear, FP8Linear)}
@@ -289,29 +259,16 @@ def quantized_linear_class(scheme_name: str) -> type[QuantizedLinear]:
     return _CLASSES[scheme_name]
 
 
-def _features(stored: Mapping[str, torch.Tensor], scheme: Scheme) -> tuple[int, int]:
-    """(in_features, out_features) read from the stored tensors."""
-    if scheme.format == "pack-quantized":
-        if "weight_shape" not in stored:
-            raise InputError(f"{scheme.name} stored weight lacks 'weight_shape' (has {sorted(stored)})")
-        out_features, in_features = (int(v) for v in stored["weight_shape"].tolist())
-        return in_features, out_features
-    if "weight" not in stored or stored["weight"].ndim != 2:
-        raise InputError(f"{scheme.name} stored weight lacks a 2-D 'weight' (has {sorted(stored)})")
-    out_features, in_features = stored["weight"].shape
-    return int(in_features), int(out_features)
-
-
 def linear_from_stored(
     stored: Mapping[str, torch.Tensor], scheme: Scheme, bias: torch.Tensor | None
 ) -> QuantizedLinear:
     """A module holding exactly ``stored`` (and ``bias``), on their device; no copies."""
     cls = quantized_linear_class(scheme.name)
-    in_features, out_features = _features(stored, scheme)
-    group_size = scheme.group_size
-    if cls is W8A16Linear and "weight_scale" in stored and stored["weight_scale"].ndim == 2:
-        groups = stored["weight_scale"].shape[1]
-        group_size = None if groups == 1 else in_features // groups
+    codec = codec_for(scheme)
+    out_features, in_features = codec.features(stored)
+    scale = stored.get(SCALE)
+    columns = scale.shape[1] if scale is not None and scale.ndim == 2 else 1
+    group_size = codec.scheme_for(in_features, columns).group_size
     module = cls(in_features, out_features, bias=bias is not None, group_size=group_size, device="meta")
     for name in module.stored_names:
         if name not in stored:
