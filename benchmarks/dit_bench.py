@@ -40,8 +40,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ditq.checkpoint.codecs import codec_for  # noqa: E402
 from ditq.checkpoint.qconfig import quantization_config, with_quantization_config  # noqa: E402
-from ditq.kernels.stored import stored_from_quantized  # noqa: E402
 from ditq.numerics import quantize_weight, relative_l2  # noqa: E402
 from ditq.runtime.loader import load_component, parameters_on_meta, prepare_quantized  # noqa: E402
 from ditq.runtime.modules import linear_from_stored, quantized_linears  # noqa: E402
@@ -146,7 +146,7 @@ def quantized_copy(
         linear = bf16.get_submodule(prefix)
         assert isinstance(linear, torch.nn.Linear)
         q, scale = quantize_weight(linear.weight, scheme)
-        layer = linear_from_stored(stored_from_quantized(q, scale, scheme.name), scheme, linear.bias)
+        layer = linear_from_stored(codec_for(scheme).encode(q, scale), scheme, linear.bias)
         parent, _, attr = prefix.rpartition(".")
         setattr(model.get_submodule(parent), attr, layer)
     target_set = set(targets)

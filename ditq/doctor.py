@@ -46,13 +46,14 @@ import torch
 
 import ditq
 import ditq.kernels  # importing the package registers every kernel path
+from ditq.checkpoint.codecs import SCALE, codec_for, detect_codec, quantized_layers
 from ditq.errors import DitqError
 from ditq.fsutil import atomic_directory, atomic_write_json
 from ditq.kernels.reference import reference_float32
 from ditq.kernels.registry import KernelPath, all_kernels, candidate_paths, get_kernel
 from ditq.kernels.stored import analytic_stored, stored_from_quantized
 from ditq.numerics import quantize_weight, relative_l2
-from ditq.schemes import get_scheme
+from ditq.schemes import SCHEMES, get_scheme
 
 __all__ = [
     "REL_L2_BOUND",
@@ -183,10 +184,7 @@ def analytic_case(scheme_name: str, geometry: Geometry) -> WeightCase:
 def _stored_q_scale(
     scheme_name: str, stored: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    from ditq.kernels.stored import stored_fp8_weight, stored_int8_weight, unpack_w8a16
-
-    reader = {"w8a16": unpack_w8a16, "w8a8": stored_int8_weight, "fp8": stored_fp8_weight}[scheme_name]
-    return reader(stored)
+    return codec_for(SCHEMES[scheme_name]).read(stored)
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -693,25 +691,16 @@ def artifact_cases(artifact: Path) -> dict[str, dict[Geometry, WeightCase]]:
         if quantization_config_of(load_component_config(component_dir), component) is None:
             continue
         files = tensor_files(component_dir)
-        for name in sorted(n for n in files if n.endswith(".weight_scale")):
-            prefix = name.removesuffix(".weight_scale")
-            keys = (
-                ("weight_packed", "weight_scale", "weight_shape")
-                if f"{prefix}.weight_packed" in files
-                else ("weight", "weight_scale")
-            )
-            stored = {}
-            for key in keys:
+        for prefix, names in quantized_layers(files).items():
+            tensors = {}
+            for key in names:
                 with safe_open(str(files[f"{prefix}.{key}"]), framework="pt") as handle:
-                    stored[key] = handle.get_tensor(f"{prefix}.{key}")
-            scheme_name = (
-                "w8a16"
-                if "weight_packed" in stored
-                else "fp8"
-                if stored["weight"].dtype == torch.float8_e4m3fn
-                else "w8a8"
-            )
-            q, scale = _stored_q_scale(scheme_name, stored)
+                    tensors[key] = handle.get_tensor(f"{prefix}.{key}")
+            dtypes = {f"{prefix}.{key}": t.dtype for key, t in tensors.items()}
+            codec = detect_codec(prefix, dtypes, str(files[f"{prefix}.{SCALE}"]))
+            stored = {key: tensors[key] for key in codec.names if key in tensors}
+            q, scale = codec.read(stored)
+            scheme_name = codec.scheme.name
             groups = scale.shape[1]
             geometry = Geometry(
                 q.shape[1], q.shape[0], group_size=None if groups == 1 else q.shape[1] // groups
@@ -722,7 +711,7 @@ def artifact_cases(artifact: Path) -> dict[str, dict[Geometry, WeightCase]]:
             if f"{prefix}.bias" in files:
                 with safe_open(str(files[f"{prefix}.bias"]), framework="pt") as handle:
                     bias = handle.get_tensor(f"{prefix}.bias").to(torch.float32)
-            sources = {key: files[f"{prefix}.{key}"] for key in keys}
+            sources = {key: files[f"{prefix}.{key}"] for key in stored}
             found[scheme_name][geometry] = WeightCase(
                 f"artifact:{component}/{prefix}", stored, bias, sources, prefix
             )

@@ -1,13 +1,9 @@
 """Quantization schemes as data, with the names people and other tools use for them.
 
-A scheme says what is stored per quantized Linear and how activations are
-treated at run time. The tensor conventions follow compressed-tensors (the
-ones vLLM reads):
-
-| scheme | format          | tensors per quantized Linear                                  |
-| w8a16  | pack-quantized  | weight_packed int32 (out, in/4), weight_scale (out, 1 | in/g), weight_shape int64 (2,) |
-| w8a8   | int-quantized   | weight int8 (out, in), weight_scale (out, 1)                  |
-| fp8    | float-quantized | weight float8_e4m3fn (out, in), weight_scale (out, 1)         |
+A scheme says how weights are quantized (and into which compressed-tensors
+format they are stored: ``format``) and how activations are treated at run
+time. What each format stores per quantized Linear is its codec's
+(``ditq.checkpoint.codecs``).
 """
 
 from __future__ import annotations

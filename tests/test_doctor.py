@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from ditq import doctor
+from ditq.checkpoint.codecs import codec_for
 from ditq.cli import main
 from ditq.errors import DitqError
 from ditq.kernels import ENV_FORCE, get_kernel, register_kernel, unregister_kernel
 from ditq.kernels.registry import Prepared, StoredWeight
-from ditq.kernels.stored import stored_from_quantized
 from ditq.numerics import quantize_weight
 from ditq.schemes import get_scheme
 
@@ -149,8 +149,8 @@ def _layer(scheme_name: str, in_features: int, out_features: int):  # type: igno
     from ditq.runtime.modules import linear_from_stored
 
     weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(3))
-    q, scale = quantize_weight(weight, get_scheme(scheme_name))
-    return linear_from_stored(stored_from_quantized(q, scale, scheme_name), get_scheme(scheme_name), None)
+    scheme = get_scheme(scheme_name)
+    return linear_from_stored(codec_for(scheme).encode(*quantize_weight(weight, scheme)), scheme, None)
 
 
 def test_runtime_start_up_moves_layers_off_a_refused_path(broken) -> None:  # type: ignore[no-untyped-def]

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import torch
 
+from ditq.checkpoint.codecs import codec_for
 from ditq.kernels.cuda_common import cuda_available, flatten_rows, quantize_rows
 from ditq.kernels.registry import FLOAT_ACTIVATIONS, Prepared, StoredWeight, register_kernel
-from ditq.kernels.stored import stored_fp8_weight
+from ditq.schemes import FP8
 
 __all__: list[str] = []
 
 
 def _prepare(stored: StoredWeight, device: torch.device) -> Prepared:
     """weight float8_e4m3fn (N, K) as stored (its transpose is the column-major B); weight_scale (1, N)."""
-    q, scale = stored_fp8_weight(stored)
+    q, scale = codec_for(FP8).read(stored)
     return {
         "weight": q.to(device).contiguous(),
         "weight_scale": scale.to(device, torch.float32).reshape(1, -1).contiguous(),

@@ -15,10 +15,12 @@ from collections.abc import Callable
 
 import torch
 
+from ditq.checkpoint.codecs import codec_for
 from ditq.kernels.cuda_common import matmul_rows, quantize_rows, register_row_fakes, triton_available
-from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, PrepareFn, register_kernel
+from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, PrepareFn, StoredWeight, register_kernel
+from ditq.schemes import Scheme
 
-__all__ = ["register_per_token_triton"]
+__all__ = ["prepare_per_channel", "register_per_token_triton"]
 
 # variant -> (op and path suffix, minimum capability (None: the scheme's own), how the GEMM loads its tiles)
 _VARIANTS: dict[str, tuple[str, tuple[int, int] | None, str]] = {
@@ -52,17 +54,32 @@ def _row_op(name: str, activation: str, variant: str) -> Callable[..., torch.Ten
     return op
 
 
+def prepare_per_channel(scheme: Scheme) -> PrepareFn:
+    """The repack of a per-token path of ``scheme``: weight (N, K) as stored (K contiguous); weight_scale (N,)
+    float32."""
+    codec = codec_for(scheme)
+
+    def prepare(stored: StoredWeight, device: torch.device) -> Prepared:
+        q, scale = codec.read(stored)
+        return {
+            "weight": q.to(device).contiguous(),
+            "weight_scale": scale.to(device, torch.float32).reshape(-1).contiguous(),
+        }
+
+    return prepare
+
+
 def register_per_token_triton(
-    scheme: str,
-    activation: str,
-    prepare: PrepareFn,
-    priorities: tuple[int, int, int],
-    min_capability: tuple[int, int],
+    scheme: Scheme, priorities: tuple[int, int, int], min_capability: tuple[int, int]
 ) -> None:
-    """Register the pointer, TMA and persistent paths of `scheme`, whose activations are quantized per token to
-    `activation` ("int8" or "fp8"); `priorities` in that order; `min_capability` for the pointer path."""
+    """Register the pointer, TMA and persistent paths of ``scheme`` (its activations quantized per token);
+    ``priorities`` in that order; ``min_capability`` for the pointer path."""
+    activation = scheme.activations
+    if activation is None:
+        raise ValueError(f"{scheme.name} is weight-only: no per-token activation paths")
+    prepare = prepare_per_channel(scheme)
     for (variant, (suffix, capability, gemm)), priority in zip(_VARIANTS.items(), priorities, strict=True):
-        op = _row_op(f"ditq::{scheme}_triton" + (f"_{suffix}" if suffix else ""), activation, variant)
+        op = _row_op(f"ditq::{scheme.name}_triton" + (f"_{suffix}" if suffix else ""), activation, variant)
 
         def matmul(
             x: torch.Tensor,
@@ -73,8 +90,8 @@ def register_per_token_triton(
             return matmul_rows(op, x, prepared, bias)
 
         register_kernel(
-            name=f"triton-{scheme}" + (f"-{suffix}" if suffix else ""),
-            scheme=scheme,
+            name=f"triton-{scheme.name}" + (f"-{suffix}" if suffix else ""),
+            scheme=scheme.name,
             device_type="cuda",
             prepare=prepare,
             priority=priority,

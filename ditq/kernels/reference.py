@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from ditq.kernels.registry import Prepared, StoredWeight, register_kernel
-from ditq.kernels.stored import stored_fp8_weight, stored_int8_weight, unpack_w8a16
+from ditq.checkpoint.codecs import codec_for
+from ditq.kernels.registry import Prepared, PrepareFn, StoredWeight, register_kernel
 from ditq.numerics import dequantize_weight, quantize_activation_per_token
+from ditq.schemes import FP8, W8A8, W8A16, Scheme
 
 __all__ = ["reference_float32"]
 
@@ -74,24 +75,22 @@ for _op in (w8a16_reference, w8a8_reference, fp8_reference):
         return x.new_empty(_out_shape(x, weight))
 
 
-def _to_device(q: torch.Tensor, scale: torch.Tensor, device: torch.device) -> Prepared:
-    return {"weight": q.to(device).contiguous(), "weight_scale": scale.to(device, torch.float32).contiguous()}
+def _prepare_for(scheme: Scheme) -> PrepareFn:
+    """The reference repack: weight q (N, K) int8|fp8 and weight_scale (N, 1|groups) float32, as the codec reads them."""
+    codec = codec_for(scheme)
 
+    def prepare(stored: StoredWeight, device: torch.device) -> Prepared:
+        q, scale = codec.read(stored)
+        return {
+            "weight": q.to(device).contiguous(),
+            "weight_scale": scale.to(device, torch.float32).contiguous(),
+        }
 
-def _prepare_w8a16(stored: StoredWeight, device: torch.device) -> Prepared:
-    return _to_device(*unpack_w8a16(stored), device)
-
-
-def _prepare_w8a8(stored: StoredWeight, device: torch.device) -> Prepared:
-    return _to_device(*stored_int8_weight(stored), device)
-
-
-def _prepare_fp8(stored: StoredWeight, device: torch.device) -> Prepared:
-    return _to_device(*stored_fp8_weight(stored), device)
+    return prepare
 
 
 @register_kernel(
-    name="cpu-reference-w8a16", scheme="w8a16", device_type="cpu", prepare=_prepare_w8a16, priority=0
+    name="cpu-reference-w8a16", scheme="w8a16", device_type="cpu", prepare=_prepare_for(W8A16), priority=0
 )
 def matmul_w8a16(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """Reference: dequantize (unpacked int8 x scale) in float32, float32 GEMM."""
@@ -99,14 +98,16 @@ def matmul_w8a16(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None)
 
 
 @register_kernel(
-    name="cpu-reference-w8a8", scheme="w8a8", device_type="cpu", prepare=_prepare_w8a8, priority=0
+    name="cpu-reference-w8a8", scheme="w8a8", device_type="cpu", prepare=_prepare_for(W8A8), priority=0
 )
 def matmul_w8a8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """Reference: per-token int8 activation quantization, dequantized float32 GEMM."""
     return w8a8_reference(x, prepared["weight"], prepared["weight_scale"], bias)
 
 
-@register_kernel(name="cpu-reference-fp8", scheme="fp8", device_type="cpu", prepare=_prepare_fp8, priority=0)
+@register_kernel(
+    name="cpu-reference-fp8", scheme="fp8", device_type="cpu", prepare=_prepare_for(FP8), priority=0
+)
 def matmul_fp8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """Reference: per-token fp8 activation quantization, dequantized float32 GEMM."""
     return fp8_reference(x, prepared["weight"], prepared["weight_scale"], bias)

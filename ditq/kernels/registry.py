@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ditq.errors import InputError
+from ditq.schemes import SCHEMES
 
 __all__ = [
     "ENV_DISABLE",
@@ -39,9 +40,7 @@ __all__ = [
 ENV_FORCE = "DITQ_KERNELS"
 ENV_DISABLE = "DITQ_DISABLE_KERNELS"
 
-# Exactly the stored tensors of one Linear, keys per scheme:
-#   w8a16: weight_packed int32 (out, in/4), weight_scale float32 (out, 1|groups), weight_shape int64 (2,)
-#   w8a8 / fp8: weight int8|float8_e4m3fn (out, in), weight_scale float32 (out, 1)
+# Exactly the stored tensors of one Linear, as its scheme's codec lays them out (ditq.checkpoint.codecs).
 StoredWeight = Mapping[str, torch.Tensor]
 # A path's repacked form; always holds "weight_scale" (post-repack scales, checked finite by the doctor).
 Prepared = dict[str, torch.Tensor]
@@ -50,7 +49,7 @@ MatmulFn = Callable[[torch.Tensor, Prepared, "torch.Tensor | None"], torch.Tenso
 
 FLOAT_ACTIVATIONS = frozenset({torch.bfloat16, torch.float16, torch.float32})
 HALF_ACTIVATIONS = frozenset({torch.bfloat16, torch.float16})
-SCHEME_NAMES = ("w8a16", "w8a8", "fp8")
+_SCHEME_ORDER = list(SCHEMES)  # how paths are listed: by scheme, then preference
 
 
 def _always_available() -> str | None:
@@ -134,7 +133,7 @@ def register_kernel(
     description: str = "",
 ) -> Callable[[MatmulFn], MatmulFn]:
     """Decorator: register the decorated matmul as kernel path ``name``; returns the function unchanged."""
-    if scheme not in SCHEME_NAMES:
+    if scheme not in SCHEMES:
         raise ValueError(f"kernel {name!r}: unknown scheme {scheme!r}")
 
     def decorate(matmul: MatmulFn) -> MatmulFn:
@@ -165,7 +164,7 @@ def unregister_kernel(name: str) -> None:
 
 def all_kernels() -> list[KernelPath]:
     """Every registered path, by scheme then preference."""
-    return sorted(_REGISTRY.values(), key=lambda p: (SCHEME_NAMES.index(p.scheme), -p.priority, p.name))
+    return sorted(_REGISTRY.values(), key=lambda p: (_SCHEME_ORDER.index(p.scheme), -p.priority, p.name))
 
 
 def get_kernel(name: str) -> KernelPath:

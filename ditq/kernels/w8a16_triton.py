@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import torch
 
+from ditq.checkpoint.codecs import codec_for
 from ditq.kernels.cuda_common import matmul_rows, register_row_fakes, triton_available
 from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, StoredWeight, register_kernel
-from ditq.kernels.stored import unpack_w8a16
+from ditq.schemes import W8A16
 
 __all__: list[str] = []
 
 
 def _prepare(stored: StoredWeight, device: torch.device) -> Prepared:
     """Repack: the stored int32 words (4 biased bytes each) -> int8 (N, K); weight_scale (N, G) float32."""
-    q, scale = unpack_w8a16({key: t.to(device) for key, t in stored.items()})
+    q, scale = codec_for(W8A16).read({key: t.to(device) for key, t in stored.items()})
     return {"weight": q.contiguous(), "weight_scale": scale.to(torch.float32).contiguous()}
 
 

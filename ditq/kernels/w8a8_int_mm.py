@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 
 from ditq.kernels.cuda_common import cuda_available, matmul_rows, quantize_rows, register_row_fakes
+from ditq.kernels.per_token_triton import prepare_per_channel
 from ditq.kernels.registry import FLOAT_ACTIVATIONS, Prepared, register_kernel
-from ditq.kernels.w8a8_triton import prepare_w8a8
+from ditq.schemes import W8A8
 
 __all__: list[str] = []
 
@@ -37,7 +38,7 @@ register_row_fakes(w8a8_int_mm)
     name="int-mm-w8a8",
     scheme="w8a8",
     device_type="cuda",
-    prepare=prepare_w8a8,
+    prepare=prepare_per_channel(W8A8),
     priority=50,
     min_capability=(8, 0),
     activation_dtypes=FLOAT_ACTIVATIONS,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from ditq.kernels.stored import stored_from_quantized
+from ditq.checkpoint.codecs import codec_for
 from ditq.numerics import quantize_weight
 from ditq.schemes import Scheme, get_scheme
 
@@ -142,7 +142,7 @@ def write_artifact(
             prefix, _, attr = name.rpartition(".")
             if prefix in targets and attr == "weight":
                 q, scale = quantize_weight(tensor, scheme)
-                for key, value in stored_from_quantized(q, scale, scheme.name).items():
+                for key, value in codec_for(scheme).encode(q, scale).items():
                     yield f"{prefix}.{key}", value
             else:
                 yield name, tensor
@@ -190,7 +190,7 @@ def write_random_artifact(
                 if scheme.weight_type == "float":
                     q = (q.to(torch.float32) * 3.5).to(torch.float8_e4m3fn)
                 scale = torch.full((shape[0], 1), 0.02 / 127, dtype=torch.float32)
-                for key, value in stored_from_quantized(q, scale, scheme.name).items():
+                for key, value in codec_for(scheme).encode(q, scale).items():
                     yield f"{prefix}.{key}", value
             elif placeholder.is_floating_point():
                 yield name, (torch.randn(shape, generator=generator) * 0.02).to(dtype)
