@@ -11,6 +11,13 @@ of one call: ``encode_prompt`` (or the text encoders' forwards), the
 transformer's forwards and ``callback_on_step_end`` (denoising steps), and
 ``vae.decode``. On CUDA each boundary synchronizes so the times are wall time
 of finished work.
+
+A call can be stopped between denoising steps: ``should_stop`` is asked after
+every step (from ``callback_on_step_end``) and a reason it returns is raised
+there as :class:`GenerationCancelled`. Raising, rather than setting diffusers'
+``_interrupt``, works for every pipeline that calls the callback (the demo
+pipeline has no ``_interrupt``) and skips the VAE decode that ``_interrupt``
+still runs on the unfinished latents.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from PIL import Image
 
 from ditq.errors import DitqError, InputError
 
-__all__ = ["GenerationRequest", "GenerationResult", "PipelineAdapter"]
+__all__ = ["GenerationCancelled", "GenerationRequest", "GenerationResult", "PipelineAdapter"]
 
 # Generic request field -> pipeline parameter names that carry it, in preference order.
 _PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
@@ -45,6 +52,15 @@ _PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
 }
 DEFAULT_MAX_REFERENCE_IMAGES = 4
 _TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
+
+
+class GenerationCancelled(DitqError):
+    """A call stopped between denoising steps because ``should_stop`` gave a reason."""
+
+    def __init__(self, reason: str, steps_done: int) -> None:
+        super().__init__(f"generation cancelled after {steps_done} steps: {reason}")
+        self.reason = reason
+        self.steps_done = steps_done
 
 
 @dataclass
@@ -154,6 +170,16 @@ class PipelineAdapter:
         # DiT pipelines pack latents 2x2 into tokens, so sizes align to twice the VAE factor.
         self.size_alignment = int(self._setting("size_alignment", vae_scale_factor * 2))
         self.default_size = self._default_size(vae_scale_factor)
+        self.default_steps = self._default_steps()
+        # Pixels one reference image becomes inside the pipeline, where it says (a square reference_size);
+        # None: the pipeline does not say.
+        reference_size = self._setting("reference_size", None)
+        self.reference_pixels = int(reference_size) ** 2 if isinstance(reference_size, int) else None
+
+    @property
+    def cancellable(self) -> bool:
+        """Whether a call can be stopped between steps (the pipeline takes ``callback_on_step_end``)."""
+        return "callback_on_step_end" in self.parameters
 
     def _setting(self, name: str, default: Any) -> Any:
         """A pipeline attribute, or the same key of its registered config, or ``default``."""
@@ -176,6 +202,15 @@ class PipelineAdapter:
         if isinstance(sample_size, int):
             return sample_size * vae_scale_factor, sample_size * vae_scale_factor
         return 1024, 1024
+
+    def _default_steps(self) -> int:
+        """The steps a request without num_inference_steps gets: the pipeline's setting, else its signature's."""
+        configured = self._setting("default_num_inference_steps", None)
+        if isinstance(configured, int):
+            return configured
+        parameter = inspect.signature(self.pipeline.__call__).parameters.get("num_inference_steps")
+        default = parameter.default if parameter is not None else None
+        return default if isinstance(default, int) else 50
 
     @property
     def pipeline_name(self) -> str:
@@ -261,16 +296,22 @@ class PipelineAdapter:
         if isinstance(transformer, torch.nn.Module):
             stack.enter_context(_forward_timer(transformer, "denoising_forward", clock))
 
-    def __call__(self, request: GenerationRequest) -> GenerationResult:
+    def __call__(
+        self, request: GenerationRequest, should_stop: Callable[[], str | None] | None = None
+    ) -> GenerationResult:
+        """Run one request. ``should_stop`` is asked after every denoising step (where the pipeline takes
+        ``callback_on_step_end``); a reason it returns stops the call with :class:`GenerationCancelled`."""
         kwargs = self.build_kwargs(request)
         device = self._execution_device()
         clock = _Clock(device)
-        if "callback_on_step_end" in self.parameters:
+        if self.cancellable:
 
             def on_step_end(
                 _pipe: Any, _step: int, _timestep: Any, callback_kwargs: dict[str, Any]
             ) -> dict[str, Any]:
                 clock.step_marks.append(clock.now())
+                if should_stop is not None and (reason := should_stop()) is not None:
+                    raise GenerationCancelled(reason, len(clock.step_marks))
                 return callback_kwargs
 
             kwargs["callback_on_step_end"] = on_step_end
@@ -281,8 +322,12 @@ class PipelineAdapter:
         with ExitStack() as stack:
             self._instrument(stack, clock)
             start = clock.now()
-            with torch.inference_mode():
-                output = self.pipeline(**kwargs)
+            try:
+                with torch.inference_mode():
+                    output = self.pipeline(**kwargs)
+            except GenerationCancelled:
+                self._release_offload_hooks()
+                raise
             end = clock.now()
         images = getattr(output, "images", None)
         if images is None:
@@ -294,6 +339,13 @@ class PipelineAdapter:
             step_times=self._step_times(clock),
             peak_memory_bytes=peak,
         )
+
+    def _release_offload_hooks(self) -> None:
+        """What a pipeline does at the end of a finished call and a cancelled one skipped: with model offload,
+        put every model back on the host (diffusers' ``maybe_free_model_hooks``)."""
+        release = getattr(self.pipeline, "maybe_free_model_hooks", None)
+        if callable(release):
+            release()
 
     @staticmethod
     def _step_times(clock: _Clock) -> list[float]:

@@ -1,8 +1,12 @@
 """The FastAPI application: the images API, /v1/models, /health and /metrics.
 
-Request path: parse (400) -> validate against settings and pipeline (400) -> enqueue (429) ->
-wait for the worker, watching the deadline (504) and the client (dropped when gone) ->
-check the images for collapse (500 non_finite_output) -> encode -> respond with stage metrics.
+Request path: Host, Origin and API key (access.py: 400/403/401) -> the body streamed under its limit and
+timeout (body_limit.py: 413/408) -> parse (415/400) -> check uploads from their headers (400) -> validate
+against settings and pipeline (400) -> admit by cost (413 can never fit, 429 busy) -> enqueue (429) ->
+wait for the worker, watching the deadline (504) and the client (dropped when gone; a running generation
+stops at its next step either way) -> check the images for collapse (500 non_finite_output) -> encode ->
+respond with stage metrics. A failure of the server itself is a 500 naming an error id, never the
+exception's text.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import base64
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,10 +28,14 @@ from starlette.exceptions import HTTPException
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.serve import errors
+from ditq.serve.access import AccessMiddleware
 from ditq.serve.body_limit import BodyLimitMiddleware
 from ditq.serve.config import ServeConfig
+from ditq.serve.cost import CostModel, request_cost
 from ditq.serve.errors import APIError, envelope
 from ditq.serve.images import collapse_reasons, encode_image
+from ditq.serve.intake import Reference, check_uploads
+from ditq.serve.metrics import endpoint_label
 from ditq.serve.parsing import parse_form, parse_json
 from ditq.serve.schemas import (
     ImageData,
@@ -38,8 +47,8 @@ from ditq.serve.schemas import (
     StageMetrics,
 )
 from ditq.serve.state import DoctorOutcome, ServerState
-from ditq.serve.validation import decode_images, to_generation_request
-from ditq.serve.worker import Job, OutOfMemory, QueueClosed, QueueFull
+from ditq.serve.validation import to_generation_request
+from ditq.serve.worker import Cancelled, GenerationWorker, Job, OutOfMemory, QueueClosed, QueueFull
 
 __all__ = ["create_app"]
 
@@ -47,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 _DISCONNECT_POLL_S = 0.25
 _CLIENT_GONE = 499  # recorded in /metrics for a client that left before its answer (nothing is sent)
+_HEADER_CHECKS = anyio.CapacityLimiter(2)  # uploads' headers read off the event loop, two requests at a time
 
 
 def _input_error(error: InputError) -> APIError:
@@ -56,31 +66,82 @@ def _input_error(error: InputError) -> APIError:
     return APIError(400, message, param=prefix if prefix.isidentifier() else None, code="invalid_value")
 
 
-async def _wait(request: Request, state: ServerState, job: Job, deadline: float) -> GenerationResult | None:
-    """The job's result; None when the client left (the job is withdrawn if still queued)."""
-    assert state.worker is not None
+def _error_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _admit(
+    state: ServerState,
+    worker: GenerationWorker,
+    generation: GenerationRequest,
+    references: int,
+    deadline: float,
+) -> float:
+    """413 when the request can never fit this device's budget, 429 when the work queued ahead leaves it no
+    time before its deadline; otherwise the lower bound of its run time (0 without a cost model)."""
+    model: CostModel | None = state.cost_model
+    if model is None:
+        return 0.0
+    assert state.adapter is not None
+    cost = request_cost(generation, references, state.adapter)
+    refusal = model.refusal(cost)
+    if refusal is not None:
+        raise errors.over_budget(f"this request can never run here: {refusal}")
+    seconds = model.seconds(cost)
+    wait = worker.estimated_wait_s()
+    if wait + seconds > deadline - time.perf_counter():
+        raise errors.busy(
+            f"the queue holds at least {wait:.0f} s of work and this request at least {seconds:.0f} s: "
+            f"it would not finish within the timeout of {state.config.request_timeout_s:g} s; retry later",
+            retry_after_s=wait,
+        )
+    return seconds
+
+
+def _stopped(cancelled: Cancelled, state: ServerState) -> APIError | None:
+    """The answer for a job stopped early; None when its client left (nothing to answer)."""
+    if cancelled.reason == "timeout":
+        return errors.request_timeout(state.config.request_timeout_s)
+    if cancelled.reason == "draining":
+        return errors.draining(f"stopped this request after {cancelled.steps_done} steps")
+    if cancelled.reason == "out_of_memory":
+        return errors.out_of_memory("the process passed its memory budget between two steps")
+    return None
+
+
+async def _wait(
+    request: Request, worker: GenerationWorker, state: ServerState, job: Job, deadline: float
+) -> GenerationResult | None:
+    """The job's result; None when the client left (the job is withdrawn if still queued, stopped at its next
+    step if running)."""
     future = asyncio.wrap_future(job.future)
     while not future.done():
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
-            state.worker.cancel(job)
+            worker.cancel(job, "timeout")
             raise errors.request_timeout(state.config.request_timeout_s)
         await asyncio.wait({future}, timeout=min(remaining, _DISCONNECT_POLL_S))
         if not future.done() and await request.is_disconnected():
-            dropped = state.worker.cancel(job)
+            dropped = worker.cancel(job, "client_gone")
             logger.info(
-                "client disconnected; request %s", "dropped from the queue" if dropped else "discarded"
+                "client disconnected; request %s", "dropped from the queue" if dropped else "stopping"
             )
             return None
     try:
         return future.result()
+    except Cancelled as cancelled:
+        answer = _stopped(cancelled, state)
+        if answer is None:
+            return None
+        raise answer from None
     except OutOfMemory as error:
         raise errors.out_of_memory(str(error)) from None
     except InputError as error:
         raise _input_error(error) from None
-    except Exception as error:
-        logger.exception("generation failed")
-        raise errors.generation_failed(f"{type(error).__name__}: {error}") from None
+    except Exception:
+        error_id = _error_id()
+        logger.exception("generation failed [error id %s]", error_id)
+        raise errors.generation_failed(error_id) from None
 
 
 def _finish(
@@ -123,7 +184,7 @@ def _finish(
         size=f"{width}x{height}",
         background=body.background,
         usage=ImageUsage(
-            input_images=len(generation.images),
+            input_images=len(job.references),
             output_images=len(encoded),
             output_pixels=width * height * len(encoded),
         ),
@@ -137,19 +198,25 @@ async def _generate(request: Request, state: ServerState, edits: bool) -> Respon
     worker = state.require_ready()
     adapter = state.adapter
     assert adapter is not None
+    references: list[Reference] = []
     if edits:
         body, uploads = await parse_form(request, adapter.max_reference_images)
-        images = decode_images(uploads, adapter)
+        references = await anyio.to_thread.run_sync(
+            check_uploads, uploads, adapter, state.config, limiter=_HEADER_CHECKS
+        )
+        del uploads
     else:
-        body, images = await parse_json(request), []
-    generation = to_generation_request(body, images, adapter, state.config)
+        body = await parse_json(request)
+    generation = to_generation_request(body, adapter, state.config)
+    estimate_s = _admit(state, worker, generation, len(references), deadline)
     try:
-        job = worker.submit(generation)
+        job = worker.submit(generation, tuple(references), deadline, estimate_s)
     except QueueFull:
         raise errors.queue_full(state.config.max_queue) from None
     except QueueClosed:
         raise errors.draining() from None
-    result = await _wait(request, state, job, deadline)
+    del references
+    result = await _wait(request, worker, state, job, deadline)
     if result is None:
         return Response(status_code=_CLIENT_GONE)
     response = await anyio.to_thread.run_sync(_finish, body, generation, job, result, state)
@@ -164,13 +231,11 @@ def _images_route(state: ServerState, endpoint: str, edits: bool) -> Callable[[R
         except APIError as error:
             if error.status >= 500:
                 logger.warning("%s -> %d %s: %s", endpoint, error.status, error.code, error.message)
-            response = JSONResponse(error.body(), status_code=error.status)
-        except Exception as error:  # a fault of the server itself, still answered in the envelope
-            logger.exception("%s: internal error", endpoint)
-            failure = APIError(
-                500, f"internal error: {type(error).__name__}: {error}", "server_error", code="internal_error"
-            )
-            response = JSONResponse(failure.body(), status_code=500)
+            response = error.response()
+        except Exception:  # a fault of the server itself, still answered in the envelope, without its text
+            error_id = _error_id()
+            logger.exception("%s: internal error [error id %s]", endpoint, error_id)
+            response = errors.internal_error(error_id).response()
         state.metrics.observe_request(endpoint, response.status_code, time.perf_counter() - started)
         return response
 
@@ -185,12 +250,15 @@ def create_app(
     on_load_failure: Callable[[str, bool], None] | None = None,
     drain_timeout_s: float | None = None,
     facts: dict[str, Any] | None = None,
+    calibrate: Callable[[PipelineAdapter], CostModel] | None = None,
 ) -> FastAPI:
-    """An app that loads its model in the background at start-up (``load`` then ``doctor``).
+    """An app that loads its model in the background at start-up (``load``, ``doctor``, then ``calibrate``:
+    the cost model requests are admitted by; without it, only the fixed limits apply).
 
     ``facts`` (device, offload, memory budget...) are shown by /health with the load time and kernel paths.
+    ``model_root`` goes to the log only; responses name the model by ``config.served_model_name``.
     """
-    state = ServerState(config, load, doctor, model_root, on_load_failure, facts)
+    state = ServerState(config, load, doctor, model_root, on_load_failure, facts, calibrate)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -198,7 +266,8 @@ def create_app(
         yield
         await anyio.to_thread.run_sync(state.stop, drain_timeout_s)
 
-    app = FastAPI(title="ditq serve", lifespan=lifespan)
+    docs = {} if config.docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="ditq serve", lifespan=lifespan, **docs)  # type: ignore[arg-type]
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, error: HTTPException) -> JSONResponse:
@@ -208,35 +277,29 @@ def create_app(
         )
 
     app.state.serve = state
-    app.add_middleware(
-        BodyLimitMiddleware,
-        limit=config.max_body_bytes,
-        on_reject=lambda path, seconds: state.metrics.observe_request(_endpoint_name(path), 413, seconds),
-    )
+
+    def on_reject(path: str, status: int, seconds: float) -> None:
+        state.metrics.observe_request(endpoint_label(path), status, seconds)
+
+    # Starlette runs the last added outermost: access is checked before a byte of the body is read.
+    app.add_middleware(BodyLimitMiddleware, config=config, on_reject=on_reject)
+    app.add_middleware(AccessMiddleware, config=config, on_reject=on_reject)
     app.add_api_route("/v1/images/generations", _images_route(state, "generations", False), methods=["POST"])
     app.add_api_route("/v1/images/edits", _images_route(state, "edits", True), methods=["POST"])
 
     @app.get("/v1/models")
     def models() -> ModelList:
         created = state.loaded_at or int(time.time())
-        return ModelList(data=[ModelCard(id=config.served_model_name, created=created, root=model_root)])
+        name = config.served_model_name
+        return ModelList(data=[ModelCard(id=name, created=created, root=name)])
 
     @app.get("/health")
     def health() -> JSONResponse:
-        doctor_outcome = state.doctor_outcome
-        body: dict[str, Any] = {"status": state.phase, "model": config.served_model_name, **state.facts}
-        if doctor_outcome is not None:
-            body["doctor"] = {"status": doctor_outcome.status, "summary": doctor_outcome.summary}
-        if state.failure is not None:
-            body["error"] = state.failure
-        return JSONResponse(body, status_code=200 if state.phase == "ready" else 503)
+        status, body = state.health()
+        return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
-
-
-def _endpoint_name(path: str) -> str:
-    return path.rstrip("/").rsplit("/", 1)[-1] or "root"

@@ -1,72 +1,97 @@
-"""An ASGI middleware that answers 413 for a request body over the limit, before the app reads it."""
+"""An ASGI middleware that streams a request body to the app under a size limit and a deadline.
+
+Nothing is buffered here: each chunk is counted as the app reads it. A declared Content-Length over the limit
+is answered 413 before a byte is read; a body that grows past it stops the app's read with 413, and a body
+that has not fully arrived ``body_timeout_s`` after its headers stops it with 408. Both close the connection.
+JSON bodies get ``max_json_body_bytes`` (prompts are small), every other body ``max_body_bytes``. After a body
+of more than ``TRIM_AFTER_BYTES`` the heap's free pages are handed back to the OS.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
+import anyio
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ditq.serve.errors import body_too_large
+from ditq.serve.config import ServeConfig
+from ditq.serve.errors import APIError, body_timeout, body_too_large
+from ditq.serve.worker import return_free_host_memory
 
-__all__ = ["BodyLimitMiddleware"]
+__all__ = ["TRIM_AFTER_BYTES", "BodyLimitMiddleware", "send_error"]
+
+TRIM_AFTER_BYTES = 8 * 1024**2
+
+
+async def send_error(send: Send, error: APIError) -> None:
+    """An APIError as a whole HTTP response, for middleware that answers before the app."""
+    body = error.json_bytes()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(name.encode(), value.encode()) for name, value in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class BodyLimitMiddleware:
-    """Rejects by Content-Length when declared; otherwise reads the (chunked) body up to the limit,
-    then replays it to the app. ``on_reject(path, seconds)`` is told of each rejection."""
+    """``on_reject(path, status, seconds)`` is told of each request this middleware answers itself."""
 
-    def __init__(self, app: ASGIApp, limit: int, on_reject: Callable[[str, float], None]) -> None:
-        self.app, self.limit, self.on_reject = app, limit, on_reject
+    def __init__(
+        self, app: ASGIApp, config: ServeConfig, on_reject: Callable[[str, int, float], None]
+    ) -> None:
+        self.app, self.config, self.on_reject = app, config, on_reject
+
+    def _limit(self, headers: Headers) -> tuple[int, str]:
+        media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media_type == "application/json":
+            return self.config.max_json_body_bytes, "JSON"
+        return self.config.max_body_bytes, "this content type"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        headers = dict(scope["headers"])
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._reject(scope, send, started)
+        headers = Headers(scope=scope)
+        limit, kind = self._limit(headers)
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await self._answer(scope, send, body_too_large(limit, kind), started)
             return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                await self._reject(scope, send, started)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        replayed = False
+        timeout_s = self.config.body_timeout_s
+        deadline = started + timeout_s
+        received, complete, responded = 0, False, False
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
+        async def guarded_receive() -> Message:
+            nonlocal received, complete
+            if complete:  # only http.disconnect is left to wait for: no deadline on that
+                return await receive()
+            with anyio.move_on_after(deadline - time.perf_counter()) as timer:
+                message = await receive()
+            if timer.cancelled_caught:
+                raise body_timeout(timeout_s)
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise body_too_large(limit, kind)
+                complete = not message.get("more_body", False)
+            return message
 
-        await self.app(scope, replay, send)
+        async def watched_send(message: Message) -> None:
+            nonlocal responded
+            responded = True
+            await send(message)
 
-    async def _reject(self, scope: Scope, send: Send, started: float) -> None:
-        error = body_too_large(self.limit)
-        body = error.json_bytes()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": error.status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"connection", b"close"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-        self.on_reject(scope["path"], time.perf_counter() - started)
+        try:
+            await self.app(scope, guarded_receive, watched_send)
+        except APIError as error:  # raised by guarded_receive in a read the app did not answer itself
+            if responded:
+                raise
+            await self._answer(scope, send, error, started)
+        if received > TRIM_AFTER_BYTES:
+            await anyio.to_thread.run_sync(return_free_host_memory)
+
+    async def _answer(self, scope: Scope, send: Send, error: APIError, started: float) -> None:
+        await send_error(send, error)
+        self.on_reject(scope["path"], error.status, time.perf_counter() - started)

@@ -7,22 +7,33 @@ type and the machine-readable ``code`` are chosen in one place per cause (the co
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
+
+from fastapi.responses import JSONResponse
 
 __all__ = [
     "APIError",
     "bad_field",
+    "bad_host",
+    "body_timeout",
     "body_too_large",
+    "busy",
+    "cross_origin",
     "draining",
     "envelope",
     "generation_failed",
+    "internal_error",
     "loading",
     "model_not_found",
     "non_finite_output",
     "out_of_memory",
+    "over_budget",
     "queue_full",
     "request_timeout",
+    "unauthorized",
+    "unsupported_media_type",
 ]
 
 
@@ -35,6 +46,9 @@ class APIError(Exception):
     type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+    # HTTP headers beside the body: Retry-After, WWW-Authenticate, or Connection: close where the rest of the
+    # request body is not read (the connection cannot carry another request).
+    headers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -44,6 +58,9 @@ class APIError(Exception):
 
     def json_bytes(self) -> bytes:
         return json.dumps(self.body()).encode()
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def envelope(message: str, type: str, param: str | None, code: str | None) -> dict[str, Any]:
@@ -64,9 +81,71 @@ def model_not_found(name: str, served: str) -> APIError:
     )
 
 
-def body_too_large(limit_bytes: int) -> APIError:
+_CLOSE = {"connection": "close"}
+
+
+def body_too_large(limit_bytes: int, kind: str) -> APIError:
     return APIError(
-        413, f"request body is larger than the limit of {limit_bytes} bytes", code="body_too_large"
+        413,
+        f"request body is larger than the limit of {limit_bytes} bytes for {kind}",
+        code="body_too_large",
+        headers=_CLOSE,
+    )
+
+
+def body_timeout(seconds: float) -> APIError:
+    return APIError(
+        408, f"the request body did not arrive within {seconds:g} s", code="body_timeout", headers=_CLOSE
+    )
+
+
+def unsupported_media_type(expected: str, got: str) -> APIError:
+    return APIError(
+        415,
+        f"body: this endpoint takes {expected}, got content-type '{got[:80]}'",
+        param="body",
+        code="unsupported_media_type",
+        headers=_CLOSE,
+    )
+
+
+def unauthorized() -> APIError:
+    return APIError(
+        401,
+        "missing or wrong API key; send 'Authorization: Bearer <key>'",
+        code="invalid_api_key",
+        headers={**_CLOSE, "www-authenticate": "Bearer"},
+    )
+
+
+def bad_host() -> APIError:
+    return APIError(
+        400, "the Host header names a host this server does not serve", code="invalid_host", headers=_CLOSE
+    )
+
+
+def cross_origin() -> APIError:
+    return APIError(
+        403,
+        "cross-origin requests are refused (the Origin header names another host)",
+        code="cross_origin",
+        headers=_CLOSE,
+    )
+
+
+def over_budget(message: str) -> APIError:
+    """413: the request can never run within this server's memory or time budget, whatever else it waits for."""
+    return APIError(413, message, code="over_budget")
+
+
+def busy(message: str, retry_after_s: float) -> APIError:
+    """429: the work queued ahead leaves no time for this request before its deadline."""
+    return APIError(
+        429,
+        message,
+        type="rate_limit_error",
+        code="busy",
+        headers={"retry-after": str(max(1, math.ceil(retry_after_s)))},
     )
 
 
@@ -83,9 +162,9 @@ def loading() -> APIError:
     return APIError(503, "the model is still loading; retry later", type="server_error", code="model_loading")
 
 
-def draining() -> APIError:
+def draining(detail: str = "takes no new requests") -> APIError:
     return APIError(
-        503, "the server is shutting down and takes no new requests", type="server_error", code="draining"
+        503, f"the server is shutting down and {detail}", type="server_error", code="draining", headers=_CLOSE
     )
 
 
@@ -107,8 +186,23 @@ def request_timeout(seconds: float) -> APIError:
     )
 
 
-def generation_failed(detail: str) -> APIError:
-    return APIError(500, f"generation failed: {detail}", type="server_error", code="generation_failed")
+def generation_failed(error_id: str) -> APIError:
+    """500 without the exception's text (it may name files and commands); the log has it under ``error_id``."""
+    return APIError(
+        500,
+        f"generation failed; the server log has the details under error id {error_id}",
+        type="server_error",
+        code="generation_failed",
+    )
+
+
+def internal_error(error_id: str) -> APIError:
+    return APIError(
+        500,
+        f"internal error; the server log has the details under error id {error_id}",
+        type="server_error",
+        code="internal_error",
+    )
 
 
 def non_finite_output(detail: str) -> APIError:

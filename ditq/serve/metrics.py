@@ -1,7 +1,9 @@
 """Server counters and their Prometheus text exposition (format 0.0.4), written out by hand.
 
 Request counts and latencies are recorded by the HTTP layer; queue depth, drops and out-of-memory
-counts are read from the worker at scrape time, so there is one source for each number.
+counts are read from the worker at scrape time, so there is one source for each number. Label values come
+from fixed sets only (``ENDPOINTS``, HTTP status codes): a request's own path never reaches the text, so
+neither a forged line nor one series per path can.
 """
 
 from __future__ import annotations
@@ -13,10 +15,24 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["LATENCY_BUCKETS_S", "Gauge", "ServerMetrics", "resident_memory_bytes"]
+__all__ = [
+    "ENDPOINTS",
+    "LATENCY_BUCKETS_S",
+    "Gauge",
+    "ServerMetrics",
+    "endpoint_label",
+    "resident_memory_bytes",
+]
 
 # Upper bounds (seconds) of the request latency histogram; +Inf is implied.
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+# Path -> the endpoint label; every other path is "other".
+ENDPOINTS = {"/v1/images/generations": "generations", "/v1/images/edits": "edits"}
+
+
+def endpoint_label(path: str) -> str:
+    return ENDPOINTS.get(path.rstrip("/"), "other")
 
 
 def resident_memory_bytes() -> int | None:
@@ -66,6 +82,8 @@ class ServerMetrics:
         self.gauges: list[Gauge] = []
 
     def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
+        if endpoint not in (*ENDPOINTS.values(), "other") or not 100 <= status <= 599:
+            raise ValueError(f"metrics: label outside the fixed set ({endpoint!r}, {status!r})")
         with self._lock:
             self.requests[(endpoint, status)] = self.requests.get((endpoint, status), 0) + 1
             self.latency.setdefault(endpoint, _Histogram()).observe(seconds)

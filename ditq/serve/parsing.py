@@ -1,7 +1,9 @@
 """Request bodies off the wire: JSON for generations, multipart for edits, as typed fields plus uploads.
 
-Every failure is a 400 :class:`APIError` naming the field (pydantic's first error, starlette's
-multipart limits, a file where text belongs and the reverse).
+Every failure is a 4xx :class:`APIError`: 415 for another content type, 400 naming the field otherwise
+(pydantic's first error, JSON that Python will not read: an integer of more than 4300 digits, nesting
+deeper than the interpreter's recursion limit; starlette's multipart limits, a multipart body that ends
+before its closing boundary, a file where text belongs and the reverse).
 """
 
 from __future__ import annotations
@@ -12,12 +14,11 @@ import json
 from fastapi import Request
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException
+from starlette.formparsers import MultiPartException, MultiPartParser
 
-from ditq.serve.errors import APIError, bad_field
+from ditq.serve.errors import APIError, bad_field, unsupported_media_type
+from ditq.serve.intake import Upload
 from ditq.serve.schemas import ImageRequest
-from ditq.serve.validation import Upload
 
 __all__ = ["parse_form", "parse_json"]
 
@@ -39,11 +40,20 @@ def _validation_error(error: ValidationError) -> APIError:
     return bad_field(param, first["msg"])
 
 
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
 async def parse_json(request: Request) -> ImageRequest:
+    """A JSON body sent as application/json: a browser's cross-site form cannot send that type without
+    asking first (CORS), so text/plain JSON is refused."""
+    if _media_type(request) != "application/json":
+        raise unsupported_media_type("application/json", request.headers.get("content-type", ""))
     try:
         payload = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise bad_field("body", f"not valid JSON ({error})") from None
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, int digit limit
+        detail = "nested too deeply" if isinstance(error, RecursionError) else str(error)[:200]
+        raise bad_field("body", f"not valid JSON ({detail})") from None
     if not isinstance(payload, dict):
         raise bad_field("body", "expected a JSON object")
     try:
@@ -52,16 +62,33 @@ async def parse_json(request: Request) -> ImageRequest:
         raise _validation_error(error) from None
 
 
+class _EndCheckingParser(MultiPartParser):
+    """Starlette's parser, noting whether the closing boundary arrived (python-multipart's ``on_end``): a body
+    cut short parses without error and silently loses the parts after the cut."""
+
+    complete = False
+
+    def on_end(self) -> None:
+        self.complete = True
+
+
 async def parse_form(request: Request, max_images: int) -> tuple[ImageRequest, list[Upload]]:
-    """Multipart form -> typed fields plus the uploaded images ('image' and 'image[]', in order)."""
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise bad_field("body", "/v1/images/edits takes multipart/form-data")
+    """Multipart form -> typed fields plus the uploaded images ('image' and 'image[]', in order).
+
+    Files over 1 MiB are spooled to disk while the body streams in (starlette), so a slow body holds little
+    memory; the images are read back as bytes once the whole form is there.
+    """
+    if _media_type(request) != "multipart/form-data":
+        raise unsupported_media_type("multipart/form-data", request.headers.get("content-type", ""))
+    parser = _EndCheckingParser(request.headers, request.stream(), max_files=max_images + 2, max_fields=64)
     try:
-        form = await request.form(max_files=max_images + 2, max_fields=64)
-    except (HTTPException, MultiPartException) as error:  # starlette's limits, or a malformed body
-        message = error.detail if isinstance(error, HTTPException) else error.message
-        too_many_files = "files" in str(message).lower()
-        raise bad_field("image" if too_many_files else "body", str(message)) from None
+        form = await parser.parse()
+    except MultiPartException as error:  # starlette's limits, or a malformed body
+        too_many_files = "files" in error.message.lower()
+        raise bad_field("image" if too_many_files else "body", error.message) from None
+    if not parser.complete:
+        await form.close()
+        raise bad_field("body", "the multipart body ends before its closing boundary (truncated)")
     fields: dict[str, str] = {}
     uploads: list[Upload] = []
     for key, value in form.multi_items():

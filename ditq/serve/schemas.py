@@ -93,7 +93,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "ditq"
-    root: str  # the directory served
+    root: str  # the served model name (never a local path)
 
 
 class ModelList(BaseModel):

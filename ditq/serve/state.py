@@ -1,4 +1,9 @@
-"""The server's lifecycle: loading -> ready (or failed) -> draining, and what each phase allows."""
+"""The server's lifecycle: loading -> ready (or failed) -> draining, what each phase allows, and /health.
+
+Ready is reported as one of three states: ``ready`` (idle), ``busy`` (generating or requests queued; still
+200) and ``degraded`` (503: a generation was asked to stop, by its deadline or its client, and is still
+running ``OVERDUE_GRACE_S`` later, so the worker is wedged until it ends).
+"""
 
 from __future__ import annotations
 
@@ -13,15 +18,17 @@ from ditq.gate import load_rules
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.serve import errors
 from ditq.serve.config import ServeConfig
+from ditq.serve.cost import CostModel
 from ditq.serve.errors import APIError
-from ditq.serve.metrics import ServerMetrics
+from ditq.serve.metrics import ServerMetrics, resident_memory_bytes
 from ditq.serve.worker import GenerationWorker, is_out_of_memory
 
-__all__ = ["DoctorOutcome", "Phase", "ServerState"]
+__all__ = ["OVERDUE_GRACE_S", "DoctorOutcome", "Phase", "ServerState"]
 
 logger = logging.getLogger(__name__)
 
 Phase = Literal["loading", "ready", "failed", "draining", "stopped"]
+OVERDUE_GRACE_S = 10.0  # a generation asked to stop that still runs this much later makes /health degraded
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,7 @@ class ServerState:
         model_root: str,
         on_load_failure: Callable[[str, bool], None] | None = None,
         facts: dict[str, Any] | None = None,
+        calibrate: Callable[[PipelineAdapter], CostModel] | None = None,
     ) -> None:
         self.config = config
         # What /health tells a client about this server beyond its phase: device, offload, memory budget
@@ -62,8 +70,10 @@ class ServerState:
         self.failure: str | None = None
         self.out_of_memory_at_load = False
         self.loaded_at: int | None = None
+        self.cost_model: CostModel | None = None  # None: requests are not admitted by cost
         self._load = load
         self._doctor = doctor
+        self._calibrate = calibrate
         self.on_load_failure = on_load_failure
         self._loader = threading.Thread(target=self._load_and_check, name="model-loader", daemon=True)
         self.metrics.add_gauge(
@@ -93,6 +103,12 @@ class ServerState:
             lambda: self.worker.dropped if self.worker else 0,
             kind="counter",
         )
+        self.metrics.add_gauge(
+            "ditq_stopped_generations_total",
+            "Running generations stopped between steps (client gone, deadline, drain, memory).",
+            lambda: self.worker.stopped if self.worker else 0,
+            kind="counter",
+        )
 
     def start(self) -> None:
         self._loader.start()
@@ -110,10 +126,15 @@ class ServerState:
         except Exception as error:  # reported by /health and the load-failure callback
             logger.exception("loading %s failed", self.model_root)
             first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-            if is_out_of_memory(error):
-                self._fail(f"loading {self.model_root} ran out of accelerator memory: {first_line}", True)
-            else:
-                self._fail(f"loading {self.model_root} failed: {first_line}")
+            out_of_memory = is_out_of_memory(error)
+            what = "ran out of accelerator memory" if out_of_memory else "failed"
+            # /health says what failed without the message, which may name local paths; the log and the
+            # command's exit message have it whole.
+            self._fail(
+                f"loading {self.model_root} {what}: {first_line}",
+                out_of_memory,
+                public=f"loading the model {what} ({type(error).__name__}); the server log has the details",
+            )
             return
         from ditq.runtime.generate import pipeline_summary
 
@@ -128,7 +149,29 @@ class ServerState:
         if not outcome.allows_serving:
             self._fail(f"the kernel doctor failed: {outcome.summary}")
             return
-        self.worker = GenerationWorker(adapter, self.config.max_queue)
+        resident_limit = None
+        if self._calibrate is not None:
+            calibration_started = time.perf_counter()
+            try:
+                self.cost_model = self._calibrate(adapter)
+            except Exception as error:
+                logger.exception("calibrating the cost model failed")
+                self._fail(
+                    f"calibrating the cost model failed: {error}",
+                    is_out_of_memory(error),
+                    public=f"calibrating the cost model failed ({type(error).__name__})",
+                )
+                return
+            self.facts.update(
+                calibration_seconds=round(time.perf_counter() - calibration_started, 3),
+                cost_model=self.cost_model.to_json(),
+                ready_seconds=round(time.perf_counter() - started, 3),
+            )
+            budget, resident = self.cost_model.memory_budget_bytes, resident_memory_bytes()
+            if self.cost_model.device == "cpu" and budget is not None and resident is not None:
+                resident_limit = resident + budget  # the host has no allocator that raises: watch instead
+        self.facts["cancellable"] = adapter.cancellable
+        self.worker = GenerationWorker(adapter, self.config.max_queue, resident_limit_bytes=resident_limit)
         self.loaded_at = int(time.time())
         if self.phase == "loading":
             self.phase = "ready"
@@ -139,12 +182,49 @@ class ServerState:
             outcome.status,
         )
 
-    def _fail(self, message: str, out_of_memory: bool = False) -> None:
-        self.failure = message
+    def _fail(self, message: str, out_of_memory: bool = False, public: str | None = None) -> None:
+        """``message`` goes to the load-failure callback (the command's exit message); ``public`` (default:
+        the same) to /health and 503 answers."""
+        self.failure = public or message
         self.out_of_memory_at_load = out_of_memory
         self.phase = "failed"
         if self.on_load_failure is not None:
             self.on_load_failure(message, out_of_memory)
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """/health's status code and body."""
+        status: str = self.phase
+        body: dict[str, Any] = {"model": self.config.served_model_name, **self.facts}
+        worker = self.worker
+        if worker is not None:
+            running = worker.running
+            now = time.perf_counter()
+            body["queue_depth"] = worker.queue_depth
+            body["estimated_wait_s"] = round(worker.estimated_wait_s(), 3)
+            body["running"] = None
+            if running is not None:
+                overdue_s = now - running.stop_requested_at if running.stop_requested_at is not None else None
+                if overdue_s is None and running.deadline is not None and now > running.deadline:
+                    overdue_s = now - running.deadline
+                body["running"] = {
+                    "seconds": round(now - (running.started_at or now), 3),
+                    "stop_requested": running.stop_requested,
+                    "overdue_seconds": None if overdue_s is None else round(overdue_s, 3),
+                }
+                if self.phase == "ready":
+                    status = "degraded" if overdue_s is not None and overdue_s > OVERDUE_GRACE_S else "busy"
+            elif self.phase == "ready" and body["queue_depth"]:
+                status = "busy"
+        if self.doctor_outcome is not None:
+            body["doctor"] = {"status": self.doctor_outcome.status, "summary": self.doctor_outcome.summary}
+        if self.failure is not None:
+            body["error"] = self.failure
+        return (200 if status in ("ready", "busy") else 503), {"status": status, **body}
+
+    @property
+    def drained(self) -> bool:
+        """Nothing left to finish (or nothing was ever loaded)."""
+        return self.worker is None or self.worker.idle
 
     def begin_drain(self) -> None:
         """Refuse new requests from now on; queued and running ones still finish."""

@@ -1,37 +1,24 @@
-"""Checks that depend on the server's settings and on the served pipeline, and the image uploads.
+"""Checks that depend on the server's settings and on the served pipeline.
 
-Everything here turns a typed :class:`ImageRequest` (plus uploaded bytes) into the runtime's
-:class:`GenerationRequest`, or raises a 400 :class:`APIError` that names the offending field.
+Everything here turns a typed :class:`ImageRequest` into the runtime's :class:`GenerationRequest` (its
+reference images are added by the worker, see :mod:`ditq.serve.intake`), or raises a 400
+:class:`APIError` that names the offending field.
 """
 
 from __future__ import annotations
 
-import io
 import math
 import re
-import warnings
-from dataclasses import dataclass
-
-from PIL import Image
 
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.serve.config import ServeConfig
 from ditq.serve.errors import APIError, bad_field, model_not_found
 from ditq.serve.schemas import EXTENSION_FIELDS, ImageRequest
 
-__all__ = ["Upload", "decode_images", "parse_size", "to_generation_request"]
+__all__ = ["parse_size", "to_generation_request"]
 
-_SIZE = re.compile(r"([0-9]+)x([0-9]+)")
+_SIZE = re.compile(r"([0-9]{1,6})x([0-9]{1,6})")
 _SEED_LIMIT = 2**63  # torch.Generator.manual_seed takes a signed 64-bit value
-
-
-@dataclass(frozen=True)
-class Upload:
-    """One uploaded file: the multipart field it came in, its file name and its bytes."""
-
-    field: str
-    filename: str
-    data: bytes
 
 
 def parse_size(size: str, adapter: PipelineAdapter, config: ServeConfig) -> tuple[int, int] | None:
@@ -40,7 +27,7 @@ def parse_size(size: str, adapter: PipelineAdapter, config: ServeConfig) -> tupl
         return None
     match = _SIZE.fullmatch(size.strip())
     if match is None:
-        raise bad_field("size", f"expected WIDTHxHEIGHT (e.g. 512x512) or 'auto', got '{size}'")
+        raise bad_field("size", f"expected WIDTHxHEIGHT (e.g. 512x512) or 'auto', got '{size[:40]}'")
     width, height = int(match.group(1)), int(match.group(2))
     align = adapter.size_alignment
     if width <= 0 or height <= 0 or width % align or height % align:
@@ -52,57 +39,35 @@ def parse_size(size: str, adapter: PipelineAdapter, config: ServeConfig) -> tupl
     return width, height
 
 
-def decode_images(uploads: list[Upload], adapter: PipelineAdapter) -> list[Image.Image]:
-    """Reference images, fully decoded; the count must be within the pipeline's reference limit."""
-    limit = adapter.max_reference_images
-    if limit == 0:
-        raise bad_field("image", f"the served pipeline ({adapter.pipeline_name}) takes no reference image")
-    if not uploads:
-        raise bad_field("image", "at least one image is required (multipart field 'image' or 'image[]')")
-    if len(uploads) > limit:
-        raise bad_field("image", f"{len(uploads)} images given, the served pipeline takes at most {limit}")
-    images: list[Image.Image] = []
-    for index, upload in enumerate(uploads):
-        name = f"{upload.field} #{index + 1} ({upload.filename or 'unnamed'})"
-        if not upload.data:
-            raise bad_field("image", f"{name} is empty (0 bytes)")
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)
-                image = Image.open(io.BytesIO(upload.data))
-                image.load()
-        except (
-            OSError,
-            SyntaxError,
-            ValueError,
-            Image.DecompressionBombWarning,
-            Image.DecompressionBombError,
-        ):
-            raise bad_field("image", f"{name} is not a decodable image") from None
-        images.append(image)
-    return images
-
-
 def _check_range(name: str, value: float | None, low: float, high: float) -> None:
-    if value is not None and not (math.isfinite(value) and low <= value <= high):
-        raise bad_field(name, f"{value} is out of range [{low:g}, {high:g}]")
+    """Integers are compared as integers (one of 4000 digits has no float)."""
+    if value is None:
+        return
+    if (isinstance(value, float) and not math.isfinite(value)) or not low <= value <= high:
+        shown = str(value) if len(str(value)) <= 40 else f"{str(value)[:20]}... ({len(str(value))} digits)"
+        raise bad_field(name, f"{shown} is out of range [{low:g}, {high:g}]")
+
+
+def _check_length(name: str, value: str | None, limit: int) -> None:
+    if value is not None and len(value) > limit:
+        raise bad_field(name, f"{len(value)} characters, above the limit of {limit}")
 
 
 def to_generation_request(
-    body: ImageRequest, images: list[Image.Image], adapter: PipelineAdapter, config: ServeConfig
+    body: ImageRequest, adapter: PipelineAdapter, config: ServeConfig
 ) -> GenerationRequest:
     """Validate ``body`` against the settings and the pipeline; the request the worker will run."""
     if body.model is not None and body.model != config.served_model_name:
-        raise model_not_found(body.model, config.served_model_name)
+        raise model_not_found(body.model[:200], config.served_model_name)
     if not body.prompt.strip():
         raise bad_field("prompt", "must not be empty")
-    if len(body.prompt) > config.max_prompt_chars:
-        raise bad_field(
-            "prompt", f"{len(body.prompt)} characters, above the limit of {config.max_prompt_chars}"
-        )
+    _check_length("prompt", body.prompt, config.max_prompt_chars)
+    _check_length("negative_prompt", body.negative_prompt, config.max_prompt_chars)
+    _check_length("user", body.user, config.max_user_chars)
     if body.response_format != "b64_json":
         raise bad_field(
-            "response_format", f"'{body.response_format}' is not served; only 'b64_json' (no files are kept)"
+            "response_format",
+            f"'{body.response_format[:40]}' is not served; only 'b64_json' (no files are kept)",
         )
     if body.background == "transparent" and body.output_format == "jpeg":
         raise bad_field("background", "'transparent' needs output_format png or webp (jpeg has no alpha)")
@@ -124,7 +89,6 @@ def to_generation_request(
     return GenerationRequest(
         prompt=body.prompt,
         negative_prompt=body.negative_prompt,
-        images=images,
         width=width,
         height=height,
         num_inference_steps=body.num_inference_steps,

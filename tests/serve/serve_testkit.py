@@ -21,6 +21,7 @@ from PIL import Image
 from ditq.demo import build_tiny_pipeline
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.serve import DoctorOutcome, ServeConfig, create_app
+from ditq.serve.cost import CostModel
 
 # The tiny pipeline is untrained: its images are half-transparent noise, which the gate's
 # "transparent" signature calls collapsed. Tests that want images back serve with on_collapse="warn".
@@ -68,19 +69,20 @@ class GatedAdapter:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.adapter, name)
 
-    def __call__(self, request: GenerationRequest) -> GenerationResult:
+    def __call__(self, request: GenerationRequest, **kwargs: Any) -> GenerationResult:
         self.prompts.append(request.prompt)
         self.entered.release()
         self.release.wait(60)
-        return self.adapter(request)
+        return self.adapter(request, **kwargs)
 
 
 def make_app(
     config: ServeConfig = WARN,
     load: Callable[[], Any] = tiny_adapter,
     doctor: Callable[[PipelineAdapter], DoctorOutcome] = passed_doctor,
+    calibrate: Callable[[PipelineAdapter], CostModel] | None = None,
 ) -> FastAPI:
-    return create_app(config, load=load, doctor=doctor, model_root="tiny-demo")
+    return create_app(config, load=load, doctor=doctor, model_root="/models/tiny-demo", calibrate=calibrate)
 
 
 @contextmanager
@@ -108,6 +110,15 @@ def raise_once(error: BaseException) -> Callable[..., Any]:
         if not raised:
             raised.append(True)
             raise error
+
+    return hook
+
+
+def sleep_per_step(seconds: float) -> Callable[..., Any]:
+    """A transformer hook that makes every denoising step take at least ``seconds``."""
+
+    def hook(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
+        time.sleep(seconds)
 
     return hook
 

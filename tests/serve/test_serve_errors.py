@@ -71,10 +71,15 @@ BAD_JSON = [
     ),
     ({"prompt": "a cat", "num_inference_step": 4}, "num_inference_step", "unknown_parameter"),
     ({"prompt": "a cat", "image": "x"}, "image", "unknown_parameter"),
+    ({"prompt": "a cat", "negative_prompt": "x" * 32001}, "negative_prompt", "invalid_value"),
+    ({"prompt": "a cat", "user": "u" * 257}, "user", "invalid_value"),
+    ({"prompt": "a cat", "n": 10**4000}, "n", "invalid_value"),  # an int with no float
+    ({"prompt": "a cat", "seed": 10**4000}, "seed", "invalid_value"),
+    ({"prompt": "a cat", "size": "9" * 5000 + "x16"}, "size", "invalid_value"),
 ]
 
 
-@pytest.mark.parametrize(("body", "param", "code"), BAD_JSON, ids=[f"{b}" for b, _, _ in BAD_JSON])
+@pytest.mark.parametrize(("body", "param", "code"), BAD_JSON, ids=[f"{b}"[:60] for b, _, _ in BAD_JSON])
 def test_invalid_field_is_400_naming_it(client: Any, body: dict[str, Any], param: str, code: str) -> None:
     error = assert_error(client.post(GENERATIONS, json=body), 400, code, param)
     assert param in error["message"]
@@ -89,6 +94,58 @@ def test_unknown_field_suggests_the_near_name(client: Any) -> None:
 def test_body_that_is_not_json_is_400(client: Any) -> None:
     response = client.post(GENERATIONS, content=b"{not json", headers={"content-type": "application/json"})
     assert_error(response, 400, "invalid_value", "body")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"prompt": "a cat", "n": ' + b"9" * 5000 + b"}",  # past Python's 4300-digit int conversion limit
+        b"[" * 100_000 + b"]" * 100_000,  # past the interpreter's recursion limit
+    ],
+    ids=["5000-digit integer", "nested 100000 deep"],
+)
+def test_json_python_will_not_read_is_400_not_500(client: Any, body: bytes) -> None:
+    """Issue 15, case 10: both were 500 with the exception's text."""
+    response = client.post(GENERATIONS, content=body, headers={"content-type": "application/json"})
+    assert_error(response, 400, "invalid_value", "body")
+
+
+def test_a_5000_digit_form_field_is_400_naming_it(client: Any) -> None:
+    files = [("image", ("a.png", png_bytes(), "image/png"))]
+    assert_error(edit(client, files, n="9" * 5000), 400, "invalid_value", "n")
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", ""])
+def test_json_without_application_json_is_415(client: Any, content_type: str) -> None:
+    """A browser's cross-site form can send text/plain without asking; JSON must say it is JSON."""
+    response = client.post(
+        GENERATIONS, content=b'{"prompt": "a cat"}', headers={"content-type": content_type}
+    )
+    assert_error(response, 415, "unsupported_media_type", "body")
+
+
+def test_edits_without_multipart_is_415(client: Any) -> None:
+    assert_error(client.post(EDITS, json={"prompt": "a cat"}), 415, "unsupported_media_type", "body")
+
+
+def test_a_multipart_body_cut_before_its_closing_boundary_is_400(client: Any) -> None:
+    """Fields after the cut used to be dropped silently (here: n and seed would be lost)."""
+    boundary = "cutcutcut"
+    parts = [
+        f'--{boundary}\r\ncontent-disposition: form-data; name="prompt"\r\n\r\nmake it blue\r\n'.encode(),
+        f'--{boundary}\r\ncontent-disposition: form-data; name="image"; filename="a.png"\r\n'
+        "content-type: image/png\r\n\r\n".encode()
+        + png_bytes()
+        + b"\r\n",
+        f'--{boundary}\r\ncontent-disposition: form-data; name="n"\r\n\r\n2\r\n'.encode(),
+        f"--{boundary}--\r\n".encode(),
+    ]
+    headers = {"content-type": f"multipart/form-data; boundary={boundary}"}
+    whole = b"".join(parts)
+    cut = whole[: whole.index(b'name="n"') + 8]
+    assert_error(client.post(EDITS, content=cut, headers=headers), 400, "invalid_value", "body")
+    complete = client.post(EDITS, content=whole, headers=headers)
+    assert complete.status_code == 200 and len(complete.json()["data"]) == 2
 
 
 def test_unknown_model_is_404(client: Any) -> None:
@@ -273,10 +330,16 @@ def test_draining_is_503() -> None:
         assert client.get("/health").status_code == 503
 
 
-def test_generation_failure_is_500_and_the_next_request_is_served(client: Any) -> None:
-    with transformer_hook(tiny_adapter(), raise_once(RuntimeError("shape mismatch in block 3"))):
+def test_generation_failure_is_500_without_its_text_and_the_next_request_is_served(
+    client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fault = RuntimeError("gs -dSAFER /tmp/tmpab12cd/input.eps failed")  # what a leak looked like (issue 15)
+    with transformer_hook(tiny_adapter(), raise_once(fault)):
         error = assert_error(client.post(GENERATIONS, json={"prompt": "a", **FAST}), 500, "generation_failed")
-        assert "shape mismatch in block 3" in error["message"]
+        assert "/tmp" not in error["message"] and "gs " not in error["message"]
+        error_id = error["message"].rsplit(" ", 1)[-1]
+        logged = [r for r in caplog.records if error_id in r.getMessage()]  # the log has it, under the id
+        assert logged and "input.eps" in str(logged[0].exc_info[1])
         assert client.post(GENERATIONS, json={"prompt": "a", **FAST}).status_code == 200
 
 

@@ -18,7 +18,7 @@ from serve_testkit import FAST, GatedAdapter, LiveServer, make_app, raise_once, 
 
 from ditq.healthcheck import wait_healthy
 from ditq.runtime.adapter import GenerationRequest
-from ditq.serve.worker import GenerationWorker, OutOfMemory, QueueClosed, QueueFull
+from ditq.serve.worker import Cancelled, GenerationWorker, OutOfMemory, QueueClosed, QueueFull
 
 HERE = Path(__file__).resolve().parent
 SMALL = {"num_inference_steps": 1, "width": 32, "height": 32, "seed": 0}
@@ -34,13 +34,16 @@ def test_withdrawn_queued_job_never_runs_and_the_rest_keep_order() -> None:
         with pytest.raises(QueueFull):
             worker.submit(GenerationRequest(prompt="p4", **SMALL))
         assert worker.cancel(jobs[2]) is True  # queued: dropped
-        assert worker.cancel(jobs[0]) is False  # running: finishes, its result is simply not read
+        assert worker.cancel(jobs[0]) is False  # running: stopped at its next step
         gated.release.set()
-        for job in (jobs[0], jobs[1], jobs[3]):
+        with pytest.raises(Cancelled) as stopped:
+            jobs[0].future.result(timeout=60)
+        assert stopped.value.reason == "client_gone" and stopped.value.steps_done == 1
+        for job in (jobs[1], jobs[3]):
             assert len(job.future.result(timeout=60).images) == 1
-        assert jobs[2].future.cancelled()
+        assert isinstance(jobs[2].future.exception(), Cancelled)
         assert gated.prompts == ["p0", "p1", "p3"]
-        assert worker.dropped == 1
+        assert (worker.dropped, worker.stopped) == (1, 1)
     finally:
         gated.release.set()
         assert worker.close(60)

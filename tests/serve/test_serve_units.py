@@ -12,7 +12,7 @@ from ditq.errors import InputError
 from ditq.gate import load_rules
 from ditq.serve.config import ServeConfig, parse_memory_size
 from ditq.serve.images import collapse_reasons, encode_image
-from ditq.serve.metrics import ServerMetrics
+from ditq.serve.metrics import ServerMetrics, endpoint_label
 from ditq.serve.startup import apply_memory_cap
 
 
@@ -41,6 +41,10 @@ def test_settings_are_validated() -> None:
         ServeConfig(max_queue=0)
     with pytest.raises(InputError, match="on_collapse"):
         ServeConfig(on_collapse="ignore")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="bomb limit"):
+        ServeConfig(max_image_pixels=Image.MAX_IMAGE_PIXELS)  # the issue's 9400x9400 PNGs lay just below it
+    with pytest.raises(InputError, match="api_key"):
+        ServeConfig(api_key=" ")
 
 
 def test_latency_histogram_is_cumulative_with_sum_and_count() -> None:
@@ -58,6 +62,22 @@ def test_latency_histogram_is_cumulative_with_sum_and_count() -> None:
     assert 'ditq_request_latency_seconds_bucket{endpoint="generations",le="+Inf"} 5' in text
     assert 'ditq_request_latency_seconds_count{endpoint="generations"} 5' in text
     assert 'ditq_request_latency_seconds_sum{endpoint="generations"} 700.671000' in text
+
+
+def test_a_forged_path_cannot_reach_the_exposition() -> None:
+    """Issue 15, case 5: a rejected request's decoded path was written unescaped as a label."""
+    forged = '/x"} 1\nditq_out_of_memory_total 99999\n#'
+    metrics = ServerMetrics()
+    for index in range(2000):  # one label per path used to grow /metrics without bound
+        metrics.observe_request(endpoint_label(f"{forged}{index}"), 413, 0.01)
+    metrics.observe_request(endpoint_label("/v1/images/edits/"), 413, 0.01)
+    text = metrics.render()
+    assert "99999" not in text and 'x"' not in text
+    assert 'ditq_requests_total{endpoint="other",status="413"} 2000' in text
+    assert 'ditq_requests_total{endpoint="edits",status="413"} 1' in text
+    assert len(text) < 10_000
+    with pytest.raises(ValueError, match="fixed set"):
+        metrics.observe_request(forged, 413, 0.01)
 
 
 def test_peak_accelerator_memory_is_the_largest_seen() -> None:
