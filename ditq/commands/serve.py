@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
+from ditq.errors import InputError
 from ditq.serve import ServeConfig, serve
+from ditq.serve.access import default_allowed_hosts
+from ditq.serve.connections import ConnectionLimits
 
 __all__ = ["add_arguments", "run"]
 
 _DEFAULTS = ServeConfig()
+_LIMITS = ConnectionLimits()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +69,71 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_DEFAULTS.on_collapse,
         help="a collapsed image: fail with 500 non_finite_output, or return it with a warning",
     )
+    parser.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=_DEFAULTS.max_image_pixels,
+        help="largest width*height of one uploaded image, read from its header (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-upload-pixels",
+        type=int,
+        default=_DEFAULTS.max_upload_pixels,
+        help="largest width*height of a request's uploaded images together (default: %(default)s)",
+    )
     parser.add_argument("--skip-doctor", action="store_true", help="do not run the kernel doctor at start-up")
+    security = parser.add_argument_group("access")
+    security.add_argument(
+        "--api-key",
+        default=os.environ.get("DITQ_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every path but /health (default: $DITQ_API_KEY; none)",
+    )
+    security.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name clients may use (repeatable; '*': any). Default: the loopback names for a loopback "
+        "--host, any name otherwise",
+    )
+    security.add_argument("--docs", action="store_true", help="serve FastAPI's /docs and /openapi.json")
+    connections = parser.add_argument_group("connections")
+    connections.add_argument(
+        "--max-connections",
+        type=int,
+        default=_LIMITS.max_connections,
+        help="open connections held at most; past it an idle one is closed or the new one refused "
+        "(default: %(default)s)",
+    )
+    connections.add_argument(
+        "--header-timeout",
+        type=float,
+        default=_LIMITS.header_timeout_s,
+        metavar="S",
+        help="seconds for a request line and headers to arrive (default: %(default)s)",
+    )
+    connections.add_argument(
+        "--body-timeout",
+        type=float,
+        default=_DEFAULTS.body_timeout_s,
+        metavar="S",
+        help="seconds from the headers to the end of the body; then 408 (default: %(default)s)",
+    )
+    connections.add_argument(
+        "--idle-timeout",
+        type=int,
+        default=_LIMITS.idle_timeout_s,
+        metavar="S",
+        help="seconds a keep-alive connection may idle between requests (default: %(default)s)",
+    )
+    connections.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM, seconds to finish queued and running requests before stopping them (default: "
+        "%(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,9 +142,21 @@ def run(args: argparse.Namespace) -> int:
         served_model_name=name,
         max_queue=args.max_queue,
         request_timeout_s=args.request_timeout,
+        body_timeout_s=args.body_timeout,
         max_pixels=args.max_pixels,
+        max_image_pixels=args.max_image_pixels,
+        max_upload_pixels=args.max_upload_pixels,
         on_collapse=args.on_collapse,
+        api_key=args.api_key,
+        allowed_hosts=default_allowed_hosts(args.host, args.allowed_host),
+        docs=args.docs,
     )
+    try:
+        limits = ConnectionLimits(args.max_connections, args.header_timeout, args.idle_timeout)
+    except ValueError as error:
+        raise InputError(f"--max-connections, --header-timeout, --idle-timeout: {error}") from None
+    if args.drain_timeout < 0:
+        raise InputError(f"--drain-timeout: must not be negative, got {args.drain_timeout}")
     serve(
         args.path,
         config,
@@ -86,5 +167,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         max_memory=args.max_memory,
         skip_doctor=args.skip_doctor,
+        limits=limits,
+        drain_timeout_s=args.drain_timeout,
     )
     return 0

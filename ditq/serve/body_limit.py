@@ -2,9 +2,10 @@
 
 Nothing is buffered here: each chunk is counted as the app reads it. A declared Content-Length over the limit
 is answered 413 before a byte is read; a body that grows past it stops the app's read with 413, and a body
-that has not fully arrived ``body_timeout_s`` after its headers stops it with 408. Both close the connection.
-JSON bodies get ``max_json_body_bytes`` (prompts are small), every other body ``max_body_bytes``. After a body
-of more than ``TRIM_AFTER_BYTES`` the heap's free pages are handed back to the OS.
+that has not fully arrived ``body_timeout_s`` after its headers stops it with 408. Both close the connection,
+as does any answer sent before the body was read to its end (a 404 to a slow body would otherwise keep
+receiving it). JSON bodies get ``max_json_body_bytes`` (prompts are small), every other body
+``max_body_bytes``. After a body of more than ``TRIM_AFTER_BYTES`` the heap's free pages go back to the OS.
 """
 
 from __future__ import annotations
@@ -49,13 +50,13 @@ class BodyLimitMiddleware:
         return self.config.max_body_bytes, "this content type"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
-            await self.app(scope, receive, send)
+        headers = Headers(scope=scope) if scope["type"] == "http" else None
+        declared = headers.get("content-length", "") if headers is not None else ""
+        if headers is None or (declared in ("", "0") and "transfer-encoding" not in headers):
+            await self.app(scope, receive, send)  # no body to guard
             return
         started = time.perf_counter()
-        headers = Headers(scope=scope)
         limit, kind = self._limit(headers)
-        declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             await self._answer(scope, send, body_too_large(limit, kind), started)
             return
@@ -80,6 +81,10 @@ class BodyLimitMiddleware:
 
         async def watched_send(message: Message) -> None:
             nonlocal responded
+            if message["type"] == "http.response.start" and not complete:
+                headers = list(message.get("headers", []))
+                if not any(name.lower() == b"connection" for name, _ in headers):
+                    message = {**message, "headers": [*headers, (b"connection", b"close")]}
             responded = True
             await send(message)
 

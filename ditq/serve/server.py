@@ -1,12 +1,15 @@
 """``serve()``: load a model directory and serve it over HTTP with uvicorn until SIGTERM/SIGINT.
 
-SIGTERM (or Ctrl-C) drains: new requests get 503 ``draining``, the queued and running ones finish,
-then the process exits.
+The first SIGTERM (or Ctrl-C) drains: the server keeps listening and answers new requests 503 ``draining``
+(Connection: close) while the queued and running ones finish, for at most ``drain_timeout_s``; then what is
+left is stopped (a running generation at its next step, answered 503 ``draining``) and the process exits,
+giving connections ``GRACEFUL_CLOSE_S`` to take their answers. A second signal exits at once.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -14,26 +17,52 @@ import torch
 import uvicorn
 
 from ditq.errors import DitqError, InputError, OutOfMemoryError
+from ditq.runtime.adapter import PipelineAdapter
+from ditq.serve.access import exposure_warning
 from ditq.serve.app import create_app
 from ditq.serve.config import ServeConfig
+from ditq.serve.connections import ConnectionLimits, uvicorn_config
+from ditq.serve.cost import CostModel, calibrate
 from ditq.serve.startup import apply_memory_cap, load_adapter, make_doctor
-from ditq.serve.state import ServerState
+from ditq.serve.state import OVERDUE_GRACE_S, ServerState
 
 __all__ = ["DrainingServer", "serve"]
 
 logger = logging.getLogger(__name__)
 
+_WORKER_JOIN_S = 5.0  # at exit, after the drain: the worker thread is idle or stopping
+
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server, telling the app to stop taking requests as soon as a stop signal arrives."""
+    """uvicorn's server, draining on the first stop signal instead of closing its listening socket."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout_s: float = 30.0) -> None:
         super().__init__(config)
         self.state = state
+        self.drain_timeout_s = drain_timeout_s
+        self.drain_deadline: float | None = None
+        self._stopping_since: float | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.state.begin_drain()
-        super().handle_exit(sig, frame)
+        if self.drain_deadline is None and not self.should_exit:
+            self.state.begin_drain()
+            self.drain_deadline = time.monotonic() + self.drain_timeout_s
+            return
+        super().handle_exit(sig, frame)  # a second signal: exit now
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_deadline is not None and not self.should_exit:
+            now = time.monotonic()
+            if self.state.drained:
+                self.should_exit = True
+            elif now > self.drain_deadline and self._stopping_since is None:
+                logger.warning("drain timeout of %g s passed: stopping what is left", self.drain_timeout_s)
+                self.state.stop_pending()
+                self._stopping_since = now
+            elif self._stopping_since is not None and now - self._stopping_since > OVERDUE_GRACE_S:
+                logger.error("a generation did not stop within %g s; exiting without it", OVERDUE_GRACE_S)
+                self.should_exit = True
+        return await super().on_tick(counter)
 
 
 def serve(
@@ -46,6 +75,8 @@ def serve(
     dtype: str = "bfloat16",
     max_memory: str | None = None,
     skip_doctor: bool = False,
+    limits: ConnectionLimits | None = None,
+    drain_timeout_s: float = 30.0,
 ) -> None:
     """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model).
 
@@ -57,6 +88,8 @@ def serve(
         model_dir = default_model_dir()
     if not (model_dir / "model_index.json").is_file():
         raise InputError(f"{model_dir}: no model_index.json (not a diffusers model directory)")
+    if (warning := exposure_warning(host, config.api_key, config.allowed_hosts)) is not None:
+        logger.warning(warning)
     cap = apply_memory_cap(max_memory, device)
     failures: list[tuple[str, bool]] = []
     facts = {
@@ -65,16 +98,30 @@ def serve(
         "dtype": dtype,
         "max_memory": cap.to_json() if cap is not None else None,
     }
+
+    def measure_costs(adapter: PipelineAdapter) -> CostModel:
+        return calibrate(
+            adapter,
+            torch.device(cap.device if cap is not None else device),
+            config.max_pixels,
+            config.request_timeout_s,
+            cap.allocator_bytes if cap is not None else None,
+        )
+
     app = create_app(
         config,
         load=lambda: load_adapter(model_dir, device, offload, getattr(torch, dtype), skip_doctor),
         doctor=make_doctor(skip_doctor, device, getattr(torch, dtype)),
         model_root=str(model_dir),
-        drain_timeout_s=config.request_timeout_s,
+        drain_timeout_s=_WORKER_JOIN_S,
         facts=facts,
+        calibrate=measure_costs,
     )
     state: ServerState = app.state.serve
-    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info"), state)
+    uvicorn_settings = uvicorn_config(
+        app, limits or ConnectionLimits(), host=host, port=port, log_level="info"
+    )
+    server = DrainingServer(uvicorn_settings, state, drain_timeout_s)
 
     def stop_on_failure(message: str, out_of_memory: bool) -> None:
         failures.append((message, out_of_memory))

@@ -235,6 +235,12 @@ class ServerState:
             )
             self.phase = "draining"
 
+    def stop_pending(self) -> None:
+        """A drain out of time: every queued request answered 503 draining, the running one stopped at its next
+        step."""
+        if self.worker is not None:
+            self.worker.cancel_all("draining")
+
     def stop(self, timeout: float | None = None) -> None:
         self.begin_drain()
         if self.worker is not None and not self.worker.close(timeout):

@@ -21,6 +21,7 @@ from PIL import Image
 from ditq.demo import build_tiny_pipeline
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.serve import DoctorOutcome, ServeConfig, create_app
+from ditq.serve.connections import ConnectionLimits, uvicorn_config
 from ditq.serve.cost import CostModel
 
 # The tiny pipeline is untrained: its images are half-transparent noise, which the gate's
@@ -128,13 +129,13 @@ def nan_output(_module: torch.nn.Module, _args: Any, output: Any) -> Any:
 
 
 class LiveServer:
-    """uvicorn on a free loopback port, in a thread."""
+    """uvicorn on a free loopback port, in a thread, with the connection guards ``ditq serve`` uses."""
 
-    def __init__(self, app: FastAPI) -> None:
+    def __init__(self, app: FastAPI, limits: ConnectionLimits | None = None) -> None:
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.bind(("127.0.0.1", 0))
         self.port = self.socket.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn_config(app, limits or ConnectionLimits(), log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
 
     @property

@@ -32,6 +32,35 @@ def test_bad_memory_size_is_a_usage_error(tmp_path: Path, capsys: pytest.Capture
     assert "cannot read 'lots'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("--max-connections", "0", "--max-connections"),
+        ("--header-timeout", "0", "--header-timeout"),
+        ("--drain-timeout", "-1", "--drain-timeout"),
+        ("--api-key", " ", "api_key"),
+    ],
+)
+def test_bad_connection_and_access_options_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, named: str
+) -> None:
+    (tmp_path / "model_index.json").write_text("{}")
+    assert main(["serve", str(tmp_path), option, value]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_the_api_key_may_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from ditq.commands import serve as serve_command
+
+    monkeypatch.setenv("DITQ_API_KEY", "sk-from-env")
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    assert parser.parse_args([]).api_key == "sk-from-env"  # kept off the command line, out of `ps`
+    assert parser.parse_args(["--api-key", "sk-flag"]).api_key == "sk-flag"
+
+
 def test_a_directory_without_model_index_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -74,47 +76,84 @@ def test_close_drains_queued_jobs_before_stopping() -> None:
     assert all(len(job.future.result().images) == 1 for job in jobs)
 
 
-@pytest.mark.slow
-def test_sigterm_finishes_running_and_queued_requests_then_exits() -> None:
+@contextmanager
+def drain_server(
+    drain_timeout_s: float, step_sleep_s: float = 0.0
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
     process = subprocess.Popen(
-        [sys.executable, str(HERE / "drain_server.py")], cwd=HERE, stdout=subprocess.PIPE, text=True
+        [sys.executable, str(HERE / "drain_server.py"), str(drain_timeout_s), str(step_sleep_s)],
+        cwd=HERE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert process.stdout is not None
         base = f"http://127.0.0.1:{int(process.stdout.readline())}"
-        deadline = time.monotonic() + 120  # for the health check and the queue below together
         problem = wait_healthy(base, 120, process, interval_s=0.2)
         assert problem is None, problem
-        statuses: list[int] = []
-
-        def post(steps: int, size: str) -> None:
-            body = {"prompt": "drain me", **FAST, "num_inference_steps": steps, "size": size}
-            statuses.append(httpx.post(f"{base}/v1/images/generations", json=body, timeout=120).status_code)
-
-        # The first request must still be running when the second arrives: 200 steps at 64x64 take seconds
-        # even on an idle machine (12 steps at 32x32 took 0.05 s, and the queue was never seen holding one).
-        threads = [threading.Thread(target=post, args=args) for args in ((200, "64x64"), (2, "32x32"))]
-        for thread in threads:
-            thread.start()
-            time.sleep(0.1)
-        while "ditq_queue_depth 1" not in httpx.get(f"{base}/metrics").text:  # one running, one queued
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        try:
-            late = httpx.post(f"{base}/v1/images/generations", json={"prompt": "late", **FAST}, timeout=30)
-            assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
-        except httpx.TransportError:
-            pass  # the listening socket is already closed: refused, as it should be
-        for thread in threads:
-            thread.join(120)
-        assert statuses == [200, 200]
-        assert process.wait(60) in (0, -signal.SIGTERM)
+        yield process, base
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def start_requests(base: str, shapes: list[tuple[int, str]], statuses: list[int]) -> list[threading.Thread]:
+    """One request per (steps, size), in this order; returns once one runs and the rest are queued."""
+
+    def post(steps: int, size: str) -> None:
+        body = {"prompt": "drain me", **FAST, "num_inference_steps": steps, "size": size}
+        statuses.append(httpx.post(f"{base}/v1/images/generations", json=body, timeout=120).status_code)
+
+    threads = [threading.Thread(target=post, args=shape) for shape in shapes]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.1)
+    deadline = time.monotonic() + 60
+    while f"ditq_queue_depth {len(shapes) - 1}" not in httpx.get(f"{base}/metrics").text:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return threads
+
+
+def assert_draining(base: str) -> None:
+    """During the drain the listener stays open and a new request is answered 503 draining."""
+    late = httpx.post(f"{base}/v1/images/generations", json={"prompt": "late", **FAST}, timeout=30)
+    assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
+    assert late.headers["connection"] == "close"
+    health = httpx.get(f"{base}/health", timeout=5)
+    assert health.status_code == 503 and health.json()["status"] == "draining"
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_running_and_queued_requests_then_exits() -> None:
+    with drain_server(drain_timeout_s=60, step_sleep_s=0.02) as (process, base):
+        statuses: list[int] = []
+        threads = start_requests(base, [(100, "32x32"), (2, "32x32")], statuses)  # 100 x 0.02 s: 2 s running
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert_draining(base)
+        for thread in threads:
+            thread.join(120)
+        assert statuses == [200, 200]
+        assert process.wait(60) == 0
+
+
+@pytest.mark.slow
+def test_sigterm_past_the_drain_timeout_stops_the_rest_and_exits_in_bounded_time() -> None:
+    """Exit used to take the request timeout plus the drain timeout; now the drain timeout plus one step."""
+    with drain_server(drain_timeout_s=1.0, step_sleep_s=0.1) as (process, base):
+        statuses: list[int] = []
+        threads = start_requests(base, [(200, "32x32"), (200, "32x32")], statuses)  # 20 s each
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert_draining(base)
+        for thread in threads:
+            thread.join(60)
+        assert statuses == [503, 503]  # the queued one withdrawn, the running one stopped between steps
+        assert process.wait(30) == 0
+        assert time.monotonic() - signalled < 8  # 1 s drain + a step + the graceful close
 
 
 def test_a_client_that_disconnects_has_its_queued_request_dropped() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 from collections.abc import Iterator
 
@@ -10,7 +11,7 @@ import httpx
 import openai
 import pytest
 from PIL import Image
-from serve_testkit import LiveServer, make_app, png_bytes
+from serve_testkit import WARN, LiveServer, make_app, png_bytes
 
 EXTRA = {"num_inference_steps": 2}
 
@@ -115,3 +116,20 @@ def test_health_and_metrics_over_http(server: LiveServer) -> None:
     text = httpx.get(f"{server.base_url}/metrics").text
     assert 'ditq_requests_total{endpoint="generations",status="200"}' in text
     assert "ditq_request_latency_seconds_bucket" in text and "process_resident_memory_bytes" in text
+
+
+def test_the_client_sends_its_api_key_as_a_bearer_token() -> None:
+    app = make_app(dataclasses.replace(WARN, api_key="sk-served"))
+    with LiveServer(app) as live:
+        assert app.state.serve.wait_loaded(120)
+
+        def client(key: str) -> openai.OpenAI:
+            return openai.OpenAI(base_url=f"{live.base_url}/v1", api_key=key, max_retries=0, timeout=120)
+
+        result = client("sk-served").images.generate(
+            model="tiny", prompt="a kite", size="32x32", extra_body=EXTRA
+        )
+        assert result.data is not None and len(result.data) == 1
+        with pytest.raises(openai.AuthenticationError) as caught:
+            client("sk-wrong").models.list()
+        assert caught.value.code == "invalid_api_key"
