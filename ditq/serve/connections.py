@@ -48,20 +48,30 @@ class ConnectionLimits:
 
 
 class _Tally:
-    """Counts events by kind and logs a summary at most every LOG_EVERY_S."""
+    """Counts events by kind and logs what it counted at most every LOG_EVERY_S (the rest of a burst once the
+    period is over)."""
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
-        self.last_logged = 0.0
+        self.last_logged = -LOG_EVERY_S
+        self.flush_pending = False
 
-    def note(self, kind: str) -> None:
+    def note(self, kind: str, loop: asyncio.AbstractEventLoop) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1
-        now = time.monotonic()
-        if now - self.last_logged >= LOG_EVERY_S:
+        wait = self.last_logged + LOG_EVERY_S - time.monotonic()
+        if wait <= 0:
+            self.flush()
+        elif not self.flush_pending:
+            self.flush_pending = True
+            loop.call_later(wait, self.flush)
+
+    def flush(self) -> None:
+        self.flush_pending = False
+        if self.counts:
             summary = ", ".join(f"{count} {name}" for name, count in sorted(self.counts.items()))
-            logger.warning("connections since the last note: %s", summary)
+            logger.warning("connections: %s", summary)
             self.counts.clear()
-            self.last_logged = now
+            self.last_logged = time.monotonic()
 
 
 def _raw_error(status: int, reason: str, message: str, code: str) -> bytes:
@@ -104,7 +114,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
         def _headers_too_slow(self) -> None:
             self._header_timer = None
             if not self._inside_request() and not self.transport.is_closing():
-                tally.note("closed without complete headers in time")
+                tally.note("closed without complete headers in time", self.loop)
                 self.transport.close()
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -113,11 +123,11 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
             if len(opened) > limits.max_connections:
                 idle = next((c for c in opened if c is not self and not c._inside_request()), None)
                 if idle is None:
-                    tally.note("refused at the cap")
+                    tally.note("refused at the cap", self.loop)
                     transport.write(too_many)
                     transport.close()
                     return
-                tally.note("idle evicted at the cap")
+                tally.note("idle evicted at the cap", self.loop)
                 opened.pop(idle, None)
                 idle._disarm_header_timer()
                 idle.transport.close()

@@ -149,27 +149,16 @@ class ServerState:
         if not outcome.allows_serving:
             self._fail(f"the kernel doctor failed: {outcome.summary}")
             return
-        resident_limit = None
-        if self._calibrate is not None:
-            calibration_started = time.perf_counter()
-            try:
-                self.cost_model = self._calibrate(adapter)
-            except Exception as error:
-                logger.exception("calibrating the cost model failed")
-                self._fail(
-                    f"calibrating the cost model failed: {error}",
-                    is_out_of_memory(error),
-                    public=f"calibrating the cost model failed ({type(error).__name__})",
-                )
-                return
-            self.facts.update(
-                calibration_seconds=round(time.perf_counter() - calibration_started, 3),
-                cost_model=self.cost_model.to_json(),
-                ready_seconds=round(time.perf_counter() - started, 3),
+        try:
+            resident_limit = self._measure_costs(adapter, started)
+        except Exception as error:
+            logger.exception("calibrating the cost model failed")
+            self._fail(
+                f"calibrating the cost model failed: {error}",
+                is_out_of_memory(error),
+                public=f"calibrating the cost model failed ({type(error).__name__})",
             )
-            budget, resident = self.cost_model.memory_budget_bytes, resident_memory_bytes()
-            if self.cost_model.device == "cpu" and budget is not None and resident is not None:
-                resident_limit = resident + budget  # the host has no allocator that raises: watch instead
+            return
         self.facts["cancellable"] = adapter.cancellable
         self.worker = GenerationWorker(adapter, self.config.max_queue, resident_limit_bytes=resident_limit)
         self.loaded_at = int(time.time())
@@ -181,6 +170,23 @@ class ServerState:
             time.perf_counter() - started,
             outcome.status,
         )
+
+    def _measure_costs(self, adapter: PipelineAdapter, started: float) -> int | None:
+        """The cost model, where a calibration is given; returns the resident limit for a CPU worker (the host
+        has no allocator that raises, so the worker watches the process's resident memory instead)."""
+        if self._calibrate is None:
+            return None
+        calibration_started = time.perf_counter()
+        self.cost_model = self._calibrate(adapter)
+        self.facts.update(
+            calibration_seconds=round(time.perf_counter() - calibration_started, 3),
+            cost_model=self.cost_model.to_json(),
+            ready_seconds=round(time.perf_counter() - started, 3),
+        )
+        budget, resident = self.cost_model.memory_budget_bytes, resident_memory_bytes()
+        if self.cost_model.device != "cpu" or budget is None or resident is None:
+            return None
+        return resident + budget
 
     def _fail(self, message: str, out_of_memory: bool = False, public: str | None = None) -> None:
         """``message`` goes to the load-failure callback (the command's exit message); ``public`` (default:

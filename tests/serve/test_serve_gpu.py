@@ -1,5 +1,7 @@
-"""`ditq serve --max-memory` on a CUDA device, live on loopback: a request past the budget is a 503
-``out_of_memory`` and the server serves the next one; a model past the budget stops start-up with exit code 3."""
+"""`ditq serve --max-memory` on a CUDA device, live on loopback: a request past the budget is refused (413
+``over_budget`` when the calibrated lower bound already passes it, else 503 ``out_of_memory`` once it runs out)
+and the server serves the next one; a model past the budget stops start-up with exit code 3; the cost model
+measures the allocator on CUDA."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from ditq.demo import default_model_dir
 from ditq.errors import EXIT_OUT_OF_MEMORY
 from ditq.healthcheck import wait_healthy
 from ditq.runtime.adapter import GenerationRequest
+from ditq.serve.cost import RequestCost, calibrate
 from ditq.serve.startup import load_adapter
 
 pytestmark = [
@@ -97,12 +100,13 @@ def test_a_request_past_the_budget_is_503_and_the_next_one_is_served(tmp_path: P
         with httpx.Client(base_url=base, timeout=600) as client:
             assert client.post("/v1/images/generations", json=SMALL).status_code == 200
             over = client.post("/v1/images/generations", json=BIG)
-            assert over.status_code == 503, over.text
-            assert over.json()["error"]["code"] == "out_of_memory"
+            code = over.json()["error"]["code"]
+            assert (over.status_code, code) in ((503, "out_of_memory"), (413, "over_budget")), over.text
             assert client.get("/health").json()["status"] == "ready"
             after = client.post("/v1/images/generations", json=SMALL)
             assert after.status_code == 200, after.text
-            assert "ditq_out_of_memory_total 1" in client.get("/metrics").text
+            ran_out = "ditq_out_of_memory_total 1" in client.get("/metrics").text
+            assert ran_out == (code == "out_of_memory")  # a 413 never ran
         used = _process_mib(process.pid)
         if used is not None:  # the driver's count for the whole process stays inside the budget
             assert used <= budget_mib, f"{used:.0f} MiB used under a {budget_mib} MiB budget"
@@ -116,3 +120,24 @@ def test_a_model_past_the_budget_stops_start_up_with_exit_code_3(tmp_path: Path)
     with _server(tmp_path, "--max-memory", f"{outside // MIB + 8}MiB") as (process, _, log):
         assert process.wait(300) == EXIT_OUT_OF_MEMORY, log.read_text()[-3000:]
     assert "ran out of accelerator memory" in log.read_text()
+
+
+def test_the_cost_model_measures_the_cuda_allocator_and_refuses_what_cannot_fit() -> None:
+    adapter = load_adapter(default_model_dir(), "cuda", "none", torch.bfloat16)
+    try:
+        device = torch.device("cuda", torch.cuda.current_device())
+        measured = calibrate(adapter, device, 2048 * 2048, 600, allocator_budget_bytes=None)
+        assert measured.low.pixels < measured.high.pixels
+        assert measured.high.memory_bytes is not None and measured.high.memory_bytes > 0
+        assert measured.memory_budget_bytes is not None and measured.memory_budget_bytes > 2**30
+        small = RequestCost(64 * 64, 2, 1, 0, 32 * 32)
+        big = RequestCost(2048 * 2048, 1, 4, 0, 32 * 32)
+        assert measured.refusal(small) is None
+        tight = calibrate(adapter, device, 2048 * 2048, 600, allocator_budget_bytes=512 * MIB)
+        assert tight.memory_budget_bytes is not None and tight.memory_budget_bytes < 512 * MIB
+        why = tight.refusal(big)
+        assert why is not None and "GiB for activations" in why, (why, tight)
+    finally:
+        del adapter
+        gc.collect()
+        torch.cuda.empty_cache()
