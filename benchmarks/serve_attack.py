@@ -31,7 +31,6 @@ import argparse
 import io
 import json
 import os
-import platform
 import resource
 import socket
 import statistics
@@ -50,7 +49,7 @@ from PIL import Image
 from ditq.healthcheck import wait_healthy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import free_port, rss_bytes
+from serve_load import free_port, git_commit, rss_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 GOOD = {"prompt": "a red circle on a white background", "size": "64x64", "num_inference_steps": 2, "seed": 0}
@@ -294,15 +293,6 @@ def forged_metrics(watch: Watch) -> dict[str, Any]:
     }
 
 
-def git_commit(repo: Path) -> str | None:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -381,10 +371,7 @@ def main() -> int:
         "benchmark_git_commit": git_commit(REPO),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": {
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "torch": __import__("torch").__version__,
+            **environment(),
             "open_files_limit": [soft, hard],
             "note": "CPU only, two cores shared with other work: latencies are indicative",
         },

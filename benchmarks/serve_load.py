@@ -234,13 +234,23 @@ def summarize(load: Load, series: list[tuple[float, int]], args: argparse.Namesp
     }
 
 
-def git_commit() -> str | None:
+def git_commit(repo: Path = REPO) -> str | None:
     try:
         return subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def environment() -> dict[str, Any]:
+    """Where a benchmark ran: Python, machine, cores, torch."""
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": __import__("torch").__version__,
+    }
 
 
 def main() -> int:
@@ -302,10 +312,7 @@ def main() -> int:
         "git_commit": git_commit(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": {
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "torch": __import__("torch").__version__,
+            **environment(),
             "load_average_1_5_15_min_before": [round(v, 2) for v in load_average_before],
             "load_average_1_5_15_min_after": [round(v, 2) for v in os.getloadavg()],
             "note": "CPU only; the cores are shared with other work, so latencies are indicative",

@@ -15,6 +15,44 @@ __all__ = ["add_arguments", "run"]
 
 _DEFAULTS = ServeConfig()
 _LIMITS = ConnectionLimits()
+# (flag, type, default, metavar, help) of the connection options
+_CONNECTION_OPTIONS: tuple[tuple[str, type, float, str, str], ...] = (
+    (
+        "--max-connections",
+        int,
+        _LIMITS.max_connections,
+        "N",
+        "open connections held at most; past it an idle one is closed, or the new one refused",
+    ),
+    (
+        "--header-timeout",
+        float,
+        _LIMITS.header_timeout_s,
+        "S",
+        "seconds for a request line and headers to arrive",
+    ),
+    (
+        "--body-timeout",
+        float,
+        _DEFAULTS.body_timeout_s,
+        "S",
+        "seconds from the headers to the end of the body (408)",
+    ),
+    (
+        "--idle-timeout",
+        int,
+        _LIMITS.idle_timeout_s,
+        "S",
+        "seconds a keep-alive connection may idle between requests",
+    ),
+    (
+        "--drain-timeout",
+        float,
+        30.0,
+        "S",
+        "on SIGTERM, seconds to finish queued and running requests before stopping them",
+    ),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     security.add_argument(
         "--api-key",
         default=os.environ.get("DITQ_API_KEY"),
+        metavar="KEY",
         help="require 'Authorization: Bearer KEY' on every path but /health (default: $DITQ_API_KEY; none)",
     )
     security.add_argument(
@@ -98,42 +137,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     security.add_argument("--docs", action="store_true", help="serve FastAPI's /docs and /openapi.json")
     connections = parser.add_argument_group("connections")
-    connections.add_argument(
-        "--max-connections",
-        type=int,
-        default=_LIMITS.max_connections,
-        help="open connections held at most; past it an idle one is closed or the new one refused "
-        "(default: %(default)s)",
-    )
-    connections.add_argument(
-        "--header-timeout",
-        type=float,
-        default=_LIMITS.header_timeout_s,
-        metavar="S",
-        help="seconds for a request line and headers to arrive (default: %(default)s)",
-    )
-    connections.add_argument(
-        "--body-timeout",
-        type=float,
-        default=_DEFAULTS.body_timeout_s,
-        metavar="S",
-        help="seconds from the headers to the end of the body; then 408 (default: %(default)s)",
-    )
-    connections.add_argument(
-        "--idle-timeout",
-        type=int,
-        default=_LIMITS.idle_timeout_s,
-        metavar="S",
-        help="seconds a keep-alive connection may idle between requests (default: %(default)s)",
-    )
-    connections.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="on SIGTERM, seconds to finish queued and running requests before stopping them (default: "
-        "%(default)s)",
-    )
+    for flag, kind, default, metavar, help_text in _CONNECTION_OPTIONS:
+        connections.add_argument(
+            flag, type=kind, default=default, metavar=metavar, help=f"{help_text} (default: %(default)s)"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -141,7 +141,7 @@ async def _wait(
     except Exception:
         error_id = _error_id()
         logger.exception("generation failed [error id %s]", error_id)
-        raise errors.generation_failed(error_id) from None
+        raise errors.server_fault("generation_failed", error_id) from None
 
 
 def _finish(
@@ -235,7 +235,7 @@ def _images_route(state: ServerState, endpoint: str, edits: bool) -> Callable[[R
         except Exception:  # a fault of the server itself, still answered in the envelope, without its text
             error_id = _error_id()
             logger.exception("%s: internal error [error id %s]", endpoint, error_id)
-            response = errors.internal_error(error_id).response()
+            response = errors.server_fault("internal_error", error_id).response()
         state.metrics.observe_request(endpoint, response.status_code, time.perf_counter() - started)
         return response
 

@@ -23,8 +23,6 @@ __all__ = [
     "cross_origin",
     "draining",
     "envelope",
-    "generation_failed",
-    "internal_error",
     "loading",
     "model_not_found",
     "non_finite_output",
@@ -32,6 +30,7 @@ __all__ = [
     "over_budget",
     "queue_full",
     "request_timeout",
+    "server_fault",
     "unauthorized",
     "unsupported_media_type",
 ]
@@ -186,22 +185,14 @@ def request_timeout(seconds: float) -> APIError:
     )
 
 
-def generation_failed(error_id: str) -> APIError:
-    """500 without the exception's text (it may name files and commands); the log has it under ``error_id``."""
+def server_fault(code: str, error_id: str) -> APIError:
+    """500 ``generation_failed`` or ``internal_error`` without the exception's text (it may name files and
+    commands); the log has it under ``error_id``."""
     return APIError(
         500,
-        f"generation failed; the server log has the details under error id {error_id}",
+        f"{code.replace('_', ' ')}; the server log has the details under error id {error_id}",
         type="server_error",
-        code="generation_failed",
-    )
-
-
-def internal_error(error_id: str) -> APIError:
-    return APIError(
-        500,
-        f"internal error; the server log has the details under error id {error_id}",
-        type="server_error",
-        code="internal_error",
+        code=code,
     )
 
 

@@ -24,7 +24,7 @@ from serve_testkit import (
     transformer_hook,
 )
 
-from ditq.runtime.adapter import GenerationCancelled, GenerationRequest
+from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, PipelineAdapter
 from ditq.serve import state as serve_state
 from ditq.serve.cost import CostModel, Point, RequestCost, calibrate
 from ditq.serve.worker import Cancelled, GenerationWorker
@@ -87,7 +87,10 @@ def test_calibration_measures_the_tiny_pipeline_on_this_cpu() -> None:
 
 def test_a_request_that_can_never_fit_is_413_before_it_runs_and_the_next_one_is_served() -> None:
     config = dataclasses.replace(WARN, max_pixels=2048 * 2048)
-    measured = lambda adapter: calibrate(adapter, torch.device("cpu"), 256 * 256, config.request_timeout_s)  # noqa: E731
+
+    def measured(adapter: PipelineAdapter) -> CostModel:
+        return calibrate(adapter, torch.device("cpu"), 256 * 256, config.request_timeout_s)
+
     app = make_app(config, calibrate=measured)
     with client_for(app) as client:
         health = client.get("/health").json()
