@@ -12,9 +12,9 @@ transformer's forwards and ``callback_on_step_end`` (denoising steps), and
 ``vae.decode``. On CUDA each boundary synchronizes so the times are wall time
 of finished work.
 
-A call can be stopped between denoising steps: ``should_stop`` is asked after
-every step (from ``callback_on_step_end``) and a reason it returns is raised
-there as :class:`GenerationCancelled`. Raising, rather than setting diffusers'
+A call can be stopped between denoising steps: the request's ``should_stop``
+is asked after every step (from ``callback_on_step_end``) and a reason it
+returns is raised there as :class:`GenerationCancelled`. Raising, rather than setting diffusers'
 ``_interrupt``, works for every pipeline that calls the callback (the demo
 pipeline has no ``_interrupt``) and skips the VAE decode that ``_interrupt``
 still runs on the unfinished latents.
@@ -75,6 +75,8 @@ class GenerationRequest:
     true_cfg_scale: float | None = None
     seed: int | None = None  # 0 is a valid seed
     num_images: int = 1
+    # Asked after every denoising step: a reason (e.g. "timeout") stops the call there; None goes on.
+    should_stop: Callable[[], str | None] | None = None
 
 
 @dataclass
@@ -296,12 +298,11 @@ class PipelineAdapter:
         if isinstance(transformer, torch.nn.Module):
             stack.enter_context(_forward_timer(transformer, "denoising_forward", clock))
 
-    def __call__(
-        self, request: GenerationRequest, should_stop: Callable[[], str | None] | None = None
-    ) -> GenerationResult:
-        """Run one request. ``should_stop`` is asked after every denoising step (where the pipeline takes
-        ``callback_on_step_end``); a reason it returns stops the call with :class:`GenerationCancelled`."""
+    def __call__(self, request: GenerationRequest) -> GenerationResult:
+        """Run one request. ``request.should_stop`` is asked after every denoising step (where the pipeline
+        takes ``callback_on_step_end``); a reason it returns stops the call with :class:`GenerationCancelled`."""
         kwargs = self.build_kwargs(request)
+        should_stop = request.should_stop
         device = self._execution_device()
         clock = _Clock(device)
         if self.cancellable:

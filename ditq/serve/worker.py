@@ -258,11 +258,10 @@ class GenerationWorker:
     def _run(self, job: Job) -> GenerationResult:
         if (reason := job.stop_reason()) is not None:  # past its deadline before it started
             raise Cancelled(reason)
-        request = job.request
-        if job.references:
-            request = dataclasses.replace(request, images=decode_references(job.references))
+        images = decode_references(job.references) if job.references else job.request.images
+        request = dataclasses.replace(job.request, images=images, should_stop=lambda: self._stop_reason(job))
         try:
-            return self.adapter(request, should_stop=lambda: self._stop_reason(job))
+            return self.adapter(request)
         except GenerationCancelled as cancelled:
             raise Cancelled(job.stop_requested or "timeout", cancelled.steps_done) from None
 

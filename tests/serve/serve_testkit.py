@@ -70,11 +70,11 @@ class GatedAdapter:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.adapter, name)
 
-    def __call__(self, request: GenerationRequest, **kwargs: Any) -> GenerationResult:
+    def __call__(self, request: GenerationRequest) -> GenerationResult:
         self.prompts.append(request.prompt)
         self.entered.release()
         self.release.wait(60)
-        return self.adapter(request, **kwargs)
+        return self.adapter(request)
 
 
 def make_app(

@@ -200,7 +200,7 @@ def test_the_adapter_raises_between_steps_once_should_stop_answers() -> None:
 
     request = GenerationRequest(prompt="x", width=32, height=32, num_inference_steps=10, seed=0)
     with pytest.raises(GenerationCancelled) as stopped:
-        tiny_adapter()(request, should_stop=stop_after_three)
+        tiny_adapter()(dataclasses.replace(request, should_stop=stop_after_three))
     assert (stopped.value.reason, stopped.value.steps_done) == ("timeout", 3)
     assert len(tiny_adapter()(request).images) == 1  # the pipeline is usable afterwards
 
