@@ -4,10 +4,11 @@
 # reference images, once on the whole device and once under a 24 GiB budget with the offload ladder.
 # Run from the repository root with the machine's python3 (diffusers, compressed-tensors, pydantic, fastapi,
 # uvicorn, python-multipart on its path):
-#   bash benchmarks/h200_full_size_sweep.sh launch          # two GPUs, one call: GPU tests beside the build, then start
+#   bash benchmarks/h200_full_size_sweep.sh launch          # one call: GPU tests beside the build, then start
 #   bash benchmarks/h200_full_size_sweep.sh checks          # GPU tests + the tiny pipeline's chain on the GPU
 #   bash benchmarks/h200_full_size_sweep.sh build           # the full-size pipeline and its fixtures
 #   bash benchmarks/h200_full_size_sweep.sh start           # both sweeps, detached (GPU 0 whole, GPU 1 24 GiB)
+# One GPU: WHOLE_DEVICE=cuda:0 BUDGET_DEVICE=cuda:0 runs them one after the other; SWEEPS=budget (or whole) starts one.
 #   bash benchmarks/h200_full_size_sweep.sh wait [S]        # follow them for up to S seconds
 #   bash benchmarks/h200_full_size_sweep.sh collect         # reports, verdicts, charts, logs -> $OUT
 # Sweeps run detached because they outlast one shell session; each is one `ditq sweep` command (below).
@@ -20,18 +21,21 @@ MODEL=$WORK/qwen-image-21-random
 STEPS=${STEPS:-10}
 SEEDS=${SEEDS:-2301-2304}
 BUDGET_SEEDS=${BUDGET_SEEDS:-2301-2302}
+SCHEMES=${SCHEMES:-w8a16,w8a8,fp8}
+BUDGET_SCHEMES=${BUDGET_SCHEMES:-$SCHEMES}
+SWEEPS=${SWEEPS:-whole,budget}
 WHOLE_DEVICE=${WHOLE_DEVICE:-cuda:0}
 BUDGET_DEVICE=${BUDGET_DEVICE:-cuda:1}
 NOTE="Weights are random (diffusers' and transformers' default initialisation), so every image is noise: PSNR and SSIM against BF16 measure numerical deviation, not image quality."
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID DITQ_CACHE_DIR=$WORK/cache
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export OUT WORK MODEL STEPS NOTE
+export OUT WORK MODEL STEPS NOTE SCHEMES
 ditq() { python3 -m ditq.cli "$@"; }
 sweep() {  # sweep NAME DEVICE SEEDS [more ditq sweep options]: the command behind each committed report
   local name=$1 device=$2 seeds=$3
   shift 3
-  ditq sweep "$MODEL" --schemes w8a16,w8a8,fp8 --fixtures "$MODEL/fixtures/fixtures.json" \
+  ditq sweep "$MODEL" --schemes "$SCHEMES" --fixtures "$MODEL/fixtures/fixtures.json" \
     --refs "$MODEL/fixtures/refs" --out "$WORK/$name" --seeds "$seeds" --steps "$STEPS" --device "$device" \
     --health-timeout 900 --note "$NOTE" "$@"
 }
@@ -42,7 +46,7 @@ case "$1" in
     # (tests/serve/test_serve_openai_client.py needs the openai client, which that machine lacks)
     CUDA_VISIBLE_DEVICES=${BUDGET_DEVICE#cuda:} timeout "${TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider \
       -m gpu tests/serve/test_serve_gpu.py tests/serve/test_serve_units.py tests/runtime/test_runtime_gpu.py \
-      >"$OUT/gpu_tests.log" 2>&1 &
+      tests/kernels/test_kernel_numerics.py tests/test_quantize_gpu.py >"$OUT/gpu_tests.log" 2>&1 &
     BUILD_DEVICE=$WHOLE_DEVICE bash "$0" build
     wait
     tail -3 "$OUT/gpu_tests.log"
@@ -82,7 +86,12 @@ case "$1" in
     cd "$WORK/src" || exit 1
     export PYTHONPATH=$WORK/src${PYTHONPATH:+:$PYTHONPATH}
     whole="sweep sweep-whole $WHOLE_DEVICE $SEEDS >$WORK/sweep-whole.log 2>&1"
-    budget="sweep sweep-24gib $BUDGET_DEVICE $BUDGET_SEEDS --max-memory 24GiB --offload auto >$WORK/sweep-24gib.log 2>&1"
+    budget="sweep sweep-24gib $BUDGET_DEVICE $BUDGET_SEEDS --max-memory 24GiB --offload auto --schemes $BUDGET_SCHEMES \
+      >$WORK/sweep-24gib.log 2>&1"
+    case "$SWEEPS" in
+      whole) budget=true ;;
+      budget) whole=true ;;
+    esac
     if [ "$WHOLE_DEVICE" = "$BUDGET_DEVICE" ]; then  # one GPU: one after the other, so timings do not contend
       setsid nohup bash -c "$whole; $budget" >/dev/null 2>&1 </dev/null &
     else
@@ -90,7 +99,8 @@ case "$1" in
       setsid nohup bash -c "$budget" >/dev/null 2>&1 </dev/null &
     fi
     sleep 2
-    echo "started: sweep-whole on $WHOLE_DEVICE (seeds $SEEDS), sweep-24gib on $BUDGET_DEVICE (seeds $BUDGET_SEEDS), steps $STEPS"
+    echo "started ($SWEEPS): sweep-whole on $WHOLE_DEVICE (seeds $SEEDS), sweep-24gib on $BUDGET_DEVICE" \
+      "(seeds $BUDGET_SEEDS, schemes $BUDGET_SCHEMES), steps $STEPS"
     ;;
   wait)
     deadline=$((SECONDS + ${2:-540}))

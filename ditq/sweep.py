@@ -5,7 +5,8 @@ Every step is the step's own command, run as a subprocess with its output in ``O
 so a crash in one step cannot take the sweep down and every number has the command behind it.
 
 Offload ladder (``--offload none,model,block``): each candidate, the baseline included, is served at the
-first mode; the requests that ran out of accelerator memory (503 ``out_of_memory``), or all of them when the
+first mode; the requests that did not fit its memory (503 ``out_of_memory``, or 413 ``over_memory_budget``
+when the server's cost model refused them before they ran), or all of them when the
 model did not even load (``ditq serve`` exit code 3), are sent again to a server at the next mode, and so on.
 Every attempt is recorded (``CANDIDATE.json`` ``attempts``; ``logs/baseline-attempts.json``), and every record
 says the offload it was served at, so the report shows which reference counts fit at which offload.

@@ -59,9 +59,13 @@ def is_success(record: ProbeRecord) -> bool:
     return record.http in (200, None) and bool(record.sha256) and not record.error
 
 
+OUT_OF_MEMORY_CODES = frozenset({"out_of_memory", "over_memory_budget"})
+
+
 def is_out_of_memory(record: ProbeRecord) -> bool:
-    """The server answered that this request ran out of accelerator memory (503 ``out_of_memory``)."""
-    return record.error_code == "out_of_memory"
+    """The request did not fit the server's memory: it ran out (503 ``out_of_memory``) or was refused before
+    it ran because its lower bound could never fit (413 ``over_memory_budget``)."""
+    return record.error_code in OUT_OF_MEMORY_CODES
 
 
 class RecordLog:

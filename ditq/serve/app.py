@@ -86,7 +86,8 @@ def _admit(
     cost = request_cost(generation, references, state.adapter)
     refusal = model.refusal(cost)
     if refusal is not None:
-        raise errors.over_budget(f"this request can never run here: {refusal}")
+        refuse = errors.over_memory_budget if refusal.budget == "memory" else errors.over_budget
+        raise refuse(f"this request can never run here: {refusal.message}")
     seconds = model.seconds(cost)
     wait = worker.estimated_wait_s()
     if wait + seconds > deadline - time.perf_counter():

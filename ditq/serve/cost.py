@@ -11,8 +11,10 @@ bound; n images cost n times one image. A request whose lower bound is over the 
   ``--max-memory`` or the device's free memory; the CPU: the host's available memory, cgroup limit included);
 - time: the request timeout.
 
-Either is refused with 413 ``over_budget`` before it is queued. The same lower bounds, summed over the queue,
-say how long a new request would wait at least (429 ``busy`` when that alone passes its deadline).
+Either is refused with 413 before it is queued: ``over_memory_budget`` (it does not fit this server's memory,
+as a request that ran out of it does not: a server with more offload may take it) or ``over_budget`` (time).
+The same lower bounds, summed over the queue, say how long a new request would wait at least (429 ``busy``
+when that alone passes its deadline).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = [
     "CostModel",
     "MemoryProbe",
     "Point",
+    "Refusal",
     "RequestCost",
     "calibrate",
     "free_memory_bytes",
@@ -67,6 +70,14 @@ class RequestCost:
             f"{self.images} image(s) x ({self.pixels} + {self.references} reference(s) x {self.reference_pixels}) "
             f"pixels x {self.steps} steps"
         )
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request can never fit: the budget it passes (``memory`` or ``time``) and by how much."""
+
+    budget: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -121,19 +132,21 @@ class CostModel:
         )
         return int(cost.images * per_image)
 
-    def refusal(self, cost: RequestCost) -> str | None:
+    def refusal(self, cost: RequestCost) -> Refusal | None:
         """Why the request can never fit (memory first), or None."""
         memory = self.memory_bytes(cost)
         if memory is not None and self.memory_budget_bytes is not None and memory > self.memory_budget_bytes:
-            return (
+            return Refusal(
+                "memory",
                 f"{cost.describe()} needs at least {memory / 2**30:.2f} GiB for activations on {self.device}; "
-                f"{self.memory_budget_bytes / 2**30:.2f} GiB are free for them"
+                f"{self.memory_budget_bytes / 2**30:.2f} GiB are free for them",
             )
         seconds = self.seconds(cost)
         if seconds > self.time_budget_s:
-            return (
+            return Refusal(
+                "time",
                 f"{cost.describe()} takes at least {seconds:.0f} s on {self.device}, "
-                f"more than the request timeout of {self.time_budget_s:g} s"
+                f"more than the request timeout of {self.time_budget_s:g} s",
             )
         return None
 

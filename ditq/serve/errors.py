@@ -28,6 +28,7 @@ __all__ = [
     "non_finite_output",
     "out_of_memory",
     "over_budget",
+    "over_memory_budget",
     "queue_full",
     "request_timeout",
     "server_fault",
@@ -133,8 +134,14 @@ def cross_origin() -> APIError:
 
 
 def over_budget(message: str) -> APIError:
-    """413: the request can never run within this server's memory or time budget, whatever else it waits for."""
+    """413: the request can never run within this server's time budget, whatever else it waits for."""
     return APIError(413, message, code="over_budget")
+
+
+def over_memory_budget(message: str) -> APIError:
+    """413: the request can never fit this server's accelerator (or host) memory; like a request that ran out
+    of memory (503 ``out_of_memory``), it may fit a server with more offload or a larger budget."""
+    return APIError(413, message, code="over_memory_budget")
 
 
 def busy(message: str, retry_after_s: float) -> APIError:

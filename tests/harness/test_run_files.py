@@ -142,6 +142,14 @@ def test_the_seed_matrix_is_read_through_its_adapter(tmp_path: Path) -> None:
     assert is_out_of_memory(record) and record.error_code == "out_of_memory"  # the seed said so in words only
 
 
+def test_a_request_refused_for_memory_counts_as_out_of_memory_and_one_refused_for_time_does_not() -> None:
+    # the offload ladder sends both kinds of memory failure to the next mode; a time refusal is not one
+    refused = served_record("f", 1).model_copy(update={"http": 413, "sha256": None, "error": "can never run"})
+    assert is_out_of_memory(refused.model_copy(update={"error_code": "over_memory_budget"}))
+    assert is_out_of_memory(refused.model_copy(update={"http": 503, "error_code": "out_of_memory"}))
+    assert not is_out_of_memory(refused.model_copy(update={"error_code": "over_budget"}))
+
+
 def _bad_line(run: Path) -> None:
     with RecordLog(run / "records.jsonl") as log:
         log.append(served_record("f", 1))

@@ -1,5 +1,5 @@
 """`ditq serve --max-memory` on a CUDA device, live on loopback: a request past the budget is refused (413
-``over_budget`` when the calibrated lower bound already passes it, else 503 ``out_of_memory`` once it runs out)
+``over_memory_budget`` when the calibrated lower bound already passes it, else 503 ``out_of_memory`` once it runs out)
 and the server serves the next one; a model past the budget stops start-up with exit code 3; the cost model
 measures the allocator on CUDA."""
 
@@ -101,7 +101,9 @@ def test_a_request_past_the_budget_is_503_and_the_next_one_is_served(tmp_path: P
             assert client.post("/v1/images/generations", json=SMALL).status_code == 200
             over = client.post("/v1/images/generations", json=BIG)
             code = over.json()["error"]["code"]
-            assert (over.status_code, code) in ((503, "out_of_memory"), (413, "over_budget")), over.text
+            assert (over.status_code, code) in ((503, "out_of_memory"), (413, "over_memory_budget")), (
+                over.text
+            )
             assert client.get("/health").json()["status"] == "ready"
             after = client.post("/v1/images/generations", json=SMALL)
             assert after.status_code == 200, after.text
