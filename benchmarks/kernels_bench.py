@@ -75,8 +75,8 @@ def _torchao_fns(w: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Te
 
 
 def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -> list[dict[str, object]]:
+    from ditq.checkpoint.codecs import codec_for
     from ditq.kernels import all_kernels
-    from ditq.kernels.stored import stored_from_quantized
     from ditq.numerics import quantize_weight, relative_l2
     from ditq.schemes import get_scheme
 
@@ -118,10 +118,10 @@ def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -
     for path in all_kernels():
         if path.device_type != "cuda" or not path.supports(torch.device("cuda"), torch.bfloat16, k, n)[0]:
             continue
-        q, scale = quantize_weight(w.float(), get_scheme(path.scheme))
-        stored = {key: t.cuda() for key, t in stored_from_quantized(q, scale, path.scheme).items()}
+        q, scale = quantize_weight(w.float(), path.scheme)
+        stored = {key: t.cuda() for key, t in codec_for(path.scheme).encode(q, scale).items()}
         prepared = path.prepare(stored, torch.device("cuda"))
-        record(f"ditq:{path.name}", path.scheme, lambda p=path, pr=prepared: p.matmul(x, pr, None))
+        record(f"ditq:{path.name}", path.scheme.name, lambda p=path, pr=prepared: p.matmul(x, pr, None))
         del prepared, stored
 
     if torchao_ok:
@@ -179,7 +179,7 @@ def summarize(runs: list[dict[str, object]], exclude: dict[str, str]) -> dict[st
     """
     from ditq.kernels import all_kernels
 
-    shipped = {f"ditq:{p.name}" for p in all_kernels()}
+    shipped = {f"ditq:{p.name}": p.scheme.name for p in all_kernels()}
     latest: dict[tuple[int, int, int, str], dict[str, object]] = {}
     for index, run in enumerate(runs):
         for row in run["rows"]:  # type: ignore[union-attr]
@@ -216,16 +216,12 @@ def summarize(runs: list[dict[str, object]], exclude: dict[str, str]) -> dict[st
         }
         goals = {}
         for scheme, goal in GOALS.items():
-            ours = {p: e for p, e in entries.items() if p.startswith("ditq:") and _scheme_of(p) == scheme}
+            ours = {p: e for p, e in entries.items() if shipped.get(p) == scheme}
             best = max(ours.items(), key=lambda item: item[1]["x_bf16"])
             goals[scheme] = {"goal_x_bf16": goal, "best_path": best[0], "x_bf16": best[1]["x_bf16"],
                              "met": best[1]["x_bf16"] >= goal}  # fmt: skip
         table.append({"M": m, "K": k, "N": n, "paths": entries, "goals": goals})
     return {"shapes": table, "excluded": exclude}
-
-
-def _scheme_of(path: str) -> str:
-    return "w8a16" if "w8a16" in path else "fp8" if "fp8" in path else "w8a8"
 
 
 def main() -> int:

@@ -51,9 +51,9 @@ from ditq.errors import DitqError
 from ditq.fsutil import atomic_directory, atomic_write_json
 from ditq.kernels.reference import reference_float32
 from ditq.kernels.registry import KernelPath, all_kernels, candidate_paths, get_kernel
-from ditq.kernels.stored import analytic_stored, stored_from_quantized
+from ditq.kernels.stored import analytic_stored
 from ditq.numerics import quantize_weight, relative_l2
-from ditq.schemes import SCHEMES, get_scheme
+from ditq.schemes import Scheme
 
 __all__ = [
     "REL_L2_BOUND",
@@ -76,7 +76,6 @@ log = logging.getLogger(__name__)
 REL_L2_BOUND = 0.005
 ROWS = 512  # M: tokens per check
 STARTUP_ROWS = 256
-ACTIVATIONS = {"w8a16": None, "w8a8": "int8", "fp8": "fp8"}
 CHECK_DTYPES = (torch.bfloat16, torch.float16)
 STEPS = ("load", "scales", "finite", "output")
 
@@ -167,24 +166,18 @@ class PathResult:
 # ---------------------------------------------------------------- weights
 
 
-def synthetic_case(scheme_name: str, geometry: Geometry, seed: int = 0) -> WeightCase:
+def synthetic_case(scheme: Scheme, geometry: Geometry, seed: int = 0) -> WeightCase:
     """Random weights quantized by ditq's quantizer, plus a random bias (checkpoint-independent)."""
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(geometry.out_features, geometry.in_features, generator=generator) * 0.02
-    q, scale = quantize_weight(weight, get_scheme(scheme_name, geometry.group_size))
+    q, scale = quantize_weight(weight, scheme.with_group_size(geometry.group_size))
     bias = torch.randn(geometry.out_features, generator=generator) * 0.1
-    return WeightCase("synthetic", stored_from_quantized(q, scale, scheme_name), bias)
+    return WeightCase("synthetic", codec_for(scheme).encode(q, scale), bias)
 
 
-def analytic_case(scheme_name: str, geometry: Geometry) -> WeightCase:
+def analytic_case(scheme: Scheme, geometry: Geometry) -> WeightCase:
     """q = qmax, scale = 1/qmax everywhere; with an all-ones input every output equals in_features."""
-    return WeightCase("analytic", analytic_stored(scheme_name, geometry.out_features, geometry.in_features))
-
-
-def _stored_q_scale(
-    scheme_name: str, stored: Mapping[str, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return codec_for(SCHEMES[scheme_name]).read(stored)
+    return WeightCase("analytic", analytic_stored(scheme, geometry.out_features, geometry.in_features))
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -215,12 +208,12 @@ def _production_read(case: WeightCase) -> dict[str, torch.Tensor]:
 
 
 def _module(
-    scheme_name: str, stored: Mapping[str, torch.Tensor], bias: torch.Tensor | None, device: torch.device
+    scheme: Scheme, stored: Mapping[str, torch.Tensor], bias: torch.Tensor | None, device: torch.device
 ):  # type: ignore[no-untyped-def]
     from ditq.runtime.modules import linear_from_stored
 
     on_device = {k: v.to(device) for k, v in stored.items()}
-    return linear_from_stored(on_device, get_scheme(scheme_name), None if bias is None else bias.to(device))
+    return linear_from_stored(on_device, scheme, None if bias is None else bias.to(device))
 
 
 def _step_load(path: KernelPath, case: WeightCase, device: torch.device) -> tuple[bool, str, float | None]:
@@ -266,9 +259,9 @@ def _layer_output(
         x = torch.randn(rows, in_features, generator=generator).to(device=device, dtype=dtype)
     with torch.no_grad():
         out = module(x)
-    q, scale = _stored_q_scale(path.scheme, case.stored)
+    q, scale = codec_for(path.scheme).read(case.stored)
     ref = reference_float32(
-        x, q.to(device), scale.to(device), None if bias is None else bias.to(device), ACTIVATIONS[path.scheme]
+        x, q.to(device), scale.to(device), None if bias is None else bias.to(device), path.scheme.activations
     )
     return out, ref
 
@@ -309,13 +302,13 @@ def _raised(error: BaseException) -> str:
 def check_path(
     path: KernelPath,
     geometries: Sequence[Geometry],
-    cases: Callable[[str, Geometry], list[WeightCase]],
+    cases: Callable[[Scheme, Geometry], list[WeightCase]],
     device: torch.device,
     rows: int = ROWS,
     dtypes: Sequence[torch.dtype] = CHECK_DTYPES,
 ) -> PathResult:
     """Every step for every (geometry, weights, activation dtype) this path supports here."""
-    result = PathResult(path.name, path.scheme, str(device), "PASS")
+    result = PathResult(path.name, path.scheme.name, str(device), "PASS")
     claimed = False
     for geometry in geometries:
         for case in cases(path.scheme, geometry):
@@ -377,15 +370,15 @@ def check_path(
     return result
 
 
-def default_cases(weights: Sequence[str]) -> Callable[[str, Geometry], list[WeightCase]]:
+def default_cases(weights: Sequence[str]) -> Callable[[Scheme, Geometry], list[WeightCase]]:
     """Weight cases by name: "synthetic" and/or "analytic"."""
 
-    def cases(scheme_name: str, geometry: Geometry) -> list[WeightCase]:
+    def cases(scheme: Scheme, geometry: Geometry) -> list[WeightCase]:
         out = []
         if "synthetic" in weights:
-            out.append(synthetic_case(scheme_name, geometry))
+            out.append(synthetic_case(scheme, geometry))
         if "analytic" in weights:
-            out.append(analytic_case(scheme_name, geometry))
+            out.append(analytic_case(scheme, geometry))
         return out
 
     return cases
@@ -514,7 +507,7 @@ def check_paths(
     dtypes: Sequence[torch.dtype] = CHECK_DTYPES,
     use_cache: bool = False,
     report_root: Path | None = None,
-    cases: Callable[[str, Geometry], list[WeightCase]] | None = None,
+    cases: Callable[[Scheme, Geometry], list[WeightCase]] | None = None,
 ) -> list[PathResult]:
     """Check each path; with ``use_cache`` a verdict for the same (device, driver, versions, path,
     geometries, settings) is read from the cache instead of recomputed. Failing paths get a report
@@ -541,7 +534,7 @@ def check_paths(
 
 
 def choose_verified_path(
-    scheme: str,
+    scheme: Scheme,
     device: torch.device | str,
     dtype: torch.dtype,
     in_features: int,
@@ -564,7 +557,7 @@ def choose_verified_path(
         (result,) = check_paths([path], [geometry], device, rows=rows, dtypes=(dtype,), use_cache=True)
         if result.verdict == "PASS":
             if refused:
-                log.warning("kernel doctor: using %s for %s %s after refusing %s", path.name, scheme, geometry,
+                log.warning("kernel doctor: using %s for %s %s after refusing %s", path.name, scheme.name, geometry,
                             ", ".join(name for name, _ in refused))  # fmt: skip
             return path
         log.warning(
@@ -573,12 +566,12 @@ def choose_verified_path(
         )  # fmt: skip
         refused.append((path.name, result.report_dir))
     reports = "; ".join(f"{name}: {where}" for name, where in refused) or "no candidate paths"
-    raise DitqError(f"no kernel path for {scheme} {geometry} on {device} passed the doctor ({reports})")
+    raise DitqError(f"no kernel path for {scheme.name} {geometry} on {device} passed the doctor ({reports})")
 
 
 def verified_chooser(layer: Any, device: torch.device, dtype: torch.dtype) -> KernelPath:
     """A ``ditq.runtime.loader.KernelChooser``: the doctor-verified path for one QuantizedLinear."""
-    return choose_verified_path(layer.scheme.name, device, dtype, layer.in_features, layer.out_features,
+    return choose_verified_path(layer.scheme, device, dtype, layer.in_features, layer.out_features,
                                 group_size=getattr(layer, "group_size", None))  # fmt: skip
 
 
@@ -667,7 +660,7 @@ def select_paths(
         chosen = [get_kernel(name) for name in kernels]
     else:
         chosen = [p for p in all_kernels() if p.device_type == device.type]
-    return [p for p in chosen if not schemes or p.scheme in schemes]
+    return [p for p in chosen if not schemes or p.scheme.name in schemes]
 
 
 def artifact_cases(artifact: Path) -> dict[str, dict[Geometry, WeightCase]]:
@@ -738,18 +731,22 @@ def run_doctor(
             path_geometries: Sequence[Geometry] = geometries
             cases = default_cases(weights)
         else:
-            own = from_artifact.get(path.scheme, {})
+            own = from_artifact.get(path.scheme.name, {})
             path_geometries = list(own)
 
             def cases(
-                scheme_name: str, geometry: Geometry, own: dict[Geometry, WeightCase] = own
+                scheme: Scheme, geometry: Geometry, own: dict[Geometry, WeightCase] = own
             ) -> list[WeightCase]:
-                return [own[geometry], *default_cases(weights)(scheme_name, geometry)]
+                return [own[geometry], *default_cases(weights)(scheme, geometry)]
 
         if not path_geometries:
             results.append(
                 PathResult(
-                    path.name, path.scheme, str(device), "SKIP", f"the artifact has no {path.scheme} layers"
+                    path.name,
+                    path.scheme.name,
+                    str(device),
+                    "SKIP",
+                    f"the artifact has no {path.scheme.name} layers",
                 )
             )
             continue

@@ -18,7 +18,7 @@ from ditq.errors import DitqError
 from ditq.kernels import ENV_FORCE, get_kernel, register_kernel, unregister_kernel
 from ditq.kernels.registry import Prepared, StoredWeight
 from ditq.numerics import quantize_weight
-from ditq.schemes import get_scheme
+from ditq.schemes import FP8, W8A8, get_scheme
 
 SMALL = [doctor.Geometry(64, 64, "square"), doctor.Geometry(128, 48, "wide-in")]
 SQUARE = [doctor.Geometry(64, 64, "square")]
@@ -35,7 +35,7 @@ def _register(name: str, matmul=None, prepare=None) -> None:  # type: ignore[no-
     """A CPU w8a8 path preferred over the reference, broken in one way."""
     reference = get_kernel(REFERENCE)
     register_kernel(
-        name=name, scheme="w8a8", device_type="cpu", prepare=prepare or reference.prepare, priority=100
+        name=name, scheme=W8A8, device_type="cpu", prepare=prepare or reference.prepare, priority=100
     )(matmul or reference.matmul)
 
 
@@ -111,7 +111,7 @@ def test_broken_path_is_caught_by_the_right_step(broken, tmp_path: Path) -> None
 def test_chooser_refuses_a_broken_path_and_falls_back(broken, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
     name, _, _ = broken
     with caplog.at_level(logging.WARNING, logger="ditq.doctor"):
-        path = doctor.choose_verified_path("w8a8", torch.device("cpu"), torch.bfloat16, 64, 64)
+        path = doctor.choose_verified_path(W8A8, torch.device("cpu"), torch.bfloat16, 64, 64)
     assert path.name == REFERENCE
     refusal = next(r.getMessage() for r in caplog.records if "refusing" in r.getMessage())
     assert name in refusal and "report:" in refusal
@@ -124,7 +124,7 @@ def test_no_passing_path_is_an_error_naming_the_report(monkeypatch: pytest.Monke
     try:
         monkeypatch.setenv(ENV_FORCE, "test-only-nan-w8a8")
         with pytest.raises(DitqError, match=r"test-only-nan-w8a8: .*test-only-nan-w8a8"):
-            doctor.choose_verified_path("w8a8", torch.device("cpu"), torch.bfloat16, 64, 64)
+            doctor.choose_verified_path(W8A8, torch.device("cpu"), torch.bfloat16, 64, 64)
     finally:
         unregister_kernel("test-only-nan-w8a8")
 
@@ -132,17 +132,17 @@ def test_no_passing_path_is_an_error_naming_the_report(monkeypatch: pytest.Monke
 def test_verdicts_are_cached_per_environment_and_path(
     monkeypatch: pytest.MonkeyPatch, private_cache: Path
 ) -> None:
-    first = doctor.choose_verified_path("fp8", torch.device("cpu"), torch.bfloat16, 64, 32)
+    first = doctor.choose_verified_path(FP8, torch.device("cpu"), torch.bfloat16, 64, 32)
     assert len(list((private_cache / "doctor").glob("*.json"))) == 1
 
     def must_not_run(*args: object, **kwargs: object) -> None:
         raise AssertionError("a cached verdict was recomputed")
 
     monkeypatch.setattr(doctor, "check_path", must_not_run)
-    assert doctor.choose_verified_path("fp8", torch.device("cpu"), torch.bfloat16, 64, 32) == first
+    assert doctor.choose_verified_path(FP8, torch.device("cpu"), torch.bfloat16, 64, 32) == first
     # Another geometry is another key.
     with pytest.raises(AssertionError, match="recomputed"):
-        doctor.choose_verified_path("fp8", torch.device("cpu"), torch.bfloat16, 128, 32)
+        doctor.choose_verified_path(FP8, torch.device("cpu"), torch.bfloat16, 128, 32)
 
 
 def _layer(scheme_name: str, in_features: int, out_features: int):  # type: ignore[no-untyped-def]

@@ -65,7 +65,7 @@ def _matmul(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None, fast
 
 
 _REQUIREMENTS = {
-    "scheme": "fp8",
+    "scheme": FP8,
     "device_type": "cuda",
     "prepare": _prepare,
     "min_capability": (8, 9),

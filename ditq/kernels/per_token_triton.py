@@ -91,7 +91,7 @@ def register_per_token_triton(
 
         register_kernel(
             name=f"triton-{scheme.name}" + (f"-{suffix}" if suffix else ""),
-            scheme=scheme.name,
+            scheme=scheme,
             device_type="cuda",
             prepare=prepare,
             priority=priority,

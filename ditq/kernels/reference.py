@@ -90,7 +90,7 @@ def _prepare_for(scheme: Scheme) -> PrepareFn:
 
 
 @register_kernel(
-    name="cpu-reference-w8a16", scheme="w8a16", device_type="cpu", prepare=_prepare_for(W8A16), priority=0
+    name="cpu-reference-w8a16", scheme=W8A16, device_type="cpu", prepare=_prepare_for(W8A16), priority=0
 )
 def matmul_w8a16(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """Reference: dequantize (unpacked int8 x scale) in float32, float32 GEMM."""
@@ -98,7 +98,7 @@ def matmul_w8a16(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None)
 
 
 @register_kernel(
-    name="cpu-reference-w8a8", scheme="w8a8", device_type="cpu", prepare=_prepare_for(W8A8), priority=0
+    name="cpu-reference-w8a8", scheme=W8A8, device_type="cpu", prepare=_prepare_for(W8A8), priority=0
 )
 def matmul_w8a8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """Reference: per-token int8 activation quantization, dequantized float32 GEMM."""
@@ -106,7 +106,7 @@ def matmul_w8a8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) 
 
 
 @register_kernel(
-    name="cpu-reference-fp8", scheme="fp8", device_type="cpu", prepare=_prepare_for(FP8), priority=0
+    name="cpu-reference-fp8", scheme=FP8, device_type="cpu", prepare=_prepare_for(FP8), priority=0
 )
 def matmul_fp8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """Reference: per-token fp8 activation quantization, dequantized float32 GEMM."""

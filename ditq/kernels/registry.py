@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ditq.errors import InputError
-from ditq.schemes import SCHEMES
+from ditq.schemes import SCHEMES, Scheme
 
 __all__ = [
     "ENV_DISABLE",
@@ -73,7 +73,7 @@ class KernelPath:
     """
 
     name: str
-    scheme: str
+    scheme: Scheme  # the preset (``ditq.schemes.SCHEMES``); a path serves every group size of it
     device_type: str
     min_capability: tuple[int, int] | None
     activation_dtypes: frozenset[torch.dtype]
@@ -122,7 +122,7 @@ _REGISTRY: dict[str, KernelPath] = {}
 def register_kernel(
     *,
     name: str,
-    scheme: str,
+    scheme: Scheme,
     device_type: str,
     prepare: PrepareFn,
     priority: int,
@@ -133,15 +133,16 @@ def register_kernel(
     description: str = "",
 ) -> Callable[[MatmulFn], MatmulFn]:
     """Decorator: register the decorated matmul as kernel path ``name``; returns the function unchanged."""
-    if scheme not in SCHEMES:
-        raise ValueError(f"kernel {name!r}: unknown scheme {scheme!r}")
+    if scheme.name not in SCHEMES:
+        raise ValueError(f"kernel {name!r}: unknown scheme {scheme.name!r}")
+    preset = SCHEMES[scheme.name]  # the path is chosen by scheme, whatever a layer's group size
 
     def decorate(matmul: MatmulFn) -> MatmulFn:
         if name in _REGISTRY:
             raise ValueError(f"kernel path {name!r} is registered twice")
         _REGISTRY[name] = KernelPath(
             name=name,
-            scheme=scheme,
+            scheme=preset,
             device_type=device_type,
             min_capability=min_capability,
             activation_dtypes=activation_dtypes,
@@ -164,7 +165,7 @@ def unregister_kernel(name: str) -> None:
 
 def all_kernels() -> list[KernelPath]:
     """Every registered path, by scheme then preference."""
-    return sorted(_REGISTRY.values(), key=lambda p: (_SCHEME_ORDER.index(p.scheme), -p.priority, p.name))
+    return sorted(_REGISTRY.values(), key=lambda p: (_SCHEME_ORDER.index(p.scheme.name), -p.priority, p.name))
 
 
 def get_kernel(name: str) -> KernelPath:
@@ -187,7 +188,7 @@ def _env_names(variable: str) -> list[str]:
 
 
 def candidate_paths(
-    scheme: str,
+    scheme: Scheme,
     device: torch.device | str,
     activation_dtype: torch.dtype,
     in_features: int,
@@ -196,7 +197,7 @@ def candidate_paths(
     """Paths able to run this layer, most preferred first (env DITQ_KERNELS / DITQ_DISABLE_KERNELS honoured)."""
     device = torch.device(device)
     disabled = set(_env_names(ENV_DISABLE))
-    forced = [n for n in _env_names(ENV_FORCE) if _REGISTRY[n].scheme == scheme]
+    forced = [n for n in _env_names(ENV_FORCE) if _REGISTRY[n].scheme.name == scheme.name]
     if forced:
         chosen = []
         for n in forced:
@@ -210,7 +211,7 @@ def candidate_paths(
     return [
         p
         for p in all_kernels()
-        if p.scheme == scheme
+        if p.scheme.name == scheme.name
         and p.name not in disabled
         and p.supports(device, activation_dtype, in_features, out_features)[0]
     ]

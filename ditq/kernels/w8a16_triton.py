@@ -47,7 +47,7 @@ register_row_fakes(w8a16_triton, w8a16_dequant_matmul)
 
 @register_kernel(
     name="triton-w8a16",
-    scheme="w8a16",
+    scheme=W8A16,
     device_type="cuda",
     prepare=_prepare,
     priority=80,
@@ -63,7 +63,7 @@ def matmul_triton(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None
 
 @register_kernel(
     name="dequant-matmul-w8a16",
-    scheme="w8a16",
+    scheme=W8A16,
     device_type="cuda",
     prepare=_prepare,
     priority=85,

@@ -36,7 +36,7 @@ register_row_fakes(w8a8_int_mm)
 
 @register_kernel(
     name="int-mm-w8a8",
-    scheme="w8a8",
+    scheme=W8A8,
     device_type="cuda",
     prepare=prepare_per_channel(W8A8),
     priority=50,

@@ -127,7 +127,7 @@ class QuantizedLinear(torch.nn.Module):
             device = torch.device(device) if device is not None else self._buffer_device()
             activation_dtype = activation_dtype or self._default_activation_dtype()
             candidates = candidate_paths(
-                self.scheme.name, device, activation_dtype, self.in_features, self.out_features
+                self.scheme, device, activation_dtype, self.in_features, self.out_features
             )
             if not candidates:
                 raise DitqError(
@@ -135,9 +135,9 @@ class QuantizedLinear(torch.nn.Module):
                     f"and shape ({self.out_features}, {self.in_features}); see DITQ_KERNELS / DITQ_DISABLE_KERNELS"
                 )
             path = candidates[0]
-        if path.scheme != self.scheme.name:
+        if path.scheme.name != self.scheme.name:
             raise InputError(
-                f"kernel path {path.name!r} is for {path.scheme}, this layer is {self.scheme.name}"
+                f"kernel path {path.name!r} is for {path.scheme.name}, this layer is {self.scheme.name}"
             )
         if self.kernel is not None and self.kernel.name != path.name and self.prepared:
             self._unprepare()

@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ditq.checkpoint.codecs import codec_for
 from ditq.kernels import KernelPath, all_kernels
 from ditq.kernels.reference import reference_float32
-from ditq.kernels.stored import analytic_stored, stored_from_quantized
+from ditq.kernels.stored import analytic_stored
 from ditq.numerics import quantize_weight, relative_l2
-from ditq.schemes import get_scheme
+from ditq.schemes import Scheme
 
 REL_L2_BOUND = 0.005
-ACTIVATIONS = {"w8a16": None, "w8a8": "int8", "fp8": "fp8"}
 # (M, K, N): CPU sizes stay tiny; CUDA sizes include ragged M and the seed's wide-in shape.
 CPU_SHAPES = [(33, 256, 96), (1, 64, 32)]
 CUDA_SHAPES = [(333, 1024, 768), (512, 4096, 4096), (64, 12288, 4096)]
@@ -40,13 +40,11 @@ def _runnable(path: KernelPath, dtype: torch.dtype, k: int, n: int) -> torch.dev
     return device
 
 
-def _random_stored(
-    scheme_name: str, n: int, k: int, seed: int
-) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def _random_stored(scheme: Scheme, n: int, k: int, seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(n, k, generator=generator) * 0.02
-    q, scale = quantize_weight(weight, get_scheme(scheme_name))
-    return stored_from_quantized(q, scale, scheme_name), q
+    q, scale = quantize_weight(weight, scheme)
+    return codec_for(scheme).encode(q, scale), q
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -62,7 +60,7 @@ def test_matches_float32_reference(path: KernelPath, dtype: torch.dtype) -> None
         prepared = path.prepare({key: t.to(device) for key, t in stored.items()}, device)
         out = path.matmul(x, prepared, bias)
         ref = reference_float32(
-            x, q.to(device), stored["weight_scale"].to(device), bias, ACTIVATIONS[path.scheme]
+            x, q.to(device), stored["weight_scale"].to(device), bias, path.scheme.activations
         )
         assert out.shape == (m, n) and out.dtype == dtype
         assert torch.isfinite(out).all()

@@ -8,6 +8,7 @@ import torch
 from ditq.errors import InputError
 from ditq.kernels import ENV_DISABLE, ENV_FORCE, all_kernels, candidate_paths, get_kernel, register_kernel
 from ditq.kernels.registry import unregister_kernel
+from ditq.schemes import FP8, SCHEMES, W8A8
 
 CPU = torch.device("cpu")
 
@@ -18,7 +19,7 @@ def extra_cpu_path():
     reference = get_kernel("cpu-reference-w8a8")
     register_kernel(
         name="test-preferred-w8a8",
-        scheme="w8a8",
+        scheme=W8A8,
         device_type="cpu",
         prepare=reference.prepare,
         priority=50,
@@ -30,9 +31,9 @@ def extra_cpu_path():
 
 
 def test_every_scheme_has_a_cpu_reference() -> None:
-    for scheme in ("w8a16", "w8a8", "fp8"):
+    for scheme in SCHEMES.values():
         names = [p.name for p in candidate_paths(scheme, CPU, torch.bfloat16, 64, 32)]
-        assert names == [f"cpu-reference-{scheme}"]
+        assert names == [f"cpu-reference-{scheme.name}"]
 
 
 def test_cuda_paths_are_not_offered_on_cpu() -> None:
@@ -44,28 +45,28 @@ def test_cuda_paths_are_not_offered_on_cpu() -> None:
 
 
 def test_preference_and_requirements(extra_cpu_path) -> None:
-    names = [p.name for p in candidate_paths("w8a8", CPU, torch.bfloat16, 64, 32)]
+    names = [p.name for p in candidate_paths(W8A8, CPU, torch.bfloat16, 64, 32)]
     assert names == ["test-preferred-w8a8", "cpu-reference-w8a8"]
     # alignment 16 rules it out for 40 input features; fp16 is not among its dtypes.
-    assert [p.name for p in candidate_paths("w8a8", CPU, torch.bfloat16, 40, 32)] == ["cpu-reference-w8a8"]
+    assert [p.name for p in candidate_paths(W8A8, CPU, torch.bfloat16, 40, 32)] == ["cpu-reference-w8a8"]
     ok, why = extra_cpu_path.supports(CPU, torch.float16, 64, 32)
     assert not ok and "float16" in why
 
 
 def test_env_force_and_disable(extra_cpu_path, monkeypatch) -> None:
     monkeypatch.setenv(ENV_FORCE, "cpu-reference-w8a8")
-    assert [p.name for p in candidate_paths("w8a8", CPU, torch.bfloat16, 64, 32)] == ["cpu-reference-w8a8"]
+    assert [p.name for p in candidate_paths(W8A8, CPU, torch.bfloat16, 64, 32)] == ["cpu-reference-w8a8"]
     # Forcing a w8a8 path leaves other schemes alone.
-    assert [p.name for p in candidate_paths("fp8", CPU, torch.bfloat16, 64, 32)] == ["cpu-reference-fp8"]
+    assert [p.name for p in candidate_paths(FP8, CPU, torch.bfloat16, 64, 32)] == ["cpu-reference-fp8"]
     monkeypatch.delenv(ENV_FORCE)
     monkeypatch.setenv(ENV_DISABLE, "test-preferred-w8a8")
-    assert [p.name for p in candidate_paths("w8a8", CPU, torch.bfloat16, 64, 32)] == ["cpu-reference-w8a8"]
+    assert [p.name for p in candidate_paths(W8A8, CPU, torch.bfloat16, 64, 32)] == ["cpu-reference-w8a8"]
 
 
 def test_env_force_of_a_path_that_cannot_run_names_why(extra_cpu_path, monkeypatch) -> None:
     monkeypatch.setenv(ENV_FORCE, "test-preferred-w8a8")
     with pytest.raises(InputError, match=r"test-preferred-w8a8.*not multiples of 16"):
-        candidate_paths("w8a8", CPU, torch.bfloat16, 40, 32)
+        candidate_paths(W8A8, CPU, torch.bfloat16, 40, 32)
 
 
 def test_unknown_names_suggest_a_known_one(monkeypatch) -> None:
@@ -73,12 +74,12 @@ def test_unknown_names_suggest_a_known_one(monkeypatch) -> None:
         get_kernel("cpu-refrence-w8a8")
     monkeypatch.setenv(ENV_DISABLE, "cpu-referense-fp8")
     with pytest.raises(InputError, match=f"{ENV_DISABLE}.*cpu-referense-fp8"):
-        candidate_paths("fp8", CPU, torch.bfloat16, 64, 32)
+        candidate_paths(FP8, CPU, torch.bfloat16, 64, 32)
 
 
 def test_duplicate_registration_is_refused() -> None:
     reference = get_kernel("cpu-reference-fp8")
     with pytest.raises(ValueError, match="registered twice"):
         register_kernel(
-            name="cpu-reference-fp8", scheme="fp8", device_type="cpu", prepare=reference.prepare, priority=0
+            name="cpu-reference-fp8", scheme=FP8, device_type="cpu", prepare=reference.prepare, priority=0
         )(reference.matmul)

@@ -138,11 +138,12 @@ def test_an_artifact_is_served_after_the_doctor_verified_its_paths(tmp_path: Pat
 def nan_w8a16_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """A CPU w8a16 path ahead of the reference in the registry that returns NaN: the seed's broken kernel."""
     from ditq.kernels import get_kernel, register_kernel, unregister_kernel
+    from ditq.schemes import W8A16
 
     monkeypatch.setenv("DITQ_CACHE_DIR", str(tmp_path / "doctor-cache"))
     reference = get_kernel("cpu-reference-w8a16")
     name = "test-serve-nan-w8a16"
-    register_kernel(name=name, scheme="w8a16", device_type="cpu", prepare=reference.prepare, priority=100)(
+    register_kernel(name=name, scheme=W8A16, device_type="cpu", prepare=reference.prepare, priority=100)(
         lambda x, prepared, bias: reference.matmul(x, prepared, bias) * float("nan")
     )
     yield name
