@@ -253,7 +253,7 @@ def write_artifact(model: Any, targets: list[str], root: Path) -> int:
     full_config["_class_name"] = "QwenImage21Transformer2DModel"
     plain = quantization_config(get_scheme("w8a8"), ignored)
     (folder / "config.json").write_text(
-        json.dumps(with_quantization_config(full_config, "transformer", plain, "component"))
+        json.dumps(with_quantization_config(full_config, "transformer", plain, "flat"))
     )
     shard: dict[str, torch.Tensor] = {}
     size, shards, weight_map = 0, 0, {}

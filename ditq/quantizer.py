@@ -40,7 +40,12 @@ from ditq.checkpoint.manifest import (
     source_tree_digest,
     write_manifest,
 )
-from ditq.checkpoint.qconfig import ConfigForm, quantization_config, with_quantization_config
+from ditq.checkpoint.qconfig import (
+    ConfigForm,
+    quantization_config,
+    resolve_config_form,
+    with_quantization_config,
+)
 from ditq.checkpoint.rewrite import ComponentResult, read_component_headers, rewrite_component
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import atomic_directory, atomic_write_json
@@ -55,7 +60,7 @@ log = logging.getLogger(__name__)
 DEFAULTS: dict[str, Any] = {
     "scheme": "w8a8",
     "components": ("transformer",),
-    "config_form": "component",
+    "config_form": "flat",
     "device": "cpu",
     "max_shard_bytes": 5 * 1024**3,
     "band_bytes": 1024**2,  # source bytes per band of rows: a band's float32 working set stays in cache
@@ -224,7 +229,7 @@ def quantize(
     targets: Sequence[str] = (),
     ignore: Sequence[str] = (),
     group_size: int | None = None,
-    config_form: ConfigForm = DEFAULTS["config_form"],
+    config_form: str = DEFAULTS["config_form"],
     copy: bool = False,
     force: bool = False,
     device: str = DEFAULTS["device"],
@@ -237,8 +242,7 @@ def quantize(
         components = [c.strip() for c in components.split(",") if c.strip()]
     targets, ignore = ([p] if isinstance(p, str) else list(p) for p in (targets, ignore))
     source, output = Path(source).resolve(), Path(output).absolute()
-    if config_form not in ("component", "global"):
-        raise InputError(f"--config-form must be 'component' or 'global', got {config_form!r}")
+    form = resolve_config_form(config_form)
     index = read_model_index(source)
     if output == source or source in output.parents:
         raise InputError(f"{output}: the output must not be inside the source directory")
@@ -258,14 +262,14 @@ def quantize(
             "components": list(plans),
             "targets": list(targets),
             "ignore": list(ignore),
-            "config_form": config_form,
+            "config_form": form,
             "copy": copy,
             "device": torch_device.type,
         }
         with atomic_directory(output, force=force) as tmp:
             limits = {"max_shard_bytes": max_shard_bytes, "band_bytes": band_bytes}
             results = {
-                c: _write_component(source, tmp, p, chosen, config_form, torch_device, limits)
+                c: _write_component(source, tmp, p, chosen, form, torch_device, limits)
                 for c, p in plans.items()
             }
             linked = _link_the_rest(source, tmp, set(plans), copy)

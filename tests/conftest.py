@@ -30,7 +30,7 @@ def artifact(model_dir: Callable[..., Path], tmp_path: Path) -> Callable[..., tu
     def make(
         name: str = "flux", scheme: str = "w8a8", shards: int = 1, **kwargs: object
     ) -> tuple[Path, Path]:
-        source = model_dir(name, shards=shards, text_encoder=bool(kwargs.pop("text_encoder", False)))
+        source = model_dir(name, shards=shards, text_encoder=kwargs.pop("text_encoder", False))
         out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
         ditq.quantize(source, out, scheme, **kwargs)  # type: ignore[arg-type]
         return source, out

@@ -97,7 +97,7 @@ def test_console_script_runs(model_dir, tmp_path: Path) -> None:  # type: ignore
             "--scheme",
             "fp8",
             "--config-form",
-            "global",
+            "wrapped",
         ],
         capture_output=True,
         text=True,

@@ -78,7 +78,7 @@ def test_artifact_layout(scheme: str, artifact) -> None:  # type: ignore[no-unty
         source / "scheduler"
     ).resolve()
     config = json.loads((out / "transformer" / "config.json").read_text())
-    plain = config["quantization_config"]["transformer"]
+    plain = config["quantization_config"]  # flat, the default
     assert (
         plain["format"]
         == {"w8a16": "pack-quantized", "w8a8": "int-quantized", "fp8": "float-quantized"}[scheme]
@@ -111,7 +111,7 @@ def test_manifest_contents(artifact) -> None:  # type: ignore[no-untyped-def]
     assert info["ignored"]["x_embedder"].startswith("boundary")
     assert (
         info["quantization_config"]
-        == json.loads((out / "transformer/config.json").read_text())["quantization_config"]["transformer"]
+        == json.loads((out / "transformer/config.json").read_text())["quantization_config"]
     )
     stats = manifest["statistics"]
     modules = dict(build_tiny("flux").named_modules())
@@ -166,13 +166,13 @@ def test_copy_config_form_and_text_encoder(model_dir, tmp_path: Path) -> None:  
     source = model_dir("flux", text_encoder=True)
     out = tmp_path / "out"
     ditq.quantize(
-        source, out, "w8a8", components=["transformer", "text_encoder"], config_form="global", copy=True
+        source, out, "w8a8", components=["transformer", "text_encoder"], config_form="wrapped", copy=True
     )
     assert (out / "scheduler").is_dir() and not (out / "scheduler").is_symlink()
     assert "scheduler/scheduler_config.json" in read_manifest(out)["files"]
     for component in ("transformer", "text_encoder"):
         config = json.loads((out / component / "config.json").read_text())
-        assert config["quantization_config"]["quant_method"] == "compressed-tensors"  # plain form
+        assert config["quantization_config"][component]["quant_method"] == "compressed-tensors"  # wrapped
     encoder = _tensors(out / "text_encoder")
     assert encoder["encoder.block.0.layer.0.SelfAttention.q.weight"].dtype == torch.int8
     assert encoder["shared.weight"].dtype == torch.bfloat16

@@ -92,12 +92,12 @@ def test_config_validates_with_compressed_tensors(scheme) -> None:  # type: igno
     assert scheme_of_config(plain, "test") == scheme
 
 
-@pytest.mark.parametrize("form", ["component", "global"])
+@pytest.mark.parametrize("form", ["flat", "wrapped", "global", "component"])
 def test_config_forms_read_back(form: str) -> None:
     plain = quantization_config(W8A8, [])
-    config = with_quantization_config({"num_layers": 2}, "transformer", plain, form)  # type: ignore[arg-type]
+    config = with_quantization_config({"num_layers": 2}, "transformer", plain, form)
     wrapped = config["quantization_config"]
-    assert ("transformer" in wrapped) == (form == "component")
+    assert ("transformer" in wrapped) == (form in ("wrapped", "component"))
     assert quantization_config_of(config, "transformer") == plain
     assert config["num_layers"] == 2
 

@@ -157,7 +157,7 @@ def test_config_changed_and_resealed_fails(artifact) -> None:  # type: ignore[no
     _, out = artifact("flux", "w8a8")
     config_path = out / "transformer" / "config.json"
     config = json.loads(config_path.read_text())
-    config["quantization_config"]["transformer"]["ignore"].append("transformer_blocks.0.attn.to_q")
+    config["quantization_config"]["ignore"].append("transformer_blocks.0.attn.to_q")
     config_path.write_text(json.dumps(config))
     _reseal(out)
     report = verify(out)

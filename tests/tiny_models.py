@@ -9,7 +9,7 @@ is deliberately not (the shape guard must keep it in source precision).
 naming the transformer as ``["diffusers", ClassName]``, ``transformer/``
 with ``config.json`` and one safetensors file (or two shards and an index),
 a ``scheduler/`` folder (a component that is never quantized), and on
-request a tiny transformers ``text_encoder/`` (T5).
+request a tiny transformers ``text_encoder/`` (T5, or CLIP).
 ``example_inputs`` gives seeded forward inputs for each class.
 """
 
@@ -32,9 +32,11 @@ from diffusers import (
 from safetensors.torch import save_file
 
 __all__ = [
+    "TEXT_ENCODERS",
     "TINY_CONFIGS",
     "TINY_TRANSFORMERS",
     "build_tiny",
+    "build_tiny_clip_text_encoder",
     "build_tiny_text_encoder",
     "example_inputs",
     "make_model_dir",
@@ -165,6 +167,32 @@ def build_tiny_text_encoder(seed: int = 0, dtype: torch.dtype = torch.float32) -
     return T5EncoderModel(config).to(dtype).eval()
 
 
+def build_tiny_clip_text_encoder(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A tiny transformers CLIP text encoder (2 layers, hidden 32, intermediate 64)."""
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(seed)
+    config = CLIPTextConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        projection_dim=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=16,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    return CLIPTextModel(config).to(dtype).eval()
+
+
+TEXT_ENCODERS: dict[str, Callable[..., torch.nn.Module]] = {
+    "t5": build_tiny_text_encoder,
+    "clip": build_tiny_clip_text_encoder,
+}
+
+
 def save_sharded(state: dict[str, torch.Tensor], folder: Path, stem: str, shards: int) -> None:
     """Write ``state`` as ``{stem}.safetensors`` or as ``shards`` files plus ``{stem}.safetensors.index.json``."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -225,14 +253,21 @@ def make_model_dir(
     dtype: torch.dtype = torch.bfloat16,
     shards: int = 1,
     seed: int = 0,
-    text_encoder: bool = False,
+    text_encoder: bool | str = False,
 ) -> Path:
-    """Save the named tiny transformer as a diffusers model directory under ``tmp_path``; return its path."""
+    """Save the named tiny transformer as a diffusers model directory under ``tmp_path``; return its path.
+
+    ``text_encoder``: True or "t5" for a T5 encoder, "clip" for a CLIP text encoder.
+    """
+    encoder = None
+    if text_encoder:
+        kind = "t5" if text_encoder is True else str(text_encoder)
+        encoder = TEXT_ENCODERS[kind](seed=seed, dtype=dtype)
     return write_model_dir(
         Path(tmp_path) / f"{name}-model",
         build_tiny(name, seed=seed, dtype=dtype),
         shards=shards,
-        text_encoder=build_tiny_text_encoder(seed=seed, dtype=dtype) if text_encoder else None,
+        text_encoder=encoder,
     )
 
 

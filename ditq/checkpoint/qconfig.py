@@ -1,5 +1,11 @@
 """The ``quantization_config`` a quantized component carries (read back by ``codecs.scheme_of_config``).
 
+Each component has its own ``config.json``, so the flat compressed-tensors form there already applies to one
+component: that is the default (``flat``), the form compressed-tensors, transformers and vLLM's parser read. The
+per-component wrapper (``{"transformer": {...}}``, ``wrapped``) is written only on request, for servers that
+expect it; ditq reads both. ``component`` and ``global``, the names of the two forms before the flat one became
+the default, still select ``wrapped`` and ``flat``.
+
 The dict is built here field by field (not dumped from compressed-tensors'
 pydantic models) so that it holds only keys every reader since 0.19 accepts:
 no ``scale_dtype``/``zp_dtype``, no null fields. It validates with
@@ -13,10 +19,30 @@ from typing import Any, Literal
 from ditq.errors import InputError
 from ditq.schemes import Scheme
 
-__all__ = ["ConfigForm", "quantization_config", "with_quantization_config"]
+__all__ = [
+    "CONFIG_FORMS",
+    "ConfigForm",
+    "quantization_config",
+    "resolve_config_form",
+    "with_quantization_config",
+]
 
-ConfigForm = Literal["component", "global"]
+ConfigForm = Literal["flat", "wrapped"]
+CONFIG_FORMS: tuple[ConfigForm, ...] = ("flat", "wrapped")
+_FORM_ALIASES: dict[str, ConfigForm] = {
+    "flat": "flat",
+    "global": "flat",
+    "wrapped": "wrapped",
+    "component": "wrapped",
+}
 QUANT_METHOD = "compressed-tensors"
+
+
+def resolve_config_form(name: str) -> ConfigForm:
+    """``flat`` or ``wrapped`` (``global`` and ``component`` are their former names)."""
+    if name not in _FORM_ALIASES:
+        raise InputError(f"--config-form must be one of {', '.join(CONFIG_FORMS)}, got {name!r}")
+    return _FORM_ALIASES[name]
 
 
 def _weight_args(scheme: Scheme) -> dict[str, Any]:
@@ -60,11 +86,9 @@ def quantization_config(scheme: Scheme, ignore: list[str]) -> dict[str, Any]:
 
 
 def with_quantization_config(
-    config: dict[str, Any], component: str, plain: dict[str, Any], form: ConfigForm
+    config: dict[str, Any], component: str, plain: dict[str, Any], form: str = "flat"
 ) -> dict[str, Any]:
-    """A copy of a component's config.json carrying ``plain``, wrapped per component or not."""
-    if form not in ("component", "global"):
-        raise InputError(f"--config-form must be 'component' or 'global', got {form!r}")
+    """A copy of a component's config.json carrying ``plain``, flat or wrapped per component."""
     out = dict(config)
-    out["quantization_config"] = {component: plain} if form == "component" else plain
+    out["quantization_config"] = plain if resolve_config_form(form) == "flat" else {component: plain}
     return out

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ditq.checkpoint.qconfig import CONFIG_FORMS
 from ditq.quantizer import DEFAULTS, quantize
 from ditq.schemes import SCHEMES
 
@@ -45,9 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-size", type=int, help="w8a16 only: one scale per N input features")
     parser.add_argument(
         "--config-form",
-        choices=("component", "global"),
+        choices=(*CONFIG_FORMS, "component", "global"),
         default=DEFAULTS["config_form"],
-        help="quantization_config wrapped per component (default) or plain",
+        help="quantization_config in the flat compressed-tensors form (default, what compressed-tensors, "
+        'transformers and vLLM read) or wrapped per component ({"transformer": {...}}) for servers that '
+        "expect the wrapper; 'global' and 'component' are the former names of flat and wrapped",
     )
     parser.add_argument("--copy", action="store_true", help="copy untouched components instead of symlinking")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")

@@ -67,7 +67,7 @@ def quantization_config(scheme: Scheme, ignore: list[str], component: str, form:
         "config_groups": {"group_0": group},
         "ignore": sorted(ignore),
     }
-    return plain if form == "global" else {component: plain}
+    return plain if form == "flat" else {component: plain}
 
 
 def _copy_siblings(source_dir: Path, out_dir: Path, component: str) -> None:
@@ -125,7 +125,7 @@ def write_artifact(
     out_dir: Path,
     model: torch.nn.Module,
     scheme_name: str,
-    form: str = "component",
+    form: str = "flat",
     component: str = "transformer",
     shard_bytes: int = 1 << 40,
 ) -> Path:
@@ -177,7 +177,7 @@ def write_random_artifact(
         out_dir.mkdir(parents=True)
         index = {"_class_name": "DiffusionPipeline", "transformer": ["diffusers", class_name]}
         (out_dir / "model_index.json").write_text(json.dumps(index) + "\n")
-    quantization = quantization_config(scheme, ignore, "transformer", "component")
+    quantization = quantization_config(scheme, ignore, "transformer", "flat")
     config = {**config, "_class_name": class_name, "quantization_config": quantization}
     generator = torch.Generator().manual_seed(seed)
 

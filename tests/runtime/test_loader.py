@@ -41,7 +41,7 @@ def test_quantized_forward_matches_bf16_source(
     name: str, scheme: str, sources: dict[str, Path], tmp_path: Path
 ) -> None:
     source = sources[name]
-    form = "global" if scheme == "fp8" else "component"  # both config forms, across the matrix
+    form = "wrapped" if scheme == "fp8" else "flat"  # both config forms, across the matrix
     ditq.quantize(source, tmp_path / "artifact", scheme, config_form=form)
     bf16 = load_component(source, "transformer")
 
@@ -83,7 +83,7 @@ def test_wrapped_config_for_another_component_is_refused(sources: dict[str, Path
     )
     config_path = artifact / "transformer" / "config.json"
     config = json.loads(config_path.read_text())
-    config["quantization_config"] = {"text_encoder": config["quantization_config"]["transformer"]}
+    config["quantization_config"] = {"text_encoder": config["quantization_config"]}
     config_path.write_text(json.dumps(config))
     with pytest.raises(
         InputError, match=r"config\.json: quantization_config is for text_encoder, not for transformer"
@@ -97,7 +97,7 @@ def test_both_spellings_of_the_method_load(sources: dict[str, Path], tmp_path: P
     )
     config_path = artifact / "transformer" / "config.json"
     config = json.loads(config_path.read_text())
-    config["quantization_config"]["transformer"]["quant_method"] = "compressed_tensors"
+    config["quantization_config"]["quant_method"] = "compressed_tensors"
     config_path.write_text(json.dumps(config))
     assert quantized_linears(load_component(artifact, "transformer"))
 
@@ -201,8 +201,8 @@ def test_wrong_shape_is_named(w8a8_artifact: Path) -> None:
 def test_format_that_contradicts_the_tensors_is_named(w8a8_artifact: Path) -> None:
     config_path = w8a8_artifact / "transformer" / "config.json"
     config = json.loads(config_path.read_text())
-    config["quantization_config"]["transformer"]["format"] = "float-quantized"
-    for group in config["quantization_config"]["transformer"]["config_groups"].values():
+    config["quantization_config"]["format"] = "float-quantized"
+    for group in config["quantization_config"]["config_groups"].values():
         group["format"] = "float-quantized"
     config_path.write_text(json.dumps(config))
     with pytest.raises(InputError, match=r"config\.json: format says \['fp8'\], but .* is stored as w8a8"):

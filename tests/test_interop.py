@@ -1,0 +1,63 @@
+"""ditq artifacts read by the other tools that read compressed-tensors, with those tools' own loaders.
+
+transformers loads a ditq-quantized CLIP text encoder from its folder (its compressed-tensors quantizer reads
+the flat ``quantization_config``); compressed-tensors' file-level ``convert_checkpoint`` dequantizes a ditq
+component. Nothing is downloaded; every model is a real class at a tiny config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import make_model_dir
+
+import ditq
+from ditq.numerics import relative_l2
+from ditq.runtime.loader import load_component
+
+SCHEMES = ("w8a16", "w8a8", "fp8")
+# A whole tiny CLIP text encoder against its BF16 source (int8 ~2 %, e4m3 ~6 % on these random weights).
+ENCODER_BOUND = {"w8a16": 0.05, "w8a8": 0.05, "fp8": 0.12}
+# ditq and transformers run the same stored weights; activations and accumulation order differ.
+SAME_WEIGHTS_BOUND = 0.05
+
+
+@pytest.fixture(scope="module")
+def clip_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("clip"), "flux", text_encoder="clip")
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_transformers_loads_the_default_config(scheme: str, clip_source: Path, tmp_path: Path) -> None:
+    from transformers import CLIPTextModel
+
+    out = tmp_path / "artifact"
+    ditq.quantize(clip_source, out, scheme, components=["text_encoder"])
+    qconfig = json.loads((out / "text_encoder/config.json").read_text())["quantization_config"]
+    assert qconfig["quant_method"] == "compressed-tensors"  # flat: the form transformers reads
+
+    theirs = CLIPTextModel.from_pretrained(str(out / "text_encoder"), dtype=torch.float32).eval()
+    ours = load_component(out, "text_encoder", dtype=torch.float32)
+    source = CLIPTextModel.from_pretrained(str(clip_source / "text_encoder"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = source(_ids()).last_hidden_state
+        from_transformers = theirs(_ids()).last_hidden_state
+        from_ditq = ours(_ids()).last_hidden_state
+    assert relative_l2(from_transformers, reference) < ENCODER_BOUND[scheme]
+    assert relative_l2(from_ditq, from_transformers) < SAME_WEIGHTS_BOUND
+
+
+def test_wrapped_form_on_request_still_loads(clip_source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "artifact"
+    ditq.quantize(clip_source, out, "w8a8", components=["text_encoder"], config_form="wrapped")
+    qconfig = json.loads((out / "text_encoder/config.json").read_text())["quantization_config"]
+    assert list(qconfig) == ["text_encoder"]
+    encoder = load_component(out, "text_encoder", dtype=torch.float32)
+    assert encoder.ditq_quantization_config == qconfig["text_encoder"]
