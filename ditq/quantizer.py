@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ditq.checkpoint.layout import (
     MODEL_INDEX,
     component_class,
@@ -47,12 +45,13 @@ from ditq.checkpoint.qconfig import (
     with_quantization_config,
 )
 from ditq.checkpoint.rewrite import ComponentResult, read_component_headers, rewrite_component
+from ditq.devices import resolve_device
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import atomic_directory, atomic_write_json
 from ditq.schemes import Scheme, get_scheme
 from ditq.targets import MIN_FEATURES, TargetPlan, build_meta_model, plan_targets
 
-__all__ = ["DEFAULTS", "QuantizeResult", "quantize", "resolve_device"]
+__all__ = ["DEFAULTS", "QuantizeResult", "quantize"]
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +70,6 @@ DEFAULTS: dict[str, Any] = {
 class QuantizeResult:
     path: Path
     manifest: dict[str, Any]
-
-
-def resolve_device(device: str) -> torch.device:
-    """'cpu', 'cuda', 'cuda:N' or 'auto' (the GPU when there is one)."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError as error:
-        raise InputError(f"--device {device!r}: not a device ({error})") from error
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"--device {device}: no CUDA device is available here")
-    if resolved.type not in ("cpu", "cuda"):
-        raise InputError(f"--device {device}: only cpu and cuda are supported")
-    return resolved
 
 
 def _plan_component(
@@ -119,7 +103,7 @@ def _link_or_copy(src: Path, dst: Path, copy: bool) -> None:
 
 def _write_component(
     source: Path, tmp: Path, plan: TargetPlan, scheme: Scheme, form: ConfigForm, device, opts
-) -> ComponentResult:  # type: ignore[no-untyped-def]
+) -> ComponentResult:
     src_dir, out_dir = source / plan.component, tmp / plan.component
     out_dir.mkdir()
     log.info(
@@ -189,7 +173,7 @@ def _statistics(results: dict[str, ComponentResult]) -> dict[str, Any]:
 
 def _manifest(
     source: Path, scheme: Scheme, options: dict[str, Any], plans, results, tree, linked
-) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+) -> dict[str, Any]:
     index = read_model_index(source)
     return {
         "schema_version": SCHEMA_VERSION,

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ditq.checkpoint.qconfig import CONFIG_FORMS
+from ditq.devices import add_device_arguments
 from ditq.quantizer import DEFAULTS, quantize
 from ditq.schemes import SCHEMES
 
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--copy", action="store_true", help="copy untouched components instead of symlinking")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
-    parser.add_argument("--device", default=DEFAULTS["device"], help="cpu (default), cuda, cuda:N or auto")
+    add_device_arguments(parser, DEFAULTS["device"], "where to encode the weights")
     parser.add_argument("--json", action="store_true", help="print the manifest's statistics as JSON")
 
 

@@ -1,0 +1,129 @@
+"""Where a command computes and in what precision: the one resolver of ``--device``, ``--dtype`` and ``--offload``.
+
+Every command takes its choices and defaults from here, so ``ditq generate``, ``ditq serve``, the quantizer,
+the doctor and the sweep read the same words the same way:
+
+- device: ``auto`` (the CUDA device when there is one, else the CPU), ``cpu``, ``cuda`` (the current CUDA
+  device) or ``cuda:N``;
+- dtype: what the unquantized parts and the activations compute in; by default float32 on the CPU
+  (bfloat16 matmuls there are many times slower) and bfloat16 on an accelerator;
+- offload: where the weights wait while a pipeline runs (``ditq.runtime.offload`` applies it).
+
+Errors are one line naming the option, e.g. ``--device cuda:3: this machine has 1 CUDA device``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import torch
+
+from ditq.errors import InputError
+
+__all__ = [
+    "DEVICE_CHOICES",
+    "DTYPES",
+    "DTYPE_CHOICES",
+    "OFFLOAD_MODES",
+    "add_device_arguments",
+    "default_dtype",
+    "resolve_device",
+    "resolve_dtype",
+    "resolve_offload",
+]
+
+# What --device accepts (cuda:N for any N below the device count); shown in --help and in errors.
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")
+DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+DTYPE_CHOICES = tuple(DTYPES)
+# The compute dtype when --dtype is not given, per device type.
+_DEFAULT_DTYPES = {"cpu": "float32", "cuda": "bfloat16"}
+# none: every component on the device; model: one component at a time; block: the transformer's blocks stream
+OFFLOAD_MODES = ("none", "model", "block")
+
+_DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def resolve_device(device: str | torch.device, option: str = "--device") -> torch.device:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` as a torch.device that exists here."""
+    text = str(device).strip()
+    if not _DEVICE_PATTERN.fullmatch(text):
+        raise InputError(f"{option} {text!r}: not a device (choose from {', '.join(DEVICE_CHOICES)})")
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(text)
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"{option} {text}: no CUDA device is available here")
+        count = torch.cuda.device_count()
+        if resolved.index is not None and resolved.index >= count:
+            raise InputError(f"{option} {text}: this machine has {count} CUDA device{'s' * (count != 1)}")
+    return resolved
+
+
+def default_dtype(device: str | torch.device) -> str:
+    """The compute dtype's name when none is given: float32 on the CPU, bfloat16 on CUDA."""
+    return _DEFAULT_DTYPES[torch.device(device).type]
+
+
+def resolve_dtype(
+    dtype: str | torch.dtype | None, device: str | torch.device, option: str = "--dtype"
+) -> torch.dtype:
+    """A dtype name (or a torch.dtype) as a torch.dtype; None is the default for ``device``'s type."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise InputError(
+                f"{option} {dtype}: not a compute dtype (choose from {', '.join(DTYPE_CHOICES)})"
+            )
+        return dtype
+    name = default_dtype(device) if dtype is None else dtype
+    if name not in DTYPES:
+        raise InputError(f"{option} {name!r}: not a compute dtype (choose from {', '.join(DTYPE_CHOICES)})")
+    return DTYPES[name]
+
+
+def resolve_offload(mode: str, option: str = "--offload") -> str:
+    """One of OFFLOAD_MODES, checked."""
+    if mode not in OFFLOAD_MODES:
+        raise InputError(f"{option} {mode!r}: not an offload mode (choose from {', '.join(OFFLOAD_MODES)})")
+    return mode
+
+
+def add_device_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    device: str,
+    what: str,
+    dtype: bool = False,
+    offload: bool = False,
+) -> None:
+    """``--device`` with its default (and ``--dtype`` / ``--offload`` when asked), choices from this module.
+
+    ``--dtype`` defaults to None, read as ``default_dtype`` of the resolved device.
+    """
+    parser.add_argument(
+        "--device",
+        default=device,
+        metavar="{" + ",".join(DEVICE_CHOICES) + "}",
+        help=f"{what} (default: {device}; auto: cuda when there is a CUDA device, else cpu)",
+    )
+    if dtype:
+        parser.add_argument(
+            "--dtype",
+            choices=DTYPE_CHOICES,
+            default=None,
+            help="compute dtype of the unquantized parts and the activations (default: "
+            + ", ".join(f"{name} on {kind}" for kind, name in _DEFAULT_DTYPES.items())
+            + ")",
+        )
+    if offload:
+        parser.add_argument(
+            "--offload",
+            choices=OFFLOAD_MODES,
+            default="none",
+            help="keep weights in host memory and move them per model or per block (default: none)",
+        )

@@ -1,0 +1,78 @@
+"""The one resolver of --device, --dtype and --offload: the words every command takes, the defaults per device."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from ditq.devices import (
+    DTYPE_CHOICES,
+    OFFLOAD_MODES,
+    add_device_arguments,
+    default_dtype,
+    resolve_device,
+    resolve_dtype,
+    resolve_offload,
+)
+from ditq.errors import InputError
+
+
+def test_cpu_and_auto_resolve_here() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("text", ["xpu", "gpu", "cuda:", "cuda:x", "cpu,cuda", ""])
+def test_a_word_that_is_no_device_is_one_line_naming_the_option(text: str) -> None:
+    with pytest.raises(InputError) as raised:
+        resolve_device(text)
+    message = str(raised.value)
+    assert message.startswith("--device ") and "\n" not in message
+    assert "auto, cpu, cuda, cuda:N" in message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+@pytest.mark.parametrize("text", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_without_a_cuda_device_is_refused(text: str) -> None:
+    with pytest.raises(InputError, match=rf"^--device {text}: no CUDA device is available here$"):
+        resolve_device(text)
+
+
+def test_a_cuda_index_past_the_device_count_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert resolve_device("cuda") == torch.device("cuda")
+    assert resolve_device("auto") == torch.device("cuda")
+    with pytest.raises(InputError, match=r"^--device cuda:1: this machine has 1 CUDA device$"):
+        resolve_device("cuda:1")
+
+
+def test_one_default_dtype_per_device_type() -> None:
+    assert default_dtype("cpu") == "float32"
+    assert default_dtype(torch.device("cuda", 1)) == "bfloat16"
+    assert resolve_dtype(None, torch.device("cpu")) is torch.float32
+    assert resolve_dtype(None, "cuda") is torch.bfloat16
+    assert resolve_dtype("float16", "cpu") is torch.float16
+    assert resolve_dtype(torch.bfloat16, "cpu") is torch.bfloat16
+    with pytest.raises(InputError, match=r"^--dtype 'int8': not a compute dtype"):
+        resolve_dtype("int8", "cpu")
+
+
+def test_offload_modes() -> None:
+    assert [resolve_offload(mode) for mode in OFFLOAD_MODES] == ["none", "model", "block"]
+    with pytest.raises(InputError, match=r"^--offload 'disk': not an offload mode"):
+        resolve_offload("disk")
+
+
+def test_the_cli_choices_are_the_resolver_lists() -> None:
+    parser = argparse.ArgumentParser()
+    add_device_arguments(parser, "cpu", "where to run", dtype=True, offload=True)
+    actions = {action.dest: action for action in parser._actions}
+    assert tuple(actions["dtype"].choices or ()) == DTYPE_CHOICES
+    assert tuple(actions["offload"].choices or ()) == OFFLOAD_MODES
+    args = parser.parse_args([])
+    assert (args.device, args.dtype, args.offload) == ("cpu", None, "none")
