@@ -21,6 +21,7 @@ __all__ = [
     "SCHEMES",
     "W8A8",
     "W8A16",
+    "ActivationKind",
     "Scheme",
     "get_scheme",
     "normalize_quant_method",

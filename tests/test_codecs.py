@@ -9,11 +9,12 @@ import torch
 
 from ditq.checkpoint.codecs import (
     codec_for,
+    config_groups,
     detect_codec,
     is_quantized_tensor,
+    layer_scheme,
     quantized_layers,
     scheme_of_config,
-    schemes_allowed_by_config,
 )
 from ditq.checkpoint.qconfig import quantization_config
 from ditq.checkpoint.reference import ReferenceDecoder
@@ -134,12 +135,88 @@ def test_source_tensors_are_not_quantized() -> None:
 def test_scheme_of_config_reads_back_what_is_written(scheme: Scheme) -> None:
     plain = quantization_config(scheme, ["proj_out"])
     assert scheme_of_config(plain, "config.json") == scheme
-    assert schemes_allowed_by_config(plain) == {scheme.name}
 
 
-def test_configs_that_pin_no_format() -> None:
-    assert schemes_allowed_by_config({"quant_method": "compressed-tensors"}) is None
-    assert schemes_allowed_by_config({"format": "mixed-precision"}) is None
-    groups = {"g0": {"format": "float-quantized"}, "g1": {"format": "int-quantized"}}
-    assert schemes_allowed_by_config({"format": "mixed-precision", "config_groups": groups}) is None
-    assert schemes_allowed_by_config({"config_groups": groups}) == {"fp8", "w8a8"}
+def test_weight_only_int8_stored_unpacked_is_weight_only() -> None:
+    plain = quantization_config(W8A8, [])
+    del plain["config_groups"]["group_0"]["input_activations"]
+    (group,) = config_groups(plain, "config.json")
+    assert group.scheme is not None
+    assert (group.scheme.name, group.scheme.format, group.scheme.activations) == (
+        "w8a16",
+        "int-quantized",
+        None,
+    )
+    assert codec_for(group.scheme) is codec_for(W8A8)  # stored as int-quantized: weight int8 (out, in)
+
+
+def test_a_mixed_precision_group_takes_its_format_from_the_tensors() -> None:
+    plain = quantization_config(W8A16, [])
+    plain["format"] = "mixed-precision"
+    (group,) = config_groups(plain, "config.json")
+    assert group.scheme is None
+    scheme = layer_scheme(group, codec_for(W8A16), 128, 1, "config.json: blocks.0.to_q")
+    assert scheme == W8A16
+    with pytest.raises(
+        InputError, match=r"blocks\.0\.to_q: quantization_config says scales per channel, but"
+    ):
+        layer_scheme(group, codec_for(W8A16), 128, 4, "config.json: blocks.0.to_q")
+
+
+def test_a_format_the_tensors_contradict_is_named() -> None:
+    (group,) = config_groups(quantization_config(FP8, []), "config.json")
+    with pytest.raises(
+        InputError,
+        match=r"^config\.json: a: quantization_config says float-quantized, but the tensors are int-quantized$",
+    ):
+        layer_scheme(group, codec_for(W8A8), 128, 1, "config.json: a")
+
+
+def _set(path: str, value: object):  # type: ignore[no-untyped-def]
+    def edit(plain: dict) -> None:  # type: ignore[type-arg]
+        *parents, key = path.split("/")
+        node = plain
+        for part in parents:
+            node = node[part]
+        node[key] = value
+
+    return edit
+
+
+# (edit of a W8A8 config, the feature the one-line refusal names). Each is something compressed-tensors can
+# describe and ditq does not implement.
+UNSUPPORTED = {
+    "transform": (
+        _set("transform_config", {"config_groups": {"r": {"type": "hadamard"}}}),
+        "transform_config",
+    ),
+    "4-bit": (_set("config_groups/group_0/weights/num_bits", 4), "4-bit weights"),
+    "zero points": (_set("config_groups/group_0/weights/symmetric", False), "weight zero points"),
+    "per-tensor": (_set("config_groups/group_0/weights/strategy", "tensor"), "tensor-strategy weight scales"),
+    "static input": (
+        _set("config_groups/group_0/input_activations/dynamic", False),
+        "static input activation",
+    ),
+    "group activations": (
+        _set("config_groups/group_0/input_activations/strategy", "group"),
+        "group-strategy input",
+    ),
+    "fp8 weight-only": (
+        lambda plain: (
+            plain["config_groups"]["group_0"]["weights"].update(type="float"),
+            plain["config_groups"]["group_0"].pop("input_activations"),
+            plain.update(format="float-quantized"),
+        ),
+        "float weights with unquantized activations",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(UNSUPPORTED))
+def test_what_ditq_does_not_implement_is_refused_by_name(case: str) -> None:
+    edit, feature = UNSUPPORTED[case]
+    plain = quantization_config(W8A8, [])
+    edit(plain)
+    with pytest.raises(InputError, match=f"^transformer/config\\.json: .*{feature}") as error:
+        config_groups(plain, "transformer/config.json")
+    assert "\n" not in str(error.value)

@@ -105,7 +105,7 @@ def test_config_forms_read_back(form: str) -> None:
 def test_scheme_of_config_rejects_other_formats() -> None:
     plain = quantization_config(W8A8, [])
     plain["format"] = "nvfp4-pack-quantized"
-    with pytest.raises(InputError, match="not one of ditq's 8-bit schemes"):
+    with pytest.raises(InputError, match="'nvfp4-pack-quantized' is not one of ditq's 8-bit formats"):
         scheme_of_config(plain, "transformer/config.json")
 
 

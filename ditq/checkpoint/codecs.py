@@ -18,29 +18,33 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
 
 from ditq.errors import InputError
 from ditq.numerics import dequantize_weight, pack_int8_to_int32, unpack_int32_to_int8
-from ditq.schemes import FP8, W8A8, W8A16, Scheme, normalize_quant_method
+from ditq.schemes import FP8, SCHEMES, W8A8, W8A16, ActivationKind, Scheme, normalize_quant_method
 
 __all__ = [
     "CODECS",
     "SCALE",
     "Codec",
+    "ConfigGroup",
     "FloatQuantizedCodec",
     "IntQuantizedCodec",
     "PackQuantizedCodec",
     "StoredSpec",
     "codec_for",
+    "config_groups",
     "detect_codec",
     "is_quantized_tensor",
+    "layer_scheme",
     "quantized_layers",
     "register_codec",
+    "scheme_in_format",
     "scheme_of_config",
-    "schemes_allowed_by_config",
 ]
 
 StoredSpec = tuple[torch.dtype, tuple[int, ...]]  # (dtype, shape) of one stored tensor
@@ -272,27 +276,147 @@ def detect_codec(prefix: str, dtypes: Mapping[str, torch.dtype], where: str) -> 
     )
 
 
-def scheme_of_config(plain: dict[str, Any], where: str) -> Scheme:
-    """The ditq scheme a plain compressed-tensors config describes; anything else is an InputError."""
-    normalize_quant_method(str(plain.get("quant_method", "")))
-    groups = plain.get("config_groups")
-    if not isinstance(groups, dict) or len(groups) != 1:
-        raise InputError(f"{where}: quantization_config must have exactly one config group")
-    (group,) = groups.values()
-    weights = group.get("weights") or {}
-    codec = CODECS.get(str(plain.get("format")))
-    if codec is None or weights.get("num_bits") != 8 or not weights.get("symmetric", False):
-        raise InputError(f"{where}: format {plain.get('format')!r} is not one of ditq's 8-bit schemes")
-    group_size = weights.get("group_size") if weights.get("strategy") == "group" else None
-    return codec.scheme if group_size is None else codec.scheme.with_group_size(int(group_size))
+@dataclass(frozen=True)
+class ConfigGroup:
+    """One ``config_groups`` entry: the modules it targets (names, ``re:`` patterns or class names) and the
+    scheme it describes; ``scheme`` None when no format is pinned (``mixed-precision`` or none): the stored
+    tensors then say which format, and the weights and activations still come from the group."""
+
+    name: str
+    targets: tuple[str, ...]
+    weight_type: str
+    activations: ActivationKind | None
+    group_size: int | None
+    scheme: Scheme | None
 
 
-def schemes_allowed_by_config(qconfig: dict[str, Any]) -> set[str] | None:
-    """Names of the schemes a config's formats (top level and per group) allow; None when it pins none
-    (no format, or mixed-precision)."""
-    groups = (qconfig.get("config_groups") or {}).values()
-    formats = {qconfig.get("format")} | {g.get("format") for g in groups if isinstance(g, dict)}
-    formats.discard(None)
-    if not formats or "mixed-precision" in formats:
+def _refuse(where: str, group: str, feature: str) -> InputError:
+    return InputError(f"{where}: config group {group!r} asks for {feature}, which ditq does not implement")
+
+
+def _weight_args(weights: Any, where: str, group: str) -> tuple[str, int | None]:
+    """(type, group size) of a group's ``weights``; anything besides 8-bit symmetric static per-channel or
+    per-group scales is refused by name."""
+    if not isinstance(weights, dict):
+        raise InputError(f"{where}: config group {group!r} has no weights")
+    if weights.get("num_bits") != 8:
+        raise _refuse(where, group, f"{weights.get('num_bits')}-bit weights (ditq reads 8-bit weights)")
+    if not weights.get("symmetric", True):
+        raise _refuse(where, group, "weight zero points (asymmetric weights)")
+    if weights.get("dynamic"):
+        raise _refuse(where, group, "dynamic weight quantization")
+    strategy = weights.get("strategy")
+    if strategy not in ("channel", "group"):
+        raise _refuse(
+            where, group, f"{strategy}-strategy weight scales (ditq reads per-channel or per-group)"
+        )
+    if weights.get("type") not in ("int", "float"):
+        raise _refuse(where, group, f"{weights.get('type')} weights")
+    group_size = weights.get("group_size") if strategy == "group" else None
+    return str(weights["type"]), None if group_size is None else int(group_size)
+
+
+def _activation_kind(activations: Any, where: str, group: str) -> ActivationKind | None:
+    """None (weight-only) when the group has no ``input_activations``, else the per-token dynamic kind."""
+    if activations is None:
         return None
-    return {CODECS[f].scheme.name for f in formats if f in CODECS}
+    if not isinstance(activations, dict):
+        raise InputError(f"{where}: config group {group!r}: input_activations is not an object")
+    if activations.get("num_bits") != 8:
+        raise _refuse(where, group, f"{activations.get('num_bits')}-bit input activations")
+    if not activations.get("dynamic", False):
+        raise _refuse(where, group, "static input activation scales (input_scale)")
+    if activations.get("strategy") != "token":
+        raise _refuse(
+            where,
+            group,
+            f"{activations.get('strategy')}-strategy input activations (ditq quantizes per token)",
+        )
+    if not activations.get("symmetric", True):
+        raise _refuse(where, group, "input activation zero points (asymmetric activations)")
+    kind = {"int": "int8", "float": "fp8"}.get(str(activations.get("type")))
+    if kind is None:
+        raise _refuse(where, group, f"{activations.get('type')} input activations")
+    return kind  # type: ignore[return-value]
+
+
+def _preset(weight_type: str, activations: ActivationKind | None, where: str, group: str) -> Scheme:
+    for scheme in SCHEMES.values():
+        if (scheme.weight_type, scheme.activations) == (weight_type, activations):
+            return scheme
+    wanted = f"{weight_type} weights with {activations or 'unquantized'} activations"
+    raise _refuse(where, group, wanted)
+
+
+def scheme_in_format(preset: Scheme, fmt: str, group_size: int | None, where: str, group: str) -> Scheme:
+    """``preset`` stored in format ``fmt`` (e.g. int8 weight-only stored unpacked as int-quantized)."""
+    codec = CODECS.get(fmt)
+    if codec is None:
+        raise InputError(f"{where}: format {fmt!r} is not one of ditq's 8-bit formats ({', '.join(CODECS)})")
+    if codec.scheme.weight_type != preset.weight_type:
+        raise InputError(
+            f"{where}: config group {group!r}: {fmt} stores {codec.scheme.weight_type} weights, "
+            f"the group's weights are {preset.weight_type}"
+        )
+    if group_size is not None and (
+        preset.activations is not None or not isinstance(codec, PackQuantizedCodec)
+    ):
+        raise _refuse(
+            where, group, f"group-wise weight scales in {fmt} (ditq reads them in weight-only pack-quantized)"
+        )
+    return replace(preset.with_group_size(group_size), format=codec.format)  # type: ignore[arg-type]
+
+
+def config_groups(plain: dict[str, Any], where: str) -> list[ConfigGroup]:
+    """Every config group of a plain compressed-tensors config, each read and checked; anything ditq does not
+    implement (transforms, 4-bit, zero points, static or non-token activations, ...) is an InputError that
+    names the feature, the group and ``where``."""
+    normalize_quant_method(str(plain.get("quant_method", "")))
+    if plain.get("transform_config"):
+        raise InputError(f"{where}: transform_config is not empty; ditq does not implement transforms")
+    groups = plain.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise InputError(f"{where}: quantization_config has no config_groups")
+    out = []
+    for name, group in groups.items():
+        if not isinstance(group, dict):
+            raise InputError(f"{where}: config group {name!r} is not an object")
+        weight_type, group_size = _weight_args(group.get("weights"), where, name)
+        activations = _activation_kind(group.get("input_activations"), where, name)
+        preset = _preset(weight_type, activations, where, name)
+        fmt = group.get("format") or plain.get("format")
+        scheme = (
+            None
+            if fmt in (None, "mixed-precision")
+            else scheme_in_format(preset, fmt, group_size, where, name)
+        )
+        targets = tuple(str(t) for t in group.get("targets") or ())
+        out.append(ConfigGroup(name, targets, weight_type, activations, group_size, scheme))
+    return out
+
+
+def scheme_of_config(plain: dict[str, Any], where: str) -> Scheme:
+    """The scheme of a plain compressed-tensors config with one group (as ditq writes); else an InputError."""
+    groups = config_groups(plain, where)
+    if len(groups) != 1 or groups[0].scheme is None:
+        raise InputError(f"{where}: quantization_config must have exactly one config group with a format")
+    return groups[0].scheme
+
+
+def layer_scheme(
+    group: ConfigGroup, stored: Codec, in_features: int, scale_columns: int, where: str
+) -> Scheme:
+    """The scheme of one stored Linear: its config group's, cross-checked against what the tensors hold
+    (``stored``: the codec the tensor names and dtypes match; ``scale_columns``: weight_scale's columns)."""
+    preset = _preset(group.weight_type, group.activations, where, group.name)
+    scheme = group.scheme or scheme_in_format(preset, stored.format, group.group_size, where, group.name)
+    if scheme.format != stored.format:
+        raise InputError(
+            f"{where}: quantization_config says {scheme.format}, but the tensors are {stored.format}"
+        )
+    stored_group = stored.scheme_for(in_features, scale_columns).group_size
+    if stored_group != scheme.group_size:
+        said = "per channel" if scheme.group_size is None else f"groups of {scheme.group_size}"
+        held = "per channel" if stored_group is None else f"groups of {stored_group}"
+        raise InputError(f"{where}: quantization_config says scales {said}, but weight_scale holds {held}")
+    return scheme

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ditq.checkpoint.codecs import SCALE, detect_codec, quantized_layers, schemes_allowed_by_config
+from ditq.checkpoint.codecs import SCALE, config_groups, detect_codec, layer_scheme, quantized_layers
 from ditq.checkpoint.layout import (
     component_class,
     component_names,
@@ -152,7 +152,9 @@ def _swap_quantized_linears(
     component_dir: Path,
     dtype: torch.dtype,
 ) -> dict[str, Scheme]:
-    allowed = schemes_allowed_by_config(qconfig)
+    config_path = f"{component_dir}/config.json"
+    groups = config_groups(qconfig, config_path)
+    ignore = list(qconfig.get("ignore") or [])
     dtypes = {name: entry.dtype for name, entry in entries.items()}
     schemes: dict[str, Scheme] = {}
     for prefix in quantized_layers(entries):
@@ -165,11 +167,12 @@ def _swap_quantized_linears(
         if not isinstance(linear, torch.nn.Linear):
             raise InputError(f"{where}: {prefix} is a {type(linear).__name__}, not a Linear")
         codec = detect_codec(prefix, dtypes, str(entries.get(f"{prefix}.weight", scale).path))
-        scheme = codec.scheme_for(linear.in_features, scale.shape[1] if len(scale.shape) == 2 else 1)
-        if allowed is not None and scheme.name not in allowed:
-            raise InputError(
-                f"{component_dir}/config.json: format says {sorted(allowed)}, but {prefix} is stored as {scheme.name}"
-            )
+        group = next((g for g in groups if _matches(list(g.targets), prefix, linear)), None)
+        if group is None or _matches(ignore, prefix, linear):
+            why = "is listed in ignore" if group is not None else "is targeted by no config group"
+            raise InputError(f"{config_path}: {prefix} is stored quantized but {why}")
+        columns = scale.shape[1] if len(scale.shape) == 2 else 1
+        scheme = layer_scheme(group, codec, linear.in_features, columns, f"{config_path}: {prefix}")
         replacement = quantized_linear_class(scheme.name)(
             linear.in_features,
             linear.out_features,
@@ -177,17 +180,12 @@ def _swap_quantized_linears(
             group_size=scheme.group_size,
             device="meta",
             bias_dtype=dtype,
+            scheme=scheme,
         )
         parent_name, _, attr = prefix.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr, replacement)
         schemes[prefix] = scheme
-    targets = [
-        t
-        for g in (qconfig.get("config_groups") or {}).values()
-        if isinstance(g, dict)
-        for t in g.get("targets", [])
-    ]
-    ignore = list(qconfig.get("ignore") or [])
+    targets = [t for g in groups for t in g.targets]
     for name, module in model.named_modules():
         if (
             isinstance(module, torch.nn.Linear)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -60,9 +60,14 @@ def _storage_key(t: torch.Tensor) -> tuple[str, int]:
 
 
 class QuantizedLinear(torch.nn.Module):
-    """y = x @ dequant(stored)^T + bias, computed by one kernel path."""
+    """y = x @ dequant(stored)^T + bias, computed by one kernel path.
 
-    scheme: ClassVar[Scheme]
+    ``scheme`` (the class's preset unless given) says what runs and which format the buffers hold: a
+    checkpoint may store a scheme in another format than ditq writes (int8 weight-only as int-quantized);
+    its kernel paths still read their own format, into which ``kernel_stored`` converts once, at the repack.
+    """
+
+    scheme: Scheme
 
     def __init__(
         self,
@@ -72,8 +77,13 @@ class QuantizedLinear(torch.nn.Module):
         group_size: int | None = None,
         device: torch.device | str | None = "meta",
         bias_dtype: torch.dtype = torch.bfloat16,
+        scheme: Scheme | None = None,
     ) -> None:
         super().__init__()
+        if scheme is not None:
+            if scheme.name != type(self).scheme.name:
+                raise InputError(f"{type(self).__name__} runs {type(self).scheme.name}, not {scheme.name}")
+            self.scheme = scheme
         self.in_features = in_features
         self.out_features = out_features
         self.group_size = group_size
@@ -115,6 +125,15 @@ class QuantizedLinear(torch.nn.Module):
                 f"{self.kernel.name if self.kernel else ''} repack; reload the component to read them"
             )
         return {name: self._buffers[name] for name in self.stored_names}  # type: ignore[misc]
+
+    def kernel_stored(self) -> dict[str, torch.Tensor]:
+        """The stored tensors in the format the scheme's kernel paths read: the checkpoint's own where ditq
+        writes that format, else decoded and re-encoded (exact: same values and scales, another layout)."""
+        stored = self.stored_tensors()
+        kernel_codec = codec_for(self.kernel.scheme if self.kernel is not None else self.scheme)
+        if kernel_codec is self.codec:
+            return stored
+        return kernel_codec.encode(*self.codec.read(stored))
 
     def use_kernel(
         self,
@@ -164,7 +183,7 @@ class QuantizedLinear(torch.nn.Module):
             self.use_kernel(None, run_device, activation_dtype)
         assert self.kernel is not None
         home = self._buffer_device()
-        stored = {n: t.to(run_device) for n, t in self.stored_tensors().items()}
+        stored = {n: t.to(run_device) for n, t in self.kernel_stored().items()}
         prepared = self.kernel.prepare(stored, run_device)
         if "weight_scale" not in prepared:
             raise DitqError(f"kernel path {self.kernel.name!r}: prepare returned no 'weight_scale'")
@@ -269,7 +288,14 @@ def linear_from_stored(
     scale = stored.get(SCALE)
     columns = scale.shape[1] if scale is not None and scale.ndim == 2 else 1
     group_size = codec.scheme_for(in_features, columns).group_size
-    module = cls(in_features, out_features, bias=bias is not None, group_size=group_size, device="meta")
+    module = cls(
+        in_features,
+        out_features,
+        bias=bias is not None,
+        group_size=group_size,
+        device="meta",
+        scheme=scheme.with_group_size(group_size),
+    )
     for name in module.stored_names:
         if name not in stored:
             raise InputError(f"{scheme.name} stored weight lacks {name!r} (has {sorted(stored)})")

@@ -12,10 +12,12 @@ from safetensors.torch import load_file, save_file
 from tiny_models import TINY_CONFIGS, build_tiny, example_inputs, make_model_dir
 
 import ditq
+from ditq.checkpoint.qconfig import quantization_config
 from ditq.errors import InputError
 from ditq.numerics import relative_l2
 from ditq.runtime.loader import load_component, prepare_quantized
 from ditq.runtime.modules import QuantizedLinear, quantized_linear_class, quantized_linears
+from ditq.schemes import get_scheme
 from runtime.artifacts import target_linears, write_artifact
 
 # Output of the whole tiny transformer vs the BF16 source model (loaded by diffusers), relative L2.
@@ -201,11 +203,15 @@ def test_wrong_shape_is_named(w8a8_artifact: Path) -> None:
 def test_format_that_contradicts_the_tensors_is_named(w8a8_artifact: Path) -> None:
     config_path = w8a8_artifact / "transformer" / "config.json"
     config = json.loads(config_path.read_text())
-    config["quantization_config"]["format"] = "float-quantized"
-    for group in config["quantization_config"]["config_groups"].values():
-        group["format"] = "float-quantized"
+    config["quantization_config"] = quantization_config(
+        get_scheme("fp8"), config["quantization_config"]["ignore"]
+    )
     config_path.write_text(json.dumps(config))
-    with pytest.raises(InputError, match=r"config\.json: format says \['fp8'\], but .* is stored as w8a8"):
+    with pytest.raises(
+        InputError,
+        match=r"config\.json: transformer_blocks\.0\.\S+: quantization_config says float-quantized, but the "
+        r"tensors are int-quantized$",
+    ):
         load_component(w8a8_artifact, "transformer")
 
 
@@ -242,3 +248,39 @@ def test_quantized_blocks_compile_without_graph_breaks(
     torch._dynamo.reset()
     quantized.compile_repeated_blocks(fullgraph=True, backend="aot_eager")  # a graph break raises
     assert torch.equal(_forward(quantized, inputs), eager)
+
+
+def test_int_quantized_without_input_activations_runs_weight_only(
+    sources: dict[str, Path], tmp_path: Path
+) -> None:
+    model = build_tiny("flux", dtype=torch.bfloat16)
+    stored_unpacked = write_artifact(sources["flux"], tmp_path / "unpacked", model, "w8a8")
+    packed = write_artifact(
+        sources["flux"], tmp_path / "packed", model, "w8a16"
+    )  # same int8 values and scales
+    w8a8 = load_component(stored_unpacked, "transformer")
+    config_path = stored_unpacked / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    for group in config["quantization_config"]["config_groups"].values():
+        del group["input_activations"]  # the config asks for int8 weights only
+    config_path.write_text(json.dumps(config))
+
+    weight_only = load_component(stored_unpacked, "transformer")
+
+    layers = quantized_linears(weight_only).values()
+    assert layers and {(type(layer), layer.scheme.format) for layer in layers} == {
+        (quantized_linear_class("w8a16"), "int-quantized")
+    }
+    inputs = example_inputs("flux", model)
+    output = _forward(weight_only, inputs)
+    assert torch.equal(output, _forward(load_component(packed, "transformer"), inputs))
+    assert relative_l2(output, _forward(w8a8, inputs)) > 1e-3  # activations were quantized before
+
+
+def test_transform_config_is_refused_by_name(w8a8_artifact: Path) -> None:
+    config_path = w8a8_artifact / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"]["transform_config"] = {"config_groups": {"u": {"type": "hadamard"}}}
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(InputError, match=r"^\S+/transformer/config\.json: transform_config is not empty"):
+        load_component(w8a8_artifact, "transformer")
