@@ -19,13 +19,14 @@ another:
 A path passes when every check passes. A path that the device claims to
 support (``KernelPath.supports``) and that fails is a capability over-claim.
 
-The runtime's start-up subset is ``choose_verified_path`` (and
-``startup_check`` for a loaded pipeline): synthetic + analytic weights at the
-model's own geometries, cached per (device, driver, library versions, path,
-geometry) under the user cache directory (``DITQ_CACHE_DIR`` overrides). A
-failing path is refused with a message naming its report directory, and the
-next passing candidate is used. Skipping the check (``--skip-doctor``) is the
-caller's decision and is logged there as a warning.
+The runtime's start-up subset is ``choose_kernel``, the one kernel-choice
+policy, which the loader calls through ``VerifiedChooser`` for each geometry
+before the repack: synthetic + analytic weights at the model's own geometries,
+cached per (device, driver, library versions, path, geometry) under the user
+cache directory (``DITQ_CACHE_DIR`` overrides). A failing path is refused with
+a message naming its report directory, and the next passing candidate is used;
+the chooser records what it chose. Skipping the check (``--skip-doctor``) is
+the caller's decision and is logged there as a warning.
 """
 
 from __future__ import annotations
@@ -60,14 +61,14 @@ __all__ = [
     "SEED_GEOMETRIES",
     "Check",
     "Geometry",
+    "KernelChoice",
     "PathResult",
     "VerifiedChooser",
     "WeightCase",
     "check_paths",
-    "choose_verified_path",
+    "choose_kernel",
     "environment",
     "kernel_chooser",
-    "startup_check",
     "write_reports",
 ]
 
@@ -533,7 +534,18 @@ def check_paths(
     return results
 
 
-def choose_verified_path(
+@dataclass(frozen=True)
+class KernelChoice:
+    """The kernel policy's decision for one geometry: the path, and the candidates refused before it."""
+
+    scheme: Scheme
+    geometry: Geometry
+    activation_dtype: torch.dtype
+    path: KernelPath
+    refused: tuple[str, ...] = ()  # path names, most preferred first
+
+
+def choose_kernel(
     scheme: Scheme,
     device: torch.device | str,
     dtype: torch.dtype,
@@ -541,14 +553,15 @@ def choose_verified_path(
     out_features: int,
     group_size: int | None = None,
     rows: int = STARTUP_ROWS,
-) -> KernelPath:
-    """The first candidate path (registry order, env honoured) that passes the doctor's fast subset.
+) -> KernelChoice:
+    """The one kernel-choice policy: the first candidate path (registry order, DITQ_KERNELS /
+    DITQ_DISABLE_KERNELS honoured) that passes the doctor's fast subset on this device.
 
     Fast subset: synthetic + analytic weights at this geometry, activations in ``dtype``, ``rows``
     tokens; verdicts cached per (device, driver, library versions, path, geometry). A failing
     path is refused with a warning naming its report directory, and the next candidate is tried;
     when none passes, DitqError names every report. Callers that accept --skip-doctor skip this
-    call and log that as a warning themselves.
+    call and log that as a warning themselves (``kernel_chooser``).
     """
     device = torch.device(device)
     geometry = Geometry(in_features, out_features, group_size=group_size)
@@ -559,7 +572,7 @@ def choose_verified_path(
             if refused:
                 log.warning("kernel doctor: using %s for %s %s after refusing %s", path.name, scheme.name, geometry,
                             ", ".join(name for name, _ in refused))  # fmt: skip
-            return path
+            return KernelChoice(scheme, geometry, dtype, path, tuple(name for name, _ in refused))
         log.warning(
             "kernel doctor: refusing kernel path %s (%s); report: %s; trying the next path",
             path.name, result.reason, result.report_dir,
@@ -569,72 +582,42 @@ def choose_verified_path(
     raise DitqError(f"no kernel path for {scheme.name} {geometry} on {device} passed the doctor ({reports})")
 
 
-def verified_chooser(layer: Any, device: torch.device, dtype: torch.dtype) -> KernelPath:
-    """A ``ditq.runtime.loader.KernelChooser``: the doctor-verified path for one QuantizedLinear."""
-    return choose_verified_path(layer.scheme, device, dtype, layer.in_features, layer.out_features,
-                                group_size=getattr(layer, "group_size", None))  # fmt: skip
-
-
 class VerifiedChooser:
-    """``verified_chooser`` that keeps the time it took: the checks compile (and autotune) kernels, which a
-    server's start-up time should show apart from reading weights."""
+    """A ``ditq.runtime.loader.KernelChooser`` through ``choose_kernel``, called by the loader once per
+    geometry before the repack. It records what it chose and the time it took: the checks compile (and
+    autotune) kernels, which a server's start-up time shows apart from reading weights."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.choices: list[KernelChoice] = []
 
     def __call__(self, layer: Any, device: torch.device, dtype: torch.dtype) -> KernelPath:
         started = time.perf_counter()
         try:
-            return verified_chooser(layer, device, dtype)
+            choice = choose_kernel(layer.scheme, device, dtype, layer.in_features, layer.out_features,
+                                   group_size=layer.group_size)  # fmt: skip
         finally:
             self.seconds += time.perf_counter() - started
+        self.choices.append(choice)
+        return choice.path
+
+    def summary(self, layers: int) -> str:
+        """One line for a server's /health: ``layers`` quantized layers, the geometries, the paths chosen
+        and those refused on the way."""
+        names = sorted({c.path.name for c in self.choices})
+        line = f"{layers} quantized layers, {len(self.choices)} geometries, verified paths: {', '.join(names) or 'none'}"
+        refused = sorted({name for c in self.choices for name in c.refused})
+        return line + (f"; refused: {', '.join(refused)}" if refused else "")
 
 
 def kernel_chooser(skip_doctor: bool) -> VerifiedChooser | None:
-    """The loader's chooser for ``ditq generate`` and ``ditq serve`` alike: the doctor-verified path, chosen
-    before the repack so a refused path can still be replaced; None (the registry's first candidate,
-    unverified, logged as a warning) with ``--skip-doctor``."""
+    """The loader's chooser for ``ditq generate``, ``ditq serve`` and the benchmarks alike: the doctor-verified
+    path, chosen before the repack so a refused path can still be replaced; None (the registry's first
+    candidate, unverified, logged as a warning) with ``--skip-doctor``."""
     if skip_doctor:
         log.warning("--skip-doctor: kernel paths run without verification on this device")
         return None
     return VerifiedChooser()
-
-
-def startup_check(
-    pipeline: Any, device: torch.device | str, dtype: torch.dtype | None = None
-) -> tuple[bool, str]:
-    """For serve/generate start-up: verify the path of every quantized layer in ``pipeline`` (its
-    geometries only), moving layers off refused paths onto the next passing one.
-
-    Returns (every layer on a verified path, a one-line summary).
-    """
-    from ditq.runtime.modules import quantized_linears
-
-    device = torch.device(device)
-    modules = [m for m in vars(pipeline).values() if isinstance(m, torch.nn.Module)]
-    layers = [layer for module in modules for layer in quantized_linears(module).values()]
-    chosen: dict[tuple[Any, ...], KernelPath] = {}
-    try:
-        for layer in layers:
-            act = dtype or layer._default_activation_dtype()
-            key = (
-                layer.scheme.name,
-                layer.in_features,
-                layer.out_features,
-                getattr(layer, "group_size", None),
-                act,
-            )
-            if key not in chosen:
-                chosen[key] = verified_chooser(layer, device, act)
-            if layer.kernel is None or layer.kernel.name != chosen[key].name:
-                layer.use_kernel(chosen[key])
-    except DitqError as error:
-        return False, str(error)
-    names = sorted({p.name for p in chosen.values()})
-    return (
-        True,
-        f"{len(layers)} quantized layers, {len(chosen)} geometries, verified paths: {', '.join(names) or 'none'}",
-    )
 
 
 def table(results: Sequence[PathResult]) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from ditq.errors import DitqError
 from ditq.kernels import ENV_FORCE, get_kernel, register_kernel, unregister_kernel
 from ditq.kernels.registry import Prepared, StoredWeight
 from ditq.numerics import quantize_weight
-from ditq.schemes import FP8, W8A8, get_scheme
+from ditq.schemes import FP8, W8A8, W8A16, get_scheme
 
 SMALL = [doctor.Geometry(64, 64, "square"), doctor.Geometry(128, 48, "wide-in")]
 SQUARE = [doctor.Geometry(64, 64, "square")]
@@ -111,8 +110,8 @@ def test_broken_path_is_caught_by_the_right_step(broken, tmp_path: Path) -> None
 def test_chooser_refuses_a_broken_path_and_falls_back(broken, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
     name, _, _ = broken
     with caplog.at_level(logging.WARNING, logger="ditq.doctor"):
-        path = doctor.choose_verified_path(W8A8, torch.device("cpu"), torch.bfloat16, 64, 64)
-    assert path.name == REFERENCE
+        choice = doctor.choose_kernel(W8A8, torch.device("cpu"), torch.bfloat16, 64, 64)
+    assert choice.path.name == REFERENCE and choice.refused == (name,)
     refusal = next(r.getMessage() for r in caplog.records if "refusing" in r.getMessage())
     assert name in refusal and "report:" in refusal
     report_dir = refusal.split("report: ")[1].split(";")[0]
@@ -124,7 +123,7 @@ def test_no_passing_path_is_an_error_naming_the_report(monkeypatch: pytest.Monke
     try:
         monkeypatch.setenv(ENV_FORCE, "test-only-nan-w8a8")
         with pytest.raises(DitqError, match=r"test-only-nan-w8a8: .*test-only-nan-w8a8"):
-            doctor.choose_verified_path(W8A8, torch.device("cpu"), torch.bfloat16, 64, 64)
+            doctor.choose_kernel(W8A8, torch.device("cpu"), torch.bfloat16, 64, 64)
     finally:
         unregister_kernel("test-only-nan-w8a8")
 
@@ -132,17 +131,17 @@ def test_no_passing_path_is_an_error_naming_the_report(monkeypatch: pytest.Monke
 def test_verdicts_are_cached_per_environment_and_path(
     monkeypatch: pytest.MonkeyPatch, private_cache: Path
 ) -> None:
-    first = doctor.choose_verified_path(FP8, torch.device("cpu"), torch.bfloat16, 64, 32)
+    first = doctor.choose_kernel(FP8, torch.device("cpu"), torch.bfloat16, 64, 32)
     assert len(list((private_cache / "doctor").glob("*.json"))) == 1
 
     def must_not_run(*args: object, **kwargs: object) -> None:
         raise AssertionError("a cached verdict was recomputed")
 
     monkeypatch.setattr(doctor, "check_path", must_not_run)
-    assert doctor.choose_verified_path(FP8, torch.device("cpu"), torch.bfloat16, 64, 32) == first
+    assert doctor.choose_kernel(FP8, torch.device("cpu"), torch.bfloat16, 64, 32) == first
     # Another geometry is another key.
     with pytest.raises(AssertionError, match="recomputed"):
-        doctor.choose_verified_path(FP8, torch.device("cpu"), torch.bfloat16, 128, 32)
+        doctor.choose_kernel(FP8, torch.device("cpu"), torch.bfloat16, 128, 32)
 
 
 def _layer(scheme_name: str, in_features: int, out_features: int):  # type: ignore[no-untyped-def]
@@ -153,23 +152,48 @@ def _layer(scheme_name: str, in_features: int, out_features: int):  # type: igno
     return linear_from_stored(codec_for(scheme).encode(*quantize_weight(weight, scheme)), scheme, None)
 
 
-def test_runtime_start_up_moves_layers_off_a_refused_path(broken) -> None:  # type: ignore[no-untyped-def]
+def test_the_loader_asks_the_chooser_before_the_repack(broken) -> None:  # type: ignore[no-untyped-def]
     from ditq.runtime.loader import prepare_quantized
 
     name, _, _ = broken
     model = torch.nn.Sequential(_layer("w8a8", 64, 64), _layer("w8a8", 64, 64))
-    model[0].use_kernel(get_kernel(name))  # as the registry alone would choose
-    ok, summary = doctor.startup_check(
-        SimpleNamespace(transformer=model, scheduler=object()), "cpu", torch.bfloat16
-    )
-    assert ok and REFERENCE in summary and "2 quantized layers" in summary
+    chooser = doctor.VerifiedChooser()
+    assert prepare_quantized(model, "cpu", torch.bfloat16, chooser=chooser) == 2
     assert all(layer.kernel.name == REFERENCE for layer in model)
-    # The loader's chooser hook gives the same verified choice.
-    fresh = torch.nn.Sequential(_layer("w8a8", 64, 64))
-    prepare_quantized(fresh, "cpu", torch.bfloat16, chooser=doctor.verified_chooser)
-    assert fresh[0].kernel.name == REFERENCE
-    out = fresh(torch.randn(3, 64, dtype=torch.bfloat16))
-    assert torch.isfinite(out).all()
+    assert [(c.path.name, c.refused) for c in chooser.choices] == [(REFERENCE, (name,))]  # one geometry
+    assert (
+        chooser.summary(2)
+        == f"2 quantized layers, 1 geometries, verified paths: {REFERENCE}; refused: {name}"
+    )
+    assert torch.isfinite(model(torch.randn(3, 64, dtype=torch.bfloat16))).all()
+
+
+def test_a_nan_w8a16_path_ahead_of_the_reference_falls_back_when_prepared_with_the_chooser() -> None:
+    """The seed's situation: the preferred weight-only path returns NaN on this device. The w8a16 repack
+    releases the stored tensors, so the choice must come first; prepared with the chooser, every layer
+    lands on cpu-reference-w8a16 and computes what the reference computes."""
+    from ditq.runtime.loader import prepare_quantized
+
+    reference = get_kernel("cpu-reference-w8a16")
+    register_kernel(
+        name="test-nan-w8a16", scheme=W8A16, device_type="cpu", prepare=reference.prepare, priority=100
+    )(lambda x, prepared, bias: reference.matmul(x, prepared, bias) * float("nan"))
+    try:
+        layers = [_layer("w8a16", 64, 64), _layer("w8a16", 128, 64)]
+        unverified = _layer("w8a16", 64, 64)
+        prepare_quantized(unverified, "cpu", torch.float32, chooser=None)
+        assert unverified.kernel.name == "test-nan-w8a16"  # the registry's order alone
+        chooser = doctor.VerifiedChooser()
+        for layer in layers:
+            prepare_quantized(layer, "cpu", torch.float32, chooser=chooser)
+    finally:
+        unregister_kernel("test-nan-w8a16")
+    assert [c.path.name for c in chooser.choices] == ["cpu-reference-w8a16"] * 2
+    assert all(c.refused == ("test-nan-w8a16",) for c in chooser.choices)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(5))
+    stored = _layer("w8a16", 64, 64).stored_tensors()
+    expected = torch.nn.functional.linear(x, codec_for(W8A16).decode(stored))
+    torch.testing.assert_close(layers[0](x), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_artifact_mode_uses_the_artifacts_own_layers(tmp_path: Path) -> None:

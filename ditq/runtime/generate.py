@@ -104,7 +104,7 @@ def generate(
     """Load ``model_dir`` (None: the bundled demo model) and run one request; nothing is written.
 
     Each quantized layer runs the first kernel path the kernel doctor verifies on this device
-    (``ditq.doctor.verified_chooser``); ``skip_doctor`` takes the registry's first candidate unverified.
+    (``ditq.doctor.choose_kernel``); ``skip_doctor`` takes the registry's first candidate unverified.
     """
     directory = Path(model_dir) if model_dir is not None else default_model_dir()
     torch_device = torch.device(device)

@@ -16,6 +16,7 @@ from types import FrameType
 import torch
 import uvicorn
 
+from ditq.doctor import kernel_chooser
 from ditq.errors import DitqError, InputError, OutOfMemoryError
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.serve.access import exposure_warning
@@ -108,10 +109,11 @@ def serve(
             cap.allocator_bytes if cap is not None else None,
         )
 
+    chooser = kernel_chooser(skip_doctor)
     app = create_app(
         config,
-        load=lambda: load_adapter(model_dir, device, offload, getattr(torch, dtype), skip_doctor),
-        doctor=make_doctor(skip_doctor, device, getattr(torch, dtype)),
+        load=lambda: load_adapter(model_dir, device, offload, getattr(torch, dtype), chooser),
+        doctor=make_doctor(chooser),
         model_root=str(model_dir),
         drain_timeout_s=_WORKER_JOIN_S,
         facts=facts,

@@ -1,5 +1,5 @@
 """What runs before the first request: the memory budget, loading the model with doctor-verified kernel
-paths, and the doctor's start-up summary."""
+paths, and the doctor's record of what it chose."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ditq.doctor import kernel_chooser, startup_check
+from ditq.doctor import VerifiedChooser
 from ditq.errors import InputError
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.serve.config import parse_memory_size
@@ -114,16 +114,16 @@ def apply_memory_cap(max_memory: str | None, device: str) -> MemoryCap | None:
 
 
 def load_adapter(
-    model_dir: Path, device: str, offload: str, dtype: torch.dtype, skip_doctor: bool = False
+    model_dir: Path, device: str, offload: str, dtype: torch.dtype, chooser: VerifiedChooser | None
 ) -> PipelineAdapter:
     """An artifact or a plain diffusers directory, through the runtime loader.
 
-    Each quantized layer's kernel path is chosen by the doctor before the repack (``kernel_chooser``): a
-    path that fails its check is refused and the next one is used, as ``ditq generate`` does.
+    Each quantized layer's kernel path is chosen by ``chooser`` before the repack
+    (``ditq.doctor.kernel_chooser``): a path that fails its check is refused and the next one is used, as
+    ``ditq generate`` does; None (--skip-doctor) takes the registry's first candidate unverified.
     """
     from ditq.runtime.loader import load_pipeline
 
-    chooser = kernel_chooser(skip_doctor)
     pipeline = load_pipeline(model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser)
     adapter = PipelineAdapter(pipeline)
     if chooser is not None:  # part of the load time: the doctor's checks, kernel compilation included
@@ -131,14 +131,18 @@ def load_adapter(
     return adapter
 
 
-def make_doctor(skip: bool, device: str, dtype: torch.dtype) -> Callable[[PipelineAdapter], DoctorOutcome]:
-    """The start-up check: every quantized layer runs a path the doctor verified (the loader chose them)."""
+def make_doctor(chooser: VerifiedChooser | None) -> Callable[[PipelineAdapter], DoctorOutcome]:
+    """The doctor's start-up outcome: what ``chooser`` chose while the model loaded (``load_adapter`` with the
+    same chooser). Every quantized layer runs a path it verified; a geometry without one failed the load."""
 
-    def check(adapter: PipelineAdapter) -> DoctorOutcome:
-        if skip:
+    def record(adapter: PipelineAdapter) -> DoctorOutcome:
+        if chooser is None:
             return DoctorOutcome("skipped", "--skip-doctor given")
-        passed, summary = startup_check(adapter.pipeline, torch.device(device), dtype)
-        logger.info("kernel doctor: %s", summary)
-        return DoctorOutcome("passed" if passed else "failed", summary)
+        from ditq.runtime.generate import pipeline_summary
 
-    return check
+        _, kernels = pipeline_summary(adapter.pipeline)
+        summary = chooser.summary(sum(kernels.values()))
+        logger.info("kernel doctor: %s", summary)
+        return DoctorOutcome("passed", summary)
+
+    return record

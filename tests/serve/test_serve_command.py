@@ -16,6 +16,7 @@ from serve_testkit import FAST, client_for, free_port, make_app
 import ditq
 from ditq.cli import main
 from ditq.demo import build_tiny_pipeline
+from ditq.doctor import kernel_chooser
 from ditq.healthcheck import wait_healthy
 from ditq.serve.startup import load_adapter, make_doctor
 
@@ -122,9 +123,10 @@ def test_an_artifact_is_served_after_the_doctor_verified_its_paths(tmp_path: Pat
         warnings.simplefilter("ignore", FutureWarning)
         build_tiny_pipeline(seed=0).save_pretrained(tmp_path / "tiny")
     ditq.quantize(tmp_path / "tiny", tmp_path / scheme, scheme)
+    chooser = kernel_chooser(skip_doctor=False)
     app = make_app(
-        load=lambda: load_adapter(tmp_path / scheme, "cpu", "none", torch.float32),
-        doctor=make_doctor(skip=False, device="cpu", dtype=torch.float32),
+        load=lambda: load_adapter(tmp_path / scheme, "cpu", "none", torch.float32, chooser),
+        doctor=make_doctor(chooser),
     )
     with client_for(app) as client:
         health = client.get("/health").json()
@@ -153,7 +155,6 @@ def nan_w8a16_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ig
 def test_serve_falls_back_from_a_failing_w8a16_path_chosen_before_the_repack(
     tmp_path: Path, nan_w8a16_path: str
 ) -> None:
-    from ditq.doctor import startup_check
     from ditq.runtime.loader import load_pipeline
     from ditq.runtime.modules import quantized_linears
 
@@ -161,22 +162,26 @@ def test_serve_falls_back_from_a_failing_w8a16_path_chosen_before_the_repack(
         warnings.simplefilter("ignore", FutureWarning)
         build_tiny_pipeline(seed=0).save_pretrained(tmp_path / "tiny")
     ditq.quantize(tmp_path / "tiny", tmp_path / "w8a16", "w8a16")
-    # The order serve used to follow: the registry's first path, repacked, then the doctor. The repack released
-    # the stored tensors, so the doctor cannot move the layers off the failing path.
-    unverified = load_pipeline(tmp_path / "w8a16", "cpu", dtype=torch.float32)
-    assert {layer.kernel.name for layer in quantized_linears(unverified.transformer).values()} == {
-        nan_w8a16_path
-    }
-    ok, summary = startup_check(unverified, "cpu", torch.float32)
-    assert not ok and "cannot switch kernel path after a repack" in summary
+    # Unverified (--skip-doctor), the registry's first path is repacked and returns NaN.
+    unverified = load_pipeline(tmp_path / "w8a16", "cpu", dtype=torch.float32, chooser=None)
+    layer = next(iter(quantized_linears(unverified.transformer).values()))
+    assert layer.kernel is not None and layer.kernel.name == nan_w8a16_path
+    assert torch.isnan(layer(torch.randn(2, layer.in_features))).all()
 
+    # ditq serve's order: the doctor chooses each layer's path before the repack, refuses the NaN path and
+    # falls back to the reference; its outcome records that choice.
+    chooser = kernel_chooser(skip_doctor=False)
     app = make_app(
-        load=lambda: load_adapter(tmp_path / "w8a16", "cpu", "none", torch.float32),
-        doctor=make_doctor(skip=False, device="cpu", dtype=torch.float32),
+        load=lambda: load_adapter(tmp_path / "w8a16", "cpu", "none", torch.float32, chooser),
+        doctor=make_doctor(chooser),
     )
     with client_for(app) as client:
         health = client.get("/health").json()
         assert health["status"] == "ready" and health["doctor"]["status"] == "passed", health
+        assert health["doctor"]["summary"].startswith("14 quantized layers")
+        assert health["doctor"]["summary"].endswith(
+            f"verified paths: cpu-reference-w8a16; refused: {nan_w8a16_path}"
+        )
         assert health["kernel_paths"] == {"cpu-reference-w8a16": 14}
         assert 0 < health["kernel_choice_seconds"] <= health["load_seconds"]  # the checks, timed apart
         layers = quantized_linears(app.state.serve.adapter.pipeline.transformer).values()
