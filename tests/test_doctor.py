@@ -137,7 +137,7 @@ def test_verdicts_are_cached_per_environment_and_path(
     def must_not_run(*args: object, **kwargs: object) -> None:
         raise AssertionError("a cached verdict was recomputed")
 
-    monkeypatch.setattr(doctor, "check_path", must_not_run)
+    monkeypatch.setattr("ditq.doctor.run.check_path", must_not_run)
     assert doctor.choose_kernel(FP8, torch.device("cpu"), torch.bfloat16, 64, 32) == first
     # Another geometry is another key.
     with pytest.raises(AssertionError, match="recomputed"):

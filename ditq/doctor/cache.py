@@ -1,0 +1,99 @@
+"""Where the doctor ran (the environment a report states and a cached verdict is keyed by) and the cache
+of verdicts: per (device, driver, library versions, path, geometries, settings), under the user cache
+directory (``DITQ_CACHE_DIR`` overrides)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import ditq
+from ditq.doctor.cases import Geometry
+from ditq.doctor.checks import Check, PathResult
+from ditq.fsutil import atomic_write_json
+from ditq.kernels.registry import KernelPath
+
+__all__ = ["cache_dir", "cache_entry", "environment", "read_cached", "write_cached"]
+
+
+def _driver_version() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # no NVIDIA driver or no NVML: recorded as unknown
+        return None
+
+
+def _package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def environment(device: torch.device | str) -> dict[str, Any]:
+    """What a report must say about where it ran."""
+    device = torch.device(device)
+    env: dict[str, Any] = {
+        "device": str(device),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": _package_version("triton"),
+        "ditq": ditq.__version__,
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(gpu=props.name, capability=".".join(map(str, torch.cuda.get_device_capability(device))),
+                   driver=_driver_version())  # fmt: skip
+    else:
+        env.update(gpu=None, capability=None, driver=None, cpu=platform.processor() or platform.machine())
+    return env
+
+
+def cache_dir() -> Path:
+    """Where verdicts are cached: $DITQ_CACHE_DIR, else the user cache directory."""
+    override = os.environ.get("DITQ_CACHE_DIR")
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ditq"
+
+
+def cache_entry(
+    env: Mapping[str, Any], path: KernelPath, geometries: Sequence[Geometry], settings: Mapping[str, Any]
+) -> Path:
+    """The file that holds ``path``'s verdict for these geometries and settings in this environment."""
+    keyed = {k: env.get(k) for k in ("gpu", "capability", "driver", "cuda", "torch", "triton", "ditq", "cpu")}
+    blob = json.dumps(
+        [keyed, path.name, [str(g) for g in geometries], dict(settings)], sort_keys=True, default=str
+    )
+    return cache_dir() / "doctor" / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
+
+
+def read_cached(entry: Path) -> PathResult:
+    data = json.loads(entry.read_text())
+    checks = [Check(**c) for c in data["checks"]]
+    fields = {
+        k: data[k]
+        for k in ("path", "scheme", "device", "verdict", "reason", "capability_overclaim", "report_dir")
+    }
+    return PathResult(checks=checks, **fields)
+
+
+def write_cached(entry: Path, result: PathResult) -> None:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(entry, result.to_json())

@@ -1,0 +1,260 @@
+"""The isolation chain: each step of one kernel path checked on its own inputs, and the verdict behind it.
+
+Steps: ``load`` (stored bytes through the production reader and module), ``scales`` (finite as stored and
+after the repack), ``finite`` (no NaN or inf in the output), ``output`` (against the float32 reference:
+relative L2 within ``REL_L2_BOUND``; the analytic weights exactly ``in_features``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ditq.checkpoint.codecs import codec_for
+from ditq.doctor.cases import CaseMaker, Geometry, WeightCase
+from ditq.kernels.reference import reference_float32
+from ditq.kernels.registry import KernelPath
+from ditq.numerics import relative_l2
+from ditq.schemes import Scheme
+
+__all__ = ["CHECK_DTYPES", "REL_L2_BOUND", "ROWS", "STEPS", "Check", "PathResult", "check_path"]
+
+REL_L2_BOUND = 0.005
+ROWS = 512  # M: tokens per check
+CHECK_DTYPES = (torch.bfloat16, torch.float16)
+STEPS = ("load", "scales", "finite", "output")
+
+
+@dataclass
+class Check:
+    """The result of one step for one (geometry, weights, activation dtype)."""
+
+    step: str
+    geometry: str
+    weights: str
+    dtype: str
+    passed: bool
+    message: str
+    value: float | None = None
+    bound: float | None = None
+
+
+@dataclass
+class PathResult:
+    """A path's verdict and every check behind it."""
+
+    path: str
+    scheme: str
+    device: str
+    verdict: str  # "PASS" | "FAIL" | "SKIP"
+    reason: str = ""
+    capability_overclaim: bool = False
+    checks: list[Check] = field(default_factory=list)
+    report_dir: str | None = None
+
+    @property
+    def worst_rel_l2(self) -> float | None:
+        values = [c.value for c in self.checks if c.step == "output" and c.value is not None]
+        return max(values) if values else None
+
+    @property
+    def first_failure(self) -> Check | None:
+        return next((c for c in self.checks if not c.passed), None)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["worst_rel_l2"] = self.worst_rel_l2
+        data["bound"] = REL_L2_BOUND
+        return data
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _production_read(case: WeightCase) -> dict[str, torch.Tensor]:
+    """The stored tensors as the production reader reads them from a safetensors file."""
+    from ditq.checkpoint.safetensors_io import read_entry, read_header
+
+    if case.sources is not None:
+        return {
+            key: read_entry(read_header(file).entries[f"{case.prefix}.{key}"])
+            for key, file in case.sources.items()
+        }
+    from safetensors.torch import save_file
+
+    with tempfile.TemporaryDirectory(prefix="ditq-doctor-") as tmp:
+        file = Path(tmp) / "layer.safetensors"
+        save_file({f"layer.{k}": v.contiguous() for k, v in case.stored.items()}, str(file))
+        entries = read_header(file).entries
+        return {key: read_entry(entries[f"layer.{key}"]) for key in case.stored}
+
+
+def _module(
+    scheme: Scheme, stored: Mapping[str, torch.Tensor], bias: torch.Tensor | None, device: torch.device
+):  # type: ignore[no-untyped-def]
+    from ditq.runtime.modules import linear_from_stored
+
+    on_device = {k: v.to(device) for k, v in stored.items()}
+    return linear_from_stored(on_device, scheme, None if bias is None else bias.to(device))
+
+
+def _step_load(path: KernelPath, case: WeightCase, device: torch.device) -> tuple[bool, str, float | None]:
+    loaded = _production_read(case)
+    module = _module(path.scheme, loaded, None, device)
+    got = {k: v.cpu() for k, v in module.stored_tensors().items()}
+    differing = [k for k, v in case.stored.items() if k not in got or not _bitwise_equal(v.cpu(), got[k])]
+    if differing:
+        return False, f"loaded tensors differ from the stored bytes: {', '.join(sorted(differing))}", None
+    return (
+        True,
+        f"{len(got)} stored tensors bitwise-equal after file -> reader -> module -> {device.type}",
+        None,
+    )
+
+
+def _step_scales(path: KernelPath, case: WeightCase, device: torch.device) -> tuple[bool, str, float | None]:
+    stored_scale = case.stored["weight_scale"]
+    if not torch.isfinite(stored_scale).all():
+        return False, "stored weight_scale holds non-finite values (the checkpoint, not the kernel)", None
+    module = _module(path.scheme, case.stored, None, device)
+    module.use_kernel(path)
+    module.prepare(device)
+    repacked = module.prepared_tensors()["weight_scale"]
+    bad = int((~torch.isfinite(repacked)).sum())
+    if bad:
+        return False, f"weight_scale after the {path.name} repack holds {bad} non-finite values", None
+    return True, f"weight_scale finite as stored and after the repack ({tuple(repacked.shape)})", None
+
+
+def _layer_output(
+    path: KernelPath, case: WeightCase, device: torch.device, dtype: torch.dtype, rows: int, in_features: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the production layer's output, the float32 reference) for one activation dtype."""
+    bias = None if case.bias is None else case.bias.to(dtype)
+    module = _module(path.scheme, case.stored, bias, device)
+    module.use_kernel(path)
+    module.prepare(device, dtype)
+    if case.analytic:
+        x = torch.ones(rows, in_features, dtype=dtype, device=device)
+    else:
+        generator = torch.Generator().manual_seed(1234)
+        x = torch.randn(rows, in_features, generator=generator).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        out = module(x)
+    q, scale = codec_for(path.scheme).read(case.stored)
+    ref = reference_float32(
+        x, q.to(device), scale.to(device), None if bias is None else bias.to(device), path.scheme.activations
+    )
+    return out, ref
+
+
+def _output_checks(
+    out: torch.Tensor, ref: torch.Tensor, case: WeightCase, in_features: int
+) -> list[tuple[str, bool, str, float | None, float | None]]:
+    """(step, passed, message, value, bound) for the finite and output steps."""
+    if out.shape != ref.shape:
+        return [("finite", False, f"output shape {tuple(out.shape)}, expected {tuple(ref.shape)}", None, None),
+                ("output", False, f"output shape {tuple(out.shape)}, expected {tuple(ref.shape)}", None, None)]  # fmt: skip
+    bad = int((~torch.isfinite(out)).sum())
+    finite = (
+        "finite",
+        bad == 0,
+        f"{bad} of {out.numel()} outputs are NaN/inf" if bad else "all outputs finite",
+        None,
+        None,
+    )
+    if case.analytic:
+        deviation = float((out.to(torch.float64) - in_features).abs().max()) if bad == 0 else float("inf")
+        message = (
+            f"every output == {in_features}"
+            if deviation == 0
+            else f"max |out - {in_features}| = {deviation:g}"
+        )
+        return [finite, ("output", deviation == 0, message, deviation, 0.0)]
+    error = relative_l2(out, ref) if bad == 0 else float("inf")
+    ok = error <= REL_L2_BOUND
+    message = f"rel-L2 {error:.2e} vs float32 reference ({'<=' if ok else '>'} {REL_L2_BOUND:g})"
+    return [finite, ("output", ok, message, error, REL_L2_BOUND)]
+
+
+def _raised(error: BaseException) -> str:
+    return f"raised {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+
+
+def check_path(
+    path: KernelPath,
+    geometries: Sequence[Geometry],
+    cases: CaseMaker,
+    device: torch.device,
+    rows: int = ROWS,
+    dtypes: Sequence[torch.dtype] = CHECK_DTYPES,
+) -> PathResult:
+    """Every step for every (geometry, weights, activation dtype) this path supports here."""
+    result = PathResult(path.name, path.scheme.name, str(device), "PASS")
+    claimed = False
+    for geometry in geometries:
+        for case in cases(path.scheme, geometry):
+            supported = [
+                d for d in dtypes if path.supports(device, d, geometry.in_features, geometry.out_features)[0]
+            ]
+            if not supported:
+                continue
+            claimed = True
+            where, weights = str(geometry), case.name
+            for step, run in (("load", _step_load), ("scales", _step_scales)):
+                try:
+                    ok, message, value = run(path, case, device)
+                except Exception as error:  # a step that raises has failed; the next step still runs
+                    ok, message, value = False, _raised(error), None
+                result.checks.append(
+                    Check(
+                        step,
+                        dtype="-",
+                        passed=ok,
+                        message=message,
+                        value=value,
+                        geometry=where,
+                        weights=weights,
+                    )
+                )
+            for dtype in supported:
+                dtype_name = str(dtype).removeprefix("torch.")
+                try:
+                    out, ref = _layer_output(path, case, device, dtype, rows, geometry.in_features)
+                    outcomes = _output_checks(out, ref, case, geometry.in_features)
+                except Exception as error:
+                    outcomes = [(step, False, _raised(error), None, None) for step in ("finite", "output")]
+                for step, ok, message, value, bound in outcomes:
+                    result.checks.append(
+                        Check(
+                            step,
+                            dtype=dtype_name,
+                            passed=ok,
+                            message=message,
+                            value=value,
+                            bound=bound,
+                            geometry=where,
+                            weights=weights,
+                        )
+                    )
+    if not claimed:
+        reasons = {
+            path.supports(device, d, g.in_features, g.out_features)[1] for g in geometries for d in dtypes
+        }
+        result.verdict, result.reason = "SKIP", "; ".join(sorted(reasons))
+    elif result.first_failure is not None:
+        failure = result.first_failure
+        result.verdict = "FAIL"
+        result.reason = (
+            f"{failure.step}: {failure.message} [{failure.geometry}, {failure.weights}, {failure.dtype}]"
+        )
+        result.capability_overclaim = True  # supports() said yes on this device
+    return result

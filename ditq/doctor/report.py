@@ -1,0 +1,67 @@
+"""What the doctor tells people: the one-line-per-path table and, for a failing path, a report directory
+ready to file upstream (environment, isolation chain, a reproduction that needs no checkpoint, evidence)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ditq.doctor.checks import REL_L2_BOUND, PathResult
+from ditq.fsutil import atomic_directory, atomic_write_json
+
+__all__ = ["repro_command", "table", "write_report", "write_reports"]
+
+
+def repro_command(path_name: str) -> str:
+    return f"ditq doctor --synthetic --kernels {path_name}"
+
+
+def _chain_text(result: PathResult, env: Mapping[str, Any]) -> str:
+    lines = [
+        f"# Kernel path {result.path} ({result.scheme}) failed on {env.get('gpu') or result.device}",
+        "",
+        f"Verdict: {result.verdict} — {result.reason}",
+        f"Capability over-claim: {'yes: the registry offered this path on this device' if result.capability_overclaim else 'no'}",
+        f"Reproduce (needs no checkpoint): `{repro_command(result.path)}`",
+        "",
+        "## Isolation chain (each step checked on its own inputs)",
+        "",
+        "| step | geometry | weights | dtype | result | detail |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [f"| {c.step} | {c.geometry} | {c.weights} | {c.dtype} | {'pass' if c.passed else 'FAIL'} | {c.message} |"
+              for c in result.checks]  # fmt: skip
+    lines += ["", "## Environment", "", *[f"- {k}: {v}" for k, v in env.items()], ""]
+    return "\n".join(lines)
+
+
+def write_report(result: PathResult, env: Mapping[str, Any], root: Path) -> Path:
+    """A directory ready to file upstream: environment, isolation chain, reproduction command, evidence."""
+    final = Path(root) / result.path
+    result.report_dir = str(final)
+    with atomic_directory(final, force=True) as tmp:
+        atomic_write_json(tmp / "environment.json", dict(env))
+        atomic_write_json(tmp / "evidence.json", {"environment": dict(env), **result.to_json()})
+        (tmp / "chain.md").write_text(_chain_text(result, env))
+        (tmp / "repro.txt").write_text(repro_command(result.path) + "\n")
+    return final
+
+
+def write_reports(results: Iterable[PathResult], env: Mapping[str, Any], root: Path) -> list[Path]:
+    return [write_report(r, env, root) for r in results if r.verdict == "FAIL"]
+
+
+def table(results: Sequence[PathResult]) -> str:
+    """One line per path: verdict, worst rel-L2 against the bound, first failing step, over-claim."""
+    head = f"{'path':<26} {'scheme':<6} {'verdict':<7} {'worst rel-L2':>12} {'bound':>6}  {'over-claim':<10} detail"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        worst = "-" if r.worst_rel_l2 is None else f"{r.worst_rel_l2:.2e}"
+        checks = f"{sum(c.passed for c in r.checks)}/{len(r.checks)} checks"
+        detail = r.reason if r.verdict != "PASS" else checks
+        overclaim = "YES" if r.capability_overclaim else "-"
+        lines.append(
+            f"{r.path:<26} {r.scheme:<6} {r.verdict:<7} {worst:>12} {REL_L2_BOUND:>6g}  {overclaim:<10} {detail}"
+        )
+    return "\n".join(lines)
