@@ -29,10 +29,12 @@ def _ditq(*args: str) -> list[str]:
 def _shown(argv: list[str]) -> str:
     """As recorded: ``ditq ...`` (no interpreter path); the model and references as ditq's own."""
     from ditq import demo
+    from ditq.report.provenance import shell_command
 
-    text = shlex.join(["ditq", *argv[3:]] if argv[:3] == _ditq() else argv)
-    return text.replace(str(demo.default_model_dir()), "<ditq.demo model>").replace(
-        str(demo.references_dir()), "<ditq.demo references>"
+    return (
+        shell_command(argv)
+        .replace(str(demo.default_model_dir()), "<ditq.demo model>")
+        .replace(str(demo.references_dir()), "<ditq.demo references>")
     )
 
 

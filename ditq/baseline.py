@@ -138,10 +138,14 @@ def _stage_metrics(result: GenerationResult, encode_s: float, steps: int) -> dic
 
 
 def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> ProbeSummary:
+    from ditq.devices import DTYPES, resolve_device, resolve_offload
     from ditq.runtime.adapter import PipelineAdapter
     from ditq.runtime.loader import load_pipeline
 
-    pipeline = load_pipeline(options.model, device=options.device, offload=options.offload)
+    device = str(resolve_device(options.device))
+    offload = resolve_offload(options.offload)
+    # The BF16 baseline on every device: the reference the quantized models are judged against.
+    pipeline = load_pipeline(options.model, device=device, offload=offload, dtype=DTYPES["bfloat16"])
     executor = AdapterExecutor(
         PipelineAdapter(pipeline), options.steps, options.true_cfg_scale, options.offload
     )
@@ -154,7 +158,7 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
         options.seeds,
         options.steps,
         options.true_cfg_scale,
-        InProcessOptions(device=options.device, offload=options.offload),
+        InProcessOptions(device=device, offload=offload),
         options.model,
     )
     # The generating process is this one: sample its own device memory too.

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from ditq.cli import COMMANDS
+from ditq.devices import OFFLOAD_MODES, default_dtype
 from ditq.errors import EXIT_OUT_OF_MEMORY, DitqError, InputError
 from ditq.fsutil import atomic_write_json, sha256_file
 from ditq.healthcheck import wait_healthy
@@ -63,13 +64,11 @@ from ditq.runfiles import (
     read_model,
     write_model,
 )
-from ditq.runtime.offload import OFFLOAD_MODES
 from ditq.schemes import get_scheme
 
 __all__ = [
     "SCHEME_STAGES",
     "SweepOptions",
-    "default_device",
     "default_serve_argv",
     "parse_endpoint_for",
     "parse_offload",
@@ -81,12 +80,6 @@ SCHEME_STAGES = ("quantize", "verify", "doctor", "serve", "probe", "gate", "comp
 # (model or artifact dir, port, sweep options, offload mode) -> the server's argv; tests swap it for a
 # server that fails
 ServeArgv = Callable[[Path, int, "SweepOptions", str], list[str]]
-
-
-def default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def ditq_argv(*args: str | Path) -> list[str]:
@@ -113,8 +106,8 @@ class SweepOptions:
     steps: int | None = None
     cfg: float | None = None
     max_memory: str | None = None
-    device: str = "cpu"  # where every server (and the doctor) runs: cpu, cuda, cuda:1, ...
-    dtype: str | None = None  # the servers' compute dtype (None: ditq serve's default, bfloat16)
+    device: str = "cpu"  # where every server (and the doctor) runs, resolved: cpu, cuda, cuda:1, ...
+    dtype: str | None = None  # the servers' compute dtype (None: ditq serve's default for the device)
     # the offload ladder: each mode serves what ran out of memory at the one before
     offload: tuple[str, ...] = ("none",)
     note: str | None = None  # said at the top of the report (e.g. that the weights are random)
@@ -347,20 +340,14 @@ def _doctor_summary(doctor_json: Path, reports: Path) -> DoctorSummary:
     return DoctorSummary(passed=not failing, failing=failing, checked=len(paths), report=str(reports))
 
 
-def _shown(argv: list[str]) -> str:
-    """The command as a person would type it (``ditq ...`` rather than ``python -m ditq.cli ...``)."""
-    if argv[:3] == [sys.executable, "-m", "ditq.cli"]:
-        argv = ["ditq", *argv[3:]]
-    return shlex.join(argv)
-
-
 class _Sweep:
     def __init__(self, options: SweepOptions, command: str) -> None:
         self.options, self.command = options, command
         self.out = options.out
         self.baseline = self.out / "baseline"
         # the baseline is BF16 unless the servers compute in another dtype (float32 on a CPU, say)
-        self.baseline_name = "BF16" if options.dtype in (None, "bfloat16") else options.dtype
+        dtype = options.dtype or default_dtype(options.device)
+        self.baseline_name = "BF16" if dtype == "bfloat16" else dtype
         self.progress = _Progress(1 + len(SCHEME_STAGES) * len(options.schemes) + 1, options.progress)
 
     def _show(self, c: _Candidate, stage: str, status: str, detail: str = "") -> None:
@@ -377,7 +364,7 @@ class _Sweep:
         outputs: Sequence[Path],
         ok_codes: tuple[int, ...] = (0,),
     ) -> bool:
-        if c.complete(stage, outputs, _shown(argv)):
+        if c.complete(stage, outputs, shell_command(argv)):
             self._show(c, stage, "skipped", "complete from an earlier run")
             return True
         if argv[3:4] and argv[3] not in COMMANDS:
@@ -390,7 +377,7 @@ class _Sweep:
         code = _run_logged(argv, log)
         ok = code in ok_codes and all(p.exists() for p in outputs)
         message = None if ok else f"exit code {code}: {_last_line(log)}"
-        c.record(stage, "ok" if ok else "failed", time.monotonic() - started, _shown(argv), message)
+        c.record(stage, "ok" if ok else "failed", time.monotonic() - started, shell_command(argv), message)
         self._show(c, stage, "ok" if ok else "FAILED", message or f"{time.monotonic() - started:.1f} s")
         return ok
 
@@ -443,7 +430,7 @@ class _Sweep:
             suffix = "" if len(self.options.offload) == 1 else f"-{offload}"
             log = logs / (f"serve-baseline{suffix}.log" if who == "baseline" else f"serve{suffix}.log")
             server = _Server(self.options, model, log, offload)
-            attempt: dict[str, Any] = {"offload": offload, "command": _shown(server.argv)}
+            attempt: dict[str, Any] = {"offload": offload, "command": shell_command(server.argv)}
             problem = server.wait_healthy(self.options.health_timeout_s)
             if problem is not None:
                 attempt.update(seconds=round(time.monotonic() - started, 2), message=problem)
@@ -467,7 +454,7 @@ class _Sweep:
                     ready_s=ready_s,
                     status="ok" if code in (0, 1) else "failed",
                     seconds=round(time.monotonic() - started, 2),
-                    probe_command=_shown(argv),
+                    probe_command=shell_command(argv),
                     exit_code=code,
                     out_of_memory_after=len(remaining),
                 )

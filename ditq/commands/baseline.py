@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ditq.baseline import BaselineOptions, make_baseline
 from ditq.commands.probe import add_matrix_arguments
+from ditq.devices import add_device_arguments
 from ditq.probe.records import is_success, latest_by_key, read_records
 from ditq.runfiles import RECORDS_FILE
 
@@ -19,10 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--endpoint", help="generate through this server (serving PATH) instead of in process"
     )
-    parser.add_argument("--device", default="cpu", help="in process: torch device (default cpu)")
-    parser.add_argument(
-        "--offload", default="none", choices=("none", "model", "block"), help="in process: offload"
-    )
+    add_device_arguments(parser, "cpu", "in process: where to generate (in bfloat16)", offload=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ditq.commands.sweep import add_sweep_arguments, print_verdicts, stop_on_sigterm
+from ditq.devices import resolve_device
 from ditq.fsutil import atomic_write_bytes
 from ditq.sweep import SCHEME_STAGES, SweepOptions, run_sweep
 
@@ -42,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("demo-out"), help="sweep directory (default: demo-out)"
     )
-    add_sweep_arguments(parser)
+    add_sweep_arguments(parser, device="cpu")
     parser.epilog = (
         f"The demo's own defaults: --seeds {DEMO.seeds} --steps {DEMO.steps} --device cpu "
         f"--dtype {DEMO.dtype} --parity-db {DEMO.parity_db}, schemes {','.join(DEMO.schemes)}."
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps if args.steps is not None else DEMO.steps,
         cfg=args.cfg,
         max_memory=args.max_memory,
-        device=args.device or "cpu",
+        device=str(resolve_device(args.device)),
         dtype=args.dtype or DEMO.dtype,
         offload=args.offload,
         parity_db=args.parity_db if args.parity_db is not None or args.parity_pair else DEMO.parity_db,

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-import torch
-
+from ditq.devices import add_device_arguments, resolve_device
 from ditq.errors import InputError
 from ditq.fsutil import atomic_write_json
+from ditq.report.provenance import shell_command
 
 __all__ = ["add_arguments", "run"]
 
@@ -26,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also use random synthetic weights (implied without --artifact)",
     )
-    parser.add_argument("--device", default=None, help="device to check (default: cuda if present, else cpu)")
+    add_device_arguments(parser, "auto", "device to check")
     parser.add_argument(
         "--geometry",
         nargs="+",
@@ -44,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _geometry(text: str):  # type: ignore[no-untyped-def]
+def _geometry(text: str):
     from ditq.doctor import Geometry
 
     parts = text.lower().split("x")
@@ -57,9 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from ditq import doctor
     from ditq.schemes import get_scheme
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"--device {args.device}: CUDA is not available here")
+    device = resolve_device(args.device)
     schemes = [get_scheme(s).name for s in args.scheme] if args.scheme else None
     report_root = args.report if args.report is not None else doctor.cache_dir() / "reports"
     geometries = [_geometry(text) for text in args.geometry] if args.geometry else doctor.SEED_GEOMETRIES
@@ -77,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     )
     env = doctor.environment(device)
     payload = {
-        "command": " ".join(["ditq", *sys.argv[1:]]),
+        "command": shell_command(),
         "environment": env,
         "bound": doctor.REL_L2_BOUND,
         "paths": [r.to_json() for r in results],

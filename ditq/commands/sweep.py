@@ -6,15 +6,16 @@ import argparse
 import signal
 from pathlib import Path
 
+from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device
 from ditq.report import ReportResult
 from ditq.schemes import get_scheme
-from ditq.sweep import SweepOptions, default_device, parse_endpoint_for, parse_offload, run_sweep
+from ditq.sweep import SweepOptions, parse_endpoint_for, parse_offload, run_sweep
 
 __all__ = ["add_arguments", "add_sweep_arguments", "print_verdicts", "run", "stop_on_sigterm"]
 
 
-def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
-    """What `ditq sweep` and `ditq demo` share."""
+def add_sweep_arguments(parser: argparse.ArgumentParser, device: str) -> None:
+    """What `ditq sweep` and `ditq demo` share; ``device`` is the --device default."""
     parser.add_argument("--seeds", help="e.g. 2301-2304 or 1,2,5 (default: the probe's, 2301-2304)")
     parser.add_argument("--steps", type=int, help="num_inference_steps (default: the probe's, 20)")
     parser.add_argument("--cfg", type=float, help="true_cfg_scale (default: the probe's, 1.0)")
@@ -33,12 +34,12 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         metavar=("RUN_A", "RUN_B"),
         help="two acceptable reference runs (e.g. two BF16 implementations) whose PSNR is the band",
     )
+    add_device_arguments(parser, device, "device of the quantizer, every server and the doctor")
     parser.add_argument(
-        "--device",
-        default=None,
-        help="device of the quantizer, every server and the doctor (default: cuda if present, else cpu)",
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        help="the servers' compute dtype (default: ditq serve's, float32 on cpu and bfloat16 on cuda)",
     )
-    parser.add_argument("--dtype", help="the servers' compute dtype, e.g. float32 (default: ditq serve's)")
     parser.add_argument(
         "--offload",
         type=parse_offload,
@@ -68,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--note", help="a sentence for the top of the report (e.g. that the weights are random)"
     )
-    add_sweep_arguments(parser)
+    add_sweep_arguments(parser, device="auto")
 
 
 def print_verdicts(result: ReportResult) -> None:
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps,
         cfg=args.cfg,
         max_memory=args.max_memory,
-        device=args.device or default_device(),
+        device=str(resolve_device(args.device)),
         dtype=args.dtype,
         offload=args.offload,
         note=args.note,

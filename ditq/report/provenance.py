@@ -8,6 +8,7 @@ import platform
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import ditq
@@ -74,8 +75,12 @@ def device_description() -> str:
     return f"CPU {platform.machine()} ({os.cpu_count()} cores)"
 
 
-def shell_command(argv: list[str] | None = None) -> str:
+def shell_command(argv: Sequence[str] | None = None) -> str:
+    """A command line as a person would type it: ``ditq ...`` for ditq's entry point and for
+    ``PYTHON -m ditq.cli ...``; this process's own command line when ``argv`` is None."""
     argv = list(sys.argv if argv is None else argv)
-    if argv and argv[0].endswith(("ditq", "cli.py", "__main__.py")):
+    if argv[1:3] == ["-m", "ditq.cli"]:
+        argv = ["ditq", *argv[3:]]
+    elif argv and argv[0].endswith(("ditq", "cli.py", "__main__.py")):
         argv[0] = "ditq"
     return shlex.join(argv)

@@ -20,7 +20,7 @@ _LAZY: dict[str, str] = {
     "linear_from_stored": "ditq.runtime.modules",
     "quantized_linear_class": "ditq.runtime.modules",
     "quantized_linears": "ditq.runtime.modules",
-    "OFFLOAD_MODES": "ditq.runtime.offload",
+    "OFFLOAD_MODES": "ditq.devices",
     "generate": "ditq.runtime.generate",
 }
 

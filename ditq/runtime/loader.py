@@ -32,10 +32,11 @@ from ditq.checkpoint.layout import (
     weight_files,
 )
 from ditq.checkpoint.safetensors_io import TensorEntry, read_entry, read_header
+from ditq.devices import resolve_device, resolve_offload
 from ditq.errors import InputError
 from ditq.kernels.registry import KernelPath
 from ditq.runtime.modules import QuantizedLinear, quantized_linear_class, quantized_linears
-from ditq.runtime.offload import OFFLOAD_MODES, apply_offload
+from ditq.runtime.offload import apply_offload
 from ditq.schemes import Scheme
 
 __all__ = [
@@ -351,12 +352,11 @@ def load_pipeline(
     to ``device`` one at a time when they run (diffusers' model CPU offload); "block": the transformer's
     blocks stream to ``device`` one by one (diffusers' block-level group offload).
     """
-    if offload not in OFFLOAD_MODES:
-        raise InputError(f"offload: unknown mode {offload!r} (known: {', '.join(OFFLOAD_MODES)})")
+    offload = resolve_offload(offload, option="offload")
     model_dir = Path(model_dir)
     index = read_model_index(model_dir)
     cls = pipeline_class(index, model_dir)
-    run_device = torch.device(device)
+    run_device = resolve_device(device, option="device")
     load_device = run_device if offload == "none" else torch.device("cpu")
     quantized = {
         name: load_component(model_dir, name, load_device, dtype)

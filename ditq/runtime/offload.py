@@ -16,11 +16,10 @@ from typing import Any
 
 import torch
 
+from ditq.devices import OFFLOAD_MODES
 from ditq.errors import DitqError
 
-__all__ = ["OFFLOAD_MODES", "apply_offload"]
-
-OFFLOAD_MODES = ("none", "model", "block")
+__all__ = ["apply_offload"]
 
 
 def apply_offload(pipeline: Any, mode: str, device: torch.device) -> None:

@@ -58,7 +58,7 @@ def test_quantized_pipeline_stays_close_to_source(demo_dirs: dict[str, Path]) ->
 
 
 def test_unknown_offload_mode_is_refused(demo_dirs: dict[str, Path]) -> None:
-    with pytest.raises(ditq.errors.InputError, match="offload: unknown mode 'disk'"):
+    with pytest.raises(ditq.errors.InputError, match="offload 'disk': not an offload mode"):
         load_pipeline(demo_dirs["w8a8"], offload="disk")
 
 
