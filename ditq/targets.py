@@ -14,6 +14,10 @@ from its ``config.json`` (no weights read); its ``named_modules`` are walked:
   multiple of 16 (no 8-bit kernel takes them) or below ``min_features``.
 - ``--targets`` regexes replace the block rule, ``--ignore`` regexes remove
   matches (**user choice**). Regexes are searched in the tensor-name prefix.
+- every other module that stores a ``weight`` (norms, convolutions,
+  embeddings) is listed too (**not a Linear**), as llm-compressor lists them:
+  compressed-tensors' file-level tools treat each ``<prefix>.weight`` that
+  ``ignore`` does not name as quantized when the targets say ``Linear``.
 
 Names are the checkpoint's tensor prefixes (``<prefix>.weight``), matched to
 module names directly or, for models whose checkpoint keys differ from their
@@ -144,6 +148,14 @@ def _checkpoint_prefix(module_name: str, weights: dict[str, tuple[int, ...]]) ->
     return None
 
 
+def _module_class(model: torch.nn.Module, prefix: str) -> str:
+    """The class name of the module a checkpoint prefix names ("module" where the names do not line up)."""
+    try:
+        return type(model.get_submodule(prefix)).__name__
+    except AttributeError:
+        return "module"
+
+
 def _compile(patterns: Iterable[str], flag: str) -> list[re.Pattern[str]]:
     compiled = []
     for pattern in patterns:
@@ -192,6 +204,10 @@ def plan_targets(
             plan.targets[prefix] = layer
         else:
             plan.ignored[prefix] = reason
+    for name in sorted(weight_shapes):
+        prefix, _, local = name.rpartition(".")
+        if local == "weight" and prefix and prefix not in plan.targets and prefix not in plan.ignored:
+            plan.ignored[prefix] = f"not a Linear: {_module_class(model, prefix)} stays in source precision"
     if not plan.targets:
         raise InputError(
             f"{component}: no Linear layer to quantize (block lists found: {plan.block_lists or 'none'})"

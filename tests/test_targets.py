@@ -33,8 +33,11 @@ def _plan(model: torch.nn.Module, **kwargs) -> TargetPlan:  # type: ignore[no-un
 def _count(plan: TargetPlan) -> dict[str, int]:
     counts: dict[str, int] = {}
     for reason in plan.ignored.values():
-        key = next(k for k in ("outside", "modulation", "shape guard", "user choice") if k in reason)
-        counts[key] = counts.get(key, 0) + 1
+        key = next(
+            k for k in ("outside", "modulation", "shape guard", "user choice", "not a Linear") if k in reason
+        )
+        if key != "not a Linear":
+            counts[key] = counts.get(key, 0) + 1
     return counts
 
 
@@ -47,7 +50,9 @@ def test_targets_are_block_linears(name: str) -> None:
     assert len(plan.targets) == n_targets
     assert _count(plan) == reasons
     linears = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    assert set(plan.targets) | set(plan.ignored) == linears
+    weighted = {n for n, m in model.named_modules() if isinstance(getattr(m, "weight", None), torch.Tensor)}
+    assert set(plan.targets) | set(plan.ignored) == weighted  # norms, convolutions and embeddings too
+    assert {n for n, r in plan.ignored.items() if r.startswith("not a Linear")} == weighted - linears
     assert not set(plan.targets) & set(plan.ignored)
     for prefix, layer in plan.targets.items():
         assert any(prefix.startswith(f"{b}.") for b in blocks)

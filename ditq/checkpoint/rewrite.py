@@ -262,7 +262,7 @@ def rewrite_component(
     band_bytes: int,
     workers: int | None = None,
 ) -> ComponentResult:
-    """Write the component's weights into ``out_dir`` (shards + index when more than one)."""
+    """Write the component's weights into ``out_dir`` (one file or shards, and their index)."""
     entries = read_component_headers(src_dir)
     _check_source(entries, plan)
     headers = sorted({h.path: h for h, _ in entries.values()}.values(), key=lambda h: h.path.name)
@@ -286,7 +286,9 @@ def rewrite_component(
     except BaseException:
         writer.abort()
         raise
-    if len(shards) > 1:
+    # The index is written for one file too: compressed-tensors' file-level tools look for an index or for
+    # model.safetensors, and a diffusers component's single file is diffusion_pytorch_model.safetensors.
+    if shards:
         weight_map = {t.name: file_name for file_name, tensors in shards.items() for t in tensors}
         total = sum(t.nbytes for tensors in shards.values() for t in tensors)
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}

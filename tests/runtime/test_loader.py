@@ -52,7 +52,15 @@ def test_quantized_forward_matches_bf16_source(
     layers = quantized_linears(quantized)
     assert layers and all(type(layer) is quantized_linear_class(scheme) for layer in layers.values())
     plain_linears = {n for n, m in quantized.named_modules() if type(m) is torch.nn.Linear}
-    assert plain_linears == set(quantized.ditq_quantization_config["ignore"])
+    ignore = set(quantized.ditq_quantization_config["ignore"])
+    assert plain_linears <= ignore  # and every other module that stores a weight (norms, convolutions)
+    others = {
+        n
+        for n, m in quantized.named_modules()
+        if isinstance(getattr(m, "weight", None), torch.Tensor)
+        and not isinstance(m, torch.nn.Linear | QuantizedLinear)
+    }
+    assert ignore - plain_linears == others
     # No source-precision weight behind a quantized layer.
     for layer in layers.values():
         assert not any(t.dtype == torch.bfloat16 and t.ndim == 2 for t in layer.buffers())
