@@ -117,8 +117,8 @@ def add_device_arguments(
             choices=DTYPE_CHOICES,
             default=None,
             help="compute dtype of the unquantized parts and the activations (default: "
-            + ", ".join(f"{name} on {kind}" for kind, name in _DEFAULT_DTYPES.items())
-            + ")",
+            f"{_DEFAULT_DTYPES['cpu']} on cpu, where bfloat16 matmuls are many times slower; "
+            f"{_DEFAULT_DTYPES['cuda']} on cuda)",
         )
     if offload:
         parser.add_argument(

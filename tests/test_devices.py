@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -76,3 +77,34 @@ def test_the_cli_choices_are_the_resolver_lists() -> None:
     assert tuple(actions["offload"].choices or ()) == OFFLOAD_MODES
     args = parser.parse_args([])
     assert (args.device, args.dtype, args.offload) == ("cpu", None, "none")
+
+
+def test_generate_and_serve_compute_in_the_same_default_dtype_on_the_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ditq.demo import default_model_dir
+    from ditq.runtime import generate as generate_module
+    from ditq.runtime.adapter import GenerationRequest
+    from ditq.serve import server
+    from ditq.serve.config import ServeConfig
+
+    class Loaded(Exception):
+        """Stops each entry point where it loads the model, with what it asked for."""
+
+    def load(
+        model_dir: object, device: torch.device | str, offload: str, dtype: torch.dtype, *_: object
+    ) -> None:
+        raise Loaded(str(device), dtype)
+
+    def create_app(config: ServeConfig, *, load: Callable[[], object], facts: dict[str, object], **_: object):
+        assert (facts["device"], facts["dtype"]) == ("cpu", "float32")  # what /health says
+        return load()
+
+    monkeypatch.setattr(generate_module, "_load", load)
+    monkeypatch.setattr(server, "create_app", create_app)
+    monkeypatch.setattr(server, "load_adapter", load)
+    with pytest.raises(Loaded) as generated:
+        generate_module.generate(None, GenerationRequest(prompt="a kite"), device="cpu")
+    with pytest.raises(Loaded) as served:
+        server.serve(default_model_dir(), ServeConfig(), device="cpu", skip_doctor=True)
+    assert generated.value.args == served.value.args == ("cpu", torch.float32)

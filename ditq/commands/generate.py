@@ -5,17 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
 from PIL import Image
 
+from ditq.devices import add_device_arguments
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest
 from ditq.runtime.generate import GenerationReport, generate, parse_size, save_images
-from ditq.runtime.offload import OFFLOAD_MODES
 
 __all__ = ["add_arguments", "run"]
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,21 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("ditq-generate.png"), metavar="FILE", help="PNG to write"
     )
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
-    parser.add_argument(
-        "--offload", choices=OFFLOAD_MODES, default="none", help="none (default), model or block"
-    )
+    add_device_arguments(parser, "cpu", "where to generate", dtype=True, offload=True)
     parser.add_argument(
         "--skip-doctor",
         action="store_true",
         help="use kernel paths without the kernel doctor's check (warns)",
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=tuple(_DTYPES),
-        default=None,
-        help="activation dtype (default: float32 on the CPU, where bfloat16 matmuls are many times slower; "
-        "bfloat16 on an accelerator)",
     )
 
 
@@ -120,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         request,
         device=args.device,
         offload=args.offload,
-        dtype=_DTYPES[args.dtype or ("float32" if str(args.device).startswith("cpu") else "bfloat16")],
+        dtype=args.dtype,
         skip_doctor=args.skip_doctor,
     )
     _print_report(report)

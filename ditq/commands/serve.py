@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from ditq.devices import add_device_arguments
 from ditq.errors import InputError
 from ditq.serve import ServeConfig, serve
 from ditq.serve.access import default_allowed_hosts
@@ -62,21 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8091, help="port to listen on (default: %(default)s)")
     parser.add_argument("--served-model-name", help="the model id clients send (default: the directory name)")
-    parser.add_argument(
-        "--device", default="cpu", help="torch device to generate on, e.g. cuda:0 (default: cpu)"
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=("bfloat16", "float16", "float32"),
-        default="bfloat16",
-        help="compute dtype of the unquantized parts and the activations (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--offload",
-        choices=("none", "model", "block"),
-        default="none",
-        help="keep weights in host memory and move them per model or per block",
-    )
+    add_device_arguments(parser, "cpu", "where to generate", dtype=True, offload=True)
     parser.add_argument(
         "--max-queue",
         type=int,

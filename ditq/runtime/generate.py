@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from ditq.devices import resolve_device, resolve_dtype, resolve_offload
 from ditq.errors import InputError
 from ditq.fsutil import atomic_write_bytes
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
@@ -96,24 +97,27 @@ def pipeline_summary(pipeline: Any) -> tuple[dict[str, dict[str, int]], dict[str
 def generate(
     model_dir: str | Path | None,
     request: GenerationRequest,
-    device: str = "cpu",
+    device: str | torch.device = "cpu",
     offload: str = "none",
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: str | torch.dtype | None = None,
     skip_doctor: bool = False,
 ) -> GenerationReport:
     """Load ``model_dir`` (None: the bundled demo model) and run one request; nothing is written.
+
+    ``device``, ``dtype`` and ``offload`` as ``ditq.devices`` reads them (``auto`` included; no dtype:
+    float32 on the CPU, bfloat16 on CUDA).
 
     Each quantized layer runs the first kernel path the kernel doctor verifies on this device
     (``ditq.doctor.choose_kernel``); ``skip_doctor`` takes the registry's first candidate unverified.
     """
     directory = Path(model_dir) if model_dir is not None else default_model_dir()
-    torch_device = torch.device(device)
+    torch_device = resolve_device(device)
+    compute_dtype = resolve_dtype(dtype, torch_device)
+    offload = resolve_offload(offload)
     if torch_device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise InputError(f"--device {device}: no CUDA device here")
         torch.cuda.reset_peak_memory_stats(torch_device)
     start = time.perf_counter()
-    pipeline = _load(directory, torch_device, offload, dtype, skip_doctor)
+    pipeline = _load(directory, torch_device, offload, compute_dtype, skip_doctor)
     load_seconds = time.perf_counter() - start
     load_peak = int(torch.cuda.max_memory_allocated(torch_device)) if torch_device.type == "cuda" else None
     quantized, kernels = pipeline_summary(pipeline)

@@ -16,6 +16,7 @@ from types import FrameType
 import torch
 import uvicorn
 
+from ditq.devices import default_dtype, resolve_device, resolve_dtype, resolve_offload
 from ditq.doctor import kernel_chooser
 from ditq.errors import DitqError, InputError, OutOfMemoryError
 from ditq.runtime.adapter import PipelineAdapter
@@ -73,13 +74,16 @@ def serve(
     port: int = 8091,
     device: str = "cpu",
     offload: str = "none",
-    dtype: str = "bfloat16",
+    dtype: str | None = None,
     max_memory: str | None = None,
     skip_doctor: bool = False,
     limits: ConnectionLimits | None = None,
     drain_timeout_s: float = 30.0,
 ) -> None:
     """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model).
+
+    ``device``, ``dtype`` and ``offload`` as ``ditq.devices`` reads them (``auto`` included; no dtype:
+    float32 on the CPU, bfloat16 on CUDA, as ``ditq generate``).
 
     Raises OutOfMemoryError (exit code 3) when the model does not fit in the accelerator memory it may use.
     """
@@ -91,10 +95,14 @@ def serve(
         raise InputError(f"{model_dir}: no model_index.json (not a diffusers model directory)")
     if (warning := exposure_warning(host, config.api_key, config.allowed_hosts)) is not None:
         logger.warning(warning)
+    dtype = dtype or default_dtype(resolve_device(device))
+    compute_dtype = resolve_dtype(dtype, resolve_device(device))
+    offload = resolve_offload(offload)
     cap = apply_memory_cap(max_memory, device)
+    device = cap.device if cap is not None else str(resolve_device(device))
     failures: list[tuple[str, bool]] = []
     facts = {
-        "device": cap.device if cap is not None else device,
+        "device": device,
         "offload": offload,
         "dtype": dtype,
         "max_memory": cap.to_json() if cap is not None else None,
@@ -103,7 +111,7 @@ def serve(
     def measure_costs(adapter: PipelineAdapter) -> CostModel:
         return calibrate(
             adapter,
-            torch.device(cap.device if cap is not None else device),
+            torch.device(device),
             config.max_pixels,
             config.request_timeout_s,
             cap.allocator_bytes if cap is not None else None,
@@ -112,7 +120,7 @@ def serve(
     chooser = kernel_chooser(skip_doctor)
     app = create_app(
         config,
-        load=lambda: load_adapter(model_dir, device, offload, getattr(torch, dtype), chooser),
+        load=lambda: load_adapter(model_dir, device, offload, compute_dtype, chooser),
         doctor=make_doctor(chooser),
         model_root=str(model_dir),
         drain_timeout_s=_WORKER_JOIN_S,

@@ -12,13 +12,14 @@ from typing import Any
 
 import torch
 
+from ditq.devices import resolve_device
 from ditq.doctor import VerifiedChooser
 from ditq.errors import InputError
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.serve.config import parse_memory_size
 from ditq.serve.state import DoctorOutcome
 
-__all__ = ["MemoryCap", "apply_memory_cap", "cuda_device", "load_adapter", "make_doctor"]
+__all__ = ["MemoryCap", "apply_memory_cap", "load_adapter", "make_doctor"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,19 +36,6 @@ class MemoryCap:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def cuda_device(device: str | torch.device) -> torch.device:
-    """``cuda``, ``cuda:N`` or an index as a torch.device with its index (``cuda`` is the current device)."""
-    torch_device = torch.device(device)
-    if torch_device.type != "cuda":
-        raise InputError(f"--device {device}: not a CUDA device")
-    if not torch.cuda.is_available():
-        raise InputError(f"--device {device}: no CUDA device here")
-    index = torch.cuda.current_device() if torch_device.index is None else torch_device.index
-    if not 0 <= index < torch.cuda.device_count():
-        raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA devices")
-    return torch.device("cuda", index)
 
 
 def _process_bytes_on(device: torch.device) -> int | None:
@@ -83,9 +71,11 @@ def apply_memory_cap(max_memory: str | None, device: str) -> MemoryCap | None:
     if max_memory is None:
         return None
     size = parse_memory_size(max_memory)
-    if torch.device(device).type != "cuda":
+    torch_device = resolve_device(device)
+    if torch_device.type != "cuda":
         raise InputError(f"--max-memory caps accelerator memory; device '{device}' has none to cap")
-    torch_device = cuda_device(device)
+    if torch_device.index is None:  # the budget is per device: name the current one
+        torch_device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(torch_device)
     warm = torch.ones(64, 64, device=torch_device)
     torch.matmul(warm, warm)  # the context and cuBLAS's handle exist from here on
