@@ -25,9 +25,17 @@ class DitqError(Exception):
 
 
 class InputError(DitqError):
-    """Bad input or usage: a missing file, a corrupt tensor, an unknown name. Exit code 2."""
+    """Bad input or usage: a missing file, a corrupt tensor, an unknown name. Exit code 2.
+
+    ``field`` names the offending request field when there is one (``InputError("width: 33 is not a multiple
+    of 16", field="width")``), so a server can name it without reading the message.
+    """
 
     exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class OutOfMemoryError(DitqError):

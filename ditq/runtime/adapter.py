@@ -226,13 +226,15 @@ class PipelineAdapter:
     def _target(self, field_name: str) -> str:
         target = self._targets[field_name]
         if target is None:
-            raise InputError(f"{self.pipeline_name} cannot take the argument {field_name!r}")
+            raise InputError(
+                f"{self.pipeline_name} cannot take the argument {field_name!r}", field=field_name
+            )
         return target
 
     def build_kwargs(self, request: GenerationRequest) -> dict[str, Any]:
         """The keyword arguments for ``pipeline.__call__``; a field the pipeline cannot take is an InputError."""
         if not request.prompt:
-            raise InputError("prompt: must not be empty")
+            raise InputError("prompt: must not be empty", field="prompt")
         kwargs: dict[str, Any] = {self._target("prompt"): request.prompt}
         if request.negative_prompt is not None:
             kwargs[self._target("negative_prompt")] = request.negative_prompt
@@ -241,7 +243,8 @@ class PipelineAdapter:
             if len(request.images) > self.max_reference_images:
                 raise InputError(
                     f"images: {len(request.images)} reference images given, "
-                    f"{self.pipeline_name} takes at most {self.max_reference_images}"
+                    f"{self.pipeline_name} takes at most {self.max_reference_images}",
+                    field="images",
                 )
             kwargs[target] = list(request.images)
         for name in ("width", "height"):
@@ -249,18 +252,25 @@ class PipelineAdapter:
             if value is None:
                 continue
             if value <= 0 or value % self.size_alignment:
-                raise InputError(f"{name}: {value} is not a positive multiple of {self.size_alignment}")
+                raise InputError(
+                    f"{name}: {value} is not a positive multiple of {self.size_alignment}", field=name
+                )
             kwargs[self._target(name)] = value
         if request.num_inference_steps is not None:
             if request.num_inference_steps <= 0:
-                raise InputError(f"num_inference_steps: must be positive, got {request.num_inference_steps}")
+                raise InputError(
+                    f"num_inference_steps: must be positive, got {request.num_inference_steps}",
+                    field="num_inference_steps",
+                )
             kwargs[self._target("num_inference_steps")] = request.num_inference_steps
         for name in ("guidance_scale", "true_cfg_scale"):
             value = getattr(request, name)
             if value is not None:
                 target = self._target(name)
                 if target in kwargs:
-                    raise InputError(f"{name}: {self.pipeline_name} has one guidance argument ({target})")
+                    raise InputError(
+                        f"{name}: {self.pipeline_name} has one guidance argument ({target})", field=name
+                    )
                 kwargs[target] = value
         if request.seed is not None:
             self._target("seed")
@@ -268,7 +278,9 @@ class PipelineAdapter:
             kwargs["generator"] = torch.Generator(device="cpu").manual_seed(int(request.seed))
         if request.num_images != 1:
             if request.num_images < 1:
-                raise InputError(f"num_images: must be at least 1, got {request.num_images}")
+                raise InputError(
+                    f"num_images: must be at least 1, got {request.num_images}", field="num_images"
+                )
             kwargs[self._target("num_images")] = request.num_images
         if "output_type" in self.parameters:
             kwargs["output_type"] = "pil"

@@ -60,10 +60,9 @@ _HEADER_CHECKS = anyio.CapacityLimiter(2)  # uploads' headers read off the event
 
 
 def _input_error(error: InputError) -> APIError:
-    """An adapter refusal ('field: why') as a 400 that names the field."""
-    message = str(error)
-    prefix = message.split(":", 1)[0]
-    return APIError(400, message, param=prefix if prefix.isidentifier() else None, code="invalid_value")
+    """A refusal found while generating (the adapter's, a reference that does not decode) as a 400 naming
+    its field."""
+    return APIError(400, str(error), param=error.field, code="invalid_value")
 
 
 def _error_id() -> str:

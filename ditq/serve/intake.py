@@ -108,7 +108,7 @@ def decode_references(references: tuple[Reference, ...]) -> list[Image.Image]:
             image.load()
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning) as error:
             raise InputError(
-                f"image: {reference.name} could not be decoded ({type(error).__name__})"
+                f"image: {reference.name} could not be decoded ({type(error).__name__})", field="image"
             ) from None
         images.append(image)
     return images

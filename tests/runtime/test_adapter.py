@@ -123,8 +123,11 @@ def test_same_seed_same_image_and_seed_zero_is_a_seed() -> None:
 )
 def test_an_argument_the_pipeline_cannot_take_is_named(request_fields: dict[str, Any], named: str) -> None:
     adapter = PipelineAdapter(_TextToImagePipeline())
-    with pytest.raises(InputError, match=f"_TextToImagePipeline cannot take the argument '{named}'"):
+    with pytest.raises(
+        InputError, match=f"_TextToImagePipeline cannot take the argument '{named}'"
+    ) as raised:
         adapter.build_kwargs(GenerationRequest(prompt="p", **request_fields))
+    assert raised.value.field == named
 
 
 def test_text_to_image_pipeline_maps_true_cfg_onto_guidance_scale() -> None:
@@ -140,17 +143,22 @@ def test_text_to_image_pipeline_maps_true_cfg_onto_guidance_scale() -> None:
 
 
 @pytest.mark.parametrize(
-    ("request_fields", "message"),
+    ("request_fields", "field", "message"),
     [
-        ({"width": 40}, "width: 40 is not a positive multiple of 16"),
-        ({"height": 0}, "height: 0 is not a positive multiple of 16"),
-        ({"images": [Image.new("RGB", (8, 8))] * 5}, "5 reference images given"),
-        ({"guidance_scale": 1.0, "true_cfg_scale": 2.0}, "one guidance argument"),
-        ({"prompt": ""}, "prompt: must not be empty"),
+        ({"width": 40}, "width", "width: 40 is not a positive multiple of 16"),
+        ({"height": 0}, "height", "height: 0 is not a positive multiple of 16"),
+        ({"images": [Image.new("RGB", (8, 8))] * 5}, "images", "5 reference images given"),
+        ({"guidance_scale": 1.0, "true_cfg_scale": 2.0}, "true_cfg_scale", "one guidance argument"),
+        ({"prompt": ""}, "prompt", "prompt: must not be empty"),
+        ({"num_inference_steps": 0}, "num_inference_steps", "must be positive"),
+        ({"num_images": 0}, "num_images", "must be at least 1"),
     ],
 )
-def test_bad_values_are_refused(request_fields: dict[str, Any], message: str) -> None:
+def test_bad_values_are_refused_naming_the_field(
+    request_fields: dict[str, Any], field: str, message: str
+) -> None:
     adapter = PipelineAdapter(_EditPipeline())
     fields = {"prompt": "p", **request_fields}
-    with pytest.raises(InputError, match=message):
+    with pytest.raises(InputError, match=message) as raised:
         adapter.build_kwargs(GenerationRequest(**fields))
+    assert raised.value.field == field

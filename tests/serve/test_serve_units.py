@@ -144,3 +144,12 @@ def test_max_memory_caps_cuda_allocations(device: str) -> None:
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         torch.cuda.empty_cache()
+
+
+def test_a_refusal_found_while_generating_names_the_field_the_error_carries() -> None:
+    from ditq.serve.app import _input_error
+
+    named = _input_error(InputError("the second reference: cannot be decoded", field="image"))
+    assert (named.status, named.param, named.code) == (400, "image", "invalid_value")
+    assert named.message == "the second reference: cannot be decoded"
+    assert _input_error(InputError("width: a prefix is not a field")).param is None
