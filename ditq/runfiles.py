@@ -19,7 +19,7 @@ A run directory::                        A sweep::
     RUN.json       RunFile                   SWEEP.json                    SweepFile
     records.jsonl  ProbeRecord per line      <scheme>/CANDIDATE.json       CandidateFile
     SEAL.json      SealFile (a baseline)     logs/baseline-attempts.json   list[Attempt]
-    gate.json      GateFile
+    gate.json      GateFile                  <scheme>/doctor.json          DoctorFile
     compare.json   CompareFile
 """
 
@@ -49,6 +49,10 @@ __all__ = [
     "CandidateFile",
     "CompareFile",
     "CompareRow",
+    "DoctorCheck",
+    "DoctorEnvironment",
+    "DoctorFile",
+    "DoctorPath",
     "DoctorSummary",
     "FidelityOverall",
     "FidelityStats",
@@ -447,6 +451,67 @@ class CompareFile(_File):
     fixtures: dict[str, FixtureFidelity]
     overall: FidelityOverall
     parity: ParityResult | None
+
+
+# -- doctor.json (ditq doctor --json) and the doctor's verdicts ---------------------------------------------
+
+
+class DoctorCheck(_File):
+    """One step of a kernel path's isolation chain for one (geometry, weights, activation dtype)."""
+
+    step: str  # load | scales | finite | output
+    geometry: str  # "IN->OUT", with " gG" for grouped scales and " (label)"
+    weights: str  # synthetic | analytic | artifact:<component>/<layer>
+    dtype: str  # the activation dtype, "-" for the steps that take none (load, scales)
+    passed: bool
+    message: str
+    value: float | None = None  # the output step's relative L2 (or max deviation for analytic weights)
+    bound: float | None = None
+
+
+class DoctorPath(_File):
+    """One kernel path's verdict and every check behind it (a line of ``ditq doctor``'s table; the doctor's
+    cache holds one per path, geometries and settings)."""
+
+    path: str
+    scheme: str
+    device: str
+    verdict: Literal["PASS", "FAIL", "SKIP"]
+    reason: str = ""
+    capability_overclaim: bool = False  # supports() offered the path on this device and it failed
+    checks: list[DoctorCheck] = []
+    report_dir: str | None = None  # a failing path's report directory
+    worst_rel_l2: float | None = None  # the largest output-step value
+    bound: float  # the relative-L2 bound of the output step
+
+    @property
+    def first_failure(self) -> DoctorCheck | None:
+        return next((c for c in self.checks if not c.passed), None)
+
+
+class DoctorEnvironment(_File):
+    """Where the doctor ran: what a report states and what a cached verdict is keyed by."""
+
+    device: str
+    python: str
+    platform: str
+    torch: str
+    cuda: str | None
+    triton: str | None
+    ditq: str
+    gpu: str | None
+    capability: str | None  # "9.0"
+    driver: str | None
+    cpu: str | None = None  # on the CPU: the processor
+
+
+class DoctorFile(_File):
+    """``ditq doctor --json FILE`` (a sweep's ``<scheme>/doctor.json``)."""
+
+    command: str
+    environment: DoctorEnvironment
+    bound: float
+    paths: list[DoctorPath]
 
 
 # -- a sweep: SWEEP.json, CANDIDATE.json, the offload attempts ----------------------------------------------

@@ -56,11 +56,11 @@ from ditq.runfiles import (
     SWEEP_FILE,
     Attempt,
     CandidateFile,
+    DoctorFile,
     DoctorSummary,
     StageEntry,
     SweepFile,
     WeightBytes,
-    read_json,
     read_model,
     write_model,
 )
@@ -333,10 +333,9 @@ def _out_of_memory_keys(run_dir: Path) -> list[tuple[str, int]]:
 
 
 def _doctor_summary(doctor_json: Path, reports: Path) -> DoctorSummary:
-    """From ``ditq doctor --json``'s file (ditq.commands.doctor: a ``paths`` list of path verdicts)."""
-    document = read_json(doctor_json)
-    paths = document.get("paths") or [] if isinstance(document, dict) else []
-    failing = [str(p.get("path")) for p in paths if isinstance(p, dict) and p.get("verdict") == "FAIL"]
+    """From ``ditq doctor --json``'s file."""
+    paths = read_model(DoctorFile, doctor_json).paths
+    failing = [p.path for p in paths if p.verdict == "FAIL"]
     return DoctorSummary(passed=not failing, failing=failing, checked=len(paths), report=str(reports))
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ditq.devices import add_device_arguments, resolve_device
 from ditq.errors import InputError
-from ditq.fsutil import atomic_write_json
 from ditq.report.provenance import shell_command
+from ditq.runfiles import DoctorFile, to_json, write_model
 
 __all__ = ["add_arguments", "run"]
 
@@ -73,22 +73,15 @@ def run(args: argparse.Namespace) -> int:
         rows=args.rows,
     )
     env = doctor.environment(device)
-    payload = {
-        "command": shell_command(),
-        "environment": env,
-        "bound": doctor.REL_L2_BOUND,
-        "paths": [r.to_json() for r in results],
-    }
+    payload = DoctorFile(command=shell_command(), environment=env, bound=doctor.REL_L2_BOUND, paths=results)
     if args.json is not None and str(args.json) == "-":
-        print(json.dumps(payload, indent=1))
+        print(json.dumps(to_json(payload), indent=1))
     else:
-        print(
-            f"ditq doctor on {env.get('gpu') or env['device']} (torch {env['torch']}, triton {env['triton']})"
-        )
+        print(f"ditq doctor on {env.gpu or env.device} (torch {env.torch}, triton {env.triton})")
         print(doctor.table(results))
         for r in results:
             if r.report_dir:
                 print(f"{r.path}: report in {r.report_dir}; reproduce with: {doctor.repro_command(r.path)}")
         if args.json is not None:
-            atomic_write_json(args.json, payload)
+            write_model(args.json, payload)
     return 1 if any(r.verdict == "FAIL" for r in results) else 0

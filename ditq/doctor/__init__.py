@@ -42,9 +42,9 @@ from ditq.doctor.cases import (
     default_cases,
     synthetic_case,
 )
-from ditq.doctor.checks import CHECK_DTYPES, REL_L2_BOUND, ROWS, STEPS, Check, PathResult, check_path
+from ditq.doctor.checks import CHECK_DTYPES, REL_L2_BOUND, ROWS, STEPS, check_path
 from ditq.doctor.chooser import STARTUP_ROWS, KernelChoice, VerifiedChooser, choose_kernel, kernel_chooser
-from ditq.doctor.report import repro_command, table, write_report, write_reports
+from ditq.doctor.report import repro_command, table, write_report
 from ditq.doctor.run import check_paths, run_doctor, select_paths
 
 __all__ = [
@@ -54,10 +54,8 @@ __all__ = [
     "SEED_GEOMETRIES",
     "STARTUP_ROWS",
     "STEPS",
-    "Check",
     "Geometry",
     "KernelChoice",
-    "PathResult",
     "VerifiedChooser",
     "WeightCase",
     "analytic_case",
@@ -75,5 +73,4 @@ __all__ = [
     "synthetic_case",
     "table",
     "write_report",
-    "write_reports",
 ]

@@ -16,9 +16,8 @@ import torch
 
 import ditq
 from ditq.doctor.cases import Geometry
-from ditq.doctor.checks import Check, PathResult
-from ditq.fsutil import atomic_write_json
 from ditq.kernels.registry import KernelPath
+from ditq.runfiles import DoctorEnvironment, DoctorPath, read_model, write_model
 
 __all__ = ["cache_dir", "cache_entry", "environment", "read_cached", "write_cached"]
 
@@ -43,10 +42,10 @@ def _package_version(name: str) -> str | None:
         return None
 
 
-def environment(device: torch.device | str) -> dict[str, Any]:
+def environment(device: torch.device | str) -> DoctorEnvironment:
     """What a report must say about where it ran."""
     device = torch.device(device)
-    env: dict[str, Any] = {
+    env: dict[str, str | None] = {
         "device": str(device),
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -61,7 +60,7 @@ def environment(device: torch.device | str) -> dict[str, Any]:
                    driver=_driver_version())  # fmt: skip
     else:
         env.update(gpu=None, capability=None, driver=None, cpu=platform.processor() or platform.machine())
-    return env
+    return DoctorEnvironment.model_validate(env)
 
 
 def cache_dir() -> Path:
@@ -74,26 +73,22 @@ def cache_dir() -> Path:
 
 
 def cache_entry(
-    env: Mapping[str, Any], path: KernelPath, geometries: Sequence[Geometry], settings: Mapping[str, Any]
+    env: DoctorEnvironment, path: KernelPath, geometries: Sequence[Geometry], settings: Mapping[str, Any]
 ) -> Path:
     """The file that holds ``path``'s verdict for these geometries and settings in this environment."""
-    keyed = {k: env.get(k) for k in ("gpu", "capability", "driver", "cuda", "torch", "triton", "ditq", "cpu")}
+    keyed = {
+        k: getattr(env, k) for k in ("gpu", "capability", "driver", "cuda", "torch", "triton", "ditq", "cpu")
+    }
     blob = json.dumps(
         [keyed, path.name, [str(g) for g in geometries], dict(settings)], sort_keys=True, default=str
     )
     return cache_dir() / "doctor" / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
 
 
-def read_cached(entry: Path) -> PathResult:
-    data = json.loads(entry.read_text())
-    checks = [Check(**c) for c in data["checks"]]
-    fields = {
-        k: data[k]
-        for k in ("path", "scheme", "device", "verdict", "reason", "capability_overclaim", "report_dir")
-    }
-    return PathResult(checks=checks, **fields)
+def read_cached(entry: Path) -> DoctorPath:
+    return read_model(DoctorPath, entry)
 
 
-def write_cached(entry: Path, result: PathResult) -> None:
+def write_cached(entry: Path, result: DoctorPath) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(entry, result.to_json())
+    write_model(entry, result)

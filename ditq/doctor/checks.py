@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import torch
 
@@ -20,57 +19,15 @@ from ditq.doctor.cases import CaseMaker, Geometry, WeightCase
 from ditq.kernels.reference import reference_float32
 from ditq.kernels.registry import KernelPath
 from ditq.numerics import relative_l2
+from ditq.runfiles import DoctorCheck, DoctorPath
 from ditq.schemes import Scheme
 
-__all__ = ["CHECK_DTYPES", "REL_L2_BOUND", "ROWS", "STEPS", "Check", "PathResult", "check_path"]
+__all__ = ["CHECK_DTYPES", "REL_L2_BOUND", "ROWS", "STEPS", "check_path"]
 
 REL_L2_BOUND = 0.005
 ROWS = 512  # M: tokens per check
 CHECK_DTYPES = (torch.bfloat16, torch.float16)
 STEPS = ("load", "scales", "finite", "output")
-
-
-@dataclass
-class Check:
-    """The result of one step for one (geometry, weights, activation dtype)."""
-
-    step: str
-    geometry: str
-    weights: str
-    dtype: str
-    passed: bool
-    message: str
-    value: float | None = None
-    bound: float | None = None
-
-
-@dataclass
-class PathResult:
-    """A path's verdict and every check behind it."""
-
-    path: str
-    scheme: str
-    device: str
-    verdict: str  # "PASS" | "FAIL" | "SKIP"
-    reason: str = ""
-    capability_overclaim: bool = False
-    checks: list[Check] = field(default_factory=list)
-    report_dir: str | None = None
-
-    @property
-    def worst_rel_l2(self) -> float | None:
-        values = [c.value for c in self.checks if c.step == "output" and c.value is not None]
-        return max(values) if values else None
-
-    @property
-    def first_failure(self) -> Check | None:
-        return next((c for c in self.checks if not c.passed), None)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["worst_rel_l2"] = self.worst_rel_l2
-        data["bound"] = REL_L2_BOUND
-        return data
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -196,9 +153,9 @@ def check_path(
     device: torch.device,
     rows: int = ROWS,
     dtypes: Sequence[torch.dtype] = CHECK_DTYPES,
-) -> PathResult:
+) -> DoctorPath:
     """Every step for every (geometry, weights, activation dtype) this path supports here."""
-    result = PathResult(path.name, path.scheme.name, str(device), "PASS")
+    checks: list[DoctorCheck] = []
     claimed = False
     for geometry in geometries:
         for case in cases(path.scheme, geometry):
@@ -214,17 +171,8 @@ def check_path(
                     ok, message, value = run(path, case, device)
                 except Exception as error:  # a step that raises has failed; the next step still runs
                     ok, message, value = False, _raised(error), None
-                result.checks.append(
-                    Check(
-                        step,
-                        dtype="-",
-                        passed=ok,
-                        message=message,
-                        value=value,
-                        geometry=where,
-                        weights=weights,
-                    )
-                )
+                checks.append(DoctorCheck(step=step, geometry=where, weights=weights, dtype="-", passed=ok,
+                                          message=message, value=value, bound=None))  # fmt: skip
             for dtype in supported:
                 dtype_name = str(dtype).removeprefix("torch.")
                 try:
@@ -233,28 +181,29 @@ def check_path(
                 except Exception as error:
                     outcomes = [(step, False, _raised(error), None, None) for step in ("finite", "output")]
                 for step, ok, message, value, bound in outcomes:
-                    result.checks.append(
-                        Check(
-                            step,
-                            dtype=dtype_name,
-                            passed=ok,
-                            message=message,
-                            value=value,
-                            bound=bound,
-                            geometry=where,
-                            weights=weights,
-                        )
-                    )
+                    checks.append(DoctorCheck(step=step, geometry=where, weights=weights, dtype=dtype_name,
+                                              passed=ok, message=message, value=value, bound=bound))  # fmt: skip
+    verdict: Literal["PASS", "FAIL", "SKIP"] = "PASS"
+    reason = ""
+    failure = next((c for c in checks if not c.passed), None)
     if not claimed:
         reasons = {
             path.supports(device, d, g.in_features, g.out_features)[1] for g in geometries for d in dtypes
         }
-        result.verdict, result.reason = "SKIP", "; ".join(sorted(reasons))
-    elif result.first_failure is not None:
-        failure = result.first_failure
-        result.verdict = "FAIL"
-        result.reason = (
-            f"{failure.step}: {failure.message} [{failure.geometry}, {failure.weights}, {failure.dtype}]"
-        )
-        result.capability_overclaim = True  # supports() said yes on this device
-    return result
+        verdict, reason = "SKIP", "; ".join(sorted(reasons))
+    elif failure is not None:
+        verdict = "FAIL"
+        reason = f"{failure.step}: {failure.message} [{failure.geometry}, {failure.weights}, {failure.dtype}]"
+    values = [c.value for c in checks if c.step == "output" and c.value is not None]
+    return DoctorPath(
+        path=path.name,
+        scheme=path.scheme.name,
+        device=str(device),
+        verdict=verdict,
+        reason=reason,
+        capability_overclaim=verdict == "FAIL",  # supports() said yes on this device
+        checks=checks,
+        report_dir=None,
+        worst_rel_l2=max(values) if values else None,
+        bound=REL_L2_BOUND,
+    )

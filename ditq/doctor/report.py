@@ -3,23 +3,23 @@ ready to file upstream (environment, isolation chain, a reproduction that needs 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from ditq.doctor.checks import REL_L2_BOUND, PathResult
+from ditq.doctor.checks import REL_L2_BOUND
 from ditq.fsutil import atomic_directory, atomic_write_json
+from ditq.runfiles import DoctorEnvironment, DoctorPath, to_json, write_model
 
-__all__ = ["repro_command", "table", "write_report", "write_reports"]
+__all__ = ["repro_command", "table", "write_report"]
 
 
 def repro_command(path_name: str) -> str:
     return f"ditq doctor --synthetic --kernels {path_name}"
 
 
-def _chain_text(result: PathResult, env: Mapping[str, Any]) -> str:
+def _chain_text(result: DoctorPath, env: DoctorEnvironment) -> str:
     lines = [
-        f"# Kernel path {result.path} ({result.scheme}) failed on {env.get('gpu') or result.device}",
+        f"# Kernel path {result.path} ({result.scheme}) failed on {env.gpu or result.device}",
         "",
         f"Verdict: {result.verdict} — {result.reason}",
         f"Capability over-claim: {'yes: the registry offered this path on this device' if result.capability_overclaim else 'no'}",
@@ -32,27 +32,24 @@ def _chain_text(result: PathResult, env: Mapping[str, Any]) -> str:
     ]
     lines += [f"| {c.step} | {c.geometry} | {c.weights} | {c.dtype} | {'pass' if c.passed else 'FAIL'} | {c.message} |"
               for c in result.checks]  # fmt: skip
-    lines += ["", "## Environment", "", *[f"- {k}: {v}" for k, v in env.items()], ""]
+    lines += ["", "## Environment", "", *[f"- {k}: {v}" for k, v in to_json(env).items()], ""]
     return "\n".join(lines)
 
 
-def write_report(result: PathResult, env: Mapping[str, Any], root: Path) -> Path:
-    """A directory ready to file upstream: environment, isolation chain, reproduction command, evidence."""
+def write_report(result: DoctorPath, env: DoctorEnvironment, root: Path) -> DoctorPath:
+    """A directory ready to file upstream: environment, isolation chain, reproduction command, evidence.
+    Returns ``result`` with its ``report_dir``."""
     final = Path(root) / result.path
-    result.report_dir = str(final)
+    result = result.model_copy(update={"report_dir": str(final)})
     with atomic_directory(final, force=True) as tmp:
-        atomic_write_json(tmp / "environment.json", dict(env))
-        atomic_write_json(tmp / "evidence.json", {"environment": dict(env), **result.to_json()})
+        write_model(tmp / "environment.json", env)
+        atomic_write_json(tmp / "evidence.json", {"environment": to_json(env), **to_json(result)})
         (tmp / "chain.md").write_text(_chain_text(result, env))
         (tmp / "repro.txt").write_text(repro_command(result.path) + "\n")
-    return final
+    return result
 
 
-def write_reports(results: Iterable[PathResult], env: Mapping[str, Any], root: Path) -> list[Path]:
-    return [write_report(r, env, root) for r in results if r.verdict == "FAIL"]
-
-
-def table(results: Sequence[PathResult]) -> str:
+def table(results: Sequence[DoctorPath]) -> str:
     """One line per path: verdict, worst rel-L2 against the bound, first failing step, over-claim."""
     head = f"{'path':<26} {'scheme':<6} {'verdict':<7} {'worst rel-L2':>12} {'bound':>6}  {'over-claim':<10} detail"
     lines = [head, "-" * len(head)]

@@ -13,9 +13,10 @@ import torch
 from ditq.doctor.artifact import artifact_cases
 from ditq.doctor.cache import cache_dir, cache_entry, environment, read_cached, write_cached
 from ditq.doctor.cases import SEED_GEOMETRIES, CaseMaker, Geometry, WeightCase, default_cases
-from ditq.doctor.checks import CHECK_DTYPES, ROWS, PathResult, check_path
+from ditq.doctor.checks import CHECK_DTYPES, REL_L2_BOUND, ROWS, check_path
 from ditq.doctor.report import write_report
 from ditq.kernels.registry import KernelPath, all_kernels, get_kernel
+from ditq.runfiles import DoctorPath
 from ditq.schemes import Scheme
 
 __all__ = ["check_paths", "run_doctor", "select_paths"]
@@ -33,7 +34,7 @@ def check_paths(
     use_cache: bool = False,
     report_root: Path | None = None,
     cases: CaseMaker | None = None,
-) -> list[PathResult]:
+) -> list[DoctorPath]:
     """Check each path; with ``use_cache`` a verdict for the same (device, driver, versions, path,
     geometries, settings) is read from the cache instead of recomputed. Failing paths get a report
     under ``report_root`` (default: the cache directory's ``reports``)."""
@@ -50,7 +51,7 @@ def check_paths(
         result = check_path(path, geometries, cases or default_cases(weights), device, rows, dtypes)
         log.debug("doctor: %s %s in %.1fs", path.name, result.verdict, time.perf_counter() - started)
         if result.verdict == "FAIL":
-            write_report(result, env, report_root or cache_dir() / "reports")
+            result = write_report(result, env, report_root or cache_dir() / "reports")
         if use_cache and cases is None:
             write_cached(entry, result)
         results.append(result)
@@ -77,7 +78,7 @@ def run_doctor(
     report_root: Path | None = None,
     geometries: Sequence[Geometry] = SEED_GEOMETRIES,
     rows: int = ROWS,
-) -> list[PathResult]:
+) -> list[DoctorPath]:
     """The `ditq doctor` run: the selected paths over the artifact's geometries (or ``geometries``)."""
     device = torch.device(device)
     from_artifact = artifact_cases(Path(artifact)) if artifact is not None else None
@@ -97,15 +98,10 @@ def run_doctor(
                 return [own[geometry], *default_cases(weights)(scheme, geometry)]
 
         if not path_geometries:
-            results.append(
-                PathResult(
-                    path.name,
-                    path.scheme.name,
-                    str(device),
-                    "SKIP",
-                    f"the artifact has no {path.scheme.name} layers",
-                )
-            )
+            skipped = DoctorPath(path=path.name, scheme=path.scheme.name, device=str(device), verdict="SKIP",
+                                 reason=f"the artifact has no {path.scheme.name} layers", capability_overclaim=False,
+                                 checks=[], report_dir=None, worst_rel_l2=None, bound=REL_L2_BOUND)  # fmt: skip
+            results.append(skipped)
             continue
         results.extend(
             check_paths([path], path_geometries, device, rows=rows, report_root=report_root, cases=cases)

@@ -20,6 +20,7 @@ from ditq.runfiles import (
     Attempt,
     CandidateFile,
     CompareFile,
+    DoctorFile,
     GateFile,
     RunFile,
     SealFile,
@@ -114,6 +115,8 @@ def test_sweep_files_read_back_as_written(tmp_path: Path) -> None:
         ("w8a8/run/RUN.json", RunFile),
         ("w8a8/run/gate.json", GateFile),
         ("w8a8/run/compare.json", CompareFile),
+        ("w8a8/doctor.json", DoctorFile),
+        ("w8a16/doctor.json", DoctorFile),
     ],
 )
 def test_the_committed_h200_run_files_read_back_unchanged(name: str, model: type[Any]) -> None:
