@@ -9,8 +9,8 @@ from PIL import Image
 
 from ditq.devices import add_device_arguments
 from ditq.errors import InputError
-from ditq.runtime.adapter import GenerationRequest
-from ditq.runtime.generate import GenerationReport, generate, parse_size, save_images
+from ditq.runtime.adapter import GenerationRequest, parse_size
+from ditq.runtime.generate import GenerationReport, generate, save_images
 
 __all__ = ["add_arguments", "run"]
 
@@ -71,7 +71,7 @@ def _print_report(report: GenerationReport) -> None:
         f"{c}: " + ", ".join(f"{n} {s}" for s, n in sorted(per.items()))
         for c, per in report.quantized.items()
     )
-    print(f"model      {report.model_dir or 'untrained tiny demo pipeline'}")
+    print(f"model      {report.model_dir}")
     print(f"quantized  {quantized or 'none (source precision)'}")
     if report.kernels:
         print("kernels    " + ", ".join(f"{name} x{count}" for name, count in sorted(report.kernels.items())))
@@ -91,7 +91,7 @@ def _print_report(report: GenerationReport) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    width, height = parse_size(args.size) if args.size else (None, None)
+    width, height = parse_size(args.size, "--size") if args.size else (None, None)
     request = GenerationRequest(
         prompt=args.prompt,
         negative_prompt=args.negative_prompt,

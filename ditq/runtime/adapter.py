@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -35,7 +36,7 @@ from PIL import Image
 
 from ditq.errors import DitqError, InputError
 
-__all__ = ["GenerationCancelled", "GenerationRequest", "GenerationResult", "PipelineAdapter"]
+__all__ = ["GenerationCancelled", "GenerationRequest", "GenerationResult", "PipelineAdapter", "parse_size"]
 
 # Generic request field -> pipeline parameter names that carry it, in preference order.
 _PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
@@ -51,7 +52,16 @@ _PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
     "num_images": ("num_images_per_prompt", "num_videos_per_prompt"),
 }
 DEFAULT_MAX_REFERENCE_IMAGES = 4
+_SIZE = re.compile(r"([0-9]{1,6})x([0-9]{1,6})")  # six digits at most: no 4000-digit integers
 _TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
+
+
+def parse_size(text: str, field: str = "size") -> tuple[int, int]:
+    """'WxH' -> (width, height); anything else is an InputError naming ``field``."""
+    match = _SIZE.fullmatch(text.strip().lower())
+    if match is None:
+        raise InputError(f"{field}: expected WxH (e.g. 1024x1024), got '{text[:40]}'", field=field)
+    return int(match.group(1)), int(match.group(2))
 
 
 class GenerationCancelled(DitqError):

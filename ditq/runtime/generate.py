@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,6 @@ import torch
 from PIL import Image
 
 from ditq.devices import resolve_device, resolve_dtype, resolve_offload
-from ditq.errors import InputError
 from ditq.fsutil import atomic_write_bytes
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.loader import load_pipeline
@@ -26,9 +25,7 @@ from ditq.runtime.modules import quantized_linears
 
 __all__ = [
     "GenerationReport",
-    "default_model_dir",
     "generate",
-    "parse_size",
     "pipeline_summary",
     "save_images",
 ]
@@ -38,7 +35,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class GenerationReport:
-    model_dir: Path | None
+    model_dir: Path
     device: str
     offload: str
     quantized: dict[str, dict[str, int]]  # component -> scheme -> quantized Linear count
@@ -46,37 +43,13 @@ class GenerationReport:
     load_seconds: float
     load_peak_memory_bytes: int | None  # accelerator, while loading (None on CPU)
     result: GenerationResult
-    written: list[Path] = field(default_factory=list)
 
 
-def default_model_dir() -> Path | None:
-    """The bundled demo model's directory, or None while the package carries none."""
-    from ditq.demo import default_model_dir as demo_dir
+def _load(model_dir: Path, device: torch.device, offload: str, dtype: torch.dtype, skip_doctor: bool) -> Any:
+    from ditq.doctor import kernel_chooser
 
-    directory = demo_dir()
-    return directory if (directory / "model_index.json").is_file() else None
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """'WxH' -> (width, height)."""
-    parts = text.lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise InputError(f"--size: expected WxH (e.g. 1024x1024), got {text!r}")
-    return int(parts[0]), int(parts[1])
-
-
-def _load(
-    model_dir: Path | None, device: torch.device, offload: str, dtype: torch.dtype, skip_doctor: bool
-) -> Any:
-    if model_dir is not None:
-        from ditq.doctor import kernel_chooser
-
-        chooser = kernel_chooser(skip_doctor)
-        return load_pipeline(model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser)
-    from ditq.demo import build_tiny_pipeline
-
-    log.warning("no bundled demo model in this package: using an untrained tiny demo pipeline")
-    return build_tiny_pipeline().to(device=device, dtype=dtype)
+    chooser = kernel_chooser(skip_doctor)
+    return load_pipeline(model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser)
 
 
 def pipeline_summary(pipeline: Any) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
@@ -110,6 +83,8 @@ def generate(
     Each quantized layer runs the first kernel path the kernel doctor verifies on this device
     (``ditq.doctor.choose_kernel``); ``skip_doctor`` takes the registry's first candidate unverified.
     """
+    from ditq.demo import default_model_dir
+
     directory = Path(model_dir) if model_dir is not None else default_model_dir()
     torch_device = resolve_device(device)
     compute_dtype = resolve_dtype(dtype, torch_device)

@@ -8,27 +8,26 @@ reference images are added by the worker, see :mod:`ditq.serve.intake`), or rais
 from __future__ import annotations
 
 import math
-import re
 
-from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
+from ditq.errors import InputError
+from ditq.runtime.adapter import GenerationRequest, PipelineAdapter, parse_size
 from ditq.serve.config import ServeConfig
 from ditq.serve.errors import APIError, bad_field, model_not_found
 from ditq.serve.schemas import EXTENSION_FIELDS, ImageRequest
 
-__all__ = ["parse_size", "to_generation_request"]
+__all__ = ["check_size", "to_generation_request"]
 
-_SIZE = re.compile(r"([0-9]{1,6})x([0-9]{1,6})")
 _SEED_LIMIT = 2**63  # torch.Generator.manual_seed takes a signed 64-bit value
 
 
-def parse_size(size: str, adapter: PipelineAdapter, config: ServeConfig) -> tuple[int, int] | None:
-    """'WxH' -> (width, height); 'auto' -> None (the pipeline chooses)."""
+def check_size(size: str, adapter: PipelineAdapter, config: ServeConfig) -> tuple[int, int] | None:
+    """'WxH' -> (width, height) that the pipeline and the settings allow; 'auto' -> None (the pipeline chooses)."""
     if size == "auto":
         return None
-    match = _SIZE.fullmatch(size.strip())
-    if match is None:
-        raise bad_field("size", f"expected WIDTHxHEIGHT (e.g. 512x512) or 'auto', got '{size[:40]}'")
-    width, height = int(match.group(1)), int(match.group(2))
+    try:
+        width, height = parse_size(size, "size")
+    except InputError as error:
+        raise bad_field("size", f"expected WxH (e.g. 512x512) or 'auto', got '{size[:40]}'") from error
     align = adapter.size_alignment
     if width <= 0 or height <= 0 or width % align or height % align:
         raise bad_field("size", f"{width}x{height}: width and height must be positive multiples of {align}")
@@ -84,7 +83,7 @@ def to_generation_request(
                 param=name,
                 code="unsupported_parameter",
             )
-    size = parse_size(body.size, adapter, config)
+    size = check_size(body.size, adapter, config)
     width, height = size if size is not None else (None, None)
     return GenerationRequest(
         prompt=body.prompt,

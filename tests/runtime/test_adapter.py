@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from ditq.errors import InputError
-from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
+from ditq.runtime.adapter import GenerationRequest, PipelineAdapter, parse_size
 
 
 class _Output:
@@ -162,3 +162,15 @@ def test_bad_values_are_refused_naming_the_field(
     with pytest.raises(InputError, match=message) as raised:
         adapter.build_kwargs(GenerationRequest(**fields))
     assert raised.value.field == field
+
+
+@pytest.mark.parametrize(("text", "size"), [("32x48", (32, 48)), (" 64X16 ", (64, 16)), ("0x32", (0, 32))])
+def test_sizes_are_read_as_width_by_height(text: str, size: tuple[int, int]) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["32by32", "32x", "x32", "1234567x2", "32x32x32", "-32x32"])
+def test_a_size_that_is_not_w_by_h_names_the_field(text: str) -> None:
+    with pytest.raises(InputError, match=r"^--size: expected WxH") as raised:
+        parse_size(text, "--size")
+    assert raised.value.field == "--size"
