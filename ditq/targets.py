@@ -10,6 +10,9 @@ from its ``config.json`` (no weights read); its ``named_modules`` are walked:
 - every other Linear is a **boundary** layer (patch/text/timestep embedders,
   final norm and projection), and so is a Linear inside a block that sits
   under a normalization or modulation module (adaLN, ``img_mod``...).
+- a Linear whose parent module's forward reads its ``.weight`` directly (T5's
+  feed-forward casts its input to ``self.wo.weight.dtype``) is kept
+  (**reads .weight**): a quantized layer stores no weight of the source dtype.
 - the **shape guard** keeps Linears whose in or out features are not a
   multiple of 16 (no 8-bit kernel takes them) or below ``min_features``.
 - ``--targets`` regexes replace the block rule, ``--ignore`` regexes remove
@@ -26,6 +29,7 @@ module paths, by the longest unique suffix.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -133,6 +137,27 @@ def _shape_reason(layer: LinearLayer, min_features: int, group_size: int | None)
     return None
 
 
+_FORWARD_SOURCES: dict[type, str] = {}
+
+
+def _forward_source(cls: type) -> str:
+    if cls not in _FORWARD_SOURCES:
+        try:
+            _FORWARD_SOURCES[cls] = inspect.getsource(cls.forward)  # type: ignore[attr-defined]
+        except (AttributeError, OSError, TypeError):  # no forward, or no source (built in, generated)
+            _FORWARD_SOURCES[cls] = ""
+    return _FORWARD_SOURCES[cls]
+
+
+def _weight_read_reason(model: torch.nn.Module, module_name: str) -> str | None:
+    """Why a Linear must keep its ``weight``: its parent's forward reads ``self.<name>.weight``, or None."""
+    parent_name, _, attr = module_name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    if re.search(rf"self\.{re.escape(attr)}\.weight\b", _forward_source(type(parent))):
+        return f"reads .weight: {type(parent).__name__} reads self.{attr}.weight directly, which a quantized layer does not hold"
+    return None
+
+
 def _checkpoint_prefix(module_name: str, weights: dict[str, tuple[int, ...]]) -> str | None:
     """The checkpoint prefix holding ``<module_name>.weight``: exact, else the longest unique suffix match."""
     if f"{module_name}.weight" in weights:
@@ -196,7 +221,11 @@ def plan_targets(
             reason = None if matched else "user choice: not matched by --targets"
         else:
             reason = _boundary_reason(model, module_name, plan.block_lists)
-        reason = reason or _shape_reason(layer, min_features, group_size)
+        reason = (
+            reason
+            or _weight_read_reason(model, module_name)
+            or _shape_reason(layer, min_features, group_size)
+        )
         hit = next((r.pattern for r in ignore_res if r.search(prefix)), None)
         if reason is None and hit is not None:
             reason = f"user choice: --ignore {hit!r}"
