@@ -6,11 +6,9 @@ and on what they accept at all. The adapter reads the pipeline's signature
 once, maps each request field onto the parameter that means the same thing,
 and refuses a field the pipeline cannot take with an error that names it.
 
-Per-stage timings come from wrapping the pipeline's own stages for the length
-of one call: ``encode_prompt`` (or the text encoders' forwards), the
-transformer's forwards and ``callback_on_step_end`` (denoising steps), and
-``vae.decode``. On CUDA each boundary synchronizes so the times are wall time
-of finished work.
+Per-stage timings come from ``ditq.runtime.stage_clock.StageClock``, which wraps
+the pipeline's own stages for the length of one call; the adapter marks each
+denoising step's end from ``callback_on_step_end``.
 
 A call can be stopped between denoising steps: the request's ``should_stop``
 is asked after every step (from ``callback_on_step_end``) and a reason it
@@ -23,11 +21,8 @@ still runs on the unfinished latents.
 from __future__ import annotations
 
 import inspect
-import itertools
 import re
-import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +30,7 @@ import torch
 from PIL import Image
 
 from ditq.errors import DitqError, InputError
+from ditq.runtime.stage_clock import StageClock
 
 __all__ = ["GenerationCancelled", "GenerationRequest", "GenerationResult", "PipelineAdapter", "parse_size"]
 
@@ -53,7 +49,6 @@ _PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
 }
 DEFAULT_MAX_REFERENCE_IMAGES = 4
 _SIZE = re.compile(r"([0-9]{1,6})x([0-9]{1,6})")  # six digits at most: no 4000-digit integers
-_TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
 def parse_size(text: str, field: str = "size") -> tuple[int, int]:
@@ -95,70 +90,6 @@ class GenerationResult:
     timings: dict[str, float]  # seconds: text_encoding, denoising, decoding, postprocess, total
     step_times: list[float]  # seconds per denoising step
     peak_memory_bytes: int | None  # peak accelerator memory for this call (None on CPU)
-
-
-class _Clock:
-    """Wall-clock marks for one call; synchronizes CUDA first so marks follow finished work."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.totals: dict[str, float] = {}
-        self.first_start: dict[str, float] = {}
-        self.last_end: dict[str, float] = {}
-        self.step_marks: list[float] = []
-
-    def now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def add(self, stage: str, start: float, end: float) -> None:
-        self.totals[stage] = self.totals.get(stage, 0.0) + (end - start)
-        self.first_start.setdefault(stage, start)
-        self.last_end[stage] = end
-
-    def timed(self, stage: str, function: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = self.now()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self.add(stage, start, self.now())
-
-        return wrapper
-
-
-@contextmanager
-def _patched(target: Any, name: str, replacement: Callable[..., Any]) -> Iterator[None]:
-    """Shadow ``target.name`` with an instance attribute for the duration of the block."""
-    had_own = name in vars(target)
-    original = vars(target).get(name)
-    setattr(target, name, replacement)
-    try:
-        yield
-    finally:
-        if had_own:
-            setattr(target, name, original)
-        else:
-            delattr(target, name)
-
-
-@contextmanager
-def _forward_timer(module: torch.nn.Module, stage: str, clock: _Clock) -> Iterator[None]:
-    starts: list[float] = []
-
-    def pre_hook(_module: torch.nn.Module, _args: Any) -> None:
-        starts.append(clock.now())
-
-    def post_hook(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
-        clock.add(stage, starts.pop(), clock.now())
-
-    handles = [module.register_forward_pre_hook(pre_hook), module.register_forward_hook(post_hook)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 class PipelineAdapter:
@@ -300,41 +231,21 @@ class PipelineAdapter:
         device = getattr(self.pipeline, "_execution_device", None)
         return torch.device(device) if device is not None else torch.device("cpu")
 
-    def _instrument(self, stack: ExitStack, clock: _Clock) -> None:
-        pipeline = self.pipeline
-        if callable(getattr(pipeline, "encode_prompt", None)):
-            stack.enter_context(
-                _patched(pipeline, "encode_prompt", clock.timed("text_encoding", pipeline.encode_prompt))
-            )
-        else:
-            for name in _TEXT_ENCODERS:
-                encoder = getattr(pipeline, name, None)
-                if isinstance(encoder, torch.nn.Module):
-                    stack.enter_context(_forward_timer(encoder, "text_encoding", clock))
-        vae = getattr(pipeline, "vae", None)
-        if vae is not None and callable(getattr(vae, "decode", None)):
-            stack.enter_context(_patched(vae, "decode", clock.timed("decoding", vae.decode)))
-        if vae is not None and callable(getattr(vae, "encode", None)):
-            stack.enter_context(_patched(vae, "encode", clock.timed("image_encoding", vae.encode)))
-        transformer = getattr(pipeline, "transformer", None)
-        if isinstance(transformer, torch.nn.Module):
-            stack.enter_context(_forward_timer(transformer, "denoising_forward", clock))
-
     def __call__(self, request: GenerationRequest) -> GenerationResult:
         """Run one request. ``request.should_stop`` is asked after every denoising step (where the pipeline
         takes ``callback_on_step_end``); a reason it returns stops the call with :class:`GenerationCancelled`."""
         kwargs = self.build_kwargs(request)
         should_stop = request.should_stop
         device = self._execution_device()
-        clock = _Clock(device)
+        clock = StageClock(device)
         if self.cancellable:
 
             def on_step_end(
                 _pipe: Any, _step: int, _timestep: Any, callback_kwargs: dict[str, Any]
             ) -> dict[str, Any]:
-                clock.step_marks.append(clock.now())
+                steps_done = clock.mark_step()
                 if should_stop is not None and (reason := should_stop()) is not None:
-                    raise GenerationCancelled(reason, len(clock.step_marks))
+                    raise GenerationCancelled(reason, steps_done)
                 return callback_kwargs
 
             kwargs["callback_on_step_end"] = on_step_end
@@ -342,8 +253,7 @@ class PipelineAdapter:
                 kwargs["callback_on_step_end_tensor_inputs"] = []  # the timer reads no tensors
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        with ExitStack() as stack:
-            self._instrument(stack, clock)
+        with clock.instrument(self.pipeline):
             start = clock.now()
             try:
                 with torch.inference_mode():
@@ -358,8 +268,8 @@ class PipelineAdapter:
         peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
         return GenerationResult(
             images=list(images),
-            timings=self._timings(clock, start, end),
-            step_times=self._step_times(clock),
+            timings=clock.timings(start, end),
+            step_times=clock.step_times(),
             peak_memory_bytes=peak,
         )
 
@@ -369,29 +279,3 @@ class PipelineAdapter:
         release = getattr(self.pipeline, "maybe_free_model_hooks", None)
         if callable(release):
             release()
-
-    @staticmethod
-    def _step_times(clock: _Clock) -> list[float]:
-        if not clock.step_marks:
-            return []
-        first = clock.first_start.get("denoising_forward", clock.step_marks[0])
-        marks = [first, *clock.step_marks]
-        return [b - a for a, b in itertools.pairwise(marks)]
-
-    @staticmethod
-    def _timings(clock: _Clock, start: float, end: float) -> dict[str, float]:
-        timings = {"text_encoding": clock.totals.get("text_encoding", 0.0)}
-        if "denoising_forward" in clock.first_start:
-            denoise_end = max(
-                clock.step_marks[-1] if clock.step_marks else 0.0, clock.last_end["denoising_forward"]
-            )
-            timings["denoising"] = denoise_end - clock.first_start["denoising_forward"]
-        else:
-            timings["denoising"] = 0.0
-        timings["decoding"] = clock.totals.get("decoding", 0.0)
-        if "image_encoding" in clock.totals:
-            timings["image_encoding"] = clock.totals["image_encoding"]
-        last_stage_end = max([start, *clock.last_end.values(), *clock.step_marks])
-        timings["postprocess"] = end - last_stage_end
-        timings["total"] = end - start
-        return timings

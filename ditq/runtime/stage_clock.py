@@ -1,0 +1,141 @@
+"""Per-stage wall-clock timings of one pipeline call, taken by wrapping the pipeline's own stages.
+
+For the length of one call, ``StageClock.instrument`` shadows ``encode_prompt`` (or hooks the text encoders'
+forwards), ``vae.decode`` and ``vae.encode`` with timed wrappers and hooks the transformer's forwards; the
+adapter marks the end of every denoising step from ``callback_on_step_end``. On CUDA each mark synchronizes,
+so the times are wall time of finished work. Everything is put back when the block ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+
+__all__ = ["StageClock"]
+
+_TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
+
+
+class StageClock:
+    """Wall-clock marks for one pipeline call; synchronizes CUDA first so marks follow finished work."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.totals: dict[str, float] = {}
+        self.first_start: dict[str, float] = {}
+        self.last_end: dict[str, float] = {}
+        self.step_marks: list[float] = []
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def add(self, stage: str, start: float, end: float) -> None:
+        self.totals[stage] = self.totals.get(stage, 0.0) + (end - start)
+        self.first_start.setdefault(stage, start)
+        self.last_end[stage] = end
+
+    def timed(self, stage: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = self.now()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.add(stage, start, self.now())
+
+        return wrapper
+
+    def mark_step(self) -> int:
+        """The end of one denoising step (from ``callback_on_step_end``); returns the steps marked so far."""
+        self.step_marks.append(self.now())
+        return len(self.step_marks)
+
+    @contextmanager
+    def instrument(self, pipeline: Any) -> Iterator[None]:
+        """Time ``pipeline``'s stages for the length of the block: ``encode_prompt`` (or the text encoders'
+        forwards), ``vae.decode`` and ``vae.encode``, and the transformer's forwards."""
+        with ExitStack() as stack:
+            if callable(getattr(pipeline, "encode_prompt", None)):
+                stack.enter_context(
+                    _patched(pipeline, "encode_prompt", self.timed("text_encoding", pipeline.encode_prompt))
+                )
+            else:
+                for name in _TEXT_ENCODERS:
+                    encoder = getattr(pipeline, name, None)
+                    if isinstance(encoder, torch.nn.Module):
+                        stack.enter_context(_forward_timer(encoder, "text_encoding", self))
+            vae = getattr(pipeline, "vae", None)
+            if vae is not None and callable(getattr(vae, "decode", None)):
+                stack.enter_context(_patched(vae, "decode", self.timed("decoding", vae.decode)))
+            if vae is not None and callable(getattr(vae, "encode", None)):
+                stack.enter_context(_patched(vae, "encode", self.timed("image_encoding", vae.encode)))
+            transformer = getattr(pipeline, "transformer", None)
+            if isinstance(transformer, torch.nn.Module):
+                stack.enter_context(_forward_timer(transformer, "denoising_forward", self))
+            yield
+
+    def step_times(self) -> list[float]:
+        """Seconds per denoising step: the first from the transformer's first forward."""
+        if not self.step_marks:
+            return []
+        first = self.first_start.get("denoising_forward", self.step_marks[0])
+        marks = [first, *self.step_marks]
+        return [b - a for a, b in itertools.pairwise(marks)]
+
+    def timings(self, start: float, end: float) -> dict[str, float]:
+        """Seconds per stage of a call from ``start`` to ``end``: text_encoding, denoising, decoding,
+        image_encoding (where the pipeline encoded images), postprocess (after the last stage), total."""
+        timings = {"text_encoding": self.totals.get("text_encoding", 0.0)}
+        if "denoising_forward" in self.first_start:
+            denoise_end = max(
+                self.step_marks[-1] if self.step_marks else 0.0, self.last_end["denoising_forward"]
+            )
+            timings["denoising"] = denoise_end - self.first_start["denoising_forward"]
+        else:
+            timings["denoising"] = 0.0
+        timings["decoding"] = self.totals.get("decoding", 0.0)
+        if "image_encoding" in self.totals:
+            timings["image_encoding"] = self.totals["image_encoding"]
+        last_stage_end = max([start, *self.last_end.values(), *self.step_marks])
+        timings["postprocess"] = end - last_stage_end
+        timings["total"] = end - start
+        return timings
+
+
+@contextmanager
+def _patched(target: Any, name: str, replacement: Callable[..., Any]) -> Iterator[None]:
+    """Shadow ``target.name`` with an instance attribute for the duration of the block."""
+    had_own = name in vars(target)
+    original = vars(target).get(name)
+    setattr(target, name, replacement)
+    try:
+        yield
+    finally:
+        if had_own:
+            setattr(target, name, original)
+        else:
+            delattr(target, name)
+
+
+@contextmanager
+def _forward_timer(module: torch.nn.Module, stage: str, clock: StageClock) -> Iterator[None]:
+    starts: list[float] = []
+
+    def pre_hook(_module: torch.nn.Module, _args: Any) -> None:
+        starts.append(clock.now())
+
+    def post_hook(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
+        clock.add(stage, starts.pop(), clock.now())
+
+    handles = [module.register_forward_pre_hook(pre_hook), module.register_forward_hook(post_hook)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
