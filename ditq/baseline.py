@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import sha256_file
@@ -34,9 +34,6 @@ from ditq.runfiles import (
     write_model,
 )
 
-if TYPE_CHECKING:
-    from ditq.runtime.adapter import GenerationResult
-
 __all__ = [
     "AdapterExecutor",
     "BaselineOptions",
@@ -47,8 +44,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_MIB = 1024 * 1024
 
 
 @dataclass
@@ -112,29 +107,12 @@ class AdapterExecutor:
             encode_s = time.perf_counter() - encoding
         except Exception as error:  # one failed generation is a record, not the end of the run
             return Reply(round(time.perf_counter() - t0, 3), None, error=f"{type(error).__name__}: {error}")
-        metrics = _stage_metrics(result, encode_s, self.steps)
+        from ditq.serve.schemas import StageMetrics  # what ditq serve answers for the same generation
+
+        metrics = StageMetrics.from_result(
+            result, queue_wait_s=0.0, encode_s=encode_s, steps_asked=self.steps, every_step=True
+        ).model_dump(mode="json")
         return Reply(round(time.perf_counter() - t0, 3), None, buffer.getvalue(), metrics=metrics)
-
-
-def _stage_metrics(result: GenerationResult, encode_s: float, steps: int) -> dict[str, Any]:
-    """The response ``metrics`` ditq serve gives for ``result`` with return_stage_metrics (ditq.serve.app)."""
-    from ditq.serve.schemas import StageMetrics
-
-    timings, step_times = result.timings, result.step_times
-    width, height = result.images[0].size
-    return StageMetrics(
-        queue_wait_ms=0.0,
-        text_encoding_ms=timings.get("text_encoding", 0.0) * 1000,
-        denoising_ms=timings.get("denoising", 0.0) * 1000,
-        denoise_step_latency_ms=(sum(step_times) / len(step_times) * 1000) if step_times else 0.0,
-        decoding_ms=timings.get("decoding", 0.0) * 1000,
-        postprocess_time_ms=(timings.get("postprocess", 0.0) + encode_s) * 1000,
-        generation_ms=timings.get("total", 0.0) * 1000,
-        peak_memory_mb=None if result.peak_memory_bytes is None else result.peak_memory_bytes / _MIB,
-        num_inference_steps=len(step_times) or steps,
-        image_pixels=width * height,
-        denoise_step_latencies_ms=[s * 1000 for s in step_times],
-    ).model_dump(mode="json")
 
 
 def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> ProbeSummary:

@@ -162,19 +162,12 @@ def _finish(
     encoded = [encode_image(image, body.output_format, body.background) for image in result.images]
     encode_s = time.perf_counter() - started
     width, height = result.images[0].size
-    timings, steps = result.timings, result.step_times
-    metrics = StageMetrics(
-        queue_wait_ms=job.queue_wait_s * 1000,
-        text_encoding_ms=timings.get("text_encoding", 0.0) * 1000,
-        denoising_ms=timings.get("denoising", 0.0) * 1000,
-        denoise_step_latency_ms=(sum(steps) / len(steps) * 1000) if steps else 0.0,
-        decoding_ms=timings.get("decoding", 0.0) * 1000,
-        postprocess_time_ms=(timings.get("postprocess", 0.0) + encode_s) * 1000,
-        generation_ms=timings.get("total", 0.0) * 1000,
-        peak_memory_mb=None if result.peak_memory_bytes is None else result.peak_memory_bytes / 1024**2,
-        num_inference_steps=len(steps) or generation.num_inference_steps,
-        image_pixels=width * height,
-        denoise_step_latencies_ms=[s * 1000 for s in steps] if body.return_stage_metrics else None,
+    metrics = StageMetrics.from_result(
+        result,
+        queue_wait_s=job.queue_wait_s,
+        encode_s=encode_s,
+        steps_asked=generation.num_inference_steps,
+        every_step=body.return_stage_metrics,
     )
     state.metrics.observe_peak_memory(result.peak_memory_bytes)
     return ImageResponse(

@@ -6,9 +6,12 @@ settings or on the served pipeline are checked in :mod:`ditq.serve.validation`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from ditq.runtime.adapter import GenerationResult
 
 __all__ = [
     "EXTENSION_FIELDS",
@@ -75,6 +78,33 @@ class StageMetrics(BaseModel):
     num_inference_steps: int | None  # steps measured, else the steps asked for
     image_pixels: int
     denoise_step_latencies_ms: list[float] | None = None  # only with return_stage_metrics
+
+    @classmethod
+    def from_result(
+        cls,
+        result: GenerationResult,
+        queue_wait_s: float,
+        encode_s: float,
+        steps_asked: int | None,
+        every_step: bool,
+    ) -> StageMetrics:
+        """The metrics of one generation: the adapter's seconds as milliseconds, the server's image encoding
+        (``encode_s``) counted in postprocess; ``every_step`` adds each step's latency."""
+        timings, steps = result.timings, result.step_times
+        width, height = result.images[0].size
+        return cls(
+            queue_wait_ms=queue_wait_s * 1000,
+            text_encoding_ms=timings.get("text_encoding", 0.0) * 1000,
+            denoising_ms=timings.get("denoising", 0.0) * 1000,
+            denoise_step_latency_ms=(sum(steps) / len(steps) * 1000) if steps else 0.0,
+            decoding_ms=timings.get("decoding", 0.0) * 1000,
+            postprocess_time_ms=(timings.get("postprocess", 0.0) + encode_s) * 1000,
+            generation_ms=timings.get("total", 0.0) * 1000,
+            peak_memory_mb=None if result.peak_memory_bytes is None else result.peak_memory_bytes / 1024**2,
+            num_inference_steps=len(steps) or steps_asked,
+            image_pixels=width * height,
+            denoise_step_latencies_ms=[s * 1000 for s in steps] if every_step else None,
+        )
 
 
 class ImageResponse(BaseModel):

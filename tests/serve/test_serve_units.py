@@ -153,3 +153,43 @@ def test_a_refusal_found_while_generating_names_the_field_the_error_carries() ->
     assert (named.status, named.param, named.code) == (400, "image", "invalid_value")
     assert named.message == "the second reference: cannot be decoded"
     assert _input_error(InputError("width: a prefix is not a field")).param is None
+
+
+def test_stage_metrics_from_one_generation_in_milliseconds() -> None:
+    from ditq.runtime.adapter import GenerationResult
+    from ditq.serve.schemas import StageMetrics
+
+    result = GenerationResult(
+        images=[Image.new("RGB", (32, 48))],
+        timings={
+            "text_encoding": 0.5,
+            "denoising": 2.0,
+            "decoding": 0.25,
+            "postprocess": 0.125,
+            "total": 3.0,
+        },
+        step_times=[1.0, 1.0],
+        peak_memory_bytes=3 * 1024**2,
+    )
+    served = StageMetrics.from_result(
+        result, queue_wait_s=0.5, encode_s=0.125, steps_asked=8, every_step=False
+    )
+    assert served.model_dump() == {
+        "queue_wait_ms": 500.0,
+        "text_encoding_ms": 500.0,
+        "denoising_ms": 2000.0,
+        "denoise_step_latency_ms": 1000.0,
+        "decoding_ms": 250.0,
+        "postprocess_time_ms": 250.0,
+        "generation_ms": 3000.0,
+        "peak_memory_mb": 3.0,
+        "num_inference_steps": 2,
+        "image_pixels": 32 * 48,
+        "denoise_step_latencies_ms": None,
+    }
+    no_steps = GenerationResult(result.images, result.timings, [], None)
+    in_process = StageMetrics.from_result(
+        no_steps, queue_wait_s=0.0, encode_s=0.0, steps_asked=8, every_step=True
+    )
+    assert (in_process.num_inference_steps, in_process.denoise_step_latencies_ms) == (8, [])
+    assert in_process.peak_memory_mb is None and in_process.denoise_step_latency_ms == 0.0
