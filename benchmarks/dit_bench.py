@@ -6,7 +6,10 @@ forward pass is timed at 1024x1024 text-to-image (4096 image tokens + 256
 text tokens) and with four 1024x1024 references (5 x 4096 image tokens + 256
 text tokens, the reference slots sitting in the text sequence). Quantized
 variants take the Linears the quantizer would (``ditq.targets.plan_targets``)
-and run the registry's first kernel path; "compiled" is diffusers' regional
+and run the kernel path ``ditq serve`` would choose (``ditq.doctor.choose_kernel``:
+the first candidate that passes the doctor's check on this device, chosen
+before the repack; ``--skip-doctor``: the registry's first, unverified); the
+time the choice took is reported apart. "compiled" is diffusers' regional
 compilation of the repeated blocks. Peak memory is reported as if the variant
 were alone on the device: its weight bytes plus the forward's peak above the
 memory held before the call. The load row writes a w8a8 artifact from the
@@ -42,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from ditq.checkpoint.codecs import codec_for  # noqa: E402
 from ditq.checkpoint.qconfig import quantization_config, with_quantization_config  # noqa: E402
+from ditq.doctor import VerifiedChooser, kernel_chooser  # noqa: E402
 from ditq.numerics import quantize_weight, relative_l2  # noqa: E402
 from ditq.runtime.loader import load_component, parameters_on_meta, prepare_quantized  # noqa: E402
 from ditq.runtime.modules import linear_from_stored, quantized_linears  # noqa: E402
@@ -280,7 +284,7 @@ def write_artifact(model: Any, targets: list[str], root: Path) -> int:
 
 
 def measure_load(
-    root: Path, device: torch.device, artifact_bytes: int
+    root: Path, device: torch.device, artifact_bytes: int, chooser: VerifiedChooser | None
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
     _sync()
     before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
@@ -289,7 +293,8 @@ def measure_load(
     start = time.perf_counter()
     model = load_component(root, "transformer", device=device, dtype=torch.bfloat16)
     loaded = time.perf_counter() - start
-    prepare_quantized(model, device, torch.bfloat16)
+    choosing = chooser.seconds if chooser is not None else 0.0
+    prepare_quantized(model, device, torch.bfloat16, chooser)
     _sync()
     total = time.perf_counter() - start
     peak = (torch.cuda.max_memory_allocated() - before) if torch.cuda.is_available() else 0
@@ -302,6 +307,8 @@ def measure_load(
         "artifact_bytes": artifact_bytes,
         "load_seconds": round(loaded, 3),
         "load_and_repack_seconds": round(total, 3),
+        # of which: the doctor's checks choosing the paths (kernel compilation included; cached after one run)
+        "kernel_choice_seconds": round(chooser.seconds - choosing, 3) if chooser is not None else None,
         "peak_accelerator_bytes_while_loading": peak,
         "component_bytes_after_load": component_bytes,
         "largest_module_bytes": largest,
@@ -323,7 +330,11 @@ def main() -> int:
     parser.add_argument(
         "--artifact-dir", type=Path, help="where to write the load test's artifact (temp dir)"
     )
+    parser.add_argument(
+        "--skip-doctor", action="store_true", help="the registry's first kernel paths, unverified"
+    )
     args = parser.parse_args()
+    chooser = kernel_chooser(args.skip_doctor)
     budget = Budget(args.budget_s)
     device = torch.device(args.device)
     overrides, text, grid = PRESETS[args.preset]
@@ -399,13 +410,15 @@ def main() -> int:
             artifact_bytes = write_artifact(staged, targets, artifact_root / "w8a8")
             del staged
             gc.collect()
-            models["w8a8"], result["load"] = measure_load(artifact_root / "w8a8", device, artifact_bytes)
+            models["w8a8"], result["load"] = measure_load(
+                artifact_root / "w8a8", device, artifact_bytes, chooser
+            )
         finally:
             shutil.rmtree(artifact_root, ignore_errors=True)
 
     def in_memory(scheme: str) -> None:
         models[scheme] = quantized_copy(bf16, config, scheme, targets)
-        prepare_quantized(models[scheme], device, torch.bfloat16)
+        prepare_quantized(models[scheme], device, torch.bfloat16, chooser)
 
     def compiled(variant: str, shape: str) -> None:
         model = bf16 if variant.startswith("torchao") else models[variant]

@@ -3,9 +3,11 @@
     python benchmarks/kernels_bench.py --out benchmarks/results/kernels_bench.json
 
 Shapes: M in {4352, 20736} x (K, N) in {(4096, 12288), (4096, 4096), (12288, 4096)}.
-Each ditq path is timed end to end through its registry matmul on bf16 input (activation
-quantization included for w8a8/fp8); raw library GEMMs on pre-quantized operands are listed
-as ceilings. Times are medians of triton.testing.do_bench (CUDA events); TFLOP/s = 2*M*N*K / t.
+Each ditq path the registry offers for the shape (``candidate_paths``, DITQ_KERNELS /
+DITQ_DISABLE_KERNELS honoured) is timed end to end through its matmul on bf16 input (activation
+quantization included for w8a8/fp8), and the row of the path that ``ditq serve`` would choose for
+that shape (``ditq.doctor.choose_kernel``) says ``"chosen": true``; raw library GEMMs on
+pre-quantized operands are listed as ceilings. Times are medians of triton.testing.do_bench (CUDA events); TFLOP/s = 2*M*N*K / t.
 """
 
 from __future__ import annotations
@@ -76,9 +78,10 @@ def _torchao_fns(w: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Te
 
 def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -> list[dict[str, object]]:
     from ditq.checkpoint.codecs import codec_for
-    from ditq.kernels import all_kernels
+    from ditq.doctor import choose_kernel
+    from ditq.kernels import candidate_paths
     from ditq.numerics import quantize_weight, relative_l2
-    from ditq.schemes import get_scheme
+    from ditq.schemes import SCHEMES, get_scheme
 
     torch.manual_seed(0)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -88,7 +91,9 @@ def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -
     rows: list[dict[str, object]] = []
     torch._dynamo.reset()  # each shape's torchao modules compile afresh (no recompile-limit fallback to eager)
 
-    def record(name: str, kind: str, fn: Callable[[], torch.Tensor], check: bool = True) -> None:
+    def record(
+        name: str, kind: str, fn: Callable[[], torch.Tensor], check: bool = True, **extra: object
+    ) -> None:
         if only and not any(part in name for part in only):
             return
         try:
@@ -96,7 +101,7 @@ def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -
             error = relative_l2(out, ref) if check else None
             ms = _bench(fn)
             rows.append({"M": m, "K": k, "N": n, "path": name, "kind": kind, "ms": ms,
-                         "tflops": flops / ms / 1e9, "rel_l2_vs_bf16": error})  # fmt: skip
+                         "tflops": flops / ms / 1e9, "rel_l2_vs_bf16": error, **extra})  # fmt: skip
         except Exception as exc:
             rows.append({"M": m, "K": k, "N": n, "path": name, "kind": kind, "error": repr(exc)[:500]})
             traceback.print_exc()
@@ -115,14 +120,20 @@ def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -
            lambda: torch._scaled_mm(x_f8, w_f8.t(), scale_a=one_a, scale_b=one_b, out_dtype=torch.bfloat16,
                                     use_fast_accum=True), check=False)  # fmt: skip
 
-    for path in all_kernels():
-        if path.device_type != "cuda" or not path.supports(torch.device("cuda"), torch.bfloat16, k, n)[0]:
-            continue
-        q, scale = quantize_weight(w.float(), path.scheme)
-        stored = {key: t.cuda() for key, t in codec_for(path.scheme).encode(q, scale).items()}
-        prepared = path.prepare(stored, torch.device("cuda"))
-        record(f"ditq:{path.name}", path.scheme.name, lambda p=path, pr=prepared: p.matmul(x, pr, None))
-        del prepared, stored
+    cuda = torch.device("cuda")
+    for scheme in SCHEMES.values():
+        try:  # the one kernel-choice policy, as ditq serve applies it to a layer of this shape
+            chosen: str | None = choose_kernel(scheme, cuda, torch.bfloat16, k, n).path.name
+        except Exception:
+            chosen = None  # no path passed the doctor here (its warnings name the reports)
+            traceback.print_exc()
+        for path in candidate_paths(scheme, cuda, torch.bfloat16, k, n):
+            q, scale = quantize_weight(w.float(), path.scheme)
+            stored = {key: t.cuda() for key, t in codec_for(path.scheme).encode(q, scale).items()}
+            prepared = path.prepare(stored, cuda)
+            record(f"ditq:{path.name}", path.scheme.name, lambda p=path, pr=prepared: p.matmul(x, pr, None),
+                   chosen=path.name == chosen)  # fmt: skip
+            del prepared, stored
 
     if torchao_ok:
         try:
