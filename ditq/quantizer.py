@@ -24,10 +24,10 @@ from typing import Any
 from ditq.checkpoint.layout import (
     MODEL_INDEX,
     component_class,
+    is_weight_file,
     load_component_config,
     quantization_config_of,
     read_model_index,
-    weight_files,
 )
 from ditq.checkpoint.manifest import (
     ERRORS_FILE,
@@ -79,6 +79,7 @@ def _plan_component(
     scheme: Scheme,
     targets: Sequence[str],
     ignore: Sequence[str],
+    variant: str | None,
 ) -> TargetPlan:
     library, class_name = component_class(index, component)
     component_dir = source / component
@@ -87,7 +88,9 @@ def _plan_component(
         raise InputError(
             f"{component_dir}/config.json: component is already quantized (has quantization_config)"
         )
-    shapes = {name: entry.shape for name, (_, entry) in read_component_headers(component_dir).items()}
+    shapes = {
+        name: entry.shape for name, (_, entry) in read_component_headers(component_dir, variant).items()
+    }
     model = build_meta_model(component_dir, library, class_name)
     return plan_targets(model, component, shapes, targets, ignore, MIN_FEATURES, scheme.group_size)
 
@@ -110,17 +113,21 @@ def _write_component(
         "%s: quantizing %d Linear layers (%d kept)", plan.component, len(plan.targets), len(plan.ignored)
     )
     result = rewrite_component(
-        src_dir, out_dir, plan, scheme, device, opts["max_shard_bytes"], opts["band_bytes"]
+        src_dir,
+        out_dir,
+        plan,
+        scheme,
+        device,
+        opts["max_shard_bytes"],
+        opts["band_bytes"],
+        variant=opts["variant"],
     )
-    skip = {p.name for p in weight_files(src_dir)} | {
-        p.name for p in src_dir.glob("*.safetensors.index.json")
-    }
-    for path in sorted(src_dir.iterdir()):
+    for path in sorted(src_dir.iterdir()):  # the source's weights, of every variant, are replaced: not copied
         if path.name == "config.json":
             plain = quantization_config(scheme, list(plan.ignored))
             config = with_quantization_config(load_component_config(src_dir), plan.component, plain, form)
             (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        elif path.name not in skip:
+        elif not is_weight_file(path.name):
             _link_or_copy(path, out_dir / path.name, copy=True)
     return result
 
@@ -219,8 +226,13 @@ def quantize(
     device: str = DEFAULTS["device"],
     max_shard_bytes: int = DEFAULTS["max_shard_bytes"],
     band_bytes: int = DEFAULTS["band_bytes"],
+    variant: str | None = None,
 ) -> QuantizeResult:
-    """Quantize ``components`` of the diffusers directory ``source`` into the artifact ``output``."""
+    """Quantize ``components`` of the diffusers directory ``source`` into the artifact ``output``.
+
+    ``variant`` (``fp16``...) reads each component's variant files (``*.fp16.safetensors``) instead of the
+    default ones, as diffusers' ``from_pretrained(variant=...)`` does; the artifact's files carry no variant.
+    """
     chosen = get_scheme(scheme, group_size)
     if isinstance(components, str):
         components = [c.strip() for c in components.split(",") if c.strip()]
@@ -238,7 +250,8 @@ def quantize(
     tree_digest = digest_pool.submit(source_tree_digest, source, stop)  # overlaps planning and writing
     try:
         plans = {
-            c: _plan_component(source, index, c, chosen, targets, ignore) for c in dict.fromkeys(components)
+            c: _plan_component(source, index, c, chosen, targets, ignore, variant)
+            for c in dict.fromkeys(components)
         }
         options = {
             "scheme": chosen.name,
@@ -247,11 +260,12 @@ def quantize(
             "targets": list(targets),
             "ignore": list(ignore),
             "config_form": form,
+            "variant": variant,
             "copy": copy,
             "device": torch_device.type,
         }
         with atomic_directory(output, force=force) as tmp:
-            limits = {"max_shard_bytes": max_shard_bytes, "band_bytes": band_bytes}
+            limits = {"max_shard_bytes": max_shard_bytes, "band_bytes": band_bytes, "variant": variant}
             results = {
                 c: _write_component(source, tmp, p, chosen, form, torch_device, limits)
                 for c, p in plans.items()

@@ -224,7 +224,8 @@ def _check_tensors(
     try:
         where = read_component_headers(root / component)
         linears = _linear_shapes(root, component, info)
-        source_where = read_component_headers(source / component) if source is not None else None
+        variant = info.get("variant")
+        source_where = read_component_headers(source / component, variant) if source is not None else None
     except DitqError as error:
         report.add(f"{component}: tensors", [str(error)], "")
         return
@@ -318,7 +319,7 @@ def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyRepo
         checked = _check_config(root, component, info, report)
         if checked is not None:  # later checks read the artifact's own config, not the manifest's copy
             scheme, plain = checked
-            _check_tensors(
-                root, component, {**info, "quantization_config": plain}, scheme, source_dir, report
-            )
+            variant = (manifest.get("options") or {}).get("variant")  # the source files it was made from
+            checked_info = {**info, "quantization_config": plain, "variant": variant}
+            _check_tensors(root, component, checked_info, scheme, source_dir, report)
     return report

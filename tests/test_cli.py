@@ -52,7 +52,7 @@ def test_quantize_then_verify(model_dir, tmp_path: Path, capsys) -> None:  # typ
     )
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
-    assert printed["statistics"]["quantized_tensors"] == 32  # 22 + 12 minus the two proj_mlp
+    assert printed["statistics"]["quantized_tensors"] == 30  # 22 + 10 (T5 keeps wo) minus the two proj_mlp
     assert main(["verify", str(out), "--source", str(source), "--json", str(tmp_path / "report.json")]) == 0
     assert "OK: " in capsys.readouterr().out
     assert json.loads((tmp_path / "report.json").read_text())["ok"] is True

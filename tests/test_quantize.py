@@ -348,3 +348,48 @@ def test_leftovers_of_a_killed_run_are_swept(model_dir, tmp_path: Path) -> None:
     ditq.quantize(source, tmp_path / "out", "w8a8")
     assert not leftover.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([source.parent.name, "out"])
+
+
+def _add_fp16_variant(component_dir: Path, remove_default: bool) -> None:
+    """Save the component's weights again as ``<stem>.fp16.safetensors`` (diffusers' variant naming)."""
+    default = [p for p in component_dir.iterdir() if p.name.endswith((".safetensors", ".index.json"))]
+    stem = "model" if (component_dir / "model.safetensors").exists() else "diffusion_pytorch_model"
+    state = {n: t.to(torch.float16) for n, t in _tensors(component_dir).items()}
+    save_file(state, str(component_dir / f"{stem}.fp16.safetensors"), metadata={"format": "pt"})
+    for path in default if remove_default else []:
+        path.unlink()
+
+
+def test_variant_files_beside_the_default_are_not_copied(model_dir, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    source = model_dir("flux", shards=2)
+    _add_fp16_variant(source / "transformer", remove_default=False)
+    out = tmp_path / "out"
+    ditq.quantize(source, out, "w8a8")
+    assert sorted(p.name for p in (out / "transformer").iterdir()) == [
+        "config.json",
+        "diffusion_pytorch_model.safetensors",
+        "diffusion_pytorch_model.safetensors.index.json",
+    ]
+    report = ditq.verify(out, source)
+    assert report.ok, report.table()
+
+
+def test_variant_only_source_needs_and_takes_variant(model_dir, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    source = model_dir("flux", text_encoder=True)
+    for component in ("transformer", "text_encoder"):
+        _add_fp16_variant(source / component, remove_default=True)
+    with pytest.raises(
+        InputError, match=r"no \.safetensors weights \(variants here: fp16; choose one with --variant\)"
+    ):
+        ditq.quantize(source, tmp_path / "refused", "w8a16")
+    assert not (tmp_path / "refused").exists()
+
+    out = tmp_path / "out"
+    result = ditq.quantize(source, out, "w8a16", components=["transformer", "text_encoder"], variant="fp16")
+    assert result.manifest["options"]["variant"] == "fp16"
+    assert (out / "text_encoder/model.safetensors").is_file()  # the quantized weights carry no variant
+    assert (
+        _tensors(out / "transformer")["x_embedder.weight"].dtype == torch.float16
+    )  # kept from the fp16 files
+    report = ditq.verify(out, source)
+    assert report.ok, report.table()

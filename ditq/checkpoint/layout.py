@@ -9,6 +9,7 @@ with ``config.json`` and either one ``*.safetensors`` file or shards with a
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,13 @@ __all__ = [
     "MODEL_INDEX",
     "component_class",
     "component_names",
+    "is_weight_file",
     "load_component_config",
     "quantization_config_of",
     "read_json",
     "read_model_index",
     "tensor_files",
+    "variant_of",
     "weight_files",
 ]
 
@@ -75,12 +78,35 @@ def load_component_config(component_dir: Path) -> dict[str, Any]:
     return read_json(Path(component_dir) / "config.json")
 
 
-def weight_files(component_dir: Path) -> list[Path]:
-    """The safetensors files of a component, in a stable order; every shard an index names must exist."""
+# A variant's files, as diffusers and transformers name them: the variant before the last extension
+# (``diffusion_pytorch_model.fp16.safetensors``, ``model.fp16-00001-of-00002.safetensors``,
+# ``diffusion_pytorch_model.safetensors.index.fp16.json``). Default names have no dot in their stem.
+_VARIANT_WEIGHTS = re.compile(r"^[^.]+\.(?P<variant>[^.-]+)(-\d{5}-of-\d{5})?\.safetensors$")
+_VARIANT_INDEX = re.compile(r"^[^.]+\.safetensors\.index\.(?P<variant>[^.]+)\.json$")
+
+
+def variant_of(name: str) -> str | None:
+    """The variant a weight or index file name carries (``fp16``), or None for a default file."""
+    match = _VARIANT_WEIGHTS.match(name) or _VARIANT_INDEX.match(name)
+    return match["variant"] if match else None
+
+
+def is_weight_file(name: str) -> bool:
+    """Whether ``name`` is a safetensors weight file or index, of any variant."""
+    return name.endswith(".safetensors") or bool(
+        re.match(r"^[^.]+\.safetensors\.index(\.[^.]+)?\.json$", name)
+    )
+
+
+def weight_files(component_dir: Path, variant: str | None = None) -> list[Path]:
+    """The safetensors files of a component (of ``variant``, else the default ones), in a stable order; every
+    shard an index names must exist."""
     component_dir = Path(component_dir)
     if not component_dir.is_dir():
         raise InputError(f"{component_dir}: component directory not found")
-    indexes = sorted(component_dir.glob("*.safetensors.index.json"))
+    present = sorted(p for p in component_dir.iterdir() if is_weight_file(p.name))
+    mine = [p for p in present if variant_of(p.name) == variant]
+    indexes = [p for p in mine if p.name.endswith(".json")]
     if len(indexes) > 1:
         raise InputError(
             f"{component_dir}: more than one safetensors index ({', '.join(p.name for p in indexes)})"
@@ -94,9 +120,12 @@ def weight_files(component_dir: Path) -> list[Path]:
             if not (component_dir / shard).is_file():
                 raise InputError(f"{component_dir / shard}: shard named by {indexes[0].name} is missing")
         return [component_dir / shard for shard in shards]
-    files = sorted(component_dir.glob("*.safetensors"))
+    files = [p for p in mine if p.name.endswith(".safetensors")]
     if not files:
-        raise InputError(f"{component_dir}: no .safetensors weights")
+        others = sorted({v for p in present if (v := variant_of(p.name)) is not None})
+        wanted = f"{variant} variant " if variant else ""
+        hint = f" (variants here: {', '.join(others)}; choose one with --variant)" if others else ""
+        raise InputError(f"{component_dir}: no {wanted}.safetensors weights{hint}")
     return files
 
 

@@ -61,10 +61,12 @@ class ComponentResult:
     written_files: dict[str, tuple[int, str]] = field(default_factory=dict)  # file name -> (size, sha256)
 
 
-def read_component_headers(component_dir: Path) -> dict[str, tuple[SafetensorsHeader, TensorEntry]]:
-    """Tensor name -> (its file's header, its entry), over every weight file of the component."""
+def read_component_headers(
+    component_dir: Path, variant: str | None = None
+) -> dict[str, tuple[SafetensorsHeader, TensorEntry]]:
+    """Tensor name -> (its file's header, its entry), over every weight file of the component (of ``variant``)."""
     where: dict[str, tuple[SafetensorsHeader, TensorEntry]] = {}
-    for path in weight_files(component_dir):
+    for path in weight_files(component_dir, variant):
         header = read_header(path)
         for name, entry in header.entries.items():
             if name in where:
@@ -73,10 +75,10 @@ def read_component_headers(component_dir: Path) -> dict[str, tuple[SafetensorsHe
     return where
 
 
-def weight_stem(component_dir: Path) -> str:
-    """The file-name stem the source uses (``diffusion_pytorch_model``, ``model``)."""
-    first = weight_files(component_dir)[0].name
-    return re.sub(r"(-\d{5}-of-\d{5})?\.safetensors$", "", first)
+def weight_stem(component_dir: Path, variant: str | None = None) -> str:
+    """The file-name stem the source uses (``diffusion_pytorch_model``, ``model``), without its variant."""
+    first = weight_files(component_dir, variant)[0].name
+    return re.sub(r"(\.[^.-]+)?(-\d{5}-of-\d{5})?\.safetensors$", "", first)
 
 
 def _check_source(entries: dict[str, tuple[SafetensorsHeader, TensorEntry]], plan: TargetPlan) -> None:
@@ -261,13 +263,15 @@ def rewrite_component(
     max_shard_bytes: int,
     band_bytes: int,
     workers: int | None = None,
+    variant: str | None = None,
 ) -> ComponentResult:
     """Write the component's weights into ``out_dir`` (one file or shards, and their index)."""
-    entries = read_component_headers(src_dir)
+    entries = read_component_headers(src_dir, variant)
     _check_source(entries, plan)
     headers = sorted({h.path: h for h, _ in entries.values()}.values(), key=lambda h: h.path.name)
     groups = [_outputs(e.name, e, plan, scheme) for h in headers for e in h.in_file_order()]
-    shards = _plan_shards(groups, weight_stem(src_dir), max_shard_bytes)
+    stem = weight_stem(src_dir, variant)  # the output carries no variant: it is the quantized weights
+    shards = _plan_shards(groups, stem, max_shard_bytes)
     result = ComponentResult(weight_files=sorted(shards))
     writer = ShardSetWriter(out_dir, shards)
     workers = workers or len(os.sched_getaffinity(0))
@@ -292,7 +296,7 @@ def rewrite_component(
         weight_map = {t.name: file_name for file_name, tensors in shards.items() for t in tensors}
         total = sum(t.nbytes for tensors in shards.values() for t in tensors)
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        index_name = f"{weight_stem(src_dir)}.safetensors.index.json"
+        index_name = f"{stem}.safetensors.index.json"
         (out_dir / index_name).write_text(json.dumps(index, indent=2) + "\n")
         result.weight_files.append(index_name)
     return result

@@ -53,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         'transformers and vLLM read) or wrapped per component ({"transformer": {...}}) for servers that '
         "expect the wrapper; 'global' and 'component' are the former names of flat and wrapped",
     )
+    parser.add_argument(
+        "--variant",
+        help="read each quantized component's variant weights (e.g. fp16: *.fp16.safetensors) instead of the "
+        "default files, as diffusers' from_pretrained(variant=...) does",
+    )
     parser.add_argument("--copy", action="store_true", help="copy untouched components instead of symlinking")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
     add_device_arguments(parser, DEFAULTS["device"], "where to encode the weights")
@@ -69,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         ignore=args.ignore,
         group_size=args.group_size,
         config_form=args.config_form,
+        variant=args.variant,
         copy=args.copy,
         force=args.force,
         device=args.device,
