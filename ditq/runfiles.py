@@ -30,13 +30,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from ditq.errors import InputError
 from ditq.fsutil import atomic_write_json
 
 __all__ = [
     "ATTEMPTS_FILE",
+    "BASELINE_COMMANDS_FILE",
     "CANDIDATE_FILE",
     "COMPARE_FILE",
     "GATE_FILE",
@@ -47,6 +48,7 @@ __all__ = [
     "SWEEP_FILE",
     "Attempt",
     "CandidateFile",
+    "CommandList",
     "CompareFile",
     "CompareRow",
     "DoctorCheck",
@@ -96,6 +98,7 @@ COMPARE_FILE = "compare.json"
 SWEEP_FILE = "SWEEP.json"
 CANDIDATE_FILE = "CANDIDATE.json"
 ATTEMPTS_FILE = "baseline-attempts.json"  # under a sweep's logs/
+BASELINE_COMMANDS_FILE = "baseline-commands.json"  # under a sweep's logs/
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -533,6 +536,11 @@ class Attempt(_File):
     @property
     def loaded(self) -> bool:
         return self.probe_command is not None
+
+
+class CommandList(RootModel[list[str]]):
+    """A sweep's ``logs/baseline-commands.json``: the command lines behind its baseline (every server and probe
+    of the offload ladder), as a JSON list."""
 
 
 class StageEntry(_File):

@@ -26,7 +26,6 @@ verdict in the report; the other schemes go on.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -44,18 +43,20 @@ from typing import Any, Literal, TextIO
 from ditq.cli import COMMANDS
 from ditq.devices import OFFLOAD_MODES, default_dtype
 from ditq.errors import EXIT_OUT_OF_MEMORY, DitqError, InputError
-from ditq.fsutil import atomic_write_json, sha256_file
+from ditq.fsutil import sha256_file
 from ditq.healthcheck import wait_healthy
 from ditq.probe.records import is_out_of_memory, latest_by_key, read_records
 from ditq.report import ReportResult, VerdictRules, build_report
 from ditq.report.provenance import shell_command
 from ditq.runfiles import (
     ATTEMPTS_FILE,
+    BASELINE_COMMANDS_FILE,
     CANDIDATE_FILE,
     RECORDS_FILE,
     SWEEP_FILE,
     Attempt,
     CandidateFile,
+    CommandList,
     DoctorFile,
     DoctorSummary,
     StageEntry,
@@ -281,14 +282,6 @@ class _Candidate:
         self.save()
 
 
-def _read_json_list(path: Path) -> list[str]:
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else []
-    except json.JSONDecodeError:
-        return []
-    return [str(item) for item in data] if isinstance(data, list) else []
-
-
 def _run_logged(argv: list[str], log: Path) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as sink:
@@ -402,7 +395,7 @@ class _Sweep:
         )
         write_model(logs / ATTEMPTS_FILE, attempts)
         commands = [c for a in attempts for c in (a.command, a.probe_command) if c]
-        atomic_write_json(logs / "baseline-commands.json", commands)
+        write_model(logs / BASELINE_COMMANDS_FILE, CommandList(commands))
         if failure is not None or not seal.is_file():
             raise DitqError(f"baseline: {failure or 'no sealed baseline'} (log: {logs / 'baseline.log'})")
         self.progress(self.baseline_name, "baseline", "ok", f"{time.monotonic() - started:.1f} s")
@@ -573,13 +566,14 @@ class _Sweep:
     def report(self) -> ReportResult:
         self.progress("all", "report", "running")
         attempts = self.out / "logs" / ATTEMPTS_FILE
+        commands = self.out / "logs" / BASELINE_COMMANDS_FILE
         result = build_report(
             [self.out / scheme for scheme in self.options.schemes],
             self.baseline,
             self.out / "report",
             VerdictRules(parity_reference_db=self.options.parity_db),
             command=self.command,
-            baseline_commands=_read_json_list(self.out / "logs" / "baseline-commands.json"),
+            baseline_commands=read_model(CommandList, commands).root if commands.is_file() else [],
             baseline_name=self.baseline_name,
             baseline_memory_budget=self.options.max_memory,
             baseline_attempts=attempts if attempts.is_file() else None,

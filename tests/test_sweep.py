@@ -21,8 +21,10 @@ from PIL import Image
 from ditq.errors import InputError
 from ditq.report import validate_verdict_file
 from ditq.runfiles import (
+    BASELINE_COMMANDS_FILE,
     Attempt,
     CandidateFile,
+    CommandList,
     SweepFile,
     read_model,
     read_model_list,
@@ -305,6 +307,8 @@ def test_offload_ladder_serves_what_ran_out_of_memory_at_the_next_mode(workspace
         assert to_json(read_model(model, path)) == json.loads(path.read_text())
     typed = read_model_list(Attempt, out / "logs" / "baseline-attempts.json")
     assert [to_json(a) for a in typed] == baseline_attempts
+    commands = read_model(CommandList, out / "logs" / BASELINE_COMMANDS_FILE).root
+    assert commands == [c for a in typed for c in (a.command, a.probe_command) if c] and len(commands) == 5
     for run in (out / "w8a8" / "run", out / "baseline"):
         lines = [json.loads(line) for line in _lines(run / "records.jsonl")]
         # one-reference requests were served with model offload; two-reference ones ran out of memory there

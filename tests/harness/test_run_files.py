@@ -17,8 +17,10 @@ from ditq.errors import InputError
 from ditq.gate import gate_run, load_rules
 from ditq.probe.records import RecordLog, is_out_of_memory, read_records, read_run_file
 from ditq.runfiles import (
+    BASELINE_COMMANDS_FILE,
     Attempt,
     CandidateFile,
+    CommandList,
     CompareFile,
     DoctorFile,
     GateFile,
@@ -129,6 +131,8 @@ def test_the_committed_h200_records_and_attempts_read_back_unchanged() -> None:
         assert [to_json(r) for r in read_records(run)] == _lines(run / "records.jsonl")
     attempts = H200_SWEEP / "logs" / "baseline-attempts.json"
     assert [to_json(a) for a in read_model_list(Attempt, attempts)] == json.loads(attempts.read_text())
+    commands = H200_SWEEP / "logs" / BASELINE_COMMANDS_FILE
+    assert read_model(CommandList, commands).model_dump() == json.loads(commands.read_text())
 
 
 def test_the_seed_matrix_is_read_through_its_adapter(tmp_path: Path) -> None:
@@ -221,6 +225,10 @@ def test_a_malformed_sweep_file_is_one_line_naming_file_and_field(tmp_path: Path
     attempts.write_text(json.dumps([{"offload": "none", "status": "ok", "exit": 0}]))
     with pytest.raises(InputError, match=r"attempts\.json item 0: exit: Extra inputs"):
         read_model_list(Attempt, attempts)
+    commands = tmp_path / BASELINE_COMMANDS_FILE
+    commands.write_text(json.dumps(["ditq serve", {"command": "ditq probe"}]))
+    with pytest.raises(InputError, match=r"baseline-commands\.json: 1: Input should be a valid string"):
+        read_model(CommandList, commands)
     sweep = tmp_path / "SWEEP.json"
     sweep.write_text(json.dumps({"command": "ditq sweep"}))
     with pytest.raises(InputError, match=r"SWEEP\.json: model: Field required"):
