@@ -74,7 +74,7 @@ def pipeline_class(model_index: dict[str, Any], model_dir: Path) -> type:
     import diffusers
 
     if name in dir(diffusers):  # dir() lists the lazy names without importing every submodule
-        return getattr(diffusers, name)  # type: ignore[no-any-return]
+        return getattr(diffusers, name)
     for component in component_names(model_index):
         library, _ = component_class(model_index, component)
         parts = library.split(".")
@@ -84,7 +84,7 @@ def pipeline_class(model_index: dict[str, Any], model_dir: Path) -> type:
             except ImportError:
                 continue
             if isinstance(getattr(module, name, None), type):
-                return getattr(module, name)  # type: ignore[no-any-return]
+                return getattr(module, name)
     raise InputError(
         f"{model_dir}/model_index.json: pipeline class {name!r} not found in diffusers or the components' libraries"
     )
@@ -282,13 +282,6 @@ def _load_quantized(
 def _load_plain(component_dir: Path, cls: Any, device: torch.device, dtype: torch.dtype) -> Any:
     """A component the way diffusers loads it (models in ``dtype``; schedulers, tokenizers as they are)."""
     if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
-        try:
-            from diffusers import ModelMixin
-
-            if issubclass(cls, ModelMixin):
-                return cls.from_pretrained(str(component_dir), dtype=dtype).to(device)
-        except ImportError:
-            pass
         return cls.from_pretrained(str(component_dir), dtype=dtype).to(device)  # type: ignore[attr-defined]
     return cls.from_pretrained(str(component_dir))
 
