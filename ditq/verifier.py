@@ -279,7 +279,7 @@ def _check_against_source(
     layers: dict[str, list[str]],
     problems: list[str],
     report: VerifyReport,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     derived = {f"{prefix}.{name}" for prefix, names in layers.items() for name in names}
     kept = sorted(set(where) - derived)
     for name in kept:

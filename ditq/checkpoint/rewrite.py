@@ -222,13 +222,13 @@ class _Streamer:
                     self._copy(handle, entry)
                 position = entry.end
 
-    def _copy(self, handle, entry: TensorEntry) -> None:  # type: ignore[no-untyped-def]
+    def _copy(self, handle, entry: TensorEntry) -> None:
         where = f"{handle.name}: tensor {entry.name}"
         for _, band in read_rows(handle, entry, _rows_per_band(entry, 4 * self.band_bytes)):
             self.pipeline.submit(partial(_check_finite, band, where), partial(self.writer.write, entry.name))
         self.result.kept_params += entry.nbytes // entry.dtype.itemsize
 
-    def _quantize(self, handle, entry: TensorEntry, prefix: str) -> None:  # type: ignore[no-untyped-def]
+    def _quantize(self, handle, entry: TensorEntry, prefix: str) -> None:
         codec = codec_for(self.scheme)
         scales: list[torch.Tensor] = []
         sums = [0.0, 0.0]  # squared error, squared reference

@@ -127,7 +127,7 @@ def _numel(shape: tuple[int, ...]) -> int:
     return count
 
 
-def _read_exact(handle, offset: int, nbytes: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _read_exact(handle, offset: int, nbytes: int) -> torch.Tensor:
     """``nbytes`` bytes at ``offset`` as a uint8 tensor (one allocation, no mmap)."""
     buffer = torch.empty(nbytes, dtype=torch.uint8)
     handle.seek(offset)
@@ -137,7 +137,7 @@ def _read_exact(handle, offset: int, nbytes: int) -> torch.Tensor:  # type: igno
     return buffer
 
 
-def read_tensor(handle, entry: TensorEntry) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def read_tensor(handle, entry: TensorEntry) -> torch.Tensor:
     """The whole tensor ``entry`` from an open binary file handle."""
     return _read_exact(handle, entry.begin, entry.nbytes).view(entry.dtype).reshape(entry.shape)
 
@@ -148,7 +148,7 @@ def read_entry(entry: TensorEntry) -> torch.Tensor:
         return read_tensor(handle, entry)
 
 
-def read_rows(handle, entry: TensorEntry, rows_per_band: int) -> Iterator[tuple[int, torch.Tensor]]:  # type: ignore[no-untyped-def]
+def read_rows(handle, entry: TensorEntry, rows_per_band: int) -> Iterator[tuple[int, torch.Tensor]]:
     """Bands of rows of a tensor (first dim), as (first row, (rows, ...) tensor); one band in memory at a time."""
     n_rows = entry.shape[0] if entry.shape else 1
     row_shape = entry.shape[1:]

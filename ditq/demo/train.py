@@ -75,7 +75,7 @@ class CompiledTrainingProcessor(QwenImage21AttnProcessor):
     with the per-segment attention loop left out of the compiled graph, so one compiled block serves every task
     layout (the loop's segment count differs per layout and would otherwise recompile the whole block)."""
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self,
         attn: Any,
         hidden_states: torch.Tensor,

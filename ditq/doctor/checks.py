@@ -56,7 +56,7 @@ def _production_read(case: WeightCase) -> dict[str, torch.Tensor]:
 
 def _module(
     scheme: Scheme, stored: Mapping[str, torch.Tensor], bias: torch.Tensor | None, device: torch.device
-):  # type: ignore[no-untyped-def]
+):
     from ditq.runtime.modules import linear_from_stored
 
     on_device = {k: v.to(device) for k, v in stored.items()}

@@ -248,7 +248,7 @@ class QuantizedLinear(torch.nn.Module):
         # Loading new stored tensors invalidates any repack.
         if self.prepared:
             self._unprepare()
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # type: ignore[arg-type]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class W8A16Linear(QuantizedLinear):

@@ -111,7 +111,7 @@ def free_accelerator_memory() -> None:
 def _libc_malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None on another C library."""
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]
+        return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None
 
