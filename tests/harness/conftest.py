@@ -15,8 +15,9 @@ from ditq.runfiles import ProbeRecord, Structure
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-SEED_EVIDENCE = REPO_ROOT.parent / "shared" / "seed" / "probe-issue-5" / "evidence" / "rtx3090"
+# Unedited copies of the seed probe's files (data/README.md says which), so no test needs the seed itself.
 SEED_EVIDENCE_COPY = HERE / "data" / "seed-rtx3090"
+SEED_FIXTURES_COPY = HERE / "data" / "seed-fixtures.json"
 
 # Three fixtures, 0/1/2 references, tiny sizes (multiples of 16).
 FIXTURES = {

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, SEED_FIXTURES_COPY
 
 from ditq.errors import InputError
 from ditq.probe.fixtures import fixture_digest, load_fixtures, parse_seeds
@@ -61,9 +61,7 @@ def test_missing_field_is_named(tmp_path: Path, fixture_set: tuple[Path, Path]) 
 
 
 def test_seed_fixtures_file_shape_is_accepted(tmp_path: Path) -> None:
-    seed_fixtures = Path(__file__).resolve().parents[2].parent / "shared/seed/probe-issue-5/fixtures.json"
-    if not seed_fixtures.is_file():
-        pytest.skip(f"seed fixtures not present at {seed_fixtures}")
+    seed_fixtures = SEED_FIXTURES_COPY
     refs = tmp_path / "refs"
     refs.mkdir()
     for fixture in json.loads(seed_fixtures.read_text()).values():
@@ -90,9 +88,8 @@ def test_parse_seeds() -> None:
             parse_seeds(bad)
 
 
-def test_demo_fixtures_load_when_shipped() -> None:
-    demo = pytest.importorskip("ditq.demo")
-    if not demo.fixtures_path().is_file():
-        pytest.skip(f"the demo fixtures are not shipped yet ({demo.fixtures_path()})")
+def test_the_bundled_demo_fixtures_load() -> None:
+    from ditq import demo
+
     fixtures = load_fixtures(demo.fixtures_path(), demo.references_dir())
     assert fixtures and all(f.width % 16 == 0 and f.height % 16 == 0 for f in fixtures.values())

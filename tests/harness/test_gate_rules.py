@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SEED_EVIDENCE, SEED_EVIDENCE_COPY, probe_run, served_record
+from conftest import SEED_EVIDENCE_COPY, probe_run, served_record
 from PIL import Image
 from stub_images_server import StubServer, StubState, collapsed_image, healthy_image
 
@@ -48,15 +48,8 @@ def _judge(structure: dict, tmp_path: Path) -> list[str]:
     return gate_run(run, load_rules()).records[0].reasons
 
 
-@pytest.mark.parametrize(
-    "evidence",
-    [pytest.param(SEED_EVIDENCE, id="shared-seed"), pytest.param(SEED_EVIDENCE_COPY, id="bundled-copy")],
-)
-def test_seed_int8_weight_only_run_fails_all_sixteen(
-    evidence: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    if not (evidence / "matrix.json").is_file():
-        pytest.skip(f"seed evidence not present at {evidence} (the bundled copy still runs)")
+def test_seed_int8_weight_only_run_fails_all_sixteen(capsys: pytest.CaptureFixture[str]) -> None:
+    evidence = SEED_EVIDENCE_COPY
     result = gate_run(evidence, load_rules())
     assert result.format == "seed-matrix" and len(result.records) == 16
     assert not any(r.passed for r in result.records)
