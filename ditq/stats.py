@@ -1,0 +1,242 @@
+"""Intervals and decisions: how sure a verdict is, from a handful of seeds.
+
+Fidelity is judged on *paired* samples: per fixture and seed, the candidate's PSNR against the baseline and
+the reference pair's PSNR against the baseline (the same picture, so a hard seed is hard for both); their
+difference per seed is the sample. Speed is judged on the ratio of mean wall times (candidate / baseline),
+two independent samples of requests.
+
+Every interval is a percentile bootstrap with a fixed seed, so the same numbers give the same interval. With
+few samples the plain percentile bootstrap is too narrow (at 4 seeds it behaves like a z interval on a
+standard deviation that is itself too small), so it is *expanded* (Hesterberg, "What teachers should know
+about the bootstrap", 2015): the percentiles are taken at the level whose normal quantile is
+``sqrt(n / (n - 1)) * t_{n-1}``, which gives a Student-t-sized interval at small n and the ordinary one at
+large n. With all samples equal the interval is that value (nothing varies, nothing is uncertain).
+
+A decision is taken on the interval, never on the estimate alone: inside the band when the interval's low end
+clears the floor, outside when its high end does not reach it, undecided otherwise, together with about how
+many samples would settle it (the interval narrowing as ``t_{n-1} / sqrt(n)`` at the spread measured now).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Literal
+
+import numpy as np
+
+__all__ = [
+    "BOOTSTRAP_RESAMPLES",
+    "BOOTSTRAP_SEED",
+    "CONFIDENCE",
+    "BandDecision",
+    "Interval",
+    "SpeedDecision",
+    "band_decision",
+    "difference_interval",
+    "mean_interval",
+    "ratio_interval",
+    "samples_to_settle",
+    "speed_decision",
+    "t_quantile",
+]
+
+CONFIDENCE = 0.95  # two-sided
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+MAX_SAMPLES = 1000  # beyond this many seeds a decision counts as unsettleable
+
+BandDecision = Literal["inside", "outside", "undecided"]
+SpeedDecision = Literal["faster", "slower", "same", "undecided"]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An estimate with its two-sided confidence interval over ``n`` samples (pairs, or the smaller side)."""
+
+    estimate: float
+    low: float
+    high: float
+    n: int
+    method: str  # e.g. "paired bootstrap", "unpaired bootstrap"
+    standard_error: float  # of the estimate, from the samples' spread (what more samples would shrink)
+    confidence: float = CONFIDENCE
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (Lentz's method)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 300):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return result
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def _t_cdf(t: float, df: float) -> float:
+    tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student's t quantile (``p`` in (0.5, 1)), by bisection on its CDF."""
+    low, high = 0.0, 1.0
+    while _t_cdf(high, df) < p:
+        high *= 2.0
+    for _ in range(200):
+        middle = (low + high) / 2.0
+        low, high = (middle, high) if _t_cdf(middle, df) < p else (low, middle)
+    return (low + high) / 2.0
+
+
+def _expanded_level(n: int, confidence: float) -> float:
+    """The percentile level of the expanded bootstrap: the confidence whose normal quantile is
+    ``sqrt(n / (n - 1)) * t_{n-1}``."""
+    z = math.sqrt(n / (n - 1)) * t_quantile(0.5 + confidence / 2, n - 1)
+    return 2.0 * NormalDist().cdf(z) - 1.0
+
+
+def _percentiles(draws: np.ndarray, n: int, confidence: float) -> tuple[float, float]:
+    level = _expanded_level(n, confidence)
+    low, high = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
+def _variance_of_mean(values: np.ndarray) -> float:
+    return float(values.var(ddof=1)) / len(values)
+
+
+def _resampled_means(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(BOOTSTRAP_RESAMPLES,) means of resamples of ``values`` with replacement."""
+    picks = rng.integers(0, len(values), size=(BOOTSTRAP_RESAMPLES, len(values)))
+    return np.asarray(values[picks].mean(axis=1))
+
+
+def mean_interval(
+    values: Sequence[float], confidence: float = CONFIDENCE, method: str = "bootstrap"
+) -> Interval:
+    """The mean of ``values`` with its expanded percentile bootstrap interval (needs two values)."""
+    sample = np.asarray(values, dtype=np.float64)
+    if len(sample) < 2:
+        raise ValueError(f"an interval needs at least 2 samples, got {len(sample)}")
+    n, estimate = len(sample), float(sample.mean())
+    error = float(sample.std(ddof=1)) / math.sqrt(n)
+    if error == 0.0:
+        return Interval(estimate, estimate, estimate, n, method, 0.0, confidence)
+    draws = _resampled_means(sample, np.random.default_rng(BOOTSTRAP_SEED))
+    low, high = _percentiles(draws, n, confidence)
+    return Interval(estimate, min(low, estimate), max(high, estimate), n, method, error, confidence)
+
+
+def difference_interval(
+    candidate: Mapping[int, float], reference: Mapping[int, float], confidence: float = CONFIDENCE
+) -> Interval:
+    """Mean of candidate - reference, seed by seed (``{seed: value}``).
+
+    Paired when the reference has every seed the candidate has (the differences per seed are the sample);
+    otherwise the two means' difference from independent resamples of each side (unpaired), e.g. when seeds
+    were added to the candidate that the reference pair never ran.
+    """
+    if set(candidate) <= set(reference):
+        differences = [candidate[seed] - reference[seed] for seed in sorted(candidate)]
+        return mean_interval(differences, confidence, "paired bootstrap")
+    ours, theirs = np.asarray(list(candidate.values())), np.asarray(list(reference.values()))
+    n = min(len(ours), len(theirs))
+    if n < 2:
+        raise ValueError(
+            f"an interval needs at least 2 samples on each side, got {len(ours)} and {len(theirs)}"
+        )
+    estimate = float(ours.mean() - theirs.mean())
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    draws = _resampled_means(ours, rng) - _resampled_means(theirs, rng)
+    low, high = _percentiles(draws, n, confidence) if np.ptp(draws) > 0 else (estimate, estimate)
+    error = math.sqrt(_variance_of_mean(ours) + _variance_of_mean(theirs))
+    return Interval(
+        estimate, min(low, estimate), max(high, estimate), n, "unpaired bootstrap", error, confidence
+    )
+
+
+def ratio_interval(
+    candidate: Sequence[float], reference: Sequence[float], confidence: float = CONFIDENCE
+) -> Interval:
+    """mean(candidate) / mean(reference), from independent resamples of each side (e.g. wall times)."""
+    ours, theirs = np.asarray(candidate, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    n = min(len(ours), len(theirs))
+    if n < 2:
+        raise ValueError(
+            f"an interval needs at least 2 samples on each side, got {len(ours)} and {len(theirs)}"
+        )
+    estimate = float(ours.mean() / theirs.mean())
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    draws = _resampled_means(ours, rng) / _resampled_means(theirs, rng)
+    low, high = _percentiles(draws, n, confidence) if np.ptp(draws) > 0 else (estimate, estimate)
+    # the delta method: relative errors of the two means add in quadrature
+    relative = _variance_of_mean(ours) / ours.mean() ** 2 + _variance_of_mean(theirs) / theirs.mean() ** 2
+    error = estimate * math.sqrt(relative)
+    return Interval(
+        estimate, min(low, estimate), max(high, estimate), n, "unpaired bootstrap", error, confidence
+    )
+
+
+def band_decision(interval: Interval, floor: float) -> BandDecision:
+    """``interval`` of a difference against the lowest acceptable difference ``floor``."""
+    if interval.low >= floor:
+        return "inside"
+    if interval.high < floor:
+        return "outside"
+    return "undecided"
+
+
+def speed_decision(interval: Interval, tolerance: float) -> SpeedDecision:
+    """``interval`` of a time ratio (candidate / baseline): slower when it lies above 1 + tolerance, faster
+    below 1 - tolerance, the same when it lies within both, undecided when it straddles an edge."""
+    if interval.low > 1 + tolerance:
+        return "slower"
+    if interval.high < 1 - tolerance:
+        return "faster"
+    if interval.low >= 1 - tolerance and interval.high <= 1 + tolerance:
+        return "same"
+    return "undecided"
+
+
+def samples_to_settle(interval: Interval, edges: Sequence[float]) -> int | None:
+    """About how many samples would make the interval clear the nearest of ``edges`` (a floor, or a speed
+    tolerance's two edges): the smallest n whose ``t_{n-1}`` times the standard error, shrunk as
+    ``sqrt(n_now / n)``, falls short of the estimate's distance to that edge. ``interval.n`` when the interval
+    clears every edge already; None when the estimate sits on an edge, nothing varies, or more than
+    MAX_SAMPLES would be needed."""
+    if all(not (interval.low < edge < interval.high) for edge in edges):
+        return interval.n
+    gap = min(abs(interval.estimate - edge) for edge in edges)
+    if gap == 0.0 or interval.standard_error == 0.0:
+        return None
+    critical = 0.5 + interval.confidence / 2
+    for n in range(interval.n + 1, MAX_SAMPLES + 1):
+        if t_quantile(critical, n - 1) * interval.standard_error * math.sqrt(interval.n / n) < gap:
+            return n
+    return None
