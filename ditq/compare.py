@@ -6,9 +6,12 @@ both composited over white. A missing candidate image is a ``missing`` row; a
 size mismatch is an ``error`` row. Per fixture: mean, min, max.
 
 The parity band answers "is this as close as two acceptable BF16 runs are to each
-other?": its edge is the mean PSNR of a reference pair (two BF16 runs of
-different implementations or settings), or a number the user states, minus a
-tolerance. A candidate fixture whose mean PSNR reaches the edge is inside.
+other?": a reference pair (two BF16 runs of different implementations or settings, the
+first of them the baseline) gives the PSNR two acceptable runs reach per fixture and seed;
+a number the user states stands in for it, without a spread. Per fixture, the candidate's
+PSNR minus the pair's, seed by seed, is a paired sample; the fixture is inside when the
+interval of its mean (``ditq.stats``) clears minus the tolerance, outside when it does
+not reach it, and undecided otherwise, with about how many seeds would settle it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import logging
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +37,17 @@ from ditq.runfiles import (
     FidelityOverall,
     FidelityStats,
     FixtureFidelity,
+    ParityDecision,
     ParityResult,
     ProbeRecord,
 )
+from ditq.stats import CONFIDENCE, BandDecision, band_decision, difference_interval, samples_to_settle
 
 __all__ = [
     "PSNR_CAP_DB",
     "ParityBand",
     "compare_run",
+    "describe_parity",
     "format_compare",
     "lpips_scorer",
     "parity_from_pair",
@@ -82,12 +88,42 @@ def lpips_scorer() -> tuple[LpipsScorer | None, str]:
 class ParityBand:
     source: str  # "pair A vs B" or "stated"
     overall_db: float
-    per_fixture_db: dict[str, float]
+    per_fixture_db: dict[str, float]  # the pair's mean PSNR per fixture
     tolerance_db: float
+    per_seed_db: dict[str, dict[int, float]] = field(default_factory=dict)  # a pair's PSNR per fixture, seed
 
     def edge(self, fixture_id: str | None) -> float:
         value = self.per_fixture_db.get(fixture_id, self.overall_db) if fixture_id else self.overall_db
         return value - self.tolerance_db
+
+    def decide(self, fixture_id: str, psnr_by_seed: dict[int, float]) -> ParityDecision:
+        """The fixture's candidate PSNR per seed against the pair's (paired), or against the stated PSNR."""
+        pair = self.per_seed_db.get(fixture_id, {})
+        reference = (
+            pair if len(pair) >= 2 else dict.fromkeys(psnr_by_seed, self.edge(fixture_id) + self.tolerance_db)
+        )
+        common: dict[str, Any] = {
+            "reference": "pair" if len(pair) >= 2 else "stated",
+            "confidence": CONFIDENCE,
+            "floor_db": -self.tolerance_db,
+            "n": len(psnr_by_seed),
+        }
+        if len(psnr_by_seed) < 2:  # one image says nothing about the spread
+            return ParityDecision.model_validate(
+                {**common, "difference_db": None, "low_db": None, "high_db": None, "seeds_to_settle": None,
+                 "method": "none", "decision": "undecided"}
+            )  # fmt: skip
+        interval = difference_interval(psnr_by_seed, reference)
+        method = interval.method if len(pair) >= 2 else "bootstrap against a stated PSNR"
+        return ParityDecision(
+            **common,
+            difference_db=round(interval.estimate, 3),
+            low_db=round(interval.low, 3),
+            high_db=round(interval.high, 3),
+            method=method,
+            decision=band_decision(interval, -self.tolerance_db),
+            seeds_to_settle=samples_to_settle(interval, [-self.tolerance_db]),
+        )
 
 
 def _stats(values: list[float], digits: int) -> FidelityStats:
@@ -169,15 +205,20 @@ def _row(run: Path, baseline: Path, record: ProbeRecord, candidate: ProbeRecord 
     )
 
 
-def _fixture(rows: list[CompareRow], scorer: LpipsScorer | None, edge: float | None) -> FixtureFidelity:
-    """One fixture's rows summarized; ``edge``: its parity band's edge (None: no band)."""
+def _fixture(
+    fixture_id: str, rows: list[CompareRow], scorer: LpipsScorer | None, parity: ParityBand | None
+) -> FixtureFidelity:
+    """One fixture's rows summarized, and judged against its parity band (None: no band)."""
     ok = [r for r in rows if r.status == "ok"]
     psnr_db = _stats([r.psnr_db for r in ok if r.psnr_db is not None], 2)
     optional: dict[str, Any] = {}  # written only where measured
     if scorer is not None:
         optional["lpips"] = _stats([r.lpips for r in ok if r.lpips is not None], 4)
-    if edge is not None and psnr_db.mean is not None:
-        optional.update(parity_edge_db=round(edge, 2), inside_parity_band=psnr_db.mean >= edge)
+    if parity is not None and psnr_db.mean is not None:
+        by_seed = {r.seed: r.psnr_db for r in ok if r.psnr_db is not None}
+        optional.update(
+            parity_edge_db=round(parity.edge(fixture_id), 2), parity=parity.decide(fixture_id, by_seed)
+        )
     return FixtureFidelity(
         n=len(rows),
         ok=len(ok),
@@ -206,23 +247,23 @@ def compare_run(
         if is_success(record)
     ]
     fixtures = {
-        fixture_id: _fixture(
-            [r for r in rows if r.fixture_id == fixture_id],
-            scorer,
-            None if parity is None else parity.edge(fixture_id),
-        )
+        fixture_id: _fixture(fixture_id, [r for r in rows if r.fixture_id == fixture_id], scorer, parity)
         for fixture_id in dict.fromkeys(r.fixture_id for r in rows)
     }
     ok_rows = [r for r in rows if r.status == "ok"]
     result_parity = None
     if parity is not None:
-        inside = [e.inside_parity_band for e in fixtures.values() if e.inside_parity_band is not None]
+        decisions = [e.parity.decision for e in fixtures.values() if e.parity is not None]
+        inside = bool(decisions) and all(d == "inside" for d in decisions) and len(ok_rows) == len(rows)
+        decision: BandDecision = "inside" if inside else "outside" if "outside" in decisions else "undecided"
         result_parity = ParityResult(
             source=parity.source,
             overall_db=round(parity.overall_db, 2),
             per_fixture_db={k: round(v, 2) for k, v in parity.per_fixture_db.items()},
+            per_seed_db=parity.per_seed_db or None,
             tolerance_db=parity.tolerance_db,
-            inside=bool(inside) and all(inside) and len(ok_rows) == len(rows),
+            inside=inside,
+            decision=decision,
         )
     return CompareFile(
         run=str(run),
@@ -242,17 +283,39 @@ def compare_run(
 
 
 def parity_from_pair(first: Path, second: Path, tolerance_db: float) -> ParityBand:
-    """The band two acceptable runs span: their mean PSNR to each other, per fixture and overall."""
+    """The band two acceptable runs span: their PSNR to each other per fixture and seed, its mean per fixture
+    and overall. ``first`` is the baseline the candidates are compared with, so that the pair's PSNR at a
+    seed and a candidate's are measured against the same image."""
     pair = compare_run(second, first, use_lpips=False)
     overall = pair.overall.psnr_db.mean
     if not pair.overall.ok or overall is None:
         raise InputError(f"--parity-pair: {first} and {second} share no comparable images")
     per_fixture = {k: v.psnr_db.mean for k, v in pair.fixtures.items() if v.ok and v.psnr_db.mean is not None}
-    return ParityBand(f"pair {first} vs {second}", overall, per_fixture, tolerance_db)
+    per_seed: dict[str, dict[int, float]] = {}
+    for row in pair.rows:
+        if row.status == "ok" and row.psnr_db is not None:
+            per_seed.setdefault(row.fixture_id, {})[row.seed] = row.psnr_db
+    return ParityBand(f"pair {first} vs {second}", overall, per_fixture, tolerance_db, per_seed)
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def describe_parity(decision: ParityDecision) -> str:
+    """'inside the band: -0.42 dB [-0.81, -0.10] vs the pair over 4 seeds (floor -1 dB)', and for an undecided
+    fixture about how many seeds would settle it."""
+    reference = "the pair" if decision.reference == "pair" else "the stated band"
+    if decision.difference_db is None:
+        return f"undecided: {decision.n} image(s) cannot show a spread (floor {decision.floor_db:g} dB)"
+    text = (
+        f"{decision.decision}: {decision.difference_db:+.2f} dB [{decision.low_db:+.2f}, {decision.high_db:+.2f}] "
+        f"vs {reference} over {decision.n} seeds (floor {decision.floor_db:+g} dB)"
+    )
+    if decision.decision == "undecided":
+        settle = decision.seeds_to_settle
+        text += f"; about {settle} seeds would settle it" if settle else "; more seeds would not settle it"
+    return text
 
 
 def format_compare(results: Sequence[CompareFile]) -> str:
@@ -271,9 +334,7 @@ def format_compare(results: Sequence[CompareFile]) -> str:
                 lines.append(head + row.status.upper() + (f": {row.error}" if row.error else ""))
         for fixture_id, e in res.fixtures.items():
             p, s = e.psnr_db, e.ssim
-            band = ""
-            if e.inside_parity_band is not None:
-                band = f"  {'inside' if e.inside_parity_band else 'OUTSIDE'} parity band (edge {_fmt(e.parity_edge_db, '.2f')} dB)"
+            band = "" if e.parity is None else "  " + describe_parity(e.parity)
             lines.append(
                 f"  {fixture_id}: n={e.n} ok={e.ok} missing={e.missing} errors={e.errors}  "
                 f"PSNR mean {_fmt(p.mean, '.2f')} [{_fmt(p.min, '.2f')}, {_fmt(p.max, '.2f')}] dB  "
@@ -285,8 +346,9 @@ def format_compare(results: Sequence[CompareFile]) -> str:
             f"  overall: {overall.ok}/{overall.n} compared, PSNR mean {_fmt(overall.psnr_db.mean, '.2f')} dB"
         )
         if res.parity is not None:
+            decision = res.parity.decision or ("inside" if res.parity.inside else "outside")
             lines.append(
                 f"  parity band ({res.parity.source}, {res.parity.overall_db:.2f} dB, tolerance "
-                f"{res.parity.tolerance_db:g} dB): {'INSIDE' if res.parity.inside else 'OUTSIDE'}"
+                f"{res.parity.tolerance_db:g} dB): {decision.upper()}"
             )
     return "\n".join(lines)

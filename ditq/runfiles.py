@@ -68,6 +68,7 @@ __all__ = [
     "MemoryCapFacts",
     "MemoryDescription",
     "MemorySource",
+    "ParityDecision",
     "ParityResult",
     "ProbeRecord",
     "RunCounts",
@@ -412,6 +413,26 @@ class FidelityStats(_File):
     max: float | None
 
 
+class ParityDecision(_File):
+    """One fixture against its parity band, decided on an interval (``ditq.stats``).
+
+    The sample is the candidate's PSNR minus the reference pair's, seed by seed (paired), or minus the stated
+    band's PSNR; the fixture is inside when the interval's low end reaches ``floor_db`` (minus the tolerance),
+    outside when its high end does not, undecided otherwise.
+    """
+
+    reference: Literal["pair", "stated"]
+    difference_db: float | None  # mean of candidate - reference (None: fewer than 2 images to judge)
+    low_db: float | None
+    high_db: float | None
+    confidence: float
+    method: str  # "paired bootstrap", "unpaired bootstrap", "bootstrap against a stated PSNR", "none"
+    n: int  # seeds (pairs) the interval is taken over
+    floor_db: float  # the lowest acceptable difference: minus the tolerance
+    decision: Literal["inside", "outside", "undecided"]
+    seeds_to_settle: int | None  # about how many seeds would decide it (n when decided; None: cannot tell)
+
+
 class FixtureFidelity(_File):
     n: int
     ok: int
@@ -420,8 +441,9 @@ class FixtureFidelity(_File):
     psnr_db: FidelityStats
     ssim: FidelityStats
     lpips: FidelityStats | None = None
-    parity_edge_db: float | None = None  # these two with a parity band and at least one ok row
-    inside_parity_band: bool | None = None
+    parity_edge_db: float | None = None  # the band's PSNR minus the tolerance, with a band and an ok row
+    inside_parity_band: bool | None = None  # files from before intervals: the mean PSNR reached the edge
+    parity: ParityDecision | None = None  # with a band and at least one ok row
 
 
 class FidelityOverall(_File):
@@ -432,13 +454,18 @@ class FidelityOverall(_File):
 
 
 class ParityResult(_File):
-    """The parity band: a fixture is inside when its mean PSNR reaches its band's PSNR minus the tolerance."""
+    """The parity band: per fixture, the reference pair's PSNR (its mean here; per seed in ``per_seed_db``) or
+    the stated PSNR, minus the tolerance."""
 
     source: str  # "stated" or "pair A vs B"
     overall_db: float
     per_fixture_db: dict[str, float]
+    per_seed_db: dict[str, dict[int, float]] | None = None  # a pair's PSNR per fixture and seed
     tolerance_db: float
     inside: bool  # every fixture inside and every image compared
+    # outside: a fixture is outside; undecided: none is, and one is undecided or an image is missing; None:
+    # files from before intervals
+    decision: Literal["inside", "outside", "undecided"] | None = None
 
     @property
     def floor_db(self) -> float:

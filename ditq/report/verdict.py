@@ -155,7 +155,9 @@ def _fidelity_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictR
     # compare.json marks each fixture inside or outside its own band edge; missing images are not
     # fidelity failures (a failed request has its own reason), so the per-fixture flags decide first.
     flags = {
-        k: v.inside_parity_band for k, v in run.parity_fixtures.items() if v.inside_parity_band is not None
+        k: v.parity.decision != "outside" if v.parity is not None else v.inside_parity_band
+        for k, v in run.parity_fixtures.items()
+        if v.parity is not None or v.inside_parity_band is not None
     }
     if flags:
         outside_ids = [k for k, inside in flags.items() if not inside]

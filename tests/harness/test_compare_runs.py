@@ -101,14 +101,20 @@ def test_parity_band_stated_and_from_a_pair(runs: dict[str, Path]) -> None:
     outside = compare_run(runs["dim"], runs["baseline"], parity=ParityBand("stated", level + 30, {}, 1.0))
     assert inside.parity is not None and inside.parity.inside
     assert outside.parity is not None and not outside.parity.inside
-    assert all(e.inside_parity_band is False for e in outside.fixtures.values())
-    # Pair: baseline vs dim defines the band; dim sits on it, dark far below.
+    decisions = [e.parity for e in outside.fixtures.values() if e.parity is not None]
+    assert len(decisions) == 3 and all(d.decision == "outside" and d.reference == "stated" for d in decisions)
+    assert all(d.high_db is not None and d.high_db < d.floor_db == -1.0 for d in decisions)
+    # Pair: baseline vs dim defines the band, seed by seed; dim sits on it, dark far below.
     band = parity_from_pair(runs["baseline"], runs["dim"], tolerance_db=0.5)
     assert band.per_fixture_db["gen-one"] == pytest.approx(dim.fixtures["gen-one"].psnr_db.mean, abs=0.01)
+    assert band.per_seed_db["gen-one"] == {r.seed: r.psnr_db for r in dim.rows if r.fixture_id == "gen-one"}
     on_band = compare_run(runs["dim"], runs["baseline"], parity=band)
     below = compare_run(runs["dark"], runs["baseline"], parity=band)
     assert on_band.parity is not None and below.parity is not None
-    assert on_band.parity.inside and not below.parity.inside
+    assert on_band.parity.inside and not below.parity.inside and below.parity.decision == "outside"
+    paired = on_band.fixtures["gen-one"].parity
+    assert paired is not None and paired.method == "paired bootstrap" and paired.n == 2
+    assert paired.difference_db == paired.low_db == paired.high_db == 0.0  # the pair's own images
 
 
 def test_compare_command(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
@@ -117,7 +123,7 @@ def test_compare_command(runs: dict[str, Path], capsys: pytest.CaptureFixture[st
     assert json.loads((runs["same"] / "compare.json").read_text())["overall"]["ok"] == 6
     assert _compare_cli(str(runs["dark"]), "--baseline", base, "--parity-pair", base, str(runs["dim"])) == 1
     out = capsys.readouterr().out
-    assert "OUTSIDE parity band" in out and "lpips" in out
+    assert "outside: " in out and "): OUTSIDE" in out and "lpips" in out
     (runs["baseline"] / "images" / "gen-one.s1.png").write_bytes(b"tampered")
     with pytest.raises(DitqError, match="does not match its seal"):
         _compare_cli(str(runs["same"]), "--baseline", base)
