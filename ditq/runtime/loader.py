@@ -2,27 +2,24 @@
 
 A component is quantized when its ``config.json`` carries a compressed-tensors
 ``quantization_config`` (per-component wrapper or plain form). Such a
-component is built from its config with every parameter on the meta device,
-each stored quantized Linear (a module with ``<prefix>.weight_scale``) is
-swapped for the scheme's QuantizedLinear, and the stored tensors are read
-one at a time and assigned in place: the source-precision weights of the
-quantized layers never exist. Every other component loads the way diffusers
-loads it.
+component is built from its config with every parameter on the meta device
+(``ditq.runtime.meta``), each stored quantized Linear is swapped for its
+scheme's QuantizedLinear (``ditq.runtime.swap``), and the stored tensors are
+read one at a time and assigned in place (``ditq.runtime.fill``): the
+source-precision weights of the quantized layers never exist. Every other
+component loads the way diffusers loads it. Placement while running is
+``ditq.runtime.offload``.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
-import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ditq.checkpoint.codecs import SCALE, config_groups, detect_codec, layer_scheme, quantized_layers
 from ditq.checkpoint.layout import (
     component_class,
     component_names,
@@ -35,9 +32,12 @@ from ditq.checkpoint.safetensors_io import TensorEntry, read_entry, read_header
 from ditq.devices import resolve_device, resolve_offload
 from ditq.errors import InputError
 from ditq.kernels.registry import KernelPath
-from ditq.runtime.modules import QuantizedLinear, quantized_linear_class, quantized_linears
+from ditq.runtime.classes import import_class, pipeline_class
+from ditq.runtime.fill import assign_tensor
+from ditq.runtime.meta import build_empty, parameters_on_meta
+from ditq.runtime.modules import QuantizedLinear, quantized_linears
 from ditq.runtime.offload import apply_offload
-from ditq.schemes import Scheme
+from ditq.runtime.swap import swap_quantized_linears
 
 __all__ = [
     "KernelChooser",
@@ -55,41 +55,6 @@ log = logging.getLogger(__name__)
 KernelChooser = Callable[[QuantizedLinear, torch.device, torch.dtype], "KernelPath | None"]
 
 
-def _import(library: str, class_name: str, where: str) -> Any:
-    try:
-        module = importlib.import_module(library)
-    except ImportError as error:
-        raise InputError(f"{where}: cannot import library {library!r} ({error})") from error
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise InputError(f"{where}: library {library!r} has no class {class_name!r}")
-    return cls
-
-
-def pipeline_class(model_index: dict[str, Any], model_dir: Path) -> type:
-    """The pipeline class named by ``_class_name``: from diffusers, else from a component's library or its parents."""
-    name = model_index.get("_class_name")
-    if not isinstance(name, str):
-        raise InputError(f"{model_dir}/model_index.json: no _class_name")
-    import diffusers
-
-    if name in dir(diffusers):  # dir() lists the lazy names without importing every submodule
-        return getattr(diffusers, name)
-    for component in component_names(model_index):
-        library, _ = component_class(model_index, component)
-        parts = library.split(".")
-        for depth in range(len(parts), 0, -1):
-            try:
-                module = importlib.import_module(".".join(parts[:depth]))
-            except ImportError:
-                continue
-            if isinstance(getattr(module, name, None), type):
-                return getattr(module, name)
-    raise InputError(
-        f"{model_dir}/model_index.json: pipeline class {name!r} not found in diffusers or the components' libraries"
-    )
-
-
 def is_quantized_component(model_dir: Path, component: str) -> dict[str, Any] | None:
     """The component's compressed-tensors config, or None (also for components without config.json)."""
     config_path = Path(model_dir) / component / "config.json"
@@ -103,140 +68,6 @@ def is_quantized_component(model_dir: Path, component: str) -> dict[str, Any] | 
     return qconfig
 
 
-@contextmanager
-def parameters_on_meta() -> Iterator[None]:
-    """Every parameter registered inside the block lives on the meta device; buffers stay real."""
-    original = torch.nn.Module.register_parameter
-
-    def register(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
-        original(module, name, param)
-        if param is not None:
-            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=False)
-
-    torch.nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        torch.nn.Module.register_parameter = original  # type: ignore[method-assign]
-
-
-def _build_empty(cls: Any, config: dict[str, Any], component_dir: Path) -> torch.nn.Module:
-    """An instance from config with parameters on meta (diffusers ModelMixin or transformers PreTrainedModel)."""
-    plain = {k: v for k, v in config.items() if k != "quantization_config"}
-    with parameters_on_meta():
-        if hasattr(cls, "config_class") and hasattr(cls, "_from_config"):  # transformers
-            model = cls._from_config(cls.config_class.from_dict(plain))
-        elif hasattr(cls, "from_config"):  # diffusers
-            model = cls.from_config(plain)
-        else:
-            raise InputError(f"{component_dir}: cannot build {cls.__name__} from a config")
-    if not isinstance(model, torch.nn.Module):
-        raise InputError(f"{component_dir}: {cls.__name__} is not a torch module")
-    return model.eval()
-
-
-def _matches(entries: list[str], name: str, module: torch.nn.Module) -> bool:
-    """compressed-tensors matching: ``re:`` regex (re.match) on the name, else the exact name or class name."""
-    for entry in entries:
-        if entry.startswith("re:"):
-            if re.match(entry[3:], name):
-                return True
-        elif entry in (name, type(module).__name__):
-            return True
-    return False
-
-
-def _swap_quantized_linears(
-    model: torch.nn.Module,
-    entries: dict[str, TensorEntry],
-    qconfig: dict[str, Any],
-    component_dir: Path,
-    dtype: torch.dtype,
-) -> dict[str, Scheme]:
-    config_path = f"{component_dir}/config.json"
-    groups = config_groups(qconfig, config_path)
-    ignore = list(qconfig.get("ignore") or [])
-    dtypes = {name: entry.dtype for name, entry in entries.items()}
-    schemes: dict[str, Scheme] = {}
-    for prefix in quantized_layers(entries):
-        scale = entries[f"{prefix}.{SCALE}"]
-        where = scale.path
-        try:
-            linear = model.get_submodule(prefix)
-        except AttributeError:
-            raise InputError(f"{where}: {prefix}.{SCALE} names no module of {type(model).__name__}") from None
-        if not isinstance(linear, torch.nn.Linear):
-            raise InputError(f"{where}: {prefix} is a {type(linear).__name__}, not a Linear")
-        codec = detect_codec(prefix, dtypes, str(entries.get(f"{prefix}.weight", scale).path))
-        group = next((g for g in groups if _matches(list(g.targets), prefix, linear)), None)
-        if group is None or _matches(ignore, prefix, linear):
-            why = "is listed in ignore" if group is not None else "is targeted by no config group"
-            raise InputError(f"{config_path}: {prefix} is stored quantized but {why}")
-        columns = scale.shape[1] if len(scale.shape) == 2 else 1
-        scheme = layer_scheme(group, codec, linear.in_features, columns, f"{config_path}: {prefix}")
-        replacement = quantized_linear_class(scheme.name)(
-            linear.in_features,
-            linear.out_features,
-            bias=linear.bias is not None,
-            group_size=scheme.group_size,
-            device="meta",
-            bias_dtype=dtype,
-            scheme=scheme,
-        )
-        parent_name, _, attr = prefix.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, attr, replacement)
-        schemes[prefix] = scheme
-    targets = [t for g in groups for t in g.targets]
-    for name, module in model.named_modules():
-        if (
-            isinstance(module, torch.nn.Linear)
-            and _matches(targets, name, module)
-            and not _matches(ignore, name, module)
-        ):
-            raise InputError(
-                f"{component_dir}: {name} is targeted by quantization_config and not ignored, "
-                f"but the weight files hold no {name}.{SCALE} (incomplete artifact)"
-            )
-    return schemes
-
-
-def _keep_float32(model: torch.nn.Module, name: str) -> bool:
-    keep = getattr(model, "_keep_in_fp32_modules", None) or []
-    return any(part in name.split(".") for part in keep)
-
-
-def _assign(
-    model: torch.nn.Module,
-    name: str,
-    tensor: torch.Tensor,
-    entry: TensorEntry,
-    device: torch.device,
-    dtype: torch.dtype,
-) -> None:
-    module_name, _, attr = name.rpartition(".")
-    module = model.get_submodule(module_name) if module_name else model
-    placeholder = module._parameters.get(attr) if attr in module._parameters else module._buffers.get(attr)
-    assert placeholder is not None
-    if tuple(placeholder.shape) != tuple(tensor.shape):
-        raise InputError(
-            f"{entry.path}: tensor {name!r} has shape {tuple(tensor.shape)}, {type(model).__name__} expects {tuple(placeholder.shape)}"
-        )
-    stored_quantized = isinstance(module, QuantizedLinear) and attr in module.stored_names
-    if stored_quantized and attr == SCALE and tensor.is_floating_point():
-        tensor = tensor.to(torch.float32)
-    elif stored_quantized and tensor.dtype != placeholder.dtype:
-        raise InputError(
-            f"{entry.path}: tensor {name!r} is {tensor.dtype}, {type(module).__name__} stores {placeholder.dtype}"
-        )
-    elif tensor.is_floating_point() and not stored_quantized:
-        tensor = tensor.to(torch.float32 if _keep_float32(model, name) else dtype)
-    tensor = tensor.to(device)
-    if attr in module._parameters:
-        module._parameters[attr] = torch.nn.Parameter(tensor, requires_grad=False)
-    else:
-        module._buffers[attr] = tensor
-
-
 def _load_quantized(
     component_dir: Path,
     cls: Any,
@@ -248,14 +79,14 @@ def _load_quantized(
     entries: dict[str, TensorEntry] = {}
     for path in weight_files(component_dir):
         entries.update(read_header(path).entries)
-    model = _build_empty(cls, config, component_dir)
-    schemes = _swap_quantized_linears(model, entries, qconfig, component_dir, dtype)
+    model = build_empty(cls, config, component_dir)
+    schemes = swap_quantized_linears(model, entries, qconfig, component_dir, dtype)
     expected = set(model.state_dict(keep_vars=True))
     for name in entries:
         if name not in expected:
             raise InputError(f"{entries[name].path}: tensor {name!r} has no place in {type(model).__name__}")
     for entry in sorted(entries.values(), key=lambda e: (str(e.path), e.begin)):
-        _assign(model, entry.name, read_entry(entry), entry, device, dtype)
+        assign_tensor(model, entry.name, read_entry(entry), entry, device, dtype)
     tie_weights = getattr(model, "tie_weights", None)
     if callable(tie_weights):
         tie_weights()
@@ -300,7 +131,7 @@ def load_component(
     model_dir = Path(model_dir)
     index = read_model_index(model_dir)
     library, class_name = component_class(index, component)
-    cls = _import(library, class_name, f"{model_dir}/model_index.json: {component}")
+    cls = import_class(library, class_name, f"{model_dir}/model_index.json: {component}")
     component_dir = model_dir / component
     qconfig = is_quantized_component(model_dir, component)
     if qconfig is None:

@@ -1,0 +1,90 @@
+"""Replacing each stored quantized Linear of a meta-built model with its scheme's QuantizedLinear.
+
+A layer's scheme comes from the config group that targets it (``targets``,
+``ignore``, ``format``, ``weights``, ``input_activations``), cross-checked
+against its stored tensors by the codecs; a disagreement, a stored layer no
+group targets, or a targeted Linear with nothing stored is an InputError
+naming the layer and the file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ditq.checkpoint.codecs import SCALE, config_groups, detect_codec, layer_scheme, quantized_layers
+from ditq.checkpoint.safetensors_io import TensorEntry
+from ditq.errors import InputError
+from ditq.runtime.modules import quantized_linear_class
+from ditq.schemes import Scheme
+
+__all__ = ["matches", "swap_quantized_linears"]
+
+
+def matches(entries: list[str], name: str, module: torch.nn.Module) -> bool:
+    """compressed-tensors matching: ``re:`` regex (re.match) on the name, else the exact name or class name."""
+    for entry in entries:
+        if entry.startswith("re:"):
+            if re.match(entry[3:], name):
+                return True
+        elif entry in (name, type(module).__name__):
+            return True
+    return False
+
+
+def swap_quantized_linears(
+    model: torch.nn.Module,
+    entries: dict[str, TensorEntry],
+    qconfig: dict[str, Any],
+    component_dir: Path,
+    dtype: torch.dtype,
+) -> dict[str, Scheme]:
+    """Swap every stored quantized Linear (a ``<prefix>.weight_scale`` entry) in place; returns prefix -> scheme."""
+    config_path = f"{component_dir}/config.json"
+    groups = config_groups(qconfig, config_path)
+    ignore = list(qconfig.get("ignore") or [])
+    dtypes = {name: entry.dtype for name, entry in entries.items()}
+    schemes: dict[str, Scheme] = {}
+    for prefix in quantized_layers(entries):
+        scale = entries[f"{prefix}.{SCALE}"]
+        where = scale.path
+        try:
+            linear = model.get_submodule(prefix)
+        except AttributeError:
+            raise InputError(f"{where}: {prefix}.{SCALE} names no module of {type(model).__name__}") from None
+        if not isinstance(linear, torch.nn.Linear):
+            raise InputError(f"{where}: {prefix} is a {type(linear).__name__}, not a Linear")
+        codec = detect_codec(prefix, dtypes, str(entries.get(f"{prefix}.weight", scale).path))
+        group = next((g for g in groups if matches(list(g.targets), prefix, linear)), None)
+        if group is None or matches(ignore, prefix, linear):
+            why = "is listed in ignore" if group is not None else "is targeted by no config group"
+            raise InputError(f"{config_path}: {prefix} is stored quantized but {why}")
+        columns = scale.shape[1] if len(scale.shape) == 2 else 1
+        scheme = layer_scheme(group, codec, linear.in_features, columns, f"{config_path}: {prefix}")
+        replacement = quantized_linear_class(scheme.name)(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            group_size=scheme.group_size,
+            device="meta",
+            bias_dtype=dtype,
+            scheme=scheme,
+        )
+        parent_name, _, attr = prefix.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, replacement)
+        schemes[prefix] = scheme
+    targets = [t for g in groups for t in g.targets]
+    for name, module in model.named_modules():
+        if (
+            isinstance(module, torch.nn.Linear)
+            and matches(targets, name, module)
+            and not matches(ignore, name, module)
+        ):
+            raise InputError(
+                f"{component_dir}: {name} is targeted by quantization_config and not ignored, "
+                f"but the weight files hold no {name}.{SCALE} (incomplete artifact)"
+            )
+    return schemes
