@@ -625,6 +625,7 @@ class SweepFile(_File):
     endpoint_for: dict[str, str]
     parity_db: float | None
     parity_pair: list[str] | None
+    parity_in_process: bool = False  # the band from the baseline and the model run in process in bfloat16
     pid: int
 
 

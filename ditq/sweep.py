@@ -14,6 +14,8 @@ Layout::
 
     OUT/SWEEP.json                   options and the command that started the sweep (ditq.runfiles.SweepFile)
     OUT/baseline/                    sealed BF16 run (served under the same --max-memory)
+    OUT/parity-in-process/           with --parity-in-process: the model run in process in bfloat16, sealed; with
+                                     the baseline, the reference pair whose PSNR per seed is the parity band
     OUT/<scheme>/CANDIDATE.json      status, message, command and time of every stage
     OUT/<scheme>/artifact/           the quantized model
     OUT/<scheme>/run/                probe run: records, images, vram.csv, gate.json, compare.json
@@ -114,6 +116,9 @@ class SweepOptions:
     endpoint_for: dict[str, str] = field(default_factory=dict)  # scheme -> URL of a server already running
     parity_db: float | None = None  # the parity band's PSNR (a BF16 reference pair's), stated
     parity_pair: tuple[Path, Path] | None = None  # two acceptable reference runs that span the band
+    # the band from the baseline and the model run in process in bfloat16 (OUT/parity-in-process)
+    parity_in_process: bool = False
+    objective: Literal["fit", "speed", "memory"] = "fit"  # what the report's headline verdict answers
     health_timeout_s: float = 600.0
     request_timeout_s: float | None = None
     progress: bool = True
@@ -125,8 +130,8 @@ class SweepOptions:
         unknown = set(self.endpoint_for) - set(self.schemes)
         if unknown:
             raise InputError(f"--endpoint-for: {sorted(unknown)[0]!r} is not one of the swept schemes")
-        if self.parity_db is not None and self.parity_pair is not None:
-            raise InputError("--parity-db and --parity-pair: give one of them")
+        if sum((self.parity_db is not None, self.parity_pair is not None, self.parity_in_process)) > 1:
+            raise InputError("--parity-db, --parity-pair and --parity-in-process: give one of them")
         unknown_modes = [m for m in self.offload if m not in OFFLOAD_MODES]
         if not self.offload or unknown_modes or len(set(self.offload)) != len(self.offload):
             raise InputError(
@@ -336,10 +341,12 @@ class _Sweep:
         self.options, self.command = options, command
         self.out = options.out
         self.baseline = self.out / "baseline"
+        self.parity_run = self.out / "parity-in-process"
         # the baseline is BF16 unless the servers compute in another dtype (float32 on a CPU, say)
         dtype = options.dtype or default_dtype(options.device)
         self.baseline_name = "BF16" if dtype == "bfloat16" else dtype
-        self.progress = _Progress(1 + len(SCHEME_STAGES) * len(options.schemes) + 1, options.progress)
+        runs = 1 + options.parity_in_process
+        self.progress = _Progress(runs + len(SCHEME_STAGES) * len(options.schemes) + 1, options.progress)
 
     def _show(self, c: _Candidate, stage: str, status: str, detail: str = "") -> None:
         if status != "running":
@@ -395,6 +402,35 @@ class _Sweep:
             raise DitqError(f"baseline: {failure or 'no sealed baseline'} (log: {logs / 'baseline.log'})")
         self.progress(self.baseline_name, "baseline", "ok", f"{time.monotonic() - started:.1f} s")
         return True
+
+    # -- the reference pair's second run: the model in process in bfloat16 ----------------------------------
+    def run_parity_pair(self) -> None:
+        from ditq.baseline import verify_seal
+
+        if (self.parity_run / "SEAL.json").is_file() and not verify_seal(self.parity_run):
+            self.progress("bfloat16", "pair", "skipped", "sealed by an earlier run")
+            return
+        self.progress("bfloat16", "pair", "running")
+        started = time.monotonic()
+        argv = ditq_argv(
+            "baseline", self.options.model, "--out", self.parity_run, *_matrix_args(self.options)
+        )
+        log = self.out / "logs" / "parity-in-process.log"
+        code = _run_logged([*argv, "--device", self.options.device], log)
+        if code != 0 or not (self.parity_run / "SEAL.json").is_file():
+            raise DitqError(f"the reference pair's in-process run failed: exit code {code} (log: {log})")
+        self.progress("bfloat16", "pair", "ok", f"{time.monotonic() - started:.1f} s")
+
+    @property
+    def parity_args(self) -> list[str]:
+        """compare's parity band options."""
+        if self.options.parity_db is not None:
+            return ["--parity-db", str(self.options.parity_db)]
+        if self.options.parity_pair is not None:
+            return ["--parity-pair", *(str(p) for p in self.options.parity_pair)]
+        if self.options.parity_in_process:
+            return ["--parity-pair", str(self.baseline), str(self.parity_run)]
+        return []
 
     # -- serving through the offload ladder ------------------------------------------------------------
     def _serve_ladder(
@@ -487,11 +523,7 @@ class _Sweep:
         chain_ok = chain_ok and self._step(
             c, "gate", ditq_argv("gate", c.run_dir, "--baseline", baseline), [gate_json], (0, 1)
         )
-        compare = ditq_argv("compare", c.run_dir, "--baseline", baseline, "--no-lpips")
-        if options.parity_db is not None:
-            compare += ["--parity-db", str(options.parity_db)]
-        elif options.parity_pair is not None:
-            compare += ["--parity-pair", *(str(p) for p in options.parity_pair)]
+        compare = ditq_argv("compare", c.run_dir, "--baseline", baseline, "--no-lpips", *self.parity_args)
         if chain_ok:
             self._step(c, "compare", compare, [compare_json], (0, 1))
         for stage in SCHEME_STAGES:
@@ -566,7 +598,7 @@ class _Sweep:
             [self.out / scheme for scheme in self.options.schemes],
             self.baseline,
             self.out / "report",
-            VerdictRules(parity_reference_db=self.options.parity_db),
+            VerdictRules(parity_reference_db=self.options.parity_db, objective=self.options.objective),
             command=self.command,
             baseline_commands=read_model(CommandList, commands).root if commands.is_file() else [],
             baseline_name=self.baseline_name,
@@ -625,11 +657,14 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         endpoint_for=options.endpoint_for,
         parity_db=options.parity_db,
         parity_pair=[str(p) for p in options.parity_pair] if options.parity_pair else None,
+        parity_in_process=options.parity_in_process,
         pid=os.getpid(),
     )
     write_model(options.out / SWEEP_FILE, sweep_file)
     sweep = _Sweep(options, command)
     baseline_ran = sweep.run_baseline()
+    if options.parity_in_process:
+        sweep.run_parity_pair()
     for scheme in options.schemes:
         sweep.run_scheme(scheme, baseline_ran)
     return sweep.report()

@@ -213,12 +213,11 @@ def test_demo_sweeps_the_seed_matrix_of_the_bundled_fixtures(tmp_path: Path):
     assert demo_fixtures(tmp_path) == path and path.stat().st_mtime_ns == written  # resume sees the same file
 
 
-def test_demo_parity_band_is_the_committed_measurement():
+def test_demo_measures_its_parity_band_with_the_committed_measurement_s_pair():
     from ditq.commands.demo import DEMO
 
     measured = json.loads((Path(__file__).parents[1] / "benchmarks/results/demo_parity.json").read_text())
-    lowest = min(f["mean"] for f in measured["per_fixture_psnr_db"].values())
-    assert DEMO.parity_db == round(lowest, 1)
+    assert DEMO.parity_in_process and "in process in bfloat16 against the demo's float32" in measured["what"]
     assert measured["steps"] == DEMO.steps and measured["seeds"] == DEMO.seeds
 
 

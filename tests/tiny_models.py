@@ -41,6 +41,7 @@ __all__ = [
     "example_inputs",
     "make_model_dir",
     "save_sharded",
+    "to_variant_only",
     "write_model_dir",
 ]
 
@@ -212,6 +213,16 @@ def save_sharded(state: dict[str, torch.Tensor], folder: Path, stem: str, shards
         total += sum(tensors[n].numel() * tensors[n].element_size() for n in chunk)
     index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index_doc, indent=2) + "\n")
+
+
+def to_variant_only(model_dir: Path, variant: str) -> list[str]:
+    """Rename every component's ``*.safetensors`` to ``*.{variant}.safetensors`` (a hub snapshot that ships only
+    a variant); returns the components renamed."""
+    renamed = []
+    for path in sorted(Path(model_dir).glob("*/*.safetensors")):
+        path.rename(path.with_name(f"{path.name.removesuffix('.safetensors')}.{variant}.safetensors"))
+        renamed.append(path.parent.name)
+    return renamed
 
 
 def write_model_dir(

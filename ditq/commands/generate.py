@@ -43,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_device_arguments(parser, "cpu", "where to generate", dtype=True, offload=True)
     parser.add_argument(
+        "--variant",
+        metavar="NAME",
+        help="read each component's NAME variant weights (e.g. fp16: *.fp16.safetensors) where it has them, as "
+        "diffusers' from_pretrained(variant=...) does (default: the variant an artifact records, else the "
+        "default files)",
+    )
+    parser.add_argument(
         "--skip-doctor",
         action="store_true",
         help="use kernel paths without the kernel doctor's check (warns)",
@@ -109,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         offload=args.offload,
         dtype=args.dtype,
         skip_doctor=args.skip_doctor,
+        variant=args.variant,
     )
     _print_report(report)
     for path in save_images(report.result.images, args.out):

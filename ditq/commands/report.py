@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 
 from ditq.report import VerdictRules, build_report
+from ditq.report.schema import OBJECTIVES
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "add_objective_argument", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=VerdictRules.parity_margin_db,
         help="band floor = pair - margin",
     )
+    add_objective_argument(parser)
     parser.add_argument(
         "--slower-tolerance",
         type=float,
@@ -49,11 +51,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_objective_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--objective",
+        choices=tuple(OBJECTIVES),
+        default=VerdictRules.objective,
+        help="what the headline verdict answers: fit (to serve), speed (faster), memory (smaller); all three are "
+        "answered either way (default: %(default)s)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     rules = VerdictRules(
         slower_tolerance=args.slower_tolerance,
         parity_margin_db=args.parity_margin_db,
         parity_reference_db=args.parity_db,
+        objective=args.objective,
     )
     result = build_report(
         args.runs,
@@ -64,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
         baseline_attempts=args.baseline_attempts,
         note=args.note,
     )
-    for entry in result.data.document.candidates:
-        reasons = " ".join(r.message for r in entry.reasons) or "every check passed."
-        print(f"{entry.name}: {entry.verdict} - {reasons}")
+    document = result.data.document
+    for entry in document.candidates:
+        print(entry.summary(document.objective))
     print(result.html)
     return 0

@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", help="the model id clients send (default: the directory name)")
     add_device_arguments(parser, "cpu", "where to generate", dtype=True, offload=True)
     parser.add_argument(
+        "--variant",
+        metavar="NAME",
+        help="read each component's NAME variant weights (e.g. fp16: *.fp16.safetensors) where it has them, as "
+        "diffusers' from_pretrained(variant=...) does (default: the variant an artifact records, else the "
+        "default files)",
+    )
+    parser.add_argument(
         "--max-queue",
         type=int,
         default=_DEFAULTS.max_queue,
@@ -161,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         max_memory=args.max_memory,
         skip_doctor=args.skip_doctor,
+        variant=args.variant,
         limits=limits,
         drain_timeout_s=args.drain_timeout,
     )

@@ -6,6 +6,7 @@ import argparse
 import signal
 from pathlib import Path
 
+from ditq.commands.report import add_objective_argument
 from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device
 from ditq.report import ReportResult
 from ditq.schemes import get_scheme
@@ -34,6 +35,13 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, device: str) -> None:
         metavar=("RUN_A", "RUN_B"),
         help="two acceptable reference runs (e.g. two BF16 implementations) whose PSNR is the band",
     )
+    parser.add_argument(
+        "--parity-in-process",
+        action="store_true",
+        help="the parity band from the baseline and the model run in process in bfloat16 (a second baseline, "
+        "OUT/parity-in-process), seed by seed",
+    )
+    add_objective_argument(parser)
     add_device_arguments(parser, device, "device of the quantizer, every server and the doctor")
     parser.add_argument(
         "--dtype",
@@ -73,9 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def print_verdicts(result: ReportResult) -> None:
-    for entry in result.data.document.candidates:
-        reasons = " ".join(r.message for r in entry.reasons) or "every check passed."
-        print(f"{entry.name}: {entry.verdict} - {reasons}")
+    document = result.data.document
+    for entry in document.candidates:
+        print(entry.summary(document.objective))
     print(f"report: {result.html}")
 
 
@@ -107,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         endpoint_for=parse_endpoint_for(args.endpoint_for),
         parity_db=args.parity_db,
         parity_pair=tuple(args.parity_pair) if args.parity_pair else None,
+        parity_in_process=args.parity_in_process,
+        objective=args.objective,
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
     )

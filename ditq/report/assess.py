@@ -11,12 +11,16 @@ import ditq
 from ditq.report.capacity import CapacityRow, capacity_matrix, max_references_served
 from ditq.report.ladder import server_starts
 from ditq.report.model import Candidate
+from ditq.report.objectives import objectives
 from ditq.report.provenance import device_description, git_revision, library_versions
 from ditq.report.schema import (
+    OBJECTIVES,
+    Answer,
     BaselineEntry,
     CandidateVerdict,
+    ObjectiveAnswer,
+    Objectives,
     Provenance,
-    ReasonEntry,
     ReferenceProfile,
     ServingProfile,
     VerdictDocument,
@@ -30,13 +34,20 @@ __all__ = ["Assessment", "ReportData", "assess", "serving_profile", "source_weig
 class Assessment:
     candidate: Candidate
     matrix: list[CapacityRow]
-    reasons: list[Reason]
+    reasons: list[Reason]  # fit to serve's
     floor_db: float | None
     profile: ServingProfile
+    objectives: Objectives
+    objective: str  # the headline's: fit_to_serve | faster | smaller
 
     @property
-    def verdict(self) -> str:
-        return "NO" if self.reasons else "YES"
+    def headline(self) -> ObjectiveAnswer:
+        answer: ObjectiveAnswer = getattr(self.objectives, self.objective)
+        return answer
+
+    @property
+    def verdict(self) -> Answer:
+        return self.headline.answer
 
 
 @dataclass
@@ -131,31 +142,38 @@ def assess(
     if baseline.run is None:
         raise ValueError("the baseline has no run")
     baseline_matrix = capacity_matrix(baseline.run)
+    baseline_profile = serving_profile(baseline, baseline_matrix, source_weight_bytes(candidates))
+    objective = OBJECTIVES[rules.objective]
     assessments = []
     for candidate in candidates:
         matrix = capacity_matrix(candidate.run) if candidate.run else []
+        reasons = decide(candidate, baseline, rules)
+        profile = serving_profile(candidate, matrix)
         assessments.append(
             Assessment(
                 candidate=candidate,
                 matrix=matrix,
-                reasons=decide(candidate, baseline, rules),
+                reasons=reasons,
                 floor_db=parity_floor_db(candidate, rules),
-                profile=serving_profile(candidate, matrix),
+                profile=profile,
+                objectives=objectives(candidate, baseline, reasons, profile, baseline_profile, rules),
+                objective=objective,
             )
         )
     budgets = {c.memory_budget for c in [baseline, *candidates] if c.memory_budget}
-    baseline_profile = serving_profile(baseline, baseline_matrix, source_weight_bytes(candidates))
     document = VerdictDocument(
-        schema_version="ditq-verdict-1",
+        schema_version="ditq-verdict-2",
         generated_utc=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        objective=objective,
         note=note,
         memory_budget=", ".join(sorted(budgets)) if budgets else None,
         baseline=BaselineEntry(name=baseline.name, run=str(baseline.run.path), profile=baseline_profile),
         candidates=[
             CandidateVerdict(
                 name=a.candidate.name,
-                verdict="NO" if a.reasons else "YES",
-                reasons=[ReasonEntry(code=r.code, message=r.message) for r in a.reasons],  # type: ignore[arg-type]
+                verdict=a.verdict,
+                reasons=a.headline.reasons,
+                objectives=a.objectives,
                 profile=a.profile,
                 run=str(a.candidate.run.path) if a.candidate.run else None,
                 parity_floor_db=a.floor_db,

@@ -25,6 +25,7 @@ from ditq.report.tables import (
     comparison_table,
     format_bytes,
     ladder_table,
+    objectives_table,
     provenance_table,
     servers_table,
     stages_table,
@@ -152,10 +153,15 @@ def _candidate(a: Assessment, report: ReportData, grids: list[Grid]) -> Iterator
     facts = _facts(candidate, a, report)
     if facts:
         yield _sentence(facts)
+    reasons = [
+        r for name in ("fit_to_serve", "faster", "smaller") for r in getattr(a.objectives, name).reasons
+    ]
     yield Bullets(
-        tuple(((r.code, "bold"), (f": {r.message}", "")) for r in a.reasons)
+        tuple(((r.code, "bold"), (f": {r.message}", "")) for r in reasons)
         or ((("Every check passed.", ""),),)
     )
+    yield Heading(3, "Objectives")
+    yield objectives_table(a)
     if a.matrix:
         yield Heading(3, "Capacity matrix")
         yield capacity_table(a.matrix)
@@ -202,9 +208,24 @@ def _head(report: ReportData) -> Iterator[Block]:
     yield capacity_summary_table(report)
 
 
+# How to read the answers and their intervals (said once, above the verdicts).
+READING = (
+    "Each candidate answers three questions apart: fit to serve (no failed stage or doctor check, every request "
+    "served within the memory budget, no collapse, every fixture inside the parity band), faster (at every "
+    "reference count both served) and smaller (weights, and peak memory no larger). The verdict column is the "
+    "objective chosen with --objective. An answer is YES or NO only when its intervals decide it; UNDECIDED "
+    "means the evidence so far cannot tell, and the objectives table says about how many seeds (or requests) "
+    "would settle it. An interval [low, high] is a 95% bootstrap interval over seeds: for PSNR it is the "
+    "candidate's PSNR minus the reference pair's, seed by seed, and a fixture is inside the band when the "
+    "whole interval lies above the floor (minus the tolerance), outside when the whole interval lies below it; "
+    "for speed it is the candidate's seconds per image over the baseline's, faster when the whole interval "
+    "lies below 1 minus the tolerance, slower when above 1 plus it."
+)
+
+
 def report_blocks(report: ReportData, charts: dict[str, Path | None], grids: list[Grid]) -> list[Block]:
     base = report.baseline
-    blocks: list[Block] = [*_head(report), Heading(2, "Verdicts"), verdict_table(report)]
+    blocks: list[Block] = [*_head(report), Heading(2, "Verdicts"), _text(READING), verdict_table(report)]
     blocks += [
         Heading(2, f"Comparison with {base.name} and between candidates"),
         _text(

@@ -24,6 +24,7 @@ color:#1d1d1f;padding:0 1rem;line-height:1.4}
 table{border-collapse:collapse;margin:0.6rem 0 1.2rem;font-size:0.85rem}
 th,td{border:1px solid #d0d0d5;padding:0.25rem 0.5rem;text-align:left;vertical-align:top}
 th{background:#f2f2f5} .YES{color:#0a7a2f;font-weight:700} .NO{color:#b00020;font-weight:700}
+.UNDECIDED{color:#8a5a00;font-weight:700}
 figure{margin:0.8rem 0} .grids{display:flex;flex-wrap:wrap;gap:0 1.5rem;align-items:flex-start} figcaption{font-size:0.8rem;color:#555} img{max-width:100%;height:auto}
 code{background:#f2f2f5;padding:0 0.2rem}
 """
@@ -47,14 +48,17 @@ def _e(text: str) -> str:
     return html.escape(text, quote=True)
 
 
-def table_html(table: Table, verdict_column: str | None = "Verdict") -> str:
-    column = table.headers.index(verdict_column) if verdict_column in table.headers else -1
+_ANSWERS = ("YES", "NO", "UNDECIDED")
+
+
+def table_html(table: Table) -> str:
+    """Answer cells (YES, NO, UNDECIDED) carry their answer as a class, in any column."""
     head = "".join(f"<th>{_e(h)}</th>" for h in table.headers)
     body = []
     for row in table.rows:
         cells = []
-        for index, cell in enumerate(row):
-            klass = f' class="{_e(cell)}"' if index == column and cell in ("YES", "NO") else ""
+        for cell in row:
+            klass = f' class="{_e(cell)}"' if cell in _ANSWERS else ""
             cells.append(f"<td{klass}>{_e(cell)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"

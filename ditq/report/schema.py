@@ -17,10 +17,16 @@ from ditq.errors import InputError
 from ditq.runfiles import parse
 
 __all__ = [
+    "OBJECTIVES",
     "SCHEMA_PATH",
     "SCHEMA_VERSION",
+    "Answer",
     "BaselineEntry",
     "CandidateVerdict",
+    "IntervalEntry",
+    "ObjectiveAnswer",
+    "ObjectiveName",
+    "Objectives",
     "Provenance",
     "ReasonEntry",
     "ReferenceProfile",
@@ -31,7 +37,7 @@ __all__ = [
     "validate_verdict_file",
 ]
 
-SCHEMA_VERSION = "ditq-verdict-1"
+SCHEMA_VERSION = "ditq-verdict-2"  # 2: an answer per objective, with intervals; YES/NO/UNDECIDED
 SCHEMA_PATH = Path(__file__).with_name("verdict.schema.json")
 
 ReasonCode = Literal[
@@ -44,8 +50,24 @@ ReasonCode = Literal[
     "no_gate_result",
     "outside_parity_band",
     "no_fidelity_result",
+    "undecided_parity_band",
     "slower_than_baseline",
+    "faster_than_baseline",
+    "same_speed_as_baseline",
+    "undecided_speed",
+    "no_speed_comparison",
+    "smaller_weights",
+    "larger_weights",
+    "larger_peak_memory",
+    "no_memory_comparison",
 ]
+Answer = Literal["YES", "NO", "UNDECIDED"]
+ObjectiveName = Literal["fit_to_serve", "faster", "smaller"]
+OBJECTIVES: dict[str, ObjectiveName] = {
+    "fit": "fit_to_serve",
+    "speed": "faster",
+    "memory": "smaller",
+}  # --objective
 
 
 class _Strict(BaseModel):
@@ -107,13 +129,72 @@ class ServingProfile(_Strict):
     by_references: list[ReferenceProfile]
 
 
+class IntervalEntry(_Strict):
+    """One measured comparison behind an answer, with its confidence interval where it has one."""
+
+    subject: str = Field(
+        description="what is compared: a fixture id, '2 references', 'weights', 'peak memory'"
+    )
+    measure: Literal["psnr_minus_reference_db", "time_ratio", "weight_ratio", "peak_memory_ratio"] = Field(
+        description="psnr_minus_reference_db: the candidate's PSNR against the baseline minus the reference "
+        "pair's (or the stated band's), mean over seeds; the ratios: candidate / baseline"
+    )
+    estimate: float | None
+    low: float | None = Field(description="the interval's low end; null: no interval (measured once)")
+    high: float | None
+    confidence: float | None = Field(description="two-sided, e.g. 0.95; null: no interval")
+    n: int | None = Field(
+        description="samples: seeds (pairs) for PSNR, warm requests (the smaller side) for time"
+    )
+    method: str = Field(description="e.g. 'paired bootstrap', 'unpaired bootstrap', 'measured once'")
+    threshold: str = Field(description="what the interval is held against, e.g. 'floor -1 dB', '1 +/- 0.05'")
+    decision: Literal[
+        "inside", "outside", "undecided", "faster", "slower", "same", "smaller", "larger", "not larger"
+    ]
+    samples_to_settle: int | None = Field(
+        description="about how many seeds (requests) would decide an undecided comparison; null: cannot tell"
+    )
+
+
+class ObjectiveAnswer(_Strict):
+    answer: Answer
+    reasons: list[ReasonEntry] = Field(
+        description="why: one sentence each; empty for a YES with nothing to add"
+    )
+    intervals: list[IntervalEntry]
+
+
+class Objectives(_Strict):
+    fit_to_serve: ObjectiveAnswer = Field(
+        description="no stage or doctor failure, every request served within the memory budget, no collapse, "
+        "every fixture inside the parity band"
+    )
+    faster: ObjectiveAnswer = Field(
+        description="faster than the baseline at every reference count both served"
+    )
+    smaller: ObjectiveAnswer = Field(
+        description="smaller weights and no larger peak memory than the baseline"
+    )
+
+
 class CandidateVerdict(_Strict):
     name: str
-    verdict: Literal["YES", "NO"]
-    reasons: list[ReasonEntry]
+    verdict: Answer = Field(description="the headline: the answer of the document's objective")
+    reasons: list[ReasonEntry] = Field(description="the headline objective's reasons")
+    objectives: Objectives
     profile: ServingProfile
     run: str | None = Field(description="the run directory the numbers come from")
     parity_floor_db: float | None
+
+    def summary(self, objective: ObjectiveName) -> str:
+        """'w8a16: YES (fit_to_serve; faster NO, smaller YES) - reasons': the line the commands print."""
+        others = ", ".join(
+            f"{name} {getattr(self.objectives, name).answer}"
+            for name in Objectives.model_fields
+            if name != objective
+        )
+        reasons = " ".join(r.message for r in self.reasons) or "every check passed."
+        return f"{self.name}: {self.verdict} ({objective}; {others}) - {reasons}"
 
 
 class BaselineEntry(_Strict):
@@ -136,8 +217,9 @@ class Provenance(_Strict):
 
 
 class VerdictDocument(_Strict):
-    schema_version: Literal["ditq-verdict-1"]
+    schema_version: Literal["ditq-verdict-2"]
     generated_utc: str
+    objective: ObjectiveName = Field(description="the objective every candidate's headline verdict answers")
     note: str | None = Field(
         description="what the reader must know first, e.g. that the weights are random, so PSNR and SSIM measure "
         "numerical deviation, not image quality"
@@ -156,7 +238,14 @@ def json_schema() -> dict[str, Any]:
 
 
 def validate_verdict(document: Any, where: str = "verdict.json") -> VerdictDocument:
-    """Parse and check a verdict document; raise InputError naming the first bad field."""
+    """Parse and check a verdict document; raise InputError naming the first bad field, or saying that the
+    document is of another schema version."""
+    version = document.get("schema_version") if isinstance(document, dict) else None
+    if version is not None and version != SCHEMA_VERSION:
+        raise InputError(
+            f"{where}: schema_version {version!r} is not {SCHEMA_VERSION!r} (a verdict from another ditq; "
+            "run ditq report again over its runs)"
+        )
     return parse(VerdictDocument, document, where)
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ditq.report.assess import ReportData
+from ditq.report.assess import Assessment, ReportData
 from ditq.report.capacity import CapacityRow
 from ditq.report.ladder import offload_ladder, server_starts
 from ditq.report.model import Candidate
+from ditq.report.schema import IntervalEntry
 from ditq.runfiles import MemoryCapFacts
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "format_budget",
     "format_bytes",
     "ladder_table",
+    "objectives_table",
     "provenance_table",
     "servers_table",
     "stages_table",
@@ -139,6 +141,9 @@ def capacity_summary_table(report: ReportData) -> Table:
     return Table(("Row", *(f"{k} refs" for k in counts)), tuple(rows))
 
 
+_OBJECTIVE_TITLES = {"fit_to_serve": "Fit to serve", "faster": "Faster", "smaller": "Smaller"}
+
+
 def verdict_table(report: ReportData) -> Table:
     rows = []
     for a in report.assessments:
@@ -147,24 +152,67 @@ def verdict_table(report: ReportData) -> Table:
         seconds = ", ".join(
             f"{p.references}: {_num(p.seconds_per_image)} / {_num(p.seconds_median)}" for p in timed
         )
+        answers = tuple(getattr(a.objectives, name).answer for name in _OBJECTIVE_TITLES)
         rows.append(
             (
                 a.candidate.name,
                 a.verdict,
+                *answers,
                 str(profile.max_references_served),
                 seconds or "n/a",
                 format_bytes(profile.peak_memory_bytes),
-                " ".join(r.message for r in a.reasons) or "Every check passed.",
+                " ".join(r.message for r in a.headline.reasons) or "Every check passed.",
             )
         )
+    headline = _OBJECTIVE_TITLES[report.document.objective]
     headers = (
         "Candidate",
-        "Verdict",
+        f"Verdict ({headline.lower()})",
+        *_OBJECTIVE_TITLES.values(),
         "Max refs served",
         "s/image by refs (mean / median)",
         "Peak memory",
         "Reasons",
     )
+    return Table(headers, tuple(rows))
+
+
+def _interval_cell(entry: IntervalEntry) -> str:
+    unit = " dB" if entry.measure == "psnr_minus_reference_db" else "x"
+    if entry.estimate is None:
+        return "n/a"
+    if entry.low is None or entry.high is None:
+        return f"{entry.estimate:+.2f}{unit}" if unit == " dB" else f"{entry.estimate:.2f}{unit}"
+    if unit == " dB":
+        return f"{entry.estimate:+.2f} [{entry.low:+.2f}, {entry.high:+.2f}] dB"
+    return f"{entry.estimate:.2f} [{entry.low:.2f}, {entry.high:.2f}]x"
+
+
+def objectives_table(a: Assessment) -> Table:
+    """Per objective its answer, and every interval behind it: estimate [low, high], samples, the threshold
+    it was held against, the decision, and about how many samples would settle an undecided one."""
+    rows = []
+    for name, title in _OBJECTIVE_TITLES.items():
+        answer = getattr(a.objectives, name)
+        for entry in answer.intervals or [None]:
+            if entry is None:
+                rows.append((title, answer.answer, "-", "-", "-", "-", "-", "-"))
+                continue
+            settle = entry.samples_to_settle if entry.decision == "undecided" else None
+            rows.append(
+                (
+                    title,
+                    answer.answer,
+                    entry.subject,
+                    _interval_cell(entry),
+                    "-" if entry.n is None else str(entry.n),
+                    entry.threshold,
+                    entry.decision,
+                    "-" if settle is None else str(settle),
+                )
+            )
+    headers = ("Objective", "Answer", "Compared", "Estimate [95% interval]", "n", "Against", "Decision",
+               "n to settle")  # fmt: skip
     return Table(headers, tuple(rows))
 
 

@@ -1,8 +1,11 @@
-"""The verdict: is a candidate fit to serve? YES only when no rule below finds a reason against it.
+"""Fit to serve: YES only when no rule below finds a reason; NO when one finds a reason against it;
+UNDECIDED when the only reasons are missing evidence (no gate or compare result, a baseline that collapses
+too, a fixture whose interval straddles the band's floor).
 
 Every reason is one sentence a person can act on, with a code a program can match. The
 rules read the capacity matrix, the gate, compare's parity band and the sweep's stage
-records; their thresholds are data (:class:`VerdictRules`), not branches.
+records; their thresholds are data (:class:`VerdictRules`), not branches. Speed and size are
+answered apart (``ditq.report.objectives``).
 """
 
 from __future__ import annotations
@@ -10,13 +13,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import get_args
+from typing import Literal, get_args
 
-from ditq.report.capacity import CapacityRow, capacity_matrix, fidelity_by_fixture
-from ditq.report.model import Candidate
-from ditq.report.schema import ReasonCode
+from ditq.compare import describe_parity
+from ditq.report.capacity import FidelitySummary, capacity_matrix, fidelity_by_fixture
+from ditq.report.model import Candidate, RunData
+from ditq.report.schema import Answer, ReasonCode
 
-__all__ = ["REASON_CODES", "Reason", "VerdictRules", "decide", "parity_floor_db"]
+__all__ = [
+    "REASON_CODES",
+    "UNDECIDED_CODES",
+    "Reason",
+    "VerdictRules",
+    "decide",
+    "fit_answer",
+    "parity_floor_db",
+]
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,8 @@ class VerdictRules:
     parity_margin_db: float = 1.0
     # The reference pair's PSNR when compare.json states no band (``--parity-db``); None: no band.
     parity_reference_db: float | None = None
+    # The objective every candidate's headline verdict answers: fit (to serve), speed (faster), memory (smaller).
+    objective: Literal["fit", "speed", "memory"] = "fit"
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,10 @@ class Reason:
 
 # The codes a reason may carry: verdict.json's schema is where they are defined.
 REASON_CODES: tuple[str, ...] = get_args(ReasonCode)
+# Reasons that say the evidence is missing or inconclusive, not that the candidate is unfit.
+UNDECIDED_CODES = frozenset(
+    {"no_gate_result", "no_fidelity_result", "baseline_collapsed", "undecided_parity_band"}
+)
 
 
 def _plural(n: int, word: str) -> str:
@@ -143,70 +161,61 @@ def _fidelity_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictR
     run = candidate.run
     if run is None:
         return []
-    summaries = [s for s in fidelity_by_fixture(run) if s.psnr_mean_db is not None]
+    summaries = {s.fixture_id: s for s in fidelity_by_fixture(run) if s.psnr_mean_db is not None}
     if not summaries:
         return [
             Reason(
                 "no_fidelity_result", f"No image of this run was compared with the {baseline.name} baseline."
             )
         ]
-    floor = parity_floor_db(candidate, rules)
-    worst = min(summaries, key=lambda s: s.psnr_mean_db if s.psnr_mean_db is not None else math.inf)
-    # compare.json marks each fixture inside or outside its own band edge; missing images are not
-    # fidelity failures (a failed request has its own reason), so the per-fixture flags decide first.
-    flags = {
-        k: v.parity.decision != "outside" if v.parity is not None else v.inside_parity_band
+    # compare.json decides each fixture on its interval; a file from before intervals marked each fixture
+    # inside or outside by its mean. Missing images are not fidelity failures (a failed request has its own
+    # reason), so the per-fixture decisions come first.
+    decisions = {
+        k: v.parity.decision if v.parity is not None else "inside" if v.inside_parity_band else "outside"
         for k, v in run.parity_fixtures.items()
         if v.parity is not None or v.inside_parity_band is not None
     }
-    if flags:
-        outside_ids = [k for k, inside in flags.items() if not inside]
-        outside = bool(outside_ids)
-        if outside:
-            worst = next((s for s in summaries if s.fixture_id == outside_ids[0]), worst)
-            edge = run.parity_fixtures[outside_ids[0]].parity_edge_db
-            floor = edge if edge is not None else floor
-    elif floor is not None:
-        outside = worst.psnr_mean_db is not None and worst.psnr_mean_db < floor
-    else:
+    floor = parity_floor_db(candidate, rules)
+    if not decisions and floor is None:
         return [
             Reason(
                 "no_fidelity_result",
                 "No parity band was stated (a BF16 reference pair or --parity-db), so fidelity is not judged.",
             )
         ]
-    if not outside:
-        return []
-    floor_text = f", below the band's floor of {floor:.1f} dB" if floor is not None else ""
-    return [
-        Reason(
-            "outside_parity_band",
-            f"Outside the parity band: PSNR against {baseline.name} averages {worst.psnr_mean_db:.1f} dB "
-            f"on {worst.fixture_id}{floor_text}.",
-        )
-    ]
+    if not decisions and floor is not None:  # --parity-db given to the report, not to compare: worst mean
+        worst = min(summaries.values(), key=lambda s: s.psnr_mean_db or math.inf)
+        decisions = {worst.fixture_id: "outside" if (worst.psnr_mean_db or 0.0) < floor else "inside"}
+    reasons = []
+    for decision, code, words in (
+        ("outside", "outside_parity_band", "Outside the parity band"),
+        ("undecided", "undecided_parity_band", "Not enough evidence for the parity band"),
+    ):
+        fixtures = [k for k, d in decisions.items() if d == decision]
+        if fixtures:
+            reasons.append(
+                Reason(
+                    code,
+                    f"{words} on {', '.join(fixtures)}: {_band_detail(run, fixtures[0], summaries, floor)}.",
+                )
+            )
+    return reasons
 
 
-def _walls(rows: list[CapacityRow]) -> dict[int, float]:
-    return {row.n_references: row.wall_mean_s for row in rows if row.wall_mean_s is not None}
-
-
-def _speed_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> list[Reason]:
-    if candidate.run is None or baseline.run is None:
-        return []
-    ours, theirs = _walls(capacity_matrix(candidate.run)), _walls(capacity_matrix(baseline.run))
-    slower = [k for k in sorted(ours) if k in theirs and ours[k] > theirs[k] * (1 + rules.slower_tolerance)]
-    if not slower:
-        return []
-    k = slower[0]
-    counts = ", ".join(str(n) for n in slower)
-    return [
-        Reason(
-            "slower_than_baseline",
-            f"Slower than {baseline.name} at {counts} reference(s): {ours[k]:.2f} s vs {theirs[k]:.2f} s per image "
-            f"at {_plural(k, 'reference')}.",
-        )
-    ]
+def _band_detail(
+    run: RunData, fixture_id: str, summaries: dict[str, FidelitySummary], floor: float | None
+) -> str:
+    """'PSNR against BF16 minus the pair's, -7.9 dB [-8.3, -7.5] over 4 seeds, floor -1 dB', or for a file from
+    before intervals the mean against the band's floor."""
+    entry = run.parity_fixtures.get(fixture_id)
+    parity = entry.parity if entry is not None else None
+    if parity is not None:  # "-7.9 dB [-8.3, -7.5] vs the pair over 4 seeds (floor -1 dB)", the decision said
+        return describe_parity(parity).split(": ", 1)[1]
+    mean = summaries[fixture_id].psnr_mean_db if fixture_id in summaries else None
+    edge = entry.parity_edge_db if entry is not None and entry.parity_edge_db is not None else floor
+    floor_text = f", below the band's floor of {edge:.1f} dB" if edge is not None else ""
+    return f"PSNR averages {mean:.1f} dB{floor_text} (a mean, no interval)"
 
 
 _RULES: tuple[Callable[[Candidate, Candidate, VerdictRules], list[Reason]], ...] = (
@@ -214,11 +223,17 @@ _RULES: tuple[Callable[[Candidate, Candidate, VerdictRules], list[Reason]], ...]
     _request_reasons,
     _gate_reasons,
     _fidelity_reasons,
-    _speed_reasons,
 )
 
 
 def decide(candidate: Candidate, baseline: Candidate, rules: VerdictRules | None = None) -> list[Reason]:
-    """Every reason against serving ``candidate``; an empty list is a YES."""
+    """Every reason bearing on whether ``candidate`` is fit to serve; an empty list is a YES (see
+    ``fit_answer``)."""
     rules = rules or VerdictRules()
     return [reason for rule in _RULES for reason in rule(candidate, baseline, rules)]
+
+
+def fit_answer(reasons: list[Reason]) -> Answer:
+    if any(r.code not in UNDECIDED_CODES for r in reasons):
+        return "NO"
+    return "UNDECIDED" if reasons else "YES"

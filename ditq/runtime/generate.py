@@ -45,11 +45,20 @@ class GenerationReport:
     result: GenerationResult
 
 
-def _load(model_dir: Path, device: torch.device, offload: str, dtype: torch.dtype, skip_doctor: bool) -> Any:
+def _load(
+    model_dir: Path,
+    device: torch.device,
+    offload: str,
+    dtype: torch.dtype,
+    skip_doctor: bool,
+    variant: str | None,
+) -> Any:
     from ditq.doctor import kernel_chooser
 
     chooser = kernel_chooser(skip_doctor)
-    return load_pipeline(model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser)
+    return load_pipeline(
+        model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser, variant=variant
+    )
 
 
 def pipeline_summary(pipeline: Any) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
@@ -74,6 +83,7 @@ def generate(
     offload: str = "none",
     dtype: str | torch.dtype | None = None,
     skip_doctor: bool = False,
+    variant: str | None = None,
 ) -> GenerationReport:
     """Load ``model_dir`` (None: the bundled demo model) and run one request; nothing is written.
 
@@ -82,6 +92,7 @@ def generate(
 
     Each quantized layer runs the first kernel path the kernel doctor verifies on this device
     (``ditq.doctor.choose_kernel``); ``skip_doctor`` takes the registry's first candidate unverified.
+    ``variant`` as ``ditq.runtime.loader.load_pipeline`` reads it.
     """
     from ditq.demo import default_model_dir
 
@@ -92,7 +103,7 @@ def generate(
     if torch_device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(torch_device)
     start = time.perf_counter()
-    pipeline = _load(directory, torch_device, offload, compute_dtype, skip_doctor)
+    pipeline = _load(directory, torch_device, offload, compute_dtype, skip_doctor, variant)
     load_seconds = time.perf_counter() - start
     load_peak = int(torch.cuda.max_memory_allocated(torch_device)) if torch_device.type == "cuda" else None
     quantized, kernels = pipeline_summary(pipeline)

@@ -23,9 +23,12 @@ import torch
 from ditq.checkpoint.layout import (
     component_class,
     component_names,
+    is_weight_file,
     load_component_config,
     quantization_config_of,
+    read_json,
     read_model_index,
+    variant_of,
     weight_files,
 )
 from ditq.checkpoint.safetensors_io import TensorEntry, read_entry, read_header
@@ -41,12 +44,14 @@ from ditq.runtime.swap import swap_quantized_linears
 
 __all__ = [
     "KernelChooser",
+    "component_weight_files",
     "is_quantized_component",
     "load_component",
     "load_pipeline",
     "parameters_on_meta",
     "pipeline_class",
     "prepare_quantized",
+    "recorded_variant",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,6 +73,33 @@ def is_quantized_component(model_dir: Path, component: str) -> dict[str, Any] | 
     return qconfig
 
 
+def recorded_variant(model_dir: Path) -> str | None:
+    """The source variant a ditq artifact was quantized from (its manifest's ``options.variant``), else None.
+
+    The quantized components carry no variant; the components linked from the source keep the source's files.
+    """
+    manifest = Path(model_dir) / "MANIFEST.json"
+    if not manifest.is_file():
+        return None
+    options = read_json(manifest).get("options")
+    variant = options.get("variant") if isinstance(options, dict) else None
+    return variant if isinstance(variant, str) else None
+
+
+def component_weight_files(component_dir: Path, variant: str | None) -> list[Path]:
+    """The weight files diffusers' ``from_pretrained(variant=...)`` reads: the variant's where the component has
+    them, else the default ones; without a variant, a variant-only component is an InputError naming its variants.
+    """
+    component_dir = Path(component_dir)
+    variants = {variant_of(p.name) for p in component_dir.iterdir() if is_weight_file(p.name)}
+    if variant is not None and variant not in variants and None not in variants:
+        here = ", ".join(sorted(v for v in variants if v is not None)) or "none"
+        raise InputError(
+            f"{component_dir}: no {variant} variant and no default .safetensors weights (variants here: {here})"
+        )
+    return weight_files(component_dir, variant if variant in variants else None)
+
+
 def _load_quantized(
     component_dir: Path,
     cls: Any,
@@ -75,9 +107,10 @@ def _load_quantized(
     qconfig: dict[str, Any],
     device: torch.device,
     dtype: torch.dtype,
+    variant: str | None,
 ) -> torch.nn.Module:
     entries: dict[str, TensorEntry] = {}
-    for path in weight_files(component_dir):
+    for path in component_weight_files(component_dir, variant):
         entries.update(read_header(path).entries)
     model = build_empty(cls, config, component_dir)
     schemes = swap_quantized_linears(model, entries, qconfig, component_dir, dtype)
@@ -110,10 +143,15 @@ def _load_quantized(
     return model
 
 
-def _load_plain(component_dir: Path, cls: Any, device: torch.device, dtype: torch.dtype) -> Any:
+def _load_plain(
+    component_dir: Path, cls: Any, device: torch.device, dtype: torch.dtype, variant: str | None
+) -> Any:
     """A component the way diffusers loads it (models in ``dtype``; schedulers, tokenizers as they are)."""
     if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
-        return cls.from_pretrained(str(component_dir), dtype=dtype).to(device)  # type: ignore[attr-defined]
+        if _has_weight_files(component_dir):  # the variant's files where the component has them, as diffusers
+            variant = variant if variant_of(component_weight_files(component_dir, variant)[0].name) else None
+        model = cls.from_pretrained(str(component_dir), dtype=dtype, variant=variant)  # type: ignore[attr-defined]
+        return model.to(device)
     return cls.from_pretrained(str(component_dir))
 
 
@@ -122,23 +160,37 @@ def load_component(
     component: str,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.bfloat16,
+    variant: str | None = None,
 ) -> Any:
     """One component of a diffusers directory; a ditq/compressed-tensors component comes back with QuantizedLinears.
 
+    ``variant`` (``fp16``...) reads the component's variant files where it has them, as diffusers'
+    ``from_pretrained(variant=...)`` does; None: the variant a ditq artifact records, else the default files.
     Quantized layers choose their kernel path and repack lazily, on the first
     forward (or through ``prepare_quantized``).
     """
     model_dir = Path(model_dir)
+    variant = variant if variant is not None else recorded_variant(model_dir)
     index = read_model_index(model_dir)
     library, class_name = component_class(index, component)
     cls = import_class(library, class_name, f"{model_dir}/model_index.json: {component}")
     component_dir = model_dir / component
     qconfig = is_quantized_component(model_dir, component)
     if qconfig is None:
-        return _load_plain(component_dir, cls, torch.device(device), dtype)
+        return _load_plain(component_dir, cls, torch.device(device), dtype, variant)
     return _load_quantized(
-        component_dir, cls, load_component_config(component_dir), qconfig, torch.device(device), dtype
+        component_dir,
+        cls,
+        load_component_config(component_dir),
+        qconfig,
+        torch.device(device),
+        dtype,
+        variant,
     )
+
+
+def _has_weight_files(component_dir: Path) -> bool:
+    return component_dir.is_dir() and any(is_weight_file(p.name) for p in component_dir.iterdir())
 
 
 def prepare_quantized(
@@ -169,8 +221,14 @@ def load_pipeline(
     offload: str = "none",
     dtype: torch.dtype = torch.bfloat16,
     chooser: KernelChooser | None = None,
+    variant: str | None = None,
 ) -> Any:
     """A diffusers pipeline from a plain or ditq directory, placed on ``device`` per ``offload``.
+
+    ``variant`` (``fp16``...) reads each component's variant files where it has them, else its default files,
+    as diffusers' ``from_pretrained(variant=...)`` does; None: the variant a ditq artifact records (the
+    components linked from its source keep the source's files), else the default files. A component with
+    only other variants' files is an InputError naming them.
 
     offload "none": every component loads on ``device``; "model": components load on the host and move
     to ``device`` one at a time when they run (diffusers' model CPU offload); "block": the transformer's
@@ -182,12 +240,20 @@ def load_pipeline(
     cls = pipeline_class(index, model_dir)
     run_device = resolve_device(device, option="device")
     load_device = run_device if offload == "none" else torch.device("cpu")
-    quantized = {
-        name: load_component(model_dir, name, load_device, dtype)
-        for name in component_names(index)
-        if is_quantized_component(model_dir, name) is not None
-    }
-    pipeline = cls.from_pretrained(str(model_dir), dtype=dtype, **quantized)  # type: ignore[attr-defined]
+    recorded = recorded_variant(model_dir)
+    variant = variant if variant is not None else recorded
+    quantized: dict[str, Any] = {}
+    plain_variants: set[str | None] = set()  # the variants the unquantized components load
+    for name in component_names(index):
+        if is_quantized_component(model_dir, name) is not None:
+            quantized[name] = load_component(model_dir, name, load_device, dtype, variant)
+        elif _has_weight_files(model_dir / name):  # refused here in one line, not deep in diffusers
+            plain_variants.add(variant_of(component_weight_files(model_dir / name, variant)[0].name))
+    if variant is not None and variant not in plain_variants and variant != recorded:
+        raise InputError(f"{model_dir}: no component has {variant} variant weights")
+    pipeline = cls.from_pretrained(  # type: ignore[attr-defined]
+        str(model_dir), dtype=dtype, variant=variant if variant in plain_variants else None, **quantized
+    )
     for name, component in pipeline.components.items():
         if isinstance(component, torch.nn.Module) and name not in quantized:
             component.to(load_device)

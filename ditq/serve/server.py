@@ -79,11 +79,13 @@ def serve(
     skip_doctor: bool = False,
     limits: ConnectionLimits | None = None,
     drain_timeout_s: float = 30.0,
+    variant: str | None = None,
 ) -> None:
     """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model).
 
     ``device``, ``dtype`` and ``offload`` as ``ditq.devices`` reads them (``auto`` included; no dtype:
-    float32 on the CPU, bfloat16 on CUDA, as ``ditq generate``).
+    float32 on the CPU, bfloat16 on CUDA, as ``ditq generate``); ``variant`` as
+    ``ditq.runtime.loader.load_pipeline`` reads it.
 
     Raises OutOfMemoryError (exit code 3) when the model does not fit in the accelerator memory it may use.
     """
@@ -106,6 +108,7 @@ def serve(
         "offload": offload,
         "dtype": dtype,
         "max_memory": cap.to_json() if cap is not None else None,
+        **({"variant": variant} if variant is not None else {}),
     }
 
     def measure_costs(adapter: PipelineAdapter) -> CostModel:
@@ -120,7 +123,7 @@ def serve(
     chooser = kernel_chooser(skip_doctor)
     app = create_app(
         config,
-        load=lambda: load_adapter(model_dir, device, offload, compute_dtype, chooser),
+        load=lambda: load_adapter(model_dir, device, offload, compute_dtype, chooser, variant),
         doctor=make_doctor(chooser),
         model_root=str(model_dir),
         drain_timeout_s=_WORKER_JOIN_S,

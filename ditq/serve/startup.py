@@ -104,7 +104,12 @@ def apply_memory_cap(max_memory: str | None, device: str) -> MemoryCap | None:
 
 
 def load_adapter(
-    model_dir: Path, device: str, offload: str, dtype: torch.dtype, chooser: VerifiedChooser | None
+    model_dir: Path,
+    device: str,
+    offload: str,
+    dtype: torch.dtype,
+    chooser: VerifiedChooser | None,
+    variant: str | None = None,
 ) -> PipelineAdapter:
     """An artifact or a plain diffusers directory, through the runtime loader.
 
@@ -114,7 +119,9 @@ def load_adapter(
     """
     from ditq.runtime.loader import load_pipeline
 
-    pipeline = load_pipeline(model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser)
+    pipeline = load_pipeline(
+        model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser, variant=variant
+    )
     adapter = PipelineAdapter(pipeline)
     if chooser is not None:  # part of the load time: the doctor's checks, kernel compilation included
         adapter.load_facts["kernel_choice_seconds"] = round(chooser.seconds, 3)

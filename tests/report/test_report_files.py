@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,6 +103,27 @@ def test_report_command_prints_verdicts_and_the_page(shared_runs, tmp_path, caps
     )
     printed = capsys.readouterr().out.splitlines()
     assert code == 0
-    assert printed[0].startswith("fp8: NO - Collapsed outputs")
+    assert printed[0].startswith("fp8: NO (fit_to_serve; faster YES, smaller UNDECIDED) - Collapsed outputs")
     assert printed[-1] == str(out / "report.html")
     assert validate_verdict_file(out / "verdict.json").candidates[0].verdict == "NO"
+
+
+@pytest.mark.parametrize("report_dir", ["report", "report-24gib", "report-as-run", "report-24gib-as-run"])
+def test_a_committed_verdict_of_the_first_schema_is_refused_in_one_line(report_dir):
+    path = Path(__file__).parents[2] / "benchmarks/results/h200-full-size" / report_dir / "verdict.json"
+    with pytest.raises(InputError) as caught:
+        validate_verdict_file(path)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(str(path))
+    assert "schema_version 'ditq-verdict-1' is not 'ditq-verdict-2'" in message
+    assert message.endswith("run ditq report again over its runs)")
+
+
+def test_the_verdict_says_which_objective_its_headline_answers(report):
+    document = validate_verdict_file(report.verdict_json)
+    assert document.schema_version == "ditq-verdict-2" and document.objective == "fit_to_serve"
+    for entry in document.candidates:
+        assert entry.verdict == entry.objectives.fit_to_serve.answer
+        assert entry.reasons == entry.objectives.fit_to_serve.reasons
+    page = report.html.read_text()
+    assert "Estimate [95% interval]" in page and "UNDECIDED" in page  # no candidate's weight bytes are known

@@ -33,18 +33,65 @@ def test_collapsed_candidate_names_the_gate_and_the_band(runs):
     codes = [r.code for r in a.reasons]
     assert codes == ["collapsed_outputs", "outside_parity_band"]
     assert "failed 8 of 8 images (banded, transparent)" in a.reasons[0].message
-    assert "below the band's floor of 29.0 dB" in a.reasons[1].message
+    message = a.reasons[1].message
+    assert message.startswith("Outside the parity band on fx-one, fx-two, fx-three: -25.75 dB [-25.")
+    assert message.endswith("vs the stated band over 2 seeds (floor -1 dB).")
+    assert a.verdict == "NO" and a.objectives.fit_to_serve.answer == "NO"
+    (first, *_) = a.objectives.fit_to_serve.intervals
+    assert (first.subject, first.decision, first.n) == ("fx-one (PSNR minus the stated band's)", "outside", 2)
+    assert first.high is not None and first.high < -1.0
 
 
-def test_out_of_memory_and_slower_than_bf16(runs):
+def test_out_of_memory_is_unfit_and_slower_than_bf16_is_not_faster(runs):
     (a,) = _assess(runs, "w8a16").assessments
-    codes = [r.code for r in a.reasons]
-    assert codes == ["out_of_memory", "slower_than_baseline"]
+    assert [r.code for r in a.reasons] == ["out_of_memory"] and a.verdict == "NO"
     assert a.reasons[0].message == "Out of memory at 4 references (2 of 2 requests)."
+    faster = a.objectives.faster
+    assert faster.answer == "NO" and [r.code for r in faster.reasons] == ["slower_than_baseline"]
     # 1.5x the BF16 wall at 1-3 references; at 4 BF16 itself ran out of memory, so no comparison there
-    assert "at 1, 2, 3 reference(s)" in a.reasons[1].message
+    assert "at 1, 2, 3 reference(s)" in faster.reasons[0].message
+    assert [(e.subject, e.decision) for e in faster.intervals] == [
+        ("1 reference", "slower"),
+        ("2 references", "slower"),
+        ("3 references", "slower"),
+    ]
+    assert all(e.low is not None and e.low > 1.05 for e in faster.intervals)
     assert a.profile.max_references_served == 3
     assert set(a.profile.seconds_per_image) == {"1", "2", "3"}
+
+
+def test_each_objective_answers_apart_and_the_headline_follows_the_objective(runs):
+    (a,) = _assess(runs, "w8a8").assessments
+    objectives = a.objectives
+    assert (objectives.fit_to_serve.answer, objectives.faster.answer) == ("YES", "YES")
+    assert all(
+        e.decision == "faster" and e.high is not None and e.high < 0.95 for e in objectives.faster.intervals
+    )
+    # a bare probe run does not know its weight bytes: nothing to say about size
+    assert objectives.smaller.answer == "UNDECIDED"
+    assert [r.code for r in objectives.smaller.reasons] == ["no_memory_comparison"]
+    (w8a16,) = _assess(runs, "w8a16", rules=VerdictRules(objective="speed")).assessments
+    assert (w8a16.objective, w8a16.verdict) == ("faster", "NO")
+    assert _assess(runs, "w8a16", rules=VerdictRules(objective="memory")).document.objective == "smaller"
+
+
+def test_a_fixture_on_the_edge_of_the_band_is_undecided_with_the_seeds_to_settle_it(tmp_path, runs):
+    from ditq.compare import ParityBand, compare_run
+    from ditq.runfiles import write_model
+
+    spec = RunSpec("close", "healthy", {1: 1, 2: 1, 3: 1, 4: 1}, parity_db=None)
+    run = write_run(tmp_path, spec, runs["baseline"])
+    level = compare_run(run, runs["baseline"], use_lpips=False).fixtures["fx-one"].psnr_db.mean
+    assert level is not None
+    # the band's floor (its PSNR minus 1 dB) at the candidate's own mean PSNR on fx-one
+    band = ParityBand("stated", level + 1.0, {}, 1.0)
+    write_model(run / "compare.json", compare_run(run, runs["baseline"], parity=band, use_lpips=False))
+    (a,) = assess(load_candidate(runs["baseline"]), [load_candidate(run)], "x").assessments
+    assert a.verdict == "UNDECIDED"
+    assert [r.code for r in a.reasons] == ["undecided_parity_band"]
+    (edge,) = [e for e in a.objectives.fit_to_serve.intervals if e.subject.startswith("fx-one")]
+    assert edge.decision == "undecided" and edge.low is not None and edge.high is not None
+    assert edge.low < -1.0 < edge.high
 
 
 def test_bf16_out_of_memory_is_a_result_in_the_baseline_matrix(runs):
@@ -57,7 +104,7 @@ def test_bf16_out_of_memory_is_a_result_in_the_baseline_matrix(runs):
 
 def test_slower_tolerance_is_data(runs):
     (a,) = _assess(runs, "w8a16", rules=VerdictRules(slower_tolerance=0.6)).assessments
-    assert [r.code for r in a.reasons] == ["out_of_memory"]
+    assert [e.decision for e in a.objectives.faster.intervals] != ["slower"] * 3
 
 
 def test_missing_gate_and_band_are_reasons_not_silence(tmp_path, runs):

@@ -1,0 +1,199 @@
+"""One answer per objective: fit to serve, faster, smaller; each YES, NO or UNDECIDED with its reasons and
+the intervals behind it.
+
+- **fit_to_serve**: the rules of ``ditq.report.verdict`` (stages, doctor, requests and memory, collapse,
+  the parity band per fixture on its interval).
+- **faster**: per reference count both served, the ratio of mean warm wall times (candidate / baseline) with
+  its interval: faster when it lies below 1 - tolerance, slower above 1 + tolerance, the same within both.
+  YES when faster at every count; NO when slower or the same at one; UNDECIDED otherwise.
+- **smaller**: the quantized components' weight bytes against the source's, and the run's peak memory against
+  the baseline's; both measured once, so no interval. YES when the weights are smaller and the peak is not
+  larger; NO when either is larger; UNDECIDED when the weights are not known.
+"""
+
+from __future__ import annotations
+
+from ditq.report.capacity import timed_walls
+from ditq.report.model import Candidate
+from ditq.report.schema import (
+    Answer,
+    IntervalEntry,
+    ObjectiveAnswer,
+    Objectives,
+    ReasonEntry,
+    ServingProfile,
+)
+from ditq.report.verdict import Reason, VerdictRules, fit_answer
+from ditq.stats import ratio_interval, samples_to_settle, speed_decision
+
+__all__ = ["fidelity_intervals", "objectives", "size_answer", "speed_answer"]
+
+
+def _entries(reasons: list[Reason]) -> list[ReasonEntry]:
+    return [ReasonEntry(code=r.code, message=r.message) for r in reasons]  # type: ignore[arg-type]
+
+
+def fidelity_intervals(candidate: Candidate) -> list[IntervalEntry]:
+    """compare.json's per-fixture decisions on the parity band, as intervals."""
+    if candidate.run is None:
+        return []
+    out = []
+    for fixture_id, entry in candidate.run.parity_fixtures.items():
+        parity = entry.parity
+        if parity is None:
+            continue
+        reference = "the reference pair's" if parity.reference == "pair" else "the stated band's"
+        out.append(
+            IntervalEntry(
+                subject=f"{fixture_id} (PSNR minus {reference})",
+                measure="psnr_minus_reference_db",
+                estimate=parity.difference_db,
+                low=parity.low_db,
+                high=parity.high_db,
+                confidence=parity.confidence if parity.low_db is not None else None,
+                n=parity.n,
+                method=parity.method,
+                threshold=f"floor {parity.floor_db:+g} dB",
+                decision=parity.decision,
+                samples_to_settle=parity.seeds_to_settle,
+            )
+        )
+    return out
+
+
+def _ratio_text(entry: IntervalEntry) -> str:
+    if entry.low is None or entry.high is None:
+        return f"{entry.estimate:.2f}x (one request each, no interval)"
+    return f"{entry.estimate:.2f}x [{entry.low:.2f}, {entry.high:.2f}] over {entry.n} requests"
+
+
+def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> ObjectiveAnswer:
+    intervals: list[IntervalEntry] = []
+    if candidate.run is not None and baseline.run is not None:
+        for k in candidate.run.reference_counts:
+            ours, _ = timed_walls([r for r in candidate.run.records_with(k) if r.ok])
+            theirs, _ = timed_walls([r for r in baseline.run.records_with(k) if r.ok])
+            if ours and theirs:
+                intervals.append(_speed_interval(k, ours, theirs, rules.slower_tolerance))
+    if not intervals:
+        reason = Reason(
+            "no_speed_comparison", f"No reference count was served by both it and {baseline.name}."
+        )
+        return ObjectiveAnswer(answer="UNDECIDED", reasons=_entries([reason]), intervals=[])
+    reasons = []
+    for decision, code, words in (
+        ("slower", "slower_than_baseline", "Slower than"),
+        ("same", "same_speed_as_baseline", "As fast as, not faster than,"),
+        ("undecided", "undecided_speed", "Not enough evidence whether it is faster than"),
+        ("faster", "faster_than_baseline", "Faster than"),
+    ):
+        chosen = [e for e in intervals if e.decision == decision]
+        if chosen:
+            counts = ", ".join(e.subject.split()[0] for e in chosen)
+            message = (
+                f"{words} {baseline.name} at {counts} reference(s): seconds per image "
+                f"{_ratio_text(chosen[0])} of {baseline.name}'s at {chosen[0].subject} "
+                f"(tolerance {rules.slower_tolerance:.0%})"
+            )
+            if decision == "undecided":
+                settle = chosen[0].samples_to_settle
+                message += f"; about {settle} requests would settle it" if settle else ""
+            reasons.append(Reason(code, message + "."))
+    decisions = {e.decision for e in intervals}
+    answer: Answer = (
+        "NO" if decisions & {"slower", "same"} else "UNDECIDED" if "undecided" in decisions else "YES"
+    )
+    return ObjectiveAnswer(answer=answer, reasons=_entries(reasons), intervals=intervals)
+
+
+def _speed_interval(k: int, ours: list[float], theirs: list[float], tolerance: float) -> IntervalEntry:
+    subject = f"{k} reference{'' if k == 1 else 's'}"
+    threshold = f"1 +/- {tolerance:g}"
+    if min(len(ours), len(theirs)) < 2:
+        estimate = (sum(ours) / len(ours)) / (sum(theirs) / len(theirs))
+        return IntervalEntry(
+            subject=subject, measure="time_ratio", estimate=round(estimate, 4), low=None, high=None,
+            confidence=None, n=min(len(ours), len(theirs)), method="measured once", threshold=threshold,
+            decision="undecided", samples_to_settle=None,
+        )  # fmt: skip
+    interval = ratio_interval(ours, theirs)
+    return IntervalEntry(
+        subject=subject,
+        measure="time_ratio",
+        estimate=round(interval.estimate, 4),
+        low=round(interval.low, 4),
+        high=round(interval.high, 4),
+        confidence=interval.confidence,
+        n=interval.n,
+        method=interval.method,
+        threshold=threshold,
+        decision=speed_decision(interval, tolerance),
+        samples_to_settle=samples_to_settle(interval, [1 - tolerance, 1 + tolerance]),
+    )
+
+
+def _measured_once(subject: str, measure: str, ratio: float, decision: str) -> IntervalEntry:
+    return IntervalEntry.model_validate(
+        {
+            "subject": subject,
+            "measure": measure,
+            "estimate": round(ratio, 4),
+            "low": None,
+            "high": None,
+            "confidence": None,
+            "n": None,
+            "method": "measured once",
+            "threshold": "1",
+            "decision": decision,
+            "samples_to_settle": None,
+        }
+    )
+
+
+def size_answer(profile: ServingProfile, baseline: ServingProfile, baseline_name: str) -> ObjectiveAnswer:
+    if profile.weight_bytes is None or not baseline.weight_bytes:
+        reason = Reason(
+            "no_memory_comparison", "The weight bytes of the candidate or the source are not known."
+        )
+        return ObjectiveAnswer(answer="UNDECIDED", reasons=_entries([reason]), intervals=[])
+    weights = profile.weight_bytes / baseline.weight_bytes
+    intervals = [_measured_once("weights", "weight_ratio", weights, "smaller" if weights < 1 else "larger")]
+    reasons = [
+        Reason(
+            "smaller_weights" if weights < 1 else "larger_weights",
+            f"Weights {weights:.2f}x of {baseline_name}'s ({profile.weight_bytes} vs {baseline.weight_bytes} bytes).",
+        )
+    ]
+    larger_peak = False
+    if profile.peak_memory_bytes and baseline.peak_memory_bytes:
+        peak = profile.peak_memory_bytes / baseline.peak_memory_bytes
+        larger_peak = peak > 1
+        intervals.append(
+            _measured_once(
+                "peak memory", "peak_memory_ratio", peak, "larger" if larger_peak else "not larger"
+            )
+        )
+        if larger_peak:
+            reasons.append(
+                Reason("larger_peak_memory", f"Peak memory {peak:.2f}x of {baseline_name}'s, measured once.")
+            )
+    answer: Answer = "YES" if weights < 1 and not larger_peak else "NO"
+    return ObjectiveAnswer(answer=answer, reasons=_entries(reasons), intervals=intervals)
+
+
+def objectives(
+    candidate: Candidate,
+    baseline: Candidate,
+    fit_reasons: list[Reason],
+    profile: ServingProfile,
+    baseline_profile: ServingProfile,
+    rules: VerdictRules,
+) -> Objectives:
+    fit = ObjectiveAnswer(
+        answer=fit_answer(fit_reasons), reasons=_entries(fit_reasons), intervals=fidelity_intervals(candidate)
+    )
+    return Objectives(
+        fit_to_serve=fit,
+        faster=speed_answer(candidate, baseline, rules),
+        smaller=size_answer(profile, baseline_profile, baseline.name),
+    )

@@ -1,0 +1,47 @@
+"""`ditq serve --variant NAME`: a source that ships only a variant's weights serves; without it, start-up fails."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from serve_testkit import FAST, client_for, free_port, make_app
+from tiny_models import to_variant_only
+
+from ditq.cli import main
+from ditq.commands import serve as serve_command
+from ditq.demo import build_tiny_pipeline
+from ditq.serve.startup import load_adapter, make_doctor
+
+
+@pytest.fixture
+def variant_only(tmp_path: Path) -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        build_tiny_pipeline(seed=0).to(torch.bfloat16).save_pretrained(tmp_path / "model")
+    to_variant_only(tmp_path / "model", "bf16")
+    return tmp_path / "model"
+
+
+def test_serve_loads_the_variant_it_is_given(variant_only: Path) -> None:
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    assert parser.parse_args(["--variant", "bf16"]).variant == "bf16"
+    app = make_app(
+        load=lambda: load_adapter(variant_only, "cpu", "none", torch.float32, None, "bf16"),
+        doctor=make_doctor(None),
+    )
+    with client_for(app) as client:
+        assert client.get("/health").json()["status"] == "ready"
+        response = client.post("/v1/images/generations", json={"prompt": "a kite", "seed": 0, **FAST})
+        assert response.status_code == 200 and response.json()["size"] == "32x32"
+
+
+def test_serve_without_the_variant_stops_naming_the_variants_there(
+    variant_only: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", str(variant_only), "--port", str(free_port())]) == 1
+    assert "variants here: bf16; choose one with --variant" in capsys.readouterr().err
