@@ -39,6 +39,7 @@ __all__ = [
     "build_tiny_clip_text_encoder",
     "build_tiny_text_encoder",
     "example_inputs",
+    "make_flux_pipeline_dir",
     "make_model_dir",
     "save_sharded",
     "to_variant_only",
@@ -343,3 +344,67 @@ def example_inputs(name: str, model: torch.nn.Module, batch: int = 1, seed: int 
             return_dict=False,
         )
     raise KeyError(f"no example inputs for {name!r} (known: {', '.join(TINY_CONFIGS)})")
+
+
+def _clip_tokenizer(folder: Path) -> Any:
+    """A CLIP BPE tokenizer over single letters (no merges), built here: nothing is downloaded."""
+    from transformers import CLIPTokenizer
+
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["<|startoftext|>", "<|endoftext|>", *(c + "</w>" for c in letters), *letters]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.json").write_text(json.dumps({w: i for i, w in enumerate(words)}))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    return CLIPTokenizer(
+        vocab_file=str(folder / "vocab.json"), merges_file=str(folder / "merges.txt"), model_max_length=16
+    )
+
+
+def _t5_tokenizer() -> Any:
+    """A T5 unigram tokenizer over single letters, built here with ``tokenizers``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    unigram = Tokenizer(
+        models.Unigram([*pieces, *((c, -3.0) for c in "abcdefghijklmnopqrstuvwxyz")], unk_id=2)
+    )
+    unigram.pre_tokenizer = pre_tokenizers.Metaspace()
+    return T5TokenizerFast(
+        tokenizer_object=unigram, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", extra_ids=0
+    )
+
+
+def make_flux_pipeline_dir(model_dir: Path, seed: int = 0) -> Path:
+    """A tiny FluxPipeline saved at ``model_dir``: CLIP ``text_encoder`` + T5 ``text_encoder_2`` (their
+    tokenizers built here), the tiny Flux transformer (pooled width 32 to match CLIP) and a tiny VAE.
+    Prompts up to 16 tokens (``max_sequence_length=16``); sizes multiples of 4."""
+    from diffusers import AutoencoderKL, FluxPipeline
+
+    torch.manual_seed(seed)
+    flux_config = {**TINY_CONFIGS["flux"][1], "num_single_layers": 1, "pooled_projection_dim": 32}
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=["DownEncoderBlock2D"] * 2,
+        up_block_types=["UpDecoderBlock2D"] * 2,
+        block_out_channels=[16, 16],
+        layers_per_block=1,
+        latent_channels=4,  # packed 2x2 into the transformer's 16 input channels
+        norm_num_groups=8,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        shift_factor=0.0609,  # Flux's VAE constants; the pipeline reads both
+        scaling_factor=1.5035,
+    )
+    pipeline = FluxPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=build_tiny_clip_text_encoder(seed),
+        tokenizer=_clip_tokenizer(Path(model_dir) / "tokenizer"),
+        text_encoder_2=build_tiny_text_encoder(seed),
+        tokenizer_2=_t5_tokenizer(),
+        transformer=FluxTransformer2DModel(**flux_config).eval(),
+    )
+    pipeline.save_pretrained(str(model_dir))
+    return Path(model_dir)
