@@ -35,7 +35,14 @@ from typing import Any, Literal
 from ditq.errors import InputError
 from ditq.metrics import structure_metrics_png
 from ditq.probe.memory import peak_mib, read_vram_csv
-from ditq.probe.records import changed_fixtures, find_image, is_success, latest_by_key, read_records
+from ditq.probe.records import (
+    changed_fixtures,
+    find_image,
+    is_success,
+    latest_by_key,
+    read_records,
+    require_complete,
+)
 from ditq.runfiles import (
     RECORDS_FILE,
     RUN_FILE,
@@ -325,8 +332,10 @@ def gate_run(
     baseline_dir: Path | None = None,
 ) -> GateRun:
     """Judge every record of ``run``; with ``envelopes`` (from ``baseline_dir``) the envelope too, and with
-    ``baseline_dir`` the signatures its images show are inherited rather than failures."""
+    ``baseline_dir`` the signatures its images show are inherited rather than failures. A run that is not
+    complete (its RUN.json says otherwise, or a planned request has no record) is refused: an InputError."""
     run = Path(run)
+    require_complete(run)
     changed = changed_fixtures(run, baseline_dir) if baseline_dir is not None else set()
     in_baseline = baseline_signatures(baseline_dir, rules) if baseline_dir is not None else {}
     records = latest_by_key(read_records(run))

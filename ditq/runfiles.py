@@ -307,7 +307,10 @@ class RunFile(RunDescription):
     invocations: list[Invocation]
     memory: MemoryDescription
     started_utc: str
-    status: Literal["running", "interrupted", "complete"]
+    # complete: every planned request (fixtures x seeds) has a record; failed: the probe stopped on an error
+    # (a write error, say), named in ``failure``; interrupted: stopped by Ctrl-C. A rerun resumes the last two.
+    status: Literal["running", "interrupted", "failed", "complete"]
+    failure: str | None = None  # why a failed run stopped (absent before the failed status)
     finished_utc: str | None = None  # these three once the status is no longer "running"
     peak_memory_mib: float | None = None
     counts: RunCounts | None = None

@@ -46,7 +46,7 @@ from ditq.devices import OFFLOAD_MODES, default_dtype
 from ditq.errors import EXIT_OUT_OF_MEMORY, DitqError, InputError
 from ditq.fsutil import sha256_file
 from ditq.healthcheck import wait_healthy
-from ditq.probe.records import is_out_of_memory, latest_by_key, read_records
+from ditq.probe.records import incomplete, is_out_of_memory, latest_by_key, read_records
 from ditq.report import ReportResult, VerdictRules, build_report
 from ditq.report.provenance import shell_command
 from ditq.runfiles import (
@@ -329,6 +329,12 @@ def _out_of_memory_keys(run_dir: Path) -> list[tuple[str, int]]:
     return [key for key, record in latest_by_key(read_records(run_dir)).items() if is_out_of_memory(record)]
 
 
+def _unfinished_run(run_dir: Path) -> str | None:
+    """Why a probe's run directory is not complete (a write error stopped it, say); None when it is."""
+    problem = incomplete(run_dir)
+    return None if problem is None else f"the run is not complete ({problem})"
+
+
 def _doctor_summary(doctor_json: Path, reports: Path) -> DoctorSummary:
     """From ``ditq doctor --json``'s file."""
     paths = read_model(DoctorFile, doctor_json).paths
@@ -361,6 +367,7 @@ class _Sweep:
         argv: list[str],
         outputs: Sequence[Path],
         ok_codes: tuple[int, ...] = (0,),
+        unfinished: Callable[[], str | None] = lambda: None,  # why the outputs are not whole (None: they are)
     ) -> bool:
         if c.complete(stage, outputs, shell_command(argv)):
             self._show(c, stage, "skipped", "complete from an earlier run")
@@ -371,6 +378,8 @@ class _Sweep:
         code = _run_logged(argv, log)
         ok = code in ok_codes and all(p.exists() for p in outputs)
         message = None if ok else f"exit code {code}: {_last_line(log)}"
+        if ok and (problem := unfinished()) is not None:
+            ok, message = False, f"exit code {code}, {problem}: {_last_line(log)}"
         c.record(stage, "ok" if ok else "failed", time.monotonic() - started, shell_command(argv), message)
         self._show(c, stage, "ok" if ok else "FAILED", message or f"{time.monotonic() - started:.1f} s")
         return ok
@@ -471,11 +480,12 @@ class _Sweep:
             finally:
                 server.stop()
             remaining = _out_of_memory_keys(run_dir)
+            unfinished = _unfinished_run(run_dir) if code in (0, 1) else None
             attempts.append(
                 Attempt(
                     **attempt,
                     ready_s=ready_s,
-                    status="ok" if code in (0, 1) else "failed",
+                    status="ok" if code in (0, 1) and unfinished is None else "failed",
                     seconds=round(time.monotonic() - started, 2),
                     probe_command=shell_command(argv),
                     exit_code=code,
@@ -484,6 +494,8 @@ class _Sweep:
             )
             if code not in (0, 1):
                 return attempts, f"exit code {code}: {_last_line(probe_log)}"
+            if unfinished is not None:
+                return attempts, f"exit code {code}, {unfinished}: {_last_line(probe_log)}"
             if not remaining:
                 break
             self.progress(who, "probe", "out of memory", f"{len(remaining)} requests at offload {offload}")
@@ -549,7 +561,7 @@ class _Sweep:
             probe = ditq_argv(
                 "probe", "--endpoint", endpoint, "--out", c.run_dir, *_matrix_args(self.options)
             )
-            return self._step(c, "probe", probe, [records], (0, 1))
+            return self._step(c, "probe", probe, [records], (0, 1), lambda: _unfinished_run(c.run_dir))
 
         def probe_argv(server: _Server, retry: bool) -> list[str]:
             argv = ditq_argv(

@@ -1,4 +1,5 @@
-"""`ditq gate`: structure gate over runs (ditq runs or the seed probe's record format)."""
+"""`ditq gate`: structure gate over runs (ditq runs or the seed probe's record format). A run that is not complete
+(RUN.json not ``complete``, or a planned request without a record) is refused, as is such a baseline."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from ditq.baseline import require_sealed
 from ditq.gate import build_envelopes, format_gate, gate_run, load_rules
+from ditq.probe.records import require_complete
 from ditq.runfiles import GATE_FILE, RUN_FILE, to_json, write_model
 
 __all__ = ["add_arguments", "run"]
@@ -32,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     envelopes, baseline_note = None, None
     if args.baseline is not None:
         seal = require_sealed(args.baseline, args.allow_unsealed)
+        require_complete(args.baseline)
         envelopes, baseline_note = build_envelopes(args.baseline, rules), f"{args.baseline} ({seal})"
     results = [gate_run(path, rules, envelopes, baseline_note, args.baseline) for path in args.runs]
     for path, result in zip(args.runs, results, strict=True):

@@ -51,6 +51,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_matrix_arguments(parser)
     parser.add_argument("--model", help="'model' field sent with each request (some servers require it)")
     parser.add_argument("--only", help="comma list of fixture ids to run (default: all)")
+    parser.add_argument(
+        "--server-wait",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="when a server stops answering, poll its /health with backoff this long before recording the "
+        "rest of its requests as failed (default 60)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
             retry_failed=args.retry_failed,
             retry_out_of_memory=args.retry_out_of_memory,
             timeout_s=args.timeout,
+            server_wait_s=args.server_wait,
             model=args.model,
             only=args.only.split(",") if args.only else None,
             memory_interval_s=args.memory_interval,

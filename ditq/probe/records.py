@@ -7,6 +7,7 @@ records are turned into ``ProbeRecord`` here, by ``SeedRecord``, and nowhere els
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,12 +18,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ditq.errors import InputError
+from ditq.errors import DitqError, InputError
 from ditq.runfiles import (
     IMAGES_DIR,
     RECORDS_FILE,
     RUN_FILE,
     ProbeRecord,
+    RunDescription,
     RunFile,
     Structure,
     parse,
@@ -37,11 +39,14 @@ __all__ = [
     "changed_fixtures",
     "find_image",
     "image_name",
+    "incomplete",
     "is_out_of_memory",
     "is_success",
     "latest_by_key",
     "read_records",
     "read_run_file",
+    "require_complete",
+    "unrecorded",
 ]
 
 log = logging.getLogger(__name__)
@@ -69,20 +74,30 @@ def is_out_of_memory(record: ProbeRecord) -> bool:
 
 
 class RecordLog:
-    """Append-only records.jsonl; a torn last line left by a killed run is cut off on open."""
+    """Append-only records.jsonl, one line per record, each fsynced.
+
+    On open, a last line without its newline is made whole or cut: kept (the newline added) when it is a whole
+    JSON line, as ``read_records`` counts it; cut when a kill tore it. An append that cannot be written (a full
+    disk) is taken back, so no half line is left for the next append to follow, and the log takes no more.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._repair()
-        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+        self._handle = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held for the run
+        self._failed: str | None = None  # why an append could not be written
 
     def _repair(self) -> None:
         if not self.path.exists():
             return
         data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            keep = data.rfind(b"\n") + 1
+        if not data or data.endswith(b"\n"):
+            return
+        keep = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[keep:])
+        except json.JSONDecodeError:
             log.warning(
                 "%s: dropping a torn last line (%d bytes) left by an interrupted run",
                 self.path,
@@ -90,13 +105,29 @@ class RecordLog:
             )
             with open(self.path, "r+b") as handle:
                 handle.truncate(keep)
+        else:
+            with open(self.path, "ab") as handle:  # a whole record whose newline was not written
+                handle.write(b"\n")
 
     def append(self, record: ProbeRecord) -> None:
-        line = json.dumps(to_json(record)) + "\n"
+        """Write one line; a write error is a DitqError naming the file (ValueError once closed)."""
+        line = (json.dumps(to_json(record)) + "\n").encode()
         with self._lock:
-            self._handle.write(line)
-            self._handle.flush()
-            os.fsync(self._handle.fileno())
+            if self._handle.closed:
+                raise ValueError(f"{self.path}: the record log is closed")
+            if self._failed is not None:
+                raise DitqError(f"{self.path}: an earlier record could not be written ({self._failed})")
+            size = os.fstat(self._handle.fileno()).st_size
+            try:
+                written = 0
+                while written < len(line):
+                    written += self._handle.write(line[written:]) or 0
+                os.fsync(self._handle.fileno())
+            except OSError as error:
+                self._failed = error.strerror or str(error)
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._handle.fileno(), size)
+                raise DitqError(f"{self.path}: cannot write a record ({self._failed})") from error
 
     def close(self) -> None:
         with self._lock:
@@ -193,6 +224,43 @@ def read_records(run: Path) -> list[ProbeRecord]:
 def latest_by_key(records: list[ProbeRecord]) -> dict[tuple[str, int], ProbeRecord]:
     """One record per (fixture_id, seed): the last one written."""
     return {record.key: record for record in records}
+
+
+def unrecorded(plan: RunDescription, records: list[ProbeRecord]) -> list[tuple[str, int]]:
+    """The requests a run plans (its fixtures x seeds, as RUN.json says) that have no record, in plan order."""
+    done = {record.key for record in records}
+    return [(f, seed) for f in plan.fixture_ids for seed in plan.seeds if (f, seed) not in done]
+
+
+def incomplete(run: Path) -> str | None:
+    """Why a run directory is not complete, in one clause; None when it is, or when it has no RUN.json to say
+    what was planned (the seed's evidence). Complete: RUN.json says so and every planned request has a record."""
+    run_file = read_run_file(run)
+    if run_file is None:
+        return None
+    has_records = (Path(run) / RECORDS_FILE).is_file()
+    missing = unrecorded(run_file, read_records(run) if has_records else [])
+    planned = len(run_file.fixture_ids) * len(run_file.seeds)
+    problems = []
+    if run_file.status != "complete":
+        why = f": {run_file.failure}" if run_file.failure else ""
+        problems.append(f"RUN.json says {run_file.status!r}{why}")
+    if missing:
+        fixture_id, seed = missing[0]
+        problems.append(
+            f"{len(missing)} of {planned} planned requests have no record (first: {fixture_id} s{seed})"
+        )
+    return "; ".join(problems) or None
+
+
+def require_complete(run: Path) -> None:
+    """Refuse a run directory that is not complete (``incomplete``): judging it would judge missing evidence."""
+    problem = incomplete(run)
+    if problem is not None:
+        raise InputError(
+            f"{run}: the run is not complete ({problem}); rerun the command that made it, with the same --out, "
+            "to finish it"
+        )
 
 
 def find_image(run: Path, fixture_id: str, seed: int) -> Path | None:

@@ -6,19 +6,27 @@ its PNG is written atomically to ``RUN/images/FIXTURE.sSEED.png`` and its record
 is appended (flushed, fsynced) to ``RUN/records.jsonl``. A rerun skips keys
 that already have a record; ``retry_failed`` redoes the ones that failed.
 Server faults (timeouts, refused connections, 5xx, bodies without an image)
-become records with an ``error``; the run itself never aborts on them.
+become records with an ``error``; the run itself never aborts on them, though a
+server that stopped answering is waited for first (``ServerWatch``).
+
+What the probe cannot write (a full disk) stops the run: RUN.json says
+``failed`` with the reason, and the error is raised. RUN.json says ``complete``
+only when every planned request has a record. One probe at a time writes to a
+run directory (``LOCK_FILE``).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import logging
 import platform
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,7 +35,7 @@ from typing import Any, Literal, Protocol
 import httpx
 from tqdm import tqdm
 
-from ditq.errors import InputError
+from ditq.errors import DitqError, InputError
 from ditq.fsutil import atomic_write_bytes
 from ditq.metrics import structure_metrics_png
 from ditq.probe.fixtures import Fixture, fixture_digest, fixture_digests, load_fixtures
@@ -40,7 +48,9 @@ from ditq.probe.records import (
     latest_by_key,
     read_records,
     read_run_file,
+    unrecorded,
 )
+from ditq.probe.server_watch import LOST_CONNECTION, ServerWatch
 from ditq.runfiles import (
     IMAGES_DIR,
     RECORDS_FILE,
@@ -72,6 +82,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+LOCK_FILE = ".probe.lock"  # in the run directory, held (flock) while a probe writes there
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,7 @@ class ProbeOptions:
     retry_failed: bool = False
     retry_out_of_memory: bool = False  # redo only the requests that ran out of accelerator memory
     timeout_s: float = 1800.0
+    server_wait_s: float = 60.0  # how long a server that stopped answering is waited for (ServerWatch)
     model: str | None = None  # the ``model`` field sent with each request
     only: list[str] | None = None  # fixture ids; None = all
     memory_interval_s: float = 1.0
@@ -178,8 +191,9 @@ def _error_code(response: httpx.Response) -> str | None:
 class HttpExecutor:
     """One OpenAI-compatible images endpoint: edits (multipart, ``image[]``) or generations (JSON)."""
 
-    def __init__(self, server: ServerEntry, options: ProbeOptions) -> None:
+    def __init__(self, server: ServerEntry, options: ProbeOptions, watch: ServerWatch) -> None:
         self.endpoint = server.endpoint
+        self.watch = watch  # shared by the endpoint's workers
         self.options = options
         facts = server.facts
         self.offload = None if facts is None else facts.offload
@@ -214,9 +228,35 @@ class HttpExecutor:
         return self.client.post(f"{self.endpoint}/v1/images/edits", data=form, files=files)
 
     def __call__(self, fixture: Fixture, seed: int) -> Reply:
+        """The server's reply; a lost connection waits for the server (``ServerWatch``) and is sent once more
+        when it is back, or recorded as failed, saying how long it waited."""
+        t0 = time.perf_counter()
+        try:
+            reply = self._send(fixture, seed)
+        except LOST_CONNECTION as error:
+            lost = error
+        else:
+            self.watch.answered()
+            return reply
+        gone = self.watch.wait_for_return()
+        if gone is None:
+            try:
+                reply = self._send(fixture, seed)
+            except LOST_CONNECTION as error:
+                lost, gone = error, "lost again after the server answered /health"
+            else:
+                self.watch.answered()
+                return reply
+        wall_s = round(time.perf_counter() - t0, 3)  # the wait included
+        return Reply(wall_s, None, error=f"{type(lost).__name__}: {lost}; {gone}")
+
+    def _send(self, fixture: Fixture, seed: int) -> Reply:
+        """One request; a lost connection (``LOST_CONNECTION``) is raised, every other fault is a Reply."""
         t0 = time.perf_counter()
         try:
             response = self._post(fixture, seed)
+        except LOST_CONNECTION:
+            raise
         except httpx.TimeoutException as error:
             error_text = f"timeout after {self.options.timeout_s:g} s ({type(error).__name__})"
             return Reply(round(time.perf_counter() - t0, 3), None, error=error_text)
@@ -250,7 +290,11 @@ def _image_fields(reply: Reply, run: Path, fixture_id: str, seed: int) -> dict[s
         structure = Structure.model_validate(structure_metrics_png(reply.png))
     except Exception as error:  # undecodable bytes are a server fault, recorded
         return {**failed, "error": f"response image cannot be decoded ({type(error).__name__}: {error})"}
-    atomic_write_bytes(run / IMAGES_DIR / image_name(fixture_id, seed), reply.png)
+    path = run / IMAGES_DIR / image_name(fixture_id, seed)
+    try:
+        atomic_write_bytes(path, reply.png)
+    except OSError as error:
+        raise DitqError(f"{path}: cannot write the image ({error.strerror or error})") from error
     return {
         "bytes": len(reply.png),
         "sha256": hashlib.sha256(reply.png).hexdigest(),
@@ -322,7 +366,8 @@ class _Matrix:
             self.jobs.put(job)
         self.bar = tqdm(total=len(todo), disable=not progress, unit="img", desc=run.name, dynamic_ncols=True)
         self.lock = threading.Lock()
-        self.stopping = threading.Event()  # set on Ctrl-C: no new jobs; in-flight ones are redone on resume
+        self.stopping = threading.Event()  # set on Ctrl-C or a failure: no new jobs; resume redoes the rest
+        self.failure: Exception | None = None  # the first error a worker stopped on
         self.started = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     def one(self, executor: Executor, fixture: Fixture, seed: int) -> ProbeRecord:
@@ -353,23 +398,59 @@ class _Matrix:
         )
 
     def work(self, executor: Executor, log_file: RecordLog) -> None:
-        while not self.stopping.is_set():
-            try:
-                fixture, seed = self.jobs.get_nowait()
-            except queue.Empty:
-                return
-            record = self.one(executor, fixture, seed)
-            try:
-                log_file.append(record)
-            except ValueError:  # the log was closed by an interrupt; resume redoes this request
-                return
+        """Drain the queue. The first error (a record or image that cannot be written: a full disk) stops every
+        worker and fails the run; the requests it leaves are done by a rerun."""
+        try:
+            while not self.stopping.is_set():
+                try:
+                    fixture, seed = self.jobs.get_nowait()
+                except queue.Empty:
+                    return
+                record = self.one(executor, fixture, seed)
+                try:
+                    log_file.append(record)
+                except ValueError:  # the log was closed by an interrupt; resume redoes this request
+                    return
+                with self.lock:
+                    self.summary.completed += 1
+                    self.summary.failed += 0 if is_success(record) else 1
+                    self.bar.set_postfix(failed=self.summary.failed, refresh=False)
+                    self.bar.update(1)
+        except Exception as error:
             with self.lock:
-                self.summary.completed += 1
-                self.summary.failed += 0 if is_success(record) else 1
-                self.bar.set_postfix(failed=self.summary.failed, refresh=False)
-                self.bar.update(1)
+                self.failure = self.failure or error
+            self.stopping.set()
 
-    def write_run_json(self, status: Literal["running", "interrupted", "complete"]) -> None:
+    def finish(self) -> None:
+        """RUN.json's last word on this invocation, then the failure, if any, raised. Complete only when every
+        planned request has a record in records.jsonl as it reads back."""
+        if self.failure is None and not self.stopping.is_set():
+            missing = unrecorded(self.description, read_records(self.run))
+            if missing:
+                fixture_id, seed = missing[0]
+                self.failure = DitqError(
+                    f"{self.run / RECORDS_FILE}: {len(missing)} planned requests have no record "
+                    f"(first: {fixture_id} s{seed})"
+                )
+        status: Literal["interrupted", "failed", "complete"] = (
+            "failed" if self.failure else "interrupted" if self.stopping.is_set() else "complete"
+        )
+        try:
+            self.write_run_json(status)
+        except OSError as error:
+            raise DitqError(
+                f"{self.run / RUN_FILE}: cannot write ({error.strerror or error}), so it still says 'running'"
+                + (f"; the run stopped on: {self.failure}" if self.failure else "")
+            ) from error
+        if isinstance(self.failure, DitqError):
+            raise DitqError(
+                f"{self.failure}; the run stopped and RUN.json says 'failed'; rerun the same command to "
+                "resume once that is fixed"
+            ) from self.failure
+        if self.failure is not None:
+            raise self.failure
+
+    def write_run_json(self, status: Literal["running", "interrupted", "failed", "complete"]) -> None:
         summary = self.summary
         finished: dict[str, Any] = (
             {}
@@ -385,6 +466,8 @@ class _Matrix:
                 ),
             }
         )
+        if self.failure is not None:
+            finished["failure"] = str(self.failure)
         run_file = RunFile.of(
             self.description,
             invocations=self.invocations,
@@ -394,6 +477,26 @@ class _Matrix:
             **finished,
         )
         write_model(self.run / RUN_FILE, run_file)
+
+
+@contextlib.contextmanager
+def _exclusive(run: Path) -> Iterator[None]:
+    """Hold the run directory's lock for the invocation: two probes on one directory would both do (and append)
+    every request. The lock goes with the process, however it ends."""
+    try:
+        handle = open(run / LOCK_FILE, "a")  # noqa: SIM115 - closed below, which releases the lock
+    except OSError as error:
+        raise DitqError(
+            f"{run / LOCK_FILE}: cannot open the run's lock ({error.strerror or error})"
+        ) from error
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(
+                f"{run}: another probe is writing to this run directory; wait for it, or choose another --out"
+            ) from None
+        yield
 
 
 def run_matrix(
@@ -416,43 +519,47 @@ def run_matrix(
     (``servers``: endpoint and what /health said) and stamped on the records it wrote.
     """
     run.mkdir(parents=True, exist_ok=True)
-    previous = read_run_file(run)
-    _check_resume(run / RUN_FILE, previous, description)
-    for leftover in (run / IMAGES_DIR).glob(".ditq-tmp-*"):  # half-written images of a killed run
-        leftover.unlink()
-    todo, skipped = _plan(fixtures, seeds, run, retry_failed, retry_out_of_memory)
-    earlier = [] if previous is None else previous.invocations
-    invocation = Invocation(
-        index=len(earlier),
-        started_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        planned=len(todo),
-        retry="failed" if retry_failed else "out_of_memory" if retry_out_of_memory else None,
-        servers=list(servers),
-    )
-    device = next((s.cuda_index for s in servers if s.cuda_index is not None), None)
-    sampler = MemorySampler(run / "vram.csv", memory_interval_s, server_pid, device).start()
-    summary = ProbeSummary(run=run, planned=len(todo) + skipped, skipped=skipped, memory=sampler.describe())
-    matrix = _Matrix(run, todo, summary, sampler, description, [*earlier, invocation], progress)
-    matrix.write_run_json("running")
-    try:
+    with _exclusive(run):
+        previous = read_run_file(run)
+        _check_resume(run / RUN_FILE, previous, description)
+        for leftover in (run / IMAGES_DIR).glob(".ditq-tmp-*"):  # half-written images of a killed run
+            leftover.unlink()
+        # opened before the plan reads the records: its repair of a last line decides what counts as done
         with RecordLog(run / RECORDS_FILE) as log_file:
+            todo, skipped = _plan(fixtures, seeds, run, retry_failed, retry_out_of_memory)
+            earlier = [] if previous is None else previous.invocations
+            invocation = Invocation(
+                index=len(earlier),
+                started_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                planned=len(todo),
+                retry="failed" if retry_failed else "out_of_memory" if retry_out_of_memory else None,
+                servers=list(servers),
+            )
+            device = next((s.cuda_index for s in servers if s.cuda_index is not None), None)
+            sampler = MemorySampler(run / "vram.csv", memory_interval_s, server_pid, device).start()
+            summary = ProbeSummary(
+                run=run, planned=len(todo) + skipped, skipped=skipped, memory=sampler.describe()
+            )
+            matrix = _Matrix(run, todo, summary, sampler, description, [*earlier, invocation], progress)
+            matrix.write_run_json("running")
             threads = [
                 threading.Thread(target=matrix.work, args=(e, log_file), daemon=True) for e in executors
             ]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                while thread.is_alive():  # short joins keep Ctrl-C responsive
-                    thread.join(timeout=0.2)
-    except BaseException:
-        matrix.stopping.set()
-        raise
-    finally:
-        matrix.bar.close()
-        sampler.stop()
-        summary.peak_memory_mib = sampler.peak()
-        summary.memory = sampler.describe()
-        matrix.write_run_json("interrupted" if matrix.stopping.is_set() else "complete")
+            try:
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    while thread.is_alive():  # short joins keep Ctrl-C responsive
+                        thread.join(timeout=0.2)
+            except BaseException:
+                matrix.stopping.set()
+                raise
+            finally:
+                matrix.bar.close()
+                sampler.stop()
+                summary.peak_memory_mib = sampler.peak()
+                summary.memory = sampler.describe()
+                matrix.finish()
     return summary
 
 
@@ -493,6 +600,8 @@ def run_probe(options: ProbeOptions) -> ProbeSummary:
         raise InputError(f"--concurrency must be at least 1, got {options.concurrency}")
     if not options.endpoints:
         raise InputError("--endpoint: give at least one URL")
+    if options.server_wait_s < 0:
+        raise InputError(f"--server-wait must be 0 or more seconds, got {options.server_wait_s:g}")
     endpoints = [normalize_endpoint(e) for e in options.endpoints]
     fixtures = load_fixtures(options.fixtures, options.refs)
     if options.only:
@@ -513,7 +622,12 @@ def run_probe(options: ProbeOptions) -> ProbeSummary:
         options.model_dir,
     )
     servers = [server_facts(endpoint) for endpoint in endpoints]
-    executors = [HttpExecutor(server, options) for server in servers for _ in range(options.concurrency)]
+    watches = {server.endpoint: ServerWatch(server.endpoint, options.server_wait_s) for server in servers}
+    executors = [
+        HttpExecutor(server, options, watches[server.endpoint])
+        for server in servers
+        for _ in range(options.concurrency)
+    ]
     try:
         return run_matrix(
             Path(options.out),

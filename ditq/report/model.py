@@ -23,7 +23,14 @@ from typing import Any
 
 from ditq.errors import InputError
 from ditq.probe.memory import memory_series, read_vram_csv
-from ditq.probe.records import find_image, is_out_of_memory, is_success, read_records, read_run_file
+from ditq.probe.records import (
+    find_image,
+    incomplete,
+    is_out_of_memory,
+    is_success,
+    read_records,
+    read_run_file,
+)
 from ditq.runfiles import (
     CANDIDATE_FILE,
     COMPARE_FILE,
@@ -133,6 +140,7 @@ class RunData:
     memory: list[MemorySample]
     has_images: bool
     history: list[Record] = field(default_factory=list)  # every record line, retried ones included
+    incomplete: str | None = None  # why the run is not complete (ditq.probe.records.incomplete); None: it is
 
     @property
     def label(self) -> str:
@@ -339,6 +347,7 @@ def load_run(run_dir: Path) -> RunData:
         memory=_read_memory(run_dir, next((d for d in devices if d is not None), None)),
         has_images=(run_dir / "images").is_dir() or (run_dir / "matrix").is_dir(),
         history=history,
+        incomplete=incomplete(run_dir),
     )
 
 

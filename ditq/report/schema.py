@@ -42,6 +42,7 @@ SCHEMA_PATH = Path(__file__).with_name("verdict.schema.json")
 
 ReasonCode = Literal[
     "stage_failure",
+    "incomplete_run",
     "doctor_failure",
     "failed_requests",
     "out_of_memory",

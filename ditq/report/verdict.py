@@ -82,6 +82,21 @@ def _stage_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRule
     return reasons
 
 
+def _evidence_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> list[Reason]:
+    """A run that is not complete (a write error stopped its probe, say) is partial evidence, whichever side."""
+    reasons = []
+    for who, run in (
+        (f"The {candidate.name} run", candidate.run),
+        (f"The {baseline.name} baseline", baseline.run),
+    ):
+        if run is not None and run.incomplete is not None:
+            problem = run.incomplete.rstrip(".")
+            reasons.append(
+                Reason("incomplete_run", f"{who} is not complete ({problem}), so its evidence is partial.")
+            )
+    return reasons
+
+
 def _request_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> list[Reason]:
     if candidate.run is None:
         return []
@@ -220,6 +235,7 @@ def _band_detail(
 
 _RULES: tuple[Callable[[Candidate, Candidate, VerdictRules], list[Reason]], ...] = (
     _stage_reasons,
+    _evidence_reasons,
     _request_reasons,
     _gate_reasons,
     _fidelity_reasons,

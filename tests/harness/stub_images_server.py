@@ -3,7 +3,8 @@
 It answers ``/v1/images/generations`` (JSON) and ``/v1/images/edits`` (multipart,
 ``image[]``) with a deterministic PNG drawn from the seed, the size and the
 prompt, and can be switched to misbehave: HTTP 500 for chosen seeds, a hang past
-the client's timeout, collapsed (see-through, striped) images, or dimmed images.
+the client's timeout, requests held until the test releases them, collapsed
+(see-through, striped) images, or dimmed images.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ class StubState:
     collapse: bool = False  # answer see-through horizontal-stripe noise
     dim: float | None = None  # scale RGB by this factor (a drift, not a collapse)
     alpha: int | None = None  # set every pixel's alpha to this value
+    hold: threading.Event | None = None  # when given, every request waits until it is set
     requests: list[dict[str, Any]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # every path asked for, /health and unknown ones included
 
 
 def healthy_image(seed: int, width: int, height: int, salt: int = 0) -> Image.Image:
@@ -71,10 +74,17 @@ def _png(image: Image.Image) -> str:
 def make_app(state: StubState) -> FastAPI:
     app = FastAPI()
 
+    @app.middleware("http")
+    async def note_path(request: Request, call_next: Any) -> Any:
+        state.paths.append(request.url.path)
+        return await call_next(request)
+
     async def answer(fields: dict[str, Any], n_images: int) -> JSONResponse:
         seed = int(fields["seed"])
         width, height = (int(v) for v in str(fields["size"]).split("x"))
         state.requests.append({**fields, "n_images": n_images})
+        while state.hold is not None and not state.hold.is_set():
+            await asyncio.sleep(0.02)
         if state.delay_s:
             await asyncio.sleep(state.delay_s)
         if seed in state.hang_seeds:
@@ -127,9 +137,9 @@ def _free_port() -> int:
 class StubServer:
     """``with StubServer() as server: server.url`` -- uvicorn in a thread on a free loopback port."""
 
-    def __init__(self, state: StubState | None = None) -> None:
+    def __init__(self, state: StubState | None = None, port: int | None = None) -> None:
         self.state = state or StubState()
-        self.port = _free_port()
+        self.port = port or _free_port()  # a given port: a server that comes back where one stopped
         config = uvicorn.Config(
             make_app(self.state),
             host="127.0.0.1",

@@ -66,3 +66,24 @@ def test_killed_probe_resumes_without_duplicates(tmp_path: Path, fixture_set) ->
     assert records_file.read_text().endswith("}\n")
     assert len(list((out / "images").glob("*.png"))) == 9
     assert not list((out / "images").glob(".ditq-tmp-*"))
+
+
+def test_a_whole_last_record_without_its_newline_is_kept_on_resume(
+    tmp_path: Path, fixture_set, stub: StubServer
+) -> None:
+    """A kill between a record's closing brace and its newline: the record is whole, so the resume counts it as
+    done and keeps it (the newline added); it is neither redone nor cut."""
+    out = tmp_path / "run"
+    records_file = out / "records.jsonl"
+    probe_run(stub.url, fixture_set, out, [1])
+    records_file.write_bytes(records_file.read_bytes().removesuffix(b"\n"))
+    last = read_records(out)[-1]
+
+    served_before = len(stub.state.requests)
+    summary = probe_run(stub.url, fixture_set, out, [1, 2])
+
+    assert (summary.skipped, summary.completed) == (3, 3)
+    assert len(stub.state.requests) - served_before == 3  # seed 2 only
+    records = read_records(out)
+    assert len(records) == 6 and len({r.key for r in records}) == 6 and last in records
+    assert records_file.read_text().endswith("}\n") and "}{" not in records_file.read_text()

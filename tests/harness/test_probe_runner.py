@@ -104,7 +104,7 @@ def test_500s_timeouts_and_refused_connections_become_records(tmp_path: Path, fi
 def test_refused_connection_is_a_record(tmp_path: Path, fixture_set) -> None:
     with StubServer() as server:
         url = server.url  # the port is closed once the server has stopped
-    summary = probe_run(url, fixture_set, tmp_path / "run", [1], timeout_s=2)
+    summary = probe_run(url, fixture_set, tmp_path / "run", [1], timeout_s=2, server_wait_s=0)
     records = read_records(tmp_path / "run")
     assert summary.failed == 3 and all("ConnectError" in (r.error or "") for r in records)
 

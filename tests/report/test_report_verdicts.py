@@ -210,3 +210,21 @@ def test_signatures_the_baseline_shows_too_are_their_own_reason_not_a_collapse(r
     (a,) = _assess({**runs, "inherited": candidate}, "inherited").assessments
     assert [r.code for r in a.reasons] == ["baseline_collapsed"]
     assert "(banded, transparent) for 8 of 8 of these images" in a.reasons[0].message
+
+
+def test_an_incomplete_run_is_never_a_yes(tmp_path, runs):
+    """A run judged while complete loses a record (its gate.json and compare.json still say it passed): the
+    verdict is not YES, and its first reason names what is missing, however good the rest looks."""
+    spec = RunSpec("partial", "healthy", {1: 1.45, 2: 1.8, 3: 2.15, 4: 2.5})
+    run = write_run(tmp_path, spec, runs["baseline"])
+    (before,) = assess(load_candidate(runs["baseline"]), [load_candidate(run)], "x").assessments
+    assert before.verdict == "YES", before.reasons
+    lines = (run / "records.jsonl").read_text().splitlines(keepends=True)
+    (run / "records.jsonl").write_text("".join(lines[:-1]))
+    lost = json.loads(lines[-1])
+
+    result = build_report([run], runs["baseline"], tmp_path / "report")
+    verdict = json.loads(result.verdict_json.read_text())["candidates"][0]
+    assert verdict["verdict"] != "YES" and verdict["reasons"][0]["code"] == "incomplete_run"
+    missing = f"1 of 8 planned requests have no record (first: {lost['fixture_id']} s{lost['seed']})"
+    assert missing in verdict["reasons"][0]["message"]
