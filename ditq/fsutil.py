@@ -1,31 +1,64 @@
-"""Writing files so that nothing is ever half-written: a temporary sibling, then a rename."""
+"""Writing files so that nothing is ever half-written (a temporary sibling, then a rename); reading only regular
+files; one writer per output at a time."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import io
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ditq.errors import InputError
+
 __all__ = [
     "atomic_directory",
     "atomic_write_bytes",
     "atomic_write_json",
+    "exclusive_lock",
+    "file_kind",
+    "open_regular",
     "sha256_file",
     "sweep_stale_temporaries",
 ]
 
 _TMP_MARK = ".ditq-tmp-"
+_LOCK_MARK = ".ditq-lock-"
+
+
+def file_kind(mode: int) -> str:
+    """What ``st_mode`` says a path is, in words."""
+    kinds = {
+        stat.S_ISREG: "a file",
+        stat.S_ISDIR: "a directory",
+        stat.S_ISFIFO: "a FIFO",
+        stat.S_ISSOCK: "a socket",
+    }
+    return next((name for test, name in kinds.items() if test(mode)), "a device or special file")
+
+
+def open_regular(path: Path) -> io.BufferedReader:
+    """``path`` opened for binary reading; anything but a regular file (a FIFO, a device, a directory) is an
+    InputError naming it. Opened non-blocking first, so a FIFO with no writer cannot hang the open."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise InputError(f"{path}: not a regular file ({file_kind(mode)})")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:
         while chunk := handle.read(chunk_bytes):
             digest.update(chunk)
     return digest.hexdigest()
@@ -63,6 +96,35 @@ def sweep_stale_temporaries(final: Path) -> None:
         else:
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
+
+
+@contextlib.contextmanager
+def exclusive_lock(final: Path, writer: str) -> Iterator[None]:
+    """Hold the one lock on writing ``final`` (a lock file beside it, removed on exit); a second ``writer``
+    meanwhile is refused at once with an InputError naming ``final``, so it cannot sweep the first one's live
+    temporary directory."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = final.with_name(f"{_LOCK_MARK}{final.name}")
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise InputError(f"{final}: another {writer} is writing it (wait for it to finish)") from None
+        try:  # the holder before us may have removed the file after we opened it: lock the one on disk
+            if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock_path)
+        os.close(fd)
 
 
 @contextlib.contextmanager

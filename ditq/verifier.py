@@ -4,7 +4,9 @@ Checks, each reported pass/fail with a one-line detail:
 
 - **manifest**: ``MANIFEST.json`` matches its seal and parses;
 - **files**: every file the manifest lists has its size and sha256; no file
-  is missing or extra; linked components point where the manifest says;
+  is missing or extra; linked components point where the manifest says, and
+  every file behind a link has the size and sha256 the manifest recorded for
+  it in the source (``source_files``);
 - **config** (per component): ``quantization_config`` equals the manifest's
   and names one of ditq's schemes;
 - **tensors**: stored dtypes and shapes follow the scheme; scales are finite
@@ -18,6 +20,7 @@ Checks, each reported pass/fail with a one-line detail:
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +33,9 @@ from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, SCHEMA_VERSION, fi
 from ditq.checkpoint.reference import ReferenceDecoder
 from ditq.checkpoint.rewrite import read_component_headers
 from ditq.checkpoint.safetensors_io import SafetensorsHeader, TensorEntry, read_tensor
+from ditq.checkpoint.source_tree import scan_tree
 from ditq.errors import DitqError, InputError
-from ditq.fsutil import sha256_file
+from ditq.fsutil import open_regular, sha256_file
 from ditq.numerics import relative_l2
 from ditq.schemes import Scheme
 from ditq.targets import build_meta_model
@@ -120,20 +124,62 @@ def _check_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> 
         link = root / name
         if not link.is_symlink() or str(link.readlink()) != target or not link.exists():
             problems.append(f"link {name} does not point to {target}")
+    problems += _linked_problems(root, manifest)
+    behind = sum(1 for rel in manifest.get("source_files") or {} if rel.split("/")[0] in linked)
     report.add(
-        "files", problems, f"{len(listed)} files match their sha256 and size, {len(linked)} links intact"
+        "files",
+        problems,
+        f"{len(listed)} files match their sha256 and size, {len(linked)} links intact, "
+        f"{behind} files behind them match the source's",
     )
+
+
+def _behind(link: Path, name: str) -> dict[str, Path]:
+    """Every file at ``link`` (a file, or a folder walked through its links), as artifact-relative paths."""
+    if not link.is_dir():
+        return {name: link}
+    return {f"{name}/{rel}": path for rel, path in scan_tree(link, follow_links=True).files.items()}
+
+
+def _linked_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """The files behind the artifact's links against the source digests the manifest recorded for them."""
+    linked: dict[str, str] = manifest["linked"]
+    recorded = manifest.get("source_files")
+    if not linked:
+        return []
+    if not isinstance(recorded, dict):
+        return [f"{MANIFEST} has no source_files: what {', '.join(linked)} link to cannot be checked"]
+    problems: list[str] = []
+    for name in linked:
+        expected = {rel: r for rel, r in recorded.items() if rel.split("/")[0] == name}
+        if not (root / name).exists():
+            continue  # reported as a broken link
+        try:
+            present = _behind(root / name, name)
+        except InputError as error:
+            problems.append(str(error))
+            continue
+        where = f"(behind the link {name})"
+        problems += [f"missing {rel} {where}" for rel in expected if rel not in present]
+        problems += [f"extra {rel} {where}" for rel in present if rel not in expected]
+        for rel, record in expected.items():
+            if rel in present and (
+                os.stat(present[rel]).st_size != record.get("size")
+                or sha256_file(present[rel]) != record.get("sha256")
+            ):
+                problems.append(f"altered {rel} {where}")
+    return problems
 
 
 def _read(where: dict[str, tuple[SafetensorsHeader, TensorEntry]], name: str) -> torch.Tensor:
     header, entry = where[name]
-    with open(header.path, "rb") as handle:
+    with open_regular(header.path) as handle:
         return read_tensor(handle, entry)
 
 
 def _raw(where: dict[str, tuple[SafetensorsHeader, TensorEntry]], name: str) -> bytes:
     header, entry = where[name]
-    with open(header.path, "rb") as handle:
+    with open_regular(header.path) as handle:
         handle.seek(entry.begin)
         return handle.read(entry.nbytes)
 
@@ -176,8 +222,8 @@ def _check_config(
             raise InputError(f"{component}/config.json: no quantization_config")
         scheme = scheme_of_config(plain, f"{component}/config.json")
         ReferenceDecoder(plain)  # compressed-tensors must accept it too
-    except (DitqError, ValueError) as error:
-        report.add(f"{component}: config", [str(error)], "")
+    except (DitqError, ValueError) as error:  # pydantic's ValidationError (a ValueError) spans lines
+        report.add(f"{component}: config", [" ".join(str(error).split())], "")
         return None
     same = plain == info.get("quantization_config")
     report.add(

@@ -30,6 +30,7 @@ def test_cli_defaults_are_the_api_defaults() -> None:
     assert args.config_form == signature["config_form"].default
     assert args.device == signature["device"].default
     assert (args.copy, args.force, args.group_size) == (False, False, None)
+    assert args.follow_links is signature["follow_links"].default is False
     assert args.targets == [] and args.ignore == []
 
 

@@ -132,6 +132,10 @@ def test_manifest_contents(artifact) -> None:  # type: ignore[no-untyped-def]
         "transformer/diffusion_pytorch_model.safetensors.index.json",  # for compressed-tensors' file tools
     }
     assert manifest["linked"] == {"scheduler": str(source.resolve() / "scheduler")}
+    assert sorted(manifest["source_files"]) == sorted(
+        p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file()
+    )
+    assert manifest["source_files"]["model_index.json"] == manifest["files"]["model_index.json"]
 
 
 def test_deterministic_and_band_size_independent(model_dir, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -240,7 +244,7 @@ def test_bad_input_is_a_one_line_input_error(how: str, model_dir, tmp_path: Path
 
 
 def test_requantizing_an_artifact_is_refused(artifact, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    _, out = artifact("qwenimage21", "w8a8")
+    _, out = artifact("qwenimage21", "w8a8", copy=True)  # linked, it is refused for its links out of it
     with pytest.raises(InputError, match="already quantized"):
         ditq.quantize(out, tmp_path / "again", "w8a8")
 

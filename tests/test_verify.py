@@ -178,3 +178,53 @@ def test_report_json_and_table(artifact) -> None:  # type: ignore[no-untyped-def
 def test_not_an_artifact(model_dir) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InputError, match="not a ditq artifact"):
         verify(model_dir("wan"))
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _change_shift(path: Path) -> None:
+    config = json.loads(path.read_text())
+    config["shift"] = 9.0
+    path.write_text(json.dumps(config))
+
+
+# What is behind the artifact's default links is served as part of it: a change there fails verify, named.
+LINKED_TAMPERING = {
+    "text encoder weights": ("text_encoder/model.safetensors", _flip_last_byte),
+    "scheduler config": ("scheduler/scheduler_config.json", _change_shift),
+}
+
+
+@pytest.mark.parametrize("what", sorted(LINKED_TAMPERING))
+def test_tampering_behind_a_link_fails_with_and_without_source(what: str, artifact) -> None:  # type: ignore[no-untyped-def]
+    source, out = artifact("flux", "w8a8", text_encoder=True)
+    assert (out / "text_encoder").is_symlink() and (out / "scheduler").is_symlink()
+    assert verify(out, source).ok
+    rel, tamper = LINKED_TAMPERING[what]
+    tamper(source / rel)
+    for report in (verify(out), verify(out, source)):
+        assert _failed(report) == ["files"]
+        assert f"altered {rel} (behind the link {rel.split('/')[0]})" in report.checks[2].detail
+
+
+def test_files_added_or_removed_behind_a_link_fail(artifact) -> None:  # type: ignore[no-untyped-def]
+    source, out = artifact("sd3", "w8a8")
+    (source / "scheduler" / "extra.json").write_text("{}")
+    (source / "scheduler" / "scheduler_config.json").unlink()
+    detail = verify(out).checks[2].detail
+    assert "extra scheduler/extra.json (behind the link scheduler)" in detail
+    assert "missing scheduler/scheduler_config.json (behind the link scheduler)" in detail
+
+
+def test_manifest_without_source_digests_cannot_vouch_for_links(artifact) -> None:  # type: ignore[no-untyped-def]
+    _, out = artifact("wan", "w8a8")
+    manifest = read_manifest(out)
+    del manifest["source_files"]
+    write_manifest(out, manifest)
+    report = verify(out)
+    assert _failed(report) == ["files"]
+    assert "has no source_files: what scheduler link" in report.checks[2].detail

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ditq.errors import InputError
+from ditq.fsutil import open_regular
 from ditq.schemes import normalize_quant_method
 
 __all__ = [
@@ -36,10 +37,12 @@ MODEL_INDEX = "model_index.json"
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from ``path``; a missing or malformed file is an InputError naming it."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"{path}: file not found")
+    with open_regular(path) as handle:
+        text = handle.read()
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: not valid JSON ({error})") from error
     if not isinstance(value, dict):
@@ -115,9 +118,18 @@ def weight_files(component_dir: Path, variant: str | None = None) -> list[Path]:
         weight_map = read_json(indexes[0]).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise InputError(f"{indexes[0]}: no weight_map")
+        for shard in weight_map.values():  # a shard is a file of the component, never a path out of it
+            if (
+                not isinstance(shard, str)
+                or PurePosixPath(shard).is_absolute()
+                or ".." in PurePosixPath(shard).parts
+            ):
+                raise InputError(
+                    f"{indexes[0]}: weight_map names {shard!r}, not a file inside {component_dir}"
+                )
         shards = sorted(set(weight_map.values()))
         for shard in shards:
-            if not (component_dir / shard).is_file():
+            if not (component_dir / shard).exists():
                 raise InputError(f"{component_dir / shard}: shard named by {indexes[0].name} is missing")
         return [component_dir / shard for shard in shards]
     files = [p for p in mine if p.name.endswith(".safetensors")]

@@ -4,8 +4,10 @@
 format), so a change to any byte of the manifest itself is detected too.
 The source's tree digest is sha256 over the sorted lines
 ``<sha256> <size> <relative path>`` of every file under the source
-directory (symlinks followed). Files of a hub snapshot are named by their
-sha256 in ``blobs/``, which is used as is instead of re-reading them.
+directory (symlinks followed), and ``source_files`` keeps each line's
+sha256 and size, so ``verify`` can hash what the artifact's links point at.
+Files of a hub snapshot are named by their sha256 in ``blobs/``, which is
+used as is instead of re-reading them.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ditq.checkpoint.layout import read_json
+from ditq.checkpoint.source_tree import SourceTree
 from ditq.errors import InputError
-from ditq.fsutil import atomic_write_bytes, atomic_write_json, sha256_file
+from ditq.fsutil import atomic_write_bytes, atomic_write_json, open_regular, sha256_file
 
 __all__ = [
     "ERRORS_FILE",
@@ -62,13 +65,12 @@ def hub_revision(source: Path) -> str | None:
     return None
 
 
-def _file_sha256(path: Path, stop: threading.Event) -> str:
-    target = Path(os.path.realpath(path))
-    if path.is_symlink() and target.parent.name == "blobs" and _HEX64.match(target.name):
-        return target.name
+def _file_sha256(tree: SourceTree, path: Path, stop: threading.Event) -> str:
+    if tree.is_hub_blob(path) and _HEX64.match(Path(os.path.realpath(path)).name):
+        return Path(os.path.realpath(path)).name
     digest = hashlib.sha256()
     buffer = memoryview(bytearray(1 << 22))  # one reused buffer: no allocation per chunk
-    with open(path, "rb", buffering=0) as handle:
+    with open_regular(path) as handle:
         while count := handle.readinto(buffer):
             if stop.is_set():
                 raise InterruptedError(f"digest of {path} abandoned")
@@ -76,20 +78,23 @@ def _file_sha256(path: Path, stop: threading.Event) -> str:
     return digest.hexdigest()
 
 
-def source_tree_digest(source: Path, stop: threading.Event | None = None) -> dict[str, Any]:
-    """{"tree_digest": "sha256:...", "files": n, "bytes": n} over every file under ``source``.
+def source_tree_digest(
+    tree: SourceTree, stop: threading.Event | None = None
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """({"tree_digest": "sha256:...", "files": n, "bytes": n}, {relative path: {"sha256", "size"}}) over every
+    file of the scanned source ``tree``.
 
     Meant to run on a background thread while the source is quantized; ``stop`` abandons it.
     """
-    source, stop = Path(source), stop or threading.Event()
-    lines = []
-    total = 0
-    for path in sorted(p for p in source.rglob("*") if p.is_file()):
-        size = path.stat().st_size
-        total += size
-        lines.append(f"{_file_sha256(path, stop)} {size} {path.relative_to(source).as_posix()}\n")
-    digest = hashlib.sha256("".join(lines).encode()).hexdigest()
-    return {"tree_digest": f"sha256:{digest}", "files": len(lines), "bytes": total}
+    stop = stop or threading.Event()
+    records: dict[str, dict[str, Any]] = {}
+    for rel, path in sorted(tree.files.items()):
+        size = os.stat(path).st_size
+        records[rel] = {"sha256": _file_sha256(tree, path, stop), "size": size}
+    lines = "".join(f"{r['sha256']} {r['size']} {rel}\n" for rel, r in records.items())
+    digest = hashlib.sha256(lines.encode()).hexdigest()
+    total = sum(r["size"] for r in records.values())
+    return {"tree_digest": f"sha256:{digest}", "files": len(records), "bytes": total}, records
 
 
 def file_records(

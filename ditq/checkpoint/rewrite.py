@@ -35,6 +35,7 @@ from ditq.checkpoint.safetensors_io import (
     read_rows,
 )
 from ditq.errors import InputError
+from ditq.fsutil import open_regular
 from ditq.numerics import dequantize_weight, quantize_weight
 from ditq.schemes import Scheme
 from ditq.targets import TargetPlan
@@ -210,7 +211,7 @@ class _Streamer:
         self.result, self.device, self.band_bytes = result, device, band_bytes
 
     def stream_file(self, header: SafetensorsHeader) -> None:
-        with open(header.path, "rb") as handle:
+        with open_regular(header.path) as handle:
             position = header.data_start
             for entry in header.in_file_order():
                 if entry.begin != position:

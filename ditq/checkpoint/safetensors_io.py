@@ -24,10 +24,13 @@ from typing import BinaryIO
 import torch
 
 from ditq.errors import InputError
+from ditq.fsutil import open_regular
 
 __all__ = [
     "DTYPES",
     "DTYPE_NAMES",
+    "MAX_HEADER_BYTES",
+    "MAX_TENSORS_PER_FILE",
     "OutputTensor",
     "SafetensorsHeader",
     "ShardSetWriter",
@@ -53,7 +56,10 @@ DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
-_MAX_HEADER = 100 * 1024 * 1024
+# What ditq reads of a header, checked before it is parsed (a parsed entry costs about 1 KB of Python objects).
+# A shard of a real model lists a few thousand tensors in well under 1 MiB.
+MAX_HEADER_BYTES = 16 * 1024**2
+MAX_TENSORS_PER_FILE = 100_000
 
 
 @dataclass(frozen=True)
@@ -78,29 +84,49 @@ class SafetensorsHeader:
     metadata: dict[str, str]
 
     def in_file_order(self) -> list[TensorEntry]:
-        return sorted(self.entries.values(), key=lambda e: (e.begin, e.name))
+        """Entries by offset; an empty tensor sorts before a tensor that starts where it does."""
+        return sorted(self.entries.values(), key=lambda e: (e.begin, e.end, e.name))
+
+
+def _read_header_bytes(path: Path) -> tuple[bytes, int]:
+    """The raw JSON header and the file's size; a header over the bounds is refused before it is read."""
+    with open_regular(path) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise InputError(f"{path}: truncated safetensors file (no header)")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > MAX_HEADER_BYTES:
+            raise InputError(
+                f"{path}: safetensors header of {header_len} bytes, over the {MAX_HEADER_BYTES} ditq reads "
+                "(a corrupt file?)"
+            )
+        if header_len > size - 8:
+            raise InputError(f"{path}: corrupt or truncated safetensors header")
+        raw = handle.read(header_len)
+    # Every entry (and __metadata__) is a JSON object inside the header's own, and an object cannot be spelled
+    # without "{": a bound on the entries that no escape in a name can get around.
+    if raw.count(b"{") - 1 > MAX_TENSORS_PER_FILE:
+        raise InputError(
+            f"{path}: safetensors header lists more than the {MAX_TENSORS_PER_FILE} tensors ditq reads"
+        )
+    return raw, size
 
 
 def read_header(path: Path) -> SafetensorsHeader:
     """Parse and check a safetensors header: known dtypes, sizes that match shapes, data inside the file."""
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) < 8:
-            raise InputError(f"{path}: truncated safetensors file (no header)")
-        (header_len,) = struct.unpack("<Q", prefix)
-        if header_len > min(_MAX_HEADER, size - 8):
-            raise InputError(f"{path}: corrupt or truncated safetensors header")
-        raw = handle.read(header_len)
+    raw, size = _read_header_bytes(path)
     try:
         doc = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: corrupt safetensors header ({error})") from error
     if not isinstance(doc, dict):
         raise InputError(f"{path}: corrupt safetensors header")
-    data_start = 8 + header_len
+    data_start = 8 + len(raw)
     metadata = doc.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise InputError(f"{path}: __metadata__ is not an object of strings")
     entries: dict[str, TensorEntry] = {}
     for name, info in doc.items():
         try:
@@ -112,7 +138,7 @@ def read_header(path: Path) -> SafetensorsHeader:
                 f"{path}: tensor {name}: unsupported or malformed header entry ({error})"
             ) from error
         expected = dtype.itemsize * _numel(shape)
-        if end - begin != expected or begin < 0:
+        if end - begin != expected or begin < 0 or min(shape, default=0) < 0:
             raise InputError(f"{path}: tensor {name}: {end - begin} bytes for shape {list(shape)}")
         if data_start + end > size:
             raise InputError(f"{path}: tensor {name!r} runs past the end of the file (truncated)")
@@ -144,7 +170,7 @@ def read_tensor(handle, entry: TensorEntry) -> torch.Tensor:
 
 def read_entry(entry: TensorEntry) -> torch.Tensor:
     """The whole tensor ``entry``, read from its file into fresh CPU memory."""
-    with open(entry.path, "rb") as handle:
+    with open_regular(entry.path) as handle:
         return read_tensor(handle, entry)
 
 
@@ -223,17 +249,29 @@ class ShardSetWriter:
             self.digests[self._file_name] = (self._size, self._hasher.hexdigest())
             self._handle = None
 
-    def write(self, name: str, data: torch.Tensor) -> None:
-        """Append the next bytes of tensor ``name`` (which must be the tensor being written)."""
-        file_name, tensor = self._queue[self._position]
-        if name != tensor.name:
-            raise RuntimeError(f"output order broken: got {name}, expected {tensor.name}")
+    def _open(self, file_name: str) -> None:
         if file_name != self._file_name:
             self._finish_file()
             self._file_name, self._hasher, self._size = file_name, hashlib.sha256(), 0
             self._handle = open(self._folder / file_name, "wb")  # noqa: SIM115 - closed in _finish_file
             self._emit(_header(self._shards[file_name]))
+
+    def _pass_empty(self) -> None:
+        """Step over planned tensors of no bytes (shape [0]): their header entry is all they are."""
+        while self._position < len(self._queue) and self._queue[self._position][1].nbytes == 0:
+            self._open(self._queue[self._position][0])
+            self._position += 1
+
+    def write(self, name: str, data: torch.Tensor) -> None:
+        """Append the next bytes of tensor ``name`` (which must be the tensor being written)."""
         raw = data.detach().contiguous().view(torch.uint8).reshape(-1).numpy()
+        if raw.nbytes == 0:
+            return
+        self._pass_empty()
+        file_name, tensor = self._queue[self._position]
+        if name != tensor.name:
+            raise RuntimeError(f"output order broken: got {name}, expected {tensor.name}")
+        self._open(file_name)
         if self._filled + raw.nbytes > tensor.nbytes:
             raise RuntimeError(f"{name}: {self._filled + raw.nbytes} bytes written, {tensor.nbytes} planned")
         self._emit(raw.data)
@@ -243,6 +281,7 @@ class ShardSetWriter:
 
     def close(self) -> dict[str, tuple[int, str]]:
         """Finish the last file; every planned tensor must have been written in full."""
+        self._pass_empty()
         if self._position != len(self._queue):
             raise RuntimeError(f"output incomplete at {self._queue[self._position][1].name}")
         self._finish_file()

@@ -59,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default files, as diffusers' from_pretrained(variant=...) does",
     )
     parser.add_argument("--copy", action="store_true", help="copy untouched components instead of symlinking")
+    parser.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="read through symbolic links that leave SRC (refused without it); their files are in the "
+        "manifest's source digest",
+    )
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
     add_device_arguments(parser, DEFAULTS["device"], "where to encode the weights")
     parser.add_argument("--json", action="store_true", help="print the manifest's statistics as JSON")
@@ -76,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         config_form=args.config_form,
         variant=args.variant,
         copy=args.copy,
+        follow_links=args.follow_links,
         force=args.force,
         device=args.device,
     )
