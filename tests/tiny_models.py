@@ -32,6 +32,8 @@ from diffusers import (
 from safetensors.torch import save_file
 
 __all__ = [
+    "LLMC_DATA",
+    "LLMC_SCHEMES",
     "TEXT_ENCODERS",
     "TINY_CONFIGS",
     "TINY_TRANSFORMERS",
@@ -39,12 +41,18 @@ __all__ = [
     "build_tiny_clip_text_encoder",
     "build_tiny_text_encoder",
     "example_inputs",
+    "llmc_pipeline_dir",
     "make_flux_pipeline_dir",
     "make_model_dir",
     "save_sharded",
     "to_variant_only",
     "write_model_dir",
 ]
+
+# llm-compressor's model_free_ptq checkpoints of the tiny demo transformer (tests/data/llmc/make_fixtures.py):
+# fixture folder -> the ditq scheme it holds
+LLMC_DATA = Path(__file__).parent / "data" / "llmc"
+LLMC_SCHEMES = {"w8a8": "w8a8", "fp8_dynamic": "fp8", "w8a16": "w8a16"}
 
 HEADS = 2
 HEAD_DIM = 16
@@ -407,4 +415,20 @@ def make_flux_pipeline_dir(model_dir: Path, seed: int = 0) -> Path:
         transformer=FluxTransformer2DModel(**flux_config).eval(),
     )
     pipeline.save_pretrained(str(model_dir))
+    return Path(model_dir)
+
+
+def llmc_pipeline_dir(model_dir: Path, fixture: str) -> Path:
+    """The tiny demo pipeline (seed 0, bfloat16) at ``model_dir`` with its transformer replaced by the committed
+    ``tests/data/llmc/<fixture>/transformer`` ("source" for the BF16 transformer they were made from)."""
+    import shutil
+    import warnings
+
+    from ditq.demo import build_tiny_pipeline
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build_tiny_pipeline(seed=0).to(torch.bfloat16).save_pretrained(str(model_dir))
+    shutil.rmtree(Path(model_dir) / "transformer")
+    shutil.copytree(LLMC_DATA / fixture / "transformer", Path(model_dir) / "transformer")
     return Path(model_dir)
