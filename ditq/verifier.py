@@ -15,6 +15,11 @@ Checks, each reported pass/fail with a one-line detail:
 - with ``source``: every dequantized weight is within the scheme's relative
   L2 bound of the source (``REL_L2_BOUNDS``), and every other tensor is byte
   identical to the source's.
+
+A compressed-tensors checkpoint that ditq did not write (a diffusers directory without ``MANIFEST.json``,
+llm-compressor's say) gets every check but the manifest's: ``manifest`` and ``files`` are reported as not
+applicable (never as passed), the config is not compared with a manifest, and the rest run as above; its
+``ignore`` entries match as compressed-tensors matches them (names, ``re:`` patterns, class names).
 """
 
 from __future__ import annotations
@@ -27,8 +32,14 @@ from typing import Any
 
 import torch
 
-from ditq.checkpoint.codecs import SCALE, Codec, codec_for, quantized_layers, scheme_of_config
-from ditq.checkpoint.layout import load_component_config, quantization_config_of, read_model_index
+from ditq.checkpoint.codecs import SCALE, SCALE_DTYPES, Codec, codec_for, quantized_layers, scheme_of_config
+from ditq.checkpoint.layout import (
+    component_class,
+    component_names,
+    load_component_config,
+    quantization_config_of,
+    read_model_index,
+)
 from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, SCHEMA_VERSION, file_records
 from ditq.checkpoint.reference import ReferenceDecoder
 from ditq.checkpoint.rewrite import read_component_headers
@@ -53,6 +64,11 @@ class Check:
     name: str
     ok: bool
     detail: str
+    applicable: bool = True  # False: nothing was checked (reported "n/a", never as passed)
+
+    @property
+    def status(self) -> str:
+        return "n/a" if not self.applicable else "pass" if self.ok else "fail"
 
 
 @dataclass
@@ -64,28 +80,35 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return bool(self.checks) and all(c.ok for c in self.checks)
+        checked = [c for c in self.checks if c.applicable]
+        return bool(checked) and all(c.ok for c in checked)
 
     def add(self, name: str, problems: list[str], passed: str) -> None:
         """Record a check that fails with the first few problems, or passes with ``passed``."""
         detail = passed if not problems else f"{len(problems)} problem(s): " + "; ".join(problems[:5])
         self.checks.append(Check(name, not problems, detail))
 
+    def not_applicable(self, name: str, why: str) -> None:
+        self.checks.append(Check(name, True, why, applicable=False))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "artifact": self.artifact,
             "source": self.source,
-            "checks": [asdict(c) for c in self.checks],
+            "checks": [{**asdict(c), "status": c.status} for c in self.checks],
             "tensors": self.tensors,
         }
 
     def table(self) -> str:
         width = max((len(c.name) for c in self.checks), default=5)
-        lines = [f"{'PASS' if c.ok else 'FAIL'}  {c.name:<{width}}  {c.detail}" for c in self.checks]
-        failed = sum(not c.ok for c in self.checks)
+        lines = [f"{c.status.upper():<4}  {c.name:<{width}}  {c.detail}" for c in self.checks]
+        checked = [c for c in self.checks if c.applicable]
+        passed = sum(c.ok for c in checked)
+        skipped = len(self.checks) - len(checked)
         lines.append(
-            f"{'OK' if self.ok else 'FAILED'}: {len(self.checks) - failed} of {len(self.checks)} checks passed"
+            f"{'OK' if self.ok else 'FAILED'}: {passed} of {len(checked)} checks passed"
+            + (f", {skipped} not applicable" if skipped else "")
         )
         return "\n".join(lines)
 
@@ -184,12 +207,14 @@ def _raw(where: dict[str, tuple[SafetensorsHeader, TensorEntry]], name: str) -> 
         return handle.read(entry.nbytes)
 
 
-def _linear_shapes(root: Path, component: str, info: dict[str, Any]) -> dict[str, tuple[int, int]]:
+def _linears(root: Path, component: str, info: dict[str, Any]) -> dict[str, torch.nn.Linear]:
     library, class_name = info["class"]
     model = build_meta_model(root / component, library, class_name)
-    return {
-        n: (m.out_features, m.in_features) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
-    }
+    return {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def _shape(linear: torch.nn.Linear | None) -> tuple[int, int] | None:
+    return None if linear is None else (linear.out_features, linear.in_features)
 
 
 def _layout_problem(
@@ -206,6 +231,8 @@ def _layout_problem(
     out_features, in_features = model_shape or stored_shape
     specs = codec.specs(out_features, in_features, group_size)
     layout = {k: (v.dtype, tuple(v.shape)) for k, v in stored.items()}
+    if SCALE in layout and layout[SCALE][0] in SCALE_DTYPES:  # every accepted scale dtype reads as float32
+        layout[SCALE] = (torch.float32, layout[SCALE][1])
     if layout != specs:
         return f"stored {layout} but the scheme needs {specs}"
     if stored_shape != (out_features, in_features):
@@ -225,7 +252,9 @@ def _check_config(
     except (DitqError, ValueError) as error:  # pydantic's ValidationError (a ValueError) spans lines
         report.add(f"{component}: config", [" ".join(str(error).split())], "")
         return None
-    same = plain == info.get("quantization_config")
+    same = (
+        "quantization_config" not in info or plain == info["quantization_config"]
+    )  # no manifest: nothing to match
     report.add(
         f"{component}: config",
         [] if same else ["quantization_config differs from the manifest's"],
@@ -237,17 +266,23 @@ def _check_config(
 def _check_coverage(
     component: str,
     info: dict[str, Any],
-    linears: dict[str, tuple[int, int]],
+    linears: dict[str, torch.nn.Linear],
     names: set[str],
     quantized: set[str],
     report: VerifyReport,
 ) -> None:
-    ignore = set(info["quantization_config"].get("ignore", []))
-    problems = [f"{p} quantized but listed in ignore" for p in sorted(quantized & ignore)]
-    if quantized != set(info.get("quantized", [])):
+    from ditq.runtime.swap import matches  # compressed-tensors' matching of names, re: patterns, class names
+
+    ignore = list(info["quantization_config"].get("ignore", []))
+
+    def ignored(name: str) -> bool:
+        return name in ignore or (name in linears and matches(ignore, name, linears[name]))
+
+    problems = [f"{p} quantized but listed in ignore" for p in sorted(quantized) if ignored(p)]
+    if info.get("quantized") is not None and quantized != set(info["quantized"]):
         problems.append("quantized tensors differ from the manifest's list")
     for name in sorted(linears):
-        if name not in quantized and name not in ignore:
+        if name not in quantized and not ignored(name):
             stored = f"{name}.weight" in names
             problems.append(
                 f"Linear {name} {'kept in source precision' if stored else 'missing'} but not in ignore"
@@ -269,7 +304,7 @@ def _check_tensors(
 ) -> None:
     try:
         where = read_component_headers(root / component)
-        linears = _linear_shapes(root, component, info)
+        linears = _linears(root, component, info)
         variant = info.get("variant")
         source_where = read_component_headers(source / component, variant) if source is not None else None
     except DitqError as error:
@@ -286,14 +321,15 @@ def _check_tensors(
     for prefix, names in layers.items():
         stored = {n: _read(where, f"{prefix}.{n}") for n in names}
         row: dict[str, Any] = {"component": component, "tensor": prefix}
-        layout_problem = _layout_problem(codec, stored, linears.get(prefix), scheme.group_size)
+        layout_problem = _layout_problem(codec, stored, _shape(linears.get(prefix)), scheme.group_size)
         if layout_problem is not None:
             problems.append(f"{prefix}: {layout_problem}")
             report.tensors.append({**row, "layout_ok": False})
             continue
         scale = stored[SCALE]
         row["scale_ok"] = bool(torch.isfinite(scale).all() and (scale > 0).all())
-        ours, theirs = codec.decode(stored), decoder.decode(stored)
+        # in the scale's dtype, as compressed-tensors decodes (float32 for ditq's scales)
+        ours, theirs = codec.decode(stored, scale.dtype), decoder.decode(stored)
         row["decoders_agree"] = ours.dtype == theirs.dtype and torch.equal(ours, theirs)
         if not row["scale_ok"]:
             problems.append(f"{prefix}: weight_scale not finite and positive")
@@ -351,9 +387,9 @@ def _check_against_source(
 def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyReport:
     """Check the artifact (and, with ``source``, its fidelity to it). ``report.ok`` says whether all holds."""
     root = Path(artifact)
-    if not (root / MANIFEST).is_file():
-        raise InputError(f"{root}: not a ditq artifact (no {MANIFEST})")
     source_dir = Path(source) if source is not None else None
+    if not (root / MANIFEST).is_file():
+        return _verify_foreign(root, source_dir)
     if source_dir is not None:
         read_model_index(source_dir)
     report = VerifyReport(str(root), None if source_dir is None else str(source_dir))
@@ -368,4 +404,29 @@ def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyRepo
             variant = (manifest.get("options") or {}).get("variant")  # the source files it was made from
             checked_info = {**info, "quantization_config": plain, "variant": variant}
             _check_tensors(root, component, checked_info, scheme, source_dir, report)
+    return report
+
+
+def _verify_foreign(root: Path, source: Path | None) -> VerifyReport:
+    """A compressed-tensors checkpoint without ditq's manifest: every check but the manifest's."""
+    from ditq.runtime.loader import is_quantized_component
+
+    index = read_model_index(root)
+    if source is not None:
+        read_model_index(source)
+    components = [c for c in component_names(index) if is_quantized_component(root, c) is not None]
+    if not components:
+        raise InputError(
+            f"{root}: neither a ditq artifact (no {MANIFEST}) nor a compressed-tensors checkpoint "
+            "(no component's config.json has a quantization_config)"
+        )
+    report = VerifyReport(str(root), None if source is None else str(source))
+    report.not_applicable("manifest", f"no {MANIFEST}: not written by ditq")
+    report.not_applicable("files", f"no {MANIFEST} lists the files, their sizes and sha256")
+    for component in components:
+        info: dict[str, Any] = {"class": list(component_class(index, component))}
+        checked = _check_config(root, component, info, report)
+        if checked is not None:
+            scheme, plain = checked
+            _check_tensors(root, component, {**info, "quantization_config": plain}, scheme, source, report)
     return report

@@ -71,7 +71,7 @@ USAGE_ERRORS = [
     (["quantize", "{src}", "{out}", "--components", "vae"], "no component 'vae'"),
     (["quantize", "{src}", "{out}", "--ignore", "("], "not a valid regular expression"),
     (["quantize", "{src}", "{out}", "--scheme", "w8a8", "--group-size", "128"], "w8a16 only"),
-    (["verify", "{src}"], "not a ditq artifact"),
+    (["verify", "{src}"], "neither a ditq artifact"),
 ]
 
 

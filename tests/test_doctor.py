@@ -196,34 +196,46 @@ def test_a_nan_w8a16_path_ahead_of_the_reference_falls_back_when_prepared_with_t
     torch.testing.assert_close(layers[0](x), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_artifact_mode_uses_the_artifacts_own_layers(tmp_path: Path) -> None:
-    from safetensors.torch import save_file
+def test_artifact_mode_uses_the_artifacts_own_layers(artifact) -> None:  # type: ignore[no-untyped-def]
+    from safetensors import safe_open
 
-    artifact = tmp_path / "artifact"
-    (artifact / "transformer").mkdir(parents=True)
-    (artifact / "model_index.json").write_text(
-        json.dumps({"_class_name": "P", "transformer": ["diffusers", "T"]})
-    )
-    qconfig = {"quant_method": "compressed_tensors", "format": "int-quantized"}
-    (artifact / "transformer" / "config.json").write_text(json.dumps({"quantization_config": qconfig}))
-    tensors = {}
-    for prefix, (n, k) in {
-        "blocks.0.to_q": (96, 64),
-        "blocks.1.to_q": (96, 64),
-        "blocks.0.out": (64, 96),
-    }.items():
-        q, scale = quantize_weight(torch.randn(n, k), get_scheme("w8a8"))
-        tensors |= {f"{prefix}.weight": q, f"{prefix}.weight_scale": scale, f"{prefix}.bias": torch.randn(n)}
-    save_file(tensors, str(artifact / "transformer" / "diffusion_pytorch_model.safetensors"))
+    _, out = artifact("qwenimage", "w8a8")
+    shapes: dict[str, tuple[int, int]] = {}  # prefix -> (in, out), read here with the safetensors library
+    for path in sorted((out / "transformer").glob("*.safetensors")):
+        with safe_open(str(path), "pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                if name.endswith(".weight_scale"):
+                    rows, columns = handle.get_slice(name.replace("weight_scale", "weight")).get_shape()
+                    shapes[name.removesuffix(".weight_scale")] = (columns, rows)
+    first = {
+        shape: prefix for prefix, shape in sorted(shapes.items(), reverse=True)
+    }  # each shape's first layer
 
-    results = {r.path: r for r in doctor.run_doctor("cpu", artifact=artifact, rows=16)}
+    results = {r.path: r for r in doctor.run_doctor("cpu", artifact=out, rows=16)}
     assert results["cpu-reference-w8a16"].verdict == "SKIP"
     assert "no w8a16 layers" in results["cpu-reference-w8a16"].reason
     w8a8 = results[REFERENCE]
     assert w8a8.verdict == "PASS", w8a8.reason
-    assert {c.geometry for c in w8a8.checks} == {"64->96", "96->64"}  # distinct shapes, each once
-    assert {c.weights for c in w8a8.checks} == {"analytic", "artifact:transformer/blocks.0.to_q",
-                                                "artifact:transformer/blocks.0.out"}  # fmt: skip
+    assert {c.geometry for c in w8a8.checks} == {f"{k}->{n}" for k, n in first}  # distinct shapes, each once
+    assert {c.weights for c in w8a8.checks} == {"analytic"} | {
+        f"artifact:transformer/{p}" for p in first.values()
+    }
+
+
+def test_artifact_mode_takes_each_layers_scheme_from_its_config_group(artifact) -> None:  # type: ignore[no-untyped-def]
+    """int8 weights stored int-quantized in a group without input_activations are weight-only (w8a16), as the
+    loader runs them: the doctor checks the w8a16 paths on them, not the w8a8 ones the dtypes would suggest."""
+    _, out = artifact("qwenimage", "w8a8")
+    config_path = out / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    (group,) = config["quantization_config"]["config_groups"].values()
+    group["input_activations"] = None
+    config_path.write_text(json.dumps(config))
+
+    assert list(doctor.artifact_cases(out)) == ["w8a16"]
+    results = {r.path: r for r in doctor.run_doctor("cpu", artifact=out, rows=16)}
+    assert results[REFERENCE].verdict == "SKIP"
+    assert results["cpu-reference-w8a16"].verdict == "PASS", results["cpu-reference-w8a16"].reason
 
 
 def test_cli_table_json_exit_code_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

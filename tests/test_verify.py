@@ -169,14 +169,17 @@ def test_report_json_and_table(artifact) -> None:  # type: ignore[no-untyped-def
     report = ditq.verify(out, source)
     doc = json.loads(json.dumps(report.to_json()))
     assert doc["ok"] is True and doc["source"] == str(source)
-    assert all(set(c) == {"name", "ok", "detail"} for c in doc["checks"])
+    assert all(set(c) == {"name", "ok", "detail", "applicable", "status"} for c in doc["checks"])
+    assert {c["status"] for c in doc["checks"]} == {"pass"}
     assert report.table().splitlines()[-1].startswith("OK:")
     (out / MANIFEST_SEAL).write_text("0" * 64 + f"  {MANIFEST}\n")
     assert verify(out).table().splitlines()[-1].startswith("FAILED:")
 
 
 def test_not_an_artifact(model_dir) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(InputError, match="not a ditq artifact"):
+    with pytest.raises(
+        InputError, match=r"neither a ditq artifact \(no MANIFEST.json\) nor a compressed-tensors"
+    ):
         verify(model_dir("wan"))
 
 

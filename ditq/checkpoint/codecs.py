@@ -30,6 +30,7 @@ from ditq.schemes import FP8, SCHEMES, W8A8, W8A16, ActivationKind, Scheme, norm
 __all__ = [
     "CODECS",
     "SCALE",
+    "SCALE_DTYPES",
     "Codec",
     "ConfigGroup",
     "FloatQuantizedCodec",
@@ -49,6 +50,9 @@ __all__ = [
 
 StoredSpec = tuple[torch.dtype, tuple[int, ...]]  # (dtype, shape) of one stored tensor
 SCALE = "weight_scale"  # every format stores one; its presence marks a quantized Linear
+# ditq writes float32 scales; llm-compressor writes them in the weight's source dtype (bfloat16, float16). Each is
+# read as float32 (exact: every bfloat16 and float16 value is a float32 value).
+SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _present(stored: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -106,7 +110,8 @@ class Codec(ABC):
     def read(self, stored: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """One Linear's stored tensors -> (q (out, in) int8|fp8, scale (out, 1|groups) float32), on their device.
 
-        Every tensor is checked against ``specs``; an error is one line naming the tensor.
+        Every tensor is checked against ``specs`` (a scale may be any of ``SCALE_DTYPES``); an error is one line
+        naming the tensor.
         """
         out_features, in_features = self.features(stored)
         scale = _present(stored, SCALE)
@@ -118,11 +123,13 @@ class Codec(ABC):
         group_size = self.scheme_for(in_features, columns).group_size
         for name, (dtype, shape) in self.specs(out_features, in_features, group_size).items():
             tensor = _present(stored, name)
-            if tensor.dtype != dtype or tuple(tensor.shape) != shape:
+            dtypes = SCALE_DTYPES if name == SCALE else (dtype,)
+            if tensor.dtype not in dtypes or tuple(tensor.shape) != shape:
                 raise InputError(
                     f"stored {name!r} is {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} {shape}"
                 )
-        return self.decode_values(stored[self.weight_name], (out_features, in_features)), scale
+        q = self.decode_values(stored[self.weight_name], (out_features, in_features))
+        return q, scale.to(torch.float32)
 
     def decode(self, stored: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """ditq's decoder: one Linear's stored tensors -> its weight (out, in) in ``dtype`` (computed in float32)."""
@@ -385,11 +392,15 @@ def config_groups(plain: dict[str, Any], where: str) -> list[ConfigGroup]:
         activations = _activation_kind(group.get("input_activations"), where, name)
         preset = _preset(weight_type, activations, where, name)
         fmt = group.get("format") or plain.get("format")
+        if fmt is not None and not isinstance(fmt, str):
+            raise InputError(f"{where}: config group {name!r}: format {fmt!r} is not a string")
         scheme = (
             None
             if fmt in (None, "mixed-precision")
             else scheme_in_format(preset, fmt, group_size, where, name)
         )
+        if not isinstance(group.get("targets") or [], list):
+            raise InputError(f"{where}: config group {name!r}: targets is not a list")
         targets = tuple(str(t) for t in group.get("targets") or ())
         out.append(ConfigGroup(name, targets, weight_type, activations, group_size, scheme))
     return out

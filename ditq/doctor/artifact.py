@@ -1,4 +1,12 @@
-"""An artifact's own layers as the doctor's weight cases: one per scheme and distinct geometry."""
+"""An artifact's own layers as the doctor's weight cases: one per scheme and distinct geometry.
+
+Works on any compressed-tensors checkpoint in a diffusers directory, ditq's or not: each layer's scheme is
+the loader's (``ditq.runtime.loader.stored_layer_schemes``: its config group, cross-checked against its
+tensors), and its tensors are read through that scheme's codec (scales in float32, bfloat16 or float16).
+A layer stored in another format than its scheme's kernel paths read (int8 weight-only stored
+``int-quantized``) is re-encoded for them, as the loader's repack does; its load check then round-trips those
+tensors through a file instead of reading the checkpoint's bytes.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +14,10 @@ from pathlib import Path
 
 import torch
 
-from ditq.checkpoint.codecs import SCALE, detect_codec, quantized_layers
+from ditq.checkpoint.codecs import codec_for
 from ditq.doctor.cases import Geometry, WeightCase
+from ditq.errors import InputError
+from ditq.schemes import SCHEMES
 
 __all__ = ["artifact_cases"]
 
@@ -17,44 +27,40 @@ def artifact_cases(artifact: Path) -> dict[str, dict[Geometry, WeightCase]]:
     library (independent of ditq's reader, which the load step then checks against it)."""
     from safetensors import safe_open
 
-    from ditq.checkpoint.layout import (
-        component_names,
-        load_component_config,
-        quantization_config_of,
-        read_model_index,
-        tensor_files,
-    )
+    from ditq.checkpoint.layout import component_names, read_model_index, tensor_files
+    from ditq.runtime.loader import is_quantized_component, stored_layer_schemes
 
     found: dict[str, dict[Geometry, WeightCase]] = {}
     for component in component_names(read_model_index(artifact)):
-        component_dir = artifact / component
-        if not (component_dir / "config.json").is_file():
+        if is_quantized_component(artifact, component) is None:
             continue
-        if quantization_config_of(load_component_config(component_dir), component) is None:
-            continue
-        files = tensor_files(component_dir)
-        for prefix, names in quantized_layers(files).items():
+        files = tensor_files(artifact / component)
+        for prefix, scheme in stored_layer_schemes(artifact, component).items():
+            codec = codec_for(scheme)
             tensors = {}
-            for key in names:
+            for key in codec.names:
+                if f"{prefix}.{key}" not in files:
+                    raise InputError(
+                        f"{artifact / component}: {prefix}.{key} is missing from the weight files"
+                    )
                 with safe_open(str(files[f"{prefix}.{key}"]), framework="pt") as handle:
                     tensors[key] = handle.get_tensor(f"{prefix}.{key}")
-            dtypes = {f"{prefix}.{key}": t.dtype for key, t in tensors.items()}
-            codec = detect_codec(prefix, dtypes, str(files[f"{prefix}.{SCALE}"]))
-            stored = {key: tensors[key] for key in codec.names if key in tensors}
-            q, scale = codec.read(stored)
-            scheme_name = codec.scheme.name
-            groups = scale.shape[1]
-            geometry = Geometry(
-                q.shape[1], q.shape[0], group_size=None if groups == 1 else q.shape[1] // groups
-            )
-            if geometry in found.setdefault(scheme_name, {}):
+            try:
+                q, scale = codec.read(tensors)
+            except InputError as error:
+                raise InputError(f"{files[f'{prefix}.{codec.weight_name}']}: {prefix}: {error}") from None
+            kernel_codec = codec_for(SCHEMES[scheme.name])
+            sources: dict[str, Path] | None = {key: files[f"{prefix}.{key}"] for key in tensors}
+            if kernel_codec is not codec:
+                tensors, sources = kernel_codec.encode(q, scale), None
+            geometry = Geometry(q.shape[1], q.shape[0], group_size=scheme.group_size)
+            if geometry in found.setdefault(scheme.name, {}):
                 continue
             bias = None
             if f"{prefix}.bias" in files:
                 with safe_open(str(files[f"{prefix}.bias"]), framework="pt") as handle:
                     bias = handle.get_tensor(f"{prefix}.bias").to(torch.float32)
-            sources = {key: files[f"{prefix}.{key}"] for key in stored}
-            found[scheme_name][geometry] = WeightCase(
-                f"artifact:{component}/{prefix}", stored, bias, sources, prefix
+            found[scheme.name][geometry] = WeightCase(
+                f"artifact:{component}/{prefix}", tensors, bias, sources, prefix
             )
     return found

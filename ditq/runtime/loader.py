@@ -41,6 +41,7 @@ from ditq.runtime.meta import build_empty, parameters_on_meta
 from ditq.runtime.modules import QuantizedLinear, quantized_linears
 from ditq.runtime.offload import apply_offload
 from ditq.runtime.swap import swap_quantized_linears
+from ditq.schemes import Scheme
 
 __all__ = [
     "KernelChooser",
@@ -52,6 +53,7 @@ __all__ = [
     "pipeline_class",
     "prepare_quantized",
     "recorded_variant",
+    "stored_layer_schemes",
 ]
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,31 @@ def component_weight_files(component_dir: Path, variant: str | None) -> list[Pat
     return weight_files(component_dir, variant if variant in variants else None)
 
 
+def _component_entries(component_dir: Path, variant: str | None) -> dict[str, TensorEntry]:
+    entries: dict[str, TensorEntry] = {}
+    for path in component_weight_files(component_dir, variant):
+        entries.update(read_header(path).entries)
+    return entries
+
+
+def stored_layer_schemes(
+    model_dir: str | Path, component: str, variant: str | None = None
+) -> dict[str, Scheme]:
+    """Prefix of every stored quantized Linear of a compressed-tensors component -> its scheme, decided as the
+    loader decides it (the config group that targets it, cross-checked against its tensors); no tensor data is
+    read. An InputError names the layer and the file where config and tensors disagree."""
+    model_dir = Path(model_dir)
+    qconfig = is_quantized_component(model_dir, component)
+    if qconfig is None:
+        raise InputError(f"{model_dir / component}/config.json: no compressed-tensors quantization_config")
+    library, class_name = component_class(read_model_index(model_dir), component)
+    cls = import_class(library, class_name, f"{model_dir}/model_index.json: {component}")
+    component_dir = model_dir / component
+    model = build_empty(cls, load_component_config(component_dir), component_dir)
+    entries = _component_entries(component_dir, variant)
+    return swap_quantized_linears(model, entries, qconfig, component_dir, torch.float32)
+
+
 def _load_quantized(
     component_dir: Path,
     cls: Any,
@@ -109,9 +136,7 @@ def _load_quantized(
     dtype: torch.dtype,
     variant: str | None,
 ) -> torch.nn.Module:
-    entries: dict[str, TensorEntry] = {}
-    for path in component_weight_files(component_dir, variant):
-        entries.update(read_header(path).entries)
+    entries = _component_entries(component_dir, variant)
     model = build_empty(cls, config, component_dir)
     schemes = swap_quantized_linears(model, entries, qconfig, component_dir, dtype)
     expected = set(model.state_dict(keep_vars=True))
