@@ -67,7 +67,7 @@ def test_loads_with_each_layers_scheme_from_its_config_group(
     reference = load_component(source, "transformer", dtype=torch.float32)
     got, expected = _forward(transformer), _forward(reference)
     error = float(torch.linalg.vector_norm(got - expected) / torch.linalg.vector_norm(expected))
-    assert 0 < error < 0.05, error  # measured 0.002-0.01
+    assert 0 < error < 0.05, error  # measured 0.0002 (w8a16), 0.0004 (w8a8), 0.002 (fp8)
 
 
 def test_verify_runs_every_check_but_the_manifests(checkpoint: tuple[str, Path], source: Path) -> None:
