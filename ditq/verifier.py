@@ -249,8 +249,14 @@ def _check_config(
             raise InputError(f"{component}/config.json: no quantization_config")
         scheme = scheme_of_config(plain, f"{component}/config.json")
         ReferenceDecoder(plain)  # compressed-tensors must accept it too
-    except (DitqError, ValueError) as error:  # pydantic's ValidationError (a ValueError) spans lines
-        report.add(f"{component}: config", [" ".join(str(error).split())], "")
+    except DitqError as error:
+        report.add(f"{component}: config", [str(error)], "")
+        return None
+    except ValueError as error:  # pydantic's ValidationError, over several lines
+        refusal = " ".join(str(error).split())
+        report.add(
+            f"{component}: config", [f"{component}/config.json: compressed-tensors refuses it: {refusal}"], ""
+        )
         return None
     same = (
         "quantization_config" not in info or plain == info["quantization_config"]

@@ -231,3 +231,27 @@ def test_manifest_without_source_digests_cannot_vouch_for_links(artifact) -> Non
     report = verify(out)
     assert _failed(report) == ["files"]
     assert "has no source_files: what scheduler link" in report.checks[2].detail
+
+
+MISTYPED_QUANTIZATION_CONFIG = {
+    "targets not a list": (("config_groups", "group_0", "targets"), 7, "targets is not a list"),
+    "format not a string": (("format",), ["int-quantized"], "format ['int-quantized'] is not a string"),
+    "ignore not a list": (("ignore",), 5, "compressed-tensors refuses it: 1 validation error"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(MISTYPED_QUANTIZATION_CONFIG))
+def test_mistyped_quantization_config_fails_in_one_line(field: str, artifact) -> None:  # type: ignore[no-untyped-def]
+    _, out = artifact("flux", "w8a8")
+    keys, value, message = MISTYPED_QUANTIZATION_CONFIG[field]
+    config_path = out / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    node = config["quantization_config"]
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    config_path.write_text(json.dumps(config))
+    report = verify(out)
+    check = next(c for c in report.checks if c.name == "transformer: config")
+    assert not check.ok and "\n" not in check.detail
+    assert "transformer/config.json" in check.detail and message in check.detail, check.detail
