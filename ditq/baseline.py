@@ -58,6 +58,7 @@ class BaselineOptions:
     endpoint: str | None = None  # None: generate in process
     device: str = "cpu"
     offload: str = "none"
+    variant: str | None = None  # in process: the weight files' variant, as ditq.runtime.loader reads it
     timeout_s: float = 1800.0
     concurrency: int = 1
     retry_failed: bool = False
@@ -123,7 +124,9 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
     device = str(resolve_device(options.device))
     offload = resolve_offload(options.offload)
     # The BF16 baseline on every device: the reference the quantized models are judged against.
-    pipeline = load_pipeline(options.model, device=device, offload=offload, dtype=DTYPES["bfloat16"])
+    pipeline = load_pipeline(
+        options.model, device=device, offload=offload, dtype=DTYPES["bfloat16"], variant=options.variant
+    )
     executor = AdapterExecutor(
         PipelineAdapter(pipeline), options.steps, options.true_cfg_scale, options.offload
     )

@@ -623,6 +623,7 @@ class SweepFile(_File):
     max_memory: str | None
     offload: list[str]
     note: str | None
+    variant: str | None = None  # the model's weight variant (absent before --variant)
     device: str
     dtype: str | None
     endpoint_for: dict[str, str]

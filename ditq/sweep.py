@@ -94,6 +94,7 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
     argv = ditq_argv("serve", model, "--host", "127.0.0.1", "--port", str(port), "--on-collapse", "warn")
     argv += ["--device", options.device, "--offload", offload]
     argv += ["--dtype", options.dtype] if options.dtype else []
+    argv += ["--variant", options.variant] if options.variant else []
     return argv + (["--max-memory", options.max_memory] if options.max_memory else [])
 
 
@@ -113,6 +114,7 @@ class SweepOptions:
     # the offload ladder: each mode serves what ran out of memory at the one before
     offload: tuple[str, ...] = ("none",)
     note: str | None = None  # said at the top of the report (e.g. that the weights are random)
+    variant: str | None = None  # the model's weight files (fp16: *.fp16.safetensors); every step reads them
     endpoint_for: dict[str, str] = field(default_factory=dict)  # scheme -> URL of a server already running
     parity_db: float | None = None  # the parity band's PSNR (a BF16 reference pair's), stated
     parity_pair: tuple[Path, Path] | None = None  # two acceptable reference runs that span the band
@@ -242,7 +244,11 @@ class _Candidate:
 
     def save(self) -> None:
         manifest = self.artifact / "MANIFEST.json"
-        weight_bytes = _weight_bytes(self.artifact, self.options.model) if manifest.is_file() else None
+        weight_bytes = (
+            _weight_bytes(self.artifact, self.options.model, self.options.variant)
+            if manifest.is_file()
+            else None
+        )
         candidate = CandidateFile(
             name=self.scheme,
             scheme=self.scheme,
@@ -307,17 +313,17 @@ def _matrix_args(options: SweepOptions) -> list[str]:
     return args
 
 
-def _weight_bytes(artifact: Path, source: Path) -> dict[str, WeightBytes]:
-    """Per quantized component of the artifact: the bytes of its weight files and of the source's."""
+def _weight_bytes(artifact: Path, source: Path, variant: str | None) -> dict[str, WeightBytes]:
+    """Per quantized component of the artifact: the bytes of its weight files and of the source's (``variant``)."""
     from ditq.checkpoint.layout import component_names, read_model_index, weight_files
-    from ditq.runtime.loader import is_quantized_component
+    from ditq.runtime.loader import component_weight_files, is_quantized_component
 
     sizes = {}
     for component in component_names(read_model_index(artifact)):
         if (artifact / component / "config.json").is_file() and is_quantized_component(artifact, component):
             sizes[component] = WeightBytes(
                 artifact=sum(p.stat().st_size for p in weight_files(artifact / component)),
-                source=sum(p.stat().st_size for p in weight_files(source / component)),
+                source=sum(p.stat().st_size for p in component_weight_files(source / component, variant)),
             )
     return sizes
 
@@ -425,7 +431,8 @@ class _Sweep:
             "baseline", self.options.model, "--out", self.parity_run, *_matrix_args(self.options)
         )
         log = self.out / "logs" / "parity-in-process.log"
-        code = _run_logged([*argv, "--device", self.options.device], log)
+        variant = ["--variant", self.options.variant] if self.options.variant else []
+        code = _run_logged([*argv, "--device", self.options.device, *variant], log)
         if code != 0 or not (self.parity_run / "SEAL.json").is_file():
             raise DitqError(f"the reference pair's in-process run failed: exit code {code} (log: {log})")
         self.progress("bfloat16", "pair", "ok", f"{time.monotonic() - started:.1f} s")
@@ -513,6 +520,7 @@ class _Sweep:
         # --force: an artifact left by an interrupted or older run is replaced (quantize writes atomically)
         quantize = ditq_argv("quantize", options.model, c.artifact, "--scheme", scheme, "--force")
         quantize += ["--device", options.device]  # the device the servers use encodes fastest
+        quantize += ["--variant", options.variant] if options.variant else []
         chain_ok = self._step(c, "quantize", quantize, [manifest])
         chain_ok = chain_ok and self._step(
             c, "verify", ditq_argv("verify", c.artifact, "--source", options.model), []
@@ -664,6 +672,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         max_memory=options.max_memory,
         offload=list(options.offload),
         note=options.note,
+        variant=options.variant,
         device=options.device,
         dtype=options.dtype,
         endpoint_for=options.endpoint_for,

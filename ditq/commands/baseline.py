@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ditq.baseline import BaselineOptions, make_baseline
+from ditq.commands import add_variant_argument
 from ditq.commands.probe import add_matrix_arguments
 from ditq.devices import add_device_arguments
 from ditq.probe.records import is_success, latest_by_key, read_records
@@ -21,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--endpoint", help="generate through this server (serving PATH) instead of in process"
     )
     add_device_arguments(parser, "cpu", "in process: where to generate (in bfloat16)", offload=True)
+    add_variant_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
             endpoint=args.endpoint,
             device=args.device,
             offload=args.offload,
+            variant=args.variant,
             timeout_s=args.timeout,
             concurrency=args.concurrency,
             retry_failed=args.retry_failed,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from ditq.commands import add_variant_argument
 from ditq.devices import add_device_arguments
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest, parse_size
@@ -42,13 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=Path("ditq-generate.png"), metavar="FILE", help="PNG to write"
     )
     add_device_arguments(parser, "cpu", "where to generate", dtype=True, offload=True)
-    parser.add_argument(
-        "--variant",
-        metavar="NAME",
-        help="read each component's NAME variant weights (e.g. fp16: *.fp16.safetensors) where it has them, as "
-        "diffusers' from_pretrained(variant=...) does (default: the variant an artifact records, else the "
-        "default files)",
-    )
+    add_variant_argument(parser)
     parser.add_argument(
         "--skip-doctor",
         action="store_true",

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from ditq.commands import add_variant_argument
 from ditq.devices import add_device_arguments
 from ditq.errors import InputError
 from ditq.serve import ServeConfig, serve
@@ -64,13 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8091, help="port to listen on (default: %(default)s)")
     parser.add_argument("--served-model-name", help="the model id clients send (default: the directory name)")
     add_device_arguments(parser, "cpu", "where to generate", dtype=True, offload=True)
-    parser.add_argument(
-        "--variant",
-        metavar="NAME",
-        help="read each component's NAME variant weights (e.g. fp16: *.fp16.safetensors) where it has them, as "
-        "diffusers' from_pretrained(variant=...) does (default: the variant an artifact records, else the "
-        "default files)",
-    )
+    add_variant_argument(parser)
     parser.add_argument(
         "--max-queue",
         type=int,

@@ -77,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--note", help="a sentence for the top of the report (e.g. that the weights are random)"
     )
+    parser.add_argument(
+        "--variant",
+        metavar="NAME",
+        help="the model's NAME variant weights (e.g. fp16: *.fp16.safetensors), as diffusers' "
+        "from_pretrained(variant=...) reads them: the baseline's server, the in-process pair, quantize and "
+        "the candidates' servers all read it (default: the default files)",
+    )
     add_sweep_arguments(parser, device="auto")
 
 
@@ -112,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         offload=args.offload,
         note=args.note,
+        variant=args.variant,
         endpoint_for=parse_endpoint_for(args.endpoint_for),
         parity_db=args.parity_db,
         parity_pair=tuple(args.parity_pair) if args.parity_pair else None,
