@@ -48,6 +48,7 @@ from ditq.checkpoint.source_tree import scan_tree
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import open_regular, sha256_file
 from ditq.numerics import relative_l2
+from ditq.progress import progress_bar
 from ditq.schemes import Scheme
 from ditq.targets import build_meta_model
 
@@ -324,7 +325,7 @@ def _check_tensors(
     problems: list[str] = []
     source_problems: list[str] = []
     bound = REL_L2_BOUNDS[scheme.name]
-    for prefix, names in layers.items():
+    for prefix, names in progress_bar(len(layers), f"verify {component}", "layer", iterable=layers.items()):
         stored = {n: _read(where, f"{prefix}.{n}") for n in names}
         row: dict[str, Any] = {"component": component, "tensor": prefix}
         layout_problem = _layout_problem(codec, stored, _shape(linears.get(prefix)), scheme.group_size)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from ditq.checkpoint.codecs import SCALE, codec_for, is_quantized_tensor
 from ditq.checkpoint.layout import weight_files
@@ -37,6 +38,7 @@ from ditq.checkpoint.safetensors_io import (
 from ditq.errors import InputError
 from ditq.fsutil import open_regular
 from ditq.numerics import dequantize_weight, quantize_weight
+from ditq.progress import progress_bar
 from ditq.schemes import Scheme
 from ditq.targets import TargetPlan
 
@@ -206,9 +208,10 @@ class _Streamer:
         result: ComponentResult,
         device: torch.device,
         band_bytes: int,
+        bar: tqdm,
     ) -> None:
         self.plan, self.scheme, self.writer, self.pipeline = plan, scheme, writer, pipeline
-        self.result, self.device, self.band_bytes = result, device, band_bytes
+        self.result, self.device, self.band_bytes, self.bar = result, device, band_bytes, bar
 
     def stream_file(self, header: SafetensorsHeader) -> None:
         with open_regular(header.path) as handle:
@@ -227,6 +230,7 @@ class _Streamer:
         where = f"{handle.name}: tensor {entry.name}"
         for _, band in read_rows(handle, entry, _rows_per_band(entry, 4 * self.band_bytes)):
             self.pipeline.submit(partial(_check_finite, band, where), partial(self.writer.write, entry.name))
+            self.bar.update(band.nbytes)
         self.result.kept_params += entry.nbytes // entry.dtype.itemsize
 
     def _quantize(self, handle, entry: TensorEntry, prefix: str) -> None:
@@ -250,6 +254,7 @@ class _Streamer:
 
         for _, band in read_rows(handle, entry, _rows_per_band(entry, self.band_bytes)):
             self.pipeline.submit(partial(_encode_on, band, self.device, self.scheme), take)
+            self.bar.update(band.nbytes)
         self.pipeline.submit(lambda: None, finish)
         self.result.quantized_tensors += 1
         self.result.quantized_params += entry.nbytes // entry.dtype.itemsize
@@ -276,10 +281,15 @@ def rewrite_component(
     result = ComponentResult(weight_files=sorted(shards))
     writer = ShardSetWriter(out_dir, shards)
     workers = workers or len(os.sched_getaffinity(0))
+    source_bytes = sum(entry.nbytes for _, entry in entries.values())
     try:
-        with _single_threaded_torch(), ThreadPoolExecutor(workers, thread_name_prefix="ditq-band") as pool:
+        with (
+            _single_threaded_torch(),
+            ThreadPoolExecutor(workers, thread_name_prefix="ditq-band") as pool,
+            progress_bar(source_bytes, f"quantize {plan.component}") as bar,
+        ):
             pipeline = _Pipeline(pool, depth=2 * workers)
-            streamer = _Streamer(plan, scheme, writer, pipeline, result, device, band_bytes)
+            streamer = _Streamer(plan, scheme, writer, pipeline, result, device, band_bytes, bar)
             try:
                 for header in headers:
                     streamer.stream_file(header)

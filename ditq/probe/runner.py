@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import httpx
-from tqdm import tqdm
 
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import atomic_write_bytes
@@ -51,6 +50,7 @@ from ditq.probe.records import (
     unrecorded,
 )
 from ditq.probe.server_watch import LOST_CONNECTION, ServerWatch
+from ditq.progress import progress_bar
 from ditq.runfiles import (
     IMAGES_DIR,
     RECORDS_FILE,
@@ -364,7 +364,7 @@ class _Matrix:
         self.jobs: queue.Queue[tuple[Fixture, int]] = queue.Queue()
         for job in todo:
             self.jobs.put(job)
-        self.bar = tqdm(total=len(todo), disable=not progress, unit="img", desc=run.name, dynamic_ncols=True)
+        self.bar = progress_bar(len(todo), run.name, "img", enabled=progress)
         self.lock = threading.Lock()
         self.stopping = threading.Event()  # set on Ctrl-C or a failure: no new jobs; resume redoes the rest
         self.failure: Exception | None = None  # the first error a worker stopped on

@@ -1,0 +1,50 @@
+"""Progress on long work: quantize and verify draw a bar (bytes or layers per second) when stderr is a
+terminal, and write nothing of it to a log or CI's captured stream."""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import ditq
+from ditq.progress import progress_bar
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _stderr_of(run: Callable[[], object], monkeypatch: pytest.MonkeyPatch, terminal: bool) -> str:
+    stream = Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    run()
+    return stream.getvalue()
+
+
+def test_quantize_and_verify_draw_bars_on_a_terminal_only(
+    model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    source = model_dir("flux")
+    drawn = _stderr_of(lambda: ditq.quantize(source, tmp_path / "a", "w8a8"), monkeypatch, terminal=True)
+    assert "quantize transformer" in drawn and "B/s" in drawn
+    assert (
+        _stderr_of(lambda: ditq.quantize(source, tmp_path / "b", "w8a8"), monkeypatch, terminal=False) == ""
+    )
+
+    drawn = _stderr_of(lambda: ditq.verify(tmp_path / "a", source), monkeypatch, terminal=True)
+    assert "verify transformer" in drawn and "layer/s" in drawn
+    assert _stderr_of(lambda: ditq.verify(tmp_path / "a", source), monkeypatch, terminal=False) == ""
+
+
+def test_a_bar_turned_off_stays_off_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    def count(enabled: bool) -> None:
+        with progress_bar(3, "requests", "img", enabled=enabled) as bar:
+            bar.update(3)
+
+    assert "img/s" in _stderr_of(lambda: count(True), monkeypatch, terminal=True)
+    assert _stderr_of(lambda: count(False), monkeypatch, terminal=True) == ""  # --no-progress
