@@ -259,13 +259,13 @@ def _check_config(
             f"{component}: config", [f"{component}/config.json: compressed-tensors refuses it: {refusal}"], ""
         )
         return None
-    same = (
-        "quantization_config" not in info or plain == info["quantization_config"]
-    )  # no manifest: nothing to match
+    manifest_config = info.get("quantization_config")  # None: no manifest to compare with
+    same = manifest_config is None or plain == manifest_config
+    compared = "" if manifest_config is not None else " (no manifest to compare it with)"
     report.add(
         f"{component}: config",
         [] if same else ["quantization_config differs from the manifest's"],
-        f"{scheme.format}, {len(plain.get('ignore', []))} ignored, parsed by compressed-tensors",
+        f"{scheme.format}, {len(plain.get('ignore', []))} ignored, parsed by compressed-tensors{compared}",
     )
     return scheme, plain
 

@@ -77,6 +77,8 @@ def test_verify_runs_every_check_but_the_manifests(checkpoint: tuple[str, Path],
     status = {c.name: c.status for c in report.checks}
     assert status["manifest"] == "n/a" and status["files"] == "n/a"
     assert status["transformer: config"] == "pass"
+    (config,) = [c for c in report.checks if c.name == "transformer: config"]
+    assert config.detail.endswith("(no manifest to compare it with)")
     assert status["transformer: targets"] == status["transformer: decode"] == "pass"
     assert status["transformer: source"] == "pass"
     table = report.table()
