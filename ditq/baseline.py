@@ -21,7 +21,16 @@ from typing import Any
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import sha256_file
 from ditq.probe.fixtures import Fixture, load_fixtures
-from ditq.probe.runner import ProbeOptions, ProbeSummary, Reply, describe_run, run_matrix, run_probe, versions
+from ditq.probe.runner import (
+    ProbeOptions,
+    ProbeSummary,
+    Reply,
+    describe_run,
+    run_matrix,
+    run_probe,
+    select_fixtures,
+    versions,
+)
 from ditq.runfiles import (
     IMAGES_DIR,
     RECORDS_FILE,
@@ -66,6 +75,7 @@ class BaselineOptions:
     server_pid: int | None = None  # through an endpoint: the server process, to sample its own memory
     memory_interval_s: float = 1.0
     progress: bool = True
+    only: list[str] | None = None  # fixture ids (the rest of the run is kept as it is); None = all
 
 
 class AdapterExecutor:
@@ -160,7 +170,7 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
 def make_baseline(options: BaselineOptions) -> ProbeSummary:
     """Run the fixtures x seeds on the unquantized model and seal the result."""
     fixtures = load_fixtures(options.fixtures, options.refs)
-    if options.endpoint is not None:
+    if options.endpoint is not None:  # the probe reads --only itself
         summary = run_probe(
             ProbeOptions(
                 endpoints=[options.endpoint],
@@ -177,6 +187,7 @@ def make_baseline(options: BaselineOptions) -> ProbeSummary:
                 memory_interval_s=options.memory_interval_s,
                 timeout_s=options.timeout_s,
                 progress=options.progress,
+                only=options.only,
                 kind="baseline",
                 model_dir=options.model,
             )
@@ -184,7 +195,7 @@ def make_baseline(options: BaselineOptions) -> ProbeSummary:
     else:
         if not Path(options.model).is_dir():
             raise InputError(f"{options.model}: model directory not found")
-        summary = _in_process(options, fixtures)
+        summary = _in_process(options, select_fixtures(fixtures, options.only))
     seal_run(options.out)
     return summary
 

@@ -607,6 +607,8 @@ class CandidateFile(_File):
     offload: list[str] = []  # the ladder the sweep climbed
     attempts: list[Attempt] = []
     stages: dict[str, StageEntry] = {}
+    # --seeds auto: per fixture, the seeds the sweep added to decide it (absent: none added)
+    seeds_added: dict[str, int] = {}
 
 
 class SweepFile(_File):
@@ -630,6 +632,8 @@ class SweepFile(_File):
     parity_db: float | None
     parity_pair: list[str] | None
     parity_in_process: bool = False  # the band from the baseline and the model run in process in bfloat16
+    max_seeds: int | None = None  # --seeds auto: the most seeds a fixture may get
+    seeds_by_fixture: dict[str, str] | None = None  # --seeds auto: fixture -> the seeds it was run at
     pid: int
 
 

@@ -46,6 +46,7 @@ from ditq.devices import OFFLOAD_MODES, default_dtype
 from ditq.errors import EXIT_OUT_OF_MEMORY, DitqError, InputError
 from ditq.fsutil import sha256_file
 from ditq.healthcheck import wait_healthy
+from ditq.probe.fixtures import DEFAULT_SEEDS, parse_seeds
 from ditq.probe.records import incomplete, is_out_of_memory, latest_by_key, read_records
 from ditq.report import ReportResult, VerdictRules, build_report
 from ditq.report.provenance import shell_command
@@ -58,6 +59,7 @@ from ditq.runfiles import (
     Attempt,
     CandidateFile,
     CommandList,
+    CompareFile,
     DoctorFile,
     DoctorSummary,
     StageEntry,
@@ -105,7 +107,8 @@ class SweepOptions:
     fixtures: Path
     refs: Path
     out: Path
-    seeds: str | None = None  # as `ditq probe --seeds` reads it; None: the probe's default
+    seeds: str | None = None  # as `ditq probe --seeds` reads it, or "auto"; None: the probe's default
+    max_seeds: int = 16  # --seeds auto: the most seeds a fixture may get
     steps: int | None = None
     cfg: float | None = None
     max_memory: str | None = None
@@ -134,6 +137,21 @@ class SweepOptions:
             raise InputError(f"--endpoint-for: {sorted(unknown)[0]!r} is not one of the swept schemes")
         if sum((self.parity_db is not None, self.parity_pair is not None, self.parity_in_process)) > 1:
             raise InputError("--parity-db, --parity-pair and --parity-in-process: give one of them")
+        if self.seeds == "auto":
+            if self.parity_pair is not None:
+                raise InputError(
+                    "--seeds auto: the sweep cannot add seeds to --parity-pair's runs; "
+                    "use --parity-db or --parity-in-process"
+                )
+            if self.parity_db is None and not self.parity_in_process:
+                raise InputError(
+                    "--seeds auto: needs a parity band to decide on (--parity-db or --parity-in-process)"
+                )
+            start = len(parse_seeds(DEFAULT_SEEDS))
+            if self.max_seeds < start:
+                raise InputError(
+                    f"--max-seeds: at least {start} (the seeds --seeds auto starts from), got {self.max_seeds}"
+                )
         unknown_modes = [m for m in self.offload if m not in OFFLOAD_MODES]
         if not self.offload or unknown_modes or len(set(self.offload)) != len(self.offload):
             raise InputError(
@@ -172,6 +190,7 @@ class _Progress:
     def __call__(self, who: str, stage: str, status: str, detail: str = "") -> None:
         if status != "running":
             self.done += 1
+            self.total = max(self.total, self.done)  # --seeds auto adds stages as it goes
         if self.enabled:
             clock = time.monotonic() - self.started
             line = f"[{self.done:>2}/{self.total}] {clock:6.0f}s  {who:<9} {stage:<9} {status}"
@@ -239,6 +258,7 @@ class _Candidate:
         self.stages: dict[str, StageEntry] = dict(previous.stages)
         self.doctor: DoctorSummary | None = previous.doctor
         self.attempts: list[Attempt] = list(previous.attempts)  # the offload ladder
+        self.seeds_added: dict[str, int] = dict(previous.seeds_added)  # --seeds auto
         self.dirty = False  # a stage ran in this sweep: every later stage runs again
         self.reached: set[str] = set()  # stages this sweep got to (the rest follow a failure)
 
@@ -262,6 +282,7 @@ class _Candidate:
             offload=list(self.options.offload),
             attempts=self.attempts,
             stages={k: self.stages[k] for k in SCHEME_STAGES if k in self.stages},
+            seeds_added=self.seeds_added,
         )
         write_model(self.dir / CANDIDATE_FILE, candidate)
 
@@ -300,10 +321,12 @@ def _run_logged(argv: list[str], log: Path) -> int:
         return subprocess.run(argv, stdout=sink, stderr=subprocess.STDOUT, check=False).returncode
 
 
-def _matrix_args(options: SweepOptions) -> list[str]:
+def _matrix_args(options: SweepOptions, seeds: str | None = None) -> list[str]:
+    """The options the probe and the baseline share; ``seeds`` in place of the sweep's (--seeds auto)."""
     args = ["--fixtures", str(options.fixtures), "--refs", str(options.refs), "--no-progress"]
-    if options.seeds:
-        args += ["--seeds", options.seeds]
+    seeds = seeds or (DEFAULT_SEEDS if options.seeds == "auto" else options.seeds)
+    if seeds:
+        args += ["--seeds", seeds]
     if options.steps is not None:
         args += ["--steps", str(options.steps)]
     if options.cfg is not None:
@@ -311,6 +334,22 @@ def _matrix_args(options: SweepOptions) -> list[str]:
     if options.request_timeout_s is not None:
         args += ["--timeout", str(options.request_timeout_s)]
     return args
+
+
+def _seeds_text(seeds: Sequence[int]) -> str:
+    """As --seeds reads it: a range when consecutive, else a comma list."""
+    if list(seeds) == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(str(s) for s in seeds)
+
+
+def _seeds_by_fixture(run: Path) -> dict[str, list[int]]:
+    """Per fixture, the seeds a run directory has records for."""
+    out: dict[str, list[int]] = {}
+    path = run / RECORDS_FILE
+    for fixture_id, seed in sorted(latest_by_key(read_records(path)) if path.is_file() else {}):
+        out.setdefault(fixture_id, []).append(seed)
+    return out
 
 
 def _weight_bytes(artifact: Path, source: Path, variant: str | None) -> dict[str, WeightBytes]:
@@ -402,13 +441,8 @@ class _Sweep:
         started = time.monotonic()
         logs = self.out / "logs"
 
-        def baseline_argv(server: _Server, retry: bool) -> list[str]:
-            argv = ditq_argv("baseline", self.options.model, "--endpoint", server.url, "--out", self.baseline)
-            argv += [*_matrix_args(self.options), "--server-pid", str(server.process.pid)]
-            return argv + (["--retry-out-of-memory"] if retry else [])
-
         attempts, failure = self._serve_ladder(
-            self.options.model, self.baseline, logs, "baseline", baseline_argv, logs / "baseline.log"
+            self.options.model, self.baseline, logs, "baseline", self._baseline_argv(), logs / "baseline.log"
         )
         write_model(logs / ATTEMPTS_FILE, attempts)
         commands = [c for a in attempts for c in (a.command, a.probe_command) if c]
@@ -418,6 +452,19 @@ class _Sweep:
         self.progress(self.baseline_name, "baseline", "ok", f"{time.monotonic() - started:.1f} s")
         return True
 
+    def _baseline_argv(
+        self, seeds: str | None = None, only: Sequence[str] = ()
+    ) -> Callable[[_Server, bool], list[str]]:
+        """``ditq baseline`` through a server; ``seeds`` and ``only`` where --seeds auto adds seeds."""
+
+        def argv(server: _Server, retry: bool) -> list[str]:
+            out = ditq_argv("baseline", self.options.model, "--endpoint", server.url, "--out", self.baseline)
+            out += [*_matrix_args(self.options, seeds), *(["--only", ",".join(only)] if only else [])]
+            out += ["--server-pid", str(server.process.pid)]
+            return out + (["--retry-out-of-memory"] if retry else [])
+
+        return argv
+
     # -- the reference pair's second run: the model in process in bfloat16 ----------------------------------
     def run_parity_pair(self) -> None:
         from ditq.baseline import verify_seal
@@ -425,11 +472,15 @@ class _Sweep:
         if (self.parity_run / "SEAL.json").is_file() and not verify_seal(self.parity_run):
             self.progress("bfloat16", "pair", "skipped", "sealed by an earlier run")
             return
+        self._pair_run()
+
+    def _pair_run(self, seeds: str | None = None, only: Sequence[str] = ()) -> None:
         self.progress("bfloat16", "pair", "running")
         started = time.monotonic()
         argv = ditq_argv(
-            "baseline", self.options.model, "--out", self.parity_run, *_matrix_args(self.options)
+            "baseline", self.options.model, "--out", self.parity_run, *_matrix_args(self.options, seeds)
         )
+        argv += ["--only", ",".join(only)] if only else []
         log = self.out / "logs" / "parity-in-process.log"
         variant = ["--variant", self.options.variant] if self.options.variant else []
         code = _run_logged([*argv, "--device", self.options.device, *variant], log)
@@ -538,19 +589,144 @@ class _Sweep:
                 c.doctor = _doctor_summary(doctor_json, reports)
                 c.save()
         chain_ok = chain_ok and self._serve_and_probe(c)
-        baseline = self.baseline
-        gate_json, compare_json = c.run_dir / "gate.json", c.run_dir / "compare.json"
-        chain_ok = chain_ok and self._step(
-            c, "gate", ditq_argv("gate", c.run_dir, "--baseline", baseline), [gate_json], (0, 1)
-        )
-        compare = ditq_argv("compare", c.run_dir, "--baseline", baseline, "--no-lpips", *self.parity_args)
         if chain_ok:
-            self._step(c, "compare", compare, [compare_json], (0, 1))
+            self._gate_and_compare(c)
         for stage in SCHEME_STAGES:
             if stage not in c.reached:  # after a failure: say so, and drop what an earlier run left
                 c.stages.pop(stage, None)
                 self._show(c, stage, "not reached", "an earlier stage failed")
         c.save()
+
+    def _gate_and_compare(self, c: _Candidate) -> None:
+        gate_json, compare_json = c.run_dir / "gate.json", c.run_dir / "compare.json"
+        gate = ditq_argv("gate", c.run_dir, "--baseline", self.baseline)
+        if self._step(c, "gate", gate, [gate_json], (0, 1)):
+            compare = ditq_argv(
+                "compare", c.run_dir, "--baseline", self.baseline, "--no-lpips", *self.parity_args
+            )
+            self._step(c, "compare", compare, [compare_json], (0, 1))
+
+    # -- --seeds auto: more seeds for the fixtures a compare left undecided ----------------------------
+    def settle_seeds(self) -> dict[str, list[int]]:
+        """Round after round, give every fixture that some candidate's compare left undecided about as many
+        seeds as that compare said would settle it (at least one more, at most --max-seeds): the baseline, the
+        in-process pair and every judged candidate probe the new seeds of those fixtures only (``--only``),
+        then gate and compare run again. A fixture's seeds are shared by every run, so that every PSNR stays
+        paired. Stops when no fixture is undecided or every undecided one is at the cap. Returns the seeds
+        each fixture was run at."""
+        start, cap = parse_seeds(DEFAULT_SEEDS), self.options.max_seeds
+        while True:
+            current = _seeds_by_fixture(self.baseline)
+            targets = self._seed_targets(current, cap)
+            if not targets:
+                return current
+            groups: dict[int, list[str]] = {}
+            for fixture_id, target in targets.items():
+                groups.setdefault(target, []).append(fixture_id)
+            plan = [
+                (_seeds_text([*start, *range(max(start) + 1, max(start) + 1 + target - len(start))]), ids)
+                for target, ids in sorted(groups.items())
+            ]
+            for seeds, fixture_ids in plan:
+                self.progress("all", "seeds", "ok", f"{', '.join(fixture_ids)}: seeds {seeds}")
+                self._extend_baseline(seeds, fixture_ids)
+                if self.options.parity_in_process:
+                    self._pair_run(seeds, fixture_ids)
+            for scheme in self.options.schemes:
+                self._extend_candidate(_Candidate(self.options, scheme), plan, len(start))
+
+    def _judged(self) -> list[tuple[str, CompareFile]]:
+        """The candidates whose compare ran, with its result."""
+        out = []
+        for scheme in self.options.schemes:
+            c = _Candidate(self.options, scheme)
+            compare = c.stages.get("compare")
+            path = c.run_dir / "compare.json"
+            if compare is not None and compare.status == "ok" and path.is_file():
+                out.append((scheme, read_model(CompareFile, path)))
+        return out
+
+    def _seed_targets(self, current: dict[str, list[int]], cap: int) -> dict[str, int]:
+        """Fixture -> the seeds it should have, for every fixture some compare left undecided below the cap."""
+        targets: dict[str, int] = {}
+        for _, compare in self._judged():
+            for fixture_id, entry in compare.fixtures.items():
+                parity, have = entry.parity, len(current.get(fixture_id, []))
+                if parity is None or parity.decision != "undecided" or have >= cap:
+                    continue
+                target = min(cap, max(parity.seeds_to_settle or cap, have + 1))
+                targets[fixture_id] = max(targets.get(fixture_id, 0), target)
+        return targets
+
+    def _extend_baseline(self, seeds: str, fixture_ids: list[str]) -> None:
+        have = _seeds_by_fixture(self.baseline)
+        if all(set(parse_seeds(seeds)) <= set(have.get(f, [])) for f in fixture_ids):
+            return
+        self.progress(
+            self.baseline_name, "baseline", "running", f"seeds {seeds} for {', '.join(fixture_ids)}"
+        )
+        logs = self.out / "logs"
+        attempts, failure = self._serve_ladder(
+            self.options.model,
+            self.baseline,
+            logs,
+            "baseline",
+            self._baseline_argv(seeds, fixture_ids),
+            logs / "baseline.log",
+        )  # ``ditq baseline`` seals the run again over the added records and images
+        path = logs / BASELINE_COMMANDS_FILE
+        earlier = read_model(CommandList, path).root if path.is_file() else []
+        write_model(
+            path, CommandList([*earlier, *(c for a in attempts for c in (a.command, a.probe_command) if c)])
+        )
+        if failure is not None or not (self.baseline / "SEAL.json").is_file():
+            raise DitqError(f"baseline: {failure or 'no sealed baseline'} (log: {logs / 'baseline.log'})")
+        self.progress(self.baseline_name, "baseline", "ok", f"seeds {seeds} for {', '.join(fixture_ids)}")
+
+    def _extend_candidate(self, c: _Candidate, plan: list[tuple[str, list[str]]], started_with: int) -> None:
+        compare = c.stages.get("compare")
+        if compare is None or compare.status != "ok":
+            return  # not judged: nothing to settle
+        for seeds, fixture_ids in plan:
+            have = _seeds_by_fixture(c.run_dir)
+            wanted = set(parse_seeds(seeds))
+            missing = [f for f in fixture_ids if not wanted <= set(have.get(f, []))]
+            if not missing:
+                continue
+            self._show(c, "probe", "running", f"seeds {seeds} for {', '.join(missing)}")
+            begun = time.monotonic()
+            matrix = [*_matrix_args(self.options, seeds), "--only", ",".join(missing)]
+            endpoint = self.options.endpoint_for.get(c.scheme)
+            if endpoint is not None:
+                argv = ditq_argv("probe", "--endpoint", endpoint, "--out", c.run_dir, *matrix)
+                code = _run_logged(argv, c.logs / "probe.log")
+                failure = None if code in (0, 1) else f"exit code {code}: {_last_line(c.logs / 'probe.log')}"
+                failure = failure or _unfinished_run(c.run_dir)
+            else:
+
+                def probe_argv(server: _Server, retry: bool, matrix: list[str] = matrix) -> list[str]:
+                    argv = ditq_argv("probe", "--endpoint", server.url, "--out", c.run_dir, *matrix)
+                    argv += ["--server-pid", str(server.process.pid)]
+                    return argv + (["--retry-out-of-memory"] if retry else [])
+
+                _, failure = self._serve_ladder(
+                    c.artifact, c.run_dir, c.logs, c.scheme, probe_argv, c.logs / "probe.log"
+                )
+            for fixture_id in missing:
+                c.seeds_added[fixture_id] = len(wanted) - started_with
+            if failure is not None:
+                c.stages.pop("gate", None)
+                c.stages.pop("compare", None)
+                c.record(
+                    "probe", "failed", time.monotonic() - begun, None, f"adding seeds {seeds}: {failure}"
+                )
+                self._show(c, "probe", "FAILED", failure)
+                return
+            self._show(c, "probe", "ok", f"seeds {seeds} for {', '.join(missing)}")
+        c.stages.pop("gate", None)  # the baseline and the run have more seeds: judge them again
+        c.stages.pop("compare", None)
+        c.save()
+        self._gate_and_compare(c)
 
     def _serve_and_probe(self, c: _Candidate) -> bool:
         records = c.run_dir / "records.jsonl"
@@ -562,6 +738,7 @@ class _Sweep:
             # an earlier stage ran again (a new artifact): the old images are not this artifact's, so start
             # over; otherwise an unfinished probe (a killed sweep) resumes where it stopped
             shutil.rmtree(c.run_dir)
+            c.seeds_added = {}
         endpoint = self.options.endpoint_for.get(c.scheme)
         if endpoint is not None:
             c.record("serve", "skipped", 0.0, None, f"probed through {endpoint}")
@@ -679,6 +856,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         parity_db=options.parity_db,
         parity_pair=[str(p) for p in options.parity_pair] if options.parity_pair else None,
         parity_in_process=options.parity_in_process,
+        max_seeds=options.max_seeds if options.seeds == "auto" else None,
         pid=os.getpid(),
     )
     write_model(options.out / SWEEP_FILE, sweep_file)
@@ -688,4 +866,8 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         sweep.run_parity_pair()
     for scheme in options.schemes:
         sweep.run_scheme(scheme, baseline_ran)
+    if options.seeds == "auto":
+        seeds = sweep.settle_seeds()
+        by_fixture = {fixture_id: _seeds_text(s) for fixture_id, s in seeds.items()}
+        write_model(options.out / SWEEP_FILE, sweep_file.model_copy(update={"seeds_by_fixture": by_fixture}))
     return sweep.report()

@@ -327,3 +327,70 @@ def test_offload_ladder_serves_what_ran_out_of_memory_at_the_next_mode(workspace
             "out_of_memory",
             "out_of_memory",
         ]  # rungs after the first
+
+
+@pytest.mark.slow
+def test_seeds_auto_adds_seeds_to_an_undecided_fixture_until_it_is_decided_or_at_the_cap(workspace: Path):
+    from ditq.compare import PSNR_CAP_DB
+    from ditq.runfiles import CompareFile
+    from ditq.sweep import run_sweep
+
+    out = workspace / "out-auto"
+
+    def sweep(seeds: str | None, parity_db: float) -> None:
+        options = SweepOptions(
+            model=workspace / "model",
+            schemes=("w8a8",),
+            fixtures=workspace / "fixtures.json",
+            refs=workspace / "refs",
+            out=out,
+            seeds=seeds,
+            max_seeds=6,
+            steps=2,
+            device="cpu",
+            dtype="float32",
+            parity_db=parity_db,
+            health_timeout_s=300,
+            progress=False,
+        )
+        run_sweep(options, command="ditq sweep (test)")
+
+    compare_json = out / "w8a8" / "run" / "compare.json"
+    sweep(None, 30.0)  # the default seeds; every fixture far inside a 30 dB band
+    first = read_model(CompareFile, compare_json)
+    psnr = [r.psnr_db for r in first.rows if r.fixture_id == "edit-one" and r.psnr_db is not None]
+    assert len(psnr) == 4 and max(psnr) < PSNR_CAP_DB and len(set(psnr)) > 1
+    # a stated band whose floor (1 dB under it) is edit-one's mean PSNR: its interval straddles the floor at
+    # four seeds whatever the numbers are, so edit-one is undecided and must be given seeds
+    stated = sum(psnr) / len(psnr) + 1.0
+    sweep("auto", stated)
+
+    sweep_file = read_model(SweepFile, out / "SWEEP.json")
+    by_fixture = {
+        f: [int(s) for s in _expand(seeds)] for f, seeds in (sweep_file.seeds_by_fixture or {}).items()
+    }
+    assert sweep_file.max_seeds == 6
+    assert 4 < len(by_fixture["edit-one"]) <= 6 and by_fixture["edit-one"][:4] == [2301, 2302, 2303, 2304]
+    candidate = read_model(CandidateFile, out / "w8a8" / "CANDIDATE.json")
+    assert candidate.seeds_added["edit-one"] == len(by_fixture["edit-one"]) - 4
+    last = read_model(CompareFile, compare_json)
+    for fixture_id, entry in last.fixtures.items():
+        seeds = by_fixture[fixture_id]
+        assert entry.parity is not None and entry.parity.n == len(seeds)
+        # it stopped where it should: decided, or at the cap
+        assert entry.parity.decision != "undecided" or len(seeds) == 6, (fixture_id, entry.parity)
+        # a fixture that was given no seeds has records for the default seeds only, in both runs
+        for run in (out / "baseline", out / "w8a8" / "run"):
+            recorded = {
+                json.loads(line)["seed"]
+                for line in _lines(run / "records.jsonl")
+                if json.loads(line)["fixture_id"] == fixture_id
+            }
+            assert recorded == set(seeds), (run, fixture_id)
+    assert validate_verdict_file(out / "report" / "verdict.json").schema_version == "ditq-verdict-2"
+
+
+def _expand(seeds: str) -> list[int]:
+    from ditq.probe.fixtures import parse_seeds
+
+    return parse_seeds(seeds)

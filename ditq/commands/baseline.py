@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
             refs=args.refs,
             out=args.out,
             seeds=args.seeds,
+            only=args.only.split(",") if args.only else None,
             steps=args.steps,
             true_cfg_scale=args.cfg,
             endpoint=args.endpoint,

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         refs=demo.references_dir(),
         out=args.out,
         seeds=args.seeds or DEMO.seeds,
+        max_seeds=args.max_seeds,
         steps=args.steps if args.steps is not None else DEMO.steps,
         cfg=args.cfg,
         max_memory=args.max_memory,

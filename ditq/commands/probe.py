@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ditq.probe.fixtures import parse_seeds
+from ditq.probe.fixtures import DEFAULT_SEEDS, parse_seeds
 from ditq.probe.records import is_success, latest_by_key, read_records
 from ditq.probe.runner import ProbeOptions, run_probe
 from ditq.runfiles import RECORDS_FILE
@@ -21,7 +21,7 @@ def add_matrix_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--refs", type=Path, required=True, help="directory of reference images, REF.png")
     parser.add_argument("--out", type=Path, required=True, help="run directory (created; rerun to resume)")
     parser.add_argument(
-        "--seeds", type=parse_seeds, default=parse_seeds("2301-2304"), help="e.g. 2301-2304 or 1,2,5"
+        "--seeds", type=parse_seeds, default=parse_seeds(DEFAULT_SEEDS), help="e.g. 2301-2304 or 1,2,5"
     )
     parser.add_argument("--steps", type=int, default=20, help="num_inference_steps (default 20)")
     parser.add_argument("--cfg", type=float, default=1.0, help="true_cfg_scale (default 1.0)")
@@ -29,6 +29,7 @@ def add_matrix_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency", type=int, default=1, help="requests in flight per endpoint (default 1)"
     )
+    parser.add_argument("--only", help="comma list of fixture ids to run (default: all)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--server-pid", type=int, help="server process id, to sample its own device memory")
     parser.add_argument("--memory-interval", type=float, default=1.0, help="seconds between memory samples")
@@ -50,7 +51,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_matrix_arguments(parser)
     parser.add_argument("--model", help="'model' field sent with each request (some servers require it)")
-    parser.add_argument("--only", help="comma list of fixture ids to run (default: all)")
     parser.add_argument(
         "--server-wait",
         type=float,

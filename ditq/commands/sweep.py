@@ -17,7 +17,17 @@ __all__ = ["add_arguments", "add_sweep_arguments", "print_verdicts", "run", "sto
 
 def add_sweep_arguments(parser: argparse.ArgumentParser, device: str) -> None:
     """What `ditq sweep` and `ditq demo` share; ``device`` is the --device default."""
-    parser.add_argument("--seeds", help="e.g. 2301-2304 or 1,2,5 (default: the probe's, 2301-2304)")
+    parser.add_argument(
+        "--seeds",
+        help="e.g. 2301-2304 or 1,2,5 (default: the probe's, 2301-2304); auto: start from the default and "
+        "add seeds to each fixture whose parity decision is undecided, up to --max-seeds",
+    )
+    parser.add_argument(
+        "--max-seeds",
+        type=int,
+        default=16,
+        help="with --seeds auto: the most seeds a fixture gets (default 16)",
+    )
     parser.add_argument("--steps", type=int, help="num_inference_steps (default: the probe's, 20)")
     parser.add_argument("--cfg", type=float, help="true_cfg_scale (default: the probe's, 1.0)")
     parser.add_argument(
@@ -112,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         refs=args.refs,
         out=args.out,
         seeds=args.seeds,
+        max_seeds=args.max_seeds,
         steps=args.steps,
         cfg=args.cfg,
         max_memory=args.max_memory,

@@ -16,6 +16,7 @@ from typing import Any
 from ditq.errors import InputError
 
 __all__ = [
+    "DEFAULT_SEEDS",
     "MODES",
     "SIZE_MULTIPLE",
     "Fixture",
@@ -127,6 +128,9 @@ def fixture_digest(fixtures: dict[str, Fixture]) -> str:
     """One sha256 for the whole set: over the sorted per-fixture digests."""
     per_fixture = fixture_digests(fixtures)
     return hashlib.sha256(json.dumps(sorted(per_fixture.items())).encode()).hexdigest()
+
+
+DEFAULT_SEEDS = "2301-2304"  # the probe's seeds when none are given
 
 
 def parse_seeds(text: str) -> list[int]:

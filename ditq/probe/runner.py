@@ -78,6 +78,7 @@ __all__ = [
     "normalize_endpoint",
     "run_matrix",
     "run_probe",
+    "select_fixtures",
     "versions",
 ]
 
@@ -594,6 +595,16 @@ def describe_run(
     )
 
 
+def select_fixtures(fixtures: dict[str, Fixture], only: Sequence[str] | None) -> dict[str, Fixture]:
+    """``--only``: those fixtures (all when None); an unknown id is an InputError naming it."""
+    if not only:
+        return fixtures
+    unknown = [f for f in only if f not in fixtures]
+    if unknown:
+        raise InputError(f"--only: unknown fixture {unknown[0]!r} (known: {', '.join(fixtures)})")
+    return {k: v for k, v in fixtures.items() if k in only}
+
+
 def run_probe(options: ProbeOptions) -> ProbeSummary:
     """The ``ditq probe`` job: fixtures x seeds against the endpoints, into ``options.out``."""
     if options.concurrency < 1:
@@ -603,12 +614,7 @@ def run_probe(options: ProbeOptions) -> ProbeSummary:
     if options.server_wait_s < 0:
         raise InputError(f"--server-wait must be 0 or more seconds, got {options.server_wait_s:g}")
     endpoints = [normalize_endpoint(e) for e in options.endpoints]
-    fixtures = load_fixtures(options.fixtures, options.refs)
-    if options.only:
-        unknown = [f for f in options.only if f not in fixtures]
-        if unknown:
-            raise InputError(f"--only: unknown fixture {unknown[0]!r} (known: {', '.join(fixtures)})")
-        fixtures = {k: v for k, v in fixtures.items() if k in options.only}
+    fixtures = select_fixtures(load_fixtures(options.fixtures, options.refs), options.only)
     description = describe_run(
         options.kind,
         endpoints,

@@ -228,6 +228,7 @@ class Candidate:
     extra_commands: list[str] = field(default_factory=list)  # e.g. the server a sweep started for it
     attempts: list[Attempt] = field(default_factory=list)  # the sweep's offload ladder, in order
     weight_bytes: dict[str, WeightBytes] | None = None  # quantized component -> artifact and source bytes
+    seeds_added: dict[str, int] = field(default_factory=dict)  # --seeds auto: fixture -> seeds added
 
     @property
     def failed_stages(self) -> list[StageStatus]:
@@ -375,4 +376,5 @@ def load_candidate(path: Path, attempts: list[Attempt] | None = None) -> Candida
         doctor=raw.doctor,
         attempts=list(attempts or raw.attempts),
         weight_bytes=raw.weight_bytes,
+        seeds_added=dict(raw.seeds_added),
     )

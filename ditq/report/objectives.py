@@ -56,6 +56,7 @@ def fidelity_intervals(candidate: Candidate) -> list[IntervalEntry]:
                 threshold=f"floor {parity.floor_db:+g} dB",
                 decision=parity.decision,
                 samples_to_settle=parity.seeds_to_settle,
+                samples_added=candidate.seeds_added.get(fixture_id),
             )
         )
     return out

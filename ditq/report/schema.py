@@ -155,6 +155,11 @@ class IntervalEntry(_Strict):
     samples_to_settle: int | None = Field(
         description="about how many seeds (requests) would decide an undecided comparison; null: cannot tell"
     )
+    samples_added: int | None = Field(
+        default=None,
+        description="seeds a sweep with --seeds auto added to this fixture, beyond the ones it started from, "
+        "to decide it (n includes them); null: none added",
+    )
 
 
 class ObjectiveAnswer(_Strict):

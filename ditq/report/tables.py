@@ -188,6 +188,13 @@ def _interval_cell(entry: IntervalEntry) -> str:
     return f"{entry.estimate:.2f} [{entry.low:.2f}, {entry.high:.2f}]x"
 
 
+def _n_cell(entry: IntervalEntry) -> str:
+    """n, and the seeds --seeds auto added to reach it."""
+    if entry.n is None:
+        return "-"
+    return f"{entry.n} ({entry.samples_added} added)" if entry.samples_added else str(entry.n)
+
+
 def objectives_table(a: Assessment) -> Table:
     """Per objective its answer, and every interval behind it: estimate [low, high], samples, the threshold
     it was held against, the decision, and about how many samples would settle an undecided one."""
@@ -205,7 +212,7 @@ def objectives_table(a: Assessment) -> Table:
                     answer.answer,
                     entry.subject,
                     _interval_cell(entry),
-                    "-" if entry.n is None else str(entry.n),
+                    _n_cell(entry),
                     entry.threshold,
                     entry.decision,
                     "-" if settle is None else str(settle),
