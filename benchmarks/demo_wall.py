@@ -43,7 +43,7 @@ def main() -> int:
     output = done
     lines = output.stdout.splitlines()
     sweep = next((line for line in lines if line.startswith("demo: ")), None)
-    verdicts = [line for line in lines if re.match(r"^(w8a16|w8a8|fp8): (YES|NO)", line)]
+    verdicts = [line for line in lines if re.match(r"^(w8a16|w8a8|fp8): (YES|NO|UNDECIDED)", line)]
     payload = {
         "command": "python benchmarks/demo_wall.py --out " + str(args.out),
         "measured": "git clone (this commit) && make demo",
