@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ditq.checkpoint.layout import read_json
-from ditq.checkpoint.source_tree import SourceTree
+from ditq.checkpoint.source_tree import SourceTree, hub_snapshot
 from ditq.errors import InputError
 from ditq.fsutil import atomic_write_bytes, atomic_write_json, open_regular, sha256_file
 
@@ -59,10 +59,8 @@ def library_versions() -> dict[str, str]:
 
 def hub_revision(source: Path) -> str | None:
     """The commit of a hub snapshot (``.../models--org--name/snapshots/<revision>``), else None."""
-    parts = Path(source).resolve().parts
-    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-        return parts[-1]
-    return None
+    snapshot = hub_snapshot(source)
+    return None if snapshot is None else snapshot[0]
 
 
 def _file_sha256(tree: SourceTree, path: Path, stop: threading.Event) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 from ditq.errors import InputError
 from ditq.fsutil import file_kind
 
-__all__ = ["SourceTree", "scan_tree"]
+__all__ = ["SourceTree", "hub_snapshot", "scan_tree"]
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,12 @@ class SourceTree:
         return self.hub_blobs is not None and Path(os.path.realpath(path)).parent == self.hub_blobs
 
 
-def _hub_blobs(root: Path) -> Path | None:
+def hub_snapshot(root: Path) -> tuple[str, Path] | None:
+    """(revision, blobs folder) of a hub snapshot (``.../models--org--name/snapshots/<revision>``), else None."""
+    root = Path(root).resolve()
     parts = root.parts
     if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-        return (root.parent.parent / "blobs").resolve()
+        return parts[-1], (root.parent.parent / "blobs").resolve()
     return None
 
 
@@ -51,8 +53,8 @@ def scan_tree(root: Path, follow_links: bool = False) -> SourceTree:
     root = Path(root).resolve()
     if not root.is_dir():
         raise InputError(f"{root}: not a directory")
-    hub_blobs = _hub_blobs(root)
-    inside = (root,) if hub_blobs is None else (root, hub_blobs)
+    snapshot = hub_snapshot(root)
+    inside = (root,) if snapshot is None else (root, snapshot[1])
     files: dict[str, Path] = {}
 
     def walk(folder: Path, rel: Path, seen: frozenset[Path]) -> None:
@@ -78,4 +80,4 @@ def scan_tree(root: Path, follow_links: bool = False) -> SourceTree:
                 raise InputError(f"{path}: not a regular file or folder ({file_kind(mode)})")
 
     walk(root, Path(), frozenset({root}))
-    return SourceTree(root, hub_blobs, files)
+    return SourceTree(root, None if snapshot is None else snapshot[1], files)
