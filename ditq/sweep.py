@@ -46,7 +46,7 @@ from ditq.devices import OFFLOAD_MODES, default_dtype
 from ditq.errors import EXIT_OUT_OF_MEMORY, DitqError, InputError
 from ditq.fsutil import sha256_file
 from ditq.healthcheck import wait_healthy
-from ditq.probe.fixtures import DEFAULT_SEEDS, parse_seeds
+from ditq.probe.fixtures import DEFAULT_SEEDS, parse_seeds, seeds_text
 from ditq.probe.records import incomplete, is_out_of_memory, latest_by_key, read_records
 from ditq.report import ReportResult, VerdictRules, build_report
 from ditq.report.provenance import shell_command
@@ -336,13 +336,6 @@ def _matrix_args(options: SweepOptions, seeds: str | None = None) -> list[str]:
     return args
 
 
-def _seeds_text(seeds: Sequence[int]) -> str:
-    """As --seeds reads it: a range when consecutive, else a comma list."""
-    if list(seeds) == list(range(seeds[0], seeds[0] + len(seeds))):
-        return f"{seeds[0]}-{seeds[-1]}"
-    return ",".join(str(s) for s in seeds)
-
-
 def _seeds_by_fixture(run: Path) -> dict[str, list[int]]:
     """Per fixture, the seeds a run directory has records for."""
     out: dict[str, list[int]] = {}
@@ -624,7 +617,7 @@ class _Sweep:
             for fixture_id, target in targets.items():
                 groups.setdefault(target, []).append(fixture_id)
             plan = [
-                (_seeds_text([*start, *range(max(start) + 1, max(start) + 1 + target - len(start))]), ids)
+                (seeds_text([*start, *range(max(start) + 1, max(start) + 1 + target - len(start))]), ids)
                 for target, ids in sorted(groups.items())
             ]
             for seeds, fixture_ids in plan:
@@ -868,6 +861,6 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         sweep.run_scheme(scheme, baseline_ran)
     if options.seeds == "auto":
         seeds = sweep.settle_seeds()
-        by_fixture = {fixture_id: _seeds_text(s) for fixture_id, s in seeds.items()}
+        by_fixture = {fixture_id: seeds_text(s) for fixture_id, s in seeds.items()}
         write_model(options.out / SWEEP_FILE, sweep_file.model_copy(update={"seeds_by_fixture": by_fixture}))
     return sweep.report()

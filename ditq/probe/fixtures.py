@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ __all__ = [
     "fixture_digests",
     "load_fixtures",
     "parse_seeds",
+    "seeds_text",
 ]
 
 MODES = ("generate", "edit")
@@ -146,3 +148,10 @@ def parse_seeds(text: str) -> list[int]:
             raise InputError(f"--seeds: cannot read {part!r}; use e.g. 2301-2304 or 1,2,5") from None
         seeds.update(range(first, last + 1))
     return sorted(seeds)
+
+
+def seeds_text(seeds: Sequence[int]) -> str:
+    """``seeds`` as --seeds reads them (parse_seeds' inverse): a range when consecutive, else a comma list."""
+    if list(seeds) == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(str(s) for s in seeds)
