@@ -1,0 +1,22 @@
+"""Mixed-precision plans: measured per-layer sensitivity and the scheme each Linear gets (``ditq plan``), read by
+``ditq quantize --plan`` and ``ditq sweep --plan``. The file: ``ditq.plan.schema.PlanFile``."""
+
+from ditq.plan.schema import (
+    KEEP,
+    PLAN_FORMAT,
+    LayerSensitivity,
+    PlanCost,
+    PlanFile,
+    PlanTarget,
+    PlanVerification,
+)
+
+__all__ = [
+    "KEEP",
+    "PLAN_FORMAT",
+    "LayerSensitivity",
+    "PlanCost",
+    "PlanFile",
+    "PlanTarget",
+    "PlanVerification",
+]

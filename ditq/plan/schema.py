@@ -1,0 +1,110 @@
+"""PLAN.json, typed: what ``ditq plan`` writes and ``ditq quantize --plan`` / ``ditq sweep --plan`` read.
+
+A plan names one component (the DiT, ``transformer`` by default) and, for every Linear the quantizer's structural
+rule would quantize, the scheme it gets or ``keep`` (left in the source precision). Layers the plan does not
+name are left as the structural rule leaves them (kept). The sensitivity table and the verification are the
+evidence for the assignment: each layer's measured error under each candidate scheme, and the final mixed
+model's end-to-end PSNR against the source precision, per fixture.
+
+Example (abridged)::
+
+    {"format": "ditq-plan-1", "component": "transformer", "schemes": ["fp8", "w8a8"],
+     "target": {"kind": "parity", "db": 49.3},
+     "layers": {"blocks.0.attn.to_q": "fp8", "blocks.0.ff.net.2": "w8a8", "blocks.7.attn.to_out.0": "keep"},
+     "sensitivity": [{"layer": "blocks.0.attn.to_q", "params": 65536, "proxy": {"fp8": 0.004, "w8a8": 0.002}}],
+     "verification": {"psnr_db": {"edit-recolor": 49.8}, "min_db": 49.8, "meets_target": true, "seeds": [2301]}}
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ditq.schemes import SCHEMES
+
+__all__ = [
+    "KEEP",
+    "PLAN_FORMAT",
+    "LayerSensitivity",
+    "PlanCost",
+    "PlanFile",
+    "PlanTarget",
+    "PlanVerification",
+]
+
+PLAN_FORMAT = "ditq-plan-1"
+KEEP = "keep"  # a layer left in the source precision
+
+
+class _Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PlanTarget(_Plan):
+    """The fidelity the plan must meet: the lowest per-fixture PSNR (dB) against the source precision.
+    ``parity``: ``db`` is the parity band's floor (the in-process BF16 pair); ``db``: the user's ``--target-db``."""
+
+    kind: Literal["parity", "db"]
+    db: float
+
+
+class LayerSensitivity(_Plan):
+    """One Linear (or one block's Linears, ``unit="block"``), measured alone: only it quantized, the rest in the
+    source precision. ``proxy``: the transformer output's relative L2 error over the first steps, per scheme;
+    ``psnr_db``: the final image's PSNR against the source precision, per scheme, where it was measured."""
+
+    layer: str
+    unit: Literal["layer", "block"] = "layer"
+    params: int = Field(ge=0)
+    proxy: dict[str, float]
+    psnr_db: dict[str, float] = {}
+
+
+class PlanVerification(_Plan):
+    """The final mixed model run end to end on the fixtures: PSNR per fixture (mean over ``seeds``)."""
+
+    psnr_db: dict[str, float]
+    min_db: float
+    meets_target: bool
+    seeds: list[int]
+
+
+class PlanCost(_Plan):
+    """What the search cost: wall seconds, and pipeline or transformer forwards run."""
+
+    seconds: float = Field(ge=0)
+    forwards: int = Field(ge=0)
+    device: str
+
+
+class PlanFile(_Plan):
+    format: Literal["ditq-plan-1"] = PLAN_FORMAT
+    source: str  # the model directory the plan was measured on, as given
+    component: str = "transformer"
+    schemes: list[str]  # the candidate schemes, fastest first
+    target: PlanTarget
+    layers: dict[str, str]  # Linear module name -> scheme name or "keep"
+    sensitivity: list[LayerSensitivity] = []
+    quantized_fraction: float = Field(ge=0.0, le=1.0)  # of the planned Linears' parameters, quantized
+    verification: PlanVerification | None = None
+    cost: PlanCost | None = None
+    command: list[str] = []
+
+    @model_validator(mode="after")
+    def _known_schemes(self) -> PlanFile:
+        for name in self.schemes:
+            if name not in SCHEMES:
+                raise ValueError(f"schemes: unknown scheme {name!r} (known: {', '.join(SCHEMES)})")
+        for layer, name in self.layers.items():
+            if name != KEEP and name not in self.schemes:
+                raise ValueError(f"layers.{layer}: {name!r} is neither 'keep' nor one of schemes")
+        return self
+
+    def scheme_layers(self) -> dict[str, list[str]]:
+        """Scheme name -> the layers it quantizes (sorted), for the config_groups; kept layers left out."""
+        groups: dict[str, list[str]] = {}
+        for layer, name in sorted(self.layers.items()):
+            if name != KEEP:
+                groups.setdefault(name, []).append(layer)
+        return groups
