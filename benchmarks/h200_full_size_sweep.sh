@@ -9,6 +9,9 @@
 #   bash benchmarks/h200_full_size_sweep.sh build           # the full-size pipeline and its fixtures
 #   bash benchmarks/h200_full_size_sweep.sh start           # both sweeps, detached (GPU 0 whole, GPU 1 24 GiB)
 # One GPU: WHOLE_DEVICE=cuda:0 BUDGET_DEVICE=cuda:0 runs them one after the other; SWEEPS=budget (or whole) starts one.
+#   bash benchmarks/h200_full_size_sweep.sh budget-serve    # one scheme under 24 GiB without a baseline: quantize,
+#       then serve + probe up the offload ladder (model, then block for what ran out of memory); SERVE_SCHEME=w8a16
+# SWEEPS=whole,serve-budget runs the whole-device sweep, then budget-serve (the 24 GiB baseline takes 11 minutes).
 #   bash benchmarks/h200_full_size_sweep.sh wait [S]        # follow them for up to S seconds
 #   bash benchmarks/h200_full_size_sweep.sh collect         # reports, verdicts, charts, logs -> $OUT
 # Sweeps run detached because they outlast one shell session; each is one `ditq sweep` command (below).
@@ -91,6 +94,7 @@ case "$1" in
     case "$SWEEPS" in
       whole) budget=true ;;
       budget) whole=true ;;
+      whole,serve-budget) budget="bash $PWD/benchmarks/h200_full_size_sweep.sh budget-serve" ;;
     esac
     if [ "$WHOLE_DEVICE" = "$BUDGET_DEVICE" ]; then  # one GPU: one after the other, so timings do not contend
       setsid nohup bash -c "$whole; $budget" >/dev/null 2>&1 </dev/null &
@@ -102,14 +106,40 @@ case "$1" in
     echo "started ($SWEEPS): sweep-whole on $WHOLE_DEVICE (seeds $SEEDS), sweep-24gib on $BUDGET_DEVICE" \
       "(seeds $BUDGET_SEEDS, schemes $BUDGET_SCHEMES), steps $STEPS"
     ;;
+  budget-serve)
+    # What a user runs by hand for one scheme under the budget: the sweep's own commands without its baseline.
+    scheme=${SERVE_SCHEME:-w8a16}
+    dir=$WORK/serve-24gib-$scheme
+    mkdir -p "$dir/logs"
+    ditq quantize "$MODEL" "$dir/artifact" --scheme "$scheme" --device "$BUDGET_DEVICE" >"$dir/logs/quantize.log" 2>&1
+    retry=()
+    for offload in model block; do
+      python3 -m ditq.cli serve "$dir/artifact" --device "$BUDGET_DEVICE" --max-memory 24GiB --offload "$offload" --port 8931 \
+        >"$dir/logs/serve-$offload.log" 2>&1 &
+      pid=$!
+      python3 -c "import sys; from ditq.healthcheck import wait_healthy; r = wait_healthy('http://127.0.0.1:8931', 900); \
+        sys.exit(print(r) or 1) if r else None" || { kill $pid; continue; }
+      curl -s http://127.0.0.1:8931/health >"$dir/logs/health-$offload.json" 2>/dev/null || true
+      ditq probe --endpoint http://127.0.0.1:8931 --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" \
+        --out "$dir/run" --seeds "${BUDGET_SEEDS%%-*}" --steps "$STEPS" --server-pid $pid --no-progress "${retry[@]}" \
+        >"$dir/logs/probe-$offload.log" 2>&1
+      kill $pid; wait $pid
+      retry=(--retry-out-of-memory)
+      grep -q out_of_memory "$dir/run/records.jsonl" 2>/dev/null || break
+    done
+    ;;
   wait)
     deadline=$((SECONDS + ${2:-540}))
-    while [ $SECONDS -lt $deadline ] && pgrep -f "ditq.cli sweep" >/dev/null; do sleep 10; done
+    while [ $SECONDS -lt $deadline ] && pgrep -f "ditq.cli sweep|budget-serve" >/dev/null; do sleep 10; done
     for name in sweep-whole sweep-24gib; do
+      [ -f "$WORK/$name.log" ] || continue
       echo "== $name"; grep -v "^\s*$" "$WORK/$name.log" | tail -12
     done
+    for dir in "$WORK"/serve-24gib-*; do
+      [ -d "$dir" ] && echo "== $(basename "$dir")" && tail -n 3 "$dir"/logs/*.log
+    done
     nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader
-    pgrep -f "ditq.cli sweep" >/dev/null && echo "sweeps still running" || echo "sweeps finished"
+    pgrep -f "ditq.cli sweep|budget-serve" >/dev/null && echo "sweeps still running" || echo "sweeps finished"
     ;;
   collect)
     for name in sweep-whole sweep-24gib; do
@@ -125,6 +155,10 @@ case "$1" in
       tar czf "$OUT/$name.tgz" -C "$WORK" --exclude="$name/*/artifact" --exclude="$name/*/run/images" \
         --exclude="$name/baseline/images" --exclude="$name/report/grids" --exclude="$name/report/report.html" \
         "$name" "$name.log"
+    done
+    for dir in "$WORK"/serve-24gib-*; do
+      [ -d "$dir" ] && tar czf "$OUT/$(basename "$dir").tgz" -C "$WORK" --exclude='*/artifact' --exclude='*/run/images' \
+        "$(basename "$dir")"
     done
     cp "$WORK"/sweep-*.log "$OUT/" 2>/dev/null
     ls -la "$OUT"
