@@ -7,6 +7,9 @@ components are rewritten (targets quantized, everything else byte for
 byte), other components are symlinked (or copied), ``model_index.json`` is
 copied and ``MANIFEST.json`` records how and from what.
 
+With a plan (``quantize(source, output, plan=PLAN.json)``), its component's Linears get the schemes the plan
+names, layer by layer (``ditq.plan.apply``), in one ``quantization_config`` with a config group per scheme.
+
 Only the source tree is read: it is scanned first (``scan_tree``), and a link
 out of it, a FIFO or a device is refused unless ``follow_links`` says to read
 through links, in which case their bytes are in the source digest. No file of
@@ -32,6 +35,7 @@ from typing import Any
 from ditq.checkpoint.layout import (
     MODEL_INDEX,
     component_class,
+    component_names,
     is_weight_file,
     load_component_config,
     quantization_config_of,
@@ -48,6 +52,7 @@ from ditq.checkpoint.manifest import (
 )
 from ditq.checkpoint.qconfig import (
     ConfigForm,
+    mixed_quantization_config,
     quantization_config,
     resolve_config_form,
     with_quantization_config,
@@ -56,15 +61,18 @@ from ditq.checkpoint.rewrite import ComponentResult, read_component_headers, rew
 from ditq.checkpoint.source_tree import scan_tree
 from ditq.devices import resolve_device
 from ditq.errors import DitqError, InputError
-from ditq.fsutil import atomic_directory, atomic_write_json, exclusive_lock
-from ditq.schemes import Scheme, get_scheme
+from ditq.fsutil import atomic_directory, atomic_write_json, exclusive_lock, sha256_file
+from ditq.plan.apply import apply_plan
+from ditq.plan.schema import KEEP, PlanFile, plan_sha256, read_plan
+from ditq.schemes import SCHEMES, Scheme, get_scheme
 from ditq.targets import MIN_FEATURES, TargetPlan, build_meta_model, plan_targets
 
 __all__ = ["DEFAULTS", "QuantizeResult", "quantize"]
 
 log = logging.getLogger(__name__)
 
-# The CLI takes its defaults from here, so `ditq quantize` and `ditq.quantize` agree.
+# The CLI takes its defaults from here, so `ditq quantize` and `ditq.quantize` agree. Without a plan, no scheme
+# means "w8a8" and no components "transformer"; with one, its schemes and its component.
 DEFAULTS: dict[str, Any] = {
     "scheme": "w8a8",
     "components": ("transformer",),
@@ -81,15 +89,66 @@ class QuantizeResult:
     manifest: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """One component's outcome: what is quantized (and why the rest is not), each target's scheme, the config."""
+
+    targets: TargetPlan
+    schemes: dict[str, Scheme]  # target prefix -> its scheme
+    config: dict[str, Any]  # the plain quantization_config
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A plan as ``quantize`` was given it: the file's path as given (None: given in memory) and its digest."""
+
+    plan: PlanFile
+    path: str | None
+    sha256: str
+
+    @property
+    def where(self) -> str:
+        return self.path or "plan"
+
+    @classmethod
+    def of(cls, plan: PlanFile | str | Path) -> _Plan:
+        if isinstance(plan, PlanFile):
+            return cls(plan, None, plan_sha256(plan))
+        return cls(read_plan(plan), str(plan), sha256_file(Path(plan)))
+
+    def record(self, layout: _Layout) -> dict[str, Any]:
+        """The manifest's ``plan``: where it came from and the layers per scheme it gave."""
+        counts = {name: 0 for name in SCHEMES}
+        for scheme in layout.schemes.values():
+            counts[scheme.name] += 1
+        kept = sum(1 for choice in self.plan.layers.values() if choice == KEEP)
+        return {
+            "path": self.path,
+            "sha256": self.sha256,
+            "component": self.plan.component,
+            "layers": {name: n for name, n in counts.items() if n} | {KEEP: kept},
+        }
+
+
+def _layout(rule: TargetPlan, scheme: Scheme | None, plan: _Plan | None) -> _Layout:
+    if plan is None:
+        assert scheme is not None
+        schemes = dict.fromkeys(rule.targets, scheme)
+        return _Layout(rule, schemes, quantization_config(scheme, list(rule.ignored)))
+    targets, schemes = apply_plan(rule, plan.plan, plan.where)
+    return _Layout(targets, schemes, mixed_quantization_config(schemes, list(targets.ignored)))
+
+
 def _plan_component(
     source: Path,
     index: dict[str, Any],
     component: str,
-    scheme: Scheme,
+    scheme: Scheme | None,
     targets: Sequence[str],
     ignore: Sequence[str],
     variant: str | None,
-) -> TargetPlan:
+    plan: _Plan | None,
+) -> _Layout:
     library, class_name = component_class(index, component)
     component_dir = source / component
     config = load_component_config(component_dir)
@@ -101,7 +160,9 @@ def _plan_component(
         name: entry.shape for name, (_, entry) in read_component_headers(component_dir, variant).items()
     }
     model = build_meta_model(component_dir, library, class_name)
-    return plan_targets(model, component, shapes, targets, ignore, MIN_FEATURES, scheme.group_size)
+    group_size = None if scheme is None else scheme.group_size
+    rule = plan_targets(model, component, shapes, targets, ignore, MIN_FEATURES, group_size)
+    return _layout(rule, scheme, plan)
 
 
 def _link_or_copy(src: Path, dst: Path, copy: bool) -> None:
@@ -114,8 +175,9 @@ def _link_or_copy(src: Path, dst: Path, copy: bool) -> None:
 
 
 def _write_component(
-    source: Path, tmp: Path, plan: TargetPlan, scheme: Scheme, form: ConfigForm, device, opts
+    source: Path, tmp: Path, layout: _Layout, form: ConfigForm, device, opts
 ) -> ComponentResult:
+    plan = layout.targets
     src_dir, out_dir = source / plan.component, tmp / plan.component
     out_dir.mkdir()
     log.info(
@@ -125,7 +187,7 @@ def _write_component(
         src_dir,
         out_dir,
         plan,
-        scheme,
+        layout.schemes,
         device,
         opts["max_shard_bytes"],
         opts["band_bytes"],
@@ -133,8 +195,9 @@ def _write_component(
     )
     for path in sorted(src_dir.iterdir()):  # the source's weights, of every variant, are replaced: not copied
         if path.name == "config.json":
-            plain = quantization_config(scheme, list(plan.ignored))
-            config = with_quantization_config(load_component_config(src_dir), plan.component, plain, form)
+            config = with_quantization_config(
+                load_component_config(src_dir), plan.component, layout.config, form
+            )
             (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         elif not is_weight_file(path.name):
             _link_or_copy(path, out_dir / path.name, copy=True)
@@ -207,8 +270,33 @@ def _statistics(results: dict[str, ComponentResult]) -> dict[str, Any]:
     }
 
 
+def _scheme_record(scheme: Scheme) -> dict[str, Any]:
+    return {
+        "name": scheme.name,
+        "format": scheme.format,
+        "group_size": scheme.group_size,
+        "description": scheme.description,
+    }
+
+
+def _how(scheme: Scheme | None, plan: _Plan | None, layouts: dict[str, _Layout]) -> dict[str, Any]:
+    """The manifest's ``scheme`` (one for every component), or with a plan its ``schemes`` and ``plan``."""
+    if plan is None:
+        assert scheme is not None
+        return {"scheme": _scheme_record(scheme)}
+    layout = layouts[plan.plan.component]
+    present = sorted(set(layout.schemes.values()), key=lambda s: list(SCHEMES).index(s.name))
+    return {"schemes": [_scheme_record(s) for s in present], "plan": plan.record(layout)}
+
+
 def _manifest(
-    source: Path, scheme: Scheme, options: dict[str, Any], plans, results, digests, linked
+    source: Path,
+    how: dict[str, Any],
+    options: dict[str, Any],
+    layouts: dict[str, _Layout],
+    results,
+    digests,
+    linked,
 ) -> dict[str, Any]:
     tree, source_files = digests
     index = read_model_index(source)
@@ -218,22 +306,17 @@ def _manifest(
         "inputs": {"source": str(source), "revision": hub_revision(source), **tree},
         "versions": library_versions(),
         "options": options,
-        "scheme": {
-            "name": scheme.name,
-            "format": scheme.format,
-            "group_size": scheme.group_size,
-            "description": scheme.description,
-        },
+        **how,
         "components": {
             name: {
                 "class": list(component_class(index, name)),
-                "quantization_config": quantization_config(scheme, list(plan.ignored)),
-                "block_lists": plan.block_lists,
-                "quantized": sorted(plan.targets),
-                "ignored": dict(sorted(plan.ignored.items())),
+                "quantization_config": layout.config,
+                "block_lists": layout.targets.block_lists,
+                "quantized": sorted(layout.targets.targets),
+                "ignored": dict(sorted(layout.targets.ignored.items())),
                 "statistics": _statistics({name: results[name]}),
             }
-            for name, plan in plans.items()
+            for name, layout in layouts.items()
         },
         "statistics": _statistics(results),
         "errors_file": ERRORS_FILE,
@@ -242,12 +325,37 @@ def _manifest(
     }
 
 
+def _checked_plan(
+    plan: PlanFile | str | Path,
+    scheme: str | None,
+    components: Sequence[str] | None,
+    targets: Sequence[str],
+    ignore: Sequence[str],
+    group_size: int | None,
+) -> _Plan:
+    """The plan, refused with the options it replaces: it names each layer's scheme and its component."""
+    if scheme is not None:
+        raise InputError("--plan and --scheme are mutually exclusive: the plan names each layer's scheme")
+    for flag, value in (("--targets", targets), ("--ignore", ignore), ("--group-size", group_size)):
+        if value:
+            raise InputError(
+                f"--plan and {flag} are mutually exclusive: the plan names each layer, or 'keep'"
+            )
+    checked = _Plan.of(plan)
+    if components is not None and list(dict.fromkeys(components)) != [checked.plan.component]:
+        raise InputError(
+            f"--components {','.join(components)}: a plan quantizes its own component only "
+            f"({checked.where}: component is {checked.plan.component!r})"
+        )
+    return checked
+
+
 def quantize(
     source: str | Path,
     output: str | Path,
-    scheme: str = DEFAULTS["scheme"],
+    scheme: str | None = None,
     *,
-    components: Sequence[str] = DEFAULTS["components"],
+    components: Sequence[str] | str | None = None,
     targets: Sequence[str] = (),
     ignore: Sequence[str] = (),
     group_size: int | None = None,
@@ -259,21 +367,34 @@ def quantize(
     band_bytes: int = DEFAULTS["band_bytes"],
     variant: str | None = None,
     follow_links: bool = False,
+    plan: PlanFile | str | Path | None = None,
 ) -> QuantizeResult:
     """Quantize ``components`` of the diffusers directory ``source`` into the artifact ``output``.
 
+    ``scheme`` defaults to ``DEFAULTS["scheme"]`` and ``components`` to ``DEFAULTS["components"]``. ``plan`` (a
+    PLAN.json path or a ``PlanFile``) instead gives each Linear of its component its own scheme or ``keep``;
+    it excludes ``scheme``, ``targets``, ``ignore`` and ``group_size``, and ``components`` may only name the
+    plan's component.
     ``variant`` (``fp16``...) reads each component's variant files (``*.fp16.safetensors``) instead of the
     default ones, as diffusers' ``from_pretrained(variant=...)`` does; the artifact's files carry no variant.
     ``follow_links`` reads through symbolic links that leave the source tree (refused without it).
     """
-    chosen = get_scheme(scheme, group_size)
     if isinstance(components, str):
         components = [c.strip() for c in components.split(",") if c.strip()]
     targets, ignore = ([p] if isinstance(p, str) else list(p) for p in (targets, ignore))
+    checked = None if plan is None else _checked_plan(plan, scheme, components, targets, ignore, group_size)
+    chosen = None if checked is not None else get_scheme(scheme or DEFAULTS["scheme"], group_size)
+    if components is None:
+        components = DEFAULTS["components"] if checked is None else [checked.plan.component]
     source, output = Path(source).resolve(), Path(output).resolve()
     form = resolve_config_form(config_form)
     tree = scan_tree(source, follow_links)  # before any file of it is opened
     index = read_model_index(source)
+    if checked is not None and checked.plan.component not in component_names(index):
+        raise InputError(
+            f"{checked.where}: component: {checked.plan.component!r} is not a component of {source} "
+            f"(have: {', '.join(component_names(index))})"
+        )
     if output == source or source in output.parents:  # both resolved: a link to SRC is SRC
         raise InputError(f"{output}: the output must not be inside the source directory")
     if output in source.parents:
@@ -281,7 +402,7 @@ def quantize(
     torch_device = resolve_device(device)
     names = list(dict.fromkeys(components))
     options = {
-        "scheme": chosen.name,
+        "scheme": None if chosen is None else chosen.name,
         "group_size": group_size,
         "components": names,
         "targets": list(targets),
@@ -292,6 +413,8 @@ def quantize(
         "follow_links": follow_links,
         "device": torch_device.type,
     }
+    if checked is not None:
+        options["plan"] = checked.path
     with exclusive_lock(output, "ditq quantize"):
         if output.exists() and not force:
             raise InputError(f"{output}: already exists (use --force to replace it)")
@@ -299,15 +422,18 @@ def quantize(
         digest_pool = ThreadPoolExecutor(1, thread_name_prefix="ditq-digest")
         digests = digest_pool.submit(source_tree_digest, tree, stop)  # overlaps planning and writing
         try:
-            plans = {c: _plan_component(source, index, c, chosen, targets, ignore, variant) for c in names}
+            layouts = {
+                c: _plan_component(source, index, c, chosen, targets, ignore, variant, checked) for c in names
+            }
             with atomic_directory(output, force=force) as tmp:
                 limits = {"max_shard_bytes": max_shard_bytes, "band_bytes": band_bytes, "variant": variant}
                 results = {
-                    c: _write_component(source, tmp, p, chosen, form, torch_device, limits)
-                    for c, p in plans.items()
+                    c: _write_component(source, tmp, layout, form, torch_device, limits)
+                    for c, layout in layouts.items()
                 }
-                linked = _link_the_rest(source, tmp, set(plans), copy)
-                manifest = _manifest(source, chosen, options, plans, results, digests.result(), linked)
+                linked = _link_the_rest(source, tmp, set(layouts), copy)
+                how = _how(chosen, checked, layouts)
+                manifest = _manifest(source, how, options, layouts, results, digests.result(), linked)
                 _finish(tmp, manifest, results, source)
         except OSError as error:
             raise DitqError(f"{output}: writing failed ({error}); nothing was left behind") from error

@@ -6,9 +6,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tiny_models import make_model_dir
+from tiny_models import make_model_dir, mixed_flux_plan
 
 import ditq
+from ditq.plan import write_plan
 
 
 @pytest.fixture
@@ -36,3 +37,16 @@ def artifact(model_dir: Callable[..., Path], tmp_path: Path) -> Callable[..., tu
         return source, out
 
     return make
+
+
+@pytest.fixture(scope="session")
+def mixed_artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(source, artifact, PLAN.json): the tiny Flux model quantized with the hand-written mixed plan
+    (``tiny_models.MIXED_FLUX_LAYERS``: fp8, w8a8, w8a16 and keep). Shared: copy it before changing it."""
+    folder = tmp_path_factory.mktemp("mixed")
+    source = make_model_dir(folder, "flux")
+    plan = folder / "PLAN.json"
+    write_plan(plan, mixed_flux_plan(source))
+    out = folder / "artifact"
+    ditq.quantize(source, out, plan=plan)
+    return source, out, plan

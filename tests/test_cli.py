@@ -13,7 +13,7 @@ import pytest
 
 from ditq.cli import main
 from ditq.commands import quantize as quantize_command
-from ditq.quantizer import DEFAULTS, quantize
+from ditq.quantizer import quantize
 
 
 def _parse(module, argv: list[str]) -> argparse.Namespace:  # type: ignore[no-untyped-def]
@@ -25,8 +25,9 @@ def _parse(module, argv: list[str]) -> argparse.Namespace:  # type: ignore[no-un
 def test_cli_defaults_are_the_api_defaults() -> None:
     args = _parse(quantize_command, ["src", "out"])
     signature = inspect.signature(quantize).parameters
-    assert args.scheme == signature["scheme"].default == DEFAULTS["scheme"]
-    assert args.components == list(signature["components"].default)
+    assert args.scheme is signature["scheme"].default is None  # the API's: DEFAULTS["scheme"] without a plan
+    assert args.components is signature["components"].default is None
+    assert args.plan is signature["plan"].default is None
     assert args.config_form == signature["config_form"].default
     assert args.device == signature["device"].default
     assert (args.copy, args.force, args.group_size) == (False, False, None)

@@ -34,6 +34,7 @@ from safetensors.torch import save_file
 __all__ = [
     "LLMC_DATA",
     "LLMC_SCHEMES",
+    "MIXED_FLUX_LAYERS",
     "TEXT_ENCODERS",
     "TINY_CONFIGS",
     "TINY_TRANSFORMERS",
@@ -44,6 +45,7 @@ __all__ = [
     "llmc_pipeline_dir",
     "make_flux_pipeline_dir",
     "make_model_dir",
+    "mixed_flux_plan",
     "save_sharded",
     "to_variant_only",
     "write_model_dir",
@@ -288,6 +290,37 @@ def make_model_dir(
         build_tiny(name, seed=seed, dtype=dtype),
         shards=shards,
         text_encoder=encoder,
+    )
+
+
+# A hand-written mixed-precision plan for the tiny Flux transformer: every scheme and keep, some layers unnamed
+# (kept too). Listed once; the quantizer, verify, loader and doctor tests read it.
+MIXED_FLUX_LAYERS: dict[str, str] = {
+    "transformer_blocks.0.attn.to_q": "fp8",
+    "transformer_blocks.0.attn.to_k": "fp8",
+    "transformer_blocks.0.attn.to_v": "fp8",
+    "transformer_blocks.0.attn.to_out.0": "fp8",
+    "transformer_blocks.0.ff.net.0.proj": "w8a8",
+    "transformer_blocks.0.ff.net.2": "w8a8",
+    "single_transformer_blocks.0.proj_mlp": "w8a8",
+    "single_transformer_blocks.0.attn.to_q": "w8a16",
+    "single_transformer_blocks.1.proj_out": "w8a16",
+    "single_transformer_blocks.0.proj_out": "keep",
+    "transformer_blocks.0.attn.add_q_proj": "keep",
+}
+
+
+def mixed_flux_plan(source: Path, layers: dict[str, str] | None = None, **fields: Any) -> Any:
+    """A ``PlanFile`` of ``layers`` (default ``MIXED_FLUX_LAYERS``) for the tiny Flux model at ``source``."""
+    from ditq.plan import PlanFile, PlanTarget
+
+    return PlanFile(
+        source=str(source),
+        schemes=["fp8", "w8a8", "w8a16"],
+        target=PlanTarget(kind="db", db=40.0),
+        layers=MIXED_FLUX_LAYERS if layers is None else layers,
+        quantized_fraction=0.5,
+        **fields,
     )
 
 

@@ -14,7 +14,7 @@ import json
 import os
 import re
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -96,10 +96,12 @@ def _check_source(entries: dict[str, tuple[SafetensorsHeader, TensorEntry]], pla
             raise InputError(f"{header.path}: tensor {prefix}.weight has unsupported dtype {entry.dtype}")
 
 
-def _outputs(name: str, entry: TensorEntry, plan: TargetPlan, scheme: Scheme) -> list[OutputTensor]:
+def _outputs(
+    name: str, entry: TensorEntry, plan: TargetPlan, schemes: Mapping[str, Scheme]
+) -> list[OutputTensor]:
     prefix = name[: -len(".weight")]
     if name.endswith(".weight") and prefix in plan.targets:
-        layer = plan.targets[prefix]
+        layer, scheme = plan.targets[prefix], schemes[prefix]
         specs = codec_for(scheme).specs(layer.out_features, layer.in_features, scheme.group_size)
         return [OutputTensor(f"{prefix}.{local}", dtype, shape) for local, (dtype, shape) in specs.items()]
     return [OutputTensor(name, entry.dtype, entry.shape)]
@@ -202,7 +204,7 @@ class _Streamer:
     def __init__(
         self,
         plan: TargetPlan,
-        scheme: Scheme,
+        schemes: Mapping[str, Scheme],
         writer: ShardSetWriter,
         pipeline: _Pipeline,
         result: ComponentResult,
@@ -210,7 +212,7 @@ class _Streamer:
         band_bytes: int,
         bar: tqdm,
     ) -> None:
-        self.plan, self.scheme, self.writer, self.pipeline = plan, scheme, writer, pipeline
+        self.plan, self.schemes, self.writer, self.pipeline = plan, schemes, writer, pipeline
         self.result, self.device, self.band_bytes, self.bar = result, device, band_bytes, bar
 
     def stream_file(self, header: SafetensorsHeader) -> None:
@@ -234,7 +236,8 @@ class _Streamer:
         self.result.kept_params += entry.nbytes // entry.dtype.itemsize
 
     def _quantize(self, handle, entry: TensorEntry, prefix: str) -> None:
-        codec = codec_for(self.scheme)
+        scheme = self.schemes[prefix]
+        codec = codec_for(scheme)
         scales: list[torch.Tensor] = []
         sums = [0.0, 0.0]  # squared error, squared reference
 
@@ -253,7 +256,7 @@ class _Streamer:
             self.result.errors[prefix] = (sums[0] / sums[1]) ** 0.5 if sums[1] > 0 else 0.0
 
         for _, band in read_rows(handle, entry, _rows_per_band(entry, self.band_bytes)):
-            self.pipeline.submit(partial(_encode_on, band, self.device, self.scheme), take)
+            self.pipeline.submit(partial(_encode_on, band, self.device, scheme), take)
             self.bar.update(band.nbytes)
         self.pipeline.submit(lambda: None, finish)
         self.result.quantized_tensors += 1
@@ -264,18 +267,19 @@ def rewrite_component(
     src_dir: Path,
     out_dir: Path,
     plan: TargetPlan,
-    scheme: Scheme,
+    schemes: Mapping[str, Scheme],
     device: torch.device,
     max_shard_bytes: int,
     band_bytes: int,
     workers: int | None = None,
     variant: str | None = None,
 ) -> ComponentResult:
-    """Write the component's weights into ``out_dir`` (one file or shards, and their index)."""
+    """Write the component's weights into ``out_dir`` (one file or shards, and their index); ``schemes`` gives
+    each of ``plan.targets`` its scheme."""
     entries = read_component_headers(src_dir, variant)
     _check_source(entries, plan)
     headers = sorted({h.path: h for h, _ in entries.values()}.values(), key=lambda h: h.path.name)
-    groups = [_outputs(e.name, e, plan, scheme) for h in headers for e in h.in_file_order()]
+    groups = [_outputs(e.name, e, plan, schemes) for h in headers for e in h.in_file_order()]
     stem = weight_stem(src_dir, variant)  # the output carries no variant: it is the quantized weights
     shards = _plan_shards(groups, stem, max_shard_bytes)
     result = ComponentResult(weight_files=sorted(shards))
@@ -289,7 +293,7 @@ def rewrite_component(
             progress_bar(source_bytes, f"quantize {plan.component}") as bar,
         ):
             pipeline = _Pipeline(pool, depth=2 * workers)
-            streamer = _Streamer(plan, scheme, writer, pipeline, result, device, band_bytes, bar)
+            streamer = _Streamer(plan, schemes, writer, pipeline, result, device, band_bytes, bar)
             try:
                 for header in headers:
                     streamer.stream_file(header)

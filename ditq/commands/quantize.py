@@ -1,4 +1,4 @@
-"""`ditq quantize`: a thin layer over ``ditq.quantizer.quantize`` (same defaults)."""
+"""`ditq quantize`: a thin layer over ``ditq.quantizer.quantize`` (same defaults; ``--plan`` for mixed precision)."""
 
 from __future__ import annotations
 
@@ -25,14 +25,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", type=Path, metavar="OUT", help="artifact directory to create")
     parser.add_argument(
         "--scheme",
-        default=DEFAULTS["scheme"],
-        help=f"one of {', '.join(SCHEMES)} or an alias (default: {DEFAULTS['scheme']})",
+        help=f"one of {', '.join(SCHEMES)} or an alias (default: {DEFAULTS['scheme']}); not with --plan",
+    )
+    parser.add_argument(
+        "--plan",
+        type=Path,
+        metavar="PLAN.json",
+        help="mixed precision: each Linear of the plan's component gets the scheme the plan names, or is kept "
+        "(ditq plan writes it); not with --scheme, --targets, --ignore or --group-size",
     )
     parser.add_argument(
         "--components",
         type=_comma_list,
-        default=list(DEFAULTS["components"]),
-        help="comma-separated components to quantize (default: transformer)",
+        help="comma-separated components to quantize (default: transformer, or the plan's component)",
     )
     parser.add_argument(
         "--targets",
@@ -76,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         args.output,
         args.scheme,
         components=args.components,
+        plan=args.plan,
         targets=args.targets,
         ignore=args.ignore,
         group_size=args.group_size,

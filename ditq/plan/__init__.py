@@ -9,6 +9,11 @@ from ditq.plan.schema import (
     PlanFile,
     PlanTarget,
     PlanVerification,
+    parse_plan,
+    plan_bytes,
+    plan_sha256,
+    read_plan,
+    write_plan,
 )
 
 __all__ = [
@@ -19,4 +24,9 @@ __all__ = [
     "PlanFile",
     "PlanTarget",
     "PlanVerification",
+    "parse_plan",
+    "plan_bytes",
+    "plan_sha256",
+    "read_plan",
+    "write_plan",
 ]

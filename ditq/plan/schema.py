@@ -17,10 +17,15 @@ Example (abridged)::
 
 from __future__ import annotations
 
-from typing import Literal
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ditq.errors import InputError
+from ditq.fsutil import atomic_write_bytes
 from ditq.schemes import SCHEMES
 
 __all__ = [
@@ -31,9 +36,14 @@ __all__ = [
     "PlanFile",
     "PlanTarget",
     "PlanVerification",
+    "parse_plan",
+    "plan_bytes",
+    "plan_sha256",
+    "read_plan",
+    "write_plan",
 ]
 
-PLAN_FORMAT = "ditq-plan-1"
+PLAN_FORMAT: Final = "ditq-plan-1"
 KEEP = "keep"  # a layer left in the source precision
 
 
@@ -108,3 +118,42 @@ class PlanFile(_Plan):
             if name != KEEP:
                 groups.setdefault(name, []).append(layer)
         return groups
+
+
+def parse_plan(raw: Any, where: str) -> PlanFile:
+    """``raw`` (a PLAN.json's parsed JSON) as a PlanFile, or a one-line InputError naming ``where`` and the field."""
+    try:
+        return PlanFile.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        location = ".".join(str(part) for part in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")  # the cross-field checks name their field
+        raise InputError(f"{where}: {location}: {message}" if location else f"{where}: {message}") from None
+
+
+def read_plan(path: str | Path) -> PlanFile:
+    """A PLAN.json, typed; a missing, unreadable or invalid file is a one-line InputError naming it and the field."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: cannot be read ({error})") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
+    return parse_plan(raw, str(path))
+
+
+def plan_bytes(plan: PlanFile) -> bytes:
+    """The bytes ``write_plan`` writes: the fields that were set, as indented JSON."""
+    return (json.dumps(plan.model_dump(mode="json", exclude_unset=True), indent=2) + "\n").encode()
+
+
+def plan_sha256(plan: PlanFile) -> str:
+    """The sha256 of ``plan_bytes``: the digest a PLAN.json written by ``write_plan`` has on disk."""
+    return hashlib.sha256(plan_bytes(plan)).hexdigest()
+
+
+def write_plan(path: str | Path, plan: PlanFile) -> None:
+    """Write PLAN.json atomically, as ``read_plan`` reads it."""
+    atomic_write_bytes(Path(path), plan_bytes(plan))
