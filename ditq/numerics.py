@@ -5,6 +5,8 @@ group of ``group_size`` input features), q = round(w / scale) clamped to
 [-qmax, qmax]. int8: qmax = 127; fp8 e4m3: qmax = 448 and the cast rounds.
 Activations (w8a8, fp8): dynamic, symmetric, one scale per token (row),
 scale = amax(|x|) / qmax.
+Attention keys (quantized attention): smoothed first, key - mean over the sequence per head
+(SageAttention), then quantized per token like activations.
 All scale arithmetic is float32.
 """
 
@@ -22,6 +24,7 @@ __all__ = [
     "quantize_activation_per_token",
     "quantize_weight",
     "relative_l2",
+    "smooth_keys",
     "unpack_int32_to_int8",
 ]
 
@@ -84,6 +87,17 @@ def quantize_activation_per_token(x: torch.Tensor, kind: str) -> tuple[torch.Ten
     if kind == "fp8":
         return scaled.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
     raise ValueError(f"unknown activation kind {kind!r}")
+
+
+def smooth_keys(key: torch.Tensor, seq_dim: int = 1) -> torch.Tensor:
+    """key minus its mean over the sequence axis, in float32 (SageAttention's smoothing).
+
+    Every score q . k_j of one query row shifts by the same q . mean, which softmax cancels, so attention is
+    unchanged while the keys' shared offset no longer dominates each token's int8/fp8 range.
+    key (B, S, H, D) with ``seq_dim`` 1 -> float32 of the same shape.
+    """
+    keys = key.to(torch.float32)
+    return keys - keys.mean(dim=seq_dim, keepdim=True)
 
 
 def pack_int8_to_int32(q: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,283 @@
+"""Quantized attention through Triton: the ``reference`` module's arithmetic, fused FlashAttention-style.
+
+``quantize_qk``: one pass per tensor, rows of D values (one per (batch, token, head)): keys minus their
+precomputed float32 sequence mean (smoothing), then per-row symmetric int8 | fp8 e4m3 with ditq.numerics'
+conventions (scale = max(amax, 1e-12) / qmax, IEEE division, round-half-even for int8).
+
+``attend``: one program per (BLOCK_M queries, batch x head). Per key tile:
+  S = dot(Q_q (BLOCK_M, D), K_q^T (D, BLOCK_N))  # int8 x int8 -> int32, or e4m3 x e4m3 -> float32
+  S = S * (scale_q * sm_scale * log2 e)[:, None] * scale_k[None, :]   (float32, base-2 logits)
+masked keys -inf; online softmax in float32 (running max m, running sum l); P (unnormalized, <= 1) cast to
+V's dtype; acc += dot(P, V) in float32; O = acc / l (zeros where no key was allowed), cast to V's dtype.
+Tensors are (B, S, H, D) with D contiguous; any token slice of them is passed as is.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ditq.kernels.attention.reference import QuantizedQK
+
+__all__ = ["attend", "quantize_qk"]
+
+_LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr,
+    mean_ptr,
+    q_ptr,
+    scale_ptr,
+    n_rows,
+    seq_len,
+    heads,
+    QMAX: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    SMOOTH: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    # x (B, S, H, D) contiguous as n_rows = B*S*H rows of D; mean (B, H, D) float32
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    in_range = rows < n_rows
+    cols = tl.arange(0, HEAD_DIM)
+    x = tl.load(x_ptr + rows[:, None] * HEAD_DIM + cols[None, :], mask=in_range[:, None], other=0.0)
+    x = x.to(tl.float32)
+    if SMOOTH:
+        batch_head = (rows // (seq_len * heads)) * heads + rows % heads
+        mean = tl.load(
+            mean_ptr + batch_head[:, None] * HEAD_DIM + cols[None, :], mask=in_range[:, None], other=0.0
+        )
+        x = x - mean
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.div_rn(tl.maximum(amax, 1e-12), QMAX)
+    y = tl.div_rn(x, scale[:, None])
+    if IS_FP8:
+        y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
+        q = y.to(tl.float8e4nv)
+    else:
+        # Round half to even: adding and subtracting 1.5 * 2**23 leaves an exact integer for |y| < 2**22.
+        y = (y + 12582912.0) - 12582912.0
+        q = tl.minimum(tl.maximum(y, -128.0), 127.0).to(tl.int8)
+    tl.store(q_ptr + rows[:, None] * HEAD_DIM + cols[None, :], q, mask=in_range[:, None])
+    tl.store(scale_ptr + rows, scale, mask=in_range)
+
+
+def _quantize_rows(
+    x: torch.Tensor, kind: str, mean: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (B, S, H, D) -> (q (B, S, H, D) int8 | e4m3, scale (B, S, H, 1) float32); ``mean`` (B, H, D) subtracted
+    first when given."""
+    x = x.contiguous()
+    batch, seq_len, heads, head_dim = x.shape
+    is_fp8 = kind == "fp8"
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn if is_fp8 else torch.int8, device=x.device)
+    scale = torch.empty((batch, seq_len, heads, 1), dtype=torch.float32, device=x.device)
+    n_rows = batch * seq_len * heads
+    block_r = 32
+    _quantize_rows_kernel[(triton.cdiv(n_rows, block_r),)](
+        x,
+        x if mean is None else mean.contiguous(),
+        q,
+        scale,
+        n_rows,
+        seq_len,
+        heads,
+        QMAX=448.0 if is_fp8 else 127.0,
+        IS_FP8=is_fp8,
+        SMOOTH=mean is not None,
+        HEAD_DIM=head_dim,
+        BLOCK_R=block_r,
+        num_warps=4,
+    )
+    return q, scale
+
+
+def quantize_qk(query: torch.Tensor, key: torch.Tensor, kind: str) -> QuantizedQK:
+    """Per-token quantized queries and smoothed keys, as ``reference.quantize_qk_reference`` computes them."""
+    key_mean = key.to(torch.float32).mean(dim=1)  # (B, H, D)
+    q, q_scale = _quantize_rows(query, kind, None)
+    k, k_scale = _quantize_rows(key, kind, key_mean)
+    return QuantizedQK(kind, q, q_scale, k, k_scale)
+
+
+@triton.jit
+def _attend_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_scale,
+    k_tile_ptr,
+    k_scale_ptr,
+    v_tile_ptr,
+    valid_ptr,
+    start_n,
+    offs_m,
+    seq_kv,
+    causal_offset,
+    stride_kn,
+    stride_ksn,
+    stride_vn,
+    stride_valid_n,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    CHECK_BOUNDS: tl.constexpr,
+    HAS_KEY_VALID: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    if CHECK_BOUNDS:
+        in_range = offs_n < seq_kv
+        k = tl.load(
+            k_tile_ptr + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_range[:, None], other=0.0
+        )
+        k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn, mask=in_range, other=0.0)
+    else:
+        k = tl.load(k_tile_ptr + offs_n[:, None] * stride_kn + offs_d[None, :])
+        k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn)
+    # (BLOCK_M, D) x (D, BLOCK_N): int8 -> int32 exactly, e4m3 -> float32
+    if IS_FP8:  # noqa: SIM108 - a constexpr branch: only one dot is compiled
+        s = tl.dot(q, tl.trans(k))
+    else:
+        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
+    s = s * q_scale[:, None] * k_scale[None, :]
+    if CHECK_BOUNDS or HAS_KEY_VALID or IS_CAUSAL:
+        allowed = offs_n[None, :] < seq_kv
+        if HAS_KEY_VALID:
+            key_ok = tl.load(valid_ptr + offs_n * stride_valid_n, mask=offs_n < seq_kv, other=0)
+            allowed = allowed & (key_ok[None, :] != 0)
+        if IS_CAUSAL:
+            allowed = allowed & (offs_n[None, :] <= causal_offset + offs_m[:, None])
+        s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no allowed key yet
+    alpha = tl.math.exp2(m_i - m_safe)
+    p = tl.math.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if CHECK_BOUNDS:
+        v = tl.load(
+            v_tile_ptr + offs_n[:, None] * stride_vn + offs_d[None, :], mask=in_range[:, None], other=0.0
+        )
+    else:
+        v = tl.load(v_tile_ptr + offs_n[:, None] * stride_vn + offs_d[None, :])
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+    for bm, bn, w, s in ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2))
+]
+if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's CPU interpreter cannot time configurations
+    _CONFIGS = _CONFIGS[3:4]
+
+
+@triton.autotune(configs=_CONFIGS, key=["HEAD_DIM", "IS_FP8", "size_class"])
+@triton.jit
+def _attention_kernel(
+    q_ptr, q_scale_ptr, k_ptr, k_scale_ptr, v_ptr, valid_ptr, out_ptr,
+    stride_qb, stride_qm, stride_qh,
+    stride_qsb, stride_qsm, stride_qsh,
+    stride_kb, stride_kn, stride_kh,
+    stride_ksb, stride_ksn, stride_ksh,
+    stride_vb, stride_vn, stride_vh,
+    stride_valid_b, stride_valid_n,
+    stride_ob, stride_om, stride_oh,
+    heads, seq_q, seq_kv, causal_offset, qk_scale, size_class,
+    HEAD_DIM: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    HAS_KEY_VALID: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    b = (batch_head // heads).to(tl.int64)
+    h = (batch_head % heads).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows_ok = offs_m < seq_q
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=rows_ok[:, None], other=0.0)  # fmt: skip
+    # sm_scale and log2(e) folded into the query scale: exp2 of the result is the softmax numerator
+    q_scale = tl.load(
+        q_scale_ptr + b * stride_qsb + h * stride_qsh + offs_m * stride_qsm, mask=rows_ok, other=0.0
+    )
+    q_scale = q_scale * qk_scale
+    k_tile_ptr = k_ptr + b * stride_kb + h * stride_kh
+    k_scale_ptr = k_scale_ptr + b * stride_ksb + h * stride_ksh
+    v_tile_ptr = v_ptr + b * stride_vb + h * stride_vh
+    valid_ptr = valid_ptr + b * stride_valid_b
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    hi = seq_kv
+    if IS_CAUSAL:
+        hi = tl.minimum(seq_kv, causal_offset + (pid_m + 1) * BLOCK_M)
+    full_tiles_end = (hi // BLOCK_N) * BLOCK_N
+    for start_n in range(0, full_tiles_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_scale, k_tile_ptr, k_scale_ptr, v_tile_ptr, valid_ptr, start_n, offs_m, seq_kv,
+            causal_offset, stride_kn, stride_ksn, stride_vn, stride_valid_n,
+            BLOCK_N, HEAD_DIM, IS_FP8, False, HAS_KEY_VALID, IS_CAUSAL,
+        )  # fmt: skip
+    if full_tiles_end < hi:
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_scale, k_tile_ptr, k_scale_ptr, v_tile_ptr, valid_ptr, full_tiles_end, offs_m,
+            seq_kv, causal_offset, stride_kn, stride_ksn, stride_vn, stride_valid_n,
+            BLOCK_N, HEAD_DIM, IS_FP8, True, HAS_KEY_VALID, IS_CAUSAL,
+        )  # fmt: skip
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no allowed key: zeros
+    out_ptrs = out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=rows_ok[:, None])
+
+
+def attend(
+    qk: QuantizedQK,
+    value: torch.Tensor,
+    key_valid: torch.Tensor | None,
+    causal_offset: int | None,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Fused quantized attention: qk (B, S_q | S_kv, H, D), value (B, S_kv, H, D) -> (B, S_q, H, D) in value's
+    dtype."""
+    batch, seq_q, heads, head_dim = qk.query.shape
+    seq_kv = qk.key.shape[1]
+    for name, t in (("query", qk.query), ("key", qk.key), ("value", value)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: the head dim must be contiguous, strides {tuple(t.stride())}")
+    out = torch.empty((batch, seq_q, heads, head_dim), dtype=value.dtype, device=value.device)
+    valid = None if key_valid is None else key_valid[:, :seq_kv].to(torch.uint8).contiguous()
+    valid_strides = (0, 0) if valid is None else (valid.stride(0), valid.stride(1))
+    size_class = int(math.log2(max(1, seq_q * seq_kv)) // 4)  # re-tune per 16x in problem size
+
+    def grid(meta: dict) -> tuple[int, int]:
+        return (triton.cdiv(seq_q, meta["BLOCK_M"]), batch * heads)
+
+    _attention_kernel[grid](
+        qk.query, qk.query_scale, qk.key, qk.key_scale, value, out if valid is None else valid, out,
+        qk.query.stride(0), qk.query.stride(1), qk.query.stride(2),
+        qk.query_scale.stride(0), qk.query_scale.stride(1), qk.query_scale.stride(2),
+        qk.key.stride(0), qk.key.stride(1), qk.key.stride(2),
+        qk.key_scale.stride(0), qk.key_scale.stride(1), qk.key_scale.stride(2),
+        value.stride(0), value.stride(1), value.stride(2),
+        *valid_strides,
+        out.stride(0), out.stride(1), out.stride(2),
+        heads, seq_q, seq_kv, 0 if causal_offset is None else causal_offset, sm_scale * _LOG2_E, size_class,
+        HEAD_DIM=head_dim,
+        IS_FP8=qk.kind == "fp8",
+        HAS_KEY_VALID=valid is not None,
+        IS_CAUSAL=causal_offset is not None,
+    )  # fmt: skip
+    return out

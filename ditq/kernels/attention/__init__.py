@@ -1,0 +1,40 @@
+"""Quantized attention (8-bit Q . K^T): the arithmetic (``reference``), one registry of paths (``registry``)
+and the paths themselves (``paths``; importing this package registers them)."""
+
+from __future__ import annotations
+
+from ditq.kernels.attention import paths
+from ditq.kernels.attention.reference import (
+    ATTENTION_KINDS,
+    QuantizedQK,
+    attend_reference,
+    quantize_qk_reference,
+    quantized_attention_reference,
+)
+from ditq.kernels.attention.registry import (
+    ENV_ATTENTION_DISABLE,
+    ENV_ATTENTION_FORCE,
+    AttentionPath,
+    all_attention_kernels,
+    candidate_attention_paths,
+    get_attention_kernel,
+    register_attention_kernel,
+    unregister_attention_kernel,
+)
+
+__all__ = [
+    "ATTENTION_KINDS",
+    "ENV_ATTENTION_DISABLE",
+    "ENV_ATTENTION_FORCE",
+    "AttentionPath",
+    "QuantizedQK",
+    "all_attention_kernels",
+    "attend_reference",
+    "candidate_attention_paths",
+    "get_attention_kernel",
+    "paths",
+    "quantize_qk_reference",
+    "quantized_attention_reference",
+    "register_attention_kernel",
+    "unregister_attention_kernel",
+]

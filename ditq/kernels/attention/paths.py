@@ -1,0 +1,79 @@
+"""The registered quantized-attention paths: the reference arithmetic on the CPU and, as the CUDA fallback, on
+the GPU; the fused Triton kernel (``ditq.kernels._triton.attention``) on CUDA."""
+
+from __future__ import annotations
+
+import torch
+
+from ditq.kernels.attention.reference import (
+    ATTENTION_KINDS,
+    QuantizedQK,
+    attend_reference,
+    quantize_qk_reference,
+)
+from ditq.kernels.attention.registry import HALF_DTYPES, register_attention_kernel
+from ditq.kernels.cuda_common import cuda_available, triton_available
+
+__all__ = ["attend_torch", "attend_triton", "quantize_triton"]
+
+
+def attend_torch(
+    qk: QuantizedQK,
+    value: torch.Tensor,
+    key_valid: torch.Tensor | None,
+    causal_offset: int | None,
+    sm_scale: float,
+) -> torch.Tensor:
+    """The reference arithmetic in torch ops: float32 scores and softmax in query chunks, P . V in V's dtype."""
+    return attend_reference(qk, value, key_valid, causal_offset, sm_scale)
+
+
+def quantize_triton(query: torch.Tensor, key: torch.Tensor, kind: str) -> QuantizedQK:
+    from ditq.kernels._triton.attention import quantize_qk
+
+    return quantize_qk(query, key, kind)
+
+
+def attend_triton(
+    qk: QuantizedQK,
+    value: torch.Tensor,
+    key_valid: torch.Tensor | None,
+    causal_offset: int | None,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Fused Triton kernel: 8-bit Q . K^T, online float32 softmax, P . V in V's dtype."""
+    from ditq.kernels._triton.attention import attend
+
+    return attend(qk, value, key_valid, causal_offset, sm_scale)
+
+
+# Tensor-core int8 needs sm_80, e4m3 sm_89.
+_TRITON_CAPABILITY = {"int8": (8, 0), "fp8": (8, 9)}
+
+for _kind in ATTENTION_KINDS:
+    register_attention_kernel(
+        name=f"cpu-reference-attention-{_kind}",
+        kind=_kind,
+        device_type="cpu",
+        priority=0,
+        quantize=quantize_qk_reference,
+    )(attend_torch)
+    register_attention_kernel(
+        name=f"cuda-torch-attention-{_kind}",
+        kind=_kind,
+        device_type="cuda",
+        priority=10,
+        quantize=quantize_qk_reference,
+        available=cuda_available,
+    )(attend_torch)
+    register_attention_kernel(
+        name=f"triton-attention-{_kind}",
+        kind=_kind,
+        device_type="cuda",
+        priority=90,
+        quantize=quantize_triton,
+        min_capability=_TRITON_CAPABILITY[_kind],
+        dtypes=HALF_DTYPES,
+        head_dims=frozenset({32, 64, 128}),
+        available=triton_available,
+    )(attend_triton)

@@ -1,0 +1,137 @@
+"""Quantized attention's arithmetic, written once in torch ops: what the CPU path runs, the CUDA fallback runs
+on the GPU, and the fused kernels and the doctor are measured against.
+
+Layout (B, S, H, D), as diffusers' attention processors hand it over.
+
+1. Smooth the keys: K - mean over the sequence per (batch, head) (``ditq.numerics.smooth_keys``); every score of
+   one query row moves by the same constant, which softmax cancels.
+2. Quantize Q and the smoothed K per token (one float32 scale per (batch, token, head)), int8 or fp8 e4m3, with
+   ``ditq.numerics.quantize_activation_per_token`` (finer than SageAttention's per-block scales at the same
+   kernel cost: one multiply per score either way; and any token slice of a quantized tensor is itself one).
+3. S = (Q_q . K_q^T) * scale_q * scale_k * sm_scale in float32 (int8 products summed exactly), masked keys -inf.
+4. P = softmax(S) in float32; a row with no allowed key gives zeros.
+5. O = P . V with P rounded to V's dtype (bf16 on the GPU), accumulated in float32, cast to V's dtype.
+
+Masks are the two that Qwen-Image-2.1's attention uses: ``key_valid`` (B, S_kv) bool (padded prompt tokens are
+False) and ``causal_offset`` c (query row i may see keys j <= c + i: a text segment of the block-causal prefix
+that starts at c attends to everything before it and causally within itself).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ditq.numerics import quantize_activation_per_token, smooth_keys
+
+__all__ = [
+    "ATTENTION_KINDS",
+    "QuantizedQK",
+    "allowed_keys",
+    "attend_reference",
+    "quantize_qk_reference",
+    "quantized_attention_reference",
+]
+
+ATTENTION_KINDS = ("int8", "fp8")
+_SCORES_PER_CHUNK = 2**26  # float32 scores held at once (256 MiB), so long sequences run in query chunks
+
+
+@dataclass(frozen=True)
+class QuantizedQK:
+    """Quantized queries and smoothed keys: query (B, S_q, H, D) and key (B, S_kv, H, D) int8 | float8_e4m3fn,
+    their scales (B, S, H, 1) float32 (one per token and head)."""
+
+    kind: str
+    query: torch.Tensor
+    query_scale: torch.Tensor
+    key: torch.Tensor
+    key_scale: torch.Tensor
+
+    def rows(self, start: int, end: int) -> QuantizedQK:
+        """Queries [start, end) with every key."""
+        return QuantizedQK(self.kind, self.query[:, start:end], self.query_scale[:, start:end], self.key,
+                           self.key_scale)  # fmt: skip
+
+    def keys(self, end: int) -> QuantizedQK:
+        """Every query with keys [0, end)."""
+        return QuantizedQK(
+            self.kind, self.query, self.query_scale, self.key[:, :end], self.key_scale[:, :end]
+        )
+
+
+def quantize_qk_reference(query: torch.Tensor, key: torch.Tensor, kind: str) -> QuantizedQK:
+    """Steps 1-2: per-token quantized queries and smoothed keys (B, S, H, D)."""
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"unknown attention kind {kind!r} (known: {', '.join(ATTENTION_KINDS)})")
+    q, q_scale = quantize_activation_per_token(query, kind)
+    k, k_scale = quantize_activation_per_token(smooth_keys(key), kind)
+    return QuantizedQK(kind, q, q_scale, k, k_scale)
+
+
+def allowed_keys(
+    key_valid: torch.Tensor | None,
+    causal_offset: int | None,
+    rows: range,
+    keys: int,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """Which keys each query row may see: (B | 1, 1, len(rows), keys) bool, or None for all of them.
+
+    ``rows`` are query indices within the call (for the causal rule, row i sees keys j <= causal_offset + i).
+    """
+    mask = None
+    if causal_offset is not None:
+        row = torch.arange(rows.start, rows.stop, device=device)[:, None]
+        mask = (torch.arange(keys, device=device)[None, :] <= causal_offset + row)[None, None]
+    if key_valid is not None:
+        valid = key_valid[:, None, None, :keys].to(device=device, dtype=torch.bool)
+        mask = valid if mask is None else mask & valid
+    return mask
+
+
+def attend_reference(
+    qk: QuantizedQK,
+    value: torch.Tensor,
+    key_valid: torch.Tensor | None = None,
+    causal_offset: int | None = None,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """Steps 3-5 on quantized Q/K and value (B, S_kv, H, D) -> (B, S_q, H, D) in value's dtype."""
+    batch, seq_q, heads, head_dim = qk.query.shape
+    seq_kv = qk.key.shape[1]
+    sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+    # (B, H, S, D) float32; int8 and e4m3 values are exact in float32, and int8 dot products (< 2**24) too.
+    key = qk.key.to(torch.float32).transpose(1, 2)
+    key_scale = qk.key_scale.transpose(1, 2).squeeze(-1)  # (B, H, S_kv)
+    v = value.to(torch.float32).transpose(1, 2)
+    out = torch.empty(batch, heads, seq_q, head_dim, dtype=torch.float32, device=value.device)
+    chunk = max(1, _SCORES_PER_CHUNK // max(1, batch * heads * seq_kv))
+    for start in range(0, seq_q, chunk):
+        rows = range(start, min(seq_q, start + chunk))
+        q = qk.query[:, rows.start : rows.stop].to(torch.float32).transpose(1, 2)
+        q_scale = qk.query_scale[:, rows.start : rows.stop].transpose(1, 2)  # (B, H, rows, 1)
+        scores = (q @ key.transpose(-1, -2)) * (q_scale * sm_scale) * key_scale[:, :, None, :]
+        mask = allowed_keys(key_valid, causal_offset, rows, seq_kv, value.device)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        p = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # a row with no allowed key: zeros
+        out[:, :, rows.start : rows.stop] = p.to(value.dtype).to(torch.float32) @ v
+    return out.transpose(1, 2).to(value.dtype)
+
+
+def quantized_attention_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kind: str,
+    key_valid: torch.Tensor | None = None,
+    causal_offset: int | None = None,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """Steps 1-5: quantized attention of (B, S, H, D) tensors -> (B, S_q, H, D) in value's dtype."""
+    return attend_reference(
+        quantize_qk_reference(query, key, kind), value, key_valid, causal_offset, sm_scale
+    )
