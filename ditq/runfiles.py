@@ -609,6 +609,7 @@ class CandidateFile(_File):
     stages: dict[str, StageEntry] = {}
     # --seeds auto: per fixture, the seeds the sweep added to decide it (absent: none added)
     seeds_added: dict[str, int] = {}
+    seed_commands: list[str] = []  # --seeds auto: the servers and probes that added them, in order
 
 
 class SweepFile(_File):

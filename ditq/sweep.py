@@ -259,6 +259,7 @@ class _Candidate:
         self.doctor: DoctorSummary | None = previous.doctor
         self.attempts: list[Attempt] = list(previous.attempts)  # the offload ladder
         self.seeds_added: dict[str, int] = dict(previous.seeds_added)  # --seeds auto
+        self.seed_commands: list[str] = list(previous.seed_commands)  # the commands that added them
         self.dirty = False  # a stage ran in this sweep: every later stage runs again
         self.reached: set[str] = set()  # stages this sweep got to (the rest follow a failure)
 
@@ -283,6 +284,7 @@ class _Candidate:
             attempts=self.attempts,
             stages={k: self.stages[k] for k in SCHEME_STAGES if k in self.stages},
             seeds_added=self.seeds_added,
+            seed_commands=self.seed_commands,
         )
         write_model(self.dir / CANDIDATE_FILE, candidate)
 
@@ -475,8 +477,10 @@ class _Sweep:
         )
         argv += ["--only", ",".join(only)] if only else []
         log = self.out / "logs" / "parity-in-process.log"
-        variant = ["--variant", self.options.variant] if self.options.variant else []
-        code = _run_logged([*argv, "--device", self.options.device, *variant], log)
+        argv += ["--device", self.options.device]
+        argv += ["--variant", self.options.variant] if self.options.variant else []
+        code = _run_logged(argv, log)
+        self._add_baseline_commands([shell_command(argv)])
         if code != 0 or not (self.parity_run / "SEAL.json").is_file():
             raise DitqError(f"the reference pair's in-process run failed: exit code {code} (log: {log})")
         self.progress("bfloat16", "pair", "ok", f"{time.monotonic() - started:.1f} s")
@@ -667,14 +671,16 @@ class _Sweep:
             self._baseline_argv(seeds, fixture_ids),
             logs / "baseline.log",
         )  # ``ditq baseline`` seals the run again over the added records and images
-        path = logs / BASELINE_COMMANDS_FILE
-        earlier = read_model(CommandList, path).root if path.is_file() else []
-        write_model(
-            path, CommandList([*earlier, *(c for a in attempts for c in (a.command, a.probe_command) if c)])
-        )
+        self._add_baseline_commands([c for a in attempts for c in (a.command, a.probe_command) if c])
         if failure is not None or not (self.baseline / "SEAL.json").is_file():
             raise DitqError(f"baseline: {failure or 'no sealed baseline'} (log: {logs / 'baseline.log'})")
         self.progress(self.baseline_name, "baseline", "ok", f"seeds {seeds} for {', '.join(fixture_ids)}")
+
+    def _add_baseline_commands(self, commands: list[str]) -> None:
+        """After the ones ``logs/baseline-commands.json`` holds: the report lists them behind the baseline."""
+        path = self.out / "logs" / BASELINE_COMMANDS_FILE
+        earlier = read_model(CommandList, path).root if path.is_file() else []
+        write_model(path, CommandList([*earlier, *commands]))
 
     def _extend_candidate(self, c: _Candidate, plan: list[tuple[str, list[str]]], started_with: int) -> None:
         compare = c.stages.get("compare")
@@ -693,6 +699,7 @@ class _Sweep:
             if endpoint is not None:
                 argv = ditq_argv("probe", "--endpoint", endpoint, "--out", c.run_dir, *matrix)
                 code = _run_logged(argv, c.logs / "probe.log")
+                c.seed_commands.append(shell_command(argv))
                 failure = None if code in (0, 1) else f"exit code {code}: {_last_line(c.logs / 'probe.log')}"
                 failure = failure or _unfinished_run(c.run_dir)
             else:
@@ -702,9 +709,10 @@ class _Sweep:
                     argv += ["--server-pid", str(server.process.pid)]
                     return argv + (["--retry-out-of-memory"] if retry else [])
 
-                _, failure = self._serve_ladder(
+                attempts, failure = self._serve_ladder(
                     c.artifact, c.run_dir, c.logs, c.scheme, probe_argv, c.logs / "probe.log"
                 )
+                c.seed_commands += [cmd for a in attempts for cmd in (a.command, a.probe_command) if cmd]
             for fixture_id in missing:
                 c.seeds_added[fixture_id] = len(wanted) - started_with
             if failure is not None:
@@ -731,7 +739,7 @@ class _Sweep:
             # an earlier stage ran again (a new artifact): the old images are not this artifact's, so start
             # over; otherwise an unfinished probe (a killed sweep) resumes where it stopped
             shutil.rmtree(c.run_dir)
-            c.seeds_added = {}
+            c.seeds_added, c.seed_commands = {}, []
         endpoint = self.options.endpoint_for.get(c.scheme)
         if endpoint is not None:
             c.record("serve", "skipped", 0.0, None, f"probed through {endpoint}")

@@ -373,6 +373,13 @@ def test_seeds_auto_adds_seeds_to_an_undecided_fixture_until_it_is_decided_or_at
     assert 4 < len(by_fixture["edit-one"]) <= 6 and by_fixture["edit-one"][:4] == [2301, 2302, 2303, 2304]
     candidate = read_model(CandidateFile, out / "w8a8" / "CANDIDATE.json")
     assert candidate.seeds_added["edit-one"] == len(by_fixture["edit-one"]) - 4
+    # the commands that added them: a server and a probe of the added seeds of the undecided fixture only
+    assert any(c.startswith("ditq serve ") for c in candidate.seed_commands)
+    assert any(c.startswith("ditq probe ") and "--only edit-one" in c for c in candidate.seed_commands)
+    provenance = validate_verdict_file(out / "report" / "verdict.json").provenance
+    assert provenance.run_commands["w8a8"][-len(candidate.seed_commands) :] == candidate.seed_commands
+    baseline_commands = read_model(CommandList, out / "logs" / BASELINE_COMMANDS_FILE).root
+    assert any("--only edit-one" in c for c in baseline_commands)
     last = read_model(CompareFile, compare_json)
     for fixture_id, entry in last.fixtures.items():
         seeds = by_fixture[fixture_id]

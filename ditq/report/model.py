@@ -229,6 +229,7 @@ class Candidate:
     attempts: list[Attempt] = field(default_factory=list)  # the sweep's offload ladder, in order
     weight_bytes: dict[str, WeightBytes] | None = None  # quantized component -> artifact and source bytes
     seeds_added: dict[str, int] = field(default_factory=dict)  # --seeds auto: fixture -> seeds added
+    seed_commands: list[str] = field(default_factory=list)  # --seeds auto: the commands that added them
 
     @property
     def failed_stages(self) -> list[StageStatus]:
@@ -247,7 +248,11 @@ class Candidate:
     @property
     def commands(self) -> list[str]:
         from_stages = [s.command for s in self.stages if s.command]
-        return [*self.extra_commands, *(from_stages or (self.run.commands if self.run else []))]
+        return [
+            *self.extra_commands,
+            *(from_stages or (self.run.commands if self.run else [])),
+            *self.seed_commands,
+        ]
 
 
 def _record_from(raw: ProbeRecord) -> Record:
@@ -377,4 +382,5 @@ def load_candidate(path: Path, attempts: list[Attempt] | None = None) -> Candida
         attempts=list(attempts or raw.attempts),
         weight_bytes=raw.weight_bytes,
         seeds_added=dict(raw.seeds_added),
+        seed_commands=list(raw.seed_commands),
     )

@@ -343,6 +343,18 @@ def servers_table(candidate: Candidate) -> Table:
     return Table(headers, tuple(rows))
 
 
+def _seeds_added(assessment: Assessment) -> str:
+    """'edit-one +2 (6 in all), edit-two +2 (6 in all)': per fixture, the seeds --seeds auto added and the
+    seeds it was decided on."""
+    run = assessment.candidate.run
+    fixtures = run.parity_fixtures if run is not None else {}
+    decided_on = {k: v.parity.n for k, v in fixtures.items() if v.parity is not None}
+    return ", ".join(
+        f"{fixture_id} +{added}" + (f" ({decided_on[fixture_id]} in all)" if fixture_id in decided_on else "")
+        for fixture_id, added in sorted(assessment.candidate.seeds_added.items())
+    )
+
+
 def provenance_table(report: ReportData) -> Table:
     p = report.document.provenance
     rows: list[tuple[str, str]] = [
@@ -353,6 +365,9 @@ def provenance_table(report: ReportData) -> Table:
         ("memory budget", report.document.memory_budget or "whole device"),
         ("report command", p.report_command),
     ]
+    for assessment in report.assessments:
+        if assessment.candidate.seeds_added:
+            rows.append((f"{assessment.candidate.name} seeds added", _seeds_added(assessment)))
     for name, commands in p.run_commands.items():
         rows.extend((f"{name} command", command) for command in commands)
     for candidate in report.all_candidates:
