@@ -36,6 +36,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rows", type=int, default=512, metavar="M", help="tokens per checked matmul (default 512)"
     )
     parser.add_argument(
+        "--attention",
+        nargs="+",
+        choices=("int8", "fp8"),
+        metavar="KIND",
+        help="also check the quantized-attention paths of these kinds (int8, fp8) for this device",
+    )
+    parser.add_argument(
+        "--head-dim",
+        type=int,
+        default=128,
+        metavar="D",
+        help="head dim of the attention checks (default 128)",
+    )
+    parser.add_argument(
         "--json", type=Path, metavar="FILE", help="write every check as JSON ('-' for stdout)"
     )
     parser.add_argument(
@@ -72,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
         geometries=geometries,
         rows=args.rows,
     )
+    if args.attention:
+        from ditq.doctor.attention import run_attention_doctor
+
+        if args.head_dim <= 0:
+            raise InputError(f"--head-dim must be positive, got {args.head_dim}")
+        results += run_attention_doctor(device, args.attention, args.head_dim)
     env = doctor.environment(device)
     payload = DoctorFile(command=shell_command(), environment=env, bound=doctor.REL_L2_BOUND, paths=results)
     if args.json is not None and str(args.json) == "-":

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ditq.doctor.checks import REL_L2_BOUND
 from ditq.fsutil import atomic_directory, atomic_write_json
 from ditq.runfiles import DoctorEnvironment, DoctorPath, to_json, write_model
 
@@ -51,7 +50,7 @@ def write_report(result: DoctorPath, env: DoctorEnvironment, root: Path) -> Doct
 
 def table(results: Sequence[DoctorPath]) -> str:
     """One line per path: verdict, worst rel-L2 against the bound, first failing step, over-claim."""
-    head = f"{'path':<26} {'scheme':<6} {'verdict':<7} {'worst rel-L2':>12} {'bound':>6}  {'over-claim':<10} detail"
+    head = f"{'path':<28} {'scheme':<9} {'verdict':<7} {'worst rel-L2':>12} {'bound':>6}  {'over-claim':<10} detail"
     lines = [head, "-" * len(head)]
     for r in results:
         worst = "-" if r.worst_rel_l2 is None else f"{r.worst_rel_l2:.2e}"
@@ -59,6 +58,6 @@ def table(results: Sequence[DoctorPath]) -> str:
         detail = r.reason if r.verdict != "PASS" else checks
         overclaim = "YES" if r.capability_overclaim else "-"
         lines.append(
-            f"{r.path:<26} {r.scheme:<6} {r.verdict:<7} {worst:>12} {REL_L2_BOUND:>6g}  {overclaim:<10} {detail}"
+            f"{r.path:<28} {r.scheme:<9} {r.verdict:<7} {worst:>12} {r.bound:>6g}  {overclaim:<10} {detail}"
         )
     return "\n".join(lines)

@@ -1,0 +1,237 @@
+"""The doctor for quantized-attention paths, and the one policy that chooses one before a pipeline uses it.
+
+Cases, per activation dtype the path claims (bfloat16, float16), at ``ATTENTION_SHAPE`` with the head dim asked:
+
+- ``synthetic``: seeded random Q/K/V, the keys with a shared offset (which smoothing removes), batch 1's last
+  prompt keys padded; two calls as Qwen-Image-2.1's prefill makes them: a text segment (queries [48, 96) over
+  keys [0, 96), causal from 48) and the target (every query over every key). Steps: ``finite``; ``output``
+  against float32 SDPA of the unquantized inputs with the same mask, relative L2 within ``ATTENTION_BOUNDS``
+  (the 8-bit scores' own error, measured on the reference arithmetic, with margin); ``match`` against the
+  reference arithmetic (``ditq.kernels.attention.reference``) within ``MATCH_BOUND`` (rounding only).
+- ``analytic``: every key of a head equal, so attention is uniform and the output is exactly the mean of the
+  valid values; relative L2 within ``ANALYTIC_BOUND`` (the output dtype's rounding).
+
+A path whose check raises, gives NaN/inf or misses a bound is refused with the failing step as its reason, and
+``choose_attention_kernel`` tries the next candidate.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from ditq.errors import DitqError
+from ditq.kernels.attention import (
+    AttentionPath,
+    all_attention_kernels,
+    attend_reference,
+    candidate_attention_paths,
+    quantize_qk_reference,
+)
+from ditq.numerics import relative_l2
+from ditq.runfiles import DoctorCheck, DoctorPath
+
+__all__ = [
+    "ANALYTIC_BOUND",
+    "ATTENTION_BOUNDS",
+    "ATTENTION_SHAPE",
+    "MATCH_BOUND",
+    "AttentionChoice",
+    "check_attention_path",
+    "choose_attention_kernel",
+    "run_attention_doctor",
+]
+
+log = logging.getLogger(__name__)
+
+# Against float32 SDPA, synthetic case: the reference arithmetic measures 0.009 (int8) and 0.037 (fp8 e4m3)
+# on such inputs; the bounds leave about 2x for a kernel's own rounding.
+ATTENTION_BOUNDS = {"int8": 0.02, "fp8": 0.08}
+MATCH_BOUND = 0.01  # against the reference arithmetic: bf16 rounding of P and of the output only
+ANALYTIC_BOUND = 0.01  # uniform attention: the output's own rounding (bf16 half an ulp is 0.2%)
+ATTENTION_SHAPE = (2, 192, 2)  # batch, tokens, heads; the head dim is the model's
+_TEXT = (48, 96)  # the synthetic text segment: queries [48, 96) over keys [0, 96), causal from 48
+_PADDED = slice(80, 96)  # batch 1's padded prompt keys
+CHECK_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _inputs(head_dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, tokens, heads = ATTENTION_SHAPE
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, tokens, heads, head_dim, generator=g)
+    k = torch.randn(batch, tokens, heads, head_dim, generator=g) + 3 * torch.randn(
+        1, 1, heads, head_dim, generator=g
+    )
+    v = torch.randn(batch, tokens, heads, head_dim, generator=g)
+    key_valid = torch.ones(batch, tokens, dtype=torch.bool)
+    key_valid[1, _PADDED] = False
+    return q, k, v, key_valid
+
+
+def _sdpa32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    q, k, v = (x.to(torch.float32).transpose(1, 2) for x in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
+
+
+def _calls(
+    path: AttentionPath, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """label -> (path output, reference-arithmetic output, float32 SDPA output) for the two prefill calls."""
+    start, end = _TEXT
+    sm_scale = q.shape[-1] ** -0.5
+    qk = path.quantize(q, k, path.kind)
+    ref_qk = quantize_qk_reference(q.cpu(), k.cpu(), path.kind)
+    causal = torch.ones(end - start, end, dtype=torch.bool).tril(start)[None, None]
+    valid = key_valid.cpu()[:, None, None, :]
+    qc, kc, vc = q.cpu(), k.cpu(), v.cpu()
+    return {
+        "text segment": (
+            path.attend(qk.rows(start, end).keys(end), v[:, :end], key_valid, start, sm_scale),
+            attend_reference(
+                ref_qk.rows(start, end).keys(end), vc[:, :end], key_valid.cpu(), start, sm_scale
+            ),
+            _sdpa32(qc[:, start:end], kc[:, :end], vc[:, :end], causal & valid[..., :end]),
+        ),
+        "target": (
+            path.attend(qk, v, key_valid, None, sm_scale),
+            attend_reference(ref_qk, vc, key_valid.cpu(), None, sm_scale),
+            _sdpa32(qc, kc, vc, valid),
+        ),
+    }
+
+
+def _check(step: str, where: str, weights: str, dtype: str, value: float | None, bound: float | None,
+           message: str = "") -> DoctorCheck:  # fmt: skip
+    passed = value is not None and bound is not None and value <= bound
+    if step == "finite":
+        passed = message == ""
+    elif not message:
+        message = f"rel-L2 {value:.2e} {'<=' if passed else '>'} {bound:g}"
+    return DoctorCheck(step=step, geometry=where, weights=weights, dtype=dtype, passed=passed, message=message,
+                       value=value, bound=bound)  # fmt: skip
+
+
+def _dtype_checks(
+    path: AttentionPath, device: torch.device, dtype: torch.dtype, head_dim: int
+) -> list[DoctorCheck]:
+    name = str(dtype).removeprefix("torch.")
+    batch, tokens, heads = ATTENTION_SHAPE
+    where = f"B{batch} S{tokens} H{heads} D{head_dim}"
+    checks = []
+    q, k, v, key_valid = (x.to(dtype) if x.is_floating_point() else x for x in _inputs(head_dim, seed=0))
+    calls = _calls(path, q.to(device), k.to(device), v.to(device), key_valid.to(device))
+    for label, (out, reference, sdpa) in calls.items():
+        out = out.float().cpu()
+        bad = int((~torch.isfinite(out)).sum())
+        checks.append(_check("finite", f"{where} ({label})", "synthetic", name, None, None,
+                             f"{bad} non-finite outputs" if bad else ""))  # fmt: skip
+        checks.append(_check("output", f"{where} ({label})", "synthetic", name, relative_l2(out, sdpa),
+                             ATTENTION_BOUNDS[path.kind]))  # fmt: skip
+        checks.append(_check("match", f"{where} ({label})", "synthetic", name, relative_l2(out, reference),
+                             MATCH_BOUND))  # fmt: skip
+    # Uniform keys: every score of a row equal, so the output is the mean of the valid values.
+    uniform_k = k[:, :1].expand_as(k).contiguous()
+    out = path.attend(path.quantize(q.to(device), uniform_k.to(device), path.kind), v.to(device),
+                      key_valid.to(device), None, head_dim**-0.5).float().cpu()  # fmt: skip
+    weights = key_valid.to(torch.float32)[:, :, None, None]
+    mean_v = (v.float() * weights).sum(dim=1, keepdim=True) / weights.sum(dim=1, keepdim=True)
+    checks.append(_check("output", f"{where} (uniform keys)", "analytic", name,
+                         relative_l2(out, mean_v.expand_as(out)), ANALYTIC_BOUND))  # fmt: skip
+    return checks
+
+
+def check_attention_path(
+    path: AttentionPath,
+    device: torch.device | str,
+    head_dim: int,
+    dtypes: Sequence[torch.dtype] = CHECK_DTYPES,
+) -> DoctorPath:
+    """Every case for ``path`` on ``device``: PASS, FAIL (first failing step as the reason) or SKIP (why not)."""
+    device = torch.device(device)
+    supported = [d for d in dtypes if path.supports(device, d, head_dim)[0]]
+    checks: list[DoctorCheck] = []
+    for dtype in supported:
+        try:
+            checks += _dtype_checks(path, device, dtype, head_dim)
+        except Exception as error:  # a raising path is refused with its error, not a crash of the caller
+            message = f"raised {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            checks.append(DoctorCheck(step="output", geometry=f"D{head_dim}", weights="synthetic",
+                                      dtype=str(dtype).removeprefix("torch."), passed=False, message=message))  # fmt: skip
+    verdict: Literal["PASS", "FAIL", "SKIP"] = "PASS"
+    reason = ""
+    failure = next((c for c in checks if not c.passed), None)
+    if not supported:
+        verdict = "SKIP"
+        reason = "; ".join(sorted({path.supports(device, d, head_dim)[1] for d in dtypes}))
+    elif failure is not None:
+        verdict = "FAIL"
+        reason = f"{failure.step}: {failure.message} [{failure.geometry}, {failure.weights}, {failure.dtype}]"
+    values = [
+        c.value for c in checks if c.step == "output" and c.weights == "synthetic" and c.value is not None
+    ]
+    return DoctorPath(path=path.name, scheme=f"attn-{path.kind}", device=str(device), verdict=verdict,
+                      reason=reason, capability_overclaim=verdict == "FAIL", checks=checks, report_dir=None,
+                      worst_rel_l2=max(values) if values else None, bound=ATTENTION_BOUNDS[path.kind])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """The attention policy's decision: the path, and the candidates refused before it (with their reasons)."""
+
+    kind: str
+    path: AttentionPath
+    verified: bool
+    refused: tuple[tuple[str, str], ...] = ()
+
+    def summary(self) -> str:
+        line = f"{self.path.name} ({self.kind} Q.K^T{'' if self.verified else ', unverified'})"
+        return line + "".join(f"; refused {name}: {why}" for name, why in self.refused)
+
+
+def choose_attention_kernel(
+    kind: str, device: torch.device | str, dtype: torch.dtype, head_dim: int, verify: bool = True
+) -> AttentionChoice:
+    """The first candidate path (registry order, DITQ_ATTENTION_KERNELS / DITQ_DISABLE_ATTENTION_KERNELS honoured)
+    that passes ``check_attention_path`` in ``dtype`` on this device; a failing one is refused with a warning
+    naming its reason and the next is tried. ``verify=False`` (--skip-doctor) takes the first candidate."""
+    device = torch.device(device)
+    candidates = candidate_attention_paths(kind, device, dtype, head_dim)
+    if not candidates:
+        raise DitqError(f"no {kind} attention path can run {dtype} at head dim {head_dim} on {device}")
+    if not verify:
+        log.warning(
+            "--skip-doctor: attention path %s runs without verification on this device", candidates[0].name
+        )
+        return AttentionChoice(kind, candidates[0], verified=False)
+    refused: list[tuple[str, str]] = []
+    for path in candidates:
+        result = check_attention_path(path, device, head_dim, dtypes=(dtype,))
+        if result.verdict == "PASS":
+            if refused:
+                log.warning(
+                    "attention doctor: using %s after refusing %s",
+                    path.name,
+                    ", ".join(n for n, _ in refused),
+                )
+            return AttentionChoice(kind, path, verified=True, refused=tuple(refused))
+        log.warning("attention doctor: refusing %s (%s); trying the next path", path.name, result.reason)
+        refused.append((path.name, result.reason))
+    reasons = "; ".join(f"{name}: {why}" for name, why in refused)
+    raise DitqError(f"no {kind} attention path passed the doctor on {device} ({reasons})")
+
+
+def run_attention_doctor(
+    device: torch.device | str, kinds: Sequence[str], head_dim: int = 128
+) -> list[DoctorPath]:
+    """`ditq doctor --attention KIND`: every path of those kinds for this device type, at ``head_dim``."""
+    device = torch.device(device)
+    return [
+        check_attention_path(path, device, head_dim)
+        for path in all_attention_kernels()
+        if path.kind in kinds and path.device_type == device.type
+    ]
