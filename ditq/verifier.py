@@ -8,11 +8,13 @@ Checks, each reported pass/fail with a one-line detail:
   every file behind a link has the size and sha256 the manifest recorded for
   it in the source (``source_files``);
 - **config** (per component): ``quantization_config`` equals the manifest's
-  and names one of ditq's schemes;
-- **tensors**: stored dtypes and shapes follow the scheme; scales are finite
+  and each of its config groups names one of ditq's schemes;
+- **tensors**: each quantized layer's scheme is its config group's, cross-checked against its tensors (the
+  loader's reading, ``ditq.runtime.swap.layer_schemes``), so a mixed-precision component is checked layer by
+  layer; stored dtypes and shapes follow that scheme; scales are finite
   and positive; ditq's decoder and compressed-tensors' decoder agree bit for
   bit; every Linear of the model is either quantized or in ``ignore``;
-- with ``source``: every dequantized weight is within the scheme's relative
+- with ``source``: every dequantized weight is within its scheme's relative
   L2 bound of the source (``REL_L2_BOUNDS``), and every other tensor is byte
   identical to the source's.
 
@@ -26,13 +28,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ditq.checkpoint.codecs import SCALE, SCALE_DTYPES, Codec, codec_for, quantized_layers, scheme_of_config
+from ditq.checkpoint.codecs import SCALE, SCALE_DTYPES, Codec, codec_for, config_groups, quantized_layers
 from ditq.checkpoint.layout import (
     component_class,
     component_names,
@@ -49,7 +52,6 @@ from ditq.errors import DitqError, InputError
 from ditq.fsutil import open_regular, sha256_file
 from ditq.numerics import relative_l2
 from ditq.progress import progress_bar
-from ditq.schemes import Scheme
 from ditq.targets import build_meta_model
 
 __all__ = ["REL_L2_BOUNDS", "Check", "VerifyReport", "verify"]
@@ -208,9 +210,12 @@ def _raw(where: dict[str, tuple[SafetensorsHeader, TensorEntry]], name: str) -> 
         return handle.read(entry.nbytes)
 
 
-def _linears(root: Path, component: str, info: dict[str, Any]) -> dict[str, torch.nn.Linear]:
+def _meta_model(root: Path, component: str, info: dict[str, Any]) -> torch.nn.Module:
     library, class_name = info["class"]
-    model = build_meta_model(root / component, library, class_name)
+    return build_meta_model(root / component, library, class_name)
+
+
+def _linears(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
@@ -241,14 +246,25 @@ def _layout_problem(
     return None
 
 
+def _groups_text(plain: dict[str, Any], where: str) -> str:
+    """The config's format and, where it has several groups, each group's scheme and target count."""
+    groups = config_groups(plain, where)
+    if len(groups) == 1:
+        return str(plain.get("format"))
+    each = ", ".join(
+        f"{g.name} {g.scheme.name if g.scheme else g.weight_type} ({len(g.targets)} targets)" for g in groups
+    )
+    return f"{plain.get('format')}: {each}"
+
+
 def _check_config(
     root: Path, component: str, info: dict[str, Any], report: VerifyReport
-) -> tuple[Scheme, dict[str, Any]] | None:
+) -> dict[str, Any] | None:
     try:
         plain = quantization_config_of(load_component_config(root / component), component)
         if plain is None:
             raise InputError(f"{component}/config.json: no quantization_config")
-        scheme = scheme_of_config(plain, f"{component}/config.json")
+        described = _groups_text(plain, f"{component}/config.json")
         ReferenceDecoder(plain)  # compressed-tensors must accept it too
     except DitqError as error:
         report.add(f"{component}: config", [str(error)], "")
@@ -265,9 +281,9 @@ def _check_config(
     report.add(
         f"{component}: config",
         [] if same else ["quantization_config differs from the manifest's"],
-        f"{scheme.format}, {len(plain.get('ignore', []))} ignored, parsed by compressed-tensors{compared}",
+        f"{described}, {len(plain.get('ignore', []))} ignored, parsed by compressed-tensors{compared}",
     )
-    return scheme, plain
+    return plain
 
 
 def _check_coverage(
@@ -305,29 +321,37 @@ def _check_tensors(
     root: Path,
     component: str,
     info: dict[str, Any],
-    scheme: Scheme,
     source: Path | None,
     report: VerifyReport,
 ) -> None:
+    from ditq.runtime.swap import layer_schemes  # the loader's reading of each layer's scheme
+
     try:
         where = read_component_headers(root / component)
-        linears = _linears(root, component, info)
+        model = _meta_model(root, component, info)
         variant = info.get("variant")
         source_where = read_component_headers(source / component, variant) if source is not None else None
     except DitqError as error:
         report.add(f"{component}: tensors", [str(error)], "")
         return
+    linears = _linears(model)
     layers = quantized_layers(where)
     quantized = set(layers)
     _check_coverage(component, info, linears, set(where), quantized, report)
-    codec = codec_for(scheme)
+    try:
+        entries = {name: entry for name, (_, entry) in where.items()}
+        schemes = layer_schemes(model, entries, info["quantization_config"], f"{component}/config.json")
+    except DitqError as error:
+        report.add(f"{component}: decode", [str(error)], "")
+        return
     decoder = ReferenceDecoder(info["quantization_config"])
     problems: list[str] = []
     source_problems: list[str] = []
-    bound = REL_L2_BOUNDS[scheme.name]
     for prefix, names in progress_bar(len(layers), f"verify {component}", "layer", iterable=layers.items()):
+        scheme = schemes[prefix]
+        codec, bound = codec_for(scheme), REL_L2_BOUNDS[scheme.name]
         stored = {n: _read(where, f"{prefix}.{n}") for n in names}
-        row: dict[str, Any] = {"component": component, "tensor": prefix}
+        row: dict[str, Any] = {"component": component, "tensor": prefix, "scheme": scheme.name}
         layout_problem = _layout_problem(codec, stored, _shape(linears.get(prefix)), scheme.group_size)
         if layout_problem is not None:
             problems.append(f"{prefix}: {layout_problem}")
@@ -336,7 +360,7 @@ def _check_tensors(
         scale = stored[SCALE]
         row["scale_ok"] = bool(torch.isfinite(scale).all() and (scale > 0).all())
         # in the scale's dtype, as compressed-tensors decodes (float32 for ditq's scales)
-        ours, theirs = codec.decode(stored, scale.dtype), decoder.decode(stored)
+        ours, theirs = codec.decode(stored, scale.dtype), decoder.decode(stored, prefix, linears.get(prefix))
         row["decoders_agree"] = ours.dtype == theirs.dtype and torch.equal(ours, theirs)
         if not row["scale_ok"]:
             problems.append(f"{prefix}: weight_scale not finite and positive")
@@ -352,10 +376,11 @@ def _check_tensors(
                         f"{prefix}: rel-L2 {row['rel_l2']:.4f} above the {scheme.name} bound {bound}"
                     )
         report.tensors.append(row)
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(Counter(s.name for s in schemes.values()).items()))
     report.add(
         f"{component}: decode",
         problems,
-        f"{len(quantized)} tensors: layout ok, scales finite and positive, decoders agree bitwise",
+        f"{len(quantized)} tensors ({counts}): layout ok, scales finite and positive, decoders agree bitwise",
     )
     if source_where is not None:
         _check_against_source(component, where, source_where, layers, source_problems, report)
@@ -405,12 +430,11 @@ def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyRepo
         return report
     _check_files(root, manifest, report)
     for component, info in manifest["components"].items():
-        checked = _check_config(root, component, info, report)
-        if checked is not None:  # later checks read the artifact's own config, not the manifest's copy
-            scheme, plain = checked
+        plain = _check_config(root, component, info, report)
+        if plain is not None:  # later checks read the artifact's own config, not the manifest's copy
             variant = (manifest.get("options") or {}).get("variant")  # the source files it was made from
             checked_info = {**info, "quantization_config": plain, "variant": variant}
-            _check_tensors(root, component, checked_info, scheme, source_dir, report)
+            _check_tensors(root, component, checked_info, source_dir, report)
     return report
 
 
@@ -432,8 +456,7 @@ def _verify_foreign(root: Path, source: Path | None) -> VerifyReport:
     report.not_applicable("files", f"no {MANIFEST} lists the files, their sizes and sha256")
     for component in components:
         info: dict[str, Any] = {"class": list(component_class(index, component))}
-        checked = _check_config(root, component, info, report)
-        if checked is not None:
-            scheme, plain = checked
-            _check_tensors(root, component, {**info, "quantization_config": plain}, scheme, source, report)
+        plain = _check_config(root, component, info, report)
+        if plain is not None:
+            _check_tensors(root, component, {**info, "quantization_config": plain}, source, report)
     return report

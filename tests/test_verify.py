@@ -255,3 +255,44 @@ def test_mistyped_quantization_config_fails_in_one_line(field: str, artifact) ->
     check = next(c for c in report.checks if c.name == "transformer: config")
     assert not check.ok and "\n" not in check.detail
     assert "transformer/config.json" in check.detail and message in check.detail, check.detail
+
+
+def test_mixed_plan_artifact_passes_layer_by_layer(mixed_artifact) -> None:  # type: ignore[no-untyped-def]
+    from tiny_models import MIXED_FLUX_LAYERS
+
+    source, out, _ = mixed_artifact
+    report = verify(out, source)
+    assert report.ok, report.table()
+    planned = {n: s for n, s in MIXED_FLUX_LAYERS.items() if s != "keep"}
+    assert {t["tensor"]: t["scheme"] for t in report.tensors} == planned
+    assert all(t["decoders_agree"] and 0 < t["rel_l2"] <= REL_L2_BOUNDS[t["scheme"]] for t in report.tensors)
+    assert (
+        "mixed-precision: group_0 w8a16 (2 targets), group_1 w8a8 (3 targets), group_2 fp8 (4 targets)"
+        in (report.table())
+    )
+
+
+def test_mixed_plan_artifact_tampered_fails(mixed_artifact, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    _, shared, _ = mixed_artifact
+    out = tmp_path / "artifact"
+    shutil.copytree(shared, out, symlinks=True)
+    config_path = out / "transformer/config.json"
+    config = json.loads(config_path.read_text())
+    groups = config["quantization_config"]["config_groups"]  # an fp8 layer moved into the w8a8 group
+    groups["group_2"]["targets"].remove("transformer_blocks.0.attn.to_q")
+    groups["group_1"]["targets"].append("transformer_blocks.0.attn.to_q")
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    manifest = read_manifest(out)
+    manifest["components"]["transformer"]["quantization_config"] = config["quantization_config"]
+    write_manifest(out, manifest)
+    _reseal(out)  # a careful forger: only the content checks can object
+    report = verify(out)
+    assert _failed(report) == ["transformer: decode"]
+    decode = next(c for c in report.checks if c.name == "transformer: decode")
+    assert "transformer_blocks.0.attn.to_q: quantization_config says int-quantized" in decode.detail
+    data = bytearray((out / WEIGHTS).read_bytes())  # and a flipped byte, without resealing
+    data[len(data) // 2] ^= 0xFF
+    (out / WEIGHTS).write_bytes(bytes(data))
+    assert "files" in _failed(verify(out))

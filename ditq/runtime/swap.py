@@ -10,6 +10,7 @@ naming the layer and the file.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from ditq.errors import InputError
 from ditq.runtime.modules import quantized_linear_class
 from ditq.schemes import Scheme
 
-__all__ = ["matches", "swap_quantized_linears"]
+__all__ = ["layer_schemes", "matches", "swap_quantized_linears"]
 
 
 def matches(entries: list[str], name: str, module: torch.nn.Module) -> bool:
@@ -35,15 +36,12 @@ def matches(entries: list[str], name: str, module: torch.nn.Module) -> bool:
     return False
 
 
-def swap_quantized_linears(
-    model: torch.nn.Module,
-    entries: dict[str, TensorEntry],
-    qconfig: dict[str, Any],
-    component_dir: Path,
-    dtype: torch.dtype,
+def layer_schemes(
+    model: torch.nn.Module, entries: Mapping[str, TensorEntry], qconfig: dict[str, Any], config_path: str
 ) -> dict[str, Scheme]:
-    """Swap every stored quantized Linear (a ``<prefix>.weight_scale`` entry) in place; returns prefix -> scheme."""
-    config_path = f"{component_dir}/config.json"
+    """Prefix of every stored quantized Linear (a ``<prefix>.weight_scale`` entry) -> its scheme: the config group
+    that targets it, cross-checked against its tensors. The one reading of "which scheme has this layer" that the
+    loader, the verifier and the doctor share; ``model`` may be on the meta device and is not changed."""
     groups = config_groups(qconfig, config_path)
     ignore = list(qconfig.get("ignore") or [])
     dtypes = {name: entry.dtype for name, entry in entries.items()}
@@ -63,7 +61,23 @@ def swap_quantized_linears(
             why = "is listed in ignore" if group is not None else "is targeted by no config group"
             raise InputError(f"{config_path}: {prefix} is stored quantized but {why}")
         columns = scale.shape[1] if len(scale.shape) == 2 else 1
-        scheme = layer_scheme(group, codec, linear.in_features, columns, f"{config_path}: {prefix}")
+        schemes[prefix] = layer_scheme(group, codec, linear.in_features, columns, f"{config_path}: {prefix}")
+    return schemes
+
+
+def swap_quantized_linears(
+    model: torch.nn.Module,
+    entries: dict[str, TensorEntry],
+    qconfig: dict[str, Any],
+    component_dir: Path,
+    dtype: torch.dtype,
+) -> dict[str, Scheme]:
+    """Swap every stored quantized Linear (a ``<prefix>.weight_scale`` entry) in place for its scheme's class;
+    returns prefix -> scheme (``layer_schemes``)."""
+    schemes = layer_schemes(model, entries, qconfig, f"{component_dir}/config.json")
+    for prefix, scheme in schemes.items():
+        linear = model.get_submodule(prefix)
+        assert isinstance(linear, torch.nn.Linear)  # layer_schemes checked it
         replacement = quantized_linear_class(scheme.name)(
             linear.in_features,
             linear.out_features,
@@ -75,8 +89,8 @@ def swap_quantized_linears(
         )
         parent_name, _, attr = prefix.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr, replacement)
-        schemes[prefix] = scheme
-    targets = [t for g in groups for t in g.targets]
+    targets = [t for g in config_groups(qconfig, f"{component_dir}/config.json") for t in g.targets]
+    ignore = list(qconfig.get("ignore") or [])
     for name, module in model.named_modules():
         if (
             isinstance(module, torch.nn.Linear)
