@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_variant_argument"]
+__all__ = ["ATTENTION_CHOICES", "add_attention_argument", "add_variant_argument"]
+
+ATTENTION_CHOICES = ("int8", "fp8")
 
 
 def add_variant_argument(parser: argparse.ArgumentParser) -> None:
@@ -15,4 +17,14 @@ def add_variant_argument(parser: argparse.ArgumentParser) -> None:
         help="read each component's NAME variant weights (e.g. fp16: *.fp16.safetensors) where it has them, as "
         "diffusers' from_pretrained(variant=...) does (default: the variant an artifact records, else the "
         "default files)",
+    )
+
+
+def add_attention_argument(parser: argparse.ArgumentParser) -> None:
+    """``--attention int8|fp8`` (default off), as ``ditq.runtime.attention.install_quantized_attention`` reads it."""
+    parser.add_argument(
+        "--attention",
+        choices=ATTENTION_CHOICES,
+        help="quantized attention (opt-in): 8-bit Q.K^T with smoothed keys and per-token scales, float32 "
+        "softmax, P.V in the compute dtype, through the doctor-chosen path (default: the model's own attention)",
     )

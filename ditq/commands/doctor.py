@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ditq.commands import ATTENTION_CHOICES
 from ditq.devices import add_device_arguments, resolve_device
 from ditq.errors import InputError
 from ditq.report.provenance import shell_command
@@ -38,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--attention",
         nargs="+",
-        choices=("int8", "fp8"),
+        choices=ATTENTION_CHOICES,
         metavar="KIND",
         help="also check the quantized-attention paths of these kinds (int8, fp8) for this device",
     )

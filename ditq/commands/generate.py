@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from ditq.commands import add_variant_argument
+from ditq.commands import add_attention_argument, add_variant_argument
 from ditq.devices import add_device_arguments
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest, parse_size
@@ -44,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_device_arguments(parser, "cpu", "where to generate", dtype=True, offload=True)
     add_variant_argument(parser)
+    add_attention_argument(parser)
     parser.add_argument(
         "--skip-doctor",
         action="store_true",
@@ -77,6 +78,8 @@ def _print_report(report: GenerationReport) -> None:
     print(f"quantized  {quantized or 'none (source precision)'}")
     if report.kernels:
         print("kernels    " + ", ".join(f"{name} x{count}" for name, count in sorted(report.kernels.items())))
+    if report.attention:
+        print(f"attention  {report.attention}")
     print(f"device     {report.device} (offload {report.offload})")
     print(
         f"load       {report.load_seconds:8.3f} s   peak accelerator memory {_gib(report.load_peak_memory_bytes)}"
@@ -112,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         skip_doctor=args.skip_doctor,
         variant=args.variant,
+        attention=args.attention,
     )
     _print_report(report)
     for path in save_images(report.result.images, args.out):

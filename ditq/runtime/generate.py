@@ -40,6 +40,7 @@ class GenerationReport:
     offload: str
     quantized: dict[str, dict[str, int]]  # component -> scheme -> quantized Linear count
     kernels: dict[str, int]  # kernel path -> layer count
+    attention: str | None  # the quantized-attention path chosen (AttentionChoice.summary); None: stock attention
     load_seconds: float
     load_peak_memory_bytes: int | None  # accelerator, while loading (None on CPU)
     result: GenerationResult
@@ -84,6 +85,7 @@ def generate(
     dtype: str | torch.dtype | None = None,
     skip_doctor: bool = False,
     variant: str | None = None,
+    attention: str | None = None,
 ) -> GenerationReport:
     """Load ``model_dir`` (None: the bundled demo model) and run one request; nothing is written.
 
@@ -92,7 +94,8 @@ def generate(
 
     Each quantized layer runs the first kernel path the kernel doctor verifies on this device
     (``ditq.doctor.choose_kernel``); ``skip_doctor`` takes the registry's first candidate unverified.
-    ``variant`` as ``ditq.runtime.loader.load_pipeline`` reads it.
+    ``variant`` as ``ditq.runtime.loader.load_pipeline`` reads it. ``attention`` ("int8" | "fp8") runs the
+    transformer's attention through a doctor-chosen quantized-attention path (``ditq.runtime.attention``).
     """
     from ditq.demo import default_model_dir
 
@@ -104,6 +107,13 @@ def generate(
         torch.cuda.reset_peak_memory_stats(torch_device)
     start = time.perf_counter()
     pipeline = _load(directory, torch_device, offload, compute_dtype, skip_doctor, variant)
+    choice = None
+    if attention is not None:
+        from ditq.runtime.attention import install_quantized_attention
+
+        choice = install_quantized_attention(
+            pipeline, attention, torch_device, compute_dtype, verify=not skip_doctor
+        )
     load_seconds = time.perf_counter() - start
     load_peak = int(torch.cuda.max_memory_allocated(torch_device)) if torch_device.type == "cuda" else None
     quantized, kernels = pipeline_summary(pipeline)
@@ -114,6 +124,7 @@ def generate(
         offload=offload,
         quantized=quantized,
         kernels=kernels,
+        attention=None if choice is None else choice.summary(),
         load_seconds=load_seconds,
         load_peak_memory_bytes=load_peak,
         result=result,

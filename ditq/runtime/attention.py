@@ -1,0 +1,120 @@
+"""Quantized attention on a loaded pipeline (``--attention int8|fp8``): one processor per Qwen-Image-2.1 attention
+module, running the doctor-chosen path (``ditq.doctor.attention.choose_attention_kernel``).
+
+``QuantizedAttnProcessor`` computes what diffusers' ``QwenImage21AttnProcessor`` computes, with its attention
+calls replaced: the same Q/K/V projection, norms, RoPE and KV-cache bookkeeping
+(``_qwenimage21_prepare_qkv``), then Q and K quantized once per layer and
+
+- prefill (``segments`` given): one call per prefix segment, queries [start, end) over keys [0, end), causal
+  from ``start`` for a text segment, and one for the target's queries over every key;
+- cached decode (``segments`` None): the target's queries over [cached prefix, target] keys;
+
+padded prompt keys dropped in both (``key_valid``, or the decode's ``attention_mask`` (B, 1, 1, S) it is made
+from). Installing it in place of the flex processor too makes the model hand over ``segments``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers.models.transformers.transformer_qwenimage21 import (
+    QwenImage21Attention,
+    QwenImage21AttnProcessor,
+    _qwenimage21_prepare_qkv,
+)
+
+from ditq.doctor.attention import AttentionChoice, choose_attention_kernel
+from ditq.errors import InputError
+from ditq.kernels.attention import AttentionPath
+
+__all__ = ["QuantizedAttnProcessor", "install_quantized_attention", "quantized_segment_attention"]
+
+
+def quantized_segment_attention(
+    path: AttentionPath,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    segments: list[tuple[int, int, bool]] | None,
+    key_valid: torch.Tensor | None,
+) -> torch.Tensor:
+    """Qwen-Image-2.1's attention of (B, S, H, D) tensors through ``path``: block-causal over ``segments``
+    (``(start, end, is_text)`` runs of the prefix), or full when None -> (B, S_q, H, D)."""
+    qk = path.quantize(query, key, path.kind)
+    sm_scale = query.shape[-1] ** -0.5
+    if segments is None:
+        return path.attend(qk, value, key_valid, None, sm_scale)
+    outputs = [
+        path.attend(
+            qk.rows(start, end).keys(end), value[:, :end], key_valid, start if is_text else None, sm_scale
+        )
+        for start, end, is_text in segments
+    ]
+    prefix_len = segments[-1][1] if segments else 0
+    outputs.append(path.attend(qk.rows(prefix_len, query.shape[1]), value, key_valid, None, sm_scale))
+    return torch.cat(outputs, dim=1)
+
+
+def _key_valid(attention_mask: Any) -> torch.Tensor | None:
+    """The decode's padding mask (B, 1, 1, S_kv) bool as (B, S_kv)."""
+    if attention_mask is None:
+        return None
+    if not (isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool
+            and attention_mask.ndim == 4 and attention_mask.shape[1:3] == (1, 1)):  # fmt: skip
+        raise ValueError(
+            f"quantized attention takes a (B, 1, 1, S) bool key mask, got {attention_mask!r:.80}"
+        )
+    return attention_mask[:, 0, 0]
+
+
+class QuantizedAttnProcessor(QwenImage21AttnProcessor):
+    """``QwenImage21AttnProcessor`` with its attention calls through a quantized-attention path."""
+
+    def __init__(self, path: AttentionPath) -> None:
+        self.path = path
+
+    def __call__(
+        self,
+        attn: QwenImage21Attention,
+        hidden_states: torch.Tensor,
+        attention_mask: Any | None = None,
+        rotary_emb: torch.Tensor | None = None,
+        layer_cache: Any | None = None,
+        kv_cache_mode: str | None = None,
+        cache_write_slice: slice | None = None,
+        segments: list[tuple[int, int, bool]] | None = None,
+        key_valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        query, key, value, _ = _qwenimage21_prepare_qkv(
+            attn, hidden_states, rotary_emb, layer_cache, kv_cache_mode, cache_write_slice
+        )
+        mask = key_valid if segments is not None else _key_valid(attention_mask)
+        hidden = quantized_segment_attention(self.path, query, key, value, segments, mask)
+        hidden = attn.to_out[0](hidden.flatten(2, 3).type_as(query))
+        return attn.to_out[1](hidden)
+
+
+def install_quantized_attention(
+    pipeline: Any, kind: str, device: torch.device, dtype: torch.dtype, verify: bool = True
+) -> AttentionChoice:
+    """Choose a ``kind`` path for the transformer's attention on ``device`` in ``dtype`` (the doctor's check
+    unless ``verify`` is False) and install it on every attention module; returns the choice."""
+    transformer = getattr(pipeline, "transformer", None)
+    modules = (
+        []
+        if transformer is None
+        else [m for m in transformer.modules() if isinstance(m, QwenImage21Attention)]
+    )
+    if not modules:
+        raise InputError(
+            f"--attention {kind}: quantized attention supports Qwen-Image-2.1 transformers "
+            f"(QwenImage21Attention); this pipeline's transformer is {type(transformer).__name__}",
+            field="attention",
+        )
+    head_dim = modules[0].inner_dim // modules[0].heads
+    choice = choose_attention_kernel(kind, device, dtype, head_dim, verify=verify)
+    processor = QuantizedAttnProcessor(choice.path)
+    for module in modules:
+        module.set_processor(processor)  # type: ignore[arg-type]  # diffusers lists its own classes only
+    return choice
