@@ -40,7 +40,7 @@ class GenerationReport:
     offload: str
     quantized: dict[str, dict[str, int]]  # component -> scheme -> quantized Linear count
     kernels: dict[str, int]  # kernel path -> layer count
-    attention: str | None  # the quantized-attention path chosen (AttentionChoice.summary); None: stock attention
+    attention: str | None  # the quantized-attention choice (summary line); None: stock attention
     load_seconds: float
     load_peak_memory_bytes: int | None  # accelerator, while loading (None on CPU)
     result: GenerationResult
