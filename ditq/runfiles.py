@@ -204,6 +204,8 @@ class ServerHealth(BaseModel):
         None  # of which: the doctor's checks choosing paths (compilation too)
     )
     ready_seconds: float | None = None  # load + the doctor's start-up check
+    # component -> scheme -> quantized Linears (several schemes in one component: a mixed-precision plan)
+    quantized: dict[str, dict[str, int]] = {}
     kernel_paths: dict[str, int] = {}  # kernel path -> quantized layers that use it
     doctor: DoctorStatus | None = None
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tiny_models import make_model_dir, mixed_flux_plan
+from tiny_models import make_model_dir, plan_file
 
 import ditq
 from ditq.plan import write_plan
@@ -46,7 +46,7 @@ def mixed_artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     folder = tmp_path_factory.mktemp("mixed")
     source = make_model_dir(folder, "flux")
     plan = folder / "PLAN.json"
-    write_plan(plan, mixed_flux_plan(source))
+    write_plan(plan, plan_file(source))
     out = folder / "artifact"
     ditq.quantize(source, out, plan=plan)
     return source, out, plan

@@ -255,3 +255,16 @@ def test_cli_table_json_exit_code_and_reports(tmp_path: Path, capsys: pytest.Cap
     assert (tmp_path / "reports" / "test-cli-nan-w8a8" / "chain.md").is_file()
     assert not (tmp_path / "reports" / REFERENCE).exists()
     assert main(["doctor", "--geometry", "64", "--rows", "4"]) == 2
+
+
+def test_artifact_mode_on_a_mixed_plan_checks_each_scheme_on_its_own_layers(mixed_artifact) -> None:  # type: ignore[no-untyped-def]
+    from tiny_models import MIXED_FLUX_LAYERS
+
+    _, out, _ = mixed_artifact
+    results = {r.path: r for r in doctor.run_doctor("cpu", artifact=out, rows=16)}
+    for scheme in ("w8a16", "w8a8", "fp8"):
+        result = results[f"cpu-reference-{scheme}"]
+        assert result.verdict == "PASS", result.reason
+        own = {c.weights.removeprefix("artifact:transformer/") for c in result.checks} - {"analytic"}
+        assert own and all(MIXED_FLUX_LAYERS[layer] == scheme for layer in own)
+    assert main(["doctor", "--artifact", str(out), "--rows", "16"]) == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny_models import MIXED_FLUX_LAYERS, mixed_flux_plan
+from tiny_models import MIXED_FLUX_LAYERS, plan_file
 
 import ditq
 from ditq.checkpoint.codecs import is_quantized_tensor
@@ -97,7 +97,7 @@ def test_compressed_tensors_decodes_every_layer(
 def test_single_scheme_plan_keeps_its_format(model_dir, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     source = model_dir("flux")
     layers = {"transformer_blocks.0.attn.to_q": "fp8", "transformer_blocks.0.attn.to_k": "keep"}
-    result = ditq.quantize(source, tmp_path / "out", plan=mixed_flux_plan(source, layers))
+    result = ditq.quantize(source, tmp_path / "out", plan=plan_file(source, layers))
     config = _qconfig(tmp_path / "out")
     assert config["format"] == "float-quantized"  # one format: it, not mixed-precision
     assert [g["targets"] for g in config["config_groups"].values()] == [["transformer_blocks.0.attn.to_q"]]
@@ -106,7 +106,7 @@ def test_single_scheme_plan_keeps_its_format(model_dir, tmp_path: Path) -> None:
 
 
 def _write_raw(path: Path, source: Path, **changes: object) -> Path:
-    raw = json.loads(mixed_flux_plan(source).model_dump_json())
+    raw = json.loads(plan_file(source).model_dump_json())
     raw.update(changes)
     path.write_text(json.dumps(raw))
     return path

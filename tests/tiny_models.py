@@ -45,7 +45,7 @@ __all__ = [
     "llmc_pipeline_dir",
     "make_flux_pipeline_dir",
     "make_model_dir",
-    "mixed_flux_plan",
+    "plan_file",
     "save_sharded",
     "to_variant_only",
     "write_model_dir",
@@ -310,8 +310,9 @@ MIXED_FLUX_LAYERS: dict[str, str] = {
 }
 
 
-def mixed_flux_plan(source: Path, layers: dict[str, str] | None = None, **fields: Any) -> Any:
-    """A ``PlanFile`` of ``layers`` (default ``MIXED_FLUX_LAYERS``) for the tiny Flux model at ``source``."""
+def plan_file(source: Path, layers: dict[str, str] | None = None, **fields: Any) -> Any:
+    """A ``PlanFile`` measured on ``source`` giving ``layers`` (default: ``MIXED_FLUX_LAYERS``, the tiny Flux
+    model's) their schemes; every scheme is a candidate."""
     from ditq.plan import PlanFile, PlanTarget
 
     return PlanFile(

@@ -138,11 +138,12 @@ class ServerState:
             return
         from ditq.runtime.generate import pipeline_summary
 
-        _, kernels = pipeline_summary(adapter.pipeline)
+        quantized, kernels = pipeline_summary(adapter.pipeline)
         self.facts.update(
             adapter.load_facts,
             load_seconds=round(loaded_s, 3),
             ready_seconds=round(time.perf_counter() - started, 3),  # load + the doctor's check
+            quantized=quantized,
             kernel_paths=kernels,
         )
         self.adapter, self.doctor_outcome = adapter, outcome
