@@ -179,6 +179,8 @@ _CONFIGS = [
 ]
 if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's CPU interpreter cannot time configurations
     _CONFIGS = _CONFIGS[3:4]
+elif os.environ.get("DITQ_TRITON_AUTOTUNE", "1") == "0":  # correctness runs: one configuration, no tuning
+    _CONFIGS = _CONFIGS[:1]
 
 
 @triton.autotune(configs=_CONFIGS, key=["HEAD_DIM", "IS_FP8", "size_class"])
