@@ -107,14 +107,17 @@ case "$1" in
       "(seeds $BUDGET_SEEDS, schemes $BUDGET_SCHEMES), steps $STEPS"
     ;;
   budget-serve)
-    # What a user runs by hand for one scheme under the budget: the sweep's own commands without its baseline.
+    # What a user runs by hand for one scheme under the budget: the sweep's own commands without its baseline
+    # (--on-collapse warn as the sweep's servers: random weights make images the gate calls collapsed).
     scheme=${SERVE_SCHEME:-w8a16}
     dir=$WORK/serve-24gib-$scheme
     mkdir -p "$dir/logs"
-    ditq quantize "$MODEL" "$dir/artifact" --scheme "$scheme" --device "$BUDGET_DEVICE" >"$dir/logs/quantize.log" 2>&1
+    [ -d "$dir/artifact" ] ||
+      ditq quantize "$MODEL" "$dir/artifact" --scheme "$scheme" --device "$BUDGET_DEVICE" >"$dir/logs/quantize.log" 2>&1
     retry=()
     for offload in model block; do
       python3 -m ditq.cli serve "$dir/artifact" --device "$BUDGET_DEVICE" --max-memory 24GiB --offload "$offload" --port 8931 \
+        --on-collapse warn \
         >"$dir/logs/serve-$offload.log" 2>&1 &
       pid=$!
       python3 -c "import sys; from ditq.healthcheck import wait_healthy; r = wait_healthy('http://127.0.0.1:8931', 900); \
