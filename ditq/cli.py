@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "ditq.commands.quantize",
         "quantize a diffusers model directory into a compressed-tensors artifact",
     ),
+    "plan": (
+        "ditq.commands.plan",
+        "measure each Linear's sensitivity and plan a scheme per layer (mixed precision), verified end to end",
+    ),
     "verify": ("ditq.commands.verify", "check an artifact's digests and decode every quantized tensor twice"),
     "generate": ("ditq.commands.generate", "one image from an artifact, a diffusers directory or the demo"),
     "baseline": ("ditq.commands.baseline", "run the unquantized model over the fixtures and seal the result"),

@@ -636,6 +636,7 @@ class SweepFile(_File):
     parity_pair: list[str] | None
     parity_in_process: bool = False  # the band from the baseline and the model run in process in bfloat16
     max_seeds: int | None = None  # --seeds auto: the most seeds a fixture may get
+    plan: str | None = None  # --plan: the PLAN.json of the planned candidate, as given
     seeds_by_fixture: dict[str, str] | None = None  # --seeds auto: fixture -> the seeds it was run at
     pid: int
 

@@ -19,6 +19,8 @@ Layout::
     OUT/<scheme>/CANDIDATE.json      status, message, command and time of every stage
     OUT/<scheme>/artifact/           the quantized model
     OUT/<scheme>/run/                probe run: records, images, vram.csv, gate.json, compare.json
+    OUT/plan/                        with --plan: the planned mixed-precision candidate, the same stages
+                                     (quantize --plan), and a copy of its PLAN.json for the report
     OUT/report/                      REPORT.md, report.html, verdict.json
 
 Resuming: a stage whose status is "ok" and whose outputs exist is skipped on a rerun; once one stage
@@ -44,8 +46,9 @@ from typing import Any, Literal, TextIO
 
 from ditq.devices import OFFLOAD_MODES, default_dtype
 from ditq.errors import EXIT_OUT_OF_MEMORY, DitqError, InputError
-from ditq.fsutil import sha256_file
+from ditq.fsutil import atomic_write_bytes, sha256_file
 from ditq.healthcheck import wait_healthy
+from ditq.plan.schema import KEEP, PLAN_FILE, plan_bytes, read_plan
 from ditq.probe.fixtures import DEFAULT_SEEDS, parse_seeds, seeds_text
 from ditq.probe.records import incomplete, is_out_of_memory, latest_by_key, read_records
 from ditq.report import ReportResult, VerdictRules, build_report
@@ -68,9 +71,10 @@ from ditq.runfiles import (
     read_model,
     write_model,
 )
-from ditq.schemes import get_scheme
+from ditq.schemes import SCHEMES, get_scheme
 
 __all__ = [
+    "PLAN_CANDIDATE",
     "SCHEME_STAGES",
     "SweepOptions",
     "default_serve_argv",
@@ -80,6 +84,7 @@ __all__ = [
 ]
 
 SCHEME_STAGES = ("quantize", "verify", "doctor", "serve", "probe", "gate", "compare")
+PLAN_CANDIDATE = "plan"  # the directory (and candidate name) of --plan's mixed-precision candidate
 
 # (model or artifact dir, port, sweep options, offload mode) -> the server's argv; tests swap it for a
 # server that fails
@@ -127,6 +132,7 @@ class SweepOptions:
     health_timeout_s: float = 600.0
     request_timeout_s: float | None = None
     progress: bool = True
+    plan: Path | None = None  # a PLAN.json (`ditq plan`): one more candidate, quantized with it
     serve_argv: ServeArgv = default_serve_argv
 
     def __post_init__(self) -> None:
@@ -161,6 +167,13 @@ class SweepOptions:
         for path, what in ((self.model, "model"), (self.fixtures, "--fixtures"), (self.refs, "--refs")):
             if not Path(path).exists():
                 raise InputError(f"{what}: {path} does not exist")
+        if self.plan is not None:
+            read_plan(self.plan)  # a bad plan is refused before anything runs
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        """Every candidate's name (its directory): the schemes, then the plan's."""
+        return (*self.schemes, *((PLAN_CANDIDATE,) if self.plan is not None else ()))
 
 
 def parse_offload(value: str) -> tuple[str, ...]:
@@ -251,6 +264,7 @@ class _Candidate:
 
     def __init__(self, options: SweepOptions, scheme: str) -> None:
         self.options, self.scheme = options, scheme
+        self.plan = read_plan(options.plan) if scheme == PLAN_CANDIDATE and options.plan is not None else None
         self.dir = options.out / scheme
         self.artifact, self.run_dir, self.logs = self.dir / "artifact", self.dir / "run", self.dir / "logs"
         path = self.dir / CANDIDATE_FILE
@@ -272,7 +286,7 @@ class _Candidate:
         )
         candidate = CandidateFile(
             name=self.scheme,
-            scheme=self.scheme,
+            scheme=self.scheme if self.plan is None else _plan_label(self.plan.layers.values()),
             artifact=str(self.artifact),
             artifact_digest=sha256_file(manifest) if manifest.is_file() else None,
             weight_bytes=weight_bytes,
@@ -313,6 +327,12 @@ class _Candidate:
         )
         self.dirty = self.dirty or status != "skipped"  # a skipped stage changed nothing downstream
         self.save()
+
+
+def _plan_label(choices: Any) -> str:
+    """A planned candidate's scheme as the report shows it: the schemes it mixes, e.g. ``fp8+w8a8+keep``."""
+    present = set(choices)
+    return "+".join(s for s in (*SCHEMES, KEEP) if s in present)
 
 
 def _run_logged(argv: list[str], log: Path) -> int:
@@ -392,7 +412,7 @@ class _Sweep:
         dtype = options.dtype or default_dtype(options.device)
         self.baseline_name = "BF16" if dtype == "bfloat16" else dtype
         runs = 1 + options.parity_in_process
-        self.progress = _Progress(runs + len(SCHEME_STAGES) * len(options.schemes) + 1, options.progress)
+        self.progress = _Progress(runs + len(SCHEME_STAGES) * len(options.candidates) + 1, options.progress)
 
     def _show(self, c: _Candidate, stage: str, status: str, detail: str = "") -> None:
         if status != "running":
@@ -566,7 +586,15 @@ class _Sweep:
         options = self.options
         manifest = c.artifact / "MANIFEST.json"
         # --force: an artifact left by an interrupted or older run is replaced (quantize writes atomically)
-        quantize = ditq_argv("quantize", options.model, c.artifact, "--scheme", scheme, "--force")
+        if c.plan is not None:
+            # a copy beside the candidate: what quantize reads and the report shows are the same file
+            c.dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(c.dir / PLAN_FILE, plan_bytes(c.plan))
+            quantize = ditq_argv(
+                "quantize", options.model, c.artifact, "--plan", c.dir / PLAN_FILE, "--force"
+            )
+        else:
+            quantize = ditq_argv("quantize", options.model, c.artifact, "--scheme", scheme, "--force")
         quantize += ["--device", options.device]  # the device the servers use encodes fastest
         quantize += ["--variant", options.variant] if options.variant else []
         chain_ok = self._step(c, "quantize", quantize, [manifest])
@@ -577,9 +605,8 @@ class _Sweep:
             # A failing kernel path is a finding, not the end of the chain: the server falls back to a path
             # that passed, the numbers show what that gives, and the verdict carries the doctor's finding.
             doctor_json, reports = c.dir / "doctor.json", c.dir / "doctor-reports"
-            doctor = ditq_argv(
-                "doctor", "--artifact", c.artifact, "--scheme", scheme, "--device", options.device
-            )
+            only = [] if c.plan is not None else ["--scheme", scheme]  # a plan's: every scheme it holds
+            doctor = ditq_argv("doctor", "--artifact", c.artifact, *only, "--device", options.device)
             doctor += ["--json", str(doctor_json)]
             chain_ok = self._step(c, "doctor", [*doctor, "--report", str(reports)], [doctor_json], (0, 1))
             if chain_ok and c.stages["doctor"].status == "ok":
@@ -629,13 +656,13 @@ class _Sweep:
                 self._extend_baseline(seeds, fixture_ids)
                 if self.options.parity_in_process:
                     self._pair_run(seeds, fixture_ids)
-            for scheme in self.options.schemes:
+            for scheme in self.options.candidates:
                 self._extend_candidate(_Candidate(self.options, scheme), plan, len(start))
 
     def _judged(self) -> list[tuple[str, CompareFile]]:
         """The candidates whose compare ran, with its result."""
         out = []
-        for scheme in self.options.schemes:
+        for scheme in self.options.candidates:
             c = _Candidate(self.options, scheme)
             compare = c.stages.get("compare")
             path = c.run_dir / "compare.json"
@@ -793,7 +820,7 @@ class _Sweep:
         attempts = self.out / "logs" / ATTEMPTS_FILE
         commands = self.out / "logs" / BASELINE_COMMANDS_FILE
         result = build_report(
-            [self.out / scheme for scheme in self.options.schemes],
+            [self.out / scheme for scheme in self.options.candidates],
             self.baseline,
             self.out / "report",
             VerdictRules(parity_reference_db=self.options.parity_db, objective=self.options.objective),
@@ -858,6 +885,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         parity_pair=[str(p) for p in options.parity_pair] if options.parity_pair else None,
         parity_in_process=options.parity_in_process,
         max_seeds=options.max_seeds if options.seeds == "auto" else None,
+        plan=None if options.plan is None else str(options.plan),
         pid=os.getpid(),
     )
     write_model(options.out / SWEEP_FILE, sweep_file)
@@ -865,7 +893,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
     baseline_ran = sweep.run_baseline()
     if options.parity_in_process:
         sweep.run_parity_pair()
-    for scheme in options.schemes:
+    for scheme in options.candidates:
         sweep.run_scheme(scheme, baseline_ran)
     if options.seeds == "auto":
         seeds = sweep.settle_seeds()

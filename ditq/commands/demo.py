@@ -88,11 +88,12 @@ def run(args: argparse.Namespace) -> int:
         objective=args.objective,
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
+        plan=args.plan,
     )
     stop_on_sigterm()
     result = run_sweep(options)
     print_verdicts(result)
     print(
-        f"demo: {len(SCHEME_STAGES) * len(options.schemes) + 2 + options.parity_in_process} stages in {time.monotonic() - started:.0f} s"
+        f"demo: {len(SCHEME_STAGES) * len(options.candidates) + 2 + options.parity_in_process} stages in {time.monotonic() - started:.0f} s"
     )
     return 0

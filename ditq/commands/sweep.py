@@ -67,6 +67,13 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, device: str) -> None:
         "(or a model that does not load) go to a server at the next mode; auto = none,model,block "
         "(default: none)",
     )
+    parser.add_argument(
+        "--plan",
+        type=Path,
+        metavar="PLAN.json",
+        help="one more candidate, OUT/plan: the model quantized with this plan (`ditq plan`; quantize --plan), "
+        "through the same chain beside the uniform schemes",
+    )
     parser.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for /health")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines")
 
@@ -138,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         objective=args.objective,
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
+        plan=args.plan,
     )
     stop_on_sigterm()
     print_verdicts(run_sweep(options))

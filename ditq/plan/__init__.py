@@ -3,12 +3,14 @@
 
 from ditq.plan.schema import (
     KEEP,
+    PLAN_FILE,
     PLAN_FORMAT,
     LayerSensitivity,
     PlanCost,
     PlanFile,
     PlanTarget,
     PlanVerification,
+    ProxyCalibration,
     parse_plan,
     plan_bytes,
     plan_sha256,
@@ -18,12 +20,14 @@ from ditq.plan.schema import (
 
 __all__ = [
     "KEEP",
+    "PLAN_FILE",
     "PLAN_FORMAT",
     "LayerSensitivity",
     "PlanCost",
     "PlanFile",
     "PlanTarget",
     "PlanVerification",
+    "ProxyCalibration",
     "parse_plan",
     "plan_bytes",
     "plan_sha256",

@@ -30,12 +30,14 @@ from ditq.schemes import SCHEMES
 
 __all__ = [
     "KEEP",
+    "PLAN_FILE",
     "PLAN_FORMAT",
     "LayerSensitivity",
     "PlanCost",
     "PlanFile",
     "PlanTarget",
     "PlanVerification",
+    "ProxyCalibration",
     "parse_plan",
     "plan_bytes",
     "plan_sha256",
@@ -45,6 +47,8 @@ __all__ = [
 
 PLAN_FORMAT: Final = "ditq-plan-1"
 KEEP = "keep"  # a layer left in the source precision
+# its name beside a sweep's planned candidate (what it is, the file says itself: ``format``)
+PLAN_FILE = "PLAN.json"
 
 
 class _Plan(BaseModel):
@@ -57,6 +61,10 @@ class PlanTarget(_Plan):
 
     kind: Literal["parity", "db"]
     db: float
+    # per fixture, the PSNR (dB) it must reach: the band's floor for that fixture (its pair's mean minus compare's
+    # tolerance) under ``parity``, ``db`` for every fixture under ``db``; the search aims ``margin_db`` above it
+    per_fixture_db: dict[str, float] = {}
+    margin_db: float = 0.0
 
 
 class LayerSensitivity(_Plan):
@@ -65,7 +73,7 @@ class LayerSensitivity(_Plan):
     ``psnr_db``: the final image's PSNR against the source precision, per scheme, where it was measured."""
 
     layer: str
-    unit: Literal["layer", "block"] = "layer"
+    unit: Literal["layer", "block", "component"] = "layer"
     params: int = Field(ge=0)
     proxy: dict[str, float]
     psnr_db: dict[str, float] = {}
@@ -78,6 +86,22 @@ class PlanVerification(_Plan):
     min_db: float
     meets_target: bool
     seeds: list[int]
+    # under a parity target: compare's decision per fixture (inside, outside, undecided) on these seeds
+    decisions: dict[str, str] = {}
+    # search-and-verify rounds run; the result above is the kept round's (the most quantized that met the target)
+    rounds: int = Field(default=1, ge=1)
+    artifact: bool = False  # True: run from a checkpoint `ditq quantize --plan` wrote, loaded by the runtime
+
+
+class ProxyCalibration(_Plan):
+    """How the proxy predicts the image: per fixture, PSNR = offset_db - 10 log10(sum of the quantized layers'
+    proxy^2), fitted on the units whose images were measured; its median absolute error and the rank correlation
+    of proxy and PSNR over those units (``points`` of them: unit x scheme x fixture)."""
+
+    offset_db: dict[str, float]
+    residual_db: float | None
+    spearman: float | None
+    points: int = Field(ge=0)
 
 
 class PlanCost(_Plan):
@@ -98,6 +122,8 @@ class PlanFile(_Plan):
     sensitivity: list[LayerSensitivity] = []
     quantized_fraction: float = Field(ge=0.0, le=1.0)  # of the planned Linears' parameters, quantized
     verification: PlanVerification | None = None
+    calibration: ProxyCalibration | None = None
+    reasons: dict[str, str] = {}  # layer -> why it is not at the fastest scheme (kept or slower)
     cost: PlanCost | None = None
     command: list[str] = []
 

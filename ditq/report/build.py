@@ -15,6 +15,7 @@ from ditq.report.grids import write_grids
 from ditq.report.html import render_html
 from ditq.report.markdown import render_markdown
 from ditq.report.model import load_candidate
+from ditq.report.plan import write_plan_charts
 from ditq.report.provenance import shell_command
 from ditq.report.schema import validate_verdict
 from ditq.report.verdict import VerdictRules
@@ -80,7 +81,8 @@ def build_report(
     document = data.document.model_dump(mode="json")
     validate_verdict(document)  # what we write is what the schema promises
     with atomic_directory(out, force=True) as tmp:
-        charts = write_charts(data, tmp / "charts")
+        plans = {c.name: c.plan for c in candidates if c.plan is not None}
+        charts = {**write_charts(data, tmp / "charts"), **write_plan_charts(plans, tmp / "charts")}
         grids = write_grids(base, candidates, tmp / "grids")
         (tmp / "verdict.json").write_text(json.dumps(document, indent=2) + "\n")
         (tmp / "REPORT.md").write_text(render_markdown(data, charts, grids, tmp))

@@ -2,8 +2,8 @@
 
 ``markdown.py`` and ``html.py`` render the same blocks, so REPORT.md and report.html always say the same
 things in the same order: the note, the capacity summary, the verdicts, the comparison, the baseline and
-each candidate (facts, reasons, capacity matrix, offload ladder, servers, stages, image grids), the charts
-and the provenance.
+each candidate (facts, reasons, its plan where it has one, capacity matrix, offload ladder, servers, stages,
+image grids), the charts and the provenance.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ditq.report.charts import CHARTS
 from ditq.report.grids import Grid
 from ditq.report.ladder import ladder_outcome, offload_ladder, server_starts
 from ditq.report.model import Candidate
+from ditq.report.plan import plan_chart_name, plan_sentences, plan_table
 from ditq.report.tables import (
     Table,
     capacity_summary_table,
@@ -147,7 +148,26 @@ def _serving(candidate: Candidate) -> Iterator[Block]:
         yield servers_table(candidate)
 
 
-def _candidate(a: Assessment, report: ReportData, grids: list[Grid]) -> Iterator[Block]:
+def _plan(candidate: Candidate, charts: dict[str, Path | None]) -> Iterator[Block]:
+    """A planned candidate's plan: what it is, how it was checked, the sensitivity chart, what was not fastest."""
+    if candidate.plan is None:
+        return
+    yield Heading(3, "Plan")
+    yield Bullets(tuple(((line, ""),) for line in plan_sentences(candidate.plan)))
+    chart = charts.get(plan_chart_name(candidate.name))
+    if chart is not None:
+        yield Figures((Figure(chart, f"{candidate.name} per-layer sensitivity", None),))
+    table = plan_table(candidate.plan)
+    if table.rows:
+        yield _text(
+            f"Layers not at {candidate.plan.schemes[0]} (slower scheme or kept), most sensitive first:"
+        )
+        yield table
+
+
+def _candidate(
+    a: Assessment, report: ReportData, grids: list[Grid], charts: dict[str, Path | None]
+) -> Iterator[Block]:
     candidate = a.candidate
     yield Heading(2, f"{candidate.name}: ", a.verdict, candidate.name)
     facts = _facts(candidate, a, report)
@@ -160,6 +180,7 @@ def _candidate(a: Assessment, report: ReportData, grids: list[Grid]) -> Iterator
         tuple(((r.code, "bold"), (f": {r.message}", "")) for r in reasons)
         or ((("Every check passed.", ""),),)
     )
+    yield from _plan(candidate, charts)
     yield Heading(3, "Objectives")
     yield objectives_table(a)
     if a.matrix:
@@ -239,7 +260,7 @@ def report_blocks(report: ReportData, charts: dict[str, Path | None], grids: lis
     blocks += [_sentence(facts)] if facts else []
     blocks += [Heading(3, "Capacity matrix"), capacity_table(report.baseline_matrix), *_serving(base)]
     for a in report.assessments:
-        blocks += _candidate(a, report, grids)
+        blocks += _candidate(a, report, grids, charts)
     blocks.append(Heading(2, "Charts"))
     for name, (title, _) in CHARTS.items():
         path = charts.get(name)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ditq.errors import InputError
+from ditq.plan.schema import PLAN_FILE, PlanFile, read_plan
 from ditq.probe.memory import memory_series, read_vram_csv
 from ditq.probe.records import (
     find_image,
@@ -230,6 +231,9 @@ class Candidate:
     weight_bytes: dict[str, WeightBytes] | None = None  # quantized component -> artifact and source bytes
     seeds_added: dict[str, int] = field(default_factory=dict)  # --seeds auto: fixture -> seeds added
     seed_commands: list[str] = field(default_factory=list)  # --seeds auto: the commands that added them
+    plan: PlanFile | None = (
+        None  # a planned candidate's PLAN.json (sweep --plan copies it beside CANDIDATE.json)
+    )
 
     @property
     def failed_stages(self) -> list[StageStatus]:
@@ -383,4 +387,5 @@ def load_candidate(path: Path, attempts: list[Attempt] | None = None) -> Candida
         weight_bytes=raw.weight_bytes,
         seeds_added=dict(raw.seeds_added),
         seed_commands=list(raw.seed_commands),
+        plan=read_plan(path / PLAN_FILE) if (path / PLAN_FILE).is_file() else None,
     )

@@ -1,0 +1,154 @@
+"""`ditq plan SRC --out PLAN.json`: measured per-layer sensitivity and a mixed-precision plan, verified end to end."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+from ditq.commands import add_variant_argument
+from ditq.devices import add_device_arguments
+from ditq.plan.planner import COMPARE_TOLERANCE_DB, DEFAULT_SCHEMES, PlanOptions, make_plan
+from ditq.plan.schema import PlanFile
+from ditq.probe.fixtures import DEFAULT_SEEDS
+
+__all__ = ["add_arguments", "run", "summary"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model",
+        type=Path,
+        metavar="SRC",
+        help="the diffusers model directory (the bundled demo model: its path)",
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, metavar="PLAN.json", help="where to write the plan"
+    )
+    parser.add_argument(
+        "--fixtures", type=Path, help="fixtures file (default for the bundled demo model: the demo's own)"
+    )
+    parser.add_argument("--refs", type=Path, help="reference image folder (default: the demo's own)")
+    parser.add_argument(
+        "--schemes",
+        default=",".join(DEFAULT_SCHEMES),
+        help=f"candidate schemes, fastest first (default: {','.join(DEFAULT_SCHEMES)}); a layer gets the first "
+        "that keeps the target, else stays in source precision",
+    )
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument(
+        "--target-db", type=float, help="every fixture's PSNR against the source precision at least this (dB)"
+    )
+    target.add_argument(
+        "--target",
+        choices=["parity"],
+        default="parity",
+        help="parity (default): each fixture inside the parity band, measured as `ditq sweep "
+        "--parity-in-process` does (the model in process in bfloat16 against the source precision), "
+        f"floor = the pair's mean PSNR minus {COMPARE_TOLERANCE_DB:g} dB",
+    )
+    parser.add_argument(
+        "--margin-db",
+        type=float,
+        default=0.5,
+        help="the search aims this far above each fixture's target (default 0.5)",
+    )
+    parser.add_argument(
+        "--accept",
+        choices=["inside", "undecided"],
+        default="inside",
+        help="under the parity target, what a fixture's verification must be: compare's decision inside "
+        "(default), or also undecided (its mean PSNR at the floor, the interval over seeds not above it)",
+    )
+    parser.add_argument(
+        "--budget",
+        metavar="SIZE|P%",
+        help="the most the plan may keep in source precision: the component's weight bytes (12MiB, 1.5GB) or "
+        "a share of the planned Linears' parameters (10%%)",
+    )
+    parser.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"image seeds (default {DEFAULT_SEEDS})")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="denoising steps (default: 8 on the bundled demo model, as its sweep; else 20)",
+    )
+    parser.add_argument("--cfg", type=float, default=1.0, help="true_cfg_scale (default 1.0)")
+    parser.add_argument(
+        "--proxy-seeds", type=int, default=2, help="the first N seeds feed the proxy (default 2)"
+    )
+    parser.add_argument(
+        "--proxy-steps", type=int, default=2, help="the proxy compares the first N steps' output (default 2)"
+    )
+    parser.add_argument(
+        "--max-rounds", type=int, default=3, help="search-and-verify rounds at most (default 3)"
+    )
+    parser.add_argument(
+        "--component", default="transformer", help="the component to plan (default transformer)"
+    )
+    parser.add_argument(
+        "--work", type=Path, help="keep the runs and checkpoints here (default: a temporary folder, removed)"
+    )
+    add_device_arguments(parser, "cpu", "where the pipeline runs", dtype=True)
+    add_variant_argument(parser)
+
+
+def summary(plan: PlanFile, out: Path) -> list[str]:
+    """What the command prints: the mix, the verification and the cost."""
+    counts = Counter(plan.layers.values())
+    mix = ", ".join(f"{n} {scheme}" for scheme, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    lines = [f"{out}: {len(plan.layers)} Linears of {plan.component}: {mix}; {plan.quantized_fraction:.1%} of "
+             f"their parameters quantized"]  # fmt: skip
+    if plan.verification is not None:
+        v = plan.verification
+        per_fixture = ", ".join(
+            f"{f} {db:.2f} (target {plan.target.per_fixture_db.get(f, plan.target.db):.2f}"
+            + (f", {v.decisions[f]}" if f in v.decisions else "")
+            + ")"
+            for f, db in v.psnr_db.items()
+        )
+        state = "meets the target" if v.meets_target else "DOES NOT meet the target"
+        lines.append(f"verified ({len(v.seeds)} seeds, {v.rounds} rounds): {state}: {per_fixture} dB")
+    if plan.calibration is not None:
+        c = plan.calibration
+        lines.append(
+            f"proxy: rank correlation with the image's PSNR {c.spearman}, prediction error {c.residual_db} dB "
+            f"(median over {c.points} unit x scheme x fixture points)"
+        )
+    if plan.cost is not None:
+        lines.append(
+            f"cost: {plan.cost.seconds:.0f} s, {plan.cost.forwards} {plan.component} forwards on {plan.cost.device}"
+        )
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = make_plan(
+        PlanOptions(
+            model=args.model,
+            out=args.out,
+            fixtures=args.fixtures,
+            refs=args.refs,
+            schemes=tuple(s.strip() for s in args.schemes.split(",") if s.strip()),
+            target_db=args.target_db,
+            margin_db=args.margin_db,
+            budget=args.budget,
+            seeds=args.seeds,
+            proxy_seeds=args.proxy_seeds,
+            proxy_steps=args.proxy_steps,
+            steps=args.steps,
+            cfg=args.cfg,
+            component=args.component,
+            device=args.device,
+            dtype=args.dtype,
+            variant=args.variant,
+            work=args.work,
+            max_rounds=args.max_rounds,
+            accept=args.accept,
+            command=("ditq", *sys.argv[1:]),
+        ),
+        say=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    for line in summary(plan, args.out):
+        print(line)
+    return 0 if plan.verification is not None and plan.verification.meets_target else 1

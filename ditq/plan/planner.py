@@ -1,0 +1,520 @@
+"""``ditq plan``: measure, search, verify, write PLAN.json.
+
+1. The source pipeline runs the fixtures in its source precision (a run directory under the work folder, as the
+   in-process baseline writes it), recording the component's first calls for the proxy.
+2. Under ``--target parity`` the parity band is measured as the sweep measures it: the model run in process in
+   bfloat16 (``ditq.baseline.make_baseline``) against that run, per fixture and seed
+   (``ditq.compare.parity_from_pair``); each fixture's floor is its pair's mean minus compare's tolerance.
+3. Sensitivity (``ditq.plan.sensitivity``): every plannable Linear alone under every scheme (proxy); every block
+   and the whole component under every scheme (proxy and final image), to calibrate and validate the proxy.
+4. Search (``ditq.plan.search``) for the cheapest assignment predicted to meet every fixture's target plus margin.
+5. Verification: the plan is written as a checkpoint by ``ditq quantize --plan``, loaded by the runtime, run on
+   every fixture and seed, and judged by ``ditq compare`` against the source-precision run (with the band). A
+   fixture below its target corrects that fixture's prediction by what was measured, and the search runs again
+   from there, up to ``max_rounds`` times; the plan records the last verification, met or not.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ditq.compare import ParityBand
+from ditq.errors import DitqError, InputError
+from ditq.plan.schema import (
+    KEEP,
+    PlanCost,
+    PlanFile,
+    PlanTarget,
+    PlanVerification,
+    ProxyCalibration,
+    write_plan,
+)
+from ditq.plan.search import Calibration, calibrate, predict, search_assignment
+from ditq.plan.sensitivity import Sensitivity, Unit, Workbench, measure_sensitivity
+from ditq.probe.fixtures import DEFAULT_SEEDS, Fixture, load_fixtures, parse_seeds
+from ditq.schemes import get_scheme
+
+__all__ = ["DEFAULT_SCHEMES", "PlanOptions", "make_plan", "parse_budget", "read_budget"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SCHEMES = ("fp8", "w8a8", "w8a16")  # fastest first
+COMPARE_TOLERANCE_DB = 1.0  # ditq compare's --tolerance-db default: the floor is the pair's PSNR minus this
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    model: Path
+    out: Path  # PLAN.json
+    fixtures: Path | None = None  # None: the bundled demo's (bundled model only)
+    refs: Path | None = None
+    schemes: tuple[str, ...] = DEFAULT_SCHEMES
+    target_db: float | None = None  # None: the parity band's floor per fixture
+    margin_db: float = 0.5  # the search aims this far above each fixture's target
+    tolerance_db: float = COMPARE_TOLERANCE_DB
+    budget: str | None = None  # SIZE (the component's weight bytes at most) or P% (planned parameters kept)
+    seeds: str = DEFAULT_SEEDS  # image seeds: the reference, the parity pair and the verification
+    proxy_seeds: int = 2  # the first N image seeds feed the proxy
+    proxy_steps: int = 2  # the first N denoising steps' component output
+    unit_seeds: int = 1  # the first N image seeds for the blocks' and the component's images
+    steps: int | None = None  # None: the demo's 8 on the bundled model, else the probe's 20
+    cfg: float = 1.0
+    component: str = "transformer"
+    device: str = "cpu"
+    dtype: str | None = None  # None: the device's default (float32 on the CPU, as ditq serve computes)
+    variant: str | None = None
+    work: Path | None = None  # keeps the runs and checkpoints (None: a temporary folder, removed)
+    max_rounds: int = 3
+    # under a parity target, what the verification accepts per fixture: compare's "inside", or also "undecided"
+    accept: str = "inside"
+    command: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.schemes:
+            raise InputError("--schemes: name at least one scheme (fp8, w8a8, w8a16)")
+        for name in self.schemes:
+            get_scheme(name)
+        if not Path(self.model).is_dir():
+            raise InputError(f"{self.model}: model directory not found")
+        for value, flag in ((self.proxy_seeds, "--proxy-seeds"), (self.proxy_steps, "--proxy-steps")):
+            if value < 1:
+                raise InputError(f"{flag}: at least 1, got {value}")
+        if self.max_rounds < 1:
+            raise InputError(f"--max-rounds: at least 1, got {self.max_rounds}")
+        if self.budget is not None:
+            read_budget(self.budget)  # refused before anything runs
+        if self.accept not in ("inside", "undecided"):
+            raise InputError(f"--accept: inside or undecided, got {self.accept!r}")
+
+
+def read_budget(text: str) -> tuple[str, float]:
+    """``--budget`` as ("share", percent) for ``P%`` or ("bytes", n) for a SIZE (``12MiB``, ``1.5GB``)."""
+    from ditq.serve.config import parse_memory_size
+
+    text = text.strip()
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            raise InputError(f"--budget: cannot read {text!r} (examples: 10%, 12MiB)") from None
+        if not 0 <= share <= 100:
+            raise InputError(f"--budget: a share between 0% and 100%, got {text!r}")
+        return "share", share
+    try:
+        return "bytes", parse_memory_size(text)
+    except InputError:
+        raise InputError(f"--budget: cannot read {text!r} (examples: 10%, 12MiB, 1.5GB)") from None
+
+
+def parse_budget(text: str, planned_params: int, stored_itemsize: int, fixed_bytes: int) -> int:
+    """``--budget`` as the most parameters the plan may keep: ``P%`` of the planned Linears' parameters, or a
+    SIZE the component's weights may take, each kept parameter costing its stored bytes and each quantized one a
+    byte (scales left out); ``fixed_bytes`` is what the component's other tensors take."""
+    kind, value = read_budget(text)
+    if kind == "share":
+        return int(planned_params * value / 100)
+    spare = int(value) - fixed_bytes - planned_params  # left once every planned Linear is one byte a weight
+    if spare < 0:
+        raise InputError(
+            f"--budget {text}: under the component's size with every planned Linear quantized "
+            f"({fixed_bytes + planned_params} bytes)"
+        )
+    return spare // max(stored_itemsize - 1, 1)
+
+
+def _bundled_defaults(options: PlanOptions, work: Path) -> tuple[Path, Path, int]:
+    """(fixtures, refs, steps), the bundled demo's where not given."""
+    from ditq import demo
+    from ditq.commands.demo import DEMO, demo_fixtures
+
+    bundled = Path(options.model).resolve() == demo.default_model_dir().resolve()
+    if (options.fixtures is None or options.refs is None) and not bundled:
+        raise InputError("--fixtures and --refs are needed for a model other than the bundled demo model")
+    fixtures = options.fixtures or demo_fixtures(work)
+    refs = options.refs or demo.references_dir()
+    steps = options.steps or (DEMO.steps if bundled else 20)
+    return Path(fixtures), Path(refs), steps
+
+
+@contextmanager
+def _work_folder(work: Path | None) -> Iterator[Path]:
+    if work is None:
+        with tempfile.TemporaryDirectory(prefix="ditq-plan-") as folder:
+            yield Path(folder)
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("reference", "pair-bfloat16"):  # runs resume; these must be made afresh
+        shutil.rmtree(work / name, ignore_errors=True)
+    for stale in [*work.glob("verify-*"), *work.glob("artifact-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    yield work
+
+
+def _units(targets: dict[str, int], block_lists: list[str]) -> tuple[list[Unit], list[Unit]]:
+    """(one unit per Linear, one per block plus the whole component)."""
+    layers = [Unit(name, "layer", (name,), params) for name, params in targets.items()]
+    blocks: dict[str, list[str]] = {}
+    for name in targets:
+        outer = next((b for b in block_lists if name.startswith(f"{b}.")), None)
+        if outer is not None:
+            index = name[len(outer) + 1 :].split(".")[0]
+            blocks.setdefault(f"{outer}.{index}", []).append(name)
+    wholes = [Unit(b, "block", tuple(names), sum(targets[n] for n in names)) for b, names in blocks.items()]
+    wholes.append(Unit("(all)", "component", tuple(targets), sum(targets.values())))
+    return layers, wholes
+
+
+def _stored_itemsize(model: Path, component: str, variant: str | None) -> tuple[int, int]:
+    """(bytes per weight of the component's Linears as stored, bytes of its tensors in all)."""
+    from ditq.checkpoint.safetensors_io import read_header
+    from ditq.runtime.loader import component_weight_files
+
+    entries = {}
+    for path in component_weight_files(Path(model) / component, variant):
+        entries.update(read_header(path).entries)
+    weights = [e for name, e in entries.items() if name.endswith(".weight") and len(e.shape) == 2]
+    itemsize = max((e.dtype.itemsize for e in weights), default=2)
+    return itemsize, sum(e.nbytes for e in entries.values())
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """What every phase shares: the options resolved, the fixtures, the runs' folders and the band."""
+
+    options: PlanOptions
+    device: str
+    dtype: torch.dtype
+    fixtures: dict[str, Fixture]
+    fixtures_file: Path
+    refs: Path
+    seeds: list[int]
+    steps: int
+    work: Path
+
+    @property
+    def reference(self) -> Path:
+        return self.work / "reference"
+
+    def describe(self, model: Path) -> Any:
+        from ditq.probe.runner import describe_run
+        from ditq.runfiles import InProcessOptions
+
+        return describe_run(
+            "baseline",
+            ["in-process"],
+            self.fixtures_file,
+            self.refs,
+            self.fixtures,
+            self.seeds,
+            self.steps,
+            self.options.cfg,
+            InProcessOptions(device=self.device, offload="none"),
+            model,
+        )
+
+
+@dataclass
+class _Verified:
+    psnr_db: dict[str, float]
+    decisions: dict[str, str]  # compare's, under a parity target
+
+
+def _verify(setting: _Setting, plan: PlanFile, band: ParityBand | None, round_index: int) -> _Verified:
+    """Quantize with the plan (``ditq quantize --plan``), load the checkpoint through the runtime, run every
+    fixture and seed, and compare with the source-precision run as ``ditq compare`` does (with the band)."""
+    from ditq.baseline import AdapterExecutor
+    from ditq.compare import compare_run
+    from ditq.probe.runner import run_matrix
+    from ditq.quantizer import quantize
+    from ditq.runtime.adapter import PipelineAdapter
+    from ditq.runtime.loader import load_pipeline
+
+    options = setting.options
+    artifact = setting.work / f"artifact-{round_index}"
+    quantize(options.model, artifact, plan=plan, device=setting.device, variant=options.variant, force=True)
+    pipeline = load_pipeline(artifact, device=setting.device, dtype=setting.dtype)
+    executor = AdapterExecutor(PipelineAdapter(pipeline), setting.steps, options.cfg)
+    run = setting.work / f"verify-{round_index}"
+    run_matrix(run, setting.fixtures, setting.seeds, [executor], setting.describe(artifact), progress=False)
+    result = compare_run(run, setting.reference, parity=band, use_lpips=False)
+    psnr_db = {f: e.psnr_db.mean for f, e in result.fixtures.items() if e.psnr_db.mean is not None}
+    if set(psnr_db) != set(setting.fixtures):
+        missing = sorted(set(setting.fixtures) - set(psnr_db))
+        raise DitqError(f"verification: no image of {missing} could be compared (see {run}/records.jsonl)")
+    decisions: dict[str, str] = {
+        f: e.parity.decision for f, e in result.fixtures.items() if e.parity is not None
+    }
+    return _Verified(psnr_db, decisions)
+
+
+def _meets(verified: _Verified, target: PlanTarget, fixture: str, accept: str) -> bool:
+    """The fixture's mean PSNR at or above its target and, under a parity target, compare's decision for it
+    ``inside`` (``accept="undecided"``: not ``outside``)."""
+    if verified.psnr_db[fixture] < target.per_fixture_db[fixture]:
+        return False
+    decision = verified.decisions.get(fixture)
+    return decision is None or decision == "inside" or (accept == "undecided" and decision == "undecided")
+
+
+def _reasons(
+    assignment: dict[str, str], schemes: tuple[str, ...], sensitivity: Sensitivity, fixtures: list[str]
+) -> dict[str, str]:
+    """Why each layer is not at the fastest scheme: its error there, and its rank among the layers."""
+    first = schemes[0]
+    worst = {layer: max(sensitivity.proxy[(layer, first)][f] for f in fixtures) for layer in assignment}
+    order = sorted(worst, key=lambda layer: -worst[layer])
+    reasons = {}
+    for layer, choice in assignment.items():
+        if choice == first:
+            continue
+        rank = f"the {order.index(layer) + 1}. most sensitive of {len(order)}"
+        errors = ", ".join(
+            f"{s} {max(sensitivity.proxy[(layer, s)][f] for f in fixtures):.3g}"
+            for s in schemes
+            if s != choice and schemes.index(s) < (len(schemes) if choice == KEEP else schemes.index(choice))
+        )
+        verb = "kept in source precision" if choice == KEEP else f"at {choice}"
+        reasons[layer] = (
+            f"{verb}: proxy error {errors} ({rank}); the target is not predicted to hold with it any cheaper"
+        )
+    return reasons
+
+
+def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: None) -> PlanFile:
+    """Measure, search and verify; write ``options.out`` and return the plan."""
+    from ditq.devices import resolve_device, resolve_dtype
+    from ditq.runtime.loader import load_pipeline
+    from ditq.targets import plan_targets
+
+    started = time.monotonic()
+    device = str(resolve_device(options.device))
+    with _work_folder(options.work) as work:
+        fixtures_file, refs, steps = _bundled_defaults(options, work)
+        setting = _Setting(
+            options,
+            device,
+            resolve_dtype(options.dtype, device),
+            load_fixtures(fixtures_file, refs),
+            fixtures_file,
+            refs,
+            parse_seeds(options.seeds),
+            steps,
+            work,
+        )
+        pipeline = load_pipeline(options.model, device=device, dtype=setting.dtype, variant=options.variant)
+        component = getattr(pipeline, options.component, None)
+        if not isinstance(component, torch.nn.Module):
+            raise InputError(f"--component: {options.model} has no model component {options.component!r}")
+        rule = plan_targets(
+            component, options.component, {k: tuple(v.shape) for k, v in component.state_dict().items()}
+        )
+        targets = {name: layer.in_features * layer.out_features for name, layer in rule.targets.items()}
+        seeds = setting.seeds
+        bench = Workbench(
+            pipeline,
+            options.component,
+            setting.fixtures,
+            steps,
+            options.cfg,
+            seeds,
+            seeds[: options.proxy_seeds],
+            options.proxy_steps,
+        )
+        clock = lambda: f"{time.monotonic() - started:.0f} s"  # noqa: E731
+        say(
+            f"plan: {len(targets)} Linears of {options.component}; {len(setting.fixtures)} fixtures x {len(seeds)} seeds, {steps} steps"
+        )
+        bench.run_reference(setting.reference, fixtures_file, refs, Path(options.model), device)
+        say(f"plan: the source-precision run ({setting.dtype}) done ({clock()})")
+        band, target = _target(setting)
+        say(f"plan: target {target.kind}: {_fmt(target.per_fixture_db)} dB ({clock()})")
+
+        layer_units, whole_units = _units(targets, rule.block_lists)
+        unit_seeds = seeds[: options.unit_seeds]
+        layer_found = measure_sensitivity(bench, layer_units, options.schemes, unit_seeds, lambda u: False)
+        say(f"plan: {len(layer_units)} Linears x {len(options.schemes)} schemes, proxy ({clock()})")
+        whole_found = measure_sensitivity(bench, whole_units, options.schemes, unit_seeds, lambda u: True)
+        fit = calibrate(
+            layer_found.proxy,
+            {u.name: u.layers for u in whole_units},
+            whole_found.proxy,
+            whole_found.psnr_db,
+            list(setting.fixtures),
+        )
+        say(
+            f"plan: {len(whole_units) - 1} blocks and the component x {len(options.schemes)} schemes, proxy and "
+            f"images: rank correlation {fit.spearman and round(fit.spearman, 3)}, prediction off by {fit.residual_db} dB ({clock()})"
+        )
+        found = (layer_found, whole_found, fit)
+        max_kept = _max_kept(options, targets)
+        assignment, verified, rounds = _search_and_verify(
+            setting, target, band, targets, found, max_kept, say, clock
+        )
+        verification = PlanVerification(
+            psnr_db={f: round(v, 3) for f, v in verified.psnr_db.items()},
+            min_db=round(min(verified.psnr_db.values()), 3),
+            meets_target=all(_meets(verified, target, f, options.accept) for f in setting.fixtures),
+            seeds=seeds,
+            decisions=verified.decisions,
+            rounds=rounds,
+            artifact=True,
+        )
+        pair_forwards = len(setting.fixtures) * len(seeds) * steps if band is not None else 0
+        verify_forwards = rounds * len(setting.fixtures) * len(seeds) * steps
+        cost = PlanCost(
+            seconds=round(time.monotonic() - started, 1),
+            forwards=bench.forwards + pair_forwards + verify_forwards,
+            device=device,
+        )
+        plan = _plan_file(options, target, assignment, targets, found, verification, cost)
+        write_plan(options.out, plan)
+        return plan
+
+
+def _max_kept(options: PlanOptions, targets: dict[str, int]) -> int | None:
+    if options.budget is None:
+        return None
+    itemsize, component_bytes = _stored_itemsize(Path(options.model), options.component, options.variant)
+    planned = sum(targets.values())
+    return parse_budget(options.budget, planned, itemsize, component_bytes - planned * itemsize)
+
+
+def _search_and_verify(
+    setting: _Setting,
+    target: PlanTarget,
+    band: ParityBand | None,
+    targets: dict[str, int],
+    found: tuple[Sensitivity, Sensitivity, Calibration],
+    max_kept: int | None,
+    say: Callable[[str], None],
+    clock: Callable[[], str],
+) -> tuple[dict[str, str], _Verified, int]:
+    """Search, verify end to end, correct the predictions by what was measured, and again, up to max_rounds.
+
+    Returns the most quantized assignment whose verification met the target (the last one tried when none
+    did), its verification, and the rounds run."""
+    options = setting.options
+    layer_found, _, fit = found
+    aim = {f: db + options.margin_db for f, db in target.per_fixture_db.items()}
+    offsets = dict(fit.offset_db)
+    tried: list[tuple[dict[str, str], _Verified]] = []
+    for round_index in range(1, options.max_rounds + 1):
+        assignment = search_assignment(targets, options.schemes, layer_found.proxy, offsets, aim, max_kept)
+        if any(assignment == earlier for earlier, _ in tried):
+            break  # the corrected predictions lead back to a mix already verified
+        predicted = predict(assignment, layer_found.proxy, offsets)
+        plan = _plan_file(options, target, assignment, targets, found, None, None)
+        verified = _verify(setting, plan, band, round_index)
+        tried.append((assignment, verified))
+        met = {f: _meets(verified, target, f, options.accept) for f in setting.fixtures}
+        say(
+            f"plan: round {round_index}: {plan.quantized_fraction:.1%} quantized; predicted {_fmt(predicted)}; "
+            f"measured {_fmt(verified.psnr_db)}; "
+            + (
+                "target met"
+                if all(met.values())
+                else f"not met on {', '.join(f for f, ok in met.items() if not ok)}"
+            )
+            + f" ({clock()})"
+        )
+        # The mix just measured is the calibration point nearest the answer: each fixture's prediction moves by
+        # what it missed, up or down; a fixture that missed its target is also aimed a margin higher.
+        for fixture, measured in verified.psnr_db.items():
+            offsets[fixture] += measured - predicted[fixture]
+            if not met[fixture]:
+                aim[fixture] += options.margin_db
+    passing = [
+        (index, t)
+        for index, t in enumerate(tried)
+        if all(_meets(t[1], target, f, options.accept) for f in setting.fixtures)
+    ]
+    if passing:
+        _, (assignment, verified) = max(passing, key=lambda p: (_quantized(p[1][0], targets), p[0]))
+    else:
+        assignment, verified = tried[-1]
+    return assignment, verified, len(tried)
+
+
+def _quantized(assignment: dict[str, str], targets: dict[str, int]) -> int:
+    return sum(targets[name] for name, scheme in assignment.items() if scheme != KEEP)
+
+
+def _fmt(values: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.1f}" for k, v in values.items())
+
+
+def _target(setting: _Setting) -> tuple[ParityBand | None, PlanTarget]:
+    """(the parity band, or None under --target-db; the target per fixture)."""
+    options = setting.options
+    if options.target_db is not None:
+        per_fixture = dict.fromkeys(setting.fixtures, options.target_db)
+        return None, PlanTarget(
+            kind="db", db=options.target_db, per_fixture_db=per_fixture, margin_db=options.margin_db
+        )
+    from ditq.baseline import BaselineOptions, make_baseline
+    from ditq.compare import parity_from_pair
+
+    pair = setting.work / "pair-bfloat16"
+    make_baseline(
+        BaselineOptions(
+            model=Path(options.model),
+            fixtures=setting.fixtures_file,
+            refs=setting.refs,
+            out=pair,
+            seeds=setting.seeds,
+            steps=setting.steps,
+            true_cfg_scale=options.cfg,
+            device=setting.device,
+            variant=options.variant,
+            progress=False,
+        )
+    )
+    band = parity_from_pair(setting.reference, pair, options.tolerance_db)
+    per_fixture = {f: round(band.edge(f), 3) for f in setting.fixtures}
+    target = PlanTarget(
+        kind="parity", db=min(per_fixture.values()), per_fixture_db=per_fixture, margin_db=options.margin_db
+    )
+    return band, target
+
+
+def _plan_file(
+    options: PlanOptions,
+    target: PlanTarget,
+    assignment: dict[str, str],
+    targets: dict[str, int],
+    found: tuple[Sensitivity, Sensitivity, Calibration],
+    verification: PlanVerification | None,
+    cost: PlanCost | None,
+) -> PlanFile:
+    layer_found, whole_found, fit = found
+    planned = sum(targets.values())
+    return PlanFile(
+        source=str(options.model),
+        component=options.component,
+        schemes=list(options.schemes),
+        target=target,
+        layers=dict(assignment),
+        sensitivity=[*layer_found.entries, *whole_found.entries],
+        quantized_fraction=round(_quantized(assignment, targets) / planned, 4) if planned else 0.0,
+        verification=verification,
+        calibration=ProxyCalibration(
+            offset_db=fit.offset_db,
+            residual_db=fit.residual_db,
+            spearman=None if fit.spearman is None else round(fit.spearman, 3),
+            points=fit.points,
+        ),
+        reasons=_reasons(assignment, options.schemes, layer_found, list(target.per_fixture_db)),
+        cost=cost,
+        command=list(options.command) or ["ditq", *sys.argv[1:]],
+    )

@@ -1,0 +1,96 @@
+"""The search on hand-made sensitivity tables: predictions written out as arithmetic, the cheapest mix per target."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ditq.plan.schema import KEEP
+from ditq.plan.search import calibrate, predict, search_assignment, spearman
+
+FIXTURES = ("a", "b")
+SCHEMES = ("fp8", "w8a8")
+# Five layers, one of them (l3) ten times as sensitive as the rest; w8a8 a third of fp8's error everywhere.
+ERRORS = {"l0": 0.001, "l1": 0.001, "l2": 0.001, "l3": 0.01, "l4": 0.001}
+PARAMS = dict.fromkeys(ERRORS, 1000)
+TABLE = {
+    (layer, scheme): {
+        f: e * (1.0 if scheme == "fp8" else 1 / 3) * (1.0 if f == "a" else 0.5) for f in FIXTURES
+    }
+    for layer, e in ERRORS.items()
+    for scheme in SCHEMES
+}
+OFFSET = {"a": 0.0, "b": 0.0}
+
+
+def _psnr(offset: float, errors: list[float]) -> float:
+    return offset - 10 * math.log10(sum(e * e for e in errors))
+
+
+def test_prediction_adds_error_powers():
+    mix = {"l0": "fp8", "l1": "w8a8", "l2": KEEP, "l3": KEEP, "l4": "fp8"}
+    predicted = predict(mix, TABLE, {"a": 10.0, "b": 20.0})
+    assert predicted["a"] == pytest.approx(_psnr(10.0, [0.001, 0.001 / 3, 0.001]))
+    assert predicted["b"] == pytest.approx(_psnr(20.0, [0.0005, 0.0005 / 3, 0.0005]))
+
+
+def test_everything_kept_is_predicted_at_the_cap():
+    assert predict(dict.fromkeys(ERRORS, KEEP), TABLE, OFFSET) == {"a": 100.0, "b": 100.0}
+
+
+def test_a_loose_target_leaves_every_layer_at_the_fastest_scheme():
+    everything_fp8 = _psnr(0.0, list(ERRORS.values()))  # fixture a is the worse one
+    mix = search_assignment(PARAMS, SCHEMES, TABLE, OFFSET, {"a": everything_fp8 - 0.1, "b": 0.0})
+    assert mix == dict.fromkeys(ERRORS, "fp8")
+
+
+def test_the_sensitive_layer_moves_first_and_alone():
+    # l3 at w8a8 instead of fp8 lowers fixture a's error power from 1.04e-4 to 1.51e-5: aim between.
+    with_l3_w8a8 = _psnr(0.0, [0.001] * 4 + [0.01 / 3])
+    mix = search_assignment(PARAMS, SCHEMES, TABLE, OFFSET, {"a": with_l3_w8a8 - 0.01, "b": 0.0})
+    assert mix == {**dict.fromkeys(ERRORS, "fp8"), "l3": "w8a8"}
+
+
+def test_keep_only_when_no_scheme_is_enough():
+    all_w8a8 = _psnr(0.0, [0.001 / 3] * 4 + [0.01 / 3])
+    mix = search_assignment(PARAMS, SCHEMES, TABLE, OFFSET, {"a": all_w8a8 + 3.0, "b": 0.0})
+    assert mix["l3"] == KEEP
+    assert predict(mix, TABLE, OFFSET)["a"] >= all_w8a8 + 3.0
+    # what is not kept is at the cheapest scheme that still meets the target (the final pass)
+    for layer, choice in mix.items():
+        if choice == "w8a8":
+            cheaper = {**mix, layer: "fp8"}
+            assert predict(cheaper, TABLE, OFFSET)["a"] < all_w8a8 + 3.0
+
+
+def test_the_budget_caps_what_is_kept():
+    mix = search_assignment(PARAMS, SCHEMES, TABLE, OFFSET, {"a": 200.0, "b": 0.0}, max_kept_params=2000)
+    assert sum(PARAMS[name] for name, choice in mix.items() if choice == KEEP) <= 2000
+
+
+def test_calibration_recovers_the_offset_from_measured_units():
+    unit_layers = {"block0": ("l0", "l1"), "block1": ("l2", "l3", "l4")}
+    offsets = {"a": 7.5, "b": 9.0}
+    unit_proxy = {
+        (unit, s): {f: math.sqrt(sum(TABLE[(name, s)][f] ** 2 for name in layers)) for f in FIXTURES}
+        for unit, layers in unit_layers.items()
+        for s in SCHEMES
+    }
+    unit_psnr = {
+        key: {f: offsets[f] - 20 * math.log10(error) for f, error in per_fixture.items()}
+        for key, per_fixture in unit_proxy.items()
+    }
+    fit = calibrate(TABLE, unit_layers, unit_proxy, unit_psnr, FIXTURES)
+    assert fit.offset_db == pytest.approx(offsets, abs=1e-3)
+    assert fit.residual_db == pytest.approx(0.0, abs=1e-3)
+    assert fit.spearman == pytest.approx(1.0)
+    assert fit.points == 8
+
+
+def test_spearman_against_its_definition():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ranks (1, 2, 3, 4) and (2, 1, 4, 3): 1 - 6 * sum(d^2) / (n (n^2 - 1)) = 1 - 6 * 4 / 60
+    assert spearman([1, 2, 3, 4], [2, 1, 4, 3]) == pytest.approx(1 - 24 / 60)
+    assert spearman([1, 2], [1, 2]) is None
