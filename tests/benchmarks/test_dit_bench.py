@@ -1,0 +1,111 @@
+"""benchmarks/dit_bench.py: its denoising loop is the pipeline's, and its tiny CPU dry run fills every row."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline, QwenImage21Transformer2DModel
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import dit_loop  # noqa: E402
+import full_size_pipeline  # noqa: E402
+
+TINY = dict(
+    num_layers=2,
+    attention_head_dim=32,
+    num_attention_heads=2,
+    context_in_dim=64,
+    in_channels=64,
+    out_channels=64,
+    axes_dims_rope=(8, 12, 12),
+)
+
+
+def test_loop_without_references_is_the_stock_pipeline() -> None:
+    """At 0 references the stock pipeline takes embeddings and latents itself: the bench's loop gives its latents."""
+    torch.manual_seed(0)
+    transformer = torch.nn.Module.to(QwenImage21Transformer2DModel.from_config(TINY), torch.bfloat16).eval()
+    processor = full_size_pipeline.build_processor(full_size_pipeline.PRESETS["tiny"])
+    case = dit_loop.make_case(TINY, 32, 8, 0, torch.device("cpu"))
+    pipe = dit_loop.loop_pipeline(transformer, processor, full_size_pipeline.SCHEDULER_CONFIG)
+    step_ms, ours = dit_loop.run_loop(pipe, case, 4)
+    stock: Any = QwenImage21Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**full_size_pipeline.SCHEDULER_CONFIG),
+        vae=None,
+        text_encoder=None,
+        processor=processor,
+        transformer=transformer,
+    )
+    stock.set_progress_bar_config(disable=True)
+    expected = stock(
+        prompt_embeds=case.prompt_embeds,
+        latents=case.latents,
+        height=case.side_px,
+        width=case.side_px,
+        num_inference_steps=4,
+        output_type="latent",
+        return_dict=False,
+    )[0]
+    assert len(step_ms) == 4 and all(ms > 0 for ms in step_ms)
+    assert torch.equal(ours, expected)
+
+
+def test_case_layout_interleaves_text_and_reference_slots() -> None:
+    case = dit_loop.make_case(TINY, 32, 8, 2, torch.device("cpu"))
+    mask = case.image_pad_mask[0].tolist()
+    slots = 8 * 8 // 4
+    before = dit_loop.TEXT_BEFORE_EACH_REFERENCE
+    assert mask == ([False] * before + [True] * slots) * 2 + [False] * (32 - 2 * before)
+    assert case.reference_latents is not None and case.reference_latents.shape == (1, 2 * 64, 64)
+    assert case.joint_tokens == 32 + 3 * 64
+
+
+@pytest.mark.slow
+def test_tiny_dry_run_fills_every_loop_row(tmp_path: Path) -> None:
+    out = tmp_path / "dit_bench.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the tiny model's timings are noise either way
+    command = [sys.executable, str(BENCHMARKS / "dit_bench.py"), "--preset", "tiny", "--device", "cpu"]
+    subprocess.run([*command, "--out", str(out)], check=True, env=env, timeout=600)
+    result = json.loads(out.read_text())
+    assert "errors" not in result
+    rows = {(r["variant"], r["mode"], r["references"]): r for r in result["rows"]}
+    for variant in ("bf16", "w8a8", "fp8", "w8a16"):
+        for mode in ("eager", "compiled"):
+            for references in (0, 1, 2, 3, 4):
+                row = rows[(variant, mode, references)]
+                for field in ("prefix_step_ms", "cached_step_ms", "loop_ms"):
+                    assert math.isfinite(row[field]) and row[field] > 0, (variant, mode, references, field)
+                    ratio = row[f"{field.removesuffix('_ms')}_vs_bf16_same_mode"]
+                    assert ratio is not None and math.isfinite(ratio)
+                assert len(row["cached_steps_ms"]) == result["loop"]["cached_steps"] == 9
+                # tiny default-init model: 8-bit Linears move the final latents by well under 5 %
+                assert row["final_latents_rel_l2_vs_bf16_eager"] < 0.05
+                if mode == "compiled":
+                    assert row["graph_breaks"] == 0
+    assert rows[("bf16", "eager", 4)]["loop_vs_bf16_same_mode"] == 1.0
+    for scheme in ("w8a8", "fp8", "w8a16"):
+        errors = result["layer_errors"][scheme]
+        assert errors["layers"] == result["model"]["quantized_linears"]
+        assert 0 < errors["median"] <= errors["max"] < 0.1 and len(errors["worst_5"]) == 5
+    for variant in ("torchao-int8dyn", "torchao-fp8row"):
+        if variant in result["unavailable"]:
+            assert result["unavailable"][variant].startswith("unavailable: ")
+        else:
+            assert rows[(variant, "compiled", 0)]["loop_ms"] > 0
+    assert set(result["summary"]["w8a8_eager_loop_vs_bf16_eager"]["by_references"]) == {
+        "r0",
+        "r1",
+        "r2",
+        "r3",
+        "r4",
+    }
