@@ -1,5 +1,10 @@
 """What the CUDA paths share: availability checks, per-token activation quantization, and the row-op plumbing
-(flatten to (M, K), call, reshape back; shape-only fakes for torch.compile)."""
+(flatten to (M, K), call, reshape back; shape-only fakes for torch.compile).
+
+The per-token paths quantize the activations *outside* their GEMM op: in eager mode with the Triton kernel, under
+torch.compile with ``ditq.numerics``' torch ops, which the compiler sees and fuses into the op that produced the
+activation (a norm, modulation or GELU), as it does for torchao's dynamic quantization. The GEMM and its scale
+epilogue stay one op either way."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ __all__ = [
     "flatten_rows",
     "matmul_rows",
     "quantize_rows",
+    "register_quantized_row_fakes",
     "register_row_fakes",
     "triton_available",
 ]
@@ -61,12 +67,32 @@ def register_row_fakes(*ops: Any) -> None:
         op.register_fake(_rows_out)
 
 
-def quantize_rows(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (M, K) -> (q (M, K) int8|fp8, scale (M, 1) float32): the Triton kernel where Triton is, else eager torch.
+def _quantized_rows_out(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    return x_q.new_empty((x_q.shape[0], weight.shape[0]), dtype=out_dtype)
 
-    Both follow ditq.numerics' conventions exactly.
+
+def register_quantized_row_fakes(*ops: Any) -> None:
+    """Shape-only implementations for GEMM ops on quantized rows (x_q (M, K), x_scale (M,), weight (N, K),
+    weight_scale, bias, out_dtype) -> (M, N) in out_dtype, so torch.compile traces through them."""
+    for op in ops:
+        op.register_fake(_quantized_rows_out)
+
+
+def quantize_rows(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) -> (q (M, K) int8|fp8, scale (M, 1) float32): the Triton kernel where Triton is (eager), else
+    torch ops; under torch.compile always torch ops, so the compiler can fuse them into x's producer.
+
+    Both follow ditq.numerics' conventions (torch on CUDA divides by the scalar qmax as a multiply by its
+    reciprocal, so a scale may differ from the Triton kernel's IEEE division by one float32 ulp).
     """
-    if x.is_cuda and triton_available() is None:
+    if x.is_cuda and triton_available() is None and not torch.compiler.is_compiling():
         from ditq.kernels._triton.act_quant import quantize_per_token
 
         return quantize_per_token(x, kind)

@@ -1,5 +1,7 @@
 """CUDA fp8 (sm_89+) through rowwise ``torch._scaled_mm``: per-token fp8 activation scale x per-channel
-weight scale applied by cuBLAS (ops ``ditq::fp8_scaled_mm``). Rowwise scaling writes bfloat16; other
+weight scale applied by cuBLAS. No custom op: ``torch._scaled_mm`` is an aten op that torch.compile keeps as one
+call, and the activation quantization before it (``cuda_common.quantize_rows``) is visible to the compiler, which
+fuses it into the activation's producer. Rowwise scaling writes bfloat16; other
 activation dtypes get one cast. Accumulation is full precision: cuBLAS's fast accumulation
 (use_fast_accum=True) measured 2 % low on the all-ones K=4096 case and 0.51 % rel-L2 at K=12288 on
 an H200, so it is not offered.
@@ -26,42 +28,20 @@ def _prepare(stored: StoredWeight, device: torch.device) -> Prepared:
     }
 
 
-@torch.library.custom_op("ditq::fp8_scaled_mm", mutates_args=(), device_types="cuda")
-def fp8_scaled_mm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None,
-    fast_accum: bool,
-) -> torch.Tensor:
-    x_q, x_scale = quantize_rows(x, "fp8")  # (M, K) fp8, (M, 1) float32
+def _matmul(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None, fast_accum: bool) -> torch.Tensor:
+    rows = flatten_rows(x)
+    x_q, x_scale = quantize_rows(rows, "fp8")  # (M, K) fp8, (M, 1) float32; torch ops under torch.compile
     y = torch._scaled_mm(
         x_q,
-        weight.t(),
+        prepared["weight"].t(),
         scale_a=x_scale,
-        scale_b=weight_scale,
+        scale_b=prepared["weight_scale"],
         out_dtype=torch.bfloat16,
         use_fast_accum=fast_accum,
     )
     if bias is not None:
         y = y + bias.to(torch.bfloat16)
-    return y.to(x.dtype)
-
-
-@fp8_scaled_mm.register_fake
-def _fake(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None,
-    fast_accum: bool,
-) -> torch.Tensor:
-    return x.new_empty((x.shape[0], weight.shape[0]))
-
-
-def _matmul(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None, fast_accum: bool) -> torch.Tensor:
-    y = fp8_scaled_mm(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias, fast_accum)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+    return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
 
 
 _REQUIREMENTS = {

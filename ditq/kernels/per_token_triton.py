@@ -1,10 +1,11 @@
 """The Triton paths of the per-token-activation schemes (w8a8: int8, fp8: float8_e4m3fn), registered per scheme.
 
-Each path quantizes the activations per token, runs the shared GEMM kernel (``_triton.w8a8_gemm``) on the two
+Each path quantizes the activations per token (``cuda_common.quantize_rows``: outside the GEMM op, so
+torch.compile can fuse it into the producer), runs the shared GEMM kernel (``_triton.w8a8_gemm``) on the two
 8-bit operands with a float32/int32 accumulator, and applies the per-token x per-channel scales, the bias and the
 output cast in the epilogue. Three GEMM variants: pointer loads, TMA tensor descriptors (sm_90) and persistent
-TMA (sm_90); each is a custom op ``ditq::<scheme>_triton[_tma|_persistent]`` and a registered kernel path
-``triton-<scheme>[-tma|-persistent]``. Triton paths take bf16/fp16 activations (a float32 output tile does not
+TMA (sm_90); each GEMM is a custom op ``ditq::<scheme>_triton[_tma|_persistent]`` on the quantized rows and a
+registered kernel path ``triton-<scheme>[-tma|-persistent]``. Triton paths take bf16/fp16 activations (a float32 output tile does not
 fit beside the pipeline in shared memory at these tile sizes); float32 activations go to the cuBLAS or reference
 paths.
 """
@@ -16,7 +17,12 @@ from collections.abc import Callable
 import torch
 
 from ditq.checkpoint.codecs import codec_for
-from ditq.kernels.cuda_common import matmul_rows, quantize_rows, register_row_fakes, triton_available
+from ditq.kernels.cuda_common import (
+    flatten_rows,
+    quantize_rows,
+    register_quantized_row_fakes,
+    triton_available,
+)
 from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, PrepareFn, StoredWeight, register_kernel
 from ditq.schemes import Scheme
 
@@ -40,17 +46,22 @@ def _gemm(variant: str) -> Callable[..., torch.Tensor]:
     }[variant]
 
 
-def _row_op(name: str, activation: str, variant: str) -> Callable[..., torch.Tensor]:
-    """Custom op ``name``: x (M, K) bf16/fp16 -> per-token `activation` quantization -> GEMM -> (M, N) in x's dtype."""
+def _gemm_op(name: str, variant: str) -> Callable[..., torch.Tensor]:
+    """Custom op ``name``: x_q (M, K) 8-bit, x_scale (M,) float32 -> GEMM with the scale epilogue -> (M, N) in
+    out_dtype."""
 
     def run(
-        x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+        x_q: torch.Tensor,
+        x_scale: torch.Tensor,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_dtype: torch.dtype,
     ) -> torch.Tensor:
-        x_q, x_scale = quantize_rows(x, activation)  # (M, K) 8-bit, (M, 1) float32
-        return _gemm(variant)(x_q, weight, x_scale.reshape(-1), weight_scale, bias, x.dtype)
+        return _gemm(variant)(x_q, weight, x_scale, weight_scale, bias, out_dtype)
 
     op = torch.library.custom_op(name, mutates_args=(), device_types="cuda")(run)
-    register_row_fakes(op)
+    register_quantized_row_fakes(op)
     return op
 
 
@@ -79,15 +90,19 @@ def register_per_token_triton(
         raise ValueError(f"{scheme.name} is weight-only: no per-token activation paths")
     prepare = prepare_per_channel(scheme)
     for (variant, (suffix, capability, gemm)), priority in zip(_VARIANTS.items(), priorities, strict=True):
-        op = _row_op(f"ditq::{scheme.name}_triton" + (f"_{suffix}" if suffix else ""), activation, variant)
+        op = _gemm_op(f"ditq::{scheme.name}_triton" + (f"_{suffix}" if suffix else ""), variant)
 
         def matmul(
             x: torch.Tensor,
             prepared: Prepared,
             bias: torch.Tensor | None,
             op: Callable[..., torch.Tensor] = op,
+            activation: str = activation,
         ) -> torch.Tensor:
-            return matmul_rows(op, x, prepared, bias)
+            rows = flatten_rows(x)
+            x_q, x_scale = quantize_rows(rows, activation)  # (M, K) 8-bit, (M, 1) float32
+            y = op(x_q, x_scale.reshape(-1), prepared["weight"], prepared["weight_scale"], bias, rows.dtype)
+            return y.reshape(*x.shape[:-1], y.shape[-1])
 
         register_kernel(
             name=f"triton-{scheme.name}" + (f"-{suffix}" if suffix else ""),

@@ -1,12 +1,13 @@
-"""CUDA w8a8 through cuBLAS ``torch._int_mm``: per-token int8 quantization, (M, K) int8 @ (K, N) int8 -> int32,
-then the scale epilogue in eager torch (op ``ditq::w8a8_int_mm``).
+"""CUDA w8a8 through cuBLAS ``torch._int_mm``: per-token int8 quantization (``cuda_common.quantize_rows``, outside
+the op so torch.compile can fuse it into the producer), then (M, K) int8 @ (K, N) int8 -> int32 and the scale
+epilogue in eager torch (op ``ditq::w8a8_int_mm``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ditq.kernels.cuda_common import cuda_available, matmul_rows, quantize_rows, register_row_fakes
+from ditq.kernels.cuda_common import cuda_available, flatten_rows, quantize_rows, register_quantized_row_fakes
 from ditq.kernels.per_token_triton import prepare_per_channel
 from ditq.kernels.registry import FLOAT_ACTIVATIONS, Prepared, register_kernel
 from ditq.schemes import W8A8
@@ -18,20 +19,24 @@ _MIN_ROWS = 17  # torch._int_mm needs M > 16
 
 @torch.library.custom_op("ditq::w8a8_int_mm", mutates_args=(), device_types="cuda")
 def w8a8_int_mm(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    m = x.shape[0]
-    x_q, x_scale = quantize_rows(x, "int8")  # (M, K) int8, (M, 1) float32
+    m = x_q.shape[0]
     if m < _MIN_ROWS:
         x_q = torch.nn.functional.pad(x_q, (0, 0, 0, 32 - m))
     acc = torch._int_mm(x_q, weight.t())[:m]  # (M, K) @ (K, N) column-major -> (M, N) int32
-    y = acc.to(torch.float32).mul_(x_scale).mul_(weight_scale)
+    y = acc.to(torch.float32).mul_(x_scale[:, None]).mul_(weight_scale)
     if bias is not None:
         y.add_(bias.to(torch.float32))
-    return y.to(x.dtype)
+    return y.to(out_dtype)
 
 
-register_row_fakes(w8a8_int_mm)
+register_quantized_row_fakes(w8a8_int_mm)
 
 
 @register_kernel(
@@ -47,4 +52,7 @@ register_row_fakes(w8a8_int_mm)
 )
 def matmul_int_mm(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """cuBLAS torch._int_mm with per-token quantization and an eager scale epilogue."""
-    return matmul_rows(w8a8_int_mm, x, prepared, bias)
+    rows = flatten_rows(x)
+    x_q, x_scale = quantize_rows(rows, "int8")  # (M, K) int8, (M, 1) float32
+    y = w8a8_int_mm(x_q, x_scale.reshape(-1), prepared["weight"], prepared["weight_scale"], bias, rows.dtype)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
