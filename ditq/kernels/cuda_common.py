@@ -92,7 +92,8 @@ def quantize_rows(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tenso
     Both follow ditq.numerics' conventions (torch on CUDA divides by the scalar qmax as a multiply by its
     reciprocal, so a scale may differ from the Triton kernel's IEEE division by one float32 ulp).
     """
-    if x.is_cuda and triton_available() is None and not torch.compiler.is_compiling():
+    # is_compiling first: dynamo must not trace triton_available's import lookup (a graph break)
+    if not torch.compiler.is_compiling() and x.is_cuda and triton_available() is None:
         from ditq.kernels._triton.act_quant import quantize_per_token
 
         return quantize_per_token(x, kind)
