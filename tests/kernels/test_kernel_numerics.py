@@ -148,8 +148,17 @@ def test_torch_compile_traces_without_graph_breaks(path: KernelPath) -> None:
 
     torch._dynamo.reset()
     compiled = torch.compile(layer, fullgraph=True)  # a graph break would raise here
-    # The kernel output is the same; the compiled gelu may round differently by one bf16 step.
-    torch.testing.assert_close(compiled(x), layer(x))
+    # Compiled, the per-token quantization runs as torch ops the compiler fuses (eager: the Triton kernel); its
+    # division may round a scale one ulp apart, moving a value on a rounding boundary by one quantization step.
+    if (
+        path.scheme.activations is None
+    ):  # weight-only: the same kernel; the compiled gelu may round by a bf16 step
+        torch.testing.assert_close(compiled(x), layer(x))
+    else:
+        # a tenth of the scheme's own quantization error at these sizes (int8 1.3e-2, fp8 3.8e-2 rel-L2 against
+        # BF16: kernels_bench); measured on the H200: int8 under 1e-3, fp8 1.2e-3 to 3.1e-3 (its steps are coarser)
+        bound = 1e-3 if path.scheme.activations == "int8" else 5e-3
+        assert relative_l2(compiled(x), layer(x)) < bound
 
 
 @pytest.mark.gpu
