@@ -278,15 +278,14 @@ def _reasons(
     for layer, choice in assignment.items():
         if choice == first:
             continue
-        rank = f"the {order.index(layer) + 1}. most sensitive of {len(order)}"
+        cheaper = schemes if choice == KEEP else schemes[: schemes.index(choice)]
         errors = ", ".join(
-            f"{s} {max(sensitivity.proxy[(layer, s)][f] for f in fixtures):.3g}"
-            for s in schemes
-            if s != choice and schemes.index(s) < (len(schemes) if choice == KEEP else schemes.index(choice))
+            f"{s} {max(sensitivity.proxy[(layer, s)][f] for f in fixtures):.3g}" for s in cheaper
         )
         verb = "kept in source precision" if choice == KEEP else f"at {choice}"
         reasons[layer] = (
-            f"{verb}: proxy error {errors} ({rank}); the target is not predicted to hold with it any cheaper"
+            f"{verb}: proxy error {errors} (worst fixture; rank {order.index(layer) + 1} of {len(order)} by "
+            f"{first} error); the search moved it off the cheaper scheme(s) to reach the target"
         )
     return reasons
 

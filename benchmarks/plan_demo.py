@@ -1,0 +1,141 @@
+"""`ditq plan` on the bundled demo model: the plan, its end-to-end check, what the search cost; optionally the sweep.
+
+    python benchmarks/plan_demo.py --schemes fp8,w8a8 --out benchmarks/results/plan_demo.json \\
+        [--sweep demo-plan-out]
+
+Runs ``ditq plan ditq/demo/model --schemes S --out PLAN.json`` (the demo's fixtures, seeds 2301-2304, 8 steps, the
+parity target measured in process) and records its wall and CPU time, the machine's core count and load average
+before and after (other work on the machine slows every step; the load average says how much there was), the
+mix, the quantized share of the block Linears' parameters, each fixture's verified PSNR against its floor and
+compare's decision, and how well the proxy predicted the images. The plan itself is written beside the JSON
+(``<out stem>.PLAN.json``). With ``--sweep DIR``, ``ditq demo --out DIR --plan PLAN.json`` then runs the whole chain
+over the planned candidate beside the uniform ones, and its verdict lines and the planned candidate's fit-to-serve
+answer are recorded too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+MODEL = "ditq/demo/model"  # relative to the repository root, so the plan names no machine path
+
+
+def _ditq(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ditq.cli", *args]
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run_plan(schemes: str, plan_path: Path) -> dict[str, object]:
+    argv = _ditq("plan", MODEL, "--schemes", schemes, "--out", str(plan_path))
+    load_before, cpu_before = os.getloadavg(), _cpu_seconds()
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True)
+    wall = time.monotonic() - started
+    if done.returncode not in (0, 1) or not plan_path.is_file():
+        sys.exit(f"ditq plan failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return {
+        "command": shlex.join(["ditq", *argv[3:]]),
+        "exit_code": done.returncode,
+        "wall_s": round(wall, 1),
+        "cpu_s": round(_cpu_seconds() - cpu_before, 1),
+        "goal_s": 300,
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "progress": [line for line in done.stderr.splitlines() if line.startswith("plan: ")],
+        "printed": done.stdout.splitlines(),
+    }
+
+
+def _summary(plan: dict) -> dict[str, object]:
+    verification = plan["verification"]
+    floors = plan["target"]["per_fixture_db"]
+    return {
+        "mix": dict(Counter(plan["layers"].values())),
+        "quantized_fraction": plan["quantized_fraction"],
+        "goal_quantized_fraction": 0.9,
+        "per_fixture": {
+            fixture: {
+                "psnr_db": db,
+                "floor_db": floors[fixture],
+                "above_floor_db": round(db - floors[fixture], 2),
+                "decision": verification["decisions"].get(fixture),
+            }
+            for fixture, db in verification["psnr_db"].items()
+        },
+        "meets_target": verification["meets_target"],
+        "rounds": verification["rounds"],
+        "calibration": plan["calibration"],
+        "cost": plan["cost"],
+    }
+
+
+def _run_sweep(out: Path, plan_path: Path) -> dict[str, object]:
+    argv = _ditq("demo", "--out", str(out), "--plan", str(plan_path), "--no-progress")
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True)
+    wall = time.monotonic() - started
+    verdict_path = out / "report" / "verdict.json"
+    planned = None
+    if verdict_path.is_file():
+        document = json.loads(verdict_path.read_text())
+        entry = next((c for c in document["candidates"] if c["name"] == "plan"), None)
+        if entry is not None:
+            fit = entry["objectives"]["fit_to_serve"]
+            planned = {"fit_to_serve": fit["answer"], "reasons": [r["message"] for r in fit["reasons"]]}
+    return {
+        "command": shlex.join(["ditq", *argv[3:]]),
+        "exit_code": done.returncode,
+        "wall_s": round(wall, 1),
+        "verdicts": [
+            line for line in done.stdout.splitlines() if re.match(r"^\S+: (YES|NO|UNDECIDED) \(", line)
+        ],
+        "planned_candidate": planned,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--schemes", default="fp8,w8a8", help="ditq plan --schemes (default fp8,w8a8)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/plan_demo.json"))
+    parser.add_argument("--sweep", type=Path, help="also run `ditq demo --plan` into this folder")
+    args = parser.parse_args()
+    os.chdir(Path(__file__).resolve().parents[1])
+    plan_path = args.out.with_name(f"{args.out.stem}.PLAN.json")
+    payload: dict[str, object] = {
+        "what": "ditq plan on the bundled demo model (CPU), then its plan checked end to end",
+        "script": shlex.join(["python", "benchmarks/plan_demo.py", *sys.argv[1:]]),
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    payload["plan"] = _run_plan(args.schemes, plan_path)
+    payload["result"] = _summary(json.loads(plan_path.read_text()))
+    if args.sweep is not None:
+        if args.sweep.exists():
+            shutil.rmtree(args.sweep)
+        payload["sweep"] = _run_sweep(args.sweep, plan_path)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    print(json.dumps(payload["result"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
