@@ -207,6 +207,7 @@ class ServerHealth(BaseModel):
     # component -> scheme -> quantized Linears (several schemes in one component: a mixed-precision plan)
     quantized: dict[str, dict[str, int]] = {}
     kernel_paths: dict[str, int] = {}  # kernel path -> quantized layers that use it
+    attention: str | None = None  # the quantized-attention choice (serve --attention); None: the model's own
     doctor: DoctorStatus | None = None
 
     @property
@@ -637,6 +638,7 @@ class SweepFile(_File):
     parity_in_process: bool = False  # the band from the baseline and the model run in process in bfloat16
     max_seeds: int | None = None  # --seeds auto: the most seeds a fixture may get
     plan: str | None = None  # --plan: the PLAN.json of the planned candidate, as given
+    attention: str | None = None  # --attention: the candidates' servers' quantized attention (int8 | fp8)
     seeds_by_fixture: dict[str, str] | None = None  # --seeds auto: fixture -> the seeds it was run at
     pid: int
 

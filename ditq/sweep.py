@@ -102,6 +102,8 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
     argv += ["--device", options.device, "--offload", offload]
     argv += ["--dtype", options.dtype] if options.dtype else []
     argv += ["--variant", options.variant] if options.variant else []
+    # quantized attention is the candidates' (the baseline is the model as it ships)
+    argv += ["--attention", options.attention] if options.attention and model != options.model else []
     return argv + (["--max-memory", options.max_memory] if options.max_memory else [])
 
 
@@ -133,6 +135,7 @@ class SweepOptions:
     request_timeout_s: float | None = None
     progress: bool = True
     plan: Path | None = None  # a PLAN.json (`ditq plan`): one more candidate, quantized with it
+    attention: str | None = None  # the candidates' servers' --attention (int8 | fp8); None: the model's own
     serve_argv: ServeArgv = default_serve_argv
 
     def __post_init__(self) -> None:
@@ -886,6 +889,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         parity_in_process=options.parity_in_process,
         max_seeds=options.max_seeds if options.seeds == "auto" else None,
         plan=None if options.plan is None else str(options.plan),
+        attention=options.attention,
         pid=os.getpid(),
     )
     write_model(options.out / SWEEP_FILE, sweep_file)

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ditq.commands import add_variant_argument
+from ditq.commands import add_attention_argument, add_variant_argument
 from ditq.devices import add_device_arguments
 from ditq.errors import InputError
 from ditq.serve import ServeConfig, serve
@@ -66,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", help="the model id clients send (default: the directory name)")
     add_device_arguments(parser, "cpu", "where to generate", dtype=True, offload=True)
     add_variant_argument(parser)
+    add_attention_argument(parser)
     parser.add_argument(
         "--max-queue",
         type=int,
@@ -164,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         max_memory=args.max_memory,
         skip_doctor=args.skip_doctor,
         variant=args.variant,
+        attention=args.attention,
         limits=limits,
         drain_timeout_s=args.drain_timeout,
     )

@@ -6,6 +6,7 @@ import argparse
 import signal
 from pathlib import Path
 
+from ditq.commands import ATTENTION_CHOICES
 from ditq.commands.report import add_objective_argument
 from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device
 from ditq.report import ReportResult
@@ -101,6 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "from_pretrained(variant=...) reads them: the baseline's server, the in-process pair, quantize and "
         "the candidates' servers all read it (default: the default files)",
     )
+    parser.add_argument(
+        "--attention",
+        choices=ATTENTION_CHOICES,
+        help="the candidates' servers run quantized attention (ditq serve --attention); the baseline keeps the "
+        "model's own, so the report judges the two together (default: the model's own attention)",
+    )
     add_sweep_arguments(parser, device="auto")
 
 
@@ -146,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
         plan=args.plan,
+        attention=args.attention,
     )
     stop_on_sigterm()
     print_verdicts(run_sweep(options))

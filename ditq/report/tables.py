@@ -326,7 +326,10 @@ def servers_table(candidate: Candidate) -> Table:
                 _num(health.load_seconds if health else None, 1, " s"),
                 _num(health.kernel_choice_seconds if health else None, 1, " s"),
                 _num(health.ready_seconds if health else None, 1, " s"),
-                _kernels(health.kernel_paths) if health else "n/a",
+                _kernels(health.kernel_paths)
+                + (f"; attention {health.attention}" if health.attention else "")
+                if health
+                else "n/a",
                 format_budget(health.max_memory) if health else "n/a",
             )
         )

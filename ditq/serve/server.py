@@ -80,12 +80,14 @@ def serve(
     limits: ConnectionLimits | None = None,
     drain_timeout_s: float = 30.0,
     variant: str | None = None,
+    attention: str | None = None,
 ) -> None:
     """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model).
 
     ``device``, ``dtype`` and ``offload`` as ``ditq.devices`` reads them (``auto`` included; no dtype:
     float32 on the CPU, bfloat16 on CUDA, as ``ditq generate``); ``variant`` as
-    ``ditq.runtime.loader.load_pipeline`` reads it.
+    ``ditq.runtime.loader.load_pipeline`` reads it; ``attention`` ("int8" | "fp8", default off) as
+    ``ditq.serve.startup.load_adapter`` installs it.
 
     Raises OutOfMemoryError (exit code 3) when the model does not fit in the accelerator memory it may use.
     """
@@ -123,7 +125,7 @@ def serve(
     chooser = kernel_chooser(skip_doctor)
     app = create_app(
         config,
-        load=lambda: load_adapter(model_dir, device, offload, compute_dtype, chooser, variant),
+        load=lambda: load_adapter(model_dir, device, offload, compute_dtype, chooser, variant, attention),
         doctor=make_doctor(chooser),
         model_root=str(model_dir),
         drain_timeout_s=_WORKER_JOIN_S,

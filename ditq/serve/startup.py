@@ -110,12 +110,15 @@ def load_adapter(
     dtype: torch.dtype,
     chooser: VerifiedChooser | None,
     variant: str | None = None,
+    attention: str | None = None,
 ) -> PipelineAdapter:
     """An artifact or a plain diffusers directory, through the runtime loader.
 
     Each quantized layer's kernel path is chosen by ``chooser`` before the repack
     (``ditq.doctor.kernel_chooser``): a path that fails its check is refused and the next one is used, as
     ``ditq generate`` does; None (--skip-doctor) takes the registry's first candidate unverified.
+    ``attention`` ("int8" | "fp8"): the transformer's attention through a quantized-attention path chosen the
+    same way (``ditq.runtime.attention``); its choice is a load fact (/health's ``attention``).
     """
     from ditq.runtime.loader import load_pipeline
 
@@ -125,6 +128,13 @@ def load_adapter(
     adapter = PipelineAdapter(pipeline)
     if chooser is not None:  # part of the load time: the doctor's checks, kernel compilation included
         adapter.load_facts["kernel_choice_seconds"] = round(chooser.seconds, 3)
+    if attention is not None:
+        from ditq.runtime.attention import install_quantized_attention
+
+        choice = install_quantized_attention(
+            pipeline, attention, torch.device(device), dtype, verify=chooser is not None
+        )
+        adapter.load_facts["attention"] = choice.summary()
     return adapter
 
 
