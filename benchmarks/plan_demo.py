@@ -99,7 +99,8 @@ def _run_sweep(out: Path, plan_path: Path) -> dict[str, object]:
             fit = entry["objectives"]["fit_to_serve"]
             planned = {"fit_to_serve": fit["answer"], "reasons": [r["message"] for r in fit["reasons"]]}
     return {
-        "command": shlex.join(["ditq", *argv[3:]]),
+        # the folder as a placeholder: the result names no machine path
+        "command": shlex.join(["ditq", *argv[3:]]).replace(str(out), "<sweep dir>"),
         "exit_code": done.returncode,
         "wall_s": round(wall, 1),
         "verdicts": [
@@ -115,11 +116,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/plan_demo.json"))
     parser.add_argument("--sweep", type=Path, help="also run `ditq demo --plan` into this folder")
     args = parser.parse_args()
+    argv = [*sys.argv[1:]]
+    if args.sweep is not None:  # the folder as a placeholder: the result names no machine path
+        argv = [a.replace(str(args.sweep), "<sweep dir>") for a in argv]
     os.chdir(Path(__file__).resolve().parents[1])
     plan_path = args.out.with_name(f"{args.out.stem}.PLAN.json")
     payload: dict[str, object] = {
         "what": "ditq plan on the bundled demo model (CPU), then its plan checked end to end",
-        "script": shlex.join(["python", "benchmarks/plan_demo.py", *sys.argv[1:]]),
+        "script": shlex.join(["python", "benchmarks/plan_demo.py", *argv]),
         "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),

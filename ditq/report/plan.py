@@ -55,7 +55,7 @@ def plan_chart(plan: PlanFile, path: Path) -> Path | None:
     bar = figure.colorbar(image, ax=axis, fraction=0.05)
     bar.ax.tick_params(labelsize=7)
     figure.tight_layout()
-    figure.savefig(path, dpi=_DPI, format="png")
+    figure.savefig(path, dpi=_DPI, format="png", bbox_inches="tight")  # long layer names stay whole
     plt.close(figure)
     return path
 
