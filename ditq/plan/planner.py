@@ -5,8 +5,10 @@
 2. Under ``--target parity`` the parity band is measured as the sweep measures it: the model run in process in
    bfloat16 (``ditq.baseline.make_baseline``) against that run, per fixture and seed
    (``ditq.compare.parity_from_pair``); each fixture's floor is its pair's mean minus compare's tolerance.
-3. Sensitivity (``ditq.plan.sensitivity``): every plannable Linear alone under every scheme (proxy); every block
-   and the whole component under every scheme (proxy and final image), to calibrate and validate the proxy.
+3. Sensitivity (``ditq.plan.sensitivity``): every block and the whole component under every scheme (proxy and
+   final image), to calibrate and validate the proxy; then every plannable Linear alone under every scheme
+   (proxy) — past ``max_layers`` Linears, those of the most sensitive blocks, the rest estimated from their
+   block's error in proportion to their parameters.
 4. Search (``ditq.plan.search``) for the cheapest assignment predicted to meet every fixture's target plus margin.
 5. Verification: the plan is written as a checkpoint by ``ditq quantize --plan``, loaded by the runtime, run on
    every fixture and seed, and judged by ``ditq compare`` against the source-precision run (with the band). A
@@ -76,6 +78,7 @@ class PlanOptions:
     variant: str | None = None
     work: Path | None = None  # keeps the runs and checkpoints (None: a temporary folder, removed)
     max_rounds: int = 3
+    max_layers: int = 256  # Linears measured one by one at most; past it, the most sensitive blocks' first
     # under a parity target, what the verification accepts per fixture: compare's "inside", or also "undecided"
     accept: str = "inside"
     command: tuple[str, ...] = ()
@@ -90,6 +93,8 @@ class PlanOptions:
         for value, flag in ((self.proxy_seeds, "--proxy-seeds"), (self.proxy_steps, "--proxy-steps")):
             if value < 1:
                 raise InputError(f"{flag}: at least 1, got {value}")
+        if self.max_layers < 0:
+            raise InputError(f"--max-layers: at least 0, got {self.max_layers}")
         if self.max_rounds < 1:
             raise InputError(f"--max-rounds: at least 1, got {self.max_rounds}")
         if self.budget is not None:
@@ -173,6 +178,50 @@ def _units(targets: dict[str, int], block_lists: list[str]) -> tuple[list[Unit],
     wholes = [Unit(b, "block", tuple(names), sum(targets[n] for n in names)) for b, names in blocks.items()]
     wholes.append(Unit("(all)", "component", tuple(targets), sum(targets.values())))
     return layers, wholes
+
+
+def _layers_to_measure(
+    layer_units: list[Unit], whole_units: list[Unit], whole_found: Sensitivity, options: PlanOptions
+) -> list[Unit]:
+    """Every Linear when there are at most ``max_layers``; else the Linears of the most sensitive blocks (by the
+    worst fixture's proxy under the fastest scheme) until ``max_layers`` are chosen."""
+    if len(layer_units) <= options.max_layers:
+        return layer_units
+    first = options.schemes[0]
+    blocks = sorted(
+        (u for u in whole_units if u.kind == "block"),
+        key=lambda u: -max(whole_found.proxy[(u.name, first)].values()),
+    )
+    chosen: set[str] = set()
+    for block in blocks:
+        if len(chosen) + len(block.layers) > options.max_layers:
+            break
+        chosen.update(block.layers)
+    in_blocks = {name for u in whole_units if u.kind == "block" for name in u.layers}
+    return [u for u in layer_units if u.name in chosen or u.name not in in_blocks]
+
+
+def _estimate_the_rest(
+    layer_found: Sensitivity,
+    layer_units: list[Unit],
+    whole_units: list[Unit],
+    whole_found: Sensitivity,
+    schemes: tuple[str, ...],
+) -> None:
+    """A Linear not measured alone gets its block's error power in proportion to its parameters (recorded in
+    ``layer_found.estimated``; the plan file lists measured units only)."""
+    block_of = {name: u for u in whole_units if u.kind == "block" for name in u.layers}
+    for unit in layer_units:
+        if (unit.name, schemes[0]) in layer_found.proxy:
+            continue
+        block = block_of[unit.name]
+        share = unit.params / block.params
+        for scheme in schemes:
+            per_fixture = whole_found.proxy[(block.name, scheme)]
+            layer_found.proxy[(unit.name, scheme)] = {
+                f: (e * e * share) ** 0.5 for f, e in per_fixture.items()
+            }
+        layer_found.estimated.add(unit.name)
 
 
 def _stored_itemsize(model: Path, component: str, variant: str | None) -> tuple[int, int]:
@@ -283,6 +332,8 @@ def _reasons(
             f"{s} {max(sensitivity.proxy[(layer, s)][f] for f in fixtures):.3g}" for s in cheaper
         )
         verb = "kept in source precision" if choice == KEEP else f"at {choice}"
+        if layer in sensitivity.estimated:
+            errors += ", estimated from its block"
         reasons[layer] = (
             f"{verb}: proxy error {errors} (worst fixture; rank {order.index(layer) + 1} of {len(order)} by "
             f"{first} error); the search moved it off the cheaper scheme(s) to reach the target"
@@ -341,9 +392,22 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
 
         layer_units, whole_units = _units(targets, rule.block_lists)
         unit_seeds = seeds[: options.unit_seeds]
-        layer_found = measure_sensitivity(bench, layer_units, options.schemes, unit_seeds, lambda u: False)
-        say(f"plan: {len(layer_units)} Linears x {len(options.schemes)} schemes, proxy ({clock()})")
         whole_found = measure_sensitivity(bench, whole_units, options.schemes, unit_seeds, lambda u: True)
+        say(
+            f"plan: {len(whole_units) - 1} blocks and the component x {len(options.schemes)} schemes ({clock()})"
+        )
+        chosen = _layers_to_measure(layer_units, whole_units, whole_found, options)
+        layer_found = measure_sensitivity(bench, chosen, options.schemes, unit_seeds, lambda u: False)
+        _estimate_the_rest(layer_found, layer_units, whole_units, whole_found, options.schemes)
+        say(
+            f"plan: {len(chosen)} Linears x {len(options.schemes)} schemes, proxy"
+            + (
+                f" ({len(layer_units) - len(chosen)} more estimated from their blocks)"
+                if len(chosen) < len(layer_units)
+                else ""
+            )
+            + f" ({clock()})"
+        )
         fit = calibrate(
             layer_found.proxy,
             {u.name: u.layers for u in whole_units},
@@ -352,8 +416,8 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
             list(setting.fixtures),
         )
         say(
-            f"plan: {len(whole_units) - 1} blocks and the component x {len(options.schemes)} schemes, proxy and "
-            f"images: rank correlation {fit.spearman and round(fit.spearman, 3)}, prediction off by {fit.residual_db} dB ({clock()})"
+            f"plan: the proxy against the blocks' images: rank correlation {fit.spearman and round(fit.spearman, 3)}, "
+            f"prediction off by {fit.residual_db} dB"
         )
         found = (layer_found, whole_found, fit)
         max_kept = _max_kept(options, targets)

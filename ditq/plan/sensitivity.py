@@ -312,12 +312,11 @@ class Sensitivity:
     scheme, the numbers per fixture that the search predicts from."""
 
     entries: list[LayerSensitivity] = field(default_factory=list)
-    proxy: dict[tuple[str, str], dict[str, float]] = field(
-        default_factory=dict
-    )  # (unit, scheme) -> fixture -> error
-    psnr_db: dict[tuple[str, str], dict[str, float]] = field(
-        default_factory=dict
-    )  # mean over the image seeds
+    # (unit, scheme) -> fixture -> proxy error
+    proxy: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    # (unit, scheme) -> fixture -> the final image's PSNR (dB), mean over the image seeds, where measured
+    psnr_db: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    estimated: set[str] = field(default_factory=set)  # units whose proxy was estimated from their block
 
 
 def measure_sensitivity(

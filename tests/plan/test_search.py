@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,29 @@ def test_spearman_against_its_definition():
     # ranks (1, 2, 3, 4) and (2, 1, 4, 3): 1 - 6 * sum(d^2) / (n (n^2 - 1)) = 1 - 6 * 4 / 60
     assert spearman([1, 2, 3, 4], [2, 1, 4, 3]) == pytest.approx(1 - 24 / 60)
     assert spearman([1, 2], [1, 2]) is None
+
+
+def test_past_max_layers_the_most_sensitive_blocks_are_measured_and_the_rest_estimated():
+    from ditq.plan.planner import PlanOptions, _estimate_the_rest, _layers_to_measure
+    from ditq.plan.sensitivity import Sensitivity, Unit
+
+    layers = [
+        Unit(f"b.{b}.{name}", "layer", (f"b.{b}.{name}",), p)
+        for b in range(3)
+        for name, p in (("x", 100), ("y", 300))
+    ]
+    blocks = [Unit(f"b.{b}", "block", (f"b.{b}.x", f"b.{b}.y"), 400) for b in range(3)]
+    wholes = Sensitivity(
+        proxy={(f"b.{b}", s): {"a": e} for b, e in enumerate((0.01, 0.04, 0.02)) for s in SCHEMES}
+    )
+    options = PlanOptions(model=Path(__file__).parent, out=Path("unused.json"), schemes=SCHEMES, max_layers=4)
+    chosen = _layers_to_measure(layers, blocks, wholes, options)
+    assert [u.name for u in chosen] == ["b.1.x", "b.1.y", "b.2.x", "b.2.y"]  # the two most sensitive blocks
+
+    measured = Sensitivity(proxy={(u.name, s): {"a": 0.001} for u in chosen for s in SCHEMES})
+    _estimate_the_rest(measured, layers, blocks, wholes, SCHEMES)
+    assert measured.estimated == {"b.0.x", "b.0.y"}
+    # block b.0's error power 0.01^2 split 1:3 by parameters
+    assert measured.proxy[("b.0.x", "fp8")]["a"] == pytest.approx(math.sqrt(1e-4 / 4))
+    assert measured.proxy[("b.0.y", "w8a8")]["a"] == pytest.approx(math.sqrt(3e-4 / 4))
+    assert measured.proxy[("b.1.x", "fp8")]["a"] == 0.001  # measured ones untouched
