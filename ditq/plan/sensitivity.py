@@ -129,11 +129,19 @@ class _Replay:
             values = [c.kwargs[name] for c in calls]
             if name in _CACHE_ARGUMENTS:
                 kwargs[name] = None
-            elif isinstance(value, torch.Tensor):
+            elif isinstance(value, torch.Tensor) and all(
+                v.ndim > 0 and v.shape[0] == c.output.shape[0] for v, c in zip(values, calls, strict=True)
+            ):  # a batch dimension first, as the output's: one batch of every call
                 try:
                     kwargs[name] = torch.cat(values)
                 except RuntimeError as error:
                     raise DitqError(f"{where}: cannot batch the recorded {name!r} ({error})") from error
+            elif isinstance(value, torch.Tensor):  # no batch dimension (Flux's txt_ids, img_ids): shared
+                if not all(torch.equal(v, value) for v in values):
+                    raise DitqError(
+                        f"{where}: the recorded {name!r} has no batch dimension and differs between steps"
+                    )
+                kwargs[name] = value
             elif isinstance(value, list):
                 kwargs[name] = [item for v in values for item in v]
             elif all(v == value for v in values):
