@@ -87,7 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--component", default="transformer", help="the component to plan (default transformer)"
     )
     parser.add_argument(
-        "--work", type=Path, help="keep the runs and checkpoints here (default: a temporary folder, removed)"
+        "--work",
+        type=Path,
+        help="keep the runs and checkpoints here (its reference, pair-bfloat16, verify-N and artifact-N are made "
+        "afresh; default: a temporary folder, removed)",
     )
     add_device_arguments(parser, "cpu", "where the pipeline runs", dtype=True)
     add_variant_argument(parser)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -579,5 +578,5 @@ def _plan_file(
         ),
         reasons=_reasons(assignment, options.schemes, layer_found, list(target.per_fixture_db)),
         cost=cost,
-        command=list(options.command) or ["ditq", *sys.argv[1:]],
+        command=list(options.command),
     )

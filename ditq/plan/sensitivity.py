@@ -333,13 +333,11 @@ def measure_sensitivity(
     schemes: Sequence[str],
     image_seeds: Sequence[int],
     with_images: Callable[[Unit], bool],
-    on_unit: Callable[[int, int, Unit], None] = lambda i, n, u: None,
 ) -> Sensitivity:
     """Each unit under each scheme, alone (the rest in source precision): the proxy per fixture and, where
     ``with_images(unit)``, the final image's PSNR per fixture (mean over ``image_seeds``)."""
     found = Sensitivity()
-    for index, unit in enumerate(units):
-        on_unit(index, len(units), unit)
+    for unit in units:
         for scheme in schemes:
             assignment = dict.fromkeys(unit.layers, scheme)
             found.proxy[(unit.name, scheme)] = bench.proxy(assignment)

@@ -21,6 +21,7 @@ from ditq.report.tables import Table
 __all__ = ["plan_chart", "plan_chart_name", "plan_sentences", "plan_table", "write_plan_charts"]
 
 _DPI = 110
+_MAX_ROWS = 120
 
 
 def plan_chart_name(candidate: str) -> str:
@@ -34,6 +35,10 @@ def plan_chart(plan: PlanFile, path: Path) -> Path | None:
     if not rows:
         return None
     schemes = plan.schemes
+    shown = len(rows)
+    if len(rows) > _MAX_ROWS:  # a full-size model's hundreds of Linears: its most sensitive, in model order
+        keep = sorted(rows, key=lambda e: -e.proxy.get(schemes[0], 0.0))[:_MAX_ROWS]
+        rows = [entry for entry in rows if entry in keep]
     values = [
         [math.log10(entry.proxy[s]) if entry.proxy.get(s, 0) > 0 else math.nan for s in schemes]
         for entry in rows
@@ -51,7 +56,10 @@ def plan_chart(plan: PlanFile, path: Path) -> Path | None:
     axis.set_xticks(range(len(schemes)), schemes, fontsize=8)
     axis.set_yticks(range(len(rows)), [entry.layer for entry in rows], fontsize=6)
     axis.set_xlim(-0.5, len(schemes) + 0.3)
-    axis.set_title("Proxy error per layer alone (log10); ringed: planned", fontsize=8)
+    title = "Proxy error per layer alone (log10); ringed: planned"
+    if shown > len(rows):
+        title += f"\nthe {len(rows)} most sensitive of {shown} under {schemes[0]}"
+    axis.set_title(title, fontsize=8)
     bar = figure.colorbar(image, ax=axis, fraction=0.05)
     bar.ax.tick_params(labelsize=7)
     figure.tight_layout()

@@ -54,7 +54,7 @@ def test_the_plan_is_measured_searched_and_verified(planned: Path):
     assert verification.meets_target == all(db >= 70.0 for db in verification.psnr_db.values())
     assert plan.calibration is not None and plan.calibration.points > 0
     assert plan.cost is not None and plan.cost.forwards > 0 and plan.cost.device == "cpu"
-    assert plan.command[:2] == ["ditq", "plan"] or plan.command[0] == "ditq"
+    assert plan.command[0] == "ditq"  # the command line that ran (this process's: pytest's own arguments)
 
 
 @pytest.mark.slow

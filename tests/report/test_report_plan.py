@@ -55,3 +55,20 @@ def test_the_chart_has_a_row_per_layer(tmp_path: Path):
     assert path is not None
     with Image.open(path) as image:
         assert image.format == "PNG" and image.height > image.width / 4
+
+
+def test_a_chart_of_hundreds_of_layers_shows_the_most_sensitive(tmp_path: Path):
+    names = [f"blocks.{i}.proj" for i in range(300)]
+    plan = _plan().model_copy(
+        update={
+            "layers": dict.fromkeys(names, "fp8"),
+            "sensitivity": [
+                LayerSensitivity(layer=n, params=1, proxy={"fp8": 1e-3 + i * 1e-6})
+                for i, n in enumerate(names)
+            ],
+        }
+    )
+    path = plan_chart(plan, tmp_path / "many.png")
+    assert path is not None
+    with Image.open(path) as image:  # 120 rows at 0.2 inch, not 300
+        assert image.height < 0.2 * 200 * 110
