@@ -592,7 +592,10 @@ class _Sweep:
         if c.plan is not None:
             # a copy beside the candidate: what quantize reads and the report shows are the same file
             c.dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(c.dir / PLAN_FILE, plan_bytes(c.plan))
+            copy, fresh = c.dir / PLAN_FILE, plan_bytes(c.plan)
+            if copy.is_file() and copy.read_bytes() != fresh:
+                c.dirty = True  # another plan than the one an earlier run quantized: every stage runs again
+            atomic_write_bytes(copy, fresh)
             quantize = ditq_argv(
                 "quantize", options.model, c.artifact, "--plan", c.dir / PLAN_FILE, "--force"
             )

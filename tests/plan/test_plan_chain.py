@@ -4,12 +4,13 @@ and the plan command's one-line refusals."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from ditq.cli import main
-from ditq.plan import KEEP, PLAN_FILE, read_plan
+from ditq.plan import KEEP, PLAN_FILE, plan_sha256, read_plan, write_plan
 from ditq.report import validate_verdict_file
 from ditq.runfiles import CandidateFile, SweepFile, read_model
 from ditq.sweep import PLAN_CANDIDATE, SweepOptions, run_sweep
@@ -98,6 +99,16 @@ def test_quantize_verify_and_sweep_take_the_plan(planned: Path, tiny_workspace: 
     report = (out / "report" / "REPORT.md").read_text()
     assert "### Plan" in report and "per-layer sensitivity" in report
     assert (out / "report" / "charts" / f"plan-{PLAN_CANDIDATE}.png").is_file()
+
+    # the same sweep with another plan: the planned candidate is quantized (and judged) again from it
+    layer = next(name for name, choice in sorted(plan.layers.items()) if choice != KEEP)
+    other = plan.model_copy(update={"layers": {**plan.layers, layer: KEEP}})
+    write_plan(tmp_path / "OTHER.json", other)
+    run_sweep(replace(options, plan=tmp_path / "OTHER.json"), command="ditq sweep --plan (test, again)")
+    manifest = json.loads((out / PLAN_CANDIDATE / "artifact" / "MANIFEST.json").read_text())
+    assert manifest["plan"]["sha256"] == plan_sha256(other)
+    again = read_model(CandidateFile, out / PLAN_CANDIDATE / "CANDIDATE.json")
+    assert all(stage.status == "ok" for stage in again.stages.values())
 
 
 def test_a_budget_that_cannot_be_read_is_one_line(tiny_workspace: Path, capsys: pytest.CaptureFixture[str]):
