@@ -186,42 +186,42 @@ def difference_interval(
     if set(candidate) <= set(reference):
         differences = [candidate[seed] - reference[seed] for seed in sorted(candidate)]
         return mean_interval(differences, confidence, "paired bootstrap")
-    ours, theirs = np.asarray(list(candidate.values())), np.asarray(list(reference.values()))
-    n = min(len(ours), len(theirs))
-    if n < 2:
-        raise ValueError(
-            f"an interval needs at least 2 samples on each side, got {len(ours)} and {len(theirs)}"
-        )
-    estimate = float(ours.mean() - theirs.mean())
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    draws = _resampled_means(ours, rng) - _resampled_means(theirs, rng)
-    low, high = _percentiles(draws, n, confidence) if np.ptp(draws) > 0 else (estimate, estimate)
-    parts = [(_variance_of_mean(ours), len(ours)), (_variance_of_mean(theirs), len(theirs))]
-    error = math.sqrt(sum(v for v, _ in parts))
-    low, high = _at_least_t(estimate, low, high, error, _welch_df(parts), confidence)
-    return Interval(estimate, low, high, n, "unpaired bootstrap", error, confidence)
+    return _unpaired_interval(list(candidate.values()), list(reference.values()), np.subtract, confidence)
 
 
 def ratio_interval(
     candidate: Sequence[float], reference: Sequence[float], confidence: float = CONFIDENCE
 ) -> Interval:
     """mean(candidate) / mean(reference), from independent resamples of each side (e.g. wall times)."""
+    return _unpaired_interval(candidate, reference, np.divide, confidence)
+
+
+def _unpaired_interval(
+    candidate: Sequence[float],
+    reference: Sequence[float],
+    combine: np.ufunc,
+    confidence: float,
+) -> Interval:
+    """combine(mean(candidate), mean(reference)) (np.subtract: a difference; np.divide: a ratio) from
+    independent resamples of each side, at least Welch's t interval wide on its standard error."""
     ours, theirs = np.asarray(candidate, dtype=np.float64), np.asarray(reference, dtype=np.float64)
     n = min(len(ours), len(theirs))
     if n < 2:
         raise ValueError(
             f"an interval needs at least 2 samples on each side, got {len(ours)} and {len(theirs)}"
         )
-    estimate = float(ours.mean() / theirs.mean())
+    estimate = float(combine(ours.mean(), theirs.mean()))
     rng = np.random.default_rng(BOOTSTRAP_SEED)
-    draws = _resampled_means(ours, rng) / _resampled_means(theirs, rng)
+    draws = combine(_resampled_means(ours, rng), _resampled_means(theirs, rng))
     low, high = _percentiles(draws, n, confidence) if np.ptp(draws) > 0 else (estimate, estimate)
-    # the delta method: relative errors of the two means add in quadrature
+    # a difference's variance is the sum of the means' variances; a ratio's relative variance the sum of
+    # their relative variances (the delta method)
+    relative = combine is np.divide
     parts = [
-        (_variance_of_mean(ours) / ours.mean() ** 2, len(ours)),
-        (_variance_of_mean(theirs) / theirs.mean() ** 2, len(theirs)),
+        (_variance_of_mean(side) / (side.mean() ** 2 if relative else 1.0), len(side))
+        for side in (ours, theirs)
     ]
-    error = estimate * math.sqrt(sum(v for v, _ in parts))
+    error = (estimate if relative else 1.0) * math.sqrt(sum(v for v, _ in parts))
     low, high = _at_least_t(estimate, low, high, error, _welch_df(parts), confidence)
     return Interval(estimate, low, high, n, "unpaired bootstrap", error, confidence)
 
