@@ -20,6 +20,7 @@ from ditq.numerics import quantize_activation_per_token
 __all__ = [
     "cuda_available",
     "flatten_rows",
+    "matmul_quantized_rows",
     "matmul_rows",
     "quantize_rows",
     "register_quantized_row_fakes",
@@ -51,6 +52,17 @@ def matmul_rows(
 ) -> torch.Tensor:
     """x (..., K) through a row op (x (M, K), weight, weight_scale, bias) -> (M, N), reshaped to (..., N)."""
     y = op(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def matmul_quantized_rows(
+    op: Callable[..., torch.Tensor], x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None, kind: str
+) -> torch.Tensor:
+    """x (..., K): per-token ``kind`` quantization (``quantize_rows``), then a GEMM op on the quantized rows
+    (x_q (M, K), x_scale (M,), weight, weight_scale, bias, out_dtype) -> (M, N), reshaped to (..., N)."""
+    rows = flatten_rows(x)
+    x_q, x_scale = quantize_rows(rows, kind)  # (M, K) 8-bit, (M, 1) float32
+    y = op(x_q, x_scale.reshape(-1), prepared["weight"], prepared["weight_scale"], bias, rows.dtype)
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 

@@ -18,8 +18,7 @@ import torch
 
 from ditq.checkpoint.codecs import codec_for
 from ditq.kernels.cuda_common import (
-    flatten_rows,
-    quantize_rows,
+    matmul_quantized_rows,
     register_quantized_row_fakes,
     triton_available,
 )
@@ -99,10 +98,7 @@ def register_per_token_triton(
             op: Callable[..., torch.Tensor] = op,
             activation: str = activation,
         ) -> torch.Tensor:
-            rows = flatten_rows(x)
-            x_q, x_scale = quantize_rows(rows, activation)  # (M, K) 8-bit, (M, 1) float32
-            y = op(x_q, x_scale.reshape(-1), prepared["weight"], prepared["weight_scale"], bias, rows.dtype)
-            return y.reshape(*x.shape[:-1], y.shape[-1])
+            return matmul_quantized_rows(op, x, prepared, bias, activation)
 
         register_kernel(
             name=f"triton-{scheme.name}" + (f"-{suffix}" if suffix else ""),

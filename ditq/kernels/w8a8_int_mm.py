@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ditq.kernels.cuda_common import cuda_available, flatten_rows, quantize_rows, register_quantized_row_fakes
+from ditq.kernels.cuda_common import cuda_available, matmul_quantized_rows, register_quantized_row_fakes
 from ditq.kernels.per_token_triton import prepare_per_channel
 from ditq.kernels.registry import FLOAT_ACTIVATIONS, Prepared, register_kernel
 from ditq.schemes import W8A8
@@ -52,7 +52,4 @@ register_quantized_row_fakes(w8a8_int_mm)
 )
 def matmul_int_mm(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """cuBLAS torch._int_mm with per-token quantization and an eager scale epilogue."""
-    rows = flatten_rows(x)
-    x_q, x_scale = quantize_rows(rows, "int8")  # (M, K) int8, (M, 1) float32
-    y = w8a8_int_mm(x_q, x_scale.reshape(-1), prepared["weight"], prepared["weight_scale"], bias, rows.dtype)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+    return matmul_quantized_rows(w8a8_int_mm, x, prepared, bias, "int8")
