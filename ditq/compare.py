@@ -45,6 +45,7 @@ from ditq.stats import CONFIDENCE, BandDecision, band_decision, difference_inter
 
 __all__ = [
     "PSNR_CAP_DB",
+    "TOLERANCE_DB",
     "ParityBand",
     "compare_run",
     "describe_parity",
@@ -55,6 +56,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+TOLERANCE_DB = 1.0  # how far below the parity band still counts (dB), unless told otherwise
 PSNR_CAP_DB = 100.0  # identical images (infinite PSNR) are reported at this value so means stay finite
 _ALEXNET_WEIGHTS = "alexnet-owt-7be5be79.pth"  # what torchvision (and so lpips) loads for AlexNet
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ditq.baseline import require_sealed
-from ditq.compare import ParityBand, compare_run, format_compare, parity_from_pair
+from ditq.compare import TOLERANCE_DB, ParityBand, compare_run, format_compare, parity_from_pair
 from ditq.errors import InputError
 from ditq.runfiles import COMPARE_FILE, RUN_FILE, to_json, write_model
 
@@ -27,7 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--parity-db", type=float, help="the parity band's PSNR, stated in dB")
     parser.add_argument(
-        "--tolerance-db", type=float, default=1.0, help="how far below the band still counts (dB)"
+        "--tolerance-db",
+        type=float,
+        default=TOLERANCE_DB,
+        help="how far below the band still counts (dB)",
     )
     parser.add_argument("--no-lpips", action="store_true", help="do not try LPIPS")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")

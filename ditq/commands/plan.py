@@ -8,8 +8,9 @@ from collections import Counter
 from pathlib import Path
 
 from ditq.commands import add_variant_argument
+from ditq.compare import TOLERANCE_DB
 from ditq.devices import add_device_arguments
-from ditq.plan.planner import COMPARE_TOLERANCE_DB, DEFAULT_SCHEMES, PlanOptions, make_plan
+from ditq.plan.planner import DEFAULT_SCHEMES, PlanOptions, make_plan
 from ditq.plan.schema import PlanFile
 from ditq.probe.fixtures import DEFAULT_SEEDS
 
@@ -46,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="parity",
         help="parity (default): each fixture inside the parity band, measured as `ditq sweep "
         "--parity-in-process` does (the model in process in bfloat16 against the source precision), "
-        f"floor = the pair's mean PSNR minus {COMPARE_TOLERANCE_DB:g} dB",
+        f"floor = the pair's mean PSNR minus {TOLERANCE_DB:g} dB",
     )
     parser.add_argument(
         "--margin-db",

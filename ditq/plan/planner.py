@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ditq.compare import ParityBand
+from ditq.compare import TOLERANCE_DB, ParityBand
 from ditq.errors import DitqError, InputError
 from ditq.plan.schema import (
     KEEP,
@@ -51,7 +51,6 @@ __all__ = ["DEFAULT_SCHEMES", "PlanOptions", "make_plan", "parse_budget", "read_
 log = logging.getLogger(__name__)
 
 DEFAULT_SCHEMES = ("fp8", "w8a8", "w8a16")  # fastest first
-COMPARE_TOLERANCE_DB = 1.0  # ditq compare's --tolerance-db default: the floor is the pair's PSNR minus this
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ class PlanOptions:
     schemes: tuple[str, ...] = DEFAULT_SCHEMES
     target_db: float | None = None  # None: the parity band's floor per fixture
     margin_db: float = 0.5  # the search aims this far above each fixture's target
-    tolerance_db: float = COMPARE_TOLERANCE_DB
+    tolerance_db: float = TOLERANCE_DB  # compare's: the floor is the pair's PSNR minus this
     budget: str | None = None  # SIZE (the component's weight bytes at most) or P% (planned parameters kept)
     seeds: str = DEFAULT_SEEDS  # image seeds: the reference, the parity pair and the verification
     proxy_seeds: int = 2  # the first N image seeds feed the proxy
