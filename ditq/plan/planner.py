@@ -224,12 +224,9 @@ def _estimate_the_rest(
 
 def _stored_itemsize(model: Path, component: str, variant: str | None) -> tuple[int, int]:
     """(bytes per weight of the component's Linears as stored, bytes of its tensors in all)."""
-    from ditq.checkpoint.safetensors_io import read_header
-    from ditq.runtime.loader import component_weight_files
+    from ditq.runtime.loader import component_entries
 
-    entries = {}
-    for path in component_weight_files(Path(model) / component, variant):
-        entries.update(read_header(path).entries)
+    entries = component_entries(Path(model) / component, variant)
     weights = [e for name, e in entries.items() if name.endswith(".weight") and len(e.shape) == 2]
     itemsize = max((e.dtype.itemsize for e in weights), default=2)
     return itemsize, sum(e.nbytes for e in entries.values())

@@ -45,6 +45,7 @@ from ditq.schemes import Scheme
 
 __all__ = [
     "KernelChooser",
+    "component_entries",
     "component_weight_files",
     "is_quantized_component",
     "load_component",
@@ -102,7 +103,8 @@ def component_weight_files(component_dir: Path, variant: str | None) -> list[Pat
     return weight_files(component_dir, variant if variant in variants else None)
 
 
-def _component_entries(component_dir: Path, variant: str | None) -> dict[str, TensorEntry]:
+def component_entries(component_dir: Path, variant: str | None) -> dict[str, TensorEntry]:
+    """Tensor name -> its safetensors entry, over every weight file of the component (of ``variant``)."""
     entries: dict[str, TensorEntry] = {}
     for path in component_weight_files(component_dir, variant):
         entries.update(read_header(path).entries)
@@ -123,7 +125,7 @@ def stored_layer_schemes(
     cls = import_class(library, class_name, f"{model_dir}/model_index.json: {component}")
     component_dir = model_dir / component
     model = build_empty(cls, load_component_config(component_dir), component_dir)
-    entries = _component_entries(component_dir, variant)
+    entries = component_entries(component_dir, variant)
     return swap_quantized_linears(model, entries, qconfig, component_dir, torch.float32)
 
 
@@ -136,7 +138,7 @@ def _load_quantized(
     dtype: torch.dtype,
     variant: str | None,
 ) -> torch.nn.Module:
-    entries = _component_entries(component_dir, variant)
+    entries = component_entries(component_dir, variant)
     model = build_empty(cls, config, component_dir)
     schemes = swap_quantized_linears(model, entries, qconfig, component_dir, dtype)
     expected = set(model.state_dict(keep_vars=True))
