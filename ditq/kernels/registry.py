@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -27,13 +28,20 @@ from ditq.schemes import SCHEMES, Scheme
 __all__ = [
     "ENV_DISABLE",
     "ENV_FORCE",
+    "FLOAT_ACTIVATIONS",
+    "HALF_ACTIVATIONS",
     "KernelPath",
     "Prepared",
     "StoredWeight",
     "all_kernels",
+    "always_available",
     "candidate_paths",
+    "did_you_mean",
+    "first_line",
     "get_kernel",
+    "honour_env_lists",
     "register_kernel",
+    "runs_on",
     "unregister_kernel",
 ]
 
@@ -52,13 +60,82 @@ HALF_ACTIVATIONS = frozenset({torch.bfloat16, torch.float16})
 _SCHEME_ORDER = list(SCHEMES)  # how paths are listed: by scheme, then preference
 
 
-def _always_available() -> str | None:
+_Path = TypeVar("_Path")
+
+
+def always_available() -> str | None:
+    """The default ``available`` of a path (this registry's and ``ditq.kernels.attention``'s): nothing missing."""
     return None
 
 
-def _first_line(doc: str | None) -> str:
+def first_line(doc: str | None) -> str:
+    """A path's default description: the first line of its function's docstring."""
     lines = (doc or "").strip().splitlines()
     return lines[0] if lines else ""
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """ "; did you mean 'x'?" naming the known name closest to ``name``, or "" when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def runs_on(
+    device: torch.device,
+    device_type: str,
+    available: Callable[[], str | None],
+    min_capability: tuple[int, int] | None,
+) -> tuple[bool, str]:
+    """The device half of a path's ``supports``: (True, "") when a path with these requirements can run on
+    ``device`` in this process, else (False, why) in one phrase."""
+    if device.type != device_type:
+        return False, f"runs on {device_type}, not {device.type}"
+    missing = available()
+    if missing:
+        return False, missing
+    if min_capability is not None:
+        capability = torch.cuda.get_device_capability(device)
+        if capability < min_capability:
+            want = ".".join(map(str, min_capability))
+            return False, f"needs compute capability >= {want}, device has {capability[0]}.{capability[1]}"
+    return True, ""
+
+
+def _env_names(variable: str, known: Collection[str], what: str) -> list[str]:
+    names = [n.strip() for n in os.environ.get(variable, "").split(",") if n.strip()]
+    for n in names:
+        if n not in known:
+            raise InputError(
+                f"{variable}: unknown {what} {n!r} (known: {', '.join(sorted(known))}){did_you_mean(n, known)}"
+            )
+    return names
+
+
+def honour_env_lists(
+    ranked: Mapping[str, _Path],
+    known: Collection[str],
+    force_variable: str,
+    disable_variable: str,
+    what: str,
+    supports: Callable[[_Path], tuple[bool, str]],
+) -> list[_Path]:
+    """The paths of ``ranked`` (one kind's, by name, most preferred first) that ``supports`` says can run, with
+    two comma-separated lists of ``known`` names read from the environment: ``disable_variable``'s are never
+    offered; when ``force_variable`` lists paths of this kind, only those are, in its order (one that cannot run
+    is an InputError naming why). An unknown name in either is an InputError that says what it may have meant."""
+    disabled = set(_env_names(disable_variable, known, what))
+    forced = [n for n in _env_names(force_variable, known, what) if n in ranked]
+    if forced:
+        chosen = []
+        for n in forced:
+            if n in disabled:
+                continue
+            ok, why = supports(ranked[n])
+            if not ok:
+                raise InputError(f"{force_variable} forces {what} {n!r}, which cannot run here: {why}")
+            chosen.append(ranked[n])
+        return chosen
+    return [p for n, p in ranked.items() if n not in disabled and supports(p)[0]]
 
 
 @dataclass(frozen=True)
@@ -81,7 +158,7 @@ class KernelPath:
     priority: int
     prepare: PrepareFn
     matmul: MatmulFn
-    available: Callable[[], str | None] = field(default=_always_available)
+    available: Callable[[], str | None] = field(default=always_available)
     description: str = ""
 
     def supports(
@@ -92,20 +169,9 @@ class KernelPath:
         out_features: int,
     ) -> tuple[bool, str]:
         """(True, "") when this path can run such a layer here, else (False, why) in one phrase."""
-        device = torch.device(device)
-        if device.type != self.device_type:
-            return False, f"runs on {self.device_type}, not {device.type}"
-        missing = self.available()
-        if missing:
-            return False, missing
-        if self.min_capability is not None:
-            capability = torch.cuda.get_device_capability(device)
-            if capability < self.min_capability:
-                want = ".".join(map(str, self.min_capability))
-                return (
-                    False,
-                    f"needs compute capability >= {want}, device has {capability[0]}.{capability[1]}",
-                )
+        ok, why = runs_on(torch.device(device), self.device_type, self.available, self.min_capability)
+        if not ok:
+            return ok, why
         if activation_dtype not in self.activation_dtypes:
             return (
                 False,
@@ -129,7 +195,7 @@ def register_kernel(
     min_capability: tuple[int, int] | None = None,
     activation_dtypes: frozenset[torch.dtype] = FLOAT_ACTIVATIONS,
     alignment: int = 1,
-    available: Callable[[], str | None] = _always_available,
+    available: Callable[[], str | None] = always_available,
     description: str = "",
 ) -> Callable[[MatmulFn], MatmulFn]:
     """Decorator: register the decorated matmul as kernel path ``name``; returns the function unchanged."""
@@ -151,7 +217,7 @@ def register_kernel(
             prepare=prepare,
             matmul=matmul,
             available=available,
-            description=description or _first_line(matmul.__doc__),
+            description=description or first_line(matmul.__doc__),
         )
         return matmul
 
@@ -171,20 +237,10 @@ def all_kernels() -> list[KernelPath]:
 def get_kernel(name: str) -> KernelPath:
     """The path called ``name``; an unknown name says what it may have meant."""
     if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=1, cutoff=0.5)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise InputError(f"unknown kernel path {name!r} (known: {', '.join(sorted(_REGISTRY))}){hint}")
+        raise InputError(
+            f"unknown kernel path {name!r} (known: {', '.join(sorted(_REGISTRY))}){did_you_mean(name, _REGISTRY)}"
+        )
     return _REGISTRY[name]
-
-
-def _env_names(variable: str) -> list[str]:
-    names = [n.strip() for n in os.environ.get(variable, "").split(",") if n.strip()]
-    for n in names:
-        if n not in _REGISTRY:
-            close = difflib.get_close_matches(n, list(_REGISTRY), n=1, cutoff=0.5)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise InputError(f"{variable}: unknown kernel path {n!r}{hint}")
-    return names
 
 
 def candidate_paths(
@@ -196,22 +252,12 @@ def candidate_paths(
 ) -> list[KernelPath]:
     """Paths able to run this layer, most preferred first (env DITQ_KERNELS / DITQ_DISABLE_KERNELS honoured)."""
     device = torch.device(device)
-    disabled = set(_env_names(ENV_DISABLE))
-    forced = [n for n in _env_names(ENV_FORCE) if _REGISTRY[n].scheme.name == scheme.name]
-    if forced:
-        chosen = []
-        for n in forced:
-            if n in disabled:
-                continue
-            ok, why = _REGISTRY[n].supports(device, activation_dtype, in_features, out_features)
-            if not ok:
-                raise InputError(f"{ENV_FORCE} forces kernel path {n!r}, which cannot run here: {why}")
-            chosen.append(_REGISTRY[n])
-        return chosen
-    return [
-        p
-        for p in all_kernels()
-        if p.scheme.name == scheme.name
-        and p.name not in disabled
-        and p.supports(device, activation_dtype, in_features, out_features)[0]
-    ]
+    ranked = {p.name: p for p in all_kernels() if p.scheme.name == scheme.name}
+    return honour_env_lists(
+        ranked,
+        _REGISTRY,
+        ENV_FORCE,
+        ENV_DISABLE,
+        "kernel path",
+        lambda p: p.supports(device, activation_dtype, in_features, out_features),
+    )

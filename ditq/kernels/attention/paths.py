@@ -11,8 +11,9 @@ from ditq.kernels.attention.reference import (
     attend_reference,
     quantize_qk_reference,
 )
-from ditq.kernels.attention.registry import HALF_DTYPES, register_attention_kernel
+from ditq.kernels.attention.registry import register_attention_kernel
 from ditq.kernels.cuda_common import cuda_available, triton_available
+from ditq.kernels.registry import HALF_ACTIVATIONS
 
 __all__ = ["attend_torch", "attend_triton", "quantize_triton"]
 
@@ -73,7 +74,7 @@ for _kind in ATTENTION_KINDS:
         priority=90,
         quantize=quantize_triton,
         min_capability=_TRITON_CAPABILITY[_kind],
-        dtypes=HALF_DTYPES,
+        dtypes=HALF_ACTIVATIONS,
         head_dims=frozenset({32, 64, 128}),
         available=triton_available,
     )(attend_triton)

@@ -12,8 +12,6 @@ variables (separate from the Linear registry's, whose names they do not share):
 
 from __future__ import annotations
 
-import difflib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,6 +19,14 @@ import torch
 
 from ditq.errors import InputError
 from ditq.kernels.attention.reference import ATTENTION_KINDS, QuantizedQK
+from ditq.kernels.registry import (
+    FLOAT_ACTIVATIONS,
+    always_available,
+    did_you_mean,
+    first_line,
+    honour_env_lists,
+    runs_on,
+)
 
 __all__ = [
     "ENV_ATTENTION_DISABLE",
@@ -44,13 +50,6 @@ QuantizeFn = Callable[[torch.Tensor, torch.Tensor, str], QuantizedQK]
 #   -> (B, S_q, H, D) in value's dtype
 AttendFn = Callable[[QuantizedQK, torch.Tensor, "torch.Tensor | None", "int | None", float], torch.Tensor]
 
-HALF_DTYPES = frozenset({torch.bfloat16, torch.float16})
-FLOAT_DTYPES = frozenset({torch.bfloat16, torch.float16, torch.float32})
-
-
-def _always_available() -> str | None:
-    return None
-
 
 @dataclass(frozen=True)
 class AttentionPath:
@@ -66,27 +65,16 @@ class AttentionPath:
     quantize: QuantizeFn
     attend: AttendFn
     min_capability: tuple[int, int] | None = None
-    dtypes: frozenset[torch.dtype] = FLOAT_DTYPES
+    dtypes: frozenset[torch.dtype] = FLOAT_ACTIVATIONS  # of Q, K and V
     head_dims: frozenset[int] | None = None  # None: any
-    available: Callable[[], str | None] = field(default=_always_available)
+    available: Callable[[], str | None] = field(default=always_available)
     description: str = ""
 
     def supports(self, device: torch.device | str, dtype: torch.dtype, head_dim: int) -> tuple[bool, str]:
         """(True, "") when this path can run here, else (False, why) in one phrase."""
-        device = torch.device(device)
-        if device.type != self.device_type:
-            return False, f"runs on {self.device_type}, not {device.type}"
-        missing = self.available()
-        if missing:
-            return False, missing
-        if self.min_capability is not None:
-            capability = torch.cuda.get_device_capability(device)
-            if capability < self.min_capability:
-                want = ".".join(map(str, self.min_capability))
-                return (
-                    False,
-                    f"needs compute capability >= {want}, device has {capability[0]}.{capability[1]}",
-                )
+        ok, why = runs_on(torch.device(device), self.device_type, self.available, self.min_capability)
+        if not ok:
+            return ok, why
         if dtype not in self.dtypes:
             return False, f"dtype {dtype} not in {sorted(map(str, self.dtypes))}"
         if self.head_dims is not None and head_dim not in self.head_dims:
@@ -105,9 +93,9 @@ def register_attention_kernel(
     priority: int,
     quantize: QuantizeFn,
     min_capability: tuple[int, int] | None = None,
-    dtypes: frozenset[torch.dtype] = FLOAT_DTYPES,
+    dtypes: frozenset[torch.dtype] = FLOAT_ACTIVATIONS,
     head_dims: frozenset[int] | None = None,
-    available: Callable[[], str | None] = _always_available,
+    available: Callable[[], str | None] = always_available,
     description: str = "",
 ) -> Callable[[AttendFn], AttendFn]:
     """Decorator: register the decorated ``attend`` as attention path ``name``; returns it unchanged."""
@@ -119,7 +107,6 @@ def register_attention_kernel(
     def decorate(attend: AttendFn) -> AttendFn:
         if name in _REGISTRY:
             raise ValueError(f"attention path {name!r} is registered twice")
-        lines = (attend.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = AttentionPath(
             name=name,
             kind=kind,
@@ -131,7 +118,7 @@ def register_attention_kernel(
             dtypes=dtypes,
             head_dims=head_dims,
             available=available,
-            description=description or (lines[0] if lines else ""),
+            description=description or first_line(attend.__doc__),
         )
         return attend
 
@@ -148,27 +135,14 @@ def all_attention_kernels() -> list[AttentionPath]:
     return sorted(_REGISTRY.values(), key=lambda p: (ATTENTION_KINDS.index(p.kind), -p.priority, p.name))
 
 
-def _unknown(name: str, where: str) -> InputError:
-    close = difflib.get_close_matches(name, list(_REGISTRY), n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return InputError(
-        f"{where}: unknown attention path {name!r} (known: {', '.join(sorted(_REGISTRY))}){hint}"
-    )
-
-
 def get_attention_kernel(name: str) -> AttentionPath:
     """The path called ``name``; an unknown name says what it may have meant."""
     if name not in _REGISTRY:
-        raise _unknown(name, "attention kernels")
+        raise InputError(
+            f"attention kernels: unknown attention path {name!r} (known: {', '.join(sorted(_REGISTRY))})"
+            f"{did_you_mean(name, _REGISTRY)}"
+        )
     return _REGISTRY[name]
-
-
-def _env_names(variable: str) -> list[str]:
-    names = [n.strip() for n in os.environ.get(variable, "").split(",") if n.strip()]
-    for n in names:
-        if n not in _REGISTRY:
-            raise _unknown(n, variable)
-    return names
 
 
 def candidate_attention_paths(
@@ -176,22 +150,12 @@ def candidate_attention_paths(
 ) -> list[AttentionPath]:
     """Paths able to run this attention here, most preferred first (the two environment variables honoured)."""
     device = torch.device(device)
-    disabled = set(_env_names(ENV_ATTENTION_DISABLE))
-    forced = [n for n in _env_names(ENV_ATTENTION_FORCE) if _REGISTRY[n].kind == kind]
-    if forced:
-        chosen = []
-        for n in forced:
-            if n in disabled:
-                continue
-            ok, why = _REGISTRY[n].supports(device, dtype, head_dim)
-            if not ok:
-                raise InputError(
-                    f"{ENV_ATTENTION_FORCE} forces attention path {n!r}, which cannot run here: {why}"
-                )
-            chosen.append(_REGISTRY[n])
-        return chosen
-    return [
-        p
-        for p in all_attention_kernels()
-        if p.kind == kind and p.name not in disabled and p.supports(device, dtype, head_dim)[0]
-    ]
+    ranked = {p.name: p for p in all_attention_kernels() if p.kind == kind}
+    return honour_env_lists(
+        ranked,
+        _REGISTRY,
+        ENV_ATTENTION_FORCE,
+        ENV_ATTENTION_DISABLE,
+        "attention path",
+        lambda p: p.supports(device, dtype, head_dim),
+    )
