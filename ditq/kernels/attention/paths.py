@@ -15,18 +15,11 @@ from ditq.kernels.attention.registry import register_attention_kernel
 from ditq.kernels.cuda_common import cuda_available, triton_available
 from ditq.kernels.registry import HALF_ACTIVATIONS
 
-__all__ = ["attend_torch", "attend_triton", "quantize_triton"]
+__all__ = ["attend_triton", "quantize_triton"]
 
-
-def attend_torch(
-    qk: QuantizedQK,
-    value: torch.Tensor,
-    key_valid: torch.Tensor | None,
-    causal_offset: int | None,
-    sm_scale: float,
-) -> torch.Tensor:
-    """The reference arithmetic in torch ops: float32 scores and softmax in query chunks, P . V in V's dtype."""
-    return attend_reference(qk, value, key_valid, causal_offset, sm_scale)
+_TORCH_DESCRIPTION = (
+    "The reference arithmetic in torch ops: float32 scores and softmax in query chunks, P . V in V's dtype."
+)
 
 
 def quantize_triton(query: torch.Tensor, key: torch.Tensor, kind: str) -> QuantizedQK:
@@ -58,7 +51,8 @@ for _kind in ATTENTION_KINDS:
         device_type="cpu",
         priority=0,
         quantize=quantize_qk_reference,
-    )(attend_torch)
+        description=_TORCH_DESCRIPTION,
+    )(attend_reference)
     register_attention_kernel(
         name=f"cuda-torch-attention-{_kind}",
         kind=_kind,
@@ -66,7 +60,8 @@ for _kind in ATTENTION_KINDS:
         priority=10,
         quantize=quantize_qk_reference,
         available=cuda_available,
-    )(attend_torch)
+        description=_TORCH_DESCRIPTION,
+    )(attend_reference)
     register_attention_kernel(
         name=f"triton-attention-{_kind}",
         kind=_kind,
