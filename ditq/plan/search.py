@@ -153,6 +153,7 @@ def search_assignment(
     for allow_keep in (False, True):
         while below := failing(assignment):
             best: tuple[float, str, str] | None = None
+            kept = kept_params(assignment)
             for layer, current in assignment.items():
                 index = options.index(current)
                 moves = options[index + 1 : index + 2]  # the next option down the list
@@ -161,10 +162,7 @@ def search_assignment(
                 for option in moves:
                     if option == KEEP and not allow_keep:
                         continue
-                    over_budget = (
-                        max_kept_params is not None
-                        and kept_params(assignment) + layers[layer] > max_kept_params
-                    )
+                    over_budget = max_kept_params is not None and kept + layers[layer] > max_kept_params
                     if option == KEEP and over_budget:
                         continue
                     gain = sum(
