@@ -20,11 +20,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
+from ditq.doctor.checks import CHECK_DTYPES, raised, verdict
 from ditq.errors import DitqError
 from ditq.kernels.attention import (
     AttentionPath,
@@ -57,7 +57,6 @@ ANALYTIC_BOUND = 0.01  # uniform attention: the output's own rounding (bf16 half
 ATTENTION_SHAPE = (2, 192, 2)  # batch, tokens, heads; the head dim is the model's
 _TEXT = (48, 96)  # the synthetic text segment: queries [48, 96) over keys [0, 96), causal from 48
 _PADDED = slice(80, 96)  # batch 1's padded prompt keys
-CHECK_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _inputs(head_dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -159,23 +158,18 @@ def check_attention_path(
         try:
             checks += _dtype_checks(path, device, dtype, head_dim)
         except Exception as error:  # a raising path is refused with its error, not a crash of the caller
-            message = f"raised {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             checks.append(DoctorCheck(step="output", geometry=f"D{head_dim}", weights="synthetic",
-                                      dtype=str(dtype).removeprefix("torch."), passed=False, message=message))  # fmt: skip
-    verdict: Literal["PASS", "FAIL", "SKIP"] = "PASS"
-    reason = ""
-    failure = next((c for c in checks if not c.passed), None)
-    if not supported:
-        verdict = "SKIP"
-        reason = "; ".join(sorted({path.supports(device, d, head_dim)[1] for d in dtypes}))
-    elif failure is not None:
-        verdict = "FAIL"
-        reason = f"{failure.step}: {failure.message} [{failure.geometry}, {failure.weights}, {failure.dtype}]"
+                                      dtype=str(dtype).removeprefix("torch."), passed=False,
+                                      message=raised(error)))  # fmt: skip
+    skipped = (
+        None if supported else "; ".join(sorted({path.supports(device, d, head_dim)[1] for d in dtypes}))
+    )
+    outcome, reason = verdict(checks, skipped)
     values = [
         c.value for c in checks if c.step == "output" and c.weights == "synthetic" and c.value is not None
     ]
-    return DoctorPath(path=path.name, scheme=f"attn-{path.kind}", device=str(device), verdict=verdict,
-                      reason=reason, capability_overclaim=verdict == "FAIL", checks=checks, report_dir=None,
+    return DoctorPath(path=path.name, scheme=f"attn-{path.kind}", device=str(device), verdict=outcome,
+                      reason=reason, capability_overclaim=outcome == "FAIL", checks=checks, report_dir=None,
                       worst_rel_l2=max(values) if values else None, bound=ATTENTION_BOUNDS[path.kind])  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from ditq.numerics import relative_l2
 from ditq.runfiles import DoctorCheck, DoctorPath
 from ditq.schemes import Scheme
 
-__all__ = ["CHECK_DTYPES", "REL_L2_BOUND", "ROWS", "STEPS", "check_path"]
+__all__ = ["CHECK_DTYPES", "REL_L2_BOUND", "ROWS", "STEPS", "check_path", "raised", "verdict"]
 
 REL_L2_BOUND = 0.005
 ROWS = 512  # M: tokens per check
@@ -142,8 +142,25 @@ def _output_checks(
     return [finite, ("output", ok, message, error, REL_L2_BOUND)]
 
 
-def _raised(error: BaseException) -> str:
+def raised(error: BaseException) -> str:
+    """A check's message for a step that raised: the error's type and first line."""
     return f"raised {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+
+
+def verdict(
+    checks: Sequence[DoctorCheck], skipped: str | None
+) -> tuple[Literal["PASS", "FAIL", "SKIP"], str]:
+    """A path's verdict and its reason: SKIP with ``skipped`` (why it claimed no case here) when given, else FAIL
+    with the first failing check (step, message, where), else PASS."""
+    if skipped is not None:
+        return "SKIP", skipped
+    failure = next((c for c in checks if not c.passed), None)
+    if failure is None:
+        return "PASS", ""
+    return (
+        "FAIL",
+        f"{failure.step}: {failure.message} [{failure.geometry}, {failure.weights}, {failure.dtype}]",
+    )
 
 
 def check_path(
@@ -170,7 +187,7 @@ def check_path(
                 try:
                     ok, message, value = run(path, case, device)
                 except Exception as error:  # a step that raises has failed; the next step still runs
-                    ok, message, value = False, _raised(error), None
+                    ok, message, value = False, raised(error), None
                 checks.append(DoctorCheck(step=step, geometry=where, weights=weights, dtype="-", passed=ok,
                                           message=message, value=value, bound=None))  # fmt: skip
             for dtype in supported:
@@ -179,29 +196,25 @@ def check_path(
                     out, ref = _layer_output(path, case, device, dtype, rows, geometry.in_features)
                     outcomes = _output_checks(out, ref, case, geometry.in_features)
                 except Exception as error:
-                    outcomes = [(step, False, _raised(error), None, None) for step in ("finite", "output")]
+                    outcomes = [(step, False, raised(error), None, None) for step in ("finite", "output")]
                 for step, ok, message, value, bound in outcomes:
                     checks.append(DoctorCheck(step=step, geometry=where, weights=weights, dtype=dtype_name,
                                               passed=ok, message=message, value=value, bound=bound))  # fmt: skip
-    verdict: Literal["PASS", "FAIL", "SKIP"] = "PASS"
-    reason = ""
-    failure = next((c for c in checks if not c.passed), None)
+    skipped = None
     if not claimed:
         reasons = {
             path.supports(device, d, g.in_features, g.out_features)[1] for g in geometries for d in dtypes
         }
-        verdict, reason = "SKIP", "; ".join(sorted(reasons))
-    elif failure is not None:
-        verdict = "FAIL"
-        reason = f"{failure.step}: {failure.message} [{failure.geometry}, {failure.weights}, {failure.dtype}]"
+        skipped = "; ".join(sorted(reasons))
+    outcome, reason = verdict(checks, skipped)
     values = [c.value for c in checks if c.step == "output" and c.value is not None]
     return DoctorPath(
         path=path.name,
         scheme=path.scheme.name,
         device=str(device),
-        verdict=verdict,
+        verdict=outcome,
         reason=reason,
-        capability_overclaim=verdict == "FAIL",  # supports() said yes on this device
+        capability_overclaim=outcome == "FAIL",  # supports() said yes on this device
         checks=checks,
         report_dir=None,
         worst_rel_l2=max(values) if values else None,
