@@ -89,15 +89,15 @@ def quantize_activation_per_token(x: torch.Tensor, kind: str) -> tuple[torch.Ten
     raise ValueError(f"unknown activation kind {kind!r}")
 
 
-def smooth_keys(key: torch.Tensor, seq_dim: int = 1) -> torch.Tensor:
+def smooth_keys(key: torch.Tensor) -> torch.Tensor:
     """key minus its mean over the sequence axis, in float32 (SageAttention's smoothing).
 
     Every score q . k_j of one query row shifts by the same q . mean, which softmax cancels, so attention is
     unchanged while the keys' shared offset no longer dominates each token's int8/fp8 range.
-    key (B, S, H, D) with ``seq_dim`` 1 -> float32 of the same shape.
+    key (B, S, H, D) -> float32 of the same shape.
     """
     keys = key.to(torch.float32)
-    return keys - keys.mean(dim=seq_dim, keepdim=True)
+    return keys - keys.mean(dim=1, keepdim=True)
 
 
 def pack_int8_to_int32(q: torch.Tensor) -> torch.Tensor:
