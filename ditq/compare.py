@@ -153,7 +153,7 @@ def _compare_pair(candidate: Path, reference: Path, scorer: LpipsScorer | None) 
             "status": "error",
             "error": f"size {b.shape[1]}x{b.shape[0]} vs baseline {a.shape[1]}x{a.shape[0]}",
         }
-    x, y = fidelity_arrays(a, b, "RGBA" if a.shape[2] == 4 else a_mode, "RGBA" if b.shape[2] == 4 else b_mode)
+    x, y = fidelity_arrays(a, b, a_mode, b_mode)
     row: dict[str, Any] = {
         "status": "ok",
         "psnr_db": round(min(psnr(x, y), PSNR_CAP_DB), 3),

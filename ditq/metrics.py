@@ -67,11 +67,11 @@ _FLAT_STD = 1.0  # below this in every channel an image is one colour
 
 
 def load_png_array(data: bytes) -> tuple[np.ndarray, str]:
-    """Decode image bytes to (H, W, C) uint8 and the PIL mode it had (RGBA, RGB, L, ...)."""
+    """Decode image bytes to (H, W, C) uint8 and its mode: RGBA where the image carries alpha (an alpha band or a
+    transparency entry), else RGB."""
     with Image.open(io.BytesIO(data)) as image:
-        mode = image.mode
-        target = "RGBA" if "A" in mode or image.info.get("transparency") is not None else "RGB"
-        return np.asarray(image.convert(target)), mode
+        target = "RGBA" if "A" in image.mode or image.info.get("transparency") is not None else "RGB"
+        return np.asarray(image.convert(target)), target
 
 
 def _channels(array: np.ndarray) -> np.ndarray:

@@ -93,7 +93,7 @@ def image_psnr_db(reference_png: bytes, candidate_png: bytes) -> float:
     over white; identical images at compare's cap."""
     a, a_mode = load_png_array(reference_png)
     b, b_mode = load_png_array(candidate_png)
-    x, y = fidelity_arrays(a, b, "RGBA" if a.shape[2] == 4 else a_mode, "RGBA" if b.shape[2] == 4 else b_mode)
+    x, y = fidelity_arrays(a, b, a_mode, b_mode)
     return min(psnr(x, y), PSNR_CAP_DB)
 
 
