@@ -48,7 +48,7 @@ from ditq.devices import OFFLOAD_MODES, default_dtype
 from ditq.errors import EXIT_OUT_OF_MEMORY, DitqError, InputError
 from ditq.fsutil import atomic_write_bytes, sha256_file
 from ditq.healthcheck import wait_healthy
-from ditq.plan.schema import KEEP, PLAN_FILE, plan_bytes, read_plan
+from ditq.plan.schema import KEEP, PLAN_FILE, PlanFile, plan_bytes, read_plan
 from ditq.probe.fixtures import DEFAULT_SEEDS, parse_seeds, seeds_text
 from ditq.probe.records import incomplete, is_out_of_memory, latest_by_key, read_records
 from ditq.report import ReportResult, VerdictRules, build_report
@@ -135,6 +135,8 @@ class SweepOptions:
     request_timeout_s: float | None = None
     progress: bool = True
     plan: Path | None = None  # a PLAN.json (`ditq plan`): one more candidate, quantized with it
+    # the PLAN.json read once, here (a bad plan is refused before anything runs); None without --plan
+    plan_file: PlanFile | None = field(init=False, default=None, repr=False, compare=False)
     attention: str | None = None  # the candidates' servers' --attention (int8 | fp8); None: the model's own
     serve_argv: ServeArgv = default_serve_argv
 
@@ -171,7 +173,7 @@ class SweepOptions:
             if not Path(path).exists():
                 raise InputError(f"{what}: {path} does not exist")
         if self.plan is not None:
-            read_plan(self.plan)  # a bad plan is refused before anything runs
+            object.__setattr__(self, "plan_file", read_plan(self.plan))
 
     @property
     def candidates(self) -> tuple[str, ...]:
@@ -267,7 +269,7 @@ class _Candidate:
 
     def __init__(self, options: SweepOptions, scheme: str) -> None:
         self.options, self.scheme = options, scheme
-        self.plan = read_plan(options.plan) if scheme == PLAN_CANDIDATE and options.plan is not None else None
+        self.plan = options.plan_file if scheme == PLAN_CANDIDATE else None
         self.dir = options.out / scheme
         self.artifact, self.run_dir, self.logs = self.dir / "artifact", self.dir / "run", self.dir / "logs"
         path = self.dir / CANDIDATE_FILE
