@@ -137,14 +137,6 @@ class PlanFile(_Plan):
                 raise ValueError(f"layers.{layer}: {name!r} is neither 'keep' nor one of schemes")
         return self
 
-    def scheme_layers(self) -> dict[str, list[str]]:
-        """Scheme name -> the layers it quantizes (sorted), for the config_groups; kept layers left out."""
-        groups: dict[str, list[str]] = {}
-        for layer, name in sorted(self.layers.items()):
-            if name != KEEP:
-                groups.setdefault(name, []).append(layer)
-        return groups
-
 
 def parse_plan(raw: Any, where: str) -> PlanFile:
     """``raw`` (a PLAN.json's parsed JSON) as a PlanFile, or a one-line InputError naming ``where`` and the field."""
