@@ -12,14 +12,16 @@ import matplotlib.pyplot as plt
 from ditq.report.assess import ReportData
 from ditq.report.capacity import capacity_matrix
 
-__all__ = ["CHARTS", "memory_chart", "psnr_chart", "wall_chart", "write_charts"]
+__all__ = ["CHARTS", "memory_chart", "psnr_chart", "save_chart", "wall_chart", "write_charts"]
 
 _DPI = 110
 
 
-def _save(figure, path: Path) -> Path:
+def save_chart(figure, path: Path, tight_box: bool = False) -> Path:
+    """``figure`` as a PNG at ``path``, then closed; ``tight_box``: the image cropped to what is drawn (long tick
+    labels stay whole)."""
     figure.tight_layout()
-    figure.savefig(path, dpi=_DPI, format="png")
+    figure.savefig(path, dpi=_DPI, format="png", **({"bbox_inches": "tight"} if tight_box else {}))
     plt.close(figure)
     return path
 
@@ -69,7 +71,7 @@ def wall_chart(report: ReportData, path: Path) -> Path | None:
     axis.set_title("Wall time vs reference count")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    return _save(figure, path)
+    return save_chart(figure, path)
 
 
 def psnr_chart(report: ReportData, path: Path) -> Path | None:
@@ -112,7 +114,7 @@ def psnr_chart(report: ReportData, path: Path) -> Path | None:
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         figure.legend(handles, labels, fontsize=8, loc="upper right")
-    return _save(figure, path)
+    return save_chart(figure, path)
 
 
 def memory_chart(report: ReportData, path: Path) -> Path | None:
@@ -131,7 +133,7 @@ def memory_chart(report: ReportData, path: Path) -> Path | None:
     axis.set_title("Memory over time")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    return _save(figure, path)
+    return save_chart(figure, path)
 
 
 # file name -> (title, drawing function)

@@ -16,11 +16,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from ditq.plan.schema import KEEP, PlanFile
+from ditq.report.charts import save_chart
 from ditq.report.tables import Table
 
 __all__ = ["plan_chart", "plan_chart_name", "plan_sentences", "plan_table", "write_plan_charts"]
 
-_DPI = 110
 _MAX_ROWS = 120
 
 
@@ -62,10 +62,7 @@ def plan_chart(plan: PlanFile, path: Path) -> Path | None:
     axis.set_title(title, fontsize=8)
     bar = figure.colorbar(image, ax=axis, fraction=0.05)
     bar.ax.tick_params(labelsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=_DPI, format="png", bbox_inches="tight")  # long layer names stay whole
-    plt.close(figure)
-    return path
+    return save_chart(figure, path, tight_box=True)  # long layer names stay whole
 
 
 def write_plan_charts(plans: dict[str, PlanFile], out_dir: Path) -> dict[str, Path | None]:
