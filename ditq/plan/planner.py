@@ -380,7 +380,7 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
         say(
             f"plan: {len(targets)} Linears of {options.component}; {len(setting.fixtures)} fixtures x {len(seeds)} seeds, {steps} steps"
         )
-        bench.run_reference(setting.reference, fixtures_file, refs, Path(options.model), device)
+        bench.run_reference(setting.reference, setting.describe(Path(options.model)))
         say(f"plan: the source-precision run ({setting.dtype}) done ({clock()})")
         band, target = _target(setting)
         say(f"plan: target {target.kind}: {_fmt(target.per_fixture_db)} dB ({clock()})")

@@ -35,8 +35,8 @@ from ditq.metrics import fidelity_arrays, load_png_array, psnr
 from ditq.numerics import quantize_weight
 from ditq.plan.schema import KEEP, LayerSensitivity
 from ditq.probe.fixtures import Fixture
-from ditq.probe.runner import Reply, describe_run, run_matrix
-from ditq.runfiles import InProcessOptions
+from ditq.probe.runner import Reply, run_matrix
+from ditq.runfiles import RunDescription
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.runtime.modules import QuantizedLinear, linear_from_stored
 from ditq.schemes import SCHEMES
@@ -222,21 +222,10 @@ class Workbench:
     def _executor(self) -> AdapterExecutor:
         return AdapterExecutor(self.adapter, self.steps, self.true_cfg_scale)
 
-    def run_reference(self, run_dir: Path, fixtures_file: Path, refs: Path, model: Path, device: str) -> None:
-        """The source-precision run (a run directory, as ``ditq baseline`` writes in process), recording the
-        component's first calls of the proxy seeds; then the replays, checked against what they replay."""
-        description = describe_run(
-            "baseline",
-            ["in-process"],
-            fixtures_file,
-            refs,
-            self.fixtures,
-            self.image_seeds,
-            self.steps,
-            self.true_cfg_scale,
-            InProcessOptions(device=device, offload="none"),
-            model,
-        )
+    def run_reference(self, run_dir: Path, description: RunDescription) -> None:
+        """The source-precision run (a run directory, as ``ditq baseline`` writes in process; ``description``:
+        its RUN.json's), recording the component's first calls of the proxy seeds; then the replays, checked
+        against what they replay."""
         summary = run_matrix(
             run_dir,
             self.fixtures,

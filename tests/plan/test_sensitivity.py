@@ -12,6 +12,8 @@ from ditq.compare import PSNR_CAP_DB
 from ditq.plan.schema import KEEP
 from ditq.plan.sensitivity import Unit, Workbench, layers_quantized, measure_sensitivity, quantized_copy
 from ditq.probe.fixtures import load_fixtures
+from ditq.probe.runner import describe_run
+from ditq.runfiles import InProcessOptions
 from ditq.runtime.modules import QuantizedLinear
 
 SCHEMES = ("fp8", "w8a8", "w8a16")
@@ -73,13 +75,19 @@ def bench(tiny_workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> Wor
     pipeline = load_pipeline(tiny_workspace / "model", device="cpu", dtype=torch.float32)
     fixtures = load_fixtures(tiny_workspace / "fixtures.json", tiny_workspace / "refs")
     workbench = Workbench(pipeline, "transformer", fixtures, 3, 1.0, [1, 2], [1], proxy_steps=2)
-    workbench.run_reference(
-        tmp_path_factory.mktemp("reference"),
+    description = describe_run(
+        "baseline",
+        ["in-process"],
         tiny_workspace / "fixtures.json",
         tiny_workspace / "refs",
+        fixtures,
+        [1, 2],
+        3,
+        1.0,
+        InProcessOptions(device="cpu", offload="none"),
         tiny_workspace / "model",
-        "cpu",
     )
+    workbench.run_reference(tmp_path_factory.mktemp("reference"), description)
     return workbench
 
 
