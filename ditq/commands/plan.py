@@ -85,6 +85,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-rounds", type=int, default=3, help="search-and-verify rounds at most (default 3)"
     )
     parser.add_argument(
+        "--max-layers",
+        type=int,
+        default=256,
+        help="Linears measured one by one at most; past it, those of the most sensitive blocks, the rest "
+        "estimated from their block (default 256)",
+    )
+    parser.add_argument(
         "--component", default="transformer", help="the component to plan (default transformer)"
     )
     parser.add_argument(
@@ -148,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
             variant=args.variant,
             work=args.work,
             max_rounds=args.max_rounds,
+            max_layers=args.max_layers,
             accept=args.accept,
             command=("ditq", *sys.argv[1:]),
         ),
