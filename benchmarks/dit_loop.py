@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import statistics
 import time
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ __all__ = [
     "layer_errors",
     "loop_pipeline",
     "make_case",
+    "profile_loop",
     "run_loop",
     "time_loop",
 ]
@@ -255,4 +257,64 @@ def layer_errors(pipe: Any, case: LoopCase, reference: torch.nn.Module, names: l
         "median": round(statistics.median(values), 5),
         "max": round(values[-1], 5),
         "worst_5": [[name, round(value, 5)] for name, value in worst],
+    }
+
+
+# Device kernels by what they compute, first match wins (kernel names: cuBLAS/cuDNN/CUTLASS, PyTorch's flash and
+# memory-efficient attention, inductor's generated Triton (triton_poi/red/per_*, triton_tem_* for its GEMM
+# templates), ditq's own Triton kernels).
+KERNEL_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("attention", re.compile(r"flash|fmha|attn|attention|sdpa|_quantize_rows_kernel", re.IGNORECASE)),
+    ("activation quantization", re.compile(r"act_quant", re.IGNORECASE)),
+    ("weight dequantization", re.compile(r"_dequant_kernel")),
+    (
+        "gemm",
+        re.compile(
+            r"gemm|matmul|nvjet|xmma|cutlass|wgmma|f8f8bf16|triton_tem_|_w8a8_|_w8a16_", re.IGNORECASE
+        ),
+    ),
+    ("compiled fused elementwise/norm", re.compile(r"^triton_(poi|red|per)_")),
+)
+OTHER = "other (eager elementwise, norms, copies, RoPE)"
+
+
+def kernel_category(name: str) -> str:
+    return next((label for label, pattern in KERNEL_CATEGORIES if pattern.search(name)), OTHER)
+
+
+def profile_loop(pipe: Any, case: LoopCase, steps: int) -> dict[str, Any]:
+    """Where one loop's device time goes: a loop of ``steps`` (one prefix step, the rest cached) under
+    torch.profiler, its kernels' device time summed by ``KERNEL_CATEGORIES``, the busiest kernels, and the wall
+    time against the device's busy time (the rest: launch gaps and host work)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if case.latents.device.type == "cuda" else []
+    )
+    with profile(activities=activities) as prof:
+        step_ms, _ = run_loop(pipe, case, steps)
+    kernels: dict[str, tuple[float, int]] = {}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        total, count = kernels.get(event.name, (0.0, 0))
+        kernels[event.name] = (total + event.time_range.elapsed_us() / 1000.0, count + 1)
+    by_category: dict[str, float] = {}
+    for name, (ms, _) in kernels.items():
+        category = kernel_category(name)
+        by_category[category] = by_category.get(category, 0.0) + ms
+    busy = sum(by_category.values())
+    wall = sum(step_ms)
+    top = sorted(kernels.items(), key=lambda item: -item[1][0])[:12]
+    return {
+        "steps": steps,
+        "wall_ms": round(wall, 2),
+        "device_busy_ms": round(busy, 2),
+        "device_idle_share": None if not wall or not busy else round(max(0.0, 1 - busy / wall), 3),
+        "by_category_ms": {k: round(v, 2) for k, v in sorted(by_category.items(), key=lambda kv: -kv[1])},
+        "by_category_share": {k: round(v / busy, 3) for k, v in by_category.items()} if busy else {},
+        "top_kernels": [
+            {"name": name[:160], "category": kernel_category(name), "ms": round(ms, 2), "calls": calls}
+            for name, (ms, calls) in top
+        ],
     }

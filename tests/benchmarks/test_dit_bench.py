@@ -74,7 +74,15 @@ def test_case_layout_interleaves_text_and_reference_slots() -> None:
 def test_tiny_dry_run_fills_every_loop_row(tmp_path: Path) -> None:
     out = tmp_path / "dit_bench.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the tiny model's timings are noise either way
-    command = [sys.executable, str(BENCHMARKS / "dit_bench.py"), "--preset", "tiny", "--device", "cpu"]
+    command = [
+        sys.executable,
+        str(BENCHMARKS / "dit_bench.py"),
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--profile",
+    ]
     subprocess.run([*command, "--out", str(out)], check=True, env=env, timeout=600)
     result = json.loads(out.read_text())
     # where torchao imports on a CPU, its float8 config refuses the device (it needs CUDA sm_89+): an error, recorded
@@ -94,6 +102,20 @@ def test_tiny_dry_run_fills_every_loop_row(tmp_path: Path) -> None:
                 if mode == "compiled":
                     assert row["graph_breaks"] == 0
     assert rows[("bf16", "eager", 4)]["loop_vs_bf16_same_mode"] == 1.0
+    # quantized attention over the quantized models, through the path the doctor chose (the CPU reference here)
+    for variant, kind in (("fp8+attn-fp8", "fp8"), ("w8a8+attn-int8", "int8")):
+        for mode in ("eager", "compiled"):
+            for references in (0, 4):
+                row = rows[(variant, mode, references)]
+                assert row["attention_path"] == f"cpu-reference-attention-{kind}"
+                assert row["loop_ms"] > 0 and row["final_latents_rel_l2_vs_bf16_eager"] < 0.05
+    assert "bf16+sdpa-cudnn: cuDNN attention needs CUDA" in result["skipped"]
+    # --profile: the rows at 0 and 4 references carry one profiled 3-step loop (no device kernels on a CPU)
+    for (variant, mode, references), row in rows.items():
+        if references in (0, 4) and "loop_ms" in row:
+            assert row["profile"]["steps"] == 3 and row["profile"]["wall_ms"] > 0, (variant, mode, references)
+        else:
+            assert "profile" not in row
     for scheme in ("w8a8", "fp8", "w8a16"):
         errors = result["layer_errors"][scheme]
         assert errors["layers"] == result["model"]["quantized_linears"]
@@ -110,3 +132,22 @@ def test_tiny_dry_run_fills_every_loop_row(tmp_path: Path) -> None:
         "r3",
         "r4",
     }
+
+
+def test_kernel_categories_name_what_each_kernel_computes() -> None:
+    assert dit_loop.kernel_category("_w8a8_persistent_kernel") == "gemm"
+    assert dit_loop.kernel_category("nvjet_tst_256x128_64x4_2x1_v_bz_coopA_TNN") == "gemm"
+    assert dit_loop.kernel_category("void cutlass::device_kernel<f8f8bf16_rowwise>") == "gemm"
+    assert dit_loop.kernel_category("triton_tem_fused_mm_0") == "gemm"
+    assert dit_loop.kernel_category("void pytorch_flash::flash_fwd_kernel<...>") == "attention"
+    assert dit_loop.kernel_category("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
+    assert dit_loop.kernel_category("_attention_kernel") == "attention"
+    assert dit_loop.kernel_category("_quantize_rows_kernel") == "attention"  # Q/K quantization for attention
+    assert dit_loop.kernel_category("_act_quant_kernel") == "activation quantization"
+    assert dit_loop.kernel_category("_dequant_kernel") == "weight dequantization"
+    assert (
+        dit_loop.kernel_category("triton_red_fused_native_layer_norm_0") == "compiled fused elementwise/norm"
+    )
+    assert (
+        dit_loop.kernel_category("void at::native::vectorized_elementwise_kernel<4, ...>") == dit_loop.OTHER
+    )

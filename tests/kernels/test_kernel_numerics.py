@@ -164,11 +164,30 @@ def test_torch_compile_traces_without_graph_breaks(path: KernelPath) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
-def test_cuda_activation_quantization_matches_numerics_exactly(kind: str) -> None:
+def test_every_activation_quantization_config_gives_the_same_bits(kind: str) -> None:
+    """The autotuner may choose any configuration: one tile or several, rows a program, warps; all agree."""
+    from ditq.kernels._triton.act_quant import CONFIG_SHAPES, quantize_per_token
+
+    for k in (512, 3000, 4096, 12288):
+        x = (torch.randn(37, k, device="cuda") * 4).to(torch.bfloat16)
+        x[3] = 0
+        first_q, first_scale = quantize_per_token(x, kind, CONFIG_SHAPES[0])
+        for config in CONFIG_SHAPES[1:]:
+            q, scale = quantize_per_token(x, kind, config)
+            assert torch.equal(scale, first_scale), (k, config)
+            assert torch.equal(q.view(torch.int8), first_q.view(torch.int8)), (k, config)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("k", [4096, 3000, 12288])  # one tile; tiles with a ragged end; the DiT's MLP width
+def test_cuda_activation_quantization_matches_numerics_exactly(kind: str, k: int) -> None:
     from ditq.kernels.cuda_common import quantize_rows
     from ditq.numerics import quantize_activation_per_token
 
-    x = (torch.randn(300, 4096, device="cuda") * 4).to(torch.bfloat16)
+    x = (torch.randn(301, k, device="cuda") * 4).to(torch.bfloat16)  # 301: a last program with spare rows
+    x[9, k - 1] = 1000.0  # a row's maximum in its last tile
     x[7] = 0  # an all-zero token: scale clamps to 1e-12 / qmax, q = 0
     q, scale = quantize_rows(x, kind)
     q_ref, scale_ref = quantize_activation_per_token(x, kind)

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The kernels' H200 run, detached so that it may outlast one shell command, from the repository root:
+#   bash benchmarks/h200_kernels_loop.sh launch      # start the stages below in the background
+#   bash benchmarks/h200_kernels_loop.sh wait [S]    # follow the log for up to S seconds, or until the run ends
+#   bash benchmarks/h200_kernels_loop.sh collect     # copy results and logs to $OUT
+# Stages (each with its own time limit; STAGES picks a subset, in this order):
+#   tests   the kernels' and quantized attention's GPU tests (one Triton config per GEMM, no tuning)
+#   gemm    benchmarks/kernels_bench.py: every GEMM path, the raw library ceilings, the activation quantization
+#           alone, torchao where it imports
+#   loop    benchmarks/dit_bench.py --profile: the denoising loop at 0-4 references, BF16 / ditq / torchao,
+#           eager and compiled, quantized attention, a profile of each row at 0 and 4 references
+# The run lives in $RUN (default /tmp/kernels-loop); results go to $OUT (default ./h200-out).
+set -o pipefail
+OUT=${OUT:-h200-out}
+RUN=${RUN:-/tmp/kernels-loop}
+STAGES=${STAGES:-tests gemm loop}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+
+run_stages() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
+  for stage in $STAGES; do
+    echo "== $stage at $(date -u +%T)"
+    case "$stage" in
+      tests)
+        DITQ_TRITON_AUTOTUNE=0 timeout "${TESTS_S:-180}" python3 -m pytest -q --noconftest -p no:cacheprovider \
+          -m gpu tests/kernels/test_kernel_numerics.py tests/kernels/test_attention_gpu.py >"$RUN/gpu_tests.log" 2>&1
+        tail -5 "$RUN/gpu_tests.log"
+        ;;
+      gemm)
+        timeout "${GEMM_S:-300}" python3 benchmarks/kernels_bench.py --out "$RUN/kernels_bench.json" \
+          >"$RUN/kernels_bench.log" 2>&1
+        tail -3 "$RUN/kernels_bench.log"
+        ;;
+      loop)
+        # shellcheck disable=SC2086
+        timeout "${LOOP_S:-620}" python3 benchmarks/dit_bench.py --out "$RUN/dit_bench.json" --profile \
+          ${LOOP_ARGS:---budget-s 480 --loop-steps 9} >"$RUN/dit_bench.log" 2>&1
+        tail -3 "$RUN/dit_bench.log"
+        ;;
+      *) echo "unknown stage $stage" ;;
+    esac
+  done
+  echo "== done at $(date -u +%T)"
+  touch "$RUN/finished"
+}
+
+case "$1" in
+  launch)
+    rm -rf "$RUN" && mkdir -p "$RUN"
+    export -f run_stages
+    export RUN STAGES
+    setsid nohup bash -c run_stages >"$RUN/run.log" 2>&1 </dev/null &
+    echo "launched: $STAGES"
+    ;;
+  wait)
+    deadline=$((SECONDS + ${2:-540}))
+    while [ ! -f "$RUN/finished" ] && [ $SECONDS -lt $deadline ]; do sleep 5; done
+    cat "$RUN/run.log"
+    ;;
+  collect)
+    mkdir -p "$OUT"
+    for f in gpu_tests.log kernels_bench.json kernels_bench.log dit_bench.json dit_bench.log run.log; do
+      [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/"
+    done
+    ls -la "$OUT"
+    ;;
+  *)
+    echo "usage: $0 launch | wait [seconds] | collect" >&2
+    exit 2
+    ;;
+esac
