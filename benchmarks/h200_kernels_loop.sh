@@ -6,7 +6,7 @@
 # Stages (each with its own time limit; STAGES picks a subset, in this order):
 #   tests   the kernels' and quantized attention's GPU tests (one Triton config per GEMM, no tuning)
 #   gemm    benchmarks/kernels_bench.py: every GEMM path, the raw library ceilings, the activation quantization
-#           alone, torchao where it imports
+#           alone, torchao where it imports (GEMM_ARGS: more arguments, e.g. --only fp8)
 #   loop    benchmarks/dit_bench.py --profile: the denoising loop at 0-4 references, BF16 / ditq / torchao,
 #           eager and compiled, quantized attention, a profile of each row at 0 and 4 references
 # The run lives in $RUN (default /tmp/kernels-loop); results go to $OUT (default ./h200-out).
@@ -27,7 +27,8 @@ run_stages() {
         tail -5 "$RUN/gpu_tests.log"
         ;;
       gemm)
-        timeout "${GEMM_S:-300}" python3 benchmarks/kernels_bench.py --out "$RUN/kernels_bench.json" \
+        # shellcheck disable=SC2086
+        timeout "${GEMM_S:-300}" python3 benchmarks/kernels_bench.py --out "$RUN/kernels_bench.json" $GEMM_ARGS \
           >"$RUN/kernels_bench.log" 2>&1
         tail -3 "$RUN/kernels_bench.log"
         ;;
@@ -48,7 +49,7 @@ case "$1" in
   launch)
     rm -rf "$RUN" && mkdir -p "$RUN"
     export -f run_stages
-    export RUN STAGES
+    export RUN STAGES GEMM_ARGS LOOP_ARGS TESTS_S GEMM_S LOOP_S
     setsid nohup bash -c run_stages >"$RUN/run.log" 2>&1 </dev/null &
     echo "launched: $STAGES"
     ;;

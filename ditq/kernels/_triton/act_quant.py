@@ -46,12 +46,12 @@ def _configs() -> list[triton.Config]:
 def _quantize_tile(x, scale, QMAX: tl.constexpr, IS_FP8: tl.constexpr):
     y = tl.div_rn(x, scale[:, None])
     if IS_FP8:
-        y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
-        return y.to(tl.float8e4nv)
-    # Round half to even: adding and subtracting 1.5 * 2**23 leaves an exact integer for |y| < 2**22.
-    y = (y + 12582912.0) - 12582912.0
-    y = tl.minimum(tl.maximum(y, -128.0), 127.0)
-    return y.to(tl.int8)
+        q = tl.minimum(tl.maximum(y, -QMAX), QMAX).to(tl.float8e4nv)
+    else:
+        # Round half to even: adding and subtracting 1.5 * 2**23 leaves an exact integer for |y| < 2**22.
+        y = (y + 12582912.0) - 12582912.0
+        q = tl.minimum(tl.maximum(y, -128.0), 127.0).to(tl.int8)
+    return q
 
 
 @triton.autotune(configs=_configs(), key=["K", "IS_FP8"])
