@@ -264,6 +264,8 @@ def layer_errors(pipe: Any, case: LoopCase, reference: torch.nn.Module, names: l
 # memory-efficient attention, inductor's generated Triton (triton_poi/red/per_*, triton_tem_* for its GEMM
 # templates), ditq's own Triton kernels).
 KERNEL_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # inductor's fused kernels first: it names them after every op they hold, the next GEMM op's too
+    ("compiled fused elementwise/norm (+ activation quantization)", re.compile(r"^triton_(poi|red|per)_")),
     ("attention", re.compile(r"flash|fmha|attn|attention|sdpa|_quantize_rows_kernel", re.IGNORECASE)),
     ("activation quantization", re.compile(r"act_quant", re.IGNORECASE)),
     ("weight dequantization", re.compile(r"_dequant_kernel")),
@@ -273,7 +275,6 @@ KERNEL_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"gemm|matmul|nvjet|xmma|cutlass|wgmma|f8f8bf16|triton_tem_|_w8a8_|_w8a16_", re.IGNORECASE
         ),
     ),
-    ("compiled fused elementwise/norm", re.compile(r"^triton_(poi|red|per)_")),
 )
 OTHER = "other (eager elementwise, norms, copies, RoPE)"
 

@@ -145,9 +145,14 @@ def test_kernel_categories_name_what_each_kernel_computes() -> None:
     assert dit_loop.kernel_category("_quantize_rows_kernel") == "attention"  # Q/K quantization for attention
     assert dit_loop.kernel_category("_act_quant_kernel") == "activation quantization"
     assert dit_loop.kernel_category("_dequant_kernel") == "weight dequantization"
+    fused = "compiled fused elementwise/norm (+ activation quantization)"
+    assert dit_loop.kernel_category("triton_red_fused_native_layer_norm_0") == fused
+    # inductor names a fused producer + quantization after the GEMM op that follows it: still not a GEMM
     assert (
-        dit_loop.kernel_category("triton_red_fused_native_layer_norm_0") == "compiled fused elementwise/norm"
+        dit_loop.kernel_category("triton_red_fused_abs_amax_clamp_div_round_w8a8_triton_persistent_7")
+        == fused
     )
+    assert dit_loop.kernel_category("triton_red_fused__scaled_mm__to_copy_abs_amax_clamp_div_8") == fused
     assert (
         dit_loop.kernel_category("void at::native::vectorized_elementwise_kernel<4, ...>") == dit_loop.OTHER
     )
