@@ -507,6 +507,10 @@ def main() -> int:
         "--skip-doctor", action="store_true", help="the registry's first kernel paths, unverified"
     )
     parser.add_argument(
+        "--variants", help="comma list: only these variants' steps (e.g. bf16,w8a8; default: every variant)"
+    )
+    parser.add_argument("--modes", help="comma list: only these modes' rows (eager, compiled; default: both)")
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="also profile every row at 0 and 4 references (one 3-step loop each): device time by kernel category",
@@ -710,8 +714,21 @@ def main() -> int:
         *(row(variant, "compiled", r) for variant in ("bf16", "w8a8", "fp8", *torchao) for r in middle),
         *(row("w8a16", "compiled", r) for r in REFERENCES),
     ]
+    wanted_variants = None if args.variants is None else set(args.variants.split(","))
+    wanted_modes = None if args.modes is None else set(args.modes.split(","))
+
+    def wanted(name: str) -> bool:
+        words = name.split()
+        if wanted_variants is not None and words[0] not in wanted_variants:
+            return False
+        modes = {"eager", "compiled"} & set(words)
+        return wanted_modes is None or not modes or bool(modes & wanted_modes)
+
+    result["selection"] = {"variants": args.variants, "modes": args.modes}
     failed: set[str] = set()
     for name, estimate, action in plan:
+        if not wanted(name):
+            continue
         variant = name.split()[0]
         if variant in failed or ATTENTION_VARIANTS.get(variant, (variant,))[0] in failed:
             result["skipped"].append(f"{name}: an earlier step of {variant} failed or was skipped")

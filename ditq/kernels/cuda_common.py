@@ -1,6 +1,10 @@
 """What the CUDA paths share: availability checks, per-token activation quantization, and the row-op plumbing
 (flatten to (M, K), call, reshape back; shape-only fakes for torch.compile).
 
+Each CUDA GEMM is a custom op (``cuda_op``) so that torch.compile traces it as one call; in eager mode the row helpers
+call its function directly, since the custom op's Python dispatch costs about as much host time as a DiT-sized
+GEMM's device time (``benchmarks/results/kernels_host_overhead.json``), which leaves the device idle between calls.
+
 The per-token paths quantize the activations *outside* their GEMM op: in eager mode with the Triton kernel, under
 torch.compile with ``ditq.numerics``' torch ops, which the compiler sees and fuses into the op that produced the
 activation (a norm, modulation or GELU), as it does for torchao's dynamic quantization. The GEMM and its scale
@@ -19,6 +23,7 @@ from ditq.numerics import quantize_activation_per_token
 
 __all__ = [
     "cuda_available",
+    "cuda_op",
     "flatten_rows",
     "matmul_quantized_rows",
     "matmul_rows",
@@ -41,6 +46,25 @@ def triton_available() -> str | None:
     return None if importlib.util.find_spec("triton") else "triton is not installed"
 
 
+# id of each custom op made by cuda_op -> the function it wraps (ops live as long as their modules)
+_EAGER_FUNCTIONS: dict[int, Callable[..., torch.Tensor]] = {}
+
+
+def cuda_op(name: str, fn: Callable[..., torch.Tensor]) -> Any:
+    """``fn`` as the CUDA custom op ``name`` (no mutation); the row helpers below call ``fn`` itself outside
+    torch.compile."""
+    op = torch.library.custom_op(name, mutates_args=(), device_types="cuda")(fn)
+    _EAGER_FUNCTIONS[id(op)] = fn
+    return op
+
+
+def _direct(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """The op under torch.compile; its function otherwise (the same arithmetic without the dispatch)."""
+    if torch.compiler.is_compiling():
+        return op
+    return _EAGER_FUNCTIONS.get(id(op), op)
+
+
 def flatten_rows(x: torch.Tensor) -> torch.Tensor:
     """x (..., K) -> (M, K) with a contiguous last dim (a view where possible)."""
     x2 = x.reshape(-1, x.shape[-1])
@@ -51,7 +75,7 @@ def matmul_rows(
     op: Callable[..., torch.Tensor], x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """x (..., K) through a row op (x (M, K), weight, weight_scale, bias) -> (M, N), reshaped to (..., N)."""
-    y = op(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
+    y = _direct(op)(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
@@ -62,7 +86,7 @@ def matmul_quantized_rows(
     (x_q (M, K), x_scale (M,), weight, weight_scale, bias, out_dtype) -> (M, N), reshaped to (..., N)."""
     rows = flatten_rows(x)
     x_q, x_scale = quantize_rows(rows, kind)  # (M, K) 8-bit, (M, 1) float32
-    y = op(x_q, x_scale.reshape(-1), prepared["weight"], prepared["weight_scale"], bias, rows.dtype)
+    y = _direct(op)(x_q, x_scale.reshape(-1), prepared["weight"], prepared["weight_scale"], bias, rows.dtype)
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 

@@ -18,6 +18,7 @@ import torch
 
 from ditq.checkpoint.codecs import codec_for
 from ditq.kernels.cuda_common import (
+    cuda_op,
     matmul_quantized_rows,
     register_quantized_row_fakes,
     triton_available,
@@ -59,7 +60,7 @@ def _gemm_op(name: str, variant: str) -> Callable[..., torch.Tensor]:
     ) -> torch.Tensor:
         return _gemm(variant)(x_q, weight, x_scale, weight_scale, bias, out_dtype)
 
-    op = torch.library.custom_op(name, mutates_args=(), device_types="cuda")(run)
+    op = cuda_op(name, run)
     register_quantized_row_fakes(op)
     return op
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ditq.checkpoint.codecs import codec_for
-from ditq.kernels.cuda_common import matmul_rows, register_row_fakes, triton_available
+from ditq.kernels.cuda_common import cuda_op, matmul_rows, register_row_fakes, triton_available
 from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, StoredWeight, register_kernel
 from ditq.schemes import W8A16
 
@@ -23,8 +23,7 @@ def _prepare(stored: StoredWeight, device: torch.device) -> Prepared:
     return {"weight": q.contiguous(), "weight_scale": scale.to(torch.float32).contiguous()}
 
 
-@torch.library.custom_op("ditq::w8a16_triton", mutates_args=(), device_types="cuda")
-def w8a16_triton(
+def _w8a16_triton(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     from ditq.kernels._triton.w8a16_gemm import w8a16_gemm
@@ -32,8 +31,7 @@ def w8a16_triton(
     return w8a16_gemm(x, weight, weight_scale, bias)
 
 
-@torch.library.custom_op("ditq::w8a16_dequant_matmul", mutates_args=(), device_types="cuda")
-def w8a16_dequant_matmul(
+def _w8a16_dequant_matmul(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     from ditq.kernels._triton.dequant import dequantize_int8
@@ -42,6 +40,8 @@ def w8a16_dequant_matmul(
     return torch.nn.functional.linear(x, w, bias)
 
 
+w8a16_triton = cuda_op("ditq::w8a16_triton", _w8a16_triton)
+w8a16_dequant_matmul = cuda_op("ditq::w8a16_dequant_matmul", _w8a16_dequant_matmul)
 register_row_fakes(w8a16_triton, w8a16_dequant_matmul)
 
 

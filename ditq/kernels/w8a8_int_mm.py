@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from ditq.kernels.cuda_common import cuda_available, matmul_quantized_rows, register_quantized_row_fakes
+from ditq.kernels.cuda_common import (
+    cuda_available,
+    cuda_op,
+    matmul_quantized_rows,
+    register_quantized_row_fakes,
+)
 from ditq.kernels.per_token_triton import prepare_per_channel
 from ditq.kernels.registry import FLOAT_ACTIVATIONS, Prepared, register_kernel
 from ditq.schemes import W8A8
@@ -17,8 +22,7 @@ __all__: list[str] = []
 _MIN_ROWS = 17  # torch._int_mm needs M > 16
 
 
-@torch.library.custom_op("ditq::w8a8_int_mm", mutates_args=(), device_types="cuda")
-def w8a8_int_mm(
+def _w8a8_int_mm(
     x_q: torch.Tensor,
     x_scale: torch.Tensor,
     weight: torch.Tensor,
@@ -36,6 +40,7 @@ def w8a8_int_mm(
     return y.to(out_dtype)
 
 
+w8a8_int_mm = cuda_op("ditq::w8a8_int_mm", _w8a8_int_mm)
 register_quantized_row_fakes(w8a8_int_mm)
 
 

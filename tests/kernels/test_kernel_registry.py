@@ -83,3 +83,36 @@ def test_duplicate_registration_is_refused() -> None:
         register_kernel(
             name="cpu-reference-fp8", scheme=FP8, device_type="cpu", prepare=reference.prepare, priority=0
         )(reference.matmul)
+
+
+def test_row_helpers_call_a_cuda_op_directly_in_eager_mode_and_the_op_under_compile() -> None:
+    """The custom op's Python dispatch costs host time an eager step cannot spare; torch.compile needs the op."""
+    from ditq.kernels.cuda_common import cuda_op, matmul_rows, register_row_fakes
+
+    calls: list[str] = []
+
+    def rows(
+        x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        calls.append("function")
+        return x @ weight.t() * weight_scale
+
+    op = cuda_op("ditq_test::rows_direct", rows)
+    register_row_fakes(op)
+
+    @op.register_kernel("cpu")
+    def _(
+        x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        calls.append("op")
+        return x @ weight.t() * weight_scale
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4)
+    prepared = {"weight": torch.randn(5, 4), "weight_scale": torch.rand(5)}
+    eager = matmul_rows(op, x, prepared, None)
+    assert calls == ["function"] and eager.shape == (2, 3, 5)
+    calls.clear()
+    compiled = torch.compile(lambda t: matmul_rows(op, t, prepared, None), backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), eager)
+    assert calls == ["op"]
