@@ -92,6 +92,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "estimated from their block (default 256)",
     )
     parser.add_argument(
+        "--image-blocks",
+        type=int,
+        help="blocks whose final images are measured (with the whole component's) to calibrate the proxy, "
+        "evenly spaced; the others get the proxy only (default: every block; a large model's plan needs few)",
+    )
+    parser.add_argument(
         "--component", default="transformer", help="the component to plan (default transformer)"
     )
     parser.add_argument(
@@ -156,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
             work=args.work,
             max_rounds=args.max_rounds,
             max_layers=args.max_layers,
+            image_blocks=args.image_blocks,
             accept=args.accept,
             command=("ditq", *sys.argv[1:]),
         ),

@@ -5,8 +5,9 @@
 2. Under ``--target parity`` the parity band is measured as the sweep measures it: the model run in process in
    bfloat16 (``ditq.baseline.make_baseline``) against that run, per fixture and seed
    (``ditq.compare.parity_from_pair``); each fixture's floor is its pair's mean minus compare's tolerance.
-3. Sensitivity (``ditq.plan.sensitivity``): every block and the whole component under every scheme (proxy and
-   final image), to calibrate and validate the proxy; then every plannable Linear alone under every scheme
+3. Sensitivity (``ditq.plan.sensitivity``): every block and the whole component under every scheme (proxy, and
+   final images for the component and every block, or ``image_blocks`` of them evenly spaced), to calibrate and
+   validate the proxy; then every plannable Linear alone under every scheme
    (proxy) — past ``max_layers`` Linears, those of the most sensitive blocks, the rest estimated from their
    block's error in proportion to their parameters.
 4. Search (``ditq.plan.search``) for the cheapest assignment predicted to meet every fixture's target plus margin.
@@ -77,6 +78,7 @@ class PlanOptions:
     work: Path | None = None  # keeps the runs and checkpoints (None: a temporary folder, removed)
     max_rounds: int = 3
     max_layers: int = 256  # Linears measured one by one at most; past it, the most sensitive blocks' first
+    image_blocks: int | None = None  # blocks with final images (evenly spaced) beside the component; None: all
     # under a parity target, what the verification accepts per fixture: compare's "inside", or also "undecided"
     accept: str = "inside"
     command: tuple[str, ...] = ()
@@ -93,6 +95,8 @@ class PlanOptions:
                 raise InputError(f"{flag}: at least 1, got {value}")
         if self.max_layers < 0:
             raise InputError(f"--max-layers: at least 0, got {self.max_layers}")
+        if self.image_blocks is not None and self.image_blocks < 0:
+            raise InputError(f"--image-blocks: at least 0, got {self.image_blocks}")
         if self.max_rounds < 1:
             raise InputError(f"--max-rounds: at least 1, got {self.max_rounds}")
         if self.budget is not None:
@@ -176,6 +180,17 @@ def _units(targets: dict[str, int], block_lists: list[str]) -> tuple[list[Unit],
     wholes = [Unit(b, "block", tuple(names), sum(targets[n] for n in names)) for b, names in blocks.items()]
     wholes.append(Unit("(all)", "component", tuple(targets), sum(targets.values())))
     return layers, wholes
+
+
+def _with_images(whole_units: list[Unit], count: int | None) -> Callable[[Unit], bool]:
+    """Which whole units get final images: the component and ``count`` blocks spaced evenly through the
+    component (the middle of each of ``count`` equal runs of blocks); every block when ``count`` is None or
+    covers them all."""
+    blocks = [u.name for u in whole_units if u.kind == "block"]
+    if count is None or count >= len(blocks):
+        return lambda unit: True
+    chosen = {blocks[int((i + 0.5) * len(blocks) / count)] for i in range(count)}
+    return lambda unit: unit.kind == "component" or unit.name in chosen
 
 
 def _layers_to_measure(
@@ -387,9 +402,12 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
 
         layer_units, whole_units = _units(targets, rule.block_lists)
         unit_seeds = seeds[: options.unit_seeds]
-        whole_found = measure_sensitivity(bench, whole_units, options.schemes, unit_seeds, lambda u: True)
+        with_images = _with_images(whole_units, options.image_blocks)
+        whole_found = measure_sensitivity(bench, whole_units, options.schemes, unit_seeds, with_images)
+        imaged = sum(1 for u in whole_units if u.kind == "block" and with_images(u))
         say(
-            f"plan: {len(whole_units) - 1} blocks and the component x {len(options.schemes)} schemes ({clock()})"
+            f"plan: {len(whole_units) - 1} blocks ({imaged} with images) and the component x "
+            f"{len(options.schemes)} schemes ({clock()})"
         )
         chosen = _layers_to_measure(layer_units, whole_units, whole_found, options)
         layer_found = measure_sensitivity(bench, chosen, options.schemes, unit_seeds, lambda u: False)

@@ -27,6 +27,7 @@ def planned(tiny_workspace: Path) -> Path:
             "plan", str(tiny_workspace / "model"), "--fixtures", str(tiny_workspace / "fixtures.json"),
             "--refs", str(tiny_workspace / "refs"), "--out", str(out), "--schemes", "fp8,w8a8",
             "--target-db", TARGET_DB, "--seeds", "1-2", "--steps", "2", "--max-rounds", "2",
+            "--image-blocks", "1",  # of the two blocks, the second's images (the middle of one run of two)
         ]
     )  # fmt: skip
     assert code in (0, 1) and out.is_file()  # 1: written, but its verification missed the target
@@ -42,7 +43,9 @@ def test_the_plan_is_measured_searched_and_verified(planned: Path):
     assert all(set(e.proxy) == {"fp8", "w8a8"} and not e.psnr_db for e in linears)
     blocks = [e for e in plan.sensitivity if e.unit != "layer"]
     assert [e.layer for e in blocks] == ["transformer_blocks.0", "transformer_blocks.1", "(all)"]
-    assert all(set(e.psnr_db) == {"fp8", "w8a8"} for e in blocks)
+    assert all(set(e.proxy) == {"fp8", "w8a8"} for e in blocks)
+    # --image-blocks 1: one block's images and the whole component's calibrate the proxy, the other block has none
+    assert [sorted(e.psnr_db) for e in blocks] == [[], ["fp8", "w8a8"], ["fp8", "w8a8"]]
     # a mix: not every layer at fp8, and every layer not at fp8 says why
     assert set(plan.layers.values()) - {"fp8"}
     assert set(plan.reasons) == {layer for layer, choice in plan.layers.items() if choice != "fp8"}
@@ -147,3 +150,27 @@ def test_max_layers_reaches_the_planner(tiny_workspace: Path, capsys: pytest.Cap
         "ditq plan: error: --max-layers: at least 0, got -1"
     )
     assert not (tiny_workspace / "never.json").exists()
+
+
+def test_image_blocks_is_refused_below_zero(tiny_workspace: Path, capsys: pytest.CaptureFixture[str]):
+    code = main(
+        ["plan", str(tiny_workspace / "model"), "--fixtures", str(tiny_workspace / "fixtures.json"),
+         "--refs", str(tiny_workspace / "refs"), "--out", str(tiny_workspace / "never.json"),
+         "--image-blocks", "-1", "--target-db", "40"]
+    )  # fmt: skip
+    assert code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == (
+        "ditq plan: error: --image-blocks: at least 0, got -1"
+    )
+    assert not (tiny_workspace / "never.json").exists()
+
+
+def test_image_blocks_are_spread_evenly_through_the_component():
+    from ditq.plan.planner import _with_images
+    from ditq.plan.sensitivity import Unit
+
+    units = [Unit(f"blocks.{i}", "block", (f"blocks.{i}.a",), 1) for i in range(60)]
+    units.append(Unit("(all)", "component", tuple(f"blocks.{i}.a" for i in range(60)), 60))
+    chosen = [u.name for u in units if _with_images(units, 4)(u)]
+    assert chosen == ["blocks.7", "blocks.22", "blocks.37", "blocks.52", "(all)"]
+    assert [u.name for u in units if _with_images(units, 0)(u)] == ["(all)"]
+    assert all(_with_images(units, None)(u) for u in units) and all(_with_images(units, 99)(u) for u in units)
