@@ -78,7 +78,7 @@ class PlanOptions:
     work: Path | None = None  # keeps the runs and checkpoints (None: a temporary folder, removed)
     max_rounds: int = 3
     max_layers: int = 256  # Linears measured one by one at most; past it, the most sensitive blocks' first
-    image_blocks: int | None = None  # blocks with final images (evenly spaced) beside the component; None: all
+    image_blocks: int | None = None  # blocks with images, evenly spaced, beside the component; None: all
     # under a parity target, what the verification accepts per fixture: compare's "inside", or also "undecided"
     accept: str = "inside"
     command: tuple[str, ...] = ()
