@@ -28,19 +28,15 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels_bench import median_ms
+
 IMAGE_TOKENS = 4096  # 1024x1024 at 16 pixels per token
-
-
-def _bench(fn: Callable[[], object]) -> float:
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
 def _model_shape() -> tuple[int, int, int]:
@@ -96,7 +92,7 @@ def _step_rows(refs: int, text: int, heads: int, head_dim: int, kinds: list[str]
     ):
         try:
             out = _sdpa(q, k, v, backend)
-            ms = _bench(lambda b=backend: _sdpa(q, k, v, b))
+            ms = median_ms(lambda b=backend: _sdpa(q, k, v, b))
             rows.append({**base, "path": name, "total_ms": ms, "attend_ms": ms, "tflops": flops / ms / 1e9,
                          "rel_l2_vs_fp32": _rel_l2(out, reference)})  # fmt: skip
         except Exception as error:  # a backend this build lacks is recorded, not fatal
@@ -107,8 +103,8 @@ def _step_rows(refs: int, text: int, heads: int, head_dim: int, kinds: list[str]
             try:
                 qk = path.quantize(q, k, kind)
                 out = path.attend(qk, v, None, None, head_dim**-0.5)
-                attend_ms = _bench(lambda p=path, qk=qk: p.attend(qk, v, None, None, head_dim**-0.5))
-                total_ms = _bench(
+                attend_ms = median_ms(lambda p=path, qk=qk: p.attend(qk, v, None, None, head_dim**-0.5))
+                total_ms = median_ms(
                     lambda p=path: p.attend(p.quantize(q, k, p.kind), v, None, None, head_dim**-0.5)
                 )
                 rows.append({**base, "path": path.name, "kind": kind, "chosen": path.name == chosen,
@@ -148,11 +144,11 @@ def _prefill_rows(
         return torch.cat(outs, dim=1)
 
     rows: list[dict[str, object]] = [
-        {"refs": refs, "seq": seq, "path": "sdpa-bf16 (prefill)", "total_ms": _bench(sdpa_segments)}
+        {"refs": refs, "seq": seq, "path": "sdpa-bf16 (prefill)", "total_ms": median_ms(sdpa_segments)}
     ]
     for kind in kinds:
         path = candidate_attention_paths(kind, "cuda", torch.bfloat16, head_dim)[0]
-        ms = _bench(lambda p=path: quantized_segment_attention(p, q, k, v, segments, None))
+        ms = median_ms(lambda p=path: quantized_segment_attention(p, q, k, v, segments, None))
         rows.append({"refs": refs, "seq": seq, "path": f"{path.name} (prefill)", "total_ms": ms})
     return rows
 

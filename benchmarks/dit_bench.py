@@ -316,15 +316,13 @@ def attention_installed(pipe: Any, attention: str | None, verify: bool) -> Itera
         return
     from ditq.runtime.attention import install_quantized_attention
 
-    modules = [m for m in pipe.transformer.modules() if type(m).__name__ == "QwenImage21Attention"]
-    saved = [m.processor for m in modules]
+    saved = pipe.transformer.attn_processors  # diffusers' own save and restore of every attention processor
     try:
         device = next(pipe.transformer.parameters()).device
         choice = install_quantized_attention(pipe, attention, device, torch.bfloat16, verify=verify)
         yield choice.path.name
     finally:
-        for module, processor in zip(modules, saved, strict=True):
-            module.set_processor(processor)
+        pipe.transformer.set_attn_processor(saved)
 
 
 def dynamo_counts() -> tuple[int, int]:

@@ -20,16 +20,22 @@ import platform
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ditq.kernels import KernelPath
+    from ditq.kernels.registry import Prepared
+    from ditq.schemes import Scheme
 
 SHAPES_KN = [(4096, 12288), (4096, 4096), (12288, 4096)]
 SHAPES_M = [4352, 20736]
 
 
-def _bench(fn: Callable[[], object]) -> float:
+def median_ms(fn: Callable[[], object]) -> float:
     """Median milliseconds."""
     import triton.testing
 
@@ -78,10 +84,22 @@ def _torchao_fns(w: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Te
     return fns
 
 
-def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -> list[dict[str, object]]:
+def prepared_paths(w: torch.Tensor, scheme: Scheme) -> Iterator[tuple[KernelPath, Prepared]]:
+    """Each CUDA path the registry offers for ``scheme`` at w's shape (N, K), with w quantized as ``ditq quantize``
+    stores it and repacked by the path, as the loader does."""
     from ditq.checkpoint.codecs import codec_for
-    from ditq.doctor import choose_kernel
     from ditq.kernels import candidate_paths
+    from ditq.numerics import quantize_weight
+
+    n, k = w.shape
+    for path in candidate_paths(scheme, w.device, torch.bfloat16, k, n):
+        q, scale = quantize_weight(w.float(), path.scheme)
+        stored = {key: t.to(w.device) for key, t in codec_for(path.scheme).encode(q, scale).items()}
+        yield path, path.prepare(stored, w.device)
+
+
+def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -> list[dict[str, object]]:
+    from ditq.doctor import choose_kernel
     from ditq.numerics import quantize_weight, relative_l2
     from ditq.schemes import SCHEMES, get_scheme
 
@@ -101,7 +119,7 @@ def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -
         try:
             out = fn()
             error = relative_l2(out, ref) if check else None
-            ms = _bench(fn)
+            ms = median_ms(fn)
             rows.append({"M": m, "K": k, "N": n, "path": name, "kind": kind, "ms": ms,
                          "tflops": flops / ms / 1e9, "rel_l2_vs_bf16": error, **extra})  # fmt: skip
         except Exception as exc:
@@ -139,13 +157,10 @@ def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -
         except Exception:
             chosen = None  # no path passed the doctor here (its warnings name the reports)
             traceback.print_exc()
-        for path in candidate_paths(scheme, cuda, torch.bfloat16, k, n):
-            q, scale = quantize_weight(w.float(), path.scheme)
-            stored = {key: t.cuda() for key, t in codec_for(path.scheme).encode(q, scale).items()}
-            prepared = path.prepare(stored, cuda)
+        for path, prepared in prepared_paths(w, scheme):
             record(f"ditq:{path.name}", path.scheme.name, lambda p=path, pr=prepared: p.matmul(x, pr, None),
                    chosen=path.name == chosen)  # fmt: skip
-            del prepared, stored
+            del prepared
 
     if torchao_ok:
         try:

@@ -27,6 +27,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import kernels_bench  # noqa: E402
+
 SHAPES = [(4096, 3072, 3072), (4096, 3072, 12288), (4096, 12288, 3072)]  # M, K, N: the DiT's cached step
 
 
@@ -43,20 +45,15 @@ def host_us(fn: Callable[[], object], calls: int) -> float:
 
 
 def device_us(fn: Callable[[], object]) -> float:
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1000
+    return kernels_bench.median_ms(fn) * 1000
 
 
 def measure_shape(
     m: int, k: int, n: int, calls: int, want_profile: bool
 ) -> tuple[list[dict[str, object]], str]:
     """The rows of one shape, and (``want_profile``) a cProfile of 100 calls of the persistent W8A8 path."""
-    from ditq.checkpoint.codecs import codec_for
-    from ditq.kernels import candidate_paths
     from ditq.kernels._triton.w8a8_gemm import w8a8_gemm_persistent
     from ditq.kernels.cuda_common import quantize_rows
-    from ditq.numerics import quantize_weight
     from ditq.schemes import get_scheme
 
     cuda = torch.device("cuda")
@@ -73,11 +70,7 @@ def measure_shape(
 
     record("bf16 F.linear", lambda: torch.nn.functional.linear(x, w))
     for scheme_name in ("w8a8", "fp8"):
-        scheme = get_scheme(scheme_name)
-        for path in candidate_paths(scheme, cuda, torch.bfloat16, k, n):
-            q, scale = quantize_weight(w.float(), path.scheme)
-            stored = {key: t.cuda() for key, t in codec_for(path.scheme).encode(q, scale).items()}
-            prepared = path.prepare(stored, cuda)
+        for path, prepared in kernels_bench.prepared_paths(w, get_scheme(scheme_name)):
             record(f"ditq:{path.name}", lambda p=path, pr=prepared: p.matmul(x, pr, None))
             if path.name != "triton-w8a8-persistent":
                 continue

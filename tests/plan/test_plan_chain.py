@@ -140,26 +140,17 @@ def test_an_unknown_scheme_says_what_it_may_have_meant(
     assert code == 2 and "unknown scheme 'w8a9'" in capsys.readouterr().err
 
 
-def test_max_layers_reaches_the_planner(tiny_workspace: Path, capsys: pytest.CaptureFixture[str]):
+@pytest.mark.parametrize("flag", ["--max-layers", "--image-blocks"])
+def test_counts_below_zero_are_refused_by_the_planner(
+    flag: str, tiny_workspace: Path, capsys: pytest.CaptureFixture[str]
+):
     code = main(
         ["plan", str(tiny_workspace / "model"), "--fixtures", str(tiny_workspace / "fixtures.json"),
          "--refs", str(tiny_workspace / "refs"), "--out", str(tiny_workspace / "never.json"),
-         "--max-layers", "-1", "--target-db", "40"]
+         flag, "-1", "--target-db", "40"]
     )  # fmt: skip
     assert code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == (
-        "ditq plan: error: --max-layers: at least 0, got -1"
-    )
-    assert not (tiny_workspace / "never.json").exists()
-
-
-def test_image_blocks_is_refused_below_zero(tiny_workspace: Path, capsys: pytest.CaptureFixture[str]):
-    code = main(
-        ["plan", str(tiny_workspace / "model"), "--fixtures", str(tiny_workspace / "fixtures.json"),
-         "--refs", str(tiny_workspace / "refs"), "--out", str(tiny_workspace / "never.json"),
-         "--image-blocks", "-1", "--target-db", "40"]
-    )  # fmt: skip
-    assert code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == (
-        "ditq plan: error: --image-blocks: at least 0, got -1"
+        f"ditq plan: error: {flag}: at least 0, got -1"
     )
     assert not (tiny_workspace / "never.json").exists()
 
