@@ -52,6 +52,7 @@ __all__ = [
     "format_compare",
     "lpips_scorer",
     "parity_from_pair",
+    "seeds_to_add",
 ]
 
 log = logging.getLogger(__name__)
@@ -298,6 +299,16 @@ def parity_from_pair(first: Path, second: Path, tolerance_db: float) -> ParityBa
         if row.status == "ok" and row.psnr_db is not None:
             per_seed.setdefault(row.fixture_id, {})[row.seed] = row.psnr_db
     return ParityBand(f"pair {first} vs {second}", overall, per_fixture, tolerance_db, per_seed)
+
+
+def seeds_to_add(decision: ParityDecision | None, have: Sequence[int], cap: int) -> list[int]:
+    """The seeds an undecided fixture should get next, as ``ditq sweep --seeds auto`` and ``ditq plan`` add
+    them: as many as its decision says would settle it (at least one more, at most ``cap`` in all), numbered on
+    from its highest seed; none when it is decided, already at the cap, or has no decision."""
+    if decision is None or decision.decision != "undecided" or len(have) >= cap:
+        return []
+    target = min(cap, max(decision.seeds_to_settle or cap, len(have) + 1))
+    return list(range(max(have) + 1, max(have) + 1 + target - len(have)))
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+from ditq.compare import seeds_to_add
 from ditq.devices import OFFLOAD_MODES, default_dtype
 from ditq.errors import EXIT_OUT_OF_MEMORY, DitqError, InputError
 from ditq.fsutil import atomic_write_bytes, sha256_file
@@ -683,11 +684,10 @@ class _Sweep:
         targets: dict[str, int] = {}
         for _, compare in self._judged():
             for fixture_id, entry in compare.fixtures.items():
-                parity, have = entry.parity, len(current.get(fixture_id, []))
-                if parity is None or parity.decision != "undecided" or have >= cap:
-                    continue
-                target = min(cap, max(parity.seeds_to_settle or cap, have + 1))
-                targets[fixture_id] = max(targets.get(fixture_id, 0), target)
+                have = current.get(fixture_id, [])
+                more = seeds_to_add(entry.parity, have, cap)
+                if more:
+                    targets[fixture_id] = max(targets.get(fixture_id, 0), len(have) + len(more))
         return targets
 
     def _extend_baseline(self, seeds: str, fixture_ids: list[str]) -> None:

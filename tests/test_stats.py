@@ -158,3 +158,30 @@ def test_a_close_speed_call_is_settled_by_the_requests_it_asks_for():
     assert needed is not None and needed > 3
     settled = ratio_interval(walls(1.08, needed + 2, 0.03, seed=4), walls(1.0, needed + 2, 0.03))
     assert speed_decision(settled, 0.05) == "slower"
+
+
+def test_the_seeds_to_add_follow_the_decision():
+    """``ditq.compare.seeds_to_add`` (sweep --seeds auto and plan's verification): an undecided fixture gets as
+    many seeds as its decision says would settle it, numbered on from its last, never past the cap; a decided
+    one gets none."""
+    from ditq.compare import ParityBand, seeds_to_add
+
+    def decision(true_difference: float, n: int):
+        candidate, reference = paired(true_difference, n)
+        band = ParityBand("pair", 50.0, {"f": 50.0}, -FLOOR_DB, {"f": reference})
+        return band.decide("f", candidate)
+
+    have = list(range(2301, 2305))
+    close = decision(FLOOR_DB + 0.3, 4)
+    assert close.decision == "undecided" and close.seeds_to_settle is not None and close.seeds_to_settle > 4
+    added = seeds_to_add(close, have, cap=64)
+    assert added == list(range(2305, 2301 + close.seeds_to_settle))
+    assert seeds_to_add(close, have, cap=6) == [2305, 2306]  # the cap counts every seed, not the added ones
+    assert seeds_to_add(close, have, cap=4) == []
+    assert seeds_to_add(decision(0.0, 4), have, cap=64) == []  # inside
+    assert seeds_to_add(decision(-3.0, 4), have, cap=64) == []  # outside
+    assert seeds_to_add(None, have, cap=64) == []  # no band
+    # one image cannot show a spread: undecided, nothing says how many would settle it, so up to the cap
+    lone = decision(0.0, 1)
+    assert lone.decision == "undecided" and lone.seeds_to_settle is None
+    assert seeds_to_add(lone, [2301], cap=5) == [2302, 2303, 2304, 2305]

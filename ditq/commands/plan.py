@@ -70,6 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"image seeds (default {DEFAULT_SEEDS})")
     parser.add_argument(
+        "--max-seeds",
+        type=int,
+        default=16,
+        help="under the parity target, a fixture the verification leaves undecided with its mean at or above its "
+        "floor gets more seeds, as `ditq sweep --seeds auto` adds them, up to this many (default 16; the number "
+        "of --seeds: none added)",
+    )
+    parser.add_argument(
         "--steps",
         type=int,
         help="denoising steps (default: 8 on the bundled demo model, as its sweep; else 20)",
@@ -125,7 +133,8 @@ def summary(plan: PlanFile, out: Path) -> list[str]:
             for f, db in v.psnr_db.items()
         )
         state = "meets the target" if v.meets_target else "DOES NOT meet the target"
-        lines.append(f"verified ({len(v.seeds)} seeds, {v.rounds} rounds): {state}: {per_fixture} dB")
+        added = "".join(f", {f} +{len(more)}" for f, more in v.seeds_added.items())
+        lines.append(f"verified ({len(v.seeds)} seeds{added}, {v.rounds} rounds): {state}: {per_fixture} dB")
     if plan.calibration is not None:
         c = plan.calibration
         lines.append(
@@ -164,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
             max_layers=args.max_layers,
             image_blocks=args.image_blocks,
             accept=args.accept,
+            max_seeds=args.max_seeds,
             command=("ditq", *sys.argv[1:]),
         ),
         say=lambda line: print(line, file=sys.stderr, flush=True),

@@ -14,7 +14,11 @@
 5. Verification: the plan is written as a checkpoint by ``ditq quantize --plan``, loaded by the runtime, run on
    every fixture and seed, and judged by ``ditq compare`` against the source-precision run (with the band). A
    fixture below its target corrects that fixture's prediction by what was measured, and the search runs again
-   from there, up to ``max_rounds`` times; the plan records the last verification, met or not.
+   from there, up to ``max_rounds`` times; the plan records the last verification, met or not. Under a parity
+   target, a fixture the verification leaves undecided with its mean at or above its floor (and no fixture
+   outside) gets more seeds, as ``ditq sweep --seeds auto`` adds them (``ditq.compare.seeds_to_add``, up to
+   ``max_seeds``): the source-precision run, the bfloat16 pair and the candidate run them, the band is measured
+   again over every fixture's seeds and the round is judged on them; later rounds run each fixture at its seeds.
 """
 
 from __future__ import annotations
@@ -23,15 +27,15 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ditq.compare import TOLERANCE_DB, ParityBand
+from ditq.compare import TOLERANCE_DB, ParityBand, seeds_to_add
 from ditq.errors import DitqError, InputError
 from ditq.plan.schema import (
     KEEP,
@@ -45,6 +49,7 @@ from ditq.plan.schema import (
 from ditq.plan.search import Calibration, calibrate, predict, search_assignment
 from ditq.plan.sensitivity import Sensitivity, Unit, Workbench, measure_sensitivity
 from ditq.probe.fixtures import DEFAULT_SEEDS, Fixture, load_fixtures, parse_seeds
+from ditq.probe.runner import Executor
 from ditq.schemes import get_scheme
 
 __all__ = ["DEFAULT_SCHEMES", "PlanOptions", "make_plan", "parse_budget", "read_budget"]
@@ -81,6 +86,9 @@ class PlanOptions:
     image_blocks: int | None = None  # blocks with images, evenly spaced, beside the component; None: all
     # under a parity target, what the verification accepts per fixture: compare's "inside", or also "undecided"
     accept: str = "inside"
+    # under a parity target, the most seeds an undecided fixture may get (ditq sweep --seeds auto's rule); the
+    # number of --seeds: none added
+    max_seeds: int = 16
     command: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -103,6 +111,9 @@ class PlanOptions:
             read_budget(self.budget)  # refused before anything runs
         if self.accept not in ("inside", "undecided"):
             raise InputError(f"--accept: inside or undecided, got {self.accept!r}")
+        start = len(parse_seeds(self.seeds))
+        if self.max_seeds < start:
+            raise InputError(f"--max-seeds: at least the {start} --seeds, got {self.max_seeds}")
 
 
 def read_budget(text: str) -> tuple[str, float]:
@@ -260,12 +271,36 @@ class _Setting:
     seeds: list[int]
     steps: int
     work: Path
+    # each fixture's seeds: ``seeds``, and those the verification added to it (see ``_settle``)
+    seeds_by_fixture: dict[str, list[int]] = field(default_factory=dict)
+    images: dict[str, int] = field(
+        default_factory=lambda: {"pair": 0, "verify": 0}
+    )  # images run, for the cost
+
+    def __post_init__(self) -> None:
+        for fixture_id in self.fixtures:
+            self.seeds_by_fixture.setdefault(fixture_id, list(self.seeds))
 
     @property
     def reference(self) -> Path:
         return self.work / "reference"
 
-    def describe(self, model: Path) -> Any:
+    @property
+    def pair(self) -> Path:
+        return self.work / "pair-bfloat16"
+
+    def groups(self, seeds: Mapping[str, list[int]]) -> list[tuple[list[int], dict[str, Fixture]]]:
+        """``seeds`` (fixture -> seeds) as runs take them: (seeds, the fixtures run at exactly those)."""
+        out: dict[tuple[int, ...], dict[str, Fixture]] = {}
+        for fixture_id, fixture_seeds in seeds.items():
+            if fixture_seeds:
+                out.setdefault(tuple(fixture_seeds), {})[fixture_id] = self.fixtures[fixture_id]
+        return [(list(k), v) for k, v in out.items()]
+
+    def describe(
+        self, model: Path, fixtures: dict[str, Fixture] | None = None, seeds: list[int] | None = None
+    ) -> Any:
+        """A run's description: ``model`` on ``fixtures`` x ``seeds`` (default: every fixture, the seeds given)."""
         from ditq.probe.runner import describe_run
         from ditq.runfiles import InProcessOptions
 
@@ -274,8 +309,8 @@ class _Setting:
             ["in-process"],
             self.fixtures_file,
             self.refs,
-            self.fixtures,
-            self.seeds,
+            self.fixtures if fixtures is None else fixtures,
+            self.seeds if seeds is None else seeds,
             self.steps,
             self.options.cfg,
             InProcessOptions(device=self.device, offload="none"),
@@ -287,14 +322,17 @@ class _Setting:
 class _Verified:
     psnr_db: dict[str, float]
     decisions: dict[str, str]  # compare's, under a parity target
+    band: ParityBand | None  # the band it was judged against (measured again when seeds were added)
+    seeds: dict[str, list[int]]  # each fixture's seeds it was judged on
 
 
-def _verify(setting: _Setting, plan: PlanFile, band: ParityBand | None, round_index: int) -> _Verified:
+def _verify(
+    setting: _Setting, plan: PlanFile, band: ParityBand | None, round_index: int, source: Executor
+) -> _Verified:
     """Quantize with the plan (``ditq quantize --plan``), load the checkpoint through the runtime, run every
-    fixture and seed, and compare with the source-precision run as ``ditq compare`` does (with the band)."""
+    fixture at its seeds, and compare with the source-precision run as ``ditq compare`` does (with the band);
+    then settle undecided fixtures with more seeds (``_settle``). ``source`` runs the source precision."""
     from ditq.baseline import AdapterExecutor
-    from ditq.compare import compare_run
-    from ditq.probe.runner import run_matrix
     from ditq.quantizer import quantize
     from ditq.runtime.adapter import PipelineAdapter
     from ditq.runtime.loader import load_pipeline
@@ -303,18 +341,64 @@ def _verify(setting: _Setting, plan: PlanFile, band: ParityBand | None, round_in
     artifact = setting.work / f"artifact-{round_index}"
     quantize(options.model, artifact, plan=plan, device=setting.device, variant=options.variant, force=True)
     pipeline = load_pipeline(artifact, device=setting.device, dtype=setting.dtype)
-    executor = AdapterExecutor(PipelineAdapter(pipeline), setting.steps, options.cfg)
+    candidate = AdapterExecutor(PipelineAdapter(pipeline), setting.steps, options.cfg)
     run = setting.work / f"verify-{round_index}"
-    run_matrix(run, setting.fixtures, setting.seeds, [executor], setting.describe(artifact), progress=False)
-    result = compare_run(run, setting.reference, parity=band, use_lpips=False)
+    _run_seeds(setting, run, candidate, setting.seeds_by_fixture, artifact)
+    setting.images["verify"] += sum(len(s) for s in setting.seeds_by_fixture.values())
+    return _settle(setting, run, band, candidate, source, artifact)
+
+
+def _run_seeds(
+    setting: _Setting, run: Path, executor: Executor, seeds: Mapping[str, list[int]], model: Path
+) -> None:
+    from ditq.probe.runner import run_matrix
+
+    for fixture_seeds, fixtures in setting.groups(seeds):
+        description = setting.describe(model, fixtures, fixture_seeds)
+        run_matrix(run, fixtures, fixture_seeds, [executor], description, progress=False)
+
+
+def _settle(
+    setting: _Setting,
+    run: Path,
+    band: ParityBand | None,
+    candidate: Executor,
+    source: Executor,
+    artifact: Path,
+) -> _Verified:
+    """Compare ``run`` with the source-precision run; under a parity target, while a fixture is undecided with
+    its mean at or above its floor and none is outside, give it the seeds ``seeds_to_add`` names (up to
+    ``max_seeds``): the source precision, the bfloat16 pair and the candidate run them, and the band is measured
+    again. The seeds added stay the fixture's for later rounds."""
+    from ditq.compare import compare_run, parity_from_pair
+
+    options = setting.options
+    while True:
+        result = compare_run(run, setting.reference, parity=band, use_lpips=False)
+        decisions = {f: e.parity for f, e in result.fixtures.items() if e.parity is not None}
+        more: dict[str, list[int]] = {}
+        if band is not None and all(d.decision != "outside" for d in decisions.values()):
+            for fixture_id, decision in decisions.items():
+                if decision.difference_db is not None and decision.difference_db >= decision.floor_db:
+                    more[fixture_id] = seeds_to_add(
+                        decision, setting.seeds_by_fixture[fixture_id], options.max_seeds
+                    )
+        if band is None or not any(more.values()):
+            break
+        _run_seeds(setting, setting.reference, source, more, Path(options.model))
+        for fixture_seeds, fixtures in setting.groups(more):
+            _pair_run(setting, fixture_seeds, list(fixtures))
+        _run_seeds(setting, run, candidate, more, artifact)
+        for fixture_id, added in more.items():
+            setting.seeds_by_fixture[fixture_id] = [*setting.seeds_by_fixture[fixture_id], *added]
+            setting.images["verify"] += len(added)
+        band = parity_from_pair(setting.reference, setting.pair, options.tolerance_db)
     psnr_db = {f: e.psnr_db.mean for f, e in result.fixtures.items() if e.psnr_db.mean is not None}
     if set(psnr_db) != set(setting.fixtures):
         missing = sorted(set(setting.fixtures) - set(psnr_db))
         raise DitqError(f"verification: no image of {missing} could be compared (see {run}/records.jsonl)")
-    decisions: dict[str, str] = {
-        f: e.parity.decision for f, e in result.fixtures.items() if e.parity is not None
-    }
-    return _Verified(psnr_db, decisions)
+    seeds = {f: list(s) for f, s in setting.seeds_by_fixture.items()}
+    return _Verified(psnr_db, {f: d.decision for f, d in decisions.items()}, band, seeds)
 
 
 def _meets(verified: _Verified, target: PlanTarget, fixture: str, accept: str) -> bool:
@@ -435,22 +519,24 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
         found = (layer_found, whole_found, fit)
         max_kept = _max_kept(options, targets)
         assignment, verified, rounds = _search_and_verify(
-            setting, target, band, targets, found, max_kept, say, clock
+            setting, target, band, targets, found, max_kept, (bench.executor(), say, clock)
         )
+        if verified.band is not None:
+            target = _parity_target(verified.band, setting)  # over every fixture's seeds, as it was judged
         verification = PlanVerification(
             psnr_db={f: round(v, 3) for f, v in verified.psnr_db.items()},
             min_db=round(min(verified.psnr_db.values()), 3),
             meets_target=all(_meets(verified, target, f, options.accept) for f in setting.fixtures),
             seeds=seeds,
+            seeds_added={f: s[len(seeds) :] for f, s in verified.seeds.items() if len(s) > len(seeds)},
             decisions=verified.decisions,
             rounds=rounds,
             artifact=True,
         )
-        pair_forwards = len(setting.fixtures) * len(seeds) * steps if band is not None else 0
-        verify_forwards = rounds * len(setting.fixtures) * len(seeds) * steps
+        images = setting.images["pair"] + setting.images["verify"]
         cost = PlanCost(
             seconds=round(time.monotonic() - started, 1),
-            forwards=bench.forwards + pair_forwards + verify_forwards,
+            forwards=bench.forwards + images * steps,
             device=device,
         )
         plan = _plan_file(options, target, assignment, targets, found, verification, cost)
@@ -473,27 +559,31 @@ def _search_and_verify(
     targets: dict[str, int],
     found: tuple[Sensitivity, Sensitivity, Calibration],
     max_kept: int | None,
-    say: Callable[[str], None],
-    clock: Callable[[], str],
+    tools: tuple[Executor, Callable[[str], None], Callable[[], str]],
 ) -> tuple[dict[str, str], _Verified, int]:
     """Search, verify end to end, correct the predictions by what was measured, and again, up to max_rounds.
 
     Returns the most quantized assignment whose verification met the target (the last one tried when none
     did), its verification, and the rounds run."""
     options = setting.options
+    source, say, clock = tools
     layer_found, _, fit = found
     aim = {f: db + options.margin_db for f, db in target.per_fixture_db.items()}
     offsets = dict(fit.offset_db)
-    tried: list[tuple[dict[str, str], _Verified]] = []
+    tried: list[tuple[dict[str, str], _Verified, bool]] = []  # (mix, its verification, target met)
     for round_index in range(1, options.max_rounds + 1):
         assignment = search_assignment(targets, options.schemes, layer_found.proxy, offsets, aim, max_kept)
-        if any(assignment == earlier for earlier, _ in tried):
+        if any(assignment == earlier for earlier, _, _ in tried):
             break  # the corrected predictions lead back to a mix already verified
         predicted = predict(assignment, layer_found.proxy, offsets)
         plan = _plan_file(options, target, assignment, targets, found, None, None)
-        verified = _verify(setting, plan, band, round_index)
-        tried.append((assignment, verified))
+        verified = _verify(setting, plan, band, round_index, source)
+        if verified.band is not None and verified.band is not band:  # seeds were added: the floors over them
+            moved = _parity_target(verified.band, setting)
+            aim = {f: db + moved.per_fixture_db[f] - target.per_fixture_db[f] for f, db in aim.items()}
+            band, target = verified.band, moved
         met = {f: _meets(verified, target, f, options.accept) for f in setting.fixtures}
+        tried.append((assignment, verified, all(met.values())))
         say(
             f"plan: round {round_index}: {plan.quantized_fraction:.1%} quantized; predicted {_fmt(predicted)}; "
             f"measured {_fmt(verified.psnr_db)}; "
@@ -510,15 +600,11 @@ def _search_and_verify(
             offsets[fixture] += measured - predicted[fixture]
             if not met[fixture]:
                 aim[fixture] += options.margin_db
-    passing = [
-        (index, t)
-        for index, t in enumerate(tried)
-        if all(_meets(t[1], target, f, options.accept) for f in setting.fixtures)
-    ]
+    passing = [(index, mix, verified) for index, (mix, verified, met) in enumerate(tried) if met]
     if passing:
-        _, (assignment, verified) = max(passing, key=lambda p: (_quantized(p[1][0], targets), p[0]))
+        _, assignment, verified = max(passing, key=lambda p: (_quantized(p[1], targets), p[0]))
     else:
-        assignment, verified = tried[-1]
+        assignment, verified, _ = tried[-1]
     return assignment, verified, len(tried)
 
 
@@ -538,30 +624,46 @@ def _target(setting: _Setting) -> tuple[ParityBand | None, PlanTarget]:
         return None, PlanTarget(
             kind="db", db=options.target_db, per_fixture_db=per_fixture, margin_db=options.margin_db
         )
-    from ditq.baseline import BaselineOptions, make_baseline
     from ditq.compare import parity_from_pair
 
-    pair = setting.work / "pair-bfloat16"
+    _pair_run(setting, setting.seeds, list(setting.fixtures))
+    band = parity_from_pair(setting.reference, setting.pair, options.tolerance_db)
+    return band, _parity_target(band, setting)
+
+
+def _parity_target(band: ParityBand, setting: _Setting) -> PlanTarget:
+    """Each fixture's floor: the band's edge (its pair's mean PSNR over the fixture's seeds minus the tolerance)."""
+    per_fixture = {f: round(band.edge(f), 3) for f in setting.fixtures}
+    return PlanTarget(
+        kind="parity",
+        db=min(per_fixture.values()),
+        per_fixture_db=per_fixture,
+        margin_db=setting.options.margin_db,
+    )
+
+
+def _pair_run(setting: _Setting, seeds: list[int], fixture_ids: list[str]) -> None:
+    """The model in bfloat16 in process (``ditq baseline``'s code) on ``fixture_ids`` at ``seeds``, added to the
+    pair's run: the second run of the parity pair."""
+    from ditq.baseline import BaselineOptions, make_baseline
+
+    options = setting.options
     make_baseline(
         BaselineOptions(
             model=Path(options.model),
             fixtures=setting.fixtures_file,
             refs=setting.refs,
-            out=pair,
-            seeds=setting.seeds,
+            out=setting.pair,
+            seeds=seeds,
             steps=setting.steps,
             true_cfg_scale=options.cfg,
             device=setting.device,
             variant=options.variant,
             progress=False,
+            only=fixture_ids,
         )
     )
-    band = parity_from_pair(setting.reference, pair, options.tolerance_db)
-    per_fixture = {f: round(band.edge(f), 3) for f in setting.fixtures}
-    target = PlanTarget(
-        kind="parity", db=min(per_fixture.values()), per_fixture_db=per_fixture, margin_db=options.margin_db
-    )
-    return band, target
+    setting.images["pair"] += len(seeds) * len(fixture_ids)
 
 
 def _plan_file(

@@ -80,13 +80,17 @@ class LayerSensitivity(_Plan):
 
 
 class PlanVerification(_Plan):
-    """The final mixed model run end to end on the fixtures: PSNR per fixture (mean over ``seeds``)."""
+    """The final mixed model run end to end on the fixtures: PSNR per fixture (mean over ``seeds``, and
+    ``seeds_added`` where the verification added some)."""
 
     psnr_db: dict[str, float]
     min_db: float
     meets_target: bool
     seeds: list[int]
-    # under a parity target: compare's decision per fixture (inside, outside, undecided) on these seeds
+    # under a parity target: the seeds the verification added to a fixture it left undecided (the fixture's
+    # PSNR and decision are over ``seeds`` and these)
+    seeds_added: dict[str, list[int]] = {}
+    # under a parity target: compare's decision per fixture (inside, outside, undecided) on its seeds
     decisions: dict[str, str] = {}
     # search-and-verify rounds run; the result above is the kept round's (the most quantized that met the target)
     rounds: int = Field(default=1, ge=1)

@@ -219,7 +219,8 @@ class Workbench:
         detached = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         self._recording.append(_Call(detached, _output_tensor(output).detach().float().clone()))
 
-    def _executor(self) -> AdapterExecutor:
+    def executor(self) -> AdapterExecutor:
+        """The source pipeline as an in-process executor (its forwards counted in ``forwards``)."""
         return AdapterExecutor(self.adapter, self.steps, self.true_cfg_scale)
 
     def run_reference(self, run_dir: Path, description: RunDescription) -> None:
@@ -230,7 +231,7 @@ class Workbench:
             run_dir,
             self.fixtures,
             self.image_seeds,
-            [_RecordingExecutor(self._executor(), self)],
+            [_RecordingExecutor(self.executor(), self)],
             description,
             progress=False,
         )
@@ -269,7 +270,7 @@ class Workbench:
 
     def images(self, assignment: Mapping[str, str], seeds: Sequence[int]) -> dict[str, dict[int, float]]:
         """Per fixture and seed: the final image's PSNR (dB) against the source-precision image."""
-        executor = self._executor()
+        executor = self.executor()
         out: dict[str, dict[int, float]] = {}
         with layers_quantized(self.component, assignment):
             for fixture_id, fixture in self.fixtures.items():

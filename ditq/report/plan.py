@@ -99,9 +99,10 @@ def plan_sentences(plan: PlanFile) -> Iterator[str]:
             else "built in memory"
         )
         state = "met" if v.meets_target else "NOT met"
+        added = "".join(f", {len(more)} more for {f}" for f, more in v.seeds_added.items())
         yield (
-            f"Checked end to end ({how}; {len(v.seeds)} seeds, {v.rounds} search-and-verify rounds): {measured} "
-            f"dB; target {state}."
+            f"Checked end to end ({how}; {len(v.seeds)} seeds{added}, {v.rounds} search-and-verify rounds): "
+            f"{measured} dB; target {state}."
         )
     else:
         yield "Not checked end to end: the plan carries no verification."

@@ -165,3 +165,44 @@ def test_image_blocks_are_spread_evenly_through_the_component():
     assert chosen == ["blocks.7", "blocks.22", "blocks.37", "blocks.52", "(all)"]
     assert [u.name for u in units if _with_images(units, 0)(u)] == ["(all)"]
     assert all(_with_images(units, None)(u) for u in units) and all(_with_images(units, 99)(u) for u in units)
+
+
+def test_the_verification_settles_an_undecided_fixture_with_more_seeds(tiny_workspace: Path, tmp_path: Path):
+    """Under a parity target, a fixture the verification leaves undecided (mean at or above its floor) gets the
+    seeds compare says would settle it, up to --max-seeds: the source precision, the bfloat16 pair and the
+    candidate all run them, and the floors are measured again over them. A floor 9.5 dB above the pair (a
+    tolerance of -9.5 dB) puts it next to what fp8 reaches on this model, so two seeds cannot decide."""
+    from ditq.compare import compare_run, parity_from_pair
+    from ditq.plan.planner import PlanOptions, make_plan
+    from ditq.probe.records import is_success, latest_by_key, read_records
+
+    work = tmp_path / "work"
+    options = PlanOptions(
+        model=tiny_workspace / "model", out=tmp_path / "PLAN.json", fixtures=tiny_workspace / "fixtures.json",
+        refs=tiny_workspace / "refs", schemes=("fp8", "w8a8"), seeds="1-2", steps=2, max_rounds=1,
+        image_blocks=1, max_seeds=5, tolerance_db=-9.5, work=work,
+    )  # fmt: skip
+    plan = make_plan(options)
+    verification = plan.verification
+    assert verification is not None and verification.seeds == [1, 2] and verification.rounds == 1
+    assert verification.seeds_added, (
+        "two seeds left no fixture undecided: the floor no longer sits at fp8's PSNR"
+    )
+    seeds = {f: [1, 2, *verification.seeds_added.get(f, [])] for f in ("edit-one", "draw")}
+    assert all(len(s) <= 5 and s == list(range(1, len(s) + 1)) for s in seeds.values())
+    # every run holds every fixture at its seeds, so that each PSNR is paired
+    for run in ("reference", "pair-bfloat16", "verify-1"):
+        done = {key for key, record in latest_by_key(read_records(work / run)).items() if is_success(record)}
+        assert {(f, s) for f, fs in seeds.items() for s in fs} <= done, run
+    # the plan's floors and decisions are compare's over those seeds; each fixture ends decided, at the cap, or
+    # with its mean below its floor
+    band = parity_from_pair(work / "reference", work / "pair-bfloat16", -9.5)
+    assert plan.target.per_fixture_db == {f: round(band.edge(f), 3) for f in seeds}
+    result = compare_run(work / "verify-1", work / "reference", parity=band, use_lpips=False)
+    for fixture_id, entry in result.fixtures.items():
+        parity = entry.parity
+        assert parity is not None and parity.n == len(seeds[fixture_id])
+        assert parity.decision == verification.decisions[fixture_id]
+        assert entry.psnr_db.mean == pytest.approx(verification.psnr_db[fixture_id], abs=1e-3)
+        below = parity.difference_db is not None and parity.difference_db < parity.floor_db
+        assert parity.decision != "undecided" or len(seeds[fixture_id]) == 5 or below
