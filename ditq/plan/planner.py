@@ -273,9 +273,8 @@ class _Setting:
     work: Path
     # each fixture's seeds: ``seeds``, and those the verification added to it (see ``_settle``)
     seeds_by_fixture: dict[str, list[int]] = field(default_factory=dict)
-    images: dict[str, int] = field(
-        default_factory=lambda: {"pair": 0, "verify": 0}
-    )  # images run, for the cost
+    # the images the pair and the verifications ran, for the cost
+    images: dict[str, int] = field(default_factory=lambda: {"pair": 0, "verify": 0})
 
     def __post_init__(self) -> None:
         for fixture_id in self.fixtures:
@@ -366,24 +365,28 @@ def _settle(
     source: Executor,
     artifact: Path,
 ) -> _Verified:
-    """Compare ``run`` with the source-precision run; under a parity target, while a fixture is undecided with
-    its mean at or above its floor and none is outside, give it the seeds ``seeds_to_add`` names (up to
-    ``max_seeds``): the source precision, the bfloat16 pair and the candidate run them, and the band is measured
-    again. The seeds added stay the fixture's for later rounds."""
+    """Compare ``run`` with the source-precision run. Under a parity target (and ``accept="inside"``), while
+    a fixture is undecided and none is outside or has its mean below its floor (the round would fail whatever
+    more seeds said), give each undecided fixture the seeds ``seeds_to_add`` names (up to ``max_seeds``): the
+    source precision, the bfloat16 pair and the candidate run them, and the band is measured again. The seeds
+    added stay the fixture's for later rounds."""
     from ditq.compare import compare_run, parity_from_pair
 
     options = setting.options
     while True:
         result = compare_run(run, setting.reference, parity=band, use_lpips=False)
         decisions = {f: e.parity for f, e in result.fixtures.items() if e.parity is not None}
+        can_pass = all(
+            d.decision != "outside" and (d.difference_db is None or d.difference_db >= d.floor_db)
+            for d in decisions.values()
+        )
         more: dict[str, list[int]] = {}
-        if band is not None and all(d.decision != "outside" for d in decisions.values()):
+        if band is not None and options.accept == "inside" and can_pass:
             for fixture_id, decision in decisions.items():
-                if decision.difference_db is not None and decision.difference_db >= decision.floor_db:
-                    more[fixture_id] = seeds_to_add(
-                        decision, setting.seeds_by_fixture[fixture_id], options.max_seeds
-                    )
-        if band is None or not any(more.values()):
+                more[fixture_id] = seeds_to_add(
+                    decision, setting.seeds_by_fixture[fixture_id], options.max_seeds
+                )
+        if not any(more.values()):
             break
         _run_seeds(setting, setting.reference, source, more, Path(options.model))
         for fixture_seeds, fixtures in setting.groups(more):
