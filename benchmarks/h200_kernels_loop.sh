@@ -45,28 +45,8 @@ run_stages() {
   touch "$RUN/finished"
 }
 
-case "$1" in
-  launch)
-    rm -rf "$RUN" && mkdir -p "$RUN"
-    export -f run_stages
-    export RUN STAGES GEMM_ARGS LOOP_ARGS TESTS_S GEMM_S LOOP_S
-    setsid nohup bash -c run_stages >"$RUN/run.log" 2>&1 </dev/null &
-    echo "launched: $STAGES"
-    ;;
-  wait)
-    deadline=$((SECONDS + ${2:-540}))
-    while [ ! -f "$RUN/finished" ] && [ $SECONDS -lt $deadline ]; do sleep 5; done
-    cat "$RUN/run.log"
-    ;;
-  collect)
-    mkdir -p "$OUT"
-    for f in gpu_tests.log kernels_bench.json kernels_bench.log dit_bench.json dit_bench.log run.log; do
-      [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/"
-    done
-    ls -la "$OUT"
-    ;;
-  *)
-    echo "usage: $0 launch | wait [seconds] | collect" >&2
-    exit 2
-    ;;
-esac
+COLLECT="gpu_tests.log kernels_bench.json kernels_bench.log dit_bench.json dit_bench.log run.log"
+EXPORTS="GEMM_ARGS LOOP_ARGS TESTS_S GEMM_S LOOP_S"
+# shellcheck source=benchmarks/h200_detached.sh
+source "$(dirname "$0")/h200_detached.sh"
+detached_main "$@"

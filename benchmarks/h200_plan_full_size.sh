@@ -38,29 +38,8 @@ run_stages() {
   touch "$RUN/finished"
 }
 
-case "$1" in
-  launch)
-    rm -rf "$RUN" && mkdir -p "$RUN"
-    export -f run_stages
-    export RUN STAGES PLAN_ARGS TINY_S FULL_S
-    setsid nohup bash -c run_stages >"$RUN/run.log" 2>&1 </dev/null &
-    echo "launched: $STAGES"
-    ;;
-  wait)
-    deadline=$((SECONDS + ${2:-540}))
-    while [ ! -f "$RUN/finished" ] && [ $SECONDS -lt $deadline ]; do sleep 5; done
-    cat "$RUN/run.log"
-    tail -n 4 "$RUN"/*.log
-    ;;
-  collect)
-    mkdir -p "$OUT"
-    for f in run.log tiny.log full.log plan_full_size_tiny.json plan_full_size.json plan_full_size.PLAN.json; do
-      [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/"
-    done
-    ls -la "$OUT"
-    ;;
-  *)
-    echo "usage: $0 launch | wait [seconds] | collect" >&2
-    exit 2
-    ;;
-esac
+COLLECT="run.log tiny.log full.log plan_full_size_tiny.json plan_full_size.json plan_full_size.PLAN.json"
+EXPORTS="PLAN_ARGS TINY_S FULL_S"
+# shellcheck source=benchmarks/h200_detached.sh
+source "$(dirname "$0")/h200_detached.sh"
+detached_main "$@"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The detached H200 runs' shared verbs, sourced by benchmarks/h200_kernels_loop.sh and h200_plan_full_size.sh once
+# they define run_stages (which ends by touching "$RUN/finished"), RUN, OUT, COLLECT (the files to copy) and
+# EXPORTS (the variables run_stages reads):
+#   launch      start run_stages in the background, in its own process session, so it outlasts the shell
+#   wait [S]    follow the log for up to S seconds (default 540), or until the run ends
+#   collect     copy the COLLECT files of $RUN to $OUT
+detached_main() {
+  case "$1" in
+    launch)
+      rm -rf "$RUN" && mkdir -p "$RUN"
+      export -f run_stages
+      # shellcheck disable=SC2086
+      export RUN STAGES $EXPORTS
+      setsid nohup bash -c run_stages >"$RUN/run.log" 2>&1 </dev/null &
+      echo "launched: $STAGES"
+      ;;
+    wait)
+      local deadline=$((SECONDS + ${2:-540}))
+      while [ ! -f "$RUN/finished" ] && [ $SECONDS -lt $deadline ]; do sleep 5; done
+      cat "$RUN/run.log"
+      ;;
+    collect)
+      mkdir -p "$OUT"
+      for f in $COLLECT; do
+        [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/"
+      done
+      ls -la "$OUT"
+      ;;
+    *)
+      echo "usage: $0 launch | wait [seconds] | collect" >&2
+      exit 2
+      ;;
+  esac
+}
