@@ -1,7 +1,7 @@
 """`ditq plan` on the bundled demo model: the plan, its end-to-end check, what the search cost; optionally the sweep.
 
     python benchmarks/plan_demo.py --schemes fp8,w8a8 --out benchmarks/results/plan_demo.json \\
-        [--sweep demo-plan-out]
+        [--sweep demo-plan-out [--sweep-seeds auto]]
 
 Runs ``ditq plan ditq/demo/model --schemes S --out PLAN.json`` (the demo's fixtures, seeds 2301-2304, 8 steps, the
 parity target measured in process) and records its wall and CPU time, the machine's core count and load average
@@ -85,8 +85,10 @@ def _summary(plan: dict) -> dict[str, object]:
     }
 
 
-def _run_sweep(out: Path, plan_path: Path) -> dict[str, object]:
+def _run_sweep(out: Path, plan_path: Path, seeds: str | None) -> dict[str, object]:
     argv = _ditq("demo", "--out", str(out), "--plan", str(plan_path), "--no-progress")
+    if seeds is not None:
+        argv += ["--seeds", seeds]
     started = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True)
     wall = time.monotonic() - started
@@ -115,6 +117,9 @@ def main() -> int:
     parser.add_argument("--schemes", default="fp8,w8a8", help="ditq plan --schemes (default fp8,w8a8)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/plan_demo.json"))
     parser.add_argument("--sweep", type=Path, help="also run `ditq demo --plan` into this folder")
+    parser.add_argument(
+        "--sweep-seeds", help="the sweep's --seeds (default: the demo's; auto: settle undecided fixtures)"
+    )
     args = parser.parse_args()
     argv = [*sys.argv[1:]]
     if args.sweep is not None:  # the folder as a placeholder: the result names no machine path
@@ -134,7 +139,7 @@ def main() -> int:
     if args.sweep is not None:
         if args.sweep.exists():
             shutil.rmtree(args.sweep)
-        payload["sweep"] = _run_sweep(args.sweep, plan_path)
+        payload["sweep"] = _run_sweep(args.sweep, plan_path, args.sweep_seeds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=1) + "\n")
     print(json.dumps(payload["result"], indent=1))
