@@ -483,7 +483,10 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
             f"plan: {len(targets)} Linears of {options.component}; {len(setting.fixtures)} fixtures x {len(seeds)} seeds, {steps} steps"
         )
         bench.run_reference(setting.reference, setting.describe(Path(options.model)))
-        say(f"plan: the source-precision run ({setting.dtype}) done ({clock()})")
+        say(
+            f"plan: the source-precision run ({setting.dtype}) done; its recorded calls replayed differ from it by "
+            f"{max(bench.replay_vs_run.values(), default=0.0):.3g} (relative L2, worst fixture) ({clock()})"
+        )
         band, target = _target(setting)
         say(f"plan: target {target.kind}: {_fmt(target.per_fixture_db)} dB ({clock()})")
 
@@ -542,7 +545,9 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
             forwards=bench.forwards + images * steps,
             device=device,
         )
-        plan = _plan_file(options, target, assignment, targets, found, verification, cost)
+        plan = _plan_file(
+            options, target, assignment, targets, found, verification, cost, bench.replay_vs_run
+        )
         write_plan(options.out, plan)
         return plan
 
@@ -677,6 +682,7 @@ def _plan_file(
     found: tuple[Sensitivity, Sensitivity, Calibration],
     verification: PlanVerification | None,
     cost: PlanCost | None,
+    replay_vs_run: dict[str, float] | None = None,
 ) -> PlanFile:
     layer_found, whole_found, fit = found
     planned = sum(targets.values())
@@ -694,6 +700,7 @@ def _plan_file(
             residual_db=fit.residual_db,
             spearman=None if fit.spearman is None else round(fit.spearman, 3),
             points=fit.points,
+            replay_vs_run={f: float(f"{v:.4g}") for f, v in (replay_vs_run or {}).items()},
         ),
         reasons=_reasons(assignment, options.schemes, layer_found, list(target.per_fixture_db)),
         cost=cost,

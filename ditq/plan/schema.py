@@ -106,6 +106,9 @@ class ProxyCalibration(_Plan):
     residual_db: float | None
     spearman: float | None
     points: int = Field(ge=0)
+    # per fixture, the unquantized replay of the recorded calls against the run's own outputs (relative L2): what
+    # replaying computes differently (a dropped cache, batching); the proxy is taken against the replay itself
+    replay_vs_run: dict[str, float] = {}
 
 
 class PlanCost(_Plan):

@@ -9,7 +9,10 @@ Two measures per unit and scheme:
 - **proxy** — the relative L2 error of the component's output over the first ``proxy_steps`` denoising steps of
   ``proxy_seeds``. The component's inputs are recorded once, during the reference run, and replayed in one
   batched forward per fixture (a prefix KV cache, diffusers' ``kv_cache``, is dropped on replay: the whole
-  sequence is computed, which the cache only shortcuts). Cheap: a few forwards per unit.
+  sequence is computed, which the cache only shortcuts). The error is taken against the same replay
+  unquantized, not against the recorded output: what the replay computes differently from the run (the dropped
+  cache, another batch's kernels and rounding) would otherwise sit under every unit's error as a floor. Cheap:
+  a few forwards per unit.
 - **psnr_db** — the final image's PSNR against the source-precision image, as ``ditq compare`` computes it, mean
   over ``image_seeds``: a whole pipeline run per fixture and seed, so it is measured for blocks and the whole
   component (to validate and calibrate the proxy), not for every layer.
@@ -196,6 +199,9 @@ class Workbench:
     _recording: list[_Call] | None = None
     _calls: dict[str, list[_Call]] = field(default_factory=dict)
     _replays: dict[str, _Replay] = field(default_factory=dict)
+    # the unquantized replay against the recorded outputs (how far the replay is from the run), and against
+    # itself replayed again (non-determinism; zero where the kernels are deterministic)
+    replay_vs_run: dict[str, float] = field(default_factory=dict)
     _replay_floor: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -247,23 +253,33 @@ class Workbench:
             )
         for fixture_id, calls in self._calls.items():
             self._replays[fixture_id] = _Replay.batch(calls, f"{fixture_id}")
+        outputs = self._replay_outputs()
+        self.replay_vs_run = {f: _relative(outputs[f], r.reference) for f, r in self._replays.items()}
+        for fixture_id, replay in self._replays.items():
+            replay.reference = outputs[fixture_id]  # the proxy's reference from here on
         self._replay_floor = self._proxy_raw()
-        log.info("replay of the recorded calls against the run itself: %s", self._replay_floor)
+        log.info(
+            "the unquantized replay against the run: %s; against itself: %s",
+            self.replay_vs_run,
+            self._replay_floor,
+        )
 
-    def _proxy_raw(self) -> dict[str, float]:
-        errors = {}
+    def _replay_outputs(self) -> dict[str, torch.Tensor]:
+        outputs = {}
         with torch.inference_mode():
             for fixture_id, replay in self._replays.items():
                 output = _output_tensor(self.component(**replay.kwargs)).float()
-                output = output[:, -replay.reference.shape[1] :]
-                errors[fixture_id] = float(
-                    (output - replay.reference).norm() / replay.reference.norm().clamp_min(1e-30)
-                )
-        return errors
+                outputs[fixture_id] = output[:, -replay.reference.shape[1] :]
+        return outputs
+
+    def _proxy_raw(self) -> dict[str, float]:
+        outputs = self._replay_outputs()
+        return {f: _relative(outputs[f], replay.reference) for f, replay in self._replays.items()}
 
     def proxy(self, assignment: Mapping[str, str]) -> dict[str, float]:
-        """Per fixture: the output's relative L2 error with ``assignment`` quantized, over the replayed steps
-        (the replay's own error without quantization, from computing what the cache skipped, taken out)."""
+        """Per fixture: the output's relative L2 error with ``assignment`` quantized, over the replayed steps,
+        against the unquantized replay (its own run-to-run difference, zero with deterministic kernels, taken
+        out)."""
         with layers_quantized(self.component, assignment):
             raw = self._proxy_raw()
         return {f: max(e * e - self._replay_floor.get(f, 0.0) ** 2, 0.0) ** 0.5 for f, e in raw.items()}
@@ -284,6 +300,10 @@ class Workbench:
                         self.reference_png[(fixture_id, seed)], reply.png
                     )
         return out
+
+
+def _relative(output: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((output - reference).norm() / reference.norm().clamp_min(1e-30))
 
 
 def _mean_by_fixture(per_seed: Mapping[str, Mapping[int, float]]) -> dict[str, float]:

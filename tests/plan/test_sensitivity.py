@@ -93,9 +93,31 @@ def bench(tiny_workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> Wor
 
 def test_the_replay_reproduces_the_recorded_outputs(bench: Workbench):
     # computing the whole sequence (no prefix cache) gives what the cached steps gave, to float32 rounding
-    assert set(bench._replay_floor) == {"edit-one", "draw"}
-    assert max(bench._replay_floor.values()) < 1e-4
+    assert set(bench.replay_vs_run) == {"edit-one", "draw"}
+    assert max(bench.replay_vs_run.values()) < 1e-4
+    # the proxy's reference is the unquantized replay itself: the same computation again, exactly
+    assert bench._replay_floor == {"edit-one": 0.0, "draw": 0.0}
     assert bench.proxy({}) == {"edit-one": 0.0, "draw": 0.0}
+
+
+def test_the_proxy_is_taken_against_the_unquantized_replay(bench: Workbench):
+    """The proxy's definition, computed here from the replayed calls: the quantized replay's relative L2
+    distance from the unquantized replay of the same calls (not from the recorded outputs, from which the replay
+    may differ by what the run computed otherwise)."""
+    name = next(
+        n for n, m in bench.component.named_modules() if isinstance(m, torch.nn.Linear) and ".attn." in n
+    )
+    expected = {}
+    with torch.inference_mode():
+        for fixture_id, replay in bench._replays.items():
+            tokens = replay.reference.shape[1]
+            plain = bench.component(**replay.kwargs)[0].float()[:, -tokens:]
+            with layers_quantized(bench.component, {name: "fp8"}):
+                quantized = bench.component(**replay.kwargs)[0].float()[:, -tokens:]
+            expected[fixture_id] = float((quantized - plain).norm() / plain.norm())
+    found = bench.proxy({name: "fp8"})
+    assert found.keys() == expected.keys()
+    assert all(found[f] == pytest.approx(expected[f], rel=1e-6) and 0 < found[f] < 0.05 for f in found)
 
 
 def test_an_unquantized_run_reproduces_the_reference_images(bench: Workbench):
