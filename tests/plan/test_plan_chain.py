@@ -155,6 +155,18 @@ def test_counts_below_zero_are_refused_by_the_planner(
     assert not (tiny_workspace / "never.json").exists()
 
 
+def test_max_seeds_below_the_seeds_given_is_refused(tiny_workspace: Path, capsys: pytest.CaptureFixture[str]):
+    code = main(
+        ["plan", str(tiny_workspace / "model"), "--fixtures", str(tiny_workspace / "fixtures.json"),
+         "--refs", str(tiny_workspace / "refs"), "--out", str(tiny_workspace / "never.json"),
+         "--seeds", "1-3", "--max-seeds", "2"]
+    )  # fmt: skip
+    assert code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == (
+        "ditq plan: error: --max-seeds: at least the 3 --seeds, got 2"
+    )
+    assert not (tiny_workspace / "never.json").exists()
+
+
 def test_image_blocks_are_spread_evenly_through_the_component():
     from ditq.plan.planner import _with_images
     from ditq.plan.sensitivity import Unit
