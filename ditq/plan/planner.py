@@ -571,8 +571,8 @@ def _search_and_verify(
 ) -> tuple[dict[str, str], _Verified, int]:
     """Search, verify end to end, correct the predictions by what was measured, and again, up to max_rounds.
 
-    Returns the most quantized assignment whose verification met the target (the last one tried when none
-    did), its verification, and the rounds run."""
+    Returns the cheapest assignment whose verification met the target (``_cheapest``; the last one tried when
+    none did), its verification, and the rounds run."""
     options = setting.options
     source, say, clock = tools
     layer_found, _, fit = found
@@ -608,12 +608,26 @@ def _search_and_verify(
             offsets[fixture] += measured - predicted[fixture]
             if not met[fixture]:
                 aim[fixture] += options.margin_db
-    passing = [(index, mix, verified) for index, (mix, verified, met) in enumerate(tried) if met]
+    passing = [(mix, verified) for mix, verified, met in tried if met]
     if passing:
-        _, assignment, verified = max(passing, key=lambda p: (_quantized(p[1], targets), p[0]))
+        best = _cheapest([mix for mix, _ in passing], targets, options.schemes)
+        assignment, verified = passing[best]
     else:
         assignment, verified, _ = tried[-1]
     return assignment, verified, len(tried)
+
+
+def _cheapest(mixes: list[dict[str, str]], targets: dict[str, int], schemes: tuple[str, ...]) -> int:
+    """The index of the cheapest of ``mixes``: the most parameters quantized, then the most at the first
+    (fastest) scheme, then at the next, and so on; the later mix among equals (its predictions were corrected
+    by more measurements)."""
+
+    def cost(index: int) -> tuple[int, ...]:
+        mix = mixes[index]
+        at = [sum(targets[name] for name, choice in mix.items() if choice == scheme) for scheme in schemes]
+        return (_quantized(mix, targets), *at, index)
+
+    return max(range(len(mixes)), key=cost)
 
 
 def _quantized(assignment: dict[str, str], targets: dict[str, int]) -> int:

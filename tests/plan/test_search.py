@@ -121,3 +121,21 @@ def test_past_max_layers_the_most_sensitive_blocks_are_measured_and_the_rest_est
     assert measured.proxy[("b.0.x", "fp8")]["a"] == pytest.approx(math.sqrt(1e-4 / 4))
     assert measured.proxy[("b.0.y", "w8a8")]["a"] == pytest.approx(math.sqrt(3e-4 / 4))
     assert measured.proxy[("b.1.x", "fp8")]["a"] == 0.001  # measured ones untouched
+
+
+def test_the_kept_round_is_the_cheapest_that_passed():
+    """Among rounds that met the target: the most quantized, then the most parameters at the fastest scheme,
+    then at the next; the later round among equals."""
+    from ditq.plan.planner import _cheapest
+
+    targets = {"a": 100, "b": 10, "c": 10}
+    schemes = ("fp8", "w8a8", "w8a16")
+    slower = {"a": "w8a16", "b": "w8a8", "c": "fp8"}  # everything quantized
+    faster = {"a": "fp8", "b": "w8a16", "c": "w8a16"}  # everything quantized, the big layer at fp8
+    kept = {"a": "fp8", "b": "fp8", "c": KEEP}  # faster still, but less quantized
+    assert _cheapest([slower, faster, kept], targets, schemes) == 1
+    assert _cheapest([faster, slower], targets, schemes) == 0
+    assert _cheapest([kept], targets, schemes) == 0
+    assert _cheapest([faster, dict(faster)], targets, schemes) == 1  # equals: the later
+    middle = {"a": "w8a8", "b": "fp8", "c": "fp8"}  # fp8 20 vs slower's 10
+    assert _cheapest([middle, slower], targets, schemes) == 0
