@@ -44,6 +44,7 @@ from ditq.runfiles import (
 from ditq.stats import CONFIDENCE, BandDecision, band_decision, difference_interval, samples_to_settle
 
 __all__ = [
+    "MAX_SEEDS",
     "PSNR_CAP_DB",
     "TOLERANCE_DB",
     "ParityBand",
@@ -58,6 +59,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TOLERANCE_DB = 1.0  # how far below the parity band still counts (dB), unless told otherwise
+MAX_SEEDS = 16  # the most seeds seeds_to_add gives a fixture, unless told otherwise
 PSNR_CAP_DB = 100.0  # identical images (infinite PSNR) are reported at this value so means stay finite
 _ALEXNET_WEIGHTS = "alexnet-owt-7be5be79.pth"  # what torchvision (and so lpips) loads for AlexNet
 

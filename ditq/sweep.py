@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from ditq.compare import seeds_to_add
+from ditq.compare import MAX_SEEDS, seeds_to_add
 from ditq.devices import OFFLOAD_MODES, default_dtype
 from ditq.errors import EXIT_OUT_OF_MEMORY, DitqError, InputError
 from ditq.fsutil import atomic_write_bytes, sha256_file
@@ -116,7 +116,7 @@ class SweepOptions:
     refs: Path
     out: Path
     seeds: str | None = None  # as `ditq probe --seeds` reads it, or "auto"; None: the probe's default
-    max_seeds: int = 16  # --seeds auto: the most seeds a fixture may get
+    max_seeds: int = MAX_SEEDS  # --seeds auto: the most seeds a fixture may get
     steps: int | None = None
     cfg: float | None = None
     max_memory: str | None = None

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from ditq.commands import add_variant_argument
-from ditq.compare import TOLERANCE_DB
+from ditq.compare import MAX_SEEDS, TOLERANCE_DB
 from ditq.devices import add_device_arguments
 from ditq.plan.planner import DEFAULT_SCHEMES, PlanOptions, make_plan
 from ditq.plan.schema import PlanFile
@@ -72,10 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-seeds",
         type=int,
-        default=16,
+        default=MAX_SEEDS,
         help="under the parity target, a fixture the verification leaves undecided with its mean at or above its "
-        "floor gets more seeds, as `ditq sweep --seeds auto` adds them, up to this many (default 16; the number "
-        "of --seeds: none added)",
+        f"floor gets more seeds, as `ditq sweep --seeds auto` adds them, up to this many (default {MAX_SEEDS}; "
+        "the number of --seeds: none added)",
     )
     parser.add_argument(
         "--steps",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ditq.commands import ATTENTION_CHOICES
 from ditq.commands.report import add_objective_argument
+from ditq.compare import MAX_SEEDS
 from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device
 from ditq.report import ReportResult
 from ditq.schemes import get_scheme
@@ -26,8 +27,8 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, device: str) -> None:
     parser.add_argument(
         "--max-seeds",
         type=int,
-        default=16,
-        help="with --seeds auto: the most seeds a fixture gets (default 16)",
+        default=MAX_SEEDS,
+        help=f"with --seeds auto: the most seeds a fixture gets (default {MAX_SEEDS})",
     )
     parser.add_argument("--steps", type=int, help="num_inference_steps (default: the probe's, 20)")
     parser.add_argument("--cfg", type=float, help="true_cfg_scale (default: the probe's, 1.0)")

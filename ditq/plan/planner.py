@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ditq.compare import TOLERANCE_DB, ParityBand, seeds_to_add
+from ditq.compare import MAX_SEEDS, TOLERANCE_DB, ParityBand, seeds_to_add
 from ditq.errors import DitqError, InputError
 from ditq.plan.schema import (
     KEEP,
@@ -88,7 +88,7 @@ class PlanOptions:
     accept: str = "inside"
     # under a parity target, the most seeds an undecided fixture may get (ditq sweep --seeds auto's rule); the
     # number of --seeds: none added
-    max_seeds: int = 16
+    max_seeds: int = MAX_SEEDS
     command: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -273,8 +273,6 @@ class _Setting:
     work: Path
     # each fixture's seeds: ``seeds``, and those the verification added to it (see ``_settle``)
     seeds_by_fixture: dict[str, list[int]] = field(default_factory=dict)
-    # the images the pair and the verifications ran, for the cost
-    images: dict[str, int] = field(default_factory=lambda: {"pair": 0, "verify": 0})
 
     def __post_init__(self) -> None:
         for fixture_id in self.fixtures:
@@ -343,7 +341,6 @@ def _verify(
     candidate = AdapterExecutor(PipelineAdapter(pipeline), setting.steps, options.cfg)
     run = setting.work / f"verify-{round_index}"
     _run_seeds(setting, run, candidate, setting.seeds_by_fixture, artifact)
-    setting.images["verify"] += sum(len(s) for s in setting.seeds_by_fixture.values())
     return _settle(setting, run, band, candidate, source, artifact)
 
 
@@ -394,7 +391,6 @@ def _settle(
         _run_seeds(setting, run, candidate, more, artifact)
         for fixture_id, added in more.items():
             setting.seeds_by_fixture[fixture_id] = [*setting.seeds_by_fixture[fixture_id], *added]
-            setting.images["verify"] += len(added)
         band = parity_from_pair(setting.reference, setting.pair, options.tolerance_db)
     psnr_db = {f: e.psnr_db.mean for f, e in result.fixtures.items() if e.psnr_db.mean is not None}
     if set(psnr_db) != set(setting.fixtures):
@@ -536,10 +532,12 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
             seeds=seeds,
             seeds_added={f: s[len(seeds) :] for f, s in verified.seeds.items() if len(s) > len(seeds)},
             decisions=verified.decisions,
-            rounds=rounds,
+            rounds=len(rounds),
             artifact=True,
         )
-        images = setting.images["pair"] + setting.images["verify"]
+        # images beside the workbench's: the pair and each round's candidate, every fixture at its seeds then
+        pair_images = sum(len(s) for s in setting.seeds_by_fixture.values()) if band is not None else 0
+        images = pair_images + sum(len(s) for v in rounds for s in v.seeds.values())
         cost = PlanCost(
             seconds=round(time.monotonic() - started, 1),
             forwards=bench.forwards + images * steps,
@@ -568,11 +566,11 @@ def _search_and_verify(
     found: tuple[Sensitivity, Sensitivity, Calibration],
     max_kept: int | None,
     tools: tuple[Executor, Callable[[str], None], Callable[[], str]],
-) -> tuple[dict[str, str], _Verified, int]:
+) -> tuple[dict[str, str], _Verified, list[_Verified]]:
     """Search, verify end to end, correct the predictions by what was measured, and again, up to max_rounds.
 
     Returns the cheapest assignment whose verification met the target (``_cheapest``; the last one tried when
-    none did), its verification, and the rounds run."""
+    none did), its verification, and every round's verification."""
     options = setting.options
     source, say, clock = tools
     layer_found, _, fit = found
@@ -614,7 +612,7 @@ def _search_and_verify(
         assignment, verified = passing[best]
     else:
         assignment, verified, _ = tried[-1]
-    return assignment, verified, len(tried)
+    return assignment, verified, [v for _, v, _ in tried]
 
 
 def _cheapest(mixes: list[dict[str, str]], targets: dict[str, int], schemes: tuple[str, ...]) -> int:
@@ -685,7 +683,6 @@ def _pair_run(setting: _Setting, seeds: list[int], fixture_ids: list[str]) -> No
             only=fixture_ids,
         )
     )
-    setting.images["pair"] += len(seeds) * len(fixture_ids)
 
 
 def _plan_file(

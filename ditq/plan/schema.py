@@ -92,7 +92,8 @@ class PlanVerification(_Plan):
     seeds_added: dict[str, list[int]] = {}
     # under a parity target: compare's decision per fixture (inside, outside, undecided) on its seeds
     decisions: dict[str, str] = {}
-    # search-and-verify rounds run; the result above is the kept round's (the cheapest that met the target: the most quantized, then the most at the fastest scheme)
+    # search-and-verify rounds run; the result above is the kept round's (the cheapest that met the target: the
+    # most quantized, then the most parameters at the fastest scheme)
     rounds: int = Field(default=1, ge=1)
     artifact: bool = False  # True: run from a checkpoint `ditq quantize --plan` wrote, loaded by the runtime
 
