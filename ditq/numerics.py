@@ -24,6 +24,7 @@ __all__ = [
     "quantize_activation_per_token",
     "quantize_weight",
     "relative_l2",
+    "representable_neighbours",
     "smooth_keys",
     "unpack_int32_to_int8",
 ]
@@ -129,3 +130,21 @@ def relative_l2(actual: torch.Tensor, reference: torch.Tensor) -> float:
     a = actual.to(torch.float64)
     r = reference.to(torch.float64)
     return float((a - r).norm() / r.norm().clamp_min(1e-30))
+
+
+def representable_neighbours(value: float, dtype: torch.dtype) -> tuple[float, float]:
+    """The two values of ``dtype`` around ``value`` (both ``value`` where it is representable).
+
+    A correct computation whose exact answer is ``value`` returns one of them in ``dtype``: e.g. 4304 in bfloat16,
+    whose spacing above 4096 is 32, comes back as 4288 or 4320 (4304 is their midpoint). Positive finite values.
+    """
+    if value <= 0:
+        raise ValueError(f"expected a positive value, got {value}")
+    nearest = torch.tensor(value, dtype=torch.float64).to(dtype)
+    if float(nearest) == value:
+        return value, value
+    bits = {2: torch.int16, 4: torch.int32}[nearest.element_size()]
+    step = -1 if float(nearest) > value else 1  # to the neighbour on value's other side
+    other = (nearest.view(bits) + step).view(dtype)
+    low, high = sorted((float(nearest), float(other)))
+    return low, high

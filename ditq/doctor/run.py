@@ -13,7 +13,7 @@ import torch
 from ditq.doctor.artifact import artifact_cases
 from ditq.doctor.cache import cache_dir, cache_entry, environment, read_cached, write_cached
 from ditq.doctor.cases import SEED_GEOMETRIES, CaseMaker, Geometry, WeightCase, default_cases
-from ditq.doctor.checks import CHECK_DTYPES, REL_L2_BOUND, ROWS, check_path
+from ditq.doctor.checks import CHECK_DTYPES, CHECKS_VERSION, REL_L2_BOUND, ROWS, check_path
 from ditq.doctor.report import write_report
 from ditq.kernels.registry import KernelPath, all_kernels, get_kernel
 from ditq.runfiles import DoctorPath
@@ -40,7 +40,12 @@ def check_paths(
     under ``report_root`` (default: the cache directory's ``reports``)."""
     device = torch.device(device)
     env = environment(device)
-    settings = {"weights": list(weights), "rows": rows, "dtypes": [str(d) for d in dtypes]}
+    settings = {
+        "weights": list(weights),
+        "rows": rows,
+        "dtypes": [str(d) for d in dtypes],
+        "checks": CHECKS_VERSION,
+    }
     results = []
     for path in paths:
         entry = cache_entry(env, path, geometries, settings)
