@@ -44,8 +44,9 @@ def wall_chart(report: ReportData, path: Path) -> Path | None:
         if served:
             ks = [r.n_references for r in served]
             means = [r.wall_mean_s or 0.0 for r in served]
-            low = [m - (r.wall_min_s or m) for m, r in zip(means, served, strict=True)]
-            high = [(r.wall_max_s or m) - m for m, r in zip(means, served, strict=True)]
+            # a mean computed in floating point can sit a rounding error past the min or max: bars are never negative
+            low = [max(0.0, m - (r.wall_min_s or m)) for m, r in zip(means, served, strict=True)]
+            high = [max(0.0, (r.wall_max_s or m) - m) for m, r in zip(means, served, strict=True)]
             style = "--" if candidate is report.baseline else "-"
             line = axis.errorbar(
                 ks,
