@@ -25,6 +25,7 @@ __all__ = [
     "DEVICE_CHOICES",
     "DTYPES",
     "DTYPE_CHOICES",
+    "OFFLOAD_LADDER_AUTO",
     "OFFLOAD_MODES",
     "add_device_arguments",
     "default_dtype",
@@ -43,8 +44,12 @@ DTYPES: dict[str, torch.dtype] = {
 DTYPE_CHOICES = tuple(DTYPES)
 # The compute dtype when --dtype is not given, per device type.
 _DEFAULT_DTYPES = {"cpu": "float32", "cuda": "bfloat16"}
-# none: every component on the device; model: one component at a time; block: the transformer's blocks stream
-OFFLOAD_MODES = ("none", "model", "block")
+# none: every component on the device; auto: placed by how often each runs (the denoiser resident first, the
+# rest streamed from pinned host memory where the budget needs it; ``ditq.runtime.offload.Placement``); model:
+# one component at a time; block: every component's blocks stream
+OFFLOAD_MODES = ("none", "auto", "model", "block")
+# The sweep's --offload auto ladder: placed by run frequency, then block offload for what still does not fit.
+OFFLOAD_LADDER_AUTO = ("auto", "block")
 
 _DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
@@ -125,5 +130,7 @@ def add_device_arguments(
             "--offload",
             choices=OFFLOAD_MODES,
             default="none",
-            help="keep weights in host memory and move them per model or per block (default: none)",
+            help="where weights wait while the pipeline runs: none (all on the device), auto (the per-step model "
+            "resident, the rest streamed from pinned host memory where the memory budget needs it), model (each "
+            "component moved in whole when it runs), block (blocks streamed) (default: none)",
         )

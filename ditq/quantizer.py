@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import operator
 import os
 import shutil
@@ -65,17 +66,27 @@ from ditq.fsutil import atomic_directory, atomic_write_json, exclusive_lock, sha
 from ditq.plan.apply import apply_plan
 from ditq.plan.schema import KEEP, PlanFile, plan_sha256, read_plan
 from ditq.schemes import SCHEMES, Scheme, get_scheme
-from ditq.targets import MIN_FEATURES, TargetPlan, build_meta_model, plan_targets
+from ditq.targets import (
+    AUTO_MIN_SHARE,
+    MIN_FEATURES,
+    TargetPlan,
+    build_meta_model,
+    output_heads,
+    plan_targets,
+    reads_logits,
+)
 
-__all__ = ["DEFAULTS", "QuantizeResult", "quantize"]
+__all__ = ["AUTO", "DEFAULTS", "QuantizeResult", "quantize"]
 
 log = logging.getLogger(__name__)
 
 # The CLI takes its defaults from here, so `ditq quantize` and `ditq.quantize` agree. Without a plan, no scheme
-# means "w8a8" and no components "transformer"; with one, its schemes and its component.
+# means "w8a8" and no components "auto" (every component whose blocks hold a real share of the pipeline's
+# weights: ``AUTO_MIN_SHARE``); with one, its schemes and its component.
+AUTO = "auto"
 DEFAULTS: dict[str, Any] = {
     "scheme": "w8a8",
-    "components": ("transformer",),
+    "components": AUTO,
     "config_form": "flat",
     "device": "cpu",
     "max_shard_bytes": 5 * 1024**3,
@@ -163,6 +174,90 @@ def _plan_component(
     group_size = None if scheme is None else scheme.group_size
     rule = plan_targets(model, component, shapes, targets, ignore, MIN_FEATURES, group_size)
     return _layout(rule, scheme, plan)
+
+
+@dataclass(frozen=True)
+class _Survey:
+    """The pipeline's components as ``--components auto`` and the unused-head rule see them: each weighted
+    component's parameters, its target Linears' parameters, its output head, or why it could not be built."""
+
+    params: dict[str, int]  # component -> every stored parameter
+    target_params: dict[str, int]  # component -> parameters of the Linears the block rule targets
+    heads: dict[str, dict[str, int]]  # component -> output head module -> parameters
+    head_bytes: dict[str, dict[str, int]]
+    unbuilt: dict[str, str]  # component -> why its class could not be built on meta
+
+    def shares(self) -> dict[str, float]:
+        total = sum(self.params.values()) or 1
+        return {c: self.target_params.get(c, 0) / total for c in self.params}
+
+
+def _survey(source: Path, index: dict[str, Any], variant: str | None) -> _Survey:
+    params: dict[str, int] = {}
+    targeted: dict[str, int] = {}
+    heads: dict[str, dict[str, int]] = {}
+    head_bytes: dict[str, dict[str, int]] = {}
+    unbuilt: dict[str, str] = {}
+    for name in component_names(index):
+        component_dir = source / name
+        if not component_dir.is_dir() or not any(is_weight_file(p.name) for p in component_dir.iterdir()):
+            continue
+        entries = {n: e for n, (_, e) in read_component_headers(component_dir, variant).items()}
+        params[name] = sum(math.prod(e.shape) for e in entries.values())
+        library, class_name = component_class(index, name)
+        if library not in ("diffusers", "transformers"):  # e.g. the demo's own text encoder class
+            unbuilt[name] = f"{library}.{class_name} is not a diffusers or transformers class"
+            continue
+        model = build_meta_model(
+            component_dir, library, class_name
+        )  # a config it cannot be built from: refused
+        shapes = {n: e.shape for n, e in entries.items()}
+        try:
+            rule = plan_targets(model, name, shapes)
+            targeted[name] = sum(layer.in_features * layer.out_features for layer in rule.targets.values())
+        except InputError:  # no Linear to quantize
+            targeted[name] = 0
+        stored = {h: n for h, n in output_heads(model).items() if f"{h}.weight" in entries}
+        if stored:
+            heads[name] = stored
+            head_bytes[name] = {h: entries[f"{h}.weight"].nbytes for h in stored}
+    return _Survey(params, targeted, heads, head_bytes, unbuilt)
+
+
+def _auto_components(survey: _Survey, source: Path) -> list[str]:
+    chosen = [c for c, share in survey.shares().items() if share >= AUTO_MIN_SHARE]
+    if not chosen:
+        raise InputError(
+            f"{source}: --components auto found no component whose blocks hold {AUTO_MIN_SHARE:.0%} of the "
+            "pipeline's parameters; name them with --components"
+        )
+    return chosen
+
+
+def _unused(survey: _Survey, pipeline_cls: type | None, keep: bool) -> dict[str, Any]:
+    """The manifest's ``unused``: per component, the modules the pipeline never reads (output heads: a diffusers
+    pipeline reads its text encoders' hidden states), which the loader does not load or run. Empty with
+    ``keep``, or when the pipeline's code reads logits."""
+    if keep or not survey.heads or pipeline_cls is None or reads_logits(pipeline_cls):
+        return {}
+    reason = f"output head: {pipeline_cls.__name__} reads the text encoder's hidden states, never its logits"
+    return {
+        component: {
+            head: {"reason": reason, "params": n, "bytes": survey.head_bytes[component][head]}
+            for head, n in heads.items()
+        }
+        for component, heads in survey.heads.items()
+    }
+
+
+def _pipeline_class_or_none(index: dict[str, Any], source: Path) -> type | None:
+    """The pipeline class, or None where it cannot be imported here (then no module is declared unused)."""
+    from ditq.runtime.classes import pipeline_class
+
+    try:
+        return pipeline_class(index, source)
+    except InputError:
+        return None
 
 
 def _link_or_copy(src: Path, dst: Path, copy: bool) -> None:
@@ -297,6 +392,7 @@ def _manifest(
     results,
     digests,
     linked,
+    unused: dict[str, Any],
 ) -> dict[str, Any]:
     tree, source_files = digests
     index = read_model_index(source)
@@ -319,6 +415,7 @@ def _manifest(
             for name, layout in layouts.items()
         },
         "statistics": _statistics(results),
+        "unused": unused,
         "errors_file": ERRORS_FILE,
         "linked": linked,
         "source_files": source_files,  # what verify hashes behind the links
@@ -368,28 +465,43 @@ def quantize(
     variant: str | None = None,
     follow_links: bool = False,
     plan: PlanFile | str | Path | None = None,
+    keep_unused: bool = False,
 ) -> QuantizeResult:
     """Quantize ``components`` of the diffusers directory ``source`` into the artifact ``output``.
 
-    ``scheme`` defaults to ``DEFAULTS["scheme"]`` and ``components`` to ``DEFAULTS["components"]``. ``plan`` (a
+    ``scheme`` defaults to ``DEFAULTS["scheme"]`` and ``components`` to ``DEFAULTS["components"]`` ("auto": every
+    component whose block Linears hold at least ``AUTO_MIN_SHARE`` of the pipeline's parameters). ``plan`` (a
     PLAN.json path or a ``PlanFile``) instead gives each Linear of its component its own scheme or ``keep``;
     it excludes ``scheme``, ``targets``, ``ignore`` and ``group_size``, and ``components`` may only name the
     plan's component.
     ``variant`` (``fp16``...) reads each component's variant files (``*.fp16.safetensors``) instead of the
     default ones, as diffusers' ``from_pretrained(variant=...)`` does; the artifact's files carry no variant.
     ``follow_links`` reads through symbolic links that leave the source tree (refused without it).
+    Modules the pipeline never reads (a text encoder's output head) are declared ``unused`` in the manifest, and
+    the loader neither loads nor runs them; ``keep_unused`` declares none.
     """
     if isinstance(components, str):
         components = [c.strip() for c in components.split(",") if c.strip()]
+    if components is not None and AUTO in components:
+        if list(components) != [AUTO]:
+            raise InputError(f"--components {','.join(components)}: 'auto' stands alone")
+        if plan is not None:
+            raise InputError("--components auto: a plan quantizes its own component only")
     targets, ignore = ([p] if isinstance(p, str) else list(p) for p in (targets, ignore))
-    checked = None if plan is None else _checked_plan(plan, scheme, components, targets, ignore, group_size)
+    named = None if components is None or list(components) == [AUTO] else components
+    checked = None if plan is None else _checked_plan(plan, scheme, named, targets, ignore, group_size)
     chosen = None if checked is not None else get_scheme(scheme or DEFAULTS["scheme"], group_size)
-    if components is None:
-        components = DEFAULTS["components"] if checked is None else [checked.plan.component]
     source, output = Path(source).resolve(), Path(output).resolve()
     form = resolve_config_form(config_form)
     tree = scan_tree(source, follow_links)  # before any file of it is opened
     index = read_model_index(source)
+    survey = _survey(source, index, variant)
+    if checked is not None:
+        components = [checked.plan.component]
+    elif named is None:
+        components = _auto_components(survey, source)
+    else:
+        components = named
     if checked is not None and checked.plan.component not in component_names(index):
         raise InputError(
             f"{checked.where}: component: {checked.plan.component!r} is not a component of {source} "
@@ -405,6 +517,12 @@ def quantize(
         "scheme": None if chosen is None else chosen.name,
         "group_size": group_size,
         "components": names,
+        "components_rule": (
+            {"auto": {"min_share": AUTO_MIN_SHARE, "shares": survey.shares(), "unbuilt": survey.unbuilt}}
+            if named is None and checked is None
+            else "named"
+        ),
+        "keep_unused": keep_unused,
         "targets": list(targets),
         "ignore": list(ignore),
         "config_form": form,
@@ -433,7 +551,8 @@ def quantize(
                 }
                 linked = _link_the_rest(source, tmp, set(layouts), copy)
                 how = _how(chosen, checked, layouts)
-                manifest = _manifest(source, how, options, layouts, results, digests.result(), linked)
+                unused = _unused(survey, _pipeline_class_or_none(index, source), keep_unused)
+                manifest = _manifest(source, how, options, layouts, results, digests.result(), linked, unused)
                 _finish(tmp, manifest, results, source)
         except OSError as error:
             raise DitqError(f"{output}: writing failed ({error}); nothing was left behind") from error

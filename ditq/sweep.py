@@ -4,8 +4,8 @@ probe -> gate -> compare, then one report over all of them.
 Every step is the step's own command, run as a subprocess with its output in ``OUT/<scheme>/logs/``,
 so a crash in one step cannot take the sweep down and every number has the command behind it.
 
-Offload ladder (``--offload none,model,block``): each candidate, the baseline included, is served at the
-first mode; the requests that did not fit its memory (503 ``out_of_memory``, or 413 ``over_memory_budget``
+Offload ladder (``--offload auto,block``, what ``--offload auto`` means): each candidate, the baseline included,
+is served at the first mode; the requests that did not fit its memory (503 ``out_of_memory``, or 413 ``over_memory_budget``
 when the server's cost model refused them before they ran), or all of them when the
 model did not even load (``ditq serve`` exit code 3), are sent again to a server at the next mode, and so on.
 Every attempt is recorded (``CANDIDATE.json`` ``attempts``; ``logs/baseline-attempts.json``), and every record
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from ditq.compare import MAX_SEEDS, seeds_to_add
-from ditq.devices import OFFLOAD_MODES, default_dtype
+from ditq.devices import OFFLOAD_LADDER_AUTO, OFFLOAD_MODES, default_dtype
 from ditq.errors import EXIT_OUT_OF_MEMORY, DitqError, InputError
 from ditq.fsutil import atomic_write_bytes, sha256_file
 from ditq.healthcheck import wait_healthy
@@ -183,9 +183,11 @@ class SweepOptions:
 
 
 def parse_offload(value: str) -> tuple[str, ...]:
-    """``--offload``: one mode, a comma list tried in order, or ``auto`` (none, then model, then block)."""
+    """``--offload``: one mode, a comma list tried in order, or ``auto`` (the auto placement, then block)."""
     return (
-        OFFLOAD_MODES if value.strip() == "auto" else tuple(m.strip() for m in value.split(",") if m.strip())
+        OFFLOAD_LADDER_AUTO
+        if value.strip() == "auto"
+        else tuple(m.strip() for m in value.split(",") if m.strip())
     )
 
 

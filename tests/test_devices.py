@@ -64,7 +64,7 @@ def test_one_default_dtype_per_device_type() -> None:
 
 
 def test_offload_modes() -> None:
-    assert [resolve_offload(mode) for mode in OFFLOAD_MODES] == ["none", "model", "block"]
+    assert [resolve_offload(mode) for mode in OFFLOAD_MODES] == ["none", "auto", "model", "block"]
     with pytest.raises(InputError, match=r"^--offload 'disk': not an offload mode"):
         resolve_offload("disk")
 

@@ -238,7 +238,7 @@ def test_bad_input_is_a_one_line_input_error(how: str, model_dir, tmp_path: Path
     source = model_dir("flux", shards=2)
     _corrupt(source, how)
     with pytest.raises(InputError, match=BAD_INPUTS[how]) as info:
-        ditq.quantize(source, tmp_path / "out", "w8a8")
+        ditq.quantize(source, tmp_path / "out", "w8a8", components=["transformer"])
     assert "\n" not in str(info.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == [source.parent.name]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["ATTENTION_CHOICES", "add_attention_argument", "add_variant_argument"]
+__all__ = ["ATTENTION_CHOICES", "add_attention_argument", "add_kv_cache_argument", "add_variant_argument"]
 
 ATTENTION_CHOICES = ("int8", "fp8")
 
@@ -27,4 +27,16 @@ def add_attention_argument(parser: argparse.ArgumentParser) -> None:
         choices=ATTENTION_CHOICES,
         help="quantized attention (opt-in): 8-bit Q.K^T with smoothed keys and per-token scales, float32 "
         "softmax, P.V in the compute dtype, through the doctor-chosen path (default: the model's own attention)",
+    )
+
+
+def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
+    """``--kv-cache int8|fp8`` (default off), as ``ditq.runtime.kv_cache.install_kv_cache`` reads it."""
+    from ditq.runtime.kv_cache import KV_CACHE_KINDS
+
+    parser.add_argument(
+        "--kv-cache",
+        choices=KV_CACHE_KINDS,
+        help="keep the transformer's prefix KV cache (text and reference tokens) in 8 bits with per-token, per-head "
+        "scales: half its memory (opt-in; default: the model's own cache)",
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from ditq.commands import add_attention_argument, add_variant_argument
+from ditq.commands import add_attention_argument, add_kv_cache_argument, add_variant_argument
 from ditq.devices import add_device_arguments
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest, parse_size
@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_arguments(parser, "cpu", "where to generate", dtype=True, offload=True)
     add_variant_argument(parser)
     add_attention_argument(parser)
+    add_kv_cache_argument(parser)
     parser.add_argument(
         "--skip-doctor",
         action="store_true",
@@ -81,6 +82,16 @@ def _print_report(report: GenerationReport) -> None:
     if report.attention:
         print(f"attention  {report.attention}")
     print(f"device     {report.device} (offload {report.offload})")
+    if report.placement is not None:
+        placement = report.placement
+        tiling = "; VAE tiling" if placement["vae_tiling"] else ""
+        rate = f"; {placement['transfer_gbps']} GB/s from pinned memory" if placement["transfer_gbps"] else ""
+        print(
+            f"placement  resident {', '.join(placement['resident']) or 'nothing'}; "
+            f"streamed {', '.join(placement['streamed']) or 'nothing'}{tiling}{rate}"
+        )
+    for module, size in report.unused.items():
+        print(f"unused     {module} ({size / 2**30:.2f} GiB) not loaded")
     print(
         f"load       {report.load_seconds:8.3f} s   peak accelerator memory {_gib(report.load_peak_memory_bytes)}"
     )
@@ -93,6 +104,9 @@ def _print_report(report: GenerationReport) -> None:
             )
         print(f"{stage:<10} {seconds:8.3f} s{extra}")
     print(f"peak       {_gib(result.peak_memory_bytes)}")
+    if result.stage_peak_memory_bytes is not None:
+        stages = ", ".join(f"{stage} {_gib(peak)}" for stage, peak in result.stage_peak_memory_bytes.items())
+        print(f"by stage   {stages} (held at the start: {_gib(result.memory_at_start_bytes)})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         skip_doctor=args.skip_doctor,
         variant=args.variant,
         attention=args.attention,
+        kv_cache=args.kv_cache,
     )
     _print_report(report)
     for path in save_images(report.result.images, args.out):

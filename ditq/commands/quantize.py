@@ -10,6 +10,7 @@ from ditq.checkpoint.qconfig import CONFIG_FORMS
 from ditq.devices import add_device_arguments
 from ditq.quantizer import DEFAULTS, quantize
 from ditq.schemes import SCHEMES
+from ditq.targets import AUTO_MIN_SHARE
 
 __all__ = ["add_arguments", "run"]
 
@@ -37,7 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--components",
         type=_comma_list,
-        help="comma-separated components to quantize (default: transformer, or the plan's component)",
+        help="comma-separated components to quantize, or auto (the default): every component whose block "
+        f"Linears hold at least {AUTO_MIN_SHARE:.0%} of the pipeline's parameters (Qwen-Image: the transformer and "
+        "the text encoder); with --plan, the plan's component",
+    )
+    parser.add_argument(
+        "--keep-unused",
+        action="store_true",
+        help="declare no module unused (by default a text encoder's output head, which a diffusers pipeline never "
+        "reads, is declared in the manifest and neither loaded nor run)",
     )
     parser.add_argument(
         "--targets",
@@ -91,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         follow_links=args.follow_links,
         force=args.force,
         device=args.device,
+        keep_unused=args.keep_unused,
     )
     stats = result.manifest["statistics"]
     if args.json:
@@ -100,4 +110,12 @@ def run(args: argparse.Namespace) -> int:
             f"{result.path}: {stats['quantized_tensors']} tensors quantized ({stats['quantized_params']:,} params), "
             f"{stats['kept_params']:,} params kept; rel-L2 mean {stats['mean_rel_l2']:.4f} max {stats['max_rel_l2']:.4f}"
         )
+        options = result.manifest["options"]
+        rule = " (auto)" if isinstance(options["components_rule"], dict) else ""
+        print(f"components: {', '.join(options['components'])}{rule}")
+        for component, modules in result.manifest["unused"].items():
+            for module, record in modules.items():
+                print(
+                    f"unused: {component}.{module} ({record['bytes'] / 2**30:.2f} GiB), neither loaded nor run"
+                )
     return 0

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ditq.commands import add_attention_argument, add_variant_argument
+from ditq.commands import add_attention_argument, add_kv_cache_argument, add_variant_argument
 from ditq.devices import add_device_arguments
 from ditq.errors import InputError
 from ditq.serve import ServeConfig, serve
@@ -67,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_arguments(parser, "cpu", "where to generate", dtype=True, offload=True)
     add_variant_argument(parser)
     add_attention_argument(parser)
+    add_kv_cache_argument(parser)
     parser.add_argument(
         "--max-queue",
         type=int,
@@ -166,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         skip_doctor=args.skip_doctor,
         variant=args.variant,
         attention=args.attention,
+        kv_cache=args.kv_cache,
         limits=limits,
         drain_timeout_s=args.drain_timeout,
     )

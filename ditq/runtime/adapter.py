@@ -90,6 +90,10 @@ class GenerationResult:
     timings: dict[str, float]  # seconds: text_encoding, denoising, decoding, postprocess, total
     step_times: list[float]  # seconds per denoising step
     peak_memory_bytes: int | None  # peak accelerator memory for this call (None on CPU)
+    # CUDA: peak allocated bytes per stage (text_encoding, image_encoding, first_step, later_steps, decoding,
+    # other; ``ditq.runtime.stage_clock``) and what was allocated when the call began; None on the CPU
+    stage_peak_memory_bytes: dict[str, int] | None = None
+    memory_at_start_bytes: int | None = None
 
 
 class PipelineAdapter:
@@ -251,26 +255,25 @@ class PipelineAdapter:
             kwargs["callback_on_step_end"] = on_step_end
             if "callback_on_step_end_tensor_inputs" in self.parameters:
                 kwargs["callback_on_step_end_tensor_inputs"] = []  # the timer reads no tensors
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
         with clock.instrument(self.pipeline):
-            start = clock.now()
+            start = clock.begin()
             try:
                 with torch.inference_mode():
                     output = self.pipeline(**kwargs)
             except GenerationCancelled:
                 self._release_offload_hooks()
                 raise
-            end = clock.now()
+            end = clock.end()
         images = getattr(output, "images", None)
         if images is None:
             raise DitqError(f"{self.pipeline_name} returned no images (output {type(output).__name__})")
-        peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
         return GenerationResult(
             images=list(images),
             timings=clock.timings(start, end),
             step_times=clock.step_times(),
-            peak_memory_bytes=peak,
+            peak_memory_bytes=clock.peak_bytes(),
+            stage_peak_memory_bytes=dict(clock.stage_peaks) if clock.cuda else None,
+            memory_at_start_bytes=clock.start_allocated,
         )
 
     def _release_offload_hooks(self) -> None:

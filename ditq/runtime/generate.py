@@ -41,6 +41,8 @@ class GenerationReport:
     quantized: dict[str, dict[str, int]]  # component -> scheme -> quantized Linear count
     kernels: dict[str, int]  # kernel path -> layer count
     attention: str | None  # the quantized-attention choice (summary line); None: stock attention
+    placement: dict[str, Any] | None  # offload auto: what is resident, streamed, tiled (Placement.to_json)
+    unused: dict[str, int]  # component.module -> bytes, left out of the loaded model (the manifest's unused)
     load_seconds: float
     load_peak_memory_bytes: int | None  # accelerator, while loading (None on CPU)
     result: GenerationResult
@@ -53,13 +55,38 @@ def _load(
     dtype: torch.dtype,
     skip_doctor: bool,
     variant: str | None,
+    kv_cache: str | None,
 ) -> Any:
     from ditq.doctor import kernel_chooser
 
     chooser = kernel_chooser(skip_doctor)
     return load_pipeline(
-        model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser, variant=variant
+        model_dir,
+        device=device,
+        offload=offload,
+        dtype=dtype,
+        chooser=chooser,
+        variant=variant,
+        kv_cache=kv_cache,
     )
+
+
+def _run(adapter: PipelineAdapter, request: GenerationRequest) -> GenerationResult:
+    """One request; under ``--offload auto`` a request that runs out of memory makes the placement take its next
+    step (``Placement.demote``) and runs again, until it fits or nothing is left to move."""
+    from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory
+
+    placement = getattr(adapter.pipeline, "ditq_placement", None)
+    while True:
+        try:
+            return adapter(request)
+        except Exception as error:
+            if placement is None or not is_out_of_memory(error):
+                raise
+            free_accelerator_memory()
+            if placement.demote(adapter.pipeline) is None:
+                raise
+            log.warning("out of memory: %s; running the request again", placement.steps[-1])
 
 
 def pipeline_summary(pipeline: Any) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
@@ -86,6 +113,7 @@ def generate(
     skip_doctor: bool = False,
     variant: str | None = None,
     attention: str | None = None,
+    kv_cache: str | None = None,
 ) -> GenerationReport:
     """Load ``model_dir`` (None: the bundled demo model) and run one request; nothing is written.
 
@@ -95,7 +123,9 @@ def generate(
     Each quantized layer runs the first kernel path the kernel doctor verifies on this device
     (``ditq.doctor.choose_kernel``); ``skip_doctor`` takes the registry's first candidate unverified.
     ``variant`` as ``ditq.runtime.loader.load_pipeline`` reads it. ``attention`` ("int8" | "fp8") runs the
-    transformer's attention through a doctor-chosen quantized-attention path (``ditq.runtime.attention``).
+    transformer's attention through a doctor-chosen quantized-attention path (``ditq.runtime.attention``);
+    ``kv_cache`` ("int8" | "fp8") keeps its prefix KV cache in 8 bits (``ditq.runtime.kv_cache``). Under
+    ``offload="auto"`` a request that runs out of memory moves the placement one step and runs again.
     """
     from ditq.demo import default_model_dir
 
@@ -106,7 +136,7 @@ def generate(
     if torch_device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(torch_device)
     start = time.perf_counter()
-    pipeline = _load(directory, torch_device, offload, compute_dtype, skip_doctor, variant)
+    pipeline = _load(directory, torch_device, offload, compute_dtype, skip_doctor, variant, kv_cache)
     choice = None
     if attention is not None:
         from ditq.runtime.attention import install_quantized_attention
@@ -117,7 +147,8 @@ def generate(
     load_seconds = time.perf_counter() - start
     load_peak = int(torch.cuda.max_memory_allocated(torch_device)) if torch_device.type == "cuda" else None
     quantized, kernels = pipeline_summary(pipeline)
-    result = PipelineAdapter(pipeline)(request)
+    result = _run(PipelineAdapter(pipeline), request)
+    placement = getattr(pipeline, "ditq_placement", None)
     return GenerationReport(
         model_dir=directory,
         device=str(torch_device),
@@ -125,6 +156,8 @@ def generate(
         quantized=quantized,
         kernels=kernels,
         attention=None if choice is None else choice.summary(),
+        placement=None if placement is None else placement.to_json(),
+        unused=dict(getattr(pipeline, "ditq_unused", {})),
         load_seconds=load_seconds,
         load_peak_memory_bytes=load_peak,
         result=result,

@@ -7,8 +7,9 @@ component is built from its config with every parameter on the meta device
 scheme's QuantizedLinear (``ditq.runtime.swap``), and the stored tensors are
 read one at a time and assigned in place (``ditq.runtime.fill``): the
 source-precision weights of the quantized layers never exist. Every other
-component loads the way diffusers loads it. Placement while running is
-``ditq.runtime.offload``.
+component loads the way diffusers loads it. Modules the artifact's manifest
+declares unused (a text encoder's output head) are left out of every component
+(``ditq.runtime.unused``). Placement while running is ``ditq.runtime.offload``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from ditq.runtime.meta import build_empty, parameters_on_meta
 from ditq.runtime.modules import QuantizedLinear, quantized_linears
 from ditq.runtime.offload import apply_offload
 from ditq.runtime.swap import swap_quantized_linears
+from ditq.runtime.unused import drop_unused as drop_unused_modules
 from ditq.schemes import Scheme
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "parameters_on_meta",
     "pipeline_class",
     "prepare_quantized",
+    "recorded_unused",
     "recorded_variant",
     "stored_layer_schemes",
 ]
@@ -87,6 +90,26 @@ def recorded_variant(model_dir: Path) -> str | None:
     options = read_json(manifest).get("options")
     variant = options.get("variant") if isinstance(options, dict) else None
     return variant if isinstance(variant, str) else None
+
+
+def recorded_unused(model_dir: Path) -> dict[str, dict[str, int]]:
+    """Component -> module -> its bytes, for the modules a ditq artifact's manifest declares unused; else empty."""
+    manifest = Path(model_dir) / "MANIFEST.json"
+    if not manifest.is_file():
+        return {}
+    unused = read_json(manifest).get("unused")
+    if not isinstance(unused, dict):
+        return {}
+    found: dict[str, dict[str, int]] = {}
+    for component, modules in unused.items():
+        if not isinstance(modules, dict):
+            raise InputError(f"{manifest}: unused.{component} is not an object")
+        for module, record in modules.items():
+            size = record.get("bytes") if isinstance(record, dict) else None
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise InputError(f"{manifest}: unused.{component}.{module}.bytes is not a byte count")
+            found.setdefault(component, {})[module] = size
+    return found
 
 
 def component_weight_files(component_dir: Path, variant: str | None) -> list[Path]:
@@ -137,9 +160,12 @@ def _load_quantized(
     device: torch.device,
     dtype: torch.dtype,
     variant: str | None,
+    unused: list[str],
 ) -> torch.nn.Module:
     entries = component_entries(component_dir, variant)
     model = build_empty(cls, config, component_dir)
+    drop_unused_modules(model, component_dir.name, unused)
+    entries = {n: e for n, e in entries.items() if not any(n.startswith(f"{m}.") for m in unused)}
     schemes = swap_quantized_linears(model, entries, qconfig, component_dir, dtype)
     expected = set(model.state_dict(keep_vars=True))
     for name in entries:
@@ -171,13 +197,20 @@ def _load_quantized(
 
 
 def _load_plain(
-    component_dir: Path, cls: Any, device: torch.device, dtype: torch.dtype, variant: str | None
+    component_dir: Path,
+    cls: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+    variant: str | None,
+    unused: list[str],
 ) -> Any:
-    """A component the way diffusers loads it (models in ``dtype``; schedulers, tokenizers as they are)."""
+    """A component the way diffusers loads it (models in ``dtype``; schedulers, tokenizers as they are), its
+    ``unused`` modules dropped on the host before it moves to ``device``."""
     if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
         if _has_weight_files(component_dir):  # the variant's files where the component has them, as diffusers
             variant = variant if variant_of(component_weight_files(component_dir, variant)[0].name) else None
         model = cls.from_pretrained(str(component_dir), dtype=dtype, variant=variant)  # type: ignore[attr-defined]
+        drop_unused_modules(model, component_dir.name, unused)
         return model.to(device)
     return cls.from_pretrained(str(component_dir))
 
@@ -188,15 +221,18 @@ def load_component(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     variant: str | None = None,
+    drop_unused: bool = True,
 ) -> Any:
     """One component of a diffusers directory; a ditq/compressed-tensors component comes back with QuantizedLinears.
 
     ``variant`` (``fp16``...) reads the component's variant files where it has them, as diffusers'
     ``from_pretrained(variant=...)`` does; None: the variant a ditq artifact records, else the default files.
     Quantized layers choose their kernel path and repack lazily, on the first
-    forward (or through ``prepare_quantized``).
+    forward (or through ``prepare_quantized``). With ``drop_unused``, the modules the artifact's manifest declares
+    unused are neither loaded nor run (``ditq.runtime.unused``).
     """
     model_dir = Path(model_dir)
+    unused = sorted(recorded_unused(model_dir).get(component, {})) if drop_unused else []
     variant = variant if variant is not None else recorded_variant(model_dir)
     index = read_model_index(model_dir)
     library, class_name = component_class(index, component)
@@ -204,7 +240,7 @@ def load_component(
     component_dir = model_dir / component
     qconfig = is_quantized_component(model_dir, component)
     if qconfig is None:
-        return _load_plain(component_dir, cls, torch.device(device), dtype, variant)
+        return _load_plain(component_dir, cls, torch.device(device), dtype, variant, unused)
     return _load_quantized(
         component_dir,
         cls,
@@ -213,6 +249,7 @@ def load_component(
         torch.device(device),
         dtype,
         variant,
+        unused,
     )
 
 
@@ -249,6 +286,9 @@ def load_pipeline(
     dtype: torch.dtype = torch.bfloat16,
     chooser: KernelChooser | None = None,
     variant: str | None = None,
+    drop_unused: bool = True,
+    memory_budget_bytes: int | None = None,
+    kv_cache: str | None = None,
 ) -> Any:
     """A diffusers pipeline from a plain or ditq directory, placed on ``device`` per ``offload``.
 
@@ -257,9 +297,17 @@ def load_pipeline(
     components linked from its source keep the source's files), else the default files. A component with
     only other variants' files is an InputError naming them.
 
-    offload "none": every component loads on ``device``; "model": components load on the host and move
-    to ``device`` one at a time when they run (diffusers' model CPU offload); "block": the transformer's
-    blocks stream to ``device`` one by one (diffusers' block-level group offload).
+    With ``drop_unused`` (the default), the modules a ditq artifact's manifest declares unused (a text encoder's
+    output head) are neither loaded onto ``device`` nor run; the pipeline's ``ditq_unused`` maps each dropped
+    ``component.module`` to the bytes it would have held.
+
+    offload "none": every component loads on ``device``; "auto": components load on the host, then the most
+    often run stay on ``device`` as far as their weights fit ``memory_budget_bytes`` (default: the device's free
+    memory) and the rest stream from pinned host memory (``ditq.runtime.offload.Placement``, kept as the
+    pipeline's ``ditq_placement``); "model": components load on the host and move to ``device`` one at a time
+    when they run (diffusers' model CPU offload); "block": the transformer's blocks stream to ``device`` one by
+    one (diffusers' block-level group offload). ``kv_cache`` ("int8" | "fp8") keeps the transformer's prefix KV
+    cache in 8 bits (``ditq.runtime.kv_cache``).
     """
     offload = resolve_offload(offload, option="offload")
     model_dir = Path(model_dir)
@@ -271,9 +319,10 @@ def load_pipeline(
     variant = variant if variant is not None else recorded
     quantized: dict[str, Any] = {}
     plain_variants: set[str | None] = set()  # the variants the unquantized components load
+    unused = recorded_unused(model_dir) if drop_unused else {}
     for name in component_names(index):
         if is_quantized_component(model_dir, name) is not None:
-            quantized[name] = load_component(model_dir, name, load_device, dtype, variant)
+            quantized[name] = load_component(model_dir, name, load_device, dtype, variant, drop_unused)
         elif _has_weight_files(model_dir / name):  # refused here in one line, not deep in diffusers
             plain_variants.add(variant_of(component_weight_files(model_dir / name, variant)[0].name))
     if variant is not None and variant not in plain_variants and variant != recorded:
@@ -281,10 +330,21 @@ def load_pipeline(
     pipeline = cls.from_pretrained(  # type: ignore[attr-defined]
         str(model_dir), dtype=dtype, variant=variant if variant in plain_variants else None, **quantized
     )
+    for name, modules in unused.items():
+        component = pipeline.components.get(name)
+        if (
+            isinstance(component, torch.nn.Module) and name not in quantized
+        ):  # quantized ones were built without
+            drop_unused_modules(component, name, sorted(modules))  # on the host, before the component moves
+    pipeline.ditq_unused = {f"{c}.{m}": size for c, modules in unused.items() for m, size in modules.items()}
     for name, component in pipeline.components.items():
         if isinstance(component, torch.nn.Module) and name not in quantized:
             component.to(load_device)
         if isinstance(component, torch.nn.Module):
             prepare_quantized(component, run_device, dtype, chooser)
-    apply_offload(pipeline, offload, run_device)
+    apply_offload(pipeline, offload, run_device, memory_budget_bytes)
+    if kv_cache is not None:
+        from ditq.runtime.kv_cache import install_kv_cache
+
+        install_kv_cache(pipeline, kv_cache)
     return pipeline

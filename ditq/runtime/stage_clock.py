@@ -1,9 +1,15 @@
-"""Per-stage wall-clock timings of one pipeline call, taken by wrapping the pipeline's own stages.
+"""Per-stage wall-clock timings and peak memory of one pipeline call, taken by wrapping the pipeline's own stages.
 
 For the length of one call, ``StageClock.instrument`` shadows ``encode_prompt`` (or hooks the text encoders'
 forwards), ``vae.decode`` and ``vae.encode`` with timed wrappers and hooks the transformer's forwards; the
 adapter marks the end of every denoising step from ``callback_on_step_end``. On CUDA each mark synchronizes,
 so the times are wall time of finished work. Everything is put back when the block ends.
+
+On CUDA each stage is also a memory segment: the allocator's peak is read and reset where a stage starts and
+where it ends, so ``stage_peaks`` holds the peak allocated bytes of each stage (``text_encoding``,
+``image_encoding``, ``first_step`` -- the first transformer forward, which fills a prefix KV cache where the
+pipeline keeps one --, ``later_steps``, ``decoding``) and of the work between them (``other``), and their
+maximum is the call's peak.
 """
 
 from __future__ import annotations
@@ -22,19 +28,65 @@ _TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
 class StageClock:
-    """Wall-clock marks for one pipeline call; synchronizes CUDA first so marks follow finished work."""
+    """Wall-clock marks (and on CUDA peak memory) for one pipeline call; synchronizes CUDA first so marks follow
+    finished work."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self.device = device
         self.totals: dict[str, float] = {}
         self.first_start: dict[str, float] = {}
         self.last_end: dict[str, float] = {}
         self.step_marks: list[float] = []
+        self.stage_peaks: dict[str, int] = {}  # CUDA: peak allocated bytes per stage (module docstring)
+        self.start_allocated: int | None = None  # CUDA: allocated bytes when the call began
+        self._depth = 0  # stages inside stages count for the outer one
 
     def now(self) -> float:
         if self.cuda:
             torch.cuda.synchronize()
         return time.perf_counter()
+
+    def _close_segment(self, stage: str) -> None:
+        """The allocator's peak since the last reset belongs to ``stage``; the next segment starts from here."""
+        if not self.cuda:
+            return
+        peak = int(torch.cuda.max_memory_allocated(self.device))
+        self.stage_peaks[stage] = max(self.stage_peaks.get(stage, 0), peak)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def begin(self) -> float:
+        """The call's start: memory is measured from here."""
+        start = self.now()
+        if self.cuda:
+            self.start_allocated = int(torch.cuda.memory_allocated(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return start
+
+    def end(self) -> float:
+        end = self.now()
+        self._close_segment("other")
+        return end
+
+    def peak_bytes(self) -> int | None:
+        """The call's peak allocated bytes (CUDA), else None."""
+        return max(self.stage_peaks.values()) if self.cuda and self.stage_peaks else None
+
+    def enter(self) -> float:
+        """A stage starts: the memory since the last stage was the work between stages (``other``)."""
+        start = self.now()
+        if self._depth == 0:
+            self._close_segment("other")
+        self._depth += 1
+        return start
+
+    def leave(self, stage: str, start: float, segment: str | None = None) -> None:
+        """A stage ends: its time goes to ``stage``, its peak memory to ``segment`` (default: ``stage``)."""
+        end = self.now()
+        self._depth -= 1
+        if self._depth == 0:
+            self._close_segment(segment or stage)
+        self.add(stage, start, end)
 
     def add(self, stage: str, start: float, end: float) -> None:
         self.totals[stage] = self.totals.get(stage, 0.0) + (end - start)
@@ -43,11 +95,11 @@ class StageClock:
 
     def timed(self, stage: str, function: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = self.now()
+            start = self.enter()
             try:
                 return function(*args, **kwargs)
             finally:
-                self.add(stage, start, self.now())
+                self.leave(stage, start)
 
         return wrapper
 
@@ -125,13 +177,20 @@ def _patched(target: Any, name: str, replacement: Callable[..., Any]) -> Iterato
 
 @contextmanager
 def _forward_timer(module: torch.nn.Module, stage: str, clock: StageClock) -> Iterator[None]:
+    """Time ``module``'s forwards as ``stage``; the transformer's (``denoising_forward``) are also memory segments,
+    its first forward ``first_step`` and the rest ``later_steps``."""
     starts: list[float] = []
+    forwards = [0]
 
     def pre_hook(_module: torch.nn.Module, _args: Any) -> None:
-        starts.append(clock.now())
+        starts.append(clock.enter())
 
     def post_hook(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
-        clock.add(stage, starts.pop(), clock.now())
+        segment = None
+        if stage == "denoising_forward":
+            segment = "first_step" if forwards[0] == 0 else "later_steps"
+        forwards[0] += 1
+        clock.leave(stage, starts.pop(), segment)
 
     handles = [module.register_forward_pre_hook(pre_hook), module.register_forward_hook(post_hook)]
     try:

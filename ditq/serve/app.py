@@ -31,7 +31,7 @@ from ditq.serve import errors
 from ditq.serve.access import AccessMiddleware
 from ditq.serve.body_limit import BodyLimitMiddleware
 from ditq.serve.config import ServeConfig
-from ditq.serve.cost import CostModel, request_cost
+from ditq.serve.cost import CostModel, Prediction, request_cost
 from ditq.serve.errors import APIError, envelope
 from ditq.serve.images import collapse_reasons, encode_image
 from ditq.serve.intake import Reference, check_uploads
@@ -75,27 +75,27 @@ def _admit(
     generation: GenerationRequest,
     references: int,
     deadline: float,
-) -> float:
-    """413 when the request can never fit this device's budget, 429 when the work queued ahead leaves it no
-    time before its deadline; otherwise the lower bound of its run time (0 without a cost model)."""
+) -> Prediction | None:
+    """413 when the request cannot fit this device's budget, 429 when the work queued ahead leaves it no time
+    before its deadline; otherwise the cost model's prediction (None without a cost model)."""
     model: CostModel | None = state.cost_model
     if model is None:
-        return 0.0
+        return None
     assert state.adapter is not None
     cost = request_cost(generation, references, state.adapter)
     refusal = model.refusal(cost)
     if refusal is not None:
         refuse = errors.over_memory_budget if refusal.budget == "memory" else errors.over_budget
         raise refuse(f"this request can never run here: {refusal.message}")
-    seconds = model.seconds(cost)
-    wait = worker.estimated_wait_s()
+    prediction = model.predict(cost)
+    seconds, wait = prediction.seconds, worker.estimated_wait_s()
     if wait + seconds > deadline - time.perf_counter():
         raise errors.busy(
-            f"the queue holds at least {wait:.0f} s of work and this request at least {seconds:.0f} s: "
+            f"the queue holds about {wait:.0f} s of work and this request about {seconds:.0f} s: "
             f"it would not finish within the timeout of {state.config.request_timeout_s:g} s; retry later",
             retry_after_s=wait,
         )
-    return seconds
+    return prediction
 
 
 def _stopped(cancelled: Cancelled, state: ServerState) -> APIError | None:
@@ -145,9 +145,15 @@ async def _wait(
 
 
 def _finish(
-    body: ImageRequest, generation: GenerationRequest, job: Job, result: GenerationResult, state: ServerState
+    body: ImageRequest,
+    generation: GenerationRequest,
+    job: Job,
+    result: GenerationResult,
+    state: ServerState,
+    predicted_bytes: int | None = None,
 ) -> ImageResponse:
-    """Collapse check, encoding and the response body; runs in a worker thread (CPU-bound)."""
+    """Collapse check, encoding and the response body; runs in a worker thread (CPU-bound). ``predicted_bytes``:
+    the cost model's memory above the resident model, reported as a peak (on top of what the call began with)."""
     started = time.perf_counter()
     warnings: list[str] = []
     for index, image in enumerate(result.images):
@@ -168,6 +174,11 @@ def _finish(
         encode_s=encode_s,
         steps_asked=generation.num_inference_steps,
         every_step=body.return_stage_metrics,
+        predicted_peak_bytes=(
+            None
+            if predicted_bytes is None or result.memory_at_start_bytes is None
+            else result.memory_at_start_bytes + predicted_bytes
+        ),
     )
     state.metrics.observe_peak_memory(result.peak_memory_bytes)
     return ImageResponse(
@@ -201,9 +212,11 @@ async def _generate(request: Request, state: ServerState, edits: bool) -> Respon
     else:
         body = await parse_json(request)
     generation = to_generation_request(body, adapter, state.config)
-    estimate_s = _admit(state, worker, generation, len(references), deadline)
+    prediction = _admit(state, worker, generation, len(references), deadline)
     try:
-        job = worker.submit(generation, tuple(references), deadline, estimate_s)
+        job = worker.submit(
+            generation, tuple(references), deadline, prediction.seconds if prediction else 0.0
+        )
     except QueueFull:
         raise errors.queue_full(state.config.max_queue) from None
     except QueueClosed:
@@ -212,7 +225,8 @@ async def _generate(request: Request, state: ServerState, edits: bool) -> Respon
     result = await _wait(request, worker, state, job, deadline)
     if result is None:
         return Response(status_code=_CLIENT_GONE)
-    response = await anyio.to_thread.run_sync(_finish, body, generation, job, result, state)
+    predicted = None if prediction is None else prediction.memory_bytes
+    response = await anyio.to_thread.run_sync(_finish, body, generation, job, result, state, predicted)
     return JSONResponse(response.model_dump(exclude_none=True))
 
 

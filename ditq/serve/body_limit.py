@@ -17,9 +17,9 @@ import anyio
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ditq.runtime.memory import return_free_host_memory
 from ditq.serve.config import ServeConfig
 from ditq.serve.errors import APIError, body_timeout, body_too_large
-from ditq.serve.worker import return_free_host_memory
 
 __all__ = ["TRIM_AFTER_BYTES", "BodyLimitMiddleware", "send_error"]
 

@@ -1,53 +1,70 @@
-"""What a request costs the device, measured once at start-up, and the budget it must fit.
+"""What a request costs the device, measured at start-up at the shapes the server serves, and the budget it must fit.
 
 A request asks for ``n`` images of ``pixels`` each, every one read together with its ``references``, over
-``steps`` denoising steps. Start-up measures one image's step time and peak memory at growing square sizes
-(n=1, no references, the pipeline's default guidance; after one warm-up call) until a step takes
-``target_step_s``, and keeps the last two sizes. Step time and activation memory grow at least linearly in the pixels of one sequence
-(attention grows faster), so the line through the two points, continued past the larger one, is a lower
-bound; n images cost n times one image. A request whose lower bound is over the budget can never fit:
+``steps`` denoising steps. Start-up runs real requests (n=1, three steps, the pipeline's default guidance,
+after one warm-up call) at the shapes a client sends most: the pipeline's default size with 0 up to its largest
+reference count, and half that size with none and with the most, the largest first. Each measurement keeps
+what the stage clock saw (``ditq.runtime.stage_clock``): seconds per stage (text encoding, image encoding, the
+first denoising step, each later step, decoding) and, on CUDA, the peak memory of each stage above what was
+held before the call.
+
+A request's cost is what was measured at its shape; at a shape not measured, each stage's seconds and memory
+come from a model of that stage fitted to the measurements: ``a + b * pixels + c * references``, least squares
+with ``b`` and ``c`` kept non-negative (memory is linear in tokens with fused attention; a pipeline reads each
+reference at one size, its reference size or, for Qwen-Image-2.1, its output resolution, whatever the output's). A
+request costs ``n`` times one image, its peak the largest stage's. A request is refused before it is queued
+when its cost passes a budget:
 
 - memory: what the device has free for activations after loading (CUDA: the allocator's budget under
-  ``--max-memory`` or the device's free memory; the CPU: the host's available memory, cgroup limit included);
+  ``--max-memory`` or the device's free memory; the CPU: the host's available memory, cgroup limit included),
+  or a shape whose calibration ran out of memory;
 - time: the request timeout.
 
-Either is refused with 413 before it is queued: ``over_memory_budget`` (it does not fit this server's memory,
-as a request that ran out of it does not: a server with more offload may take it) or ``over_budget`` (time).
-The same lower bounds, summed over the queue, say how long a new request would wait at least (429 ``busy``
-when that alone passes its deadline).
+Either is 413: ``over_memory_budget`` (it does not fit this server's memory; a server with more offload may take
+it) or ``over_budget`` (time). The same seconds, summed over the queue, say how long a new request would wait
+(429 ``busy`` when that alone passes its deadline). Every response carries the predicted peak, so the probe and
+the report can check the model against what each request then measured.
+
+With ``--offload auto`` a calibration request that runs out of memory makes the placement take its next step
+(``ditq.runtime.offload.Placement.demote``: VAE tiling, then streaming) and is measured again.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
 
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
+from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory, return_free_host_memory
 from ditq.serve.metrics import resident_memory_bytes
-from ditq.serve.worker import free_accelerator_memory, is_out_of_memory, return_free_host_memory
 
 __all__ = [
     "CostModel",
+    "Measurement",
     "MemoryProbe",
-    "Point",
+    "Prediction",
     "Refusal",
     "RequestCost",
     "calibrate",
+    "calibration_shapes",
     "free_memory_bytes",
     "request_cost",
 ]
 
 logger = logging.getLogger(__name__)
 
-TARGET_STEP_S = 0.1  # calibration stops at the first size whose step takes this long
-CALIBRATION_LIMIT_S = 30.0  # ... or once calibrating took this long
-_CALIBRATION_STEPS = 3  # the first step may do one-time work (a prefix cache); the fastest later one counts
+_CALIBRATION_STEPS = (
+    3  # the first step may do one-time work (a prefix cache); the later ones are the steady step
+)
+STAGES = ("text_encoding", "image_encoding", "first_step", "step", "decoding", "other")  # seconds per image
 
 
 @dataclass(frozen=True)
@@ -81,77 +98,145 @@ class Refusal:
 
 
 @dataclass(frozen=True)
-class Point:
-    """One calibration measurement: a square image of ``pixels``, n=1."""
+class Measurement:
+    """One calibration request (n=1) at one shape, as the stage clock measured it."""
 
     pixels: int
-    step_seconds: float
-    memory_bytes: int | None  # peak above what was held before the call; None where it cannot be read
+    references: int
+    reference_pixels: int
+    seconds: dict[str, float]  # STAGES -> seconds for one image ("step": one later denoising step)
+    # bytes above what was held before the call, per stage (CUDA), and their maximum (CUDA, or the CPU's resident
+    # high-water mark); None where it cannot be read
+    stage_memory_bytes: dict[str, int] | None
+    memory_bytes: int | None
+    out_of_memory: bool = False  # the request ran out of memory at this shape (nothing else measured)
 
-
-def _lower_bound(pixels: int, low_pixels: int, low: float, high_pixels: int, high: float) -> float:
-    """A monotone, convex cost measured at two sizes: 0 below the first, the first value up to the second,
-    the chord continued past it."""
-    if pixels < low_pixels:
-        return 0.0
-    if pixels < high_pixels:
-        return low
-    slope = max(0.0, (high - low) / (high_pixels - low_pixels)) if high_pixels > low_pixels else 0.0
-    return high + slope * (pixels - high_pixels)
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.pixels, self.references, self.reference_pixels
 
 
 @dataclass(frozen=True)
+class Prediction:
+    """A request's cost: seconds and peak bytes above the resident model, and whether its shape was measured."""
+
+    seconds: float
+    memory_bytes: int | None
+    measured: bool  # True: this shape was calibrated; False: the fitted model
+    out_of_memory: bool = False  # its shape ran out of memory at calibration
+
+
+def _fit(points: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """(a, b, c) of ``y = a + b * pixels + c * references`` over (pixels, references, y), least squares with
+    b, c >= 0; a feature that does not vary among the points gets 0."""
+    x = np.array([[1.0, p, r] for p, r, _ in points])
+    y = np.array([v for _, _, v in points])
+    active = [0] + [j for j in (1, 2) if np.ptp(x[:, j]) > 0]
+    while True:
+        solution, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        negative = [j for j, value in zip(active, solution, strict=True) if j and value < 0]
+        if not negative:
+            break
+        active = [j for j in active if j not in negative]
+    coefficients = [0.0, 0.0, 0.0]
+    for j, value in zip(active, solution, strict=True):
+        coefficients[j] = float(value)
+    return coefficients[0], coefficients[1], coefficients[2]
+
+
+@dataclass
 class CostModel:
-    """Lower bounds of a request's run time and peak memory on this device, and the budgets they must fit."""
+    """A request's predicted run time and peak memory on this device, from measurements, and the budgets."""
 
     device: str
-    low: Point
-    high: Point
+    measurements: list[Measurement]
     memory_budget_bytes: int | None  # free for activations after loading; None: unknown (not enforced)
     time_budget_s: float  # the request timeout
+    _fits: dict[str, tuple[float, float, float]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        served = [m for m in self.measurements if not m.out_of_memory]
+        if not served:
+            raise ValueError("a cost model needs at least one measurement that fitted")
+        for stage in STAGES:
+            self._fits[f"s:{stage}"] = _fit(
+                [(m.pixels, m.references, m.seconds.get(stage, 0.0)) for m in served]
+            )
+        memory = [m for m in served if m.stage_memory_bytes is not None]
+        for stage in sorted({s for m in memory for s in m.stage_memory_bytes or {}}):
+            self._fits[f"m:{stage}"] = _fit(
+                [(m.pixels, m.references, (m.stage_memory_bytes or {}).get(stage, 0)) for m in memory]
+            )
+        totals = [m for m in served if m.memory_bytes is not None]
+        if totals:
+            self._fits["m:total"] = _fit([(m.pixels, m.references, m.memory_bytes or 0) for m in totals])
+
+    def _fitted(self, key: str, cost: RequestCost) -> float:
+        a, b, c = self._fits[key]
+        return max(0.0, a + b * cost.pixels + c * cost.references)
+
+    def _measured(self, cost: RequestCost) -> Measurement | None:
+        shape = (cost.pixels, cost.references, cost.reference_pixels)
+        return next((m for m in self.measurements if m.shape == shape), None)
+
+    @staticmethod
+    def _seconds(per_stage: dict[str, float], cost: RequestCost) -> float:
+        fixed = sum(per_stage.get(s, 0.0) for s in STAGES if s != "step")
+        return cost.images * (fixed + max(0, cost.steps - 1) * per_stage.get("step", 0.0))
+
+    def predict(self, cost: RequestCost) -> Prediction:
+        measured = self._measured(cost)
+        if measured is not None and measured.out_of_memory:
+            return Prediction(float("inf"), None, measured=True, out_of_memory=True)
+        if measured is not None:
+            memory = None if measured.memory_bytes is None else cost.images * measured.memory_bytes
+            return Prediction(self._seconds(measured.seconds, cost), memory, measured=True)
+        seconds = self._seconds({s: self._fitted(f"s:{s}", cost) for s in STAGES}, cost)
+        stages = [k for k in self._fits if k.startswith("m:") and k != "m:total"]
+        if stages:
+            peak: float | None = max(self._fitted(k, cost) for k in stages)
+        elif "m:total" in self._fits:
+            peak = self._fitted("m:total", cost)
+        else:
+            peak = None
+        return Prediction(seconds, None if peak is None else int(cost.images * peak), measured=False)
 
     def seconds(self, cost: RequestCost) -> float:
-        per_step = _lower_bound(
-            cost.sequence_pixels,
-            self.low.pixels,
-            self.low.step_seconds,
-            self.high.pixels,
-            self.high.step_seconds,
-        )
-        return cost.steps * cost.images * per_step
+        return self.predict(cost).seconds
 
     def memory_bytes(self, cost: RequestCost) -> int | None:
-        if self.low.memory_bytes is None or self.high.memory_bytes is None:
-            return None
-        per_image = _lower_bound(
-            cost.sequence_pixels,
-            self.low.pixels,
-            self.low.memory_bytes,
-            self.high.pixels,
-            self.high.memory_bytes,
-        )
-        return int(cost.images * per_image)
+        return self.predict(cost).memory_bytes
 
     def refusal(self, cost: RequestCost) -> Refusal | None:
-        """Why the request can never fit (memory first), or None."""
-        memory = self.memory_bytes(cost)
-        if memory is not None and self.memory_budget_bytes is not None and memory > self.memory_budget_bytes:
+        """Why the request cannot run here (memory first), or None."""
+        prediction = self.predict(cost)
+        where = "measured at this shape" if prediction.measured else "fitted to the shapes measured"
+        if prediction.out_of_memory:
+            return Refusal(
+                "memory", f"{cost.describe()} ran out of memory on {self.device} when it was measured"
+            )
+        memory, budget = prediction.memory_bytes, self.memory_budget_bytes
+        if memory is not None and budget is not None and memory > budget:
             return Refusal(
                 "memory",
-                f"{cost.describe()} needs at least {memory / 2**30:.2f} GiB for activations on {self.device}; "
-                f"{self.memory_budget_bytes / 2**30:.2f} GiB are free for them",
+                f"{cost.describe()} needs {memory / 2**30:.2f} GiB for activations on {self.device} ({where}); "
+                f"{budget / 2**30:.2f} GiB are free for them",
             )
-        seconds = self.seconds(cost)
-        if seconds > self.time_budget_s:
+        if prediction.seconds > self.time_budget_s:
             return Refusal(
                 "time",
-                f"{cost.describe()} takes at least {seconds:.0f} s on {self.device}, "
+                f"{cost.describe()} takes {prediction.seconds:.0f} s on {self.device} ({where}), "
                 f"more than the request timeout of {self.time_budget_s:g} s",
             )
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "device": self.device,
+            "memory_budget_bytes": self.memory_budget_bytes,
+            "time_budget_s": self.time_budget_s,
+            "measurements": [asdict(m) for m in self.measurements],
+        }
 
 
 class MemoryProbe:
@@ -221,15 +306,64 @@ def free_memory_bytes(device: torch.device, allocator_budget_bytes: int | None) 
     return max(0, room)
 
 
-def _measure(adapter: PipelineAdapter, side: int, probe: MemoryProbe) -> Point:
+def _aligned(value: int, align: int) -> int:
+    return max(align, value // align * align)
+
+
+def calibration_shapes(adapter: PipelineAdapter, max_pixels: int) -> list[tuple[int, int, int]]:
+    """(side_w, side_h, references) to measure, the largest first: the default size with the most references down
+    to none, then half that size with the most references and with none (all within ``max_pixels``)."""
+    align = adapter.size_alignment
+    width, height = adapter.default_size
+    while width * height > max_pixels and min(width, height) > align:
+        width, height = _aligned(width // 2, align), _aligned(height // 2, align)
+    most = adapter.max_reference_images
+    shapes = [(width, height, k) for k in range(most, -1, -1)]
+    half = (_aligned(width // 2, align), _aligned(height // 2, align))
+    if half != (width, height):
+        shapes += [(*half, k) for k in dict.fromkeys((most, 0))]
+    return shapes
+
+
+def _references(adapter: PipelineAdapter, count: int, width: int, height: int) -> list[Image.Image]:
+    """Plain reference pictures of the size the pipeline reads them at (its reference size, else the output's)."""
+    side = int(adapter.reference_pixels**0.5) if adapter.reference_pixels else None
+    size = (side, side) if side else (width, height)
+    return [Image.new("RGB", size, (64 * (i + 1) % 256, 128, 200)) for i in range(count)]
+
+
+def _measure(adapter: PipelineAdapter, shape: tuple[int, int, int], probe: MemoryProbe) -> Measurement:
+    width, height, count = shape
+    references = _references(adapter, count, width, height)
     request = GenerationRequest(
-        prompt="calibration", width=side, height=side, num_inference_steps=_CALIBRATION_STEPS, seed=0
+        prompt="calibration",
+        images=references,
+        width=width,
+        height=height,
+        num_inference_steps=_CALIBRATION_STEPS,
+        seed=0,
     )
     probe.start()
     result = adapter(request)
-    steps = result.step_times[1:] or result.step_times
-    seconds = min(steps) if steps else result.timings["total"] / _CALIBRATION_STEPS
-    return Point(side * side, seconds, probe.peak_above_start())
+    timings, steps = result.timings, result.step_times
+    seconds = {
+        "text_encoding": timings.get("text_encoding", 0.0),
+        "image_encoding": timings.get("image_encoding", 0.0),
+        "first_step": steps[0] if steps else timings.get("denoising", 0.0),
+        "step": min(steps[1:]) if len(steps) > 1 else (steps[0] if steps else 0.0),
+        "decoding": timings.get("decoding", 0.0),
+    }
+    seconds["other"] = max(0.0, timings.get("total", 0.0) - sum(timings.get(s, 0.0) for s in (
+        "text_encoding", "image_encoding", "denoising", "decoding")))  # fmt: skip
+    start = result.memory_at_start_bytes
+    stages = (
+        {stage: max(0, peak - start) for stage, peak in result.stage_peak_memory_bytes.items()}
+        if result.stage_peak_memory_bytes is not None and start is not None
+        else None
+    )
+    total = max(stages.values()) if stages else probe.peak_above_start()
+    reference_pixels = adapter.reference_pixels or width * height
+    return Measurement(width * height, count, reference_pixels, seconds, stages, total)
 
 
 def calibrate(
@@ -238,51 +372,56 @@ def calibrate(
     max_pixels: int,
     time_budget_s: float,
     allocator_budget_bytes: int | None = None,
-    target_step_s: float = TARGET_STEP_S,
     clock: Callable[[], float] = time.perf_counter,
 ) -> CostModel:
-    """Measure squares from 64 px a side, doubling, until a step takes ``target_step_s`` (or the sizes reach
-    ``max_pixels``), at least two sizes; running out of memory ends the climb at the last size that fitted."""
-    align = adapter.size_alignment
-    side = max(align, -(-64 // align) * align)
-    probe = MemoryProbe(device)
-    if side * side <= max_pixels:
-        _measure(
-            adapter, side, probe
-        )  # warm-up: first-call costs (kernel selection, caches) are not the cost
+    """Measure ``calibration_shapes`` (after a warm-up call at the smallest). A shape that runs out of memory makes
+    an ``auto`` placement take its next step, and every shape is measured again under the new placement; with
+    nothing left to move it is recorded as out of memory."""
     started = clock()
-    points: list[Point] = []
-    while side * side <= max_pixels:
-        try:
-            points.append(_measure(adapter, side, probe))
-        except Exception as error:
-            if not points or not is_out_of_memory(error):
-                raise
-            logger.info("calibration: %dx%d ran out of memory; the climb stops there", side, side)
+    shapes = calibration_shapes(adapter, max_pixels)
+    probe = MemoryProbe(device)
+    placement = getattr(adapter.pipeline, "ditq_placement", None)
+    _measure(adapter, min(shapes, key=lambda s: (s[0] * s[1], s[2])), probe)  # warm-up: first-call costs
+    free_accelerator_memory()
+    while True:
+        measurements: list[Measurement] = []
+        demoted = False
+        for width, height, count in shapes:
+            try:
+                measurements.append(_measure(adapter, (width, height, count), probe))
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                free_accelerator_memory()
+                if placement is not None and placement.demote(adapter.pipeline) is not None:
+                    demoted = True
+                    break
+                logger.info("calibration: %dx%d with %d references ran out of memory", width, height, count)
+                reference_pixels = adapter.reference_pixels or width * height
+                measurements.append(
+                    Measurement(width * height, count, reference_pixels, {}, None, None, True)
+                )
+            finally:
+                free_accelerator_memory()
+        if not demoted:
             break
-        finally:
-            free_accelerator_memory()
-        enough = points[-1].step_seconds >= target_step_s or clock() - started > CALIBRATION_LIMIT_S
-        if enough and len(points) >= 2:
-            break
-        side *= 2
-    if not points:
-        raise ValueError(f"calibration: the smallest size {side}x{side} is above max_pixels {max_pixels}")
-    low, high = (points[-2], points[-1]) if len(points) > 1 else (points[0], points[0])
     model = CostModel(
         device=str(device),
-        low=low,
-        high=high,
+        measurements=measurements,
         memory_budget_bytes=free_memory_bytes(device, allocator_budget_bytes),
         time_budget_s=time_budget_s,
     )
+    largest = measurements[0]
     logger.info(
-        "cost model on %s: %.4f s/step at %d px, %.4f s/step at %d px; %s free for activations",
+        "cost model on %s: %d shapes measured in %.1f s; at %d px with %d references: %.3f s/step, %s above the "
+        "model; %s free for activations",
         device,
-        low.step_seconds,
-        low.pixels,
-        high.step_seconds,
-        high.pixels,
+        len(measurements),
+        clock() - started,
+        largest.pixels,
+        largest.references,
+        largest.seconds.get("step", float("nan")),
+        "out of memory" if largest.out_of_memory else f"{(largest.memory_bytes or 0) / 2**30:.2f} GiB",
         "unknown memory"
         if model.memory_budget_bytes is None
         else f"{model.memory_budget_bytes / 2**30:.2f} GiB",

@@ -78,6 +78,14 @@ class StageMetrics(BaseModel):
     num_inference_steps: int | None  # steps measured, else the steps asked for
     image_pixels: int
     denoise_step_latencies_ms: list[float] | None = None  # only with return_stage_metrics
+    # Accelerator memory by stage (peak allocated MiB of text_encoding, image_encoding, first_step, later_steps,
+    # decoding and the work between them, ``other``) and what the server held when the request began; None on
+    # the CPU. With return_stage_metrics only.
+    stage_peak_memory_mb: dict[str, float] | None = None
+    memory_at_start_mb: float | None = None
+    # What the server's cost model predicted for this request before it ran (peak allocated MiB); None where it
+    # has no prediction (no cost model, or a CPU server).
+    predicted_peak_memory_mb: float | None = None
 
     @classmethod
     def from_result(
@@ -87,6 +95,7 @@ class StageMetrics(BaseModel):
         encode_s: float,
         steps_asked: int | None,
         every_step: bool,
+        predicted_peak_bytes: int | None = None,
     ) -> StageMetrics:
         """The metrics of one generation: the adapter's seconds as milliseconds, the server's image encoding
         (``encode_s``) counted in postprocess; ``every_step`` adds each step's latency."""
@@ -104,6 +113,17 @@ class StageMetrics(BaseModel):
             num_inference_steps=len(steps) or steps_asked,
             image_pixels=width * height,
             denoise_step_latencies_ms=[s * 1000 for s in steps] if every_step else None,
+            stage_peak_memory_mb=(
+                {stage: peak / 1024**2 for stage, peak in result.stage_peak_memory_bytes.items()}
+                if every_step and result.stage_peak_memory_bytes is not None
+                else None
+            ),
+            memory_at_start_mb=(
+                result.memory_at_start_bytes / 1024**2
+                if every_step and result.memory_at_start_bytes is not None
+                else None
+            ),
+            predicted_peak_memory_mb=None if predicted_peak_bytes is None else predicted_peak_bytes / 1024**2,
         )
 
 

@@ -81,6 +81,7 @@ def serve(
     drain_timeout_s: float = 30.0,
     variant: str | None = None,
     attention: str | None = None,
+    kv_cache: str | None = None,
 ) -> None:
     """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model).
 
@@ -125,7 +126,17 @@ def serve(
     chooser = kernel_chooser(skip_doctor)
     app = create_app(
         config,
-        load=lambda: load_adapter(model_dir, device, offload, compute_dtype, chooser, variant, attention),
+        load=lambda: load_adapter(
+            model_dir,
+            device,
+            offload,
+            compute_dtype,
+            chooser,
+            variant,
+            attention,
+            memory_budget_bytes=cap.allocator_bytes if cap is not None else None,
+            kv_cache=kv_cache,
+        ),
         doctor=make_doctor(chooser),
         model_root=str(model_dir),
         drain_timeout_s=_WORKER_JOIN_S,

@@ -111,6 +111,8 @@ def load_adapter(
     chooser: VerifiedChooser | None,
     variant: str | None = None,
     attention: str | None = None,
+    memory_budget_bytes: int | None = None,
+    kv_cache: str | None = None,
 ) -> PipelineAdapter:
     """An artifact or a plain diffusers directory, through the runtime loader.
 
@@ -119,13 +121,30 @@ def load_adapter(
     ``ditq generate`` does; None (--skip-doctor) takes the registry's first candidate unverified.
     ``attention`` ("int8" | "fp8"): the transformer's attention through a quantized-attention path chosen the
     same way (``ditq.runtime.attention``); its choice is a load fact (/health's ``attention``).
+    ``memory_budget_bytes`` (the allocator's cap) is what ``--offload auto`` places the weights within;
+    ``kv_cache`` ("int8" | "fp8") keeps the prefix KV cache in 8 bits. The placement, the modules left unused
+    and the KV cache's precision are load facts too.
     """
     from ditq.runtime.loader import load_pipeline
 
     pipeline = load_pipeline(
-        model_dir, device=device, offload=offload, dtype=dtype, chooser=chooser, variant=variant
+        model_dir,
+        device=device,
+        offload=offload,
+        dtype=dtype,
+        chooser=chooser,
+        variant=variant,
+        memory_budget_bytes=memory_budget_bytes,
+        kv_cache=kv_cache,
     )
     adapter = PipelineAdapter(pipeline)
+    placement = getattr(pipeline, "ditq_placement", None)
+    if (
+        placement is not None
+    ):  # the object itself: calibration may demote it, and /health shows it as it is then
+        adapter.load_facts["placement"] = placement
+    adapter.load_facts["unused"] = dict(getattr(pipeline, "ditq_unused", {}))
+    adapter.load_facts["kv_cache"] = getattr(pipeline, "ditq_kv_cache", None)
     if chooser is not None:  # part of the load time: the doctor's checks, kernel compilation included
         adapter.load_facts["kernel_choice_seconds"] = round(chooser.seconds, 3)
     if attention is not None:

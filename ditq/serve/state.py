@@ -16,12 +16,13 @@ from typing import Any, Literal
 
 from ditq.gate import load_rules
 from ditq.runtime.adapter import PipelineAdapter
+from ditq.runtime.memory import is_out_of_memory
 from ditq.serve import errors
 from ditq.serve.config import ServeConfig
 from ditq.serve.cost import CostModel
 from ditq.serve.errors import APIError
 from ditq.serve.metrics import ServerMetrics, resident_memory_bytes
-from ditq.serve.worker import GenerationWorker, is_out_of_memory
+from ditq.serve.worker import GenerationWorker
 
 __all__ = ["OVERDUE_GRACE_S", "DoctorOutcome", "Phase", "ServerState"]
 
@@ -201,7 +202,9 @@ class ServerState:
     def health(self) -> tuple[int, dict[str, Any]]:
         """/health's status code and body."""
         status: str = self.phase
-        body: dict[str, Any] = {"model": self.config.served_model_name, **self.facts}
+        # a fact that can change while serving (the placement, once calibration demoted it) is shown as it is now
+        facts = {k: v.to_json() if hasattr(v, "to_json") else v for k, v in self.facts.items()}
+        body: dict[str, Any] = {"model": self.config.served_model_name, **facts}
         worker = self.worker
         if worker is not None:
             running = worker.running

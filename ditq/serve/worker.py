@@ -10,20 +10,16 @@ are decoded here, just before the run, so a queued job holds only their compress
 from __future__ import annotations
 
 import collections
-import ctypes
 import dataclasses
-import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
-
 from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, GenerationResult, PipelineAdapter
+from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory, return_free_host_memory
 from ditq.serve.intake import Reference, decode_references
 from ditq.serve.metrics import resident_memory_bytes
 
@@ -91,40 +87,6 @@ class Job:
         if self.stop_requested is None and self.deadline is not None and time.perf_counter() > self.deadline:
             self.request_stop("timeout")
         return self.stop_requested
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """An accelerator allocation that failed: torch's OutOfMemoryError, or a library's RuntimeError that says
-    so (cuBLAS or a Triton launch asking for workspace past the budget)."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
-
-
-def free_accelerator_memory() -> None:
-    """Drop what a failed generation left behind (tensors held by its frames, the CUDA cache)."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _libc_malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None on another C library."""
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_TRIM = _libc_malloc_trim()
-
-
-def return_free_host_memory() -> None:
-    """Hand the heap's free pages back to the OS. A generation allocates and frees hundreds of MB
-    of activations of request-dependent sizes; glibc keeps the freed pages, and without this the
-    resident size of a long-running server creeps up with fragmentation although nothing is live."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 class GenerationWorker:

@@ -129,9 +129,81 @@ def test_references_change_the_picture(images: dict[tuple[str, int], Image.Image
 def test_artifact_verifies_and_quantizes_every_block_linear(source: Path, quantized: Path) -> None:
     report = ditq.verify(quantized, source)
     assert report.ok, report.table()
-    transformer = json.loads((quantized / "MANIFEST.json").read_text())["components"]["transformer"]
+    components = json.loads((quantized / "MANIFEST.json").read_text())["components"]
+    transformer, text_encoder = components["transformer"], components["text_encoder"]
     assert len(transformer["quantized"]) == 2 * 7  # blocks x (q, k, v, out, MLP proj, gate, out)
-    assert not [name for name, reason in transformer["ignored"].items() if reason.startswith("shape guard")]
+    # Qwen3-VL: 2 language layers x (q, k, v, o, gate, up, down), 2 vision blocks x (qkv, proj, fc1, fc2) and
+    # 2 deepstack mergers x (fc1, fc2): the three repeated block lists
+    assert len(text_encoder["quantized"]) == 2 * 7 + 2 * 4 + 2 * 2
+    assert text_encoder["block_lists"] == [
+        "model.visual.blocks", "model.visual.deepstack_merger_list", "model.language_model.layers"
+    ]  # fmt: skip
+    for component in (transformer, text_encoder):
+        assert not [name for name, reason in component["ignored"].items() if reason.startswith("shape guard")]
+
+
+def test_auto_quantizes_the_transformer_and_the_text_encoder(quantized: Path) -> None:
+    """--components auto (the default): every component whose block Linears hold 5 % of the pipeline's parameters;
+    the VAE's blocks hold none. The share of each is recorded."""
+    options = json.loads((quantized / "MANIFEST.json").read_text())["options"]
+    assert options["components"] == ["text_encoder", "transformer"]
+    shares = options["components_rule"]["auto"]["shares"]
+    assert shares["vae"] == 0 and shares["transformer"] > 0.05 and shares["text_encoder"] > 0.05
+
+
+def test_the_text_encoders_head_is_declared_unused_and_never_loaded(
+    source: Path, quantized: Path, tmp_path: Path
+) -> None:
+    """QwenImage21Pipeline reads the text encoder's hidden states: its lm_head (vocabulary x hidden) is declared
+    unused, not loaded, and the images are bit for bit those of the same artifact with the head loaded."""
+    unused = json.loads((quantized / "MANIFEST.json").read_text())["unused"]
+    assert unused == {"text_encoder": {"lm_head": {
+        "reason": "output head: QwenImage21Pipeline reads the text encoder's hidden states, never its logits",
+        "params": script.TOKENIZER_VOCAB_SIZE * 64, "bytes": script.TOKENIZER_VOCAB_SIZE * 64 * 2,
+    }}}  # fmt: skip
+    with _loading():
+        dropped = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
+        kept = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32, drop_unused=False)
+    assert dropped.ditq_unused == {"text_encoder.lm_head": script.TOKENIZER_VOCAB_SIZE * 64 * 2}
+    assert not [n for n, _ in dropped.text_encoder.named_parameters() if n.startswith("lm_head")]
+    assert kept.text_encoder.lm_head.weight.shape == (script.TOKENIZER_VOCAB_SIZE, 64)
+    fixture = load_fixtures(source / "fixtures" / "fixtures.json", source / "fixtures" / "refs")["edit-1ref"]
+    pictures = [
+        np.asarray(
+            pipeline(
+                prompt=fixture.prompt,
+                image=[Image.open(p) for p in fixture.reference_paths],
+                width=SIZE,
+                height=SIZE,
+                num_inference_steps=STEPS,
+                output_resolution=SIZE,
+                generator=torch.Generator().manual_seed(0),
+            ).images[0]
+        )
+        for pipeline in (dropped, kept)
+    ]
+    assert np.array_equal(*pictures)
+    # A caller that reads the logits gets an error naming the module, never numbers nobody computed.
+    output = dropped.text_encoder(input_ids=torch.tensor([[1, 2, 3]]))
+    with pytest.raises(
+        ditq.errors.DitqError, match=r"text_encoder\.lm_head is declared unused .* --keep-unused"
+    ):
+        output.logits.argmax(-1)
+    # --keep-unused declares nothing
+    kept_artifact = tmp_path / "kept"
+    assert ditq.quantize(source, kept_artifact, "fp8", keep_unused=True).manifest["unused"] == {}
+
+
+def test_doctor_and_generate_run_the_quantized_text_encoder(quantized: Path, tmp_path: Path) -> None:
+    from ditq.cli import main
+
+    assert main(["doctor", "--artifact", str(quantized), "--rows", "8"]) == 0
+    source_refs = quantized / "fixtures" / "refs"
+    out = tmp_path / "edit.png"
+    with _loading():
+        code = main(["generate", str(quantized), "--device", "cpu", "--prompt", "a red star", "--steps", "2",
+                     "--size", f"{SIZE}x{SIZE}", "--image", str(source_refs / "ref-star-red.png"), "--out", str(out)])  # fmt: skip
+    assert code == 0 and Image.open(out).size == (SIZE, SIZE)
 
 
 def test_same_seed_same_bytes(source: Path, tmp_path: Path) -> None:

@@ -24,9 +24,9 @@ from serve_testkit import (
     transformer_hook,
 )
 
-from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, PipelineAdapter
+from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.serve import state as serve_state
-from ditq.serve.cost import CostModel, Point, RequestCost, calibrate
+from ditq.serve.cost import CostModel, Measurement, RequestCost, calibrate
 from ditq.serve.worker import Cancelled, GenerationWorker
 
 GENERATIONS = "/v1/images/generations"
@@ -34,14 +34,22 @@ GENERATIONS = "/v1/images/generations"
 WEDGE = {"prompt": "a city at night", "size": "2048x2048", "num_inference_steps": 200, "n": 4}
 
 
+def _measured(pixels: int, references: int, step_s: float, memory: int, stages: bool = True) -> Measurement:
+    seconds = {"text_encoding": 0.5, "first_step": 2 * step_s, "step": step_s, "decoding": 0.25}
+    per_stage = (
+        {"first_step": memory, "later_steps": memory // 2, "decoding": memory // 4} if stages else None
+    )
+    return Measurement(pixels, references, 32 * 32, seconds, per_stage, memory)
+
+
 def model(
     step_low: float, step_high: float, memory_budget: int | None = None, timeout_s: float = 600
 ) -> CostModel:
-    """A cost model measured at 1024 and 4096 pixels (32x32 and 64x64)."""
+    """A cost model measured at 1024 and 4096 pixels (32x32 and 64x64), without references: step seconds and
+    1000 bytes per pixel of memory, text encoding 0.5 s and decoding 0.25 s."""
     return CostModel(
         device="cpu",
-        low=Point(1024, step_low, 1000 * 1024),
-        high=Point(4096, step_high, 1000 * 4096),
+        measurements=[_measured(4096, 0, step_high, 1000 * 4096), _measured(1024, 0, step_low, 1000 * 1024)],
         memory_budget_bytes=memory_budget,
         time_budget_s=timeout_s,
     )
@@ -51,38 +59,122 @@ def cost(side: int, steps: int = 10, images: int = 1, references: int = 0) -> Re
     return RequestCost(side * side, steps, images, references, reference_pixels=32 * 32)
 
 
-def test_lower_bounds_follow_the_chord_past_the_larger_point() -> None:
-    cost_model = model(step_low=0.1, step_high=0.4, memory_budget=10**9)
-    # 0.1 s at 1024 px, 0.4 s at 4096 px: 0.3 s per 3072 px past 4096, per step and per image
-    assert cost_model.seconds(cost(16)) == 0.0  # below the first point: nothing known
-    assert cost_model.seconds(cost(32)) == pytest.approx(10 * 0.1)
-    assert cost_model.seconds(cost(64)) == pytest.approx(10 * 0.4)
-    assert cost_model.seconds(cost(128)) == pytest.approx(10 * (0.4 + 0.3 * (16384 - 4096) / 3072))
-    assert cost_model.seconds(cost(128, images=4)) == pytest.approx(4 * cost_model.seconds(cost(128)))
-    # two 32x32 references add 2048 pixels to each image's sequence
-    assert cost_model.seconds(cost(64, references=2)) == pytest.approx(10 * (0.4 + 0.3 * 2048 / 3072))
-    assert cost_model.memory_bytes(cost(128, images=2)) == 2 * 1000 * 16384  # 1000 bytes per pixel
+def test_a_measured_shape_costs_what_was_measured_and_other_shapes_follow_each_stages_fit() -> None:
+    measured = model(step_low=0.1, step_high=0.4, memory_budget=10**9)
+    # at 64x64 and 10 steps: 0.5 + 0.8 (first step) + 9 x 0.4 + 0.25
+    exact = measured.predict(cost(64))
+    assert exact.measured and exact.seconds == pytest.approx(0.5 + 0.8 + 9 * 0.4 + 0.25)
+    assert exact.memory_bytes == 1000 * 4096
+    # 128x128 was not measured: every stage's line through 1024 and 4096 pixels, continued
+    fitted = measured.predict(cost(128))
+    step = 0.4 + 0.3 * (16384 - 4096) / 3072
+    assert not fitted.measured and fitted.seconds == pytest.approx(0.5 + 2 * step + 9 * step + 0.25)
+    assert fitted.memory_bytes == pytest.approx(1000 * 16384, rel=1e-9)  # the largest stage: the first step
+    assert measured.seconds(cost(128, images=4)) == pytest.approx(4 * fitted.seconds)
+    assert measured.memory_bytes(cost(128, images=2)) == pytest.approx(2 * 1000 * 16384, rel=1e-9)
+    # no reference was measured: references cost nothing the measurements could show
+    assert measured.predict(cost(64, references=2)).seconds == pytest.approx(exact.seconds)
+
+
+def test_references_are_priced_from_the_shapes_measured_with_them() -> None:
+    """Measured with 0 and 4 references at one size: 1 to 3 references follow the line between them, and a
+    negative slope from noise is not extrapolated (a bigger request is never predicted cheaper)."""
+    with_references = CostModel(
+        device="cuda:0",
+        measurements=[
+            _measured(4096, 4, 0.8, 9000),
+            _measured(4096, 0, 0.4, 1000),
+            _measured(1024, 0, 0.45, 1100),
+        ],
+        memory_budget_bytes=None,
+        time_budget_s=600,
+    )
+    two = with_references.predict(cost(64, references=2))
+    assert not two.measured and two.memory_bytes == pytest.approx(5000, abs=150)
+    assert with_references.predict(cost(128)).memory_bytes >= 1000  # pixels' slope clipped at 0, not negative
 
 
 def test_refusal_names_the_budget_it_passes() -> None:
     memory_bound = model(0.1, 0.4, memory_budget=50_000_000)
     why = memory_bound.refusal(cost(512, images=4))  # 4 x 262144 px x 1000 B = 1.05 GB > 50 MB
-    assert why is not None and why.budget == "memory" and "GiB for activations" in why.message
+    assert why is not None and why.budget == "memory" and "fitted to the shapes measured" in why.message
     time_bound = model(0.1, 0.4, memory_budget=None, timeout_s=60)
     why = time_bound.refusal(cost(128, steps=200))
     assert why is not None and why.budget == "time" and "more than the request timeout of 60 s" in why.message
     assert time_bound.refusal(cost(64, steps=10)) is None
+    ran_out = CostModel("cuda:0", [_measured(4096, 0, 0.1, 10), Measurement(4096, 4, 1024, {}, None, None, True)],
+                        memory_budget_bytes=10**12, time_budget_s=600)  # fmt: skip
+    why = ran_out.refusal(cost(64, references=4))
+    assert why is not None and why.budget == "memory" and "ran out of memory" in why.message
 
 
-def test_calibration_measures_the_tiny_pipeline_on_this_cpu() -> None:
-    cost_model = calibrate(tiny_adapter(), torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
-    assert cost_model.low.pixels < cost_model.high.pixels <= 256 * 256
-    assert cost_model.low.step_seconds > 0 and cost_model.high.step_seconds > 0
+def test_calibration_measures_the_tiny_pipeline_at_the_shapes_it_serves() -> None:
+    adapter = tiny_adapter()
+    cost_model = calibrate(adapter, torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
+    width, height = adapter.default_size
+    most = adapter.max_reference_images
+    shapes = [(m.pixels, m.references) for m in cost_model.measurements]
+    assert shapes[: most + 1] == [(width * height, k) for k in range(most, -1, -1)]  # the largest first
+    assert shapes[most + 1 :] == [(width * height // 4, most), (width * height // 4, 0)]
+    assert all(m.seconds["step"] > 0 and m.memory_bytes is not None for m in cost_model.measurements)
+    assert all(m.stage_memory_bytes is None for m in cost_model.measurements)  # stage memory is CUDA's
     assert cost_model.memory_budget_bytes is not None and cost_model.memory_budget_bytes > 0
-    assert cost_model.high.memory_bytes is not None  # /proc/self/clear_refs works on Linux
     wedge = RequestCost(2048 * 2048, 200, 4, 0, 32 * 32)
     assert cost_model.refusal(wedge) is not None
     assert cost_model.refusal(RequestCost(32 * 32, 2, 1, 0, 32 * 32)) is None
+
+
+class _Placement:
+    """An auto placement that can take one step."""
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+
+    def demote(self, _pipeline: object) -> str | None:
+        if self.steps:
+            return None
+        self.steps.append("streamed")
+        return "streamed"
+
+
+class _RunsOutAtTheLargest(PipelineAdapter):
+    """The tiny pipeline, out of accelerator memory at the default size with the most references while
+    ``fits()`` says so."""
+
+    def __init__(self, fits) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(tiny_adapter().pipeline)
+        self.fits = fits
+        self.failures = 0
+
+    def __call__(self, request: GenerationRequest) -> GenerationResult:
+        largest = len(request.images) == self.max_reference_images and request.width == self.default_size[0]
+        if largest and not self.fits():
+            self.failures += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (test)")
+        return super().__call__(request)
+
+
+def test_a_calibration_that_runs_out_of_memory_demotes_the_placement_and_measures_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    placement = _Placement()
+    adapter = _RunsOutAtTheLargest(lambda: bool(placement.steps))
+    monkeypatch.setattr(adapter.pipeline, "ditq_placement", placement, raising=False)
+    measured = calibrate(adapter, torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
+    assert adapter.failures == 1 and placement.steps == ["streamed"]
+    assert not any(m.out_of_memory for m in measured.measurements)
+    assert (
+        measured.measurements[0].references == adapter.max_reference_images
+    )  # measured again, largest first
+
+    # with nothing left to move, the shape is recorded as out of memory, and requests of that shape are refused
+    stuck = _RunsOutAtTheLargest(lambda: False)
+    measured = calibrate(stuck, torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
+    assert [m.out_of_memory for m in measured.measurements][:2] == [True, False]
+    width, height = stuck.default_size
+    shape = RequestCost(width * height, 3, 1, stuck.max_reference_images, stuck.reference_pixels or 0)
+    why = measured.refusal(shape)
+    assert why is not None and why.budget == "memory" and "ran out of memory" in why.message
 
 
 def test_a_request_that_can_never_fit_is_413_before_it_runs_and_the_next_one_is_served() -> None:
@@ -94,14 +186,14 @@ def test_a_request_that_can_never_fit_is_413_before_it_runs_and_the_next_one_is_
     app = make_app(config, calibrate=measured)
     with client_for(app) as client:
         health = client.get("/health").json()
-        assert health["status"] == "ready" and health["cost_model"]["high"]["pixels"] > 0
+        assert health["status"] == "ready" and health["cost_model"]["measurements"][0]["pixels"] > 0
         assert health["calibration_seconds"] > 0
         response = client.post(GENERATIONS, json=WEDGE)
         assert response.status_code == 413, response.text
         error = response.json()["error"]
         assert "can never run here" in error["message"]
         # memory is checked first; each budget has its own code
-        expected = "over_memory_budget" if "GiB for activations" in error["message"] else "over_budget"
+        expected = "over_memory_budget" if "for activations" in error["message"] else "over_budget"
         assert error["code"] == expected, error
         assert app.state.serve.worker.finished == 0  # refused before it was queued
         assert client.get("/health").json()["status"] == "ready"
@@ -111,8 +203,11 @@ def test_a_request_that_can_never_fit_is_413_before_it_runs_and_the_next_one_is_
 def test_work_queued_ahead_past_the_deadline_is_429_busy_with_retry_after() -> None:
     gated = GatedAdapter(tiny_adapter())
     config = dataclasses.replace(WARN, request_timeout_s=5.0)
-    # FAST (32x32, 2 steps) costs at least 2 x 1.0 s here: one running + one queued leave no room for a third
-    app = make_app(config, load=lambda: gated, calibrate=lambda _adapter: model(1.0, 1.0, timeout_s=5.0))
+    # FAST (32x32, 2 steps) costs 2 x 1.0 s here: one running + one queued leave no room for a third
+    one_second_steps = CostModel(
+        "cpu", [Measurement(1024, 0, 1024, {"first_step": 1.0, "step": 1.0}, None, None)], None, 5.0
+    )
+    app = make_app(config, load=lambda: gated, calibrate=lambda _adapter: one_second_steps)
     with client_for(app) as client:
         statuses: list[int] = []
 

@@ -1,0 +1,46 @@
+"""Accelerator and host memory after a failed or finished generation: what counts as out of memory, and giving back
+what a generation left behind (the CUDA cache, glibc's free heap pages)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["free_accelerator_memory", "is_out_of_memory", "return_free_host_memory"]
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """An accelerator allocation that failed: torch's OutOfMemoryError, or a library's RuntimeError that says
+    so (cuBLAS or a Triton launch asking for workspace past the budget)."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+
+
+def free_accelerator_memory() -> None:
+    """Drop what a failed generation left behind (tensors held by its frames, the CUDA cache)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None on another C library."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _libc_malloc_trim()
+
+
+def return_free_host_memory() -> None:
+    """Hand the heap's free pages back to the OS. A generation allocates and frees hundreds of MB
+    of activations of request-dependent sizes; glibc keeps the freed pages, and without this the
+    resident size of a long-running server creeps up with fragmentation although nothing is live."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
