@@ -70,6 +70,7 @@ __all__ = [
     "MemorySource",
     "ParityDecision",
     "ParityResult",
+    "PlacementFacts",
     "ProbeRecord",
     "RunCounts",
     "RunDescription",
@@ -187,6 +188,18 @@ class DoctorStatus(_File):
     summary: str
 
 
+class PlacementFacts(BaseModel):
+    """``--offload auto``'s placement as /health shows it (``ditq.runtime.offload.Placement.to_json``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    resident: list[str] = []
+    streamed: list[str] = []
+    vae_tiling: bool = False
+    transfer_gbps: float | None = None  # pinned host -> device, measured at start-up
+    demotions: list[str] = []  # what calibration moved, in order
+
+
 class ServerHealth(BaseModel):
     """What ditq serve says on GET /health once ready. Fields it may add later are ignored, not refused: the
     server describes itself, and a report of older runs must still read."""
@@ -209,6 +222,12 @@ class ServerHealth(BaseModel):
     kernel_paths: dict[str, int] = {}  # kernel path -> quantized layers that use it
     attention: str | None = None  # the quantized-attention choice (serve --attention); None: the model's own
     doctor: DoctorStatus | None = None
+    placement: PlacementFacts | None = None  # --offload auto: what is resident, what streams
+    unused: dict[
+        str, int
+    ] = {}  # component.module -> bytes left out of the loaded model (the manifest's unused)
+    kv_cache: str | None = None  # serve --kv-cache: the prefix KV cache's precision; None: the model's own
+    calibration_seconds: float | None = None  # measuring the cost model at start-up
 
     @property
     def cuda_index(self) -> int | None:
@@ -639,6 +658,7 @@ class SweepFile(_File):
     max_seeds: int | None = None  # --seeds auto: the most seeds a fixture may get
     plan: str | None = None  # --plan: the PLAN.json of the planned candidate, as given
     attention: str | None = None  # --attention: the candidates' servers' quantized attention (int8 | fp8)
+    kv_cache: str | None = None  # --kv-cache: the candidates' servers' 8-bit prefix KV cache (int8 | fp8)
     seeds_by_fixture: dict[str, str] | None = None  # --seeds auto: fixture -> the seeds it was run at
     pid: int
 

@@ -105,6 +105,7 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
     argv += ["--variant", options.variant] if options.variant else []
     # quantized attention is the candidates' (the baseline is the model as it ships)
     argv += ["--attention", options.attention] if options.attention and model != options.model else []
+    argv += ["--kv-cache", options.kv_cache] if options.kv_cache and model != options.model else []
     return argv + (["--max-memory", options.max_memory] if options.max_memory else [])
 
 
@@ -139,6 +140,7 @@ class SweepOptions:
     # the PLAN.json read once, here (a bad plan is refused before anything runs); None without --plan
     plan_file: PlanFile | None = field(init=False, default=None, repr=False, compare=False)
     attention: str | None = None  # the candidates' servers' --attention (int8 | fp8); None: the model's own
+    kv_cache: str | None = None  # the candidates' servers' --kv-cache (int8 | fp8); None: the model's own
     serve_argv: ServeArgv = default_serve_argv
 
     def __post_init__(self) -> None:
@@ -897,6 +899,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         max_seeds=options.max_seeds if options.seeds == "auto" else None,
         plan=None if options.plan is None else str(options.plan),
         attention=options.attention,
+        kv_cache=options.kv_cache,
         pid=os.getpid(),
     )
     write_model(options.out / SWEEP_FILE, sweep_file)

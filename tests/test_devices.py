@@ -92,7 +92,12 @@ def test_generate_and_serve_compute_in_the_same_default_dtype_on_the_cpu(
         """Stops each entry point where it loads the model, with what it asked for."""
 
     def load(
-        model_dir: object, device: torch.device | str, offload: str, dtype: torch.dtype, *_: object
+        model_dir: object,
+        device: torch.device | str,
+        offload: str,
+        dtype: torch.dtype,
+        *_: object,
+        **__: object,
     ) -> None:
         raise Loaded(str(device), dtype)
 

@@ -11,6 +11,7 @@ from ditq.commands.report import add_objective_argument
 from ditq.compare import MAX_SEEDS
 from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device
 from ditq.report import ReportResult
+from ditq.runtime.kv_cache import KV_CACHE_KINDS
 from ditq.schemes import get_scheme
 from ditq.sweep import SweepOptions, parse_endpoint_for, parse_offload, run_sweep
 
@@ -109,6 +110,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the candidates' servers run quantized attention (ditq serve --attention); the baseline keeps the "
         "model's own, so the report judges the two together (default: the model's own attention)",
     )
+    parser.add_argument(
+        "--kv-cache",
+        choices=KV_CACHE_KINDS,
+        help="the candidates' servers keep the prefix KV cache in 8 bits (ditq serve --kv-cache); the baseline "
+        "keeps the model's own (default: the model's own cache)",
+    )
     add_sweep_arguments(parser, device="auto")
 
 
@@ -155,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         plan=args.plan,
         attention=args.attention,
+        kv_cache=args.kv_cache,
     )
     stop_on_sigterm()
     print_verdicts(run_sweep(options))

@@ -137,11 +137,18 @@ def memory_chart(report: ReportData, path: Path) -> Path | None:
     return save_chart(figure, path)
 
 
+def _stage_chart(report: ReportData, path: Path) -> Path | None:
+    from ditq.report.stages import stage_memory_chart
+
+    return stage_memory_chart(report, path)
+
+
 # file name -> (title, drawing function)
 CHARTS = {
     "wall_vs_refs.png": ("Seconds per image vs reference count", wall_chart),
     "psnr_per_seed.png": ("PSNR against the baseline per seed", psnr_chart),
     "memory.png": ("Device memory over time", memory_chart),
+    "memory_by_stage.png": ("Peak memory by request stage, per reference count", _stage_chart),
 }
 
 

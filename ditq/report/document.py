@@ -19,6 +19,7 @@ from ditq.report.grids import Grid
 from ditq.report.ladder import ladder_outcome, offload_ladder, server_starts
 from ditq.report.model import Candidate
 from ditq.report.plan import plan_chart_name, plan_sentences, plan_table
+from ditq.report.stages import prediction_check, stage_memory_table, stage_rows
 from ditq.report.tables import (
     Table,
     capacity_summary_table,
@@ -146,6 +147,20 @@ def _serving(candidate: Candidate) -> Iterator[Block]:
             "doctor's checks took while choosing each layer's path, kernel compilation included."
         )
         yield servers_table(candidate)
+    if stage_rows(candidate):
+        yield Heading(3, "Memory by stage")
+        yield _text(
+            "Peak allocated memory of each request stage (the resident weights included), the medians of the "
+            "warm requests per offload mode and reference count, as the server measured them; predicted: the "
+            "peak the server's cost model gave the request before it ran."
+        )
+        yield stage_memory_table(candidate)
+        check = prediction_check(candidate)
+        if check is not None:
+            yield _text(
+                f"The predicted peak was within {check.worst_error * 100:.1f} % of the measured one for every one "
+                f"of the {check.requests} requests that reported both (the farthest: {check.worst})."
+            )
 
 
 def _plan(candidate: Candidate, charts: dict[str, Path | None]) -> Iterator[Block]:

@@ -90,6 +90,17 @@ class Record:
     endpoint: str | None = None  # the server it went to (an invocation may drain through several)
     t_start: float | None = None  # unix seconds
     cold: bool = False  # the first served request of its shape at its server start (False: not known)
+    # Where the server reported them (ditq serve with return_stage_metrics, on CUDA): peak allocated bytes per
+    # stage, what was allocated when the request began, and the cost model's predicted peak
+    stage_peaks: dict[str, int] | None = None
+    start_bytes: int | None = None
+    predicted_peak_bytes: int | None = None
+    stage_seconds: dict[str, float] | None = None  # text_encoding, step (mean), decoding: as the server said
+
+    @property
+    def measured_peak_bytes(self) -> int | None:
+        """The peak allocated bytes the server measured for this request (its stages' largest)."""
+        return max(self.stage_peaks.values()) if self.stage_peaks else None
 
     @property
     def ok(self) -> bool:
@@ -259,6 +270,35 @@ class Candidate:
         ]
 
 
+def _mib_bytes(value: Any) -> int | None:
+    return int(value * _MIB) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _stage_facts(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The server's memory by stage, start and prediction (MiB in its words) as bytes; its stage seconds."""
+    stages = metrics.get("stage_peak_memory_mb")
+    peaks = (
+        {str(k): b for k, v in stages.items() if (b := _mib_bytes(v)) is not None}
+        if isinstance(stages, dict)
+        else None
+    )
+    seconds = {
+        stage: float(metrics[key]) / 1000
+        for stage, key in (
+            ("text_encoding", "text_encoding_ms"),
+            ("step", "denoise_step_latency_ms"),
+            ("decoding", "decoding_ms"),
+        )
+        if isinstance(metrics.get(key), int | float)
+    }
+    return {
+        "stage_peaks": peaks or None,
+        "start_bytes": _mib_bytes(metrics.get("memory_at_start_mb")),
+        "predicted_peak_bytes": _mib_bytes(metrics.get("predicted_peak_memory_mb")),
+        "stage_seconds": seconds or None,
+    }
+
+
 def _record_from(raw: ProbeRecord) -> Record:
     peak_mib = raw.peak_memory_mib if raw.peak_memory_mib is not None else raw.server_peak_mib
     return Record(
@@ -277,6 +317,7 @@ def _record_from(raw: ProbeRecord) -> Record:
         invocation=raw.invocation,
         endpoint=raw.endpoint,
         t_start=raw.t_start,
+        **_stage_facts(raw.metrics or {}),
     )
 
 

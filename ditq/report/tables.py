@@ -10,7 +10,7 @@ from ditq.report.capacity import CapacityRow
 from ditq.report.ladder import offload_ladder, server_starts
 from ditq.report.model import Candidate
 from ditq.report.schema import IntervalEntry
-from ditq.runfiles import MemoryCapFacts
+from ditq.runfiles import MemoryCapFacts, ServerHealth
 
 __all__ = [
     "Table",
@@ -313,6 +313,23 @@ def _kernels(paths: dict[str, int]) -> str:
     return ", ".join(f"{path} ({layers} layers)" for path, layers in paths.items()) or "none (unquantized)"
 
 
+def _placement(health: ServerHealth) -> str:
+    """Where the weights were (--offload auto), what was left unused, the KV cache's precision."""
+    parts = []
+    placement = health.placement
+    if placement is not None:
+        parts.append(f"resident {', '.join(placement.resident) or 'nothing'}")
+        if placement.streamed:
+            rate = f" at {placement.transfer_gbps:g} GB/s" if placement.transfer_gbps else ""
+            parts.append(f"streamed {', '.join(placement.streamed)}{rate}")
+        if placement.vae_tiling:
+            parts.append("VAE tiling")
+    parts += [f"unused {module} ({format_bytes(size)})" for module, size in health.unused.items()]
+    if health.kv_cache:
+        parts.append(f"{health.kv_cache} KV cache")
+    return "; ".join(parts) or "—"
+
+
 def servers_table(candidate: Candidate) -> Table:
     """Per server started for the candidate (per ladder attempt): its outcome, load and ready time, kernels, budget."""
     rows = []
@@ -331,6 +348,7 @@ def servers_table(candidate: Candidate) -> Table:
                 if health
                 else "n/a",
                 format_budget(health.max_memory) if health else "n/a",
+                _placement(health) if health else "n/a",
             )
         )
     headers = (
@@ -342,6 +360,7 @@ def servers_table(candidate: Candidate) -> Table:
         "Load + doctor",
         "Kernel paths",
         "Memory budget",
+        "Placement",
     )
     return Table(headers, tuple(rows))
 

@@ -4,8 +4,8 @@ or placed by how often each component runs.
 - ``none``: every component on the device.
 - ``model``: components wait on the host and move to the device whole, one at
   a time, when they run (diffusers' ``enable_model_cpu_offload``, through accelerate).
-- ``block``: components' blocks stream to the device one by one around their
-  forward (diffusers' block-level group offload), for models that do not fit.
+- ``block``: every component's blocks stream to the device one by one around their forward, from pinned host
+  memory (a ``Placement`` with nothing resident), for models whose denoiser alone does not fit.
 - ``auto``: a ``Placement``. Components are ranked by how often a request runs them: the denoiser (transformer
   or UNet: every step) first, then the VAE (once per reference and once to decode), then the rest (text
   encoders: once per request), smallest first. The longest prefix of that ranking whose weights fit the budget
@@ -143,7 +143,9 @@ class Placement:
             if budget_bytes is not None and total > budget_bytes and placement.resident:
                 break
             placement.resident.append(name)
-        if budget_bytes is not None and sizes[order[0]] > budget_bytes:  # the denoiser alone does not fit
+        if (
+            budget_bytes is not None and order and sizes[order[0]] > budget_bytes
+        ):  # not even the denoiser fits
             placement.resident = []
         placement.streamed = [n for n in order if n not in placement.resident]
         for name in placement.resident:
@@ -200,7 +202,6 @@ class Placement:
 def apply_offload(pipeline: Any, mode: str, device: torch.device, budget_bytes: int | None = None) -> None:
     """Place ``pipeline`` on ``device`` per ``mode``; ``auto`` sets ``pipeline.ditq_placement`` (``budget_bytes``:
     what its weights may take there, default the device's free memory)."""
-    host = torch.device("cpu")
     if mode == "none":
         pipeline.to(device)
     elif mode == "auto":
@@ -215,9 +216,7 @@ def apply_offload(pipeline: Any, mode: str, device: torch.device, budget_bytes: 
             modules = [n for n, c in pipeline.components.items() if isinstance(c, torch.nn.Module)]
             pipeline.model_cpu_offload_seq = "->".join(modules)
         pipeline.enable_model_cpu_offload(device=device)
-    elif mode == "block":
-        pipeline.enable_group_offload(
-            onload_device=device, offload_device=host, offload_type="block_level", num_blocks_per_group=1
-        )
+    elif mode == "block":  # every component streams, the denoiser included
+        pipeline.ditq_placement = Placement.fit(pipeline, device, budget_bytes=0)
     else:
         raise DitqError(f"unknown offload mode {mode!r} (known: {', '.join(OFFLOAD_MODES)})")

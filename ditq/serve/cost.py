@@ -1,7 +1,7 @@
 """What a request costs the device, measured at start-up at the shapes the server serves, and the budget it must fit.
 
 A request asks for ``n`` images of ``pixels`` each, every one read together with its ``references``, over
-``steps`` denoising steps. Start-up runs real requests (n=1, three steps, the pipeline's default guidance,
+``steps`` denoising steps. Start-up runs real requests (n=1, two steps, the pipeline's default guidance,
 after one warm-up call) at the shapes a client sends most: the pipeline's default size with 0 up to its largest
 reference count, and half that size with none and with the most, the largest first. Each measurement keeps
 what the stage clock saw (``ditq.runtime.stage_clock``): seconds per stage (text encoding, image encoding, the
@@ -61,9 +61,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_CALIBRATION_STEPS = (
-    3  # the first step may do one-time work (a prefix cache); the later ones are the steady step
-)
+# The first step may do one-time work (a prefix cache); the second is the steady step.
+_CALIBRATION_STEPS = 2
+CALIBRATION_LIMIT_S = 90.0  # past this, shapes not yet measured are priced from the fit to those that were
 STAGES = ("text_encoding", "image_encoding", "first_step", "step", "decoding", "other")  # seconds per image
 
 
@@ -374,9 +374,9 @@ def calibrate(
     allocator_budget_bytes: int | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> CostModel:
-    """Measure ``calibration_shapes`` (after a warm-up call at the smallest). A shape that runs out of memory makes
-    an ``auto`` placement take its next step, and every shape is measured again under the new placement; with
-    nothing left to move it is recorded as out of memory."""
+    """Measure ``calibration_shapes`` (after a warm-up call at the smallest) until ``CALIBRATION_LIMIT_S`` has
+    passed. A shape that runs out of memory makes an ``auto`` placement take its next step, and every shape is
+    measured again under the new placement; with nothing left to move it is recorded as out of memory."""
     started = clock()
     shapes = calibration_shapes(adapter, max_pixels)
     probe = MemoryProbe(device)
@@ -387,6 +387,11 @@ def calibrate(
         measurements: list[Measurement] = []
         demoted = False
         for width, height, count in shapes:
+            if measurements and clock() - started > CALIBRATION_LIMIT_S:
+                logger.info(
+                    "calibration: %.0f s spent; the shapes left are priced from the fit", clock() - started
+                )
+                break
             try:
                 measurements.append(_measure(adapter, (width, height, count), probe))
             except Exception as error:

@@ -48,6 +48,69 @@ def test_offload_modes_give_the_same_image(demo_dirs: dict[str, Path]) -> None:
     assert np.array_equal(images["none"], images["block"])
 
 
+def test_auto_offload_keeps_what_runs_most_and_streams_the_rest(demo_dirs: dict[str, Path]) -> None:
+    """--offload auto under a budget that holds the transformer only: the text encoder (run once a request) streams
+    its blocks (on the CPU the hooks move nothing), the image is the resident pipeline's, and each demotion takes
+    the next step until nothing is left to move."""
+    from ditq.runtime.offload import module_bytes
+
+    resident = load_pipeline(demo_dirs["w8a8"], device="cpu")
+    expected = _pixels(resident)
+    budget = module_bytes(resident.transformer) + 1024
+    pipeline = load_pipeline(demo_dirs["w8a8"], device="cpu", offload="auto", memory_budget_bytes=budget)
+    placement = pipeline.ditq_placement
+    assert (placement.resident, placement.streamed) == (["transformer"], ["text_encoder"])
+    assert placement.sizes["transformer"] == module_bytes(resident.transformer)
+    assert placement.transfer_gbps is None  # measured on CUDA only
+    assert np.array_equal(_pixels(pipeline), expected)
+    assert placement.demote(pipeline) == "transformer streams from pinned host memory"  # the demo has no VAE
+    assert (placement.resident, placement.streamed) == ([], ["transformer", "text_encoder"])
+    assert np.array_equal(_pixels(pipeline), expected)
+    assert placement.demote(pipeline) is None
+    everything = load_pipeline(
+        demo_dirs["w8a8"], device="cpu", offload="auto"
+    )  # no budget on the CPU: all stay
+    assert everything.ditq_placement.streamed == []
+
+
+def test_an_8bit_prefix_kv_cache_holds_the_references_in_half_the_bytes(demo_dirs: dict[str, Path]) -> None:
+    from PIL import Image
+
+    from ditq.runtime.kv_cache import QuantizedKVLayerCache, install_kv_cache
+
+    pipeline = load_pipeline(demo_dirs["source"], device="cpu")
+    references = [Image.new("RGB", (32, 32), (200, 40 * i, 30)) for i in range(4)]
+    request = GenerationRequest(prompt="a red circle", images=references, seed=0, num_inference_steps=3, width=32, height=32)  # fmt: skip
+    caches: list[object] = []
+
+    def keep(_module: torch.nn.Module, _args: object, kwargs: dict[str, object]) -> None:
+        if kwargs.get("kv_cache_mode") == "cached":
+            caches.append(kwargs["kv_cache"])
+
+    plain = np.asarray(PipelineAdapter(pipeline)(request).images[0], dtype=np.float64)
+    handle = install_kv_cache(pipeline, "int8")
+    watch = pipeline.transformer.register_forward_pre_hook(keep, with_kwargs=True)
+    quantized = np.asarray(PipelineAdapter(pipeline)(request).images[0], dtype=np.float64)
+    handle.remove()
+    watch.remove()
+    layers = caches[0].layer_caches  # type: ignore[attr-defined]
+    assert layers and all(isinstance(layer, QuantizedKVLayerCache) for layer in layers)
+    k, v = layers[0].get()  # (B, S, H, D) in the compute dtype again
+    assert k.shape == v.shape and k.dtype == pipeline.transformer.dtype
+    rows = k.numel() // k.shape[-1]
+    assert layers[0].nbytes() == 2 * (
+        k.numel() + 4 * rows
+    )  # one byte a value, a float32 scale a (token, head)
+    psnr = 10 * np.log10(255.0**2 / max(np.mean((plain - quantized) ** 2), 1e-12))
+    assert psnr > 40, psnr
+    with pytest.raises(ditq.errors.InputError, match="keeps no prefix KV cache"):
+        pipeline.transformer.register_to_config(causal_condition=False)
+        try:
+            install_kv_cache(pipeline, "int8")
+        finally:
+            pipeline.transformer.register_to_config(causal_condition=True)
+
+
 def test_quantized_pipeline_stays_close_to_source(demo_dirs: dict[str, Path]) -> None:
     source = _pixels(load_pipeline(demo_dirs["source"], device="cpu"))
     quantized = _pixels(load_pipeline(demo_dirs["w8a8"], device="cpu"))

@@ -68,3 +68,41 @@ def test_cuda_output_stays_close_to_the_cpu_reference(scheme: str, artifacts: di
 def _pixels_cpu(pipeline: object) -> np.ndarray:
     request = GenerationRequest(prompt="a red circle", seed=0, num_inference_steps=2, width=32, height=32)
     return np.asarray(PipelineAdapter(pipeline)(request).images[0], dtype=np.int16)
+
+
+def test_auto_offload_streams_the_text_encoder_from_pinned_memory_on_cuda(artifacts: dict[str, Path]) -> None:
+    from ditq.runtime.offload import module_bytes
+
+    resident = load_pipeline(artifacts["w8a8"], device="cuda")
+    expected = _pixels(resident)
+    budget = module_bytes(resident.transformer) + 1024
+    del resident
+    torch.cuda.empty_cache()
+    pipeline = load_pipeline(artifacts["w8a8"], device="cuda", offload="auto", memory_budget_bytes=budget)
+    placement = pipeline.ditq_placement
+    assert (placement.resident, placement.streamed) == (["transformer"], ["text_encoder"])
+    assert placement.transfer_gbps is not None and placement.transfer_gbps > 0.1
+    assert {p.device.type for p in pipeline.transformer.parameters()} == {"cuda"}
+    assert {p.device.type for p in pipeline.text_encoder.parameters()} == {"cpu"}  # waits on the host
+    assert np.abs(_pixels(pipeline) - expected).mean() < 1.0
+    assert placement.demote(pipeline) == "transformer streams from pinned host memory"
+    assert np.abs(_pixels(pipeline) - expected).mean() < 1.0
+
+
+def test_each_stage_reports_its_peak_memory_on_cuda(artifacts: dict[str, Path]) -> None:
+    from ditq.runtime.kv_cache import install_kv_cache
+    from ditq.runtime.offload import module_bytes
+
+    pipeline = load_pipeline(artifacts["fp8"], device="cuda")
+    request = GenerationRequest(prompt="a red circle", seed=0, num_inference_steps=3, width=64, height=64)
+    result = PipelineAdapter(pipeline)(request)
+    stages = result.stage_peak_memory_bytes
+    assert stages is not None and {"text_encoding", "first_step", "later_steps"} <= set(stages)
+    assert result.peak_memory_bytes == max(stages.values())
+    held = result.memory_at_start_bytes
+    assert held is not None and held >= sum(
+        p.numel() * p.element_size() for p in pipeline.transformer.parameters()
+    )
+    assert all(peak >= held for peak in stages.values())
+    install_kv_cache(pipeline, "int8")
+    assert PipelineAdapter(pipeline)(request).stage_peak_memory_bytes is not None

@@ -186,6 +186,9 @@ def test_stage_metrics_from_one_generation_in_milliseconds() -> None:
         "num_inference_steps": 2,
         "image_pixels": 32 * 48,
         "denoise_step_latencies_ms": None,
+        "stage_peak_memory_mb": None,  # CUDA's, and only with return_stage_metrics
+        "memory_at_start_mb": None,
+        "predicted_peak_memory_mb": None,  # no cost model here
     }
     no_steps = GenerationResult(result.images, result.timings, [], None)
     in_process = StageMetrics.from_result(
