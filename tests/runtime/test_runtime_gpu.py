@@ -91,7 +91,6 @@ def test_auto_offload_streams_the_text_encoder_from_pinned_memory_on_cuda(artifa
 
 def test_each_stage_reports_its_peak_memory_on_cuda(artifacts: dict[str, Path]) -> None:
     from ditq.runtime.kv_cache import install_kv_cache
-    from ditq.runtime.offload import module_bytes
 
     pipeline = load_pipeline(artifacts["fp8"], device="cuda")
     request = GenerationRequest(prompt="a red circle", seed=0, num_inference_steps=3, width=64, height=64)
