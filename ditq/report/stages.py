@@ -135,7 +135,7 @@ def stage_memory_chart(report: ReportData, path: Path) -> Path | None:
     panels = [(c, rows) for c in report.all_candidates if (rows := stage_rows(c))]
     if not panels:
         return None
-    figure, axes = plt.subplots(len(panels), 1, figsize=(7.2, 2.9 * len(panels)), squeeze=False)
+    figure, axes = plt.subplots(len(panels), 1, figsize=(8.0, 2.9 * len(panels)), squeeze=False)
     colors = {stage: f"C{i}" for i, stage in enumerate(STAGE_ORDER)}
     for (candidate, rows), axis in zip(panels, axes[:, 0], strict=True):
         stages = [s for s in STAGE_ORDER if any(s in r.stage_peaks for r in rows)]
@@ -161,7 +161,7 @@ def stage_memory_chart(report: ReportData, path: Path) -> Path | None:
             f"{candidate.name}: held at the start (grey) + each stage (dashed: predicted peak)", fontsize=8
         )
         axis.grid(alpha=0.3, axis="y")
-        axis.legend(fontsize=6, ncol=3, loc="upper left")
+        axis.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     figure.tight_layout()
     figure.savefig(path, dpi=110, format="png")
     plt.close(figure)
