@@ -92,10 +92,10 @@ def _requests(fixtures_file: Path, refs: Path, seeds: list[int], steps: int) -> 
 
 
 def _run(
-    adapter: PipelineAdapter, requests: list[tuple[str, int, Any]], device: torch.device
+    adapter: PipelineAdapter, requests: list[tuple[str, int, Any]], device: torch.device, warmed: set[int]
 ) -> dict[str, Any]:
-    """Every request once after one warm-up per reference count: timings, stage memory, PNG bytes."""
-    warmed: set[int] = set()
+    """Every request once, after one warm-up per reference count the adapter has not run yet (``warmed``):
+    timings, stage memory, PNG bytes."""
     rows = []
     for fixture_id, seed, request in requests:
         if len(request.images) not in warmed:
@@ -146,13 +146,18 @@ def _psnr(png: bytes, reference: bytes) -> float:
 def _summary(
     rows: list[dict[str, Any]], base: list[dict[str, Any]] | None, against: list[dict[str, Any]] | None
 ) -> list[dict[str, Any]]:
+    """The rows without their PNGs, each compared with the same (fixture, seed) of ``base`` and ``against``."""
+
+    def find(rows_of: list[dict[str, Any]], row: dict[str, Any]) -> bytes:
+        return next(r["png"] for r in rows_of if (r["fixture"], r["seed"]) == (row["fixture"], row["seed"]))
+
     out = []
-    for index, row in enumerate(rows):
+    for row in rows:
         entry = {k: v for k, v in row.items() if k != "png"}
         if base is not None:
-            entry["psnr_db_vs_base"] = _psnr(row["png"], base[index]["png"])
+            entry["psnr_db_vs_base"] = _psnr(row["png"], find(base, row))
         if against is not None:
-            entry["psnr_db_vs_against"] = _psnr(row["png"], against[index]["png"])
+            entry["psnr_db_vs_against"] = _psnr(row["png"], find(against, row))
         out.append(entry)
     return out
 
@@ -177,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--variant-fixtures",
+        default="",
+        help="comma list: the reductions run these fixtures only (base runs all)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
@@ -186,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or variants[:1] != ["base"]:
         parser.error(f"--variants: start with base, from {', '.join(VARIANTS)} (unknown: {unknown})")
     requests = _requests(args.fixtures, args.refs, parse_seeds(args.seeds), args.steps)
+    variant_fixtures = {f for f in args.variant_fixtures.split(",") if f}
     results: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "commit": _commit(),
@@ -200,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     against = None
     if args.against is not None:
         reference = _load(args.against, device, dtype, keep_unused=False)
-        against = _run(reference, requests, device)["rows"]
+        against = _run(reference, requests, device, set())["rows"]
         results["against"] = {"model": str(args.against), "rows": _summary(against, None, None)}
         del reference
         gc.collect()
@@ -216,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             "variants": {},
         }
         base: list[dict[str, Any]] | None = None
+        warmed: set[int] = set()
         for variant in variants:
             if variant == "keep-unused":
                 if not entry["unused"]:
@@ -236,14 +248,31 @@ def main(argv: list[str] | None = None) -> int:
                 getattr(adapter.pipeline.transformer, "config", None), "causal_condition", False
             ):
                 continue
+            if variant == "keep-unused":
+                warmed = set()
             undo = _apply(adapter, variant)
-            rows = _run(adapter, requests, device)["rows"]
+            chosen = requests if variant == "base" or not variant_fixtures else [
+                r for r in requests if r[0] in variant_fixtures
+            ]  # fmt: skip
+            rows = _run(adapter, chosen, device, warmed)["rows"]
             undo()
             entry["variants"][variant] = _summary(rows, base, against)
             if against is not None:
-                entry.setdefault("mean_psnr_db_vs_against", {})[variant] = _mean_finite(
-                    [r["psnr_db_vs_against"] for r in entry["variants"][variant]]
+                summary = entry["variants"][variant]
+                keys = {(r["fixture"], r["seed"]) for r in summary}
+                mean = _mean_finite([r["psnr_db_vs_against"] for r in summary])
+                untouched = _mean_finite(
+                    [
+                        r["psnr_db_vs_against"]
+                        for r in entry["variants"]["base"]
+                        if (r["fixture"], r["seed"]) in keys
+                    ]
                 )
+                entry.setdefault("psnr_db_vs_against", {})[variant] = {
+                    "mean": mean,
+                    "untouched_mean_same_requests": untouched,
+                    "cost_db": None if mean is None or untouched is None else round(untouched - mean, 3),
+                }
             if variant == "base":
                 base = rows
             print(f"{model.name} {variant}: done", flush=True)

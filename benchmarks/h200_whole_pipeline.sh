@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The whole Qwen-Image-2.1 pipeline under 24 GiB and 16 GiB on an H200, every serving component quantized, detached so
+# that it may outlast one shell command. From the repository root, with the machine's python3 (the wheels it lacks
+# on PYTHONPATH):
+#   bash benchmarks/h200_whole_pipeline.sh launch      # start the stages below in the background
+#   bash benchmarks/h200_whole_pipeline.sh wait [S]    # follow the log for up to S seconds, or until the run ends
+#   bash benchmarks/h200_whole_pipeline.sh collect     # copy results and logs to $OUT
+# Stages (STAGES picks a subset, in this order; each has its own time limit):
+#   tests    every GPU-marked test (pytest -m gpu, 4 workers)
+#   tiny     the chain on the GPU at the tiny preset: ditq sweep --schemes fp8 --offload auto --max-memory 4GiB
+#   doctor   ditq doctor on every Linear geometry of the full-size transformer and text encoder
+#   build    the full-size pipeline with random weights (benchmarks/full_size_pipeline.py)
+#   sweep24  ditq sweep --schemes $SCHEMES --max-memory 24GiB --offload auto (quantize auto: transformer and text
+#            encoder), 0-4 references at 1024x1024
+#   memory   benchmarks/pipeline_memory.py on the whole device: BF16 and the fp8 artifact, stage by stage, and each
+#            memory reduction against the untouched path
+#   serve16  ditq serve --max-memory 16GiB --offload auto + ditq probe for each of $SERVE16 (bf16, fp8, fp8+kv-int8,
+#            w8a8), with the 24 GiB sweep's artifacts
+# The run lives in $RUN (default /root/ditq-whole); results go to $OUT (default ./h200-out).
+set -o pipefail
+OUT=${OUT:-h200-out}
+RUN=${RUN:-/root/ditq-whole}
+STAGES=${STAGES:-tests tiny doctor build sweep24 memory serve16}
+SCHEMES=${SCHEMES:-fp8,w8a8}
+SERVE16=${SERVE16:-fp8 bf16 fp8+kv-int8 w8a8}
+STEPS=${STEPS:-10}
+SEEDS=${SEEDS:-2301}
+MODEL=$RUN/qwen-image-21-random
+# Every Linear geometry ditq quantizes in the full-size pipeline (in x out): the transformer's three and the
+# Qwen3-VL text encoder's (language model, vision tower with its 4304-wide MLP, deepstack mergers).
+GEOMETRIES=${GEOMETRIES:-1152x1152 1152x3456 1152x4304 4304x1152 4096x1024 4096x4096 4096x12288 12288x4096 4608x4096 4608x4608}
+NOTE="Weights are random (diffusers' and transformers' default initialisation), so every image is noise: PSNR and SSIM against BF16 measure numerical deviation, not image quality."
+export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID DITQ_CACHE_DIR=$RUN/cache
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+
+run_stages() {
+  ditq() { python3 -m ditq.cli "$@"; }
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  df -h "$RUN" | tail -1
+  for stage in $STAGES; do
+    echo "== $stage at $(date -u +%T)"
+    case "$stage" in
+      tests)
+        # (tests/serve/test_serve_openai_client.py needs the openai client, which the machine lacks; it has no GPU test)
+        timeout "${TESTS_S:-480}" python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 tests \
+          --ignore tests/serve/test_serve_openai_client.py >"$RUN/gpu_tests.log" 2>&1
+        echo "exit $?"
+        tail -4 "$RUN/gpu_tests.log"
+        ;;
+      tiny)
+        rm -rf "$RUN/tiny" "$RUN/tiny-sweep"
+        python3 benchmarks/full_size_pipeline.py --preset tiny --device cuda --out "$RUN/tiny" >/dev/null 2>&1
+        timeout "${TINY_S:-300}" python3 -m ditq.cli sweep "$RUN/tiny" --schemes fp8 --fixtures "$RUN/tiny/fixtures/fixtures.json" \
+          --refs "$RUN/tiny/fixtures/refs" --out "$RUN/tiny-sweep" --seeds 2301 --steps 2 --device cuda:0 \
+          --offload auto --max-memory 4GiB --no-progress >"$RUN/tiny_sweep.log" 2>&1
+        echo "exit $?"
+        tail -4 "$RUN/tiny_sweep.log"
+        tar czf "$RUN/tiny_sweep.tgz" -C "$RUN" --exclude='*/artifact' --exclude='*/images' --exclude='*/grids' tiny-sweep
+        ;;
+      doctor)
+        # shellcheck disable=SC2086
+        timeout "${DOCTOR_S:-300}" python3 -m ditq.cli doctor --device cuda --geometry $GEOMETRIES \
+          --json "$RUN/doctor_full_size.json" >"$RUN/doctor_full_size.log" 2>&1
+        echo "exit $?"
+        tail -20 "$RUN/doctor_full_size.log"
+        ;;
+      build)
+        timeout 600 python3 benchmarks/full_size_pipeline.py --preset full --device cuda --out "$MODEL" --force \
+          >"$RUN/build.log" 2>&1
+        echo "exit $?"
+        tail -2 "$RUN/build.log"
+        ;;
+      sweep24)
+        timeout "${SWEEP_S:-1200}" python3 -m ditq.cli sweep "$MODEL" --schemes "$SCHEMES" \
+          --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" --out "$RUN/sweep-24gib" \
+          --seeds "$SEEDS" --steps "$STEPS" --device cuda:0 --max-memory 24GiB --offload auto --health-timeout 900 \
+          --no-progress --note "$NOTE" >"$RUN/sweep-24gib.log" 2>&1
+        echo "exit $?"
+        tail -6 "$RUN/sweep-24gib.log"
+        tar czf "$RUN/sweep-24gib.tgz" -C "$RUN" --exclude='sweep-24gib/*/artifact' --exclude='*/images' \
+          --exclude='sweep-24gib/report/grids' --exclude='sweep-24gib/report/report.html' sweep-24gib sweep-24gib.log
+        ;;
+      memory)
+        timeout "${MEMORY_S:-600}" python3 benchmarks/pipeline_memory.py --model "$MODEL" \
+          --model "$RUN/sweep-24gib/fp8/artifact" --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" \
+          --seeds "$SEEDS" --steps "$STEPS" --device cuda --variant-fixtures generate-0ref,edit-4ref \
+          --out "$RUN/pipeline_memory.json" >"$RUN/pipeline_memory.log" 2>&1
+        echo "exit $?"
+        tail -3 "$RUN/pipeline_memory.log"
+        ;;
+      serve16)
+        for entry in $SERVE16; do serve_probe "$entry" 16GiB; done
+        tar czf "$RUN/serve-16gib.tgz" -C "$RUN" --exclude='*/images' serve-16gib
+        ;;
+      *) echo "unknown stage $stage" ;;
+    esac
+  done
+  echo "== done at $(date -u +%T)"
+  touch "$RUN/finished"
+}
+
+# serve_probe ENTRY BUDGET: ENTRY is bf16 (the source), SCHEME or SCHEME+kv-int8 (the 24 GiB sweep's artifact); what a
+# user runs by hand: ditq serve under the budget with --offload auto, then ditq probe against it.
+serve_probe() {
+  local entry=$1 budget=$2 scheme=${1%%+*} extra=() model dir port=8941
+  [ "$entry" != "$scheme" ] && extra=(--kv-cache "${entry#*+kv-}")
+  model=$RUN/sweep-24gib/$scheme/artifact
+  [ "$scheme" = bf16 ] && model=$MODEL
+  dir=$RUN/serve-16gib/$entry
+  rm -rf "$dir" && mkdir -p "$dir"
+  python3 -m ditq.cli serve "$model" --device cuda:0 --max-memory "$budget" --offload auto --port $port \
+    --on-collapse warn "${extra[@]}" >"$dir/serve.log" 2>&1 &
+  local pid=$!
+  if python3 -c "import sys; from ditq.healthcheck import wait_healthy; r = wait_healthy('http://127.0.0.1:$port', 600); \
+      sys.exit(print(r) or 1) if r else None"; then
+    curl -s "http://127.0.0.1:$port/health" >"$dir/health.json"
+    timeout "${PROBE_S:-400}" python3 -m ditq.cli probe --endpoint "http://127.0.0.1:$port" \
+      --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" --out "$dir/run" --seeds "$SEEDS" \
+      --steps "$STEPS" --server-pid $pid --no-progress >"$dir/probe.log" 2>&1
+    echo "$entry at $budget: probe exit $?"
+  else
+    echo "$entry at $budget: the server never became healthy"
+  fi
+  kill $pid 2>/dev/null
+  wait $pid 2>/dev/null
+  tail -2 "$dir/serve.log"
+}
+
+COLLECT="run.log gpu_tests.log doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz pipeline_memory.json serve-16gib.tgz build.log"
+EXPORTS="SCHEMES SERVE16 STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+export -f serve_probe
+# shellcheck source=benchmarks/h200_detached.sh
+source "$(dirname "$0")/h200_detached.sh"
+detached_main "$@"
