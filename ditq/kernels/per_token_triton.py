@@ -80,6 +80,16 @@ def prepare_per_channel(scheme: Scheme) -> PrepareFn:
     return prepare
 
 
+# The pointer-load GEMM fills the masked K tail of a tile with an integer 0, which Triton cannot cast to fp8 (the
+# kernel does not compile: seen on an H200 at K = 4304 and K = 64): its fp8 path takes only in and out features
+# that are whole tiles of every configured BLOCK_K (128), where no tail is masked.
+_FP8_POINTER_ALIGNMENT = 128
+
+
+def _alignment(scheme: Scheme, variant: str) -> int:
+    return _FP8_POINTER_ALIGNMENT if variant == "ptr" and scheme.activations == "fp8" else 16
+
+
 def register_per_token_triton(
     scheme: Scheme, priorities: tuple[int, int, int], min_capability: tuple[int, int]
 ) -> None:
@@ -109,7 +119,7 @@ def register_per_token_triton(
             priority=priority,
             min_capability=capability or min_capability,
             activation_dtypes=HALF_ACTIVATIONS,
-            alignment=16,
+            alignment=_alignment(scheme, variant),
             available=triton_available,
             description=f"Triton: per-token {activation} quantization kernel + {activation} {gemm} with fused "
             "scale/bias epilogue.",

@@ -4,16 +4,16 @@ or placed by how often each component runs.
 - ``none``: every component on the device.
 - ``model``: components wait on the host and move to the device whole, one at
   a time, when they run (diffusers' ``enable_model_cpu_offload``, through accelerate).
-- ``block``: every component's blocks stream to the device one by one around their forward, from pinned host
-  memory (a ``Placement`` with nothing resident), for models whose denoiser alone does not fit.
+- ``block``: components' blocks stream to the device one by one around their
+  forward (diffusers' block-level group offload), for models that do not fit.
 - ``auto``: a ``Placement``. Components are ranked by how often a request runs them: the denoiser (transformer
   or UNet: every step) first, then the VAE (once per reference and once to decode), then the rest (text
   encoders: once per request), smallest first. The longest prefix of that ranking whose weights fit the budget
-  stays resident; each other component streams its blocks from pinned host memory on a side stream as it runs
-  (diffusers' group offload with ``use_stream``; ``block_modules`` reaches block lists nested inside a text
-  encoder). ``Placement.demote`` takes the next step when a measured request does not fit: the VAE decodes in
-  tiles, then the resident components start to stream from the last one up; streaming the denoiser too (block
-  offload) is the last resort.
+  stays resident; each other component's weights wait in pinned host memory and are copied to the device block
+  by block as it runs (``_Streamed``: the blocks of its block lists, wherever they nest, like a text encoder's
+  language model and vision tower). ``Placement.demote`` takes the next step when a measured request does not
+  fit: the VAE decodes in tiles, then the resident components start to stream from the last one up; streaming
+  the denoiser too (diffusers' block-level group offload, on a side stream) is the last resort.
 
 Quantized layers must be repacked before offload hooks are attached, so the
 hooks see the final set of tensors (``ditq.runtime.loader.prepare_quantized``).
@@ -80,23 +80,53 @@ def transfer_rate_gbps(device: torch.device) -> float | None:
     return round(_TRANSFER_PROBE_BYTES / seconds / 1e9, 2)
 
 
-def _nested_block_modules(module: torch.nn.Module) -> list[str]:
-    """The child names on the way to every block list below ``module`` (``model``, ``language_model`` for a
-    Qwen3-VL text encoder), which diffusers' block-level group offload descends into."""
-    from ditq.targets import block_lists
+class _Streamed:
+    """A component whose weights wait in pinned host memory: each block of its block lists is copied to the device
+    when its forward starts and dropped there when it ends; the rest of its tensors (embeddings, norms, heads) are
+    copied once the component's own forward starts and dropped once it ends."""
 
-    names: set[str] = set()
-    for path in block_lists(module):
-        names.update(path.split(".")[:-1])
-    return sorted(names)
+    def __init__(self, component: torch.nn.Module, device: torch.device) -> None:
+        from ditq.targets import block_lists
+
+        self.device = device
+        lists = [component.get_submodule(path) for path in block_lists(component)]
+        items = [
+            item for block_list in lists if isinstance(block_list, torch.nn.ModuleList) for item in block_list
+        ]
+        in_blocks = {id(t) for item in items for t in (*item.parameters(), *item.buffers())}
+        everything = list(dict.fromkeys([*component.parameters(), *component.buffers()]))
+        self.rest = [t for t in everything if id(t) not in in_blocks]
+        self.home: dict[int, torch.Tensor] = {}
+        for tensor in everything:
+            host = tensor.data.to("cpu")
+            self.home[id(tensor)] = host.pin_memory() if device.type == "cuda" else host
+            tensor.data = self.home[id(tensor)]
+        self.handles = [component.register_forward_pre_hook(lambda _m, _a: self.onload(self.rest))]
+        self.handles.append(component.register_forward_hook(lambda _m, _a, _o: self.offload(self.rest)))
+        for item in items:
+            tensors = [*item.parameters(), *item.buffers()]
+            self.handles.append(item.register_forward_pre_hook(lambda _m, _a, t=tensors: self.onload(t)))
+            self.handles.append(item.register_forward_hook(lambda _m, _a, _o, t=tensors: self.offload(t)))
+
+    def onload(self, tensors: list[torch.Tensor]) -> None:
+        for tensor in tensors:
+            tensor.data = self.home[id(tensor)].to(self.device, non_blocking=True)
+
+    def offload(self, tensors: list[torch.Tensor]) -> None:
+        for tensor in tensors:
+            tensor.data = self.home[id(tensor)]
 
 
-def _stream(component: torch.nn.Module, device: torch.device) -> None:
-    """Blocks of ``component`` from pinned host memory to ``device`` around their forward, the next one copied on a
-    side stream while the current one runs (on the CPU: the same hooks, nothing to copy)."""
+def _stream(component: torch.nn.Module, device: torch.device, denoiser: bool) -> None:
+    """``component``'s weights from pinned host memory to ``device`` as it runs. The denoiser streams through
+    diffusers' block-level group offload (its blocks copied on a side stream ahead of use, which diffusers' pipelines
+    read their execution device from); any other component through ``_Streamed`` hooks."""
+    component.to("cpu")
+    if not denoiser:
+        component.ditq_streamed = _Streamed(component, device)  # type: ignore[assignment]
+        return
     from diffusers.hooks import apply_group_offloading
 
-    component.to("cpu")
     cuda = device.type == "cuda"
     apply_group_offloading(
         component,
@@ -105,9 +135,7 @@ def _stream(component: torch.nn.Module, device: torch.device) -> None:
         offload_type="block_level",
         num_blocks_per_group=1,
         use_stream=cuda,
-        non_blocking=cuda,
         low_cpu_mem_usage=False,  # pinned copies made once, not per transfer
-        block_modules=_nested_block_modules(component) or None,
         exclude_kwargs=getattr(component, "_skip_keys", None),
     )
 
@@ -151,7 +179,7 @@ class Placement:
         for name in placement.resident:
             modules[name].to(device)
         for name in placement.streamed:
-            _stream(modules[name], device)
+            _stream(modules[name], device, denoiser=name in DENOISERS)
         if placement.streamed:
             placement.transfer_gbps = transfer_rate_gbps(device)
         log.info("placement on %s: %s", device, placement.summary())
@@ -168,7 +196,7 @@ class Placement:
         elif self.resident:
             name = self.resident.pop()
             module = _modules(pipeline)[name]
-            _stream(module, self.device)
+            _stream(module, self.device, denoiser=name in DENOISERS)
             self.streamed.insert(0, name)
             if self.transfer_gbps is None:
                 self.transfer_gbps = transfer_rate_gbps(self.device)
@@ -216,7 +244,12 @@ def apply_offload(pipeline: Any, mode: str, device: torch.device, budget_bytes: 
             modules = [n for n, c in pipeline.components.items() if isinstance(c, torch.nn.Module)]
             pipeline.model_cpu_offload_seq = "->".join(modules)
         pipeline.enable_model_cpu_offload(device=device)
-    elif mode == "block":  # every component streams, the denoiser included
-        pipeline.ditq_placement = Placement.fit(pipeline, device, budget_bytes=0)
+    elif mode == "block":
+        pipeline.enable_group_offload(
+            onload_device=device,
+            offload_device=torch.device("cpu"),
+            offload_type="block_level",
+            num_blocks_per_group=1,
+        )
     else:
         raise DitqError(f"unknown offload mode {mode!r} (known: {', '.join(OFFLOAD_MODES)})")

@@ -181,6 +181,8 @@ def _finish(
         ),
     )
     state.metrics.observe_peak_memory(result.peak_memory_bytes)
+    if state.cost_model is not None and state.adapter is not None:  # every served request is a measurement
+        state.cost_model.observe(request_cost(generation, len(job.references), state.adapter), result)
     return ImageResponse(
         created=int(time.time()),
         data=[ImageData(b64_json=base64.b64encode(data).decode("ascii")) for data in encoded],

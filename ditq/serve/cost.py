@@ -8,8 +8,10 @@ what the stage clock saw (``ditq.runtime.stage_clock``): seconds per stage (text
 first denoising step, each later step, decoding) and, on CUDA, the peak memory of each stage above what was
 held before the call.
 
-A request's cost is what was measured at its shape; at a shape not measured, each stage's seconds and memory
-come from a model of that stage fitted to the measurements: ``a + b * pixels + c * references``, least squares
+A request's cost is what was measured at its shape (at start-up, or by an earlier request of that shape: every
+served request is a measurement); at a shape not measured, its peak memory is the least measured at a shape at
+least as large (more pixels and references), and where there is none, and for seconds, each stage comes from a
+model of that stage fitted to the measurements: ``a + b * pixels + c * references``, least squares
 with ``b`` and ``c`` kept non-negative (memory is linear in tokens with fused attention; a pipeline reads each
 reference at one size, its reference size or, for Qwen-Image-2.1, its output resolution, whatever the output's). A
 request costs ``n`` times one image, its peak the largest stage's. A request is refused before it is queued
@@ -32,6 +34,7 @@ With ``--offload auto`` a calibration request that runs out of memory makes the 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -42,7 +45,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
+from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory, return_free_host_memory
 from ditq.serve.metrics import resident_memory_bytes
 
@@ -115,6 +118,31 @@ class Measurement:
     def shape(self) -> tuple[int, int, int]:
         return self.pixels, self.references, self.reference_pixels
 
+    @classmethod
+    def of(cls, cost: RequestCost, result: GenerationResult, probe_peak: int | None = None) -> Measurement:
+        """What one n=1 request at ``cost``'s shape measured: its stage seconds, and its stage memory above what was
+        held when it began (CUDA), else ``probe_peak`` (the CPU's resident high-water mark)."""
+        timings, steps = result.timings, result.step_times
+        seconds = {
+            "text_encoding": timings.get("text_encoding", 0.0),
+            "image_encoding": timings.get("image_encoding", 0.0),
+            "first_step": steps[0] if steps else timings.get("denoising", 0.0),
+            "step": min(steps[1:]) if len(steps) > 1 else (steps[0] if steps else 0.0),
+            "decoding": timings.get("decoding", 0.0),
+        }
+        staged = sum(
+            timings.get(s, 0.0) for s in ("text_encoding", "image_encoding", "denoising", "decoding")
+        )
+        seconds["other"] = max(0.0, timings.get("total", 0.0) - staged)
+        start = result.memory_at_start_bytes
+        stages = (
+            {stage: max(0, peak - start) for stage, peak in result.stage_peak_memory_bytes.items()}
+            if result.stage_peak_memory_bytes is not None and start is not None
+            else None
+        )
+        total = max(stages.values()) if stages else probe_peak
+        return cls(cost.pixels, cost.references, cost.reference_pixels, seconds, stages, total)
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -155,6 +183,10 @@ class CostModel:
     _fits: dict[str, tuple[float, float, float]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._refit()
+
+    def _refit(self) -> None:
         served = [m for m in self.measurements if not m.out_of_memory]
         if not served:
             raise ValueError("a cost model needs at least one measurement that fitted")
@@ -171,6 +203,29 @@ class CostModel:
         if totals:
             self._fits["m:total"] = _fit([(m.pixels, m.references, m.memory_bytes or 0) for m in totals])
 
+    def observe(self, cost: RequestCost, result: GenerationResult) -> None:
+        """A served request's measurement (n=1, with stage memory): its shape is measured from now on."""
+        if cost.images != 1 or result.stage_peak_memory_bytes is None:
+            return
+        measured = Measurement.of(cost, result)
+        with self._lock:
+            kept = [m for m in self.measurements if m.shape != measured.shape]
+            self.measurements = [*kept, measured]
+            self._refit()
+
+    def _dominating(self, cost: RequestCost) -> int | None:
+        """The least peak measured at a shape at least as large (pixels and references): what the request cannot
+        exceed, where memory grows with both. None when no measured shape is that large."""
+        peaks = [
+            m.memory_bytes
+            for m in self.measurements
+            if not m.out_of_memory
+            and m.memory_bytes is not None
+            and m.pixels >= cost.pixels
+            and m.references >= cost.references
+        ]
+        return min(peaks) if peaks else None
+
     def _fitted(self, key: str, cost: RequestCost) -> float:
         a, b, c = self._fits[key]
         return max(0.0, a + b * cost.pixels + c * cost.references)
@@ -185,6 +240,10 @@ class CostModel:
         return cost.images * (fixed + max(0, cost.steps - 1) * per_stage.get("step", 0.0))
 
     def predict(self, cost: RequestCost) -> Prediction:
+        with self._lock:
+            return self._predict(cost)
+
+    def _predict(self, cost: RequestCost) -> Prediction:
         measured = self._measured(cost)
         if measured is not None and measured.out_of_memory:
             return Prediction(float("inf"), None, measured=True, out_of_memory=True)
@@ -193,12 +252,11 @@ class CostModel:
             return Prediction(self._seconds(measured.seconds, cost), memory, measured=True)
         seconds = self._seconds({s: self._fitted(f"s:{s}", cost) for s in STAGES}, cost)
         stages = [k for k in self._fits if k.startswith("m:") and k != "m:total"]
-        if stages:
-            peak: float | None = max(self._fitted(k, cost) for k in stages)
-        elif "m:total" in self._fits:
+        peak: float | None = self._dominating(cost)
+        if peak is None and stages:
+            peak = max(self._fitted(k, cost) for k in stages)
+        elif peak is None and "m:total" in self._fits:
             peak = self._fitted("m:total", cost)
-        else:
-            peak = None
         return Prediction(seconds, None if peak is None else int(cost.images * peak), measured=False)
 
     def seconds(self, cost: RequestCost) -> float:
@@ -345,25 +403,7 @@ def _measure(adapter: PipelineAdapter, shape: tuple[int, int, int], probe: Memor
     )
     probe.start()
     result = adapter(request)
-    timings, steps = result.timings, result.step_times
-    seconds = {
-        "text_encoding": timings.get("text_encoding", 0.0),
-        "image_encoding": timings.get("image_encoding", 0.0),
-        "first_step": steps[0] if steps else timings.get("denoising", 0.0),
-        "step": min(steps[1:]) if len(steps) > 1 else (steps[0] if steps else 0.0),
-        "decoding": timings.get("decoding", 0.0),
-    }
-    seconds["other"] = max(0.0, timings.get("total", 0.0) - sum(timings.get(s, 0.0) for s in (
-        "text_encoding", "image_encoding", "denoising", "decoding")))  # fmt: skip
-    start = result.memory_at_start_bytes
-    stages = (
-        {stage: max(0, peak - start) for stage, peak in result.stage_peak_memory_bytes.items()}
-        if result.stage_peak_memory_bytes is not None and start is not None
-        else None
-    )
-    total = max(stages.values()) if stages else probe.peak_above_start()
-    reference_pixels = adapter.reference_pixels or width * height
-    return Measurement(width * height, count, reference_pixels, seconds, stages, total)
+    return Measurement.of(request_cost(request, count, adapter), result, probe.peak_above_start())
 
 
 def calibrate(

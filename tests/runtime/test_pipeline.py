@@ -51,7 +51,8 @@ def test_offload_modes_give_the_same_image(demo_dirs: dict[str, Path]) -> None:
 def test_auto_offload_keeps_what_runs_most_and_streams_the_rest(demo_dirs: dict[str, Path]) -> None:
     """--offload auto under a budget that holds the transformer only: the text encoder (run once a request) streams
     its blocks (on the CPU the hooks move nothing), the image is the resident pipeline's, and each demotion takes
-    the next step until nothing is left to move."""
+    the next step until nothing is left to move. (Not bit for bit: with hooks on its layers, torch's
+    TransformerEncoderLayer leaves its fused fast path for the plain one, which rounds differently.)"""
     from ditq.runtime.offload import module_bytes
 
     resident = load_pipeline(demo_dirs["w8a8"], device="cpu")
@@ -62,10 +63,10 @@ def test_auto_offload_keeps_what_runs_most_and_streams_the_rest(demo_dirs: dict[
     assert (placement.resident, placement.streamed) == (["transformer"], ["text_encoder"])
     assert placement.sizes["transformer"] == module_bytes(resident.transformer)
     assert placement.transfer_gbps is None  # measured on CUDA only
-    assert np.array_equal(_pixels(pipeline), expected)
+    assert np.abs(_pixels(pipeline) - expected).mean() < 1.0
     assert placement.demote(pipeline) == "transformer streams from pinned host memory"  # the demo has no VAE
     assert (placement.resident, placement.streamed) == ([], ["transformer", "text_encoder"])
-    assert np.array_equal(_pixels(pipeline), expected)
+    assert np.abs(_pixels(pipeline) - expected).mean() < 1.0
     assert placement.demote(pipeline) is None
     everything = load_pipeline(
         demo_dirs["w8a8"], device="cpu", offload="auto"

@@ -76,9 +76,10 @@ def test_a_measured_shape_costs_what_was_measured_and_other_shapes_follow_each_s
     assert measured.predict(cost(64, references=2)).seconds == pytest.approx(exact.seconds)
 
 
-def test_references_are_priced_from_the_shapes_measured_with_them() -> None:
-    """Measured with 0 and 4 references at one size: 1 to 3 references follow the line between them, and a
-    negative slope from noise is not extrapolated (a bigger request is never predicted cheaper)."""
+def test_an_unmeasured_shape_is_bounded_by_a_larger_measured_one_and_served_requests_are_measured() -> None:
+    """Measured with 0 and 4 references at one size: 2 references cost at most what 4 did (memory grows with
+    both pixels and references); past every measured shape each stage's fit goes on, its slopes never negative
+    (a bigger request is never predicted cheaper). A served request's own measurement then prices its shape."""
     with_references = CostModel(
         device="cuda:0",
         measurements=[
@@ -90,8 +91,17 @@ def test_references_are_priced_from_the_shapes_measured_with_them() -> None:
         time_budget_s=600,
     )
     two = with_references.predict(cost(64, references=2))
-    assert not two.measured and two.memory_bytes == pytest.approx(5000, abs=150)
+    assert not two.measured and two.memory_bytes == 9000
     assert with_references.predict(cost(128)).memory_bytes >= 1000  # pixels' slope clipped at 0, not negative
+    served = GenerationResult(
+        images=[], timings={"text_encoding": 0.2, "denoising": 1.0, "total": 1.5}, step_times=[0.6, 0.4],
+        peak_memory_bytes=10_000 + 4000, stage_peak_memory_bytes={"first_step": 14_000, "later_steps": 12_000},
+        memory_at_start_bytes=10_000,
+    )  # fmt: skip
+    with_references.observe(cost(64, references=2), served)
+    now = with_references.predict(cost(64, references=2, steps=2))
+    # text encoding, the first step, one later step and the 0.3 s outside the stages
+    assert now.measured and now.memory_bytes == 4000 and now.seconds == pytest.approx(0.2 + 0.6 + 0.4 + 0.3)
 
 
 def test_refusal_names_the_budget_it_passes() -> None:
