@@ -80,19 +80,28 @@ def transfer_rate_gbps(device: torch.device) -> float | None:
     return round(_TRANSFER_PROBE_BYTES / seconds / 1e9, 2)
 
 
+def _block_lists(module: torch.nn.Module) -> list[torch.nn.ModuleList]:
+    """The outermost ModuleLists of one repeated class that hold weights (a quantized model's too, whose Linears
+    are no longer ``torch.nn.Linear``)."""
+    found: list[tuple[str, torch.nn.ModuleList]] = []
+    for name, child in module.named_modules():
+        if not isinstance(child, torch.nn.ModuleList) or len(child) == 0:
+            continue
+        if any(name.startswith(f"{outer}.") for outer, _ in found) or len({type(i) for i in child}) != 1:
+            continue
+        if module_bytes(child) > 0:
+            found.append((name, child))
+    return [child for _, child in found]
+
+
 class _Streamed:
     """A component whose weights wait in pinned host memory: each block of its block lists is copied to the device
     when its forward starts and dropped there when it ends; the rest of its tensors (embeddings, norms, heads) are
     copied once the component's own forward starts and dropped once it ends."""
 
     def __init__(self, component: torch.nn.Module, device: torch.device) -> None:
-        from ditq.targets import block_lists
-
         self.device = device
-        lists = [component.get_submodule(path) for path in block_lists(component)]
-        items = [
-            item for block_list in lists if isinstance(block_list, torch.nn.ModuleList) for item in block_list
-        ]
+        items = [item for block_list in _block_lists(component) for item in block_list]
         in_blocks = {id(t) for item in items for t in (*item.parameters(), *item.buffers())}
         everything = list(dict.fromkeys([*component.parameters(), *component.buffers()]))
         self.rest = [t for t in everything if id(t) not in in_blocks]

@@ -216,3 +216,43 @@ def test_same_seed_same_bytes(source: Path, tmp_path: Path) -> None:
 def test_refuses_an_existing_directory(source: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert script.main(["--preset", "tiny", "--out", str(source)]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_auto_offload_streams_the_qwen3_vl_text_encoder_through_its_nested_blocks(quantized: Path) -> None:
+    """Under a budget that holds the transformer and the VAE only, the text encoder streams: hooks on the blocks of
+    its vision tower, deepstack mergers and language model, wherever they nest; the picture is the resident one."""
+    from ditq.runtime.offload import module_bytes
+
+    with _loading():
+        resident = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
+        budget = module_bytes(resident.transformer) + module_bytes(resident.vae) + 1024
+        streamed = ditq.load_pipeline(
+            quantized, device="cpu", dtype=torch.float32, offload="auto", memory_budget_bytes=budget
+        )
+    placement = streamed.ditq_placement
+    assert (placement.resident, placement.streamed) == (["transformer", "vae"], ["text_encoder"])
+    hooked = {name for name, m in streamed.text_encoder.named_modules() if m._forward_pre_hooks}
+    assert {
+        "",
+        "model.visual.blocks.0",
+        "model.visual.deepstack_merger_list.1",
+        "model.language_model.layers.1",
+    } <= hooked
+    fixture = load_fixtures(quantized / "fixtures" / "fixtures.json", quantized / "fixtures" / "refs")[
+        "edit-1ref"
+    ]
+    pictures = [
+        np.asarray(
+            pipeline(
+                prompt=fixture.prompt,
+                image=[Image.open(p) for p in fixture.reference_paths],
+                width=SIZE,
+                height=SIZE,
+                num_inference_steps=STEPS,
+                output_resolution=SIZE,
+                generator=torch.Generator().manual_seed(0),
+            ).images[0]
+        )
+        for pipeline in (resident, streamed)
+    ]
+    assert np.array_equal(*pictures)
