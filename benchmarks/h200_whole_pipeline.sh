@@ -6,7 +6,8 @@
 #   bash benchmarks/h200_whole_pipeline.sh wait [S]    # follow the log for up to S seconds, or until the run ends
 #   bash benchmarks/h200_whole_pipeline.sh collect     # copy results and logs to $OUT
 # Stages (STAGES picks a subset, in this order; each has its own time limit):
-#   tests    every GPU-marked test (pytest -m gpu, 4 workers)
+#   tests    every GPU-marked test (pytest -m gpu, 4 workers); TESTS_WITH_SWEEP=1 runs them beside sweep24 instead,
+#            once its first candidate starts quantizing (after the baseline, whose timings they would disturb)
 #   tiny     the chain on the GPU at the tiny preset: ditq sweep --schemes fp8 --offload auto --max-memory 4GiB
 #   doctor   ditq doctor on every Linear geometry of the full-size transformer and text encoder
 #   build    the full-size pipeline with random weights (benchmarks/full_size_pipeline.py)
@@ -41,11 +42,7 @@ run_stages() {
     echo "== $stage at $(date -u +%T)"
     case "$stage" in
       tests)
-        # (tests/serve/test_serve_openai_client.py needs the openai client, which the machine lacks; it has no GPU test)
-        timeout "${TESTS_S:-480}" python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 tests \
-          --ignore tests/serve/test_serve_openai_client.py >"$RUN/gpu_tests.log" 2>&1
-        echo "exit $?"
-        tail -4 "$RUN/gpu_tests.log"
+        gpu_tests
         ;;
       tiny)
         rm -rf "$RUN/tiny" "$RUN/tiny-sweep"
@@ -71,6 +68,10 @@ run_stages() {
         tail -2 "$RUN/build.log"
         ;;
       sweep24)
+        if [ -n "$TESTS_WITH_SWEEP" ]; then  # the GPU tests beside the first candidate's quantize, verify and doctor
+          (while ! grep -qE "${SCHEMES%%,*} +quantize +running" "$RUN/sweep-24gib.log" 2>/dev/null; do sleep 5; done
+           gpu_tests) &
+        fi
         timeout "${SWEEP_S:-1200}" python3 -m ditq.cli sweep "$MODEL" --schemes "$SCHEMES" \
           --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" --out "$RUN/sweep-24gib" \
           --seeds "$SEEDS" --steps "$STEPS" --device cuda:0 --max-memory 24GiB --offload auto --health-timeout 900 \
@@ -97,6 +98,14 @@ run_stages() {
   done
   echo "== done at $(date -u +%T)"
   touch "$RUN/finished"
+}
+
+# Every GPU-marked test, 4 workers (tests/serve/test_serve_openai_client.py needs the openai client, which the machine
+# lacks; it holds no GPU test).
+gpu_tests() {
+  timeout "${TESTS_S:-480}" python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 tests \
+    --ignore tests/serve/test_serve_openai_client.py >"$RUN/gpu_tests.log" 2>&1
+  echo "gpu tests: exit $?; $(tail -1 "$RUN/gpu_tests.log")"
 }
 
 # serve_probe ENTRY BUDGET: ENTRY is bf16 (the source), SCHEME or SCHEME+kv-int8 (the 24 GiB sweep's artifact); what a
@@ -127,8 +136,8 @@ serve_probe() {
 }
 
 COLLECT="run.log gpu_tests.log doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz pipeline_memory.json serve-16gib.tgz build.log"
-EXPORTS="SCHEMES SERVE16 STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
-export -f serve_probe
+EXPORTS="TESTS_WITH_SWEEP SCHEMES SERVE16 STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+export -f serve_probe gpu_tests
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"
 detached_main "$@"
