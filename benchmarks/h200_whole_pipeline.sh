@@ -15,14 +15,17 @@
 #            encoder), 0-4 references at 1024x1024
 #   memory   benchmarks/pipeline_memory.py on the whole device: BF16 and the fp8 artifact, stage by stage, and each
 #            memory reduction against the untouched path
-#   serve16  ditq serve --max-memory 16GiB --offload auto + ditq probe for each of $SERVE16 (bf16, fp8, fp8+kv-int8,
-#            w8a8), with the 24 GiB sweep's artifacts
+#   serve24  ditq serve --max-memory 24GiB --offload auto + ditq probe for each of $SERVE24 (schemes the sweep did
+#            not run: their artifacts quantized here as the sweep quantizes, without its verify and doctor stages)
+#   serve16  the same under 16GiB for each of $SERVE16 (bf16, fp8, fp8+kv-int8, w8a8), with the 24 GiB sweep's
+#            artifacts where it made them
 # The run lives in $RUN (default /root/ditq-whole); results go to $OUT (default ./h200-out).
 set -o pipefail
 OUT=${OUT:-h200-out}
 RUN=${RUN:-/root/ditq-whole}
-STAGES=${STAGES:-tests tiny doctor build sweep24 memory serve16}
+STAGES=${STAGES:-tests tiny doctor build sweep24 serve24 serve16 memory}
 SCHEMES=${SCHEMES:-fp8,w8a8}
+SERVE24=${SERVE24:-}
 SERVE16=${SERVE16:-fp8 bf16 fp8+kv-int8 w8a8}
 STEPS=${STEPS:-10}
 SEEDS=${SEEDS:-2301}
@@ -89,15 +92,31 @@ run_stages() {
         echo "exit $?"
         tail -3 "$RUN/pipeline_memory.log"
         ;;
+      serve24)
+        for entry in $SERVE24; do serve_probe "$entry" 24GiB; done
+        ;;
       serve16)
         for entry in $SERVE16; do serve_probe "$entry" 16GiB; done
-        tar czf "$RUN/serve-16gib.tgz" -C "$RUN" --exclude='*/images' serve-16gib
         ;;
       *) echo "unknown stage $stage" ;;
     esac
   done
   echo "== done at $(date -u +%T)"
   touch "$RUN/finished"
+}
+
+# artifact_for SCHEME: the 24 GiB sweep's artifact of SCHEME, else one quantized here as the sweep quantizes
+# (components auto, on the GPU).
+artifact_for() {
+  local scheme=$1
+  if [ -f "$RUN/sweep-24gib/$scheme/artifact/MANIFEST.json" ]; then
+    echo "$RUN/sweep-24gib/$scheme/artifact"
+    return
+  fi
+  [ -f "$RUN/artifacts/$scheme/MANIFEST.json" ] ||
+    python3 -m ditq.cli quantize "$MODEL" "$RUN/artifacts/$scheme" --scheme "$scheme" --device cuda:0 --force \
+      >"$RUN/quantize-$scheme.log" 2>&1
+  echo "$RUN/artifacts/$scheme"
 }
 
 # Every GPU-marked test, 4 workers (tests/serve/test_serve_openai_client.py needs the openai client, which the machine
@@ -113,9 +132,9 @@ gpu_tests() {
 serve_probe() {
   local entry=$1 budget=$2 scheme=${1%%+*} extra=() model dir port=8941
   [ "$entry" != "$scheme" ] && extra=(--kv-cache "${entry#*+kv-}")
-  model=$RUN/sweep-24gib/$scheme/artifact
-  [ "$scheme" = bf16 ] && model=$MODEL
-  dir=$RUN/serve-16gib/$entry
+  model=$MODEL
+  [ "$scheme" != bf16 ] && model=$(artifact_for "$scheme")
+  dir=$RUN/serve-${budget,,}/$entry
   rm -rf "$dir" && mkdir -p "$dir"
   python3 -m ditq.cli serve "$model" --device cuda:0 --max-memory "$budget" --offload auto --port $port \
     --on-collapse warn "${extra[@]}" >"$dir/serve.log" 2>&1 &
@@ -133,11 +152,13 @@ serve_probe() {
   kill $pid 2>/dev/null
   wait $pid 2>/dev/null
   tail -2 "$dir/serve.log"
+  # after every entry, so that a run stopped early still hands back what it served
+  tar czf "$RUN/serve-${budget,,}.tgz" -C "$RUN" --exclude='*/images' "serve-${budget,,}"
 }
 
-COLLECT="run.log gpu_tests.log doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz pipeline_memory.json serve-16gib.tgz build.log"
-EXPORTS="TESTS_WITH_SWEEP SCHEMES SERVE16 STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
-export -f serve_probe gpu_tests
+COLLECT="run.log gpu_tests.log doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz"
+EXPORTS="TESTS_WITH_SWEEP SCHEMES SERVE24 SERVE16 STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"
 detached_main "$@"

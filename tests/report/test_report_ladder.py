@@ -15,8 +15,8 @@ import pytest
 from ditq.report import build_report, load_candidate, validate_verdict_file
 from ditq.report.capacity import capacity_matrix
 from ditq.report.model import Record, mark_cold
-from ditq.report.tables import capacity_summary_table, capacity_table, ladder_table, servers_table
-from ditq.runfiles import write_model
+from ditq.report.tables import _placement, capacity_summary_table, capacity_table, ladder_table, servers_table
+from ditq.runfiles import ServerHealth, write_model
 
 from .synthetic import LadderSpec, write_ladder_candidate, write_ladder_run
 
@@ -188,9 +188,18 @@ def test_servers_kernel_paths_load_time_budget_and_weights(report):
         "allocator capped at 23.50 GiB"
     )
     assert servers_table(w8a8).rows == (
-        ("none", "did not load (out of memory)", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a"),
-        ("model", "served", "50.0 s", "41.5 s", "6.5 s", "44.0 s", "triton-w8a8 (196 layers)", budget),
-        ("block", "served", "50.0 s", "55.5 s", "6.5 s", "58.0 s", "triton-w8a8 (196 layers)", budget),
+        ("none", "did not load (out of memory)", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a"),
+        ("model", "served", "50.0 s", "41.5 s", "6.5 s", "44.0 s", "triton-w8a8 (196 layers)", budget, "—"),
+        ("block", "served", "50.0 s", "55.5 s", "6.5 s", "58.0 s", "triton-w8a8 (196 layers)", budget, "—"),
+    )
+    placed = ServerHealth.model_validate({
+        "placement": {"resident": ["transformer", "vae"], "streamed": ["text_encoder"], "vae_tiling": True,
+                      "transfer_gbps": 21.5},
+        "unused": {"text_encoder.lm_head": 1244659712}, "kv_cache": "int8",
+    })  # fmt: skip
+    assert _placement(placed) == (
+        "resident transformer, vae; streamed text_encoder at 21.5 GB/s; VAE tiling; "
+        "unused text_encoder.lm_head (1.16 GiB); int8 KV cache"
     )
     text = report.markdown.read_text()
     assert "transformer weights 7.26 GiB (0.52× the source's 13.96 GiB)" in text
