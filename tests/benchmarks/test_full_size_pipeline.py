@@ -256,3 +256,56 @@ def test_auto_offload_streams_the_qwen3_vl_text_encoder_through_its_nested_block
         for pipeline in (resident, streamed)
     ]
     assert np.array_equal(*pictures)
+
+
+def test_transformers_loads_the_quantized_qwen3_vl_text_encoder(source: Path, quantized: Path) -> None:
+    """transformers' own from_pretrained reads the compressed-tensors text encoder (its config group, its
+    decompressor) and its last hidden state stays close to the source's, as ditq's own loading does."""
+    import transformers
+
+    from ditq.numerics import relative_l2
+
+    ids = torch.tensor([[5, 17, 40, 3, 99, 250, 7, 12]])
+
+    def last_hidden(model: torch.nn.Module) -> torch.Tensor:
+        with torch.inference_mode():
+            return model(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+
+    cls = transformers.Qwen3VLForConditionalGeneration
+    reference = last_hidden(cls.from_pretrained(str(source / "text_encoder"), dtype=torch.float32))
+    theirs = last_hidden(cls.from_pretrained(str(quantized / "text_encoder"), dtype=torch.float32))
+    ours = last_hidden(ditq.load_component(quantized, "text_encoder", dtype=torch.float32))
+    assert 0 < relative_l2(theirs, reference) < 0.05 and 0 < relative_l2(ours, reference) < 0.05
+
+
+def test_serve_answers_an_edit_with_the_quantized_text_encoder(quantized: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from ditq.doctor import kernel_chooser
+    from ditq.serve import ServeConfig, create_app
+    from ditq.serve.startup import load_adapter, make_doctor
+
+    chooser = kernel_chooser(False)
+    config = ServeConfig(served_model_name="tiny", on_collapse="warn")
+
+    def load() -> Any:
+        with _loading():
+            return load_adapter(quantized, "cpu", "auto", torch.float32, chooser)
+
+    app = create_app(config, load=load, doctor=make_doctor(chooser), model_root="tiny")
+    reference = (quantized / "fixtures" / "refs" / "ref-star-red.png").read_bytes()
+    with TestClient(app) as client:
+        assert app.state.serve.wait_loaded(120)
+        health = client.get("/health").json()
+        assert health["status"] == "ready" and health["unused"] == {"text_encoder.lm_head": 2048 * 64 * 2}
+        assert health["quantized"] == {"text_encoder": {"w8a8": 26}, "transformer": {"w8a8": 14}}
+        assert (
+            health["placement"]["resident"] and health["placement"]["streamed"] == []
+        )  # no budget on the CPU
+        response = client.post(
+            "/v1/images/edits",
+            data={"prompt": "a red star", "size": f"{SIZE}x{SIZE}", "num_inference_steps": "2", "seed": "0"},
+            files=[("image[]", ("star.png", reference, "image/png"))],
+        )
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["input_images"] == 1
