@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ditq.cli import main
+from ditq.cli import COMMANDS, main
 from ditq.commands import quantize as quantize_command
 from ditq.quantizer import quantize
 
@@ -112,3 +112,12 @@ def test_console_script_runs(model_dir, tmp_path: Path) -> None:  # type: ignore
         text=True,
     )
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_commands_help_prints(command: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    """--help formats every option's help (a bare % in one once made argparse raise instead of printing)."""
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    assert f"usage: ditq {command}" in capsys.readouterr().out

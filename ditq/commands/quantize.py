@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--components",
         type=_comma_list,
         help="comma-separated components to quantize, or auto (the default): every component whose block "
-        f"Linears hold at least {AUTO_MIN_SHARE:.0%} of the pipeline's parameters (Qwen-Image: the transformer and "
+        f"Linears hold at least {AUTO_MIN_SHARE * 100:.0f}%% of the pipeline's parameters (Qwen-Image: the transformer and "
         "the text encoder); with --plan, the plan's component",
     )
     parser.add_argument(
