@@ -51,14 +51,32 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _logging_options(default: object) -> argparse.ArgumentParser:
+    """-v / -q, taken before the command and after it alike (after it, only what is given overrides)."""
+    options = argparse.ArgumentParser(add_help=False)
+    group = options.add_mutually_exclusive_group()
+    group.add_argument("-v", "--verbose", action="store_true", default=default, help="log debug messages")
+    group.add_argument(
+        "-q", "--quiet", action="store_true", default=default, help="log warnings and errors only"
+    )
+    return options
+
+
 def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """Every command is listed; only the one being run is imported (importing torch for `gate` would be waste)."""
-    parser = argparse.ArgumentParser(prog="ditq", description="8-bit diffusion transformers, with evidence.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    from ditq import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="ditq",
+        description="8-bit diffusion transformers, with evidence.",
+        parents=[_logging_options(False)],
+    )
+    parser.add_argument("--version", action="version", version=f"ditq {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    after = _logging_options(argparse.SUPPRESS)
     for name, (module_name, help_text) in COMMANDS.items():
-        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        command_parser = sub.add_parser(name, help=help_text, description=help_text, parents=[after])
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(command_parser)
@@ -70,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _build_parser(argv).parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

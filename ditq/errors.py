@@ -6,16 +6,21 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_OK",
     "EXIT_OUT_OF_MEMORY",
+    "EXIT_STARTUP",
     "EXIT_USAGE",
     "DitqError",
     "InputError",
     "OutOfMemoryError",
+    "StartupError",
 ]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_OUT_OF_MEMORY = 3  # `ditq serve`: the model did not fit in the accelerator memory it may use
+EXIT_STARTUP = (
+    4  # `ditq serve`: it could not start for another reason (its port is taken); more offload won't help
+)
 
 
 class DitqError(Exception):
@@ -42,3 +47,10 @@ class OutOfMemoryError(DitqError):
     """The accelerator memory (or the --max-memory budget) cannot hold what was asked of it. Exit code 3."""
 
     exit_code = EXIT_OUT_OF_MEMORY
+
+
+class StartupError(DitqError):
+    """A server that cannot start for a reason memory does not explain (its address is in use). Exit code 4, so
+    that a caller does not read it as "does not fit" (exit code 3) and retry with more offload."""
+
+    exit_code = EXIT_STARTUP

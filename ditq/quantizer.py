@@ -35,6 +35,7 @@ from typing import Any
 
 from ditq.checkpoint.layout import (
     MODEL_INDEX,
+    check_components_present,
     component_class,
     component_names,
     is_weight_file,
@@ -495,6 +496,7 @@ def quantize(
     form = resolve_config_form(config_form)
     tree = scan_tree(source, follow_links)  # before any file of it is opened
     index = read_model_index(source)
+    check_components_present(source, index)
     survey = _survey(source, index, variant)
     if checked is not None:
         components = [checked.plan.component]

@@ -9,6 +9,7 @@ time. What each format stores per quantized Linear is its codec's
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -120,9 +121,19 @@ _ALIASES: dict[str, str] = {
 }
 
 
+# Names of schemes of another width (NVFP4, MXFP4, W4A16, int4, NF4, GPTQ/AWQ's 4-bit...): refused as what they are,
+# not answered with the nearest 8-bit name.
+_NOT_8_BIT = re.compile(r"fp4|int4|nf4|w4|a4|4bit|mxfp6|fp6|int2|w2|w3|int3|gptq|awq|marlin")
+
+
 def get_scheme(name: str, group_size: int | None = None) -> Scheme:
     """The scheme for a name or alias (case-insensitive); an unknown name says what it may have meant."""
     key = name.strip().lower()
+    if key not in _ALIASES and _NOT_8_BIT.search(key):
+        raise InputError(
+            f"scheme {name!r}: ditq implements 8-bit schemes only ({', '.join(SCHEMES)}); "
+            "4-bit and other widths are not supported"
+        )
     if key not in _ALIASES:
         close = difflib.get_close_matches(key, list(_ALIASES), n=1, cutoff=0.5)
         hint = f"; did you mean {_ALIASES[close[0]]!r}?" if close else ""

@@ -121,3 +121,24 @@ def test_every_commands_help_prints(command: str, capsys) -> None:  # type: igno
         main([command, "--help"])
     assert done.value.code == 0
     assert f"usage: ditq {command}" in capsys.readouterr().out
+
+
+def test_version_and_logging_options_before_or_after_the_command(capsys) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    import ditq
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"ditq {ditq.__version__}"
+    root = logging.getLogger()
+    for argv, level in (
+        (["-v", "doctor"], logging.DEBUG),
+        (["doctor", "-v"], logging.DEBUG),
+        (["doctor", "--quiet"], logging.WARNING),
+        (["doctor"], logging.INFO),
+    ):
+        for handler in list(root.handlers):  # basicConfig configures only an unconfigured root logger
+            root.removeHandler(handler)
+        assert main([*argv, "--device", "cpu", "--geometry", "64x32", "--rows", "4"]) == 0
+        assert root.level == level, argv

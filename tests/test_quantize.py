@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -215,6 +216,8 @@ def _corrupt(source: Path, how: str) -> None:
         save_file(tensors, str(shard))
     elif how == "no index":
         (source / "model_index.json").unlink()
+    elif how == "no folder":
+        shutil.rmtree(source / "scheduler")
     elif how == "no component":
         index = json.loads((source / "model_index.json").read_text())
         del index["transformer"]
@@ -230,6 +233,7 @@ BAD_INPUTS = {
     "quantized": r"already quantized",
     "no index": r"not a diffusers model directory",
     "no component": r"no component 'transformer'",
+    "no folder": r"model_index.json: component 'scheduler' \(diffusers.FlowMatchEulerDiscreteScheduler\) has no folder .*/scheduler$",
 }
 
 

@@ -19,6 +19,7 @@ from ditq.schemes import normalize_quant_method
 
 __all__ = [
     "MODEL_INDEX",
+    "check_components_present",
     "component_class",
     "component_names",
     "is_weight_file",
@@ -66,6 +67,17 @@ def component_names(model_index: dict[str, Any]) -> list[str]:
         for name, value in model_index.items()
         if not name.startswith("_") and isinstance(value, list) and len(value) == 2 and value[0] is not None
     ]
+
+
+def check_components_present(model_dir: Path, model_index: dict[str, Any]) -> None:
+    """Every component ``model_index.json`` declares has its folder; the first one missing is an InputError."""
+    model_dir = Path(model_dir)
+    for name in component_names(model_index):
+        if not (model_dir / name).is_dir():
+            library, class_name = component_class(model_index, name)
+            raise InputError(
+                f"{model_dir / MODEL_INDEX}: component {name!r} ({library}.{class_name}) has no folder {model_dir / name}"
+            )
 
 
 def component_class(model_index: dict[str, Any], component: str) -> tuple[str, str]:

@@ -23,7 +23,7 @@ from typing import TypeVar
 import torch
 
 from ditq.errors import InputError
-from ditq.schemes import SCHEMES, Scheme
+from ditq.schemes import SCHEMES, Scheme, get_scheme
 
 __all__ = [
     "ENV_DISABLE",
@@ -188,20 +188,21 @@ _REGISTRY: dict[str, KernelPath] = {}
 def register_kernel(
     *,
     name: str,
-    scheme: Scheme,
+    scheme: Scheme | str,
     device_type: str,
     prepare: PrepareFn,
-    priority: int,
+    priority: int = 0,
     min_capability: tuple[int, int] | None = None,
     activation_dtypes: frozenset[torch.dtype] = FLOAT_ACTIVATIONS,
     alignment: int = 1,
     available: Callable[[], str | None] = always_available,
     description: str = "",
 ) -> Callable[[MatmulFn], MatmulFn]:
-    """Decorator: register the decorated matmul as kernel path ``name``; returns the function unchanged."""
-    if scheme.name not in SCHEMES:
-        raise ValueError(f"kernel {name!r}: unknown scheme {scheme.name!r}")
-    preset = SCHEMES[scheme.name]  # the path is chosen by scheme, whatever a layer's group size
+    """Decorator: register the decorated matmul as kernel path ``name``; returns the function unchanged.
+
+    ``scheme`` is a ``Scheme`` or its name or alias ("w8a16", "int8dq"...); anything else is an InputError in one
+    line. Higher ``priority`` is preferred."""
+    preset = _scheme_of(scheme, f"kernel path {name!r}")  # chosen by scheme, whatever a layer's group size
 
     def decorate(matmul: MatmulFn) -> MatmulFn:
         if name in _REGISTRY:
@@ -222,6 +223,15 @@ def register_kernel(
         return matmul
 
     return decorate
+
+
+def _scheme_of(scheme: object, where: str) -> Scheme:
+    """The registered preset for a Scheme or a scheme name."""
+    if isinstance(scheme, str):
+        return get_scheme(scheme)
+    if isinstance(scheme, Scheme) and scheme.name in SCHEMES:
+        return SCHEMES[scheme.name]
+    raise InputError(f"{where}: scheme must be one of {', '.join(SCHEMES)} or a ditq Scheme, got {scheme!r}")
 
 
 def unregister_kernel(name: str) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ditq.checkpoint.layout import (
+    check_components_present,
     component_class,
     component_names,
     is_weight_file,
@@ -312,6 +313,7 @@ def load_pipeline(
     offload = resolve_offload(offload, option="offload")
     model_dir = Path(model_dir)
     index = read_model_index(model_dir)
+    check_components_present(model_dir, index)
     cls = pipeline_class(index, model_dir)
     run_device = resolve_device(device, option="device")
     load_device = run_device if offload == "none" else torch.device("cpu")

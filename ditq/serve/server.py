@@ -9,6 +9,7 @@ giving connections ``GRACEFUL_CLOSE_S`` to take their answers. A second signal e
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from pathlib import Path
 from types import FrameType
@@ -18,7 +19,7 @@ import uvicorn
 
 from ditq.devices import default_dtype, resolve_device, resolve_dtype, resolve_offload
 from ditq.doctor import kernel_chooser
-from ditq.errors import DitqError, InputError, OutOfMemoryError
+from ditq.errors import DitqError, InputError, OutOfMemoryError, StartupError
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.serve.access import exposure_warning
 from ditq.serve.app import create_app
@@ -65,6 +66,21 @@ class DrainingServer(uvicorn.Server):
                 logger.error("a generation did not stop within %g s; exiting without it", OVERDUE_GRACE_S)
                 self.should_exit = True
         return await super().on_tick(counter)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound now; an address in use is a StartupError naming it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {error.strerror or error}") from error
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 def serve(
@@ -144,6 +160,7 @@ def serve(
         calibrate=measure_costs,
     )
     state: ServerState = app.state.serve
+    listening = _listen(host, port)  # before the model loads: a taken port is one line and its own exit code
     uvicorn_settings = uvicorn_config(
         app, limits or ConnectionLimits(), host=host, port=port, log_level="info"
     )
@@ -155,7 +172,7 @@ def serve(
 
     state.on_load_failure = stop_on_failure
     logger.info("serving %s as '%s' on http://%s:%d", model_dir, config.served_model_name, host, port)
-    server.run()
+    server.run(sockets=[listening])
     if failures:
         message, out_of_memory = failures[-1]
         raise OutOfMemoryError(message) if out_of_memory else DitqError(message)

@@ -116,3 +116,31 @@ def test_row_helpers_call_a_cuda_op_directly_in_eager_mode_and_the_op_under_comp
     compiled = torch.compile(lambda t: matmul_rows(op, t, prepared, None), backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), eager)
     assert calls == ["op"]
+
+
+def test_extension_points_take_a_scheme_by_name_or_value_and_refuse_others_in_one_line() -> None:
+    from ditq.kernels.attention import register_attention_kernel
+    from ditq.kernels.reference import matmul_w8a16
+    from ditq.schemes import W8A16
+
+    for scheme in ("w8a16", "int8wo", W8A16):
+        register_kernel(name="test-by-name", scheme=scheme, device_type="cpu", prepare=lambda s, d: s)(
+            matmul_w8a16
+        )
+        try:
+            assert get_kernel("test-by-name").scheme is W8A16
+        finally:
+            unregister_kernel("test-by-name")
+    with pytest.raises(InputError, match=r"^scheme 'nvfp4': ditq implements 8-bit schemes only"):
+        register_kernel(name="bad", scheme="nvfp4", device_type="cpu", prepare=lambda s, d: s)
+    with pytest.raises(InputError, match=r"^unknown scheme 'int9' .* did you mean"):
+        register_kernel(name="bad", scheme="int9", device_type="cpu", prepare=lambda s, d: s)
+    with pytest.raises(InputError, match="scheme must be one of w8a16, w8a8, fp8 or a ditq Scheme, got 8"):
+        register_kernel(name="bad", scheme=8, device_type="cpu", prepare=lambda s, d: s)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=r"unknown kind 'w8a16 \(weight-only\)'"):
+        register_attention_kernel(
+            name="bad", kind=W8A16, device_type="cpu", priority=0, quantize=lambda *a: a
+        )  # type: ignore[arg-type]
+    decorate = register_attention_kernel(name="test-fp8-kind", kind=FP8, device_type="cpu", priority=0,
+                                         quantize=lambda *a: a)  # type: ignore[arg-type]  # fmt: skip
+    assert callable(decorate)

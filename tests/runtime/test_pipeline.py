@@ -121,6 +121,19 @@ def test_quantized_pipeline_stays_close_to_source(demo_dirs: dict[str, Path]) ->
     assert 0.0 < difference < 8.0, difference
 
 
+def test_a_component_without_its_folder_is_one_line(demo_dirs: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(demo_dirs["source"], broken)
+    shutil.rmtree(broken / "text_encoder")
+    with pytest.raises(
+        ditq.errors.InputError,
+        match=r"component 'text_encoder' \(ditq.demo.text_encoder.DemoTextEncoder\) has no folder",
+    ):
+        load_pipeline(broken, device="cpu")
+
+
 def test_unknown_offload_mode_is_refused(demo_dirs: dict[str, Path]) -> None:
     with pytest.raises(ditq.errors.InputError, match="offload 'disk': not an offload mode"):
         load_pipeline(demo_dirs["w8a8"], offload="disk")

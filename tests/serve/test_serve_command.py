@@ -188,3 +188,21 @@ def test_serve_falls_back_from_a_failing_w8a16_path_chosen_before_the_repack(
         assert {layer.kernel.name for layer in layers} == {"cpu-reference-w8a16"}
         response = client.post("/v1/images/generations", json={"prompt": "a kite", "seed": 0, **FAST})
         assert response.status_code == 200, response.text
+
+
+def test_a_taken_port_is_one_line_and_its_own_exit_code_before_the_model_loads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Exit code 4, not 3 (3 means "does not fit", which the sweep answers with more offload)."""
+    import socket
+
+    from ditq.errors import EXIT_OUT_OF_MEMORY, EXIT_STARTUP
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["serve", "--port", str(port), "--device", "cpu"])
+    assert code == EXIT_STARTUP != EXIT_OUT_OF_MEMORY
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [f"ditq serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"]

@@ -27,6 +27,7 @@ from ditq.kernels.registry import (
     honour_env_lists,
     runs_on,
 )
+from ditq.schemes import Scheme
 
 __all__ = [
     "ENV_ATTENTION_DISABLE",
@@ -88,7 +89,7 @@ _REGISTRY: dict[str, AttentionPath] = {}
 def register_attention_kernel(
     *,
     name: str,
-    kind: str,
+    kind: str | Scheme,
     device_type: str,
     priority: int,
     quantize: QuantizeFn,
@@ -98,9 +99,14 @@ def register_attention_kernel(
     available: Callable[[], str | None] = always_available,
     description: str = "",
 ) -> Callable[[AttendFn], AttendFn]:
-    """Decorator: register the decorated ``attend`` as attention path ``name``; returns it unchanged."""
+    """Decorator: register the decorated ``attend`` as attention path ``name``; returns it unchanged.
+
+    ``kind`` is "int8" or "fp8", or a per-token scheme whose activations say it (``W8A8``: int8, ``FP8``: fp8);
+    anything else is an InputError in one line."""
+    if isinstance(kind, Scheme):
+        kind = kind.activations or f"{kind.name} (weight-only)"
     if kind not in ATTENTION_KINDS:
-        raise ValueError(
+        raise InputError(
             f"attention path {name!r}: unknown kind {kind!r} (known: {', '.join(ATTENTION_KINDS)})"
         )
 
