@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("ditq.commands.verify", "check an artifact's digests and decode every quantized tensor twice"),
     "generate": ("ditq.commands.generate", "one image from an artifact, a diffusers directory or the demo"),
     "baseline": ("ditq.commands.baseline", "run the unquantized model over the fixtures and seal the result"),
+    "fixtures": (
+        "ditq.commands.fixtures",
+        "make a fixtures set from a folder of pictures and a prompts file",
+    ),
     "probe": ("ditq.commands.probe", "send fixtures x seeds to image servers, recording every request"),
     "gate": ("ditq.commands.gate", "judge a run's images: collapse signatures and the baseline envelope"),
     "compare": (

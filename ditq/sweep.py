@@ -50,7 +50,7 @@ from ditq.errors import EXIT_OUT_OF_MEMORY, DitqError, InputError
 from ditq.fsutil import atomic_write_bytes, sha256_file
 from ditq.healthcheck import wait_healthy
 from ditq.plan.schema import KEEP, PLAN_FILE, PlanFile, plan_bytes, read_plan
-from ditq.probe.fixtures import DEFAULT_SEEDS, parse_seeds, seeds_text
+from ditq.probe.fixtures import DEFAULT_SEEDS, load_fixtures, parse_seeds, seeds_text
 from ditq.probe.records import incomplete, is_out_of_memory, latest_by_key, read_records
 from ditq.report import ReportResult, VerdictRules, build_report
 from ditq.report.provenance import shell_command
@@ -175,6 +175,7 @@ class SweepOptions:
         for path, what in ((self.model, "model"), (self.fixtures, "--fixtures"), (self.refs, "--refs")):
             if not Path(path).exists():
                 raise InputError(f"{what}: {path} does not exist")
+        load_fixtures(self.fixtures, self.refs)  # every field and reference checked before a server starts
         if self.plan is not None:
             object.__setattr__(self, "plan_file", read_plan(self.plan))
 

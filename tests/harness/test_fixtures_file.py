@@ -93,3 +93,70 @@ def test_the_bundled_demo_fixtures_load() -> None:
 
     fixtures = load_fixtures(demo.fixtures_path(), demo.references_dir())
     assert fixtures and all(f.width % 16 == 0 and f.height % 16 == 0 for f in fixtures.values())
+
+
+def _pictures(folder: Path) -> Path:
+    from PIL import Image
+
+    folder.mkdir()
+    Image.new("RGB", (40, 24), (200, 30, 30)).save(folder / "red.png")
+    Image.new("RGBA", (24, 24), (20, 160, 40, 128)).save(folder / "green.webp")
+    (folder / "notes.txt").write_text("not a picture")
+    return folder
+
+
+def test_fixtures_init_writes_a_set_the_probe_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ditq.cli import main
+
+    folder = _pictures(tmp_path / "pictures")
+    (folder / "prompts.txt").write_text(
+        "# one per line\ncity: a city at night\n\nrecolor [red]: make it blue\npair [red green]: both together\n"
+    )
+    assert main(["fixtures", "init", str(folder), "--size", "64x48"]) == 0
+    out = folder / "fixtures"
+    assert f"--fixtures {out / 'fixtures.json'} --refs {out / 'refs'}" in capsys.readouterr().out
+    fixtures = load_fixtures(out / "fixtures.json", out / "refs")
+    assert {k: (f.mode, f.references, f.size) for k, f in fixtures.items()} == {
+        "city": ("generate", (), "64x48"),
+        "recolor": ("edit", ("red",), "64x48"),
+        "pair": ("edit", ("red", "green"), "64x48"),
+    }
+    assert sorted(p.name for p in (out / "refs").iterdir()) == ["green.png", "red.png"]  # webp became PNG
+
+
+@pytest.mark.parametrize(
+    ("prompts", "size", "message"),
+    [
+        ("a: x\na: y\n", "64x64", "line 2: fixture id 'a' given twice"),
+        ("edit [blue]: x\n", "64x64", "line 1: no picture 'blue' in the folder (have: green, red)"),
+        ("just words\n", "64x64", "line 1: expected 'ID: PROMPT' or 'ID [REF ...]: PROMPT'"),
+        ("# nothing\n", "64x64", "no request in the prompts file"),
+        ("a: x\n", "60x64", "--size width: 60 is not a positive multiple of 16"),
+    ],
+)
+def test_fixtures_init_refuses_in_one_line_and_writes_nothing(
+    prompts: str, size: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ditq.cli import main
+
+    folder = _pictures(tmp_path / "pictures")
+    (folder / "prompts.txt").write_text(prompts)
+    assert main(["fixtures", "init", str(folder), "--size", size]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and message in error[0]
+    assert sorted(p.name for p in folder.iterdir()) == ["green.webp", "notes.txt", "prompts.txt", "red.png"]
+
+
+def test_the_sweep_refuses_a_bad_fixtures_file_before_any_server_starts(tmp_path: Path) -> None:
+    from ditq.sweep import SweepOptions
+
+    empty = tmp_path / "fixtures.json"
+    empty.write_text("{}")
+    (tmp_path / "refs").mkdir()
+    with pytest.raises(InputError, match="expected a non-empty object mapping fixture id to fixture"):
+        SweepOptions(
+            model=tmp_path, schemes=("w8a8",), fixtures=empty, refs=tmp_path / "refs", out=tmp_path / "out"
+        )
+    assert not (tmp_path / "out").exists()
