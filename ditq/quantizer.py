@@ -89,7 +89,7 @@ DEFAULTS: dict[str, Any] = {
     "scheme": "w8a8",
     "components": AUTO,
     "config_form": "flat",
-    "device": "cpu",
+    "device": "auto",
     "max_shard_bytes": 5 * 1024**3,
     "band_bytes": 1024**2,  # source bytes per band of rows: a band's float32 working set stays in cache
 }

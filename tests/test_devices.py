@@ -113,3 +113,20 @@ def test_generate_and_serve_compute_in_the_same_default_dtype_on_the_cpu(
     with pytest.raises(Loaded) as served:
         server.serve(default_model_dir(), ServeConfig(), device="cpu", skip_doctor=True)
     assert generated.value.args == served.value.args == ("cpu", torch.float32)
+
+
+def test_the_python_api_defaults_to_the_best_device_and_its_dtype() -> None:
+    """load_pipeline and load_component take device 'auto' and the device's compute dtype unless told: on this
+    CPU-only machine, the CPU in float32 (bfloat16 matmuls there are many times slower)."""
+    import inspect
+
+    import ditq
+    from ditq.demo import default_model_dir
+
+    for function in (ditq.load_pipeline, ditq.load_component):
+        parameters = inspect.signature(function).parameters
+        assert (parameters["device"].default, parameters["dtype"].default) == ("auto", None)
+    if torch.cuda.is_available():
+        pytest.skip("the defaults resolve to CUDA here")
+    pipeline = ditq.load_pipeline(default_model_dir())
+    assert pipeline.transformer.device.type == "cpu" and pipeline.transformer.dtype == torch.float32

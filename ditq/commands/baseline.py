@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--endpoint", help="generate through this server (serving PATH) instead of in process"
     )
-    add_device_arguments(parser, "cpu", "in process: where to generate (in bfloat16)", offload=True)
+    add_device_arguments(parser, "auto", "in process: where to generate (in bfloat16)", offload=True)
     add_variant_argument(parser)
 
 

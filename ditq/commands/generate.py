@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("ditq-generate.png"), metavar="FILE", help="PNG to write"
     )
-    add_device_arguments(parser, "cpu", "where to generate", dtype=True, offload=True)
+    add_device_arguments(parser, "auto", "where to generate", dtype=True, offload=True)
     add_variant_argument(parser)
     add_attention_argument(parser)
     add_kv_cache_argument(parser)

@@ -114,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the runs and checkpoints here (its reference, pair-bfloat16, verify-N and artifact-N are made "
         "afresh; default: a temporary folder, removed)",
     )
-    add_device_arguments(parser, "cpu", "where the pipeline runs", dtype=True)
+    add_device_arguments(parser, "auto", "where the pipeline runs", dtype=True)
     add_variant_argument(parser)
 
 

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8091, help="port to listen on (default: %(default)s)")
     parser.add_argument("--served-model-name", help="the model id clients send (default: the directory name)")
-    add_device_arguments(parser, "cpu", "where to generate", dtype=True, offload=True)
+    add_device_arguments(parser, "auto", "where to generate", dtype=True, offload=True)
     add_variant_argument(parser)
     add_attention_argument(parser)
     add_kv_cache_argument(parser)

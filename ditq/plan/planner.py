@@ -77,7 +77,7 @@ class PlanOptions:
     steps: int | None = None  # None: the demo's 8 on the bundled model, else the probe's 20
     cfg: float = 1.0
     component: str = "transformer"
-    device: str = "cpu"
+    device: str = "auto"
     dtype: str | None = None  # None: the device's default (float32 on the CPU, as ditq serve computes)
     variant: str | None = None
     work: Path | None = None  # keeps the runs and checkpoints (None: a temporary folder, removed)

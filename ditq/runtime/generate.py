@@ -107,7 +107,7 @@ def pipeline_summary(pipeline: Any) -> tuple[dict[str, dict[str, int]], dict[str
 def generate(
     model_dir: str | Path | None,
     request: GenerationRequest,
-    device: str | torch.device = "cpu",
+    device: str | torch.device = "auto",
     offload: str = "none",
     dtype: str | torch.dtype | None = None,
     skip_doctor: bool = False,

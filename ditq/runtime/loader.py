@@ -34,7 +34,7 @@ from ditq.checkpoint.layout import (
     weight_files,
 )
 from ditq.checkpoint.safetensors_io import TensorEntry, read_entry, read_header
-from ditq.devices import resolve_device, resolve_offload
+from ditq.devices import resolve_device, resolve_dtype, resolve_offload
 from ditq.errors import InputError
 from ditq.kernels.registry import KernelPath
 from ditq.runtime.classes import import_class, pipeline_class
@@ -219,8 +219,8 @@ def _load_plain(
 def load_component(
     model_dir: str | Path,
     component: str,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "auto",
+    dtype: torch.dtype | str | None = None,
     variant: str | None = None,
     drop_unused: bool = True,
 ) -> Any:
@@ -233,6 +233,8 @@ def load_component(
     unused are neither loaded nor run (``ditq.runtime.unused``).
     """
     model_dir = Path(model_dir)
+    device = resolve_device(device, option="device")
+    dtype = resolve_dtype(dtype, device, option="dtype")
     unused = sorted(recorded_unused(model_dir).get(component, {})) if drop_unused else []
     variant = variant if variant is not None else recorded_variant(model_dir)
     index = read_model_index(model_dir)
@@ -282,9 +284,9 @@ def prepare_quantized(
 
 def load_pipeline(
     model_dir: str | Path,
-    device: str | torch.device = "cpu",
+    device: str | torch.device = "auto",
     offload: str = "none",
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | str | None = None,
     chooser: KernelChooser | None = None,
     variant: str | None = None,
     drop_unused: bool = True,
@@ -292,6 +294,9 @@ def load_pipeline(
     kv_cache: str | None = None,
 ) -> Any:
     """A diffusers pipeline from a plain or ditq directory, placed on ``device`` per ``offload``.
+
+    ``device`` "auto" (the default) is the CUDA device where there is one, else the CPU; ``dtype`` None is the
+    device's default compute dtype (float32 on the CPU, bfloat16 on CUDA), as ``ditq generate`` computes.
 
     ``variant`` (``fp16``...) reads each component's variant files where it has them, else its default files,
     as diffusers' ``from_pretrained(variant=...)`` does; None: the variant a ditq artifact records (the
@@ -316,6 +321,7 @@ def load_pipeline(
     check_components_present(model_dir, index)
     cls = pipeline_class(index, model_dir)
     run_device = resolve_device(device, option="device")
+    dtype = resolve_dtype(dtype, run_device, option="dtype")
     load_device = run_device if offload == "none" else torch.device("cpu")
     recorded = recorded_variant(model_dir)
     variant = variant if variant is not None else recorded

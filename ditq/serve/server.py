@@ -88,7 +88,7 @@ def serve(
     config: ServeConfig,
     host: str = "127.0.0.1",
     port: int = 8091,
-    device: str = "cpu",
+    device: str = "auto",
     offload: str = "none",
     dtype: str | None = None,
     max_memory: str | None = None,

@@ -45,9 +45,9 @@ def test_quantized_forward_matches_bf16_source(
     source = sources[name]
     form = "wrapped" if scheme == "fp8" else "flat"  # both config forms, across the matrix
     ditq.quantize(source, tmp_path / "artifact", scheme, config_form=form)
-    bf16 = load_component(source, "transformer")
+    bf16 = load_component(source, "transformer", dtype=torch.bfloat16)
 
-    quantized = load_component(tmp_path / "artifact", "transformer")
+    quantized = load_component(tmp_path / "artifact", "transformer", dtype=torch.bfloat16)
 
     layers = quantized_linears(quantized)
     assert layers and all(type(layer) is quantized_linear_class(scheme) for layer in layers.values())
@@ -261,7 +261,7 @@ def test_quantized_blocks_compile_without_graph_breaks(
     scheme: str, sources: dict[str, Path], tmp_path: Path
 ) -> None:
     ditq.quantize(sources["qwenimage21"], tmp_path / "artifact", scheme)
-    quantized = load_component(tmp_path / "artifact", "transformer")
+    quantized = load_component(tmp_path / "artifact", "transformer", dtype=torch.bfloat16)
     prepare_quantized(quantized, "cpu", torch.bfloat16)
     inputs = example_inputs("qwenimage21", build_tiny("qwenimage21", dtype=torch.bfloat16))
     eager = _forward(quantized, inputs)
@@ -278,14 +278,14 @@ def test_int_quantized_without_input_activations_runs_weight_only(
     packed = write_artifact(
         sources["flux"], tmp_path / "packed", model, "w8a16"
     )  # same int8 values and scales
-    w8a8 = load_component(stored_unpacked, "transformer")
+    w8a8 = load_component(stored_unpacked, "transformer", dtype=torch.bfloat16)
     config_path = stored_unpacked / "transformer" / "config.json"
     config = json.loads(config_path.read_text())
     for group in config["quantization_config"]["config_groups"].values():
         del group["input_activations"]  # the config asks for int8 weights only
     config_path.write_text(json.dumps(config))
 
-    weight_only = load_component(stored_unpacked, "transformer")
+    weight_only = load_component(stored_unpacked, "transformer", dtype=torch.bfloat16)
 
     layers = quantized_linears(weight_only).values()
     assert layers and {(type(layer), layer.scheme.format) for layer in layers} == {
@@ -293,7 +293,7 @@ def test_int_quantized_without_input_activations_runs_weight_only(
     }
     inputs = example_inputs("flux", model)
     output = _forward(weight_only, inputs)
-    assert torch.equal(output, _forward(load_component(packed, "transformer"), inputs))
+    assert torch.equal(output, _forward(load_component(packed, "transformer", dtype=torch.bfloat16), inputs))
     assert relative_l2(output, _forward(w8a8, inputs)) > 1e-3  # activations were quantized before
 
 
