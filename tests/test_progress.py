@@ -48,3 +48,15 @@ def test_a_bar_turned_off_stays_off_on_a_terminal(monkeypatch: pytest.MonkeyPatc
 
     assert "img/s" in _stderr_of(lambda: count(True), monkeypatch, terminal=True)
     assert _stderr_of(lambda: count(False), monkeypatch, terminal=True) == ""  # --no-progress
+
+
+def test_generate_draws_one_bar_of_its_denoising_steps_on_a_terminal_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ditq.runtime.adapter import GenerationRequest
+    from ditq.runtime.generate import generate
+
+    request = GenerationRequest(prompt="a red circle", num_inference_steps=3, width=32, height=32, seed=0)
+    drawn = _stderr_of(lambda: generate(None, request, device="cpu"), monkeypatch, terminal=True)
+    assert "denoising" in drawn and "/3 " in drawn and "step/s" in drawn  # a bar of the 3 steps
+    assert _stderr_of(lambda: generate(None, request, device="cpu"), monkeypatch, terminal=False) == ""

@@ -34,6 +34,7 @@ def check_paths(
     use_cache: bool = False,
     report_root: Path | None = None,
     cases: CaseMaker | None = None,
+    report_progress: bool = False,
 ) -> list[DoctorPath]:
     """Check each path; with ``use_cache`` a verdict for the same (device, driver, versions, path,
     geometries, settings) is read from the cache instead of recomputed. Failing paths get a report
@@ -54,7 +55,15 @@ def check_paths(
             continue
         started = time.perf_counter()
         result = check_path(path, geometries, cases or default_cases(weights), device, rows, dtypes)
-        log.debug("doctor: %s %s in %.1fs", path.name, result.verdict, time.perf_counter() - started)
+        # a doctor run over many paths and geometries takes minutes (kernels compile): say each path as it ends
+        log.log(
+            logging.INFO if report_progress else logging.DEBUG,
+            "doctor: %s %s over %d geometries in %.1f s",
+            path.name,
+            result.verdict,
+            len(geometries),
+            time.perf_counter() - started,
+        )
         if result.verdict == "FAIL":
             result = write_report(result, env, report_root or cache_dir() / "reports")
         if use_cache and cases is None:
@@ -89,7 +98,9 @@ def run_doctor(
     from_artifact = artifact_cases(Path(artifact)) if artifact is not None else None
     weights = ["analytic"] + (["synthetic"] if synthetic or from_artifact is None else [])
     results = []
-    for path in select_paths(device, schemes, kernels):
+    selected = select_paths(device, schemes, kernels)
+    log.info("doctor: %d kernel paths to check on %s", len(selected), device)
+    for path in selected:
         if from_artifact is None:
             path_geometries: Sequence[Geometry] = geometries
             cases = default_cases(weights)
@@ -109,6 +120,14 @@ def run_doctor(
             results.append(skipped)
             continue
         results.extend(
-            check_paths([path], path_geometries, device, rows=rows, report_root=report_root, cases=cases)
+            check_paths(
+                [path],
+                path_geometries,
+                device,
+                rows=rows,
+                report_root=report_root,
+                cases=cases,
+                report_progress=True,
+            )
         )
     return results

@@ -496,6 +496,7 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
             f"{len(options.schemes)} schemes ({clock()})"
         )
         chosen = _layers_to_measure(layer_units, whole_units, whole_found, options)
+        say(f"plan: next, {len(chosen)} Linears x {len(options.schemes)} schemes, proxy only ({clock()})")
         layer_found = measure_sensitivity(bench, chosen, options.schemes, unit_seeds, lambda u: False)
         _estimate_the_rest(layer_found, layer_units, whole_units, whole_found, options.schemes)
         say(
@@ -577,6 +578,7 @@ def _search_and_verify(
     aim = {f: db + options.margin_db for f, db in target.per_fixture_db.items()}
     offsets = dict(fit.offset_db)
     tried: list[tuple[dict[str, str], _Verified, bool]] = []  # (mix, its verification, target met)
+    round_started = time.monotonic()
     for round_index in range(1, options.max_rounds + 1):
         assignment = search_assignment(targets, options.schemes, layer_found.proxy, offsets, aim, max_kept)
         if any(assignment == earlier for earlier, _, _ in tried):
@@ -600,6 +602,10 @@ def _search_and_verify(
             )
             + f" ({clock()})"
         )
+        left = options.max_rounds - round_index
+        if left and not all(met.values()):
+            each = (time.monotonic() - round_started) / round_index
+            say(f"plan: a round takes about {each:.0f} s; at most {left} more: about {each * left:.0f} s")
         # The mix just measured is the calibration point nearest the answer: each fixture's prediction moves by
         # what it missed, up or down; a fixture that missed its target is also aimed a margin higher.
         for fixture, measured in verified.psnr_db.items():

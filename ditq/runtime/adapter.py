@@ -101,6 +101,11 @@ class PipelineAdapter:
 
     def __init__(self, pipeline: Any) -> None:
         self.pipeline = pipeline
+        # diffusers' own step bar is off: a server's log gets no carriage returns, and ``ditq generate`` draws
+        # one bar for every pipeline (``ditq.runtime.generate``)
+        configure = getattr(pipeline, "set_progress_bar_config", None)
+        if callable(configure):
+            configure(disable=True)
         self.load_facts: dict[str, Any] = {}  # what loading found out (e.g. the time kernel choice took)
         self.parameters = set(inspect.signature(pipeline.__call__).parameters)
         self._targets = {

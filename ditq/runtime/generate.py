@@ -7,6 +7,7 @@ layers). Without a directory it uses the bundled demo model.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import time
@@ -19,6 +20,7 @@ from PIL import Image
 
 from ditq.devices import resolve_device, resolve_dtype, resolve_offload
 from ditq.fsutil import atomic_write_bytes
+from ditq.progress import progress_bar
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.loader import load_pipeline
 from ditq.runtime.modules import quantized_linears
@@ -114,6 +116,7 @@ def generate(
     variant: str | None = None,
     attention: str | None = None,
     kv_cache: str | None = None,
+    progress: bool = True,
 ) -> GenerationReport:
     """Load ``model_dir`` (None: the bundled demo model) and run one request; nothing is written.
 
@@ -125,7 +128,8 @@ def generate(
     ``variant`` as ``ditq.runtime.loader.load_pipeline`` reads it. ``attention`` ("int8" | "fp8") runs the
     transformer's attention through a doctor-chosen quantized-attention path (``ditq.runtime.attention``);
     ``kv_cache`` ("int8" | "fp8") keeps its prefix KV cache in 8 bits (``ditq.runtime.kv_cache``). Under
-    ``offload="auto"`` a request that runs out of memory moves the placement one step and runs again.
+    ``offload="auto"`` a request that runs out of memory moves the placement one step and runs again. ``progress``
+    draws a bar of the denoising steps on a terminal (never in a log).
     """
     from ditq.demo import default_model_dir
 
@@ -147,7 +151,16 @@ def generate(
     load_seconds = time.perf_counter() - start
     load_peak = int(torch.cuda.max_memory_allocated(torch_device)) if torch_device.type == "cuda" else None
     quantized, kernels = pipeline_summary(pipeline)
-    result = _run(PipelineAdapter(pipeline), request)
+    adapter = PipelineAdapter(pipeline)
+    total = request.num_inference_steps or adapter.default_steps
+    with progress_bar(total, "denoising", "step", enabled=progress) as bar:
+        asked = request.should_stop
+
+        def tick() -> str | None:
+            bar.update()
+            return asked() if asked is not None else None
+
+        result = _run(adapter, dataclasses.replace(request, should_stop=tick))
     placement = getattr(pipeline, "ditq_placement", None)
     return GenerationReport(
         model_dir=directory,

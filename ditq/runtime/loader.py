@@ -15,7 +15,8 @@ declares unused (a text encoder's output head) are left out of every component
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +283,20 @@ def prepare_quantized(
     return len(layers)
 
 
+@contextmanager
+def _without_diffusers_bars() -> Iterator[None]:
+    """diffusers' "Loading pipeline components" bar, off for the block: it is drawn even into a log file."""
+    from diffusers.utils import logging as diffusers_logging
+
+    was_on = diffusers_logging.is_progress_bar_enabled()
+    diffusers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            diffusers_logging.enable_progress_bar()
+
+
 def load_pipeline(
     model_dir: str | Path,
     device: str | torch.device = "auto",
@@ -335,9 +350,10 @@ def load_pipeline(
             plain_variants.add(variant_of(component_weight_files(model_dir / name, variant)[0].name))
     if variant is not None and variant not in plain_variants and variant != recorded:
         raise InputError(f"{model_dir}: no component has {variant} variant weights")
-    pipeline = cls.from_pretrained(  # type: ignore[attr-defined]
-        str(model_dir), dtype=dtype, variant=variant if variant in plain_variants else None, **quantized
-    )
+    with _without_diffusers_bars():
+        pipeline = cls.from_pretrained(  # type: ignore[attr-defined]
+            str(model_dir), dtype=dtype, variant=variant if variant in plain_variants else None, **quantized
+        )
     for name, modules in unused.items():
         component = pipeline.components.get(name)
         if (
