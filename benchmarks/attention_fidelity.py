@@ -42,8 +42,8 @@ RUNS = {  # name -> (dtype, attention kind or None)
 def _images(dtype: torch.dtype, kind: str | None, fixtures: dict) -> dict[tuple[str, int], np.ndarray]:  # type: ignore[type-arg]
     from ditq.demo import load_demo_pipeline
     from ditq.demo.fixtures import reference_image
+    from ditq.doctor.attention import install_quantized_attention
     from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
-    from ditq.runtime.attention import install_quantized_attention
 
     pipeline = load_demo_pipeline(dtype=dtype)
     pipeline.set_progress_bar_config(disable=True)

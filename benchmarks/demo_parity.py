@@ -8,7 +8,7 @@ and settings of BF16-class inference, as the seed's band was (two BF16 stacks, 2
 against each other is the band a quantized candidate is judged against; ``ditq demo`` measures the same
 pair in every run (``--parity-in-process``). Run ``ditq demo`` first (about 3.5 minutes on two cores; this
 script about one more). The JSON records the commands, the PSNR per fixture and seed, per fixture and overall
-its mean with a 95 % interval over seeds (``ditq.stats.mean_interval``, as the report's intervals are taken),
+its mean with a 95 % interval over seeds (``ditq.judge.stats.mean_interval``, as the report's intervals are taken),
 min and max, and the versions.
 """
 
@@ -41,8 +41,8 @@ def _shown(argv: list[str]) -> str:
 
 
 def _with_interval(values: list[float]) -> dict[str, object]:
-    """Mean, 95 % interval over seeds (``ditq.stats``), min and max of PSNR values (dB)."""
-    from ditq.stats import mean_interval
+    """Mean, 95 % interval over seeds (``ditq.judge.stats``), min and max of PSNR values (dB)."""
+    from ditq.judge.stats import mean_interval
 
     interval = mean_interval(values)
     return {
@@ -66,7 +66,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from ditq import demo
-    from ditq.commands.demo import DEMO
+    from ditq.demo.settings import DEMO
 
     sweep = json.loads((args.demo_out / "SWEEP.json").read_text())
     second = args.demo_out / "parity-bf16-in-process"

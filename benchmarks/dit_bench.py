@@ -14,7 +14,7 @@ the same mode, the final latents' relative L2 against BF16 eager's (same inputs)
 peak device memory as if the variant were alone. Per variant a per-layer error: every quantized Linear's
 output against its BF16 Linear on the same captured input (median, max, the worst five).
 
-Quantized variants take the Linears the quantizer would (``ditq.targets.plan_targets``) and run the kernel
+Quantized variants take the Linears the quantizer would (``ditq.quantize.targets.plan_targets``) and run the kernel
 path ``ditq serve`` would choose (``ditq.doctor.choose_kernel``; ``--skip-doctor``: the registry's first,
 unverified); w8a8 goes through the real loader (artifact written, ``ditq.load_component`` + repack: the
 load row). torchao's variants quantize the same BF16 weights with ``torchao.quantization.quantize_``
@@ -74,10 +74,10 @@ from ditq.checkpoint.codecs import codec_for  # noqa: E402
 from ditq.checkpoint.qconfig import quantization_config, with_quantization_config  # noqa: E402
 from ditq.doctor import VerifiedChooser, kernel_chooser  # noqa: E402
 from ditq.numerics import quantize_weight, relative_l2  # noqa: E402
+from ditq.quantize.targets import plan_targets  # noqa: E402
 from ditq.runtime.loader import load_component, parameters_on_meta, prepare_quantized  # noqa: E402
 from ditq.runtime.modules import linear_from_stored, quantized_linears  # noqa: E402
 from ditq.schemes import get_scheme  # noqa: E402
-from ditq.targets import plan_targets  # noqa: E402
 
 # name -> (transformer config overrides, text tokens, image grid side in latent tokens). "tiny" is a CPU dry run.
 PRESETS: dict[str, tuple[dict[str, Any], int, int]] = {
@@ -314,7 +314,7 @@ def attention_installed(pipe: Any, attention: str | None, verify: bool) -> Itera
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             yield attention
         return
-    from ditq.runtime.attention import install_quantized_attention
+    from ditq.doctor.attention import install_quantized_attention
 
     saved = pipe.transformer.attn_processors  # diffusers' own save and restore of every attention processor
     try:

@@ -120,7 +120,7 @@ case "$1" in
         --on-collapse warn \
         >"$dir/logs/serve-$offload.log" 2>&1 &
       pid=$!
-      python3 -c "import sys; from ditq.healthcheck import wait_healthy; r = wait_healthy('http://127.0.0.1:8931', 900); \
+      python3 -c "import sys; from ditq.sweep.health import wait_healthy; r = wait_healthy('http://127.0.0.1:8931', 900); \
         sys.exit(print(r) or 1) if r else None" || { kill $pid; continue; }
       curl -s http://127.0.0.1:8931/health >"$dir/logs/health-$offload.json" 2>/dev/null || true
       ditq probe --endpoint http://127.0.0.1:8931 --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" \

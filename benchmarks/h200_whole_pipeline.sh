@@ -139,7 +139,7 @@ serve_probe() {
   python3 -m ditq.cli serve "$model" --device cuda:0 --max-memory "$budget" --offload auto --port $port \
     --on-collapse warn "${extra[@]}" >"$dir/serve.log" 2>&1 &
   local pid=$!
-  if python3 -c "import sys; from ditq.healthcheck import wait_healthy; r = wait_healthy('http://127.0.0.1:$port', 600); \
+  if python3 -c "import sys; from ditq.sweep.health import wait_healthy; r = wait_healthy('http://127.0.0.1:$port', 600); \
       sys.exit(print(r) or 1) if r else None"; then
     curl -s "http://127.0.0.1:$port/health" >"$dir/health.json"
     timeout "${PROBE_S:-400}" python3 -m ditq.cli probe --endpoint "http://127.0.0.1:$port" \

@@ -46,7 +46,7 @@ from typing import Any
 import httpx
 from PIL import Image
 
-from ditq.healthcheck import wait_healthy
+from ditq.sweep.health import wait_healthy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import free_port, git_commit, rss_bytes

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 from PIL import Image
 
-from ditq.healthcheck import wait_healthy
+from ditq.sweep.health import wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 

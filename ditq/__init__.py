@@ -5,20 +5,28 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+# ``ditq.quantize`` is the quantize stage's package, which is callable (``ditq.quantize(SRC, OUT, "fp8")``), so that
+# ``ditq.quantize.quantizer`` and every other submodule import as usual; ``verify`` is its function. Both are light.
+from ditq import quantize
+from ditq.quantize import verify
+
 __version__ = "0.1.0"
 
 # Public API name -> module that defines it; imported on first use so `import ditq` stays light.
 _LAZY: dict[str, str] = {
-    "quantize": "ditq.quantizer",
-    "verify": "ditq.verifier",
     "load_pipeline": "ditq.runtime.loader",
     "load_component": "ditq.runtime.loader",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", "load_component", "load_pipeline", "quantize", "verify"]
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'ditq' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """What ``import ditq`` offers: its public API, the lazily imported names included."""
+    return sorted(__all__)

@@ -426,7 +426,7 @@ class CompareRow(_File):
     n_references: int
     status: Literal["ok", "missing", "error"]
     error: str | None = None
-    psnr_db: float | None = None  # capped at ditq.compare.PSNR_CAP_DB for identical images
+    psnr_db: float | None = None  # capped at ditq.judge.compare.PSNR_CAP_DB for identical images
     ssim: float | None = None
     space: Literal["RGBA", "RGB over white"] | None = None
     lpips: float | None = None  # only where LPIPS ran
@@ -439,7 +439,7 @@ class FidelityStats(_File):
 
 
 class ParityDecision(_File):
-    """One fixture against its parity band, decided on an interval (``ditq.stats``).
+    """One fixture against its parity band, decided on an interval (``ditq.judge.stats``).
 
     The sample is the candidate's PSNR minus the reference pair's, seed by seed (paired), or minus the stated
     band's PSNR; the fixture is inside when the interval's low end reaches ``floor_db`` (minus the tolerance),

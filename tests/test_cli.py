@@ -13,7 +13,7 @@ import pytest
 
 from ditq.cli import COMMANDS, main
 from ditq.commands import quantize as quantize_command
-from ditq.quantizer import quantize
+from ditq.quantize.quantizer import quantize
 
 
 def _parse(module, argv: list[str]) -> argparse.Namespace:  # type: ignore[no-untyped-def]
@@ -132,13 +132,21 @@ def test_version_and_logging_options_before_or_after_the_command(capsys) -> None
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.strip() == f"ditq {ditq.__version__}"
     root = logging.getLogger()
-    for argv, level in (
-        (["-v", "doctor"], logging.DEBUG),
-        (["doctor", "-v"], logging.DEBUG),
-        (["doctor", "--quiet"], logging.WARNING),
-        (["doctor"], logging.INFO),
-    ):
-        for handler in list(root.handlers):  # basicConfig configures only an unconfigured root logger
+    kept, kept_level = list(root.handlers), root.level
+    try:
+        for argv, level in (
+            (["-v", "doctor"], logging.DEBUG),
+            (["doctor", "-v"], logging.DEBUG),
+            (["doctor", "--quiet"], logging.WARNING),
+            (["doctor"], logging.INFO),
+        ):
+            for handler in list(root.handlers):  # basicConfig configures only an unconfigured root logger
+                root.removeHandler(handler)
+            assert main([*argv, "--device", "cpu", "--geometry", "64x32", "--rows", "4"]) == 0
+            assert root.level == level, argv
+    finally:  # the handlers main() added write to this test's captured stream, which closes with it
+        for handler in list(root.handlers):
             root.removeHandler(handler)
-        assert main([*argv, "--device", "cpu", "--geometry", "64x32", "--rows", "4"]) == 0
-        assert root.level == level, argv
+        for handler in kept:
+            root.addHandler(handler)
+        root.setLevel(kept_level)

@@ -83,7 +83,7 @@ def test_generate_and_serve_compute_in_the_same_default_dtype_on_the_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from ditq.demo import default_model_dir
-    from ditq.runtime import generate as generate_module
+    from ditq.serve import generate as generate_module
     from ditq.runtime.adapter import GenerationRequest
     from ditq.serve import server
     from ditq.serve.config import ServeConfig
@@ -105,7 +105,7 @@ def test_generate_and_serve_compute_in_the_same_default_dtype_on_the_cpu(
         assert (facts["device"], facts["dtype"]) == ("cpu", "float32")  # what /health says
         return load()
 
-    monkeypatch.setattr(generate_module, "_load", load)
+    monkeypatch.setattr(generate_module, "load_adapter", load)  # generate loads as serve does
     monkeypatch.setattr(server, "create_app", create_app)
     monkeypatch.setattr(server, "load_adapter", load)
     with pytest.raises(Loaded) as generated:

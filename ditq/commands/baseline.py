@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ditq.baseline import BaselineOptions, make_baseline
 from ditq.commands import add_variant_argument
 from ditq.commands.probe import add_matrix_arguments
 from ditq.devices import add_device_arguments
+from ditq.judge.baseline import BaselineOptions, make_baseline
 from ditq.probe.records import is_success, latest_by_key, read_records
 from ditq.runfiles import RECORDS_FILE
 

@@ -7,9 +7,9 @@ import json
 import os
 from pathlib import Path
 
-from ditq.baseline import require_sealed
-from ditq.compare import TOLERANCE_DB, ParityBand, compare_run, format_compare, parity_from_pair
 from ditq.errors import InputError
+from ditq.judge.baseline import require_sealed
+from ditq.judge.compare import TOLERANCE_DB, ParityBand, compare_run, format_compare, parity_from_pair
 from ditq.runfiles import COMPARE_FILE, RUN_FILE, to_json, write_model
 
 __all__ = ["add_arguments", "run"]

@@ -9,8 +9,8 @@ import logging
 import os
 from pathlib import Path
 
-from ditq.baseline import require_sealed
-from ditq.gate import build_envelopes, format_gate, gate_run, load_rules
+from ditq.judge.baseline import require_sealed
+from ditq.judge.gate import build_envelopes, format_gate, gate_run, load_rules
 from ditq.probe.records import require_complete
 from ditq.runfiles import GATE_FILE, RUN_FILE, to_json, write_model
 

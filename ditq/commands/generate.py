@@ -11,7 +11,7 @@ from ditq.commands import add_attention_argument, add_kv_cache_argument, add_var
 from ditq.devices import add_device_arguments
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest, parse_size
-from ditq.runtime.generate import GenerationReport, generate, save_images
+from ditq.serve.generate import GenerationReport, generate, save_images
 
 __all__ = ["add_arguments", "run"]
 

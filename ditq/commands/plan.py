@@ -8,11 +8,11 @@ from collections import Counter
 from pathlib import Path
 
 from ditq.commands import add_variant_argument
-from ditq.compare import MAX_SEEDS, TOLERANCE_DB
 from ditq.devices import add_device_arguments
+from ditq.judge.compare import MAX_SEEDS, TOLERANCE_DB
 from ditq.plan.planner import DEFAULT_SCHEMES, PlanOptions, make_plan
-from ditq.plan.schema import PlanFile
 from ditq.probe.fixtures import DEFAULT_SEEDS
+from ditq.quantize.plan_file import PlanFile
 
 __all__ = ["add_arguments", "run", "summary"]
 

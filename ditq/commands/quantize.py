@@ -1,4 +1,4 @@
-"""`ditq quantize`: a thin layer over ``ditq.quantizer.quantize`` (same defaults; ``--plan`` for mixed precision)."""
+"""`ditq quantize`: a thin layer over ``ditq.quantize.quantizer.quantize`` (same defaults; ``--plan`` for mixed precision)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 from ditq.checkpoint.qconfig import CONFIG_FORMS
 from ditq.devices import add_device_arguments
-from ditq.quantizer import DEFAULTS, quantize
+from ditq.quantize.quantizer import DEFAULTS, quantize
+from ditq.quantize.targets import AUTO_MIN_SHARE
 from ditq.schemes import SCHEMES
-from ditq.targets import AUTO_MIN_SHARE
 
 __all__ = ["add_arguments", "run"]
 

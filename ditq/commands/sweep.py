@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ditq.commands import ATTENTION_CHOICES
 from ditq.commands.report import add_objective_argument
-from ditq.compare import MAX_SEEDS
 from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device
+from ditq.judge.compare import MAX_SEEDS
 from ditq.report import ReportResult
 from ditq.runtime.kv_cache import KV_CACHE_KINDS
 from ditq.schemes import get_scheme

@@ -1,4 +1,4 @@
-"""`ditq verify`: a thin layer over ``ditq.verifier.verify``; exit 0 only when every check holds."""
+"""`ditq verify`: a thin layer over ``ditq.quantize.verifier.verify``; exit 0 only when every check holds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ditq.fsutil import atomic_write_json
-from ditq.verifier import REL_L2_BOUNDS, verify
+from ditq.quantize.verifier import REL_L2_BOUNDS, verify
 
 __all__ = ["add_arguments", "run"]
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ditq.doctor.checks import CHECK_DTYPES, raised, verdict
-from ditq.errors import DitqError
+from ditq.errors import DitqError, InputError
 from ditq.kernels.attention import (
     AttentionPath,
     all_attention_kernels,
@@ -44,6 +45,7 @@ __all__ = [
     "AttentionChoice",
     "check_attention_path",
     "choose_attention_kernel",
+    "install_quantized_attention",
     "run_attention_doctor",
 ]
 
@@ -229,3 +231,32 @@ def run_attention_doctor(
         for path in all_attention_kernels()
         if path.kind in kinds and path.device_type == device.type
     ]
+
+
+def install_quantized_attention(
+    pipeline: Any, kind: str, device: torch.device, dtype: torch.dtype, verify: bool = True
+) -> AttentionChoice:
+    """Choose a ``kind`` path for the transformer's attention on ``device`` in ``dtype`` (the doctor's check
+    unless ``verify`` is False) and install it on every attention module; returns the choice."""
+    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21Attention
+
+    transformer = getattr(pipeline, "transformer", None)
+    modules = (
+        []
+        if transformer is None
+        else [m for m in transformer.modules() if isinstance(m, QwenImage21Attention)]
+    )
+    if not modules:
+        raise InputError(
+            f"--attention {kind}: quantized attention supports Qwen-Image-2.1 transformers "
+            f"(QwenImage21Attention); this pipeline's transformer is {type(transformer).__name__}",
+            field="attention",
+        )
+    head_dim = modules[0].inner_dim // modules[0].heads
+    choice = choose_attention_kernel(kind, device, dtype, head_dim, verify=verify)
+    from ditq.runtime.attention import QuantizedAttnProcessor
+
+    processor = QuantizedAttnProcessor(choice.path)
+    for module in modules:
+        module.set_processor(processor)  # type: ignore[arg-type]  # diffusers lists its own classes only
+    return choice

@@ -3,8 +3,8 @@
 1. The source pipeline runs the fixtures in its source precision (a run directory under the work folder, as the
    in-process baseline writes it), recording the component's first calls for the proxy.
 2. Under ``--target parity`` the parity band is measured as the sweep measures it: the model run in process in
-   bfloat16 (``ditq.baseline.make_baseline``) against that run, per fixture and seed
-   (``ditq.compare.parity_from_pair``); each fixture's floor is its pair's mean minus compare's tolerance.
+   bfloat16 (``ditq.judge.baseline.make_baseline``) against that run, per fixture and seed
+   (``ditq.judge.compare.parity_from_pair``); each fixture's floor is its pair's mean minus compare's tolerance.
 3. Sensitivity (``ditq.plan.sensitivity``): every block and the whole component under every scheme (proxy, and
    final images for the component and every block, or ``image_blocks`` of them evenly spaced), to calibrate and
    validate the proxy; then every plannable Linear alone under every scheme
@@ -16,7 +16,7 @@
    fixture below its target corrects that fixture's prediction by what was measured, and the search runs again
    from there, up to ``max_rounds`` times; the plan records the last verification, met or not. Under a parity
    target, a fixture the verification leaves undecided with its mean at or above its floor (and no fixture
-   outside) gets more seeds, as ``ditq sweep --seeds auto`` adds them (``ditq.compare.seeds_to_add``, up to
+   outside) gets more seeds, as ``ditq sweep --seeds auto`` adds them (``ditq.judge.compare.seeds_to_add``, up to
    ``max_seeds``): the source-precision run, the bfloat16 pair and the candidate run them, the band is measured
    again over every fixture's seeds and the round is judged on them; later rounds run each fixture at its seeds.
 """
@@ -35,9 +35,13 @@ from typing import Any
 
 import torch
 
-from ditq.compare import MAX_SEEDS, TOLERANCE_DB, ParityBand, seeds_to_add
 from ditq.errors import DitqError, InputError
-from ditq.plan.schema import (
+from ditq.judge.compare import MAX_SEEDS, TOLERANCE_DB, ParityBand, seeds_to_add
+from ditq.plan.search import Calibration, calibrate, predict, search_assignment
+from ditq.plan.sensitivity import Sensitivity, Unit, Workbench, measure_sensitivity
+from ditq.probe.fixtures import DEFAULT_SEEDS, Fixture, load_fixtures, parse_seeds
+from ditq.probe.runner import Executor
+from ditq.quantize.plan_file import (
     KEEP,
     PlanCost,
     PlanFile,
@@ -46,10 +50,6 @@ from ditq.plan.schema import (
     ProxyCalibration,
     write_plan,
 )
-from ditq.plan.search import Calibration, calibrate, predict, search_assignment
-from ditq.plan.sensitivity import Sensitivity, Unit, Workbench, measure_sensitivity
-from ditq.probe.fixtures import DEFAULT_SEEDS, Fixture, load_fixtures, parse_seeds
-from ditq.probe.runner import Executor
 from ditq.schemes import get_scheme
 
 __all__ = ["DEFAULT_SCHEMES", "PlanOptions", "make_plan", "parse_budget", "read_budget"]
@@ -154,7 +154,7 @@ def parse_budget(text: str, planned_params: int, stored_itemsize: int, fixed_byt
 def _bundled_defaults(options: PlanOptions, work: Path) -> tuple[Path, Path, int]:
     """(fixtures, refs, steps), the bundled demo's where not given."""
     from ditq import demo
-    from ditq.commands.demo import DEMO, demo_fixtures
+    from ditq.demo.settings import DEMO, demo_fixtures
 
     bundled = Path(options.model).resolve() == demo.default_model_dir().resolve()
     if (options.fixtures is None or options.refs is None) and not bundled:
@@ -329,8 +329,8 @@ def _verify(
     """Quantize with the plan (``ditq quantize --plan``), load the checkpoint through the runtime, run every
     fixture at its seeds, and compare with the source-precision run as ``ditq compare`` does (with the band);
     then settle undecided fixtures with more seeds (``_settle``). ``source`` runs the source precision."""
-    from ditq.baseline import AdapterExecutor
-    from ditq.quantizer import quantize
+    from ditq.judge.baseline import AdapterExecutor
+    from ditq.quantize.quantizer import quantize
     from ditq.runtime.adapter import PipelineAdapter
     from ditq.runtime.loader import load_pipeline
 
@@ -367,7 +367,7 @@ def _settle(
     more seeds said), give each undecided fixture the seeds ``seeds_to_add`` names (up to ``max_seeds``): the
     source precision, the bfloat16 pair and the candidate run them, and the band is measured again. The seeds
     added stay the fixture's for later rounds."""
-    from ditq.compare import compare_run, parity_from_pair
+    from ditq.judge.compare import compare_run, parity_from_pair
 
     options = setting.options
     while True:
@@ -437,8 +437,8 @@ def _reasons(
 def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: None) -> PlanFile:
     """Measure, search and verify; write ``options.out`` and return the plan."""
     from ditq.devices import resolve_device, resolve_dtype
+    from ditq.quantize.targets import plan_targets
     from ditq.runtime.loader import load_pipeline
-    from ditq.targets import plan_targets
 
     started = time.monotonic()
     device = str(resolve_device(options.device))
@@ -650,7 +650,7 @@ def _target(setting: _Setting) -> tuple[ParityBand | None, PlanTarget]:
         return None, PlanTarget(
             kind="db", db=options.target_db, per_fixture_db=per_fixture, margin_db=options.margin_db
         )
-    from ditq.compare import parity_from_pair
+    from ditq.judge.compare import parity_from_pair
 
     _pair_run(setting, setting.seeds, list(setting.fixtures))
     band = parity_from_pair(setting.reference, setting.pair, options.tolerance_db)
@@ -671,7 +671,7 @@ def _parity_target(band: ParityBand, setting: _Setting) -> PlanTarget:
 def _pair_run(setting: _Setting, seeds: list[int], fixture_ids: list[str]) -> None:
     """The model in bfloat16 in process (``ditq baseline``'s code) on ``fixture_ids`` at ``seeds``, added to the
     pair's run: the second run of the parity pair."""
-    from ditq.baseline import BaselineOptions, make_baseline
+    from ditq.judge.baseline import BaselineOptions, make_baseline
 
     options = setting.options
     make_baseline(

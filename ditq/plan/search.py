@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ditq.compare import PSNR_CAP_DB
-from ditq.plan.schema import KEEP
+from ditq.judge.compare import PSNR_CAP_DB
+from ditq.quantize.plan_file import KEEP
 
 __all__ = ["Calibration", "ProxyTable", "calibrate", "predict", "search_assignment", "spearman"]
 

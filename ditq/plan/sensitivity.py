@@ -30,15 +30,15 @@ from typing import Any
 
 import torch
 
-from ditq.baseline import AdapterExecutor
 from ditq.checkpoint.codecs import codec_for
-from ditq.compare import PSNR_CAP_DB
 from ditq.errors import DitqError, InputError
+from ditq.judge.baseline import AdapterExecutor
+from ditq.judge.compare import PSNR_CAP_DB
 from ditq.metrics import fidelity_arrays, load_png_array, psnr
 from ditq.numerics import quantize_weight
-from ditq.plan.schema import KEEP, LayerSensitivity
 from ditq.probe.fixtures import Fixture
 from ditq.probe.runner import Reply, run_matrix
+from ditq.quantize.plan_file import KEEP, LayerSensitivity
 from ditq.runfiles import RunDescription
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.runtime.modules import QuantizedLinear, linear_from_stored

@@ -101,7 +101,7 @@ class Reply:
 
 
 class Executor(Protocol):
-    """Makes one image: through an endpoint (``HttpExecutor``) or in process (``ditq.baseline``)."""
+    """Makes one image: through an endpoint (``HttpExecutor``) or in process (``ditq.judge.baseline``)."""
 
     @property
     def endpoint(self) -> str: ...  # a server's base URL, or "in-process"

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from ditq.errors import InputError
-from ditq.plan.schema import PLAN_FILE, PlanFile, read_plan
 from ditq.probe.memory import memory_series, read_vram_csv
 from ditq.probe.records import (
     find_image,
@@ -32,6 +31,7 @@ from ditq.probe.records import (
     read_records,
     read_run_file,
 )
+from ditq.quantize.plan_file import PLAN_FILE, PlanFile, read_plan
 from ditq.runfiles import (
     CANDIDATE_FILE,
     COMPARE_FILE,

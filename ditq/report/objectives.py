@@ -13,6 +13,7 @@ the intervals behind it.
 
 from __future__ import annotations
 
+from ditq.judge.stats import ratio_interval, samples_to_settle, speed_decision
 from ditq.report.capacity import timed_walls
 from ditq.report.model import Candidate
 from ditq.report.schema import (
@@ -24,7 +25,6 @@ from ditq.report.schema import (
     ServingProfile,
 )
 from ditq.report.verdict import Reason, VerdictRules, fit_answer
-from ditq.stats import ratio_interval, samples_to_settle, speed_decision
 
 __all__ = ["fidelity_intervals", "objectives", "size_answer", "speed_answer"]
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from ditq.compare import describe_parity
+from ditq.judge.compare import describe_parity
 from ditq.report.capacity import FidelitySummary, capacity_matrix, fidelity_by_fixture
 from ditq.report.model import Candidate, RunData
 from ditq.report.schema import Answer, ReasonCode

@@ -21,7 +21,6 @@ _LAZY: dict[str, str] = {
     "quantized_linear_class": "ditq.runtime.modules",
     "quantized_linears": "ditq.runtime.modules",
     "OFFLOAD_MODES": "ditq.devices",
-    "generate": "ditq.runtime.generate",
 }
 
 __all__ = ["GenerationRequest", "GenerationResult", "PipelineAdapter", *_LAZY]

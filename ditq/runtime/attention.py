@@ -10,7 +10,8 @@ calls replaced: the same Q/K/V projection, norms, RoPE and KV-cache bookkeeping
 - cached decode (``segments`` None): the target's queries over [cached prefix, target] keys;
 
 padded prompt keys dropped in both (``key_valid``, or the decode's ``attention_mask`` (B, 1, 1, S) it is made
-from). Installing it in place of the flex processor too makes the model hand over ``segments``.
+from). Installing it in place of the flex processor too makes the model hand over ``segments``; the doctor
+chooses the path and installs the processor (``ditq.doctor.attention.install_quantized_attention``).
 """
 
 from __future__ import annotations
@@ -24,11 +25,9 @@ from diffusers.models.transformers.transformer_qwenimage21 import (
     _qwenimage21_prepare_qkv,
 )
 
-from ditq.doctor.attention import AttentionChoice, choose_attention_kernel
-from ditq.errors import InputError
 from ditq.kernels.attention import AttentionPath
 
-__all__ = ["QuantizedAttnProcessor", "install_quantized_attention", "quantized_segment_attention"]
+__all__ = ["QuantizedAttnProcessor", "quantized_segment_attention"]
 
 
 def quantized_segment_attention(
@@ -93,28 +92,3 @@ class QuantizedAttnProcessor(QwenImage21AttnProcessor):
         hidden = quantized_segment_attention(self.path, query, key, value, segments, mask)
         hidden = attn.to_out[0](hidden.flatten(2, 3).type_as(query))
         return attn.to_out[1](hidden)
-
-
-def install_quantized_attention(
-    pipeline: Any, kind: str, device: torch.device, dtype: torch.dtype, verify: bool = True
-) -> AttentionChoice:
-    """Choose a ``kind`` path for the transformer's attention on ``device`` in ``dtype`` (the doctor's check
-    unless ``verify`` is False) and install it on every attention module; returns the choice."""
-    transformer = getattr(pipeline, "transformer", None)
-    modules = (
-        []
-        if transformer is None
-        else [m for m in transformer.modules() if isinstance(m, QwenImage21Attention)]
-    )
-    if not modules:
-        raise InputError(
-            f"--attention {kind}: quantized attention supports Qwen-Image-2.1 transformers "
-            f"(QwenImage21Attention); this pipeline's transformer is {type(transformer).__name__}",
-            field="attention",
-        )
-    head_dim = modules[0].inner_dim // modules[0].heads
-    choice = choose_attention_kernel(kind, device, dtype, head_dim, verify=verify)
-    processor = QuantizedAttnProcessor(choice.path)
-    for module in modules:
-        module.set_processor(processor)  # type: ignore[arg-type]  # diffusers lists its own classes only
-    return choice

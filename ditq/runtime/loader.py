@@ -56,6 +56,7 @@ __all__ = [
     "load_pipeline",
     "parameters_on_meta",
     "pipeline_class",
+    "pipeline_summary",
     "prepare_quantized",
     "recorded_unused",
     "recorded_variant",
@@ -372,3 +373,18 @@ def load_pipeline(
 
         install_kv_cache(pipeline, kv_cache)
     return pipeline
+
+
+def pipeline_summary(pipeline: Any) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """(component -> scheme -> quantized Linear count, kernel path -> layer count) of a loaded pipeline."""
+    schemes: dict[str, dict[str, int]] = {}
+    kernels: dict[str, int] = {}
+    for name, component in pipeline.components.items():
+        if not isinstance(component, torch.nn.Module):
+            continue
+        for layer in quantized_linears(component).values():
+            per = schemes.setdefault(name, {})
+            per[layer.scheme.name] = per.get(layer.scheme.name, 0) + 1
+            kernel = layer.kernel.name if layer.kernel is not None else "unchosen"
+            kernels[kernel] = kernels.get(kernel, 0) + 1
+    return schemes, kernels

@@ -7,8 +7,8 @@ import io
 import numpy as np
 from PIL import Image
 
-from ditq.gate import GateRules
 from ditq.metrics import structure_metrics
+from ditq.signatures import GateRules
 
 __all__ = ["collapse_reasons", "encode_image"]
 

@@ -148,7 +148,7 @@ def load_adapter(
     if chooser is not None:  # part of the load time: the doctor's checks, kernel compilation included
         adapter.load_facts["kernel_choice_seconds"] = round(chooser.seconds, 3)
     if attention is not None:
-        from ditq.runtime.attention import install_quantized_attention
+        from ditq.doctor.attention import install_quantized_attention
 
         choice = install_quantized_attention(
             pipeline, attention, torch.device(device), dtype, verify=chooser is not None
@@ -164,7 +164,7 @@ def make_doctor(chooser: VerifiedChooser | None) -> Callable[[PipelineAdapter], 
     def record(adapter: PipelineAdapter) -> DoctorOutcome:
         if chooser is None:
             return DoctorOutcome("skipped", "--skip-doctor given")
-        from ditq.runtime.generate import pipeline_summary
+        from ditq.runtime.loader import pipeline_summary
 
         _, kernels = pipeline_summary(adapter.pipeline)
         summary = chooser.summary(sum(kernels.values()))

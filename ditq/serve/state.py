@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ditq.gate import load_rules
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.runtime.memory import is_out_of_memory
 from ditq.serve import errors
@@ -23,6 +22,7 @@ from ditq.serve.cost import CostModel
 from ditq.serve.errors import APIError
 from ditq.serve.metrics import ServerMetrics, resident_memory_bytes
 from ditq.serve.worker import GenerationWorker
+from ditq.signatures import load_rules
 
 __all__ = ["OVERDUE_GRACE_S", "DoctorOutcome", "Phase", "ServerState"]
 
@@ -137,7 +137,7 @@ class ServerState:
                 public=f"loading the model {what} ({type(error).__name__}); the server log has the details",
             )
             return
-        from ditq.runtime.generate import pipeline_summary
+        from ditq.runtime.loader import pipeline_summary
 
         quantized, kernels = pipeline_summary(adapter.pipeline)
         self.facts.update(

@@ -184,7 +184,7 @@ def test_the_verification_settles_an_undecided_fixture_with_more_seeds(tiny_work
     seeds compare says would settle it, up to --max-seeds: the source precision, the bfloat16 pair and the
     candidate all run them, and the floors are measured again over them. A floor 9.5 dB above the pair (a
     tolerance of -9.5 dB) puts it next to what fp8 reaches on this model, so two seeds cannot decide."""
-    from ditq.compare import compare_run, parity_from_pair
+    from ditq.judge.compare import compare_run, parity_from_pair
     from ditq.plan.planner import PlanOptions, make_plan
     from ditq.probe.records import is_success, latest_by_key, read_records
 

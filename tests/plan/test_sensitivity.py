@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ditq.compare import PSNR_CAP_DB
-from ditq.plan.schema import KEEP
+from ditq.judge.compare import PSNR_CAP_DB
 from ditq.plan.sensitivity import Unit, Workbench, layers_quantized, measure_sensitivity, quantized_copy
 from ditq.probe.fixtures import load_fixtures
 from ditq.probe.runner import describe_run
+from ditq.quantize.plan_file import KEEP
 from ditq.runfiles import InProcessOptions
 from ditq.runtime.modules import QuantizedLinear
 

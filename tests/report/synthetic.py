@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ditq.compare import ParityBand, compare_run
-from ditq.gate import gate_run, load_rules
+from ditq.judge.compare import ParityBand, compare_run
+from ditq.judge.gate import gate_run, load_rules
 from ditq.probe.records import RecordLog
 from ditq.runfiles import (
     Attempt,

@@ -1,5 +1,5 @@
 """The seed's round-one records through `ditq report`: its int8 weight-only run (16 requests, structure
-recorded, no images; tests/harness/data/seed-rtx3090) collapsed, and the verdict must say so.
+recorded, no images; tests/data/harness/seed-rtx3090) collapsed, and the verdict must say so.
 
 The report reads the run directories as a sweep leaves them: the candidate's records beside the gate's
 judgment of them (gate.json), and a baseline run of the same requests. The seed kept no BF16 records, so the
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from ditq.cli import main
-from ditq.gate import build_envelopes, gate_run, load_rules
+from ditq.judge.gate import build_envelopes, gate_run, load_rules
 from ditq.report import validate_verdict_file
 from ditq.runfiles import GATE_FILE, write_model
 
-SEED_RUN = Path(__file__).parents[1] / "harness" / "data" / "seed-rtx3090"
+SEED_RUN = Path(__file__).parents[1] / "data" / "harness" / "seed-rtx3090"
 
 
 def _healthy_baseline(root: Path) -> Path:

@@ -79,7 +79,7 @@ def test_each_objective_answers_apart_and_the_headline_follows_the_objective(run
 
 
 def test_a_fixture_on_the_edge_of_the_band_is_undecided_with_the_seeds_to_settle_it(tmp_path, runs):
-    from ditq.compare import ParityBand, compare_run
+    from ditq.judge.compare import ParityBand, compare_run
     from ditq.runfiles import write_model
 
     spec = RunSpec("close", "healthy", {1: 1, 2: 1, 3: 1, 4: 1}, parity_db=None)

@@ -15,6 +15,7 @@ from PIL import Image
 
 from ditq.cli import main
 from ditq.demo import build_tiny_pipeline
+from ditq.doctor.attention import install_quantized_attention
 from ditq.errors import InputError
 from ditq.kernels.attention import (
     QuantizedQK,
@@ -23,7 +24,7 @@ from ditq.kernels.attention import (
 )
 from ditq.kernels.attention.reference import allowed_keys
 from ditq.numerics import relative_l2
-from ditq.runtime.attention import QuantizedAttnProcessor, install_quantized_attention
+from ditq.runtime.attention import QuantizedAttnProcessor
 
 
 def _float_qk(query: torch.Tensor, key: torch.Tensor, kind: str) -> QuantizedQK:

@@ -17,8 +17,8 @@ import ditq
 from ditq.cli import main
 from ditq.demo import build_tiny_pipeline
 from ditq.doctor import kernel_chooser
-from ditq.healthcheck import wait_healthy
 from ditq.serve.startup import load_adapter, make_doctor
+from ditq.sweep.health import wait_healthy
 
 
 def test_max_memory_on_the_cpu_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

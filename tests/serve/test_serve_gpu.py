@@ -20,10 +20,10 @@ from serve_testkit import free_port
 from ditq.demo import default_model_dir
 from ditq.doctor import kernel_chooser
 from ditq.errors import EXIT_OUT_OF_MEMORY
-from ditq.healthcheck import wait_healthy
 from ditq.runtime.adapter import GenerationRequest
 from ditq.serve.cost import RequestCost, calibrate
 from ditq.serve.startup import load_adapter
+from ditq.sweep.health import wait_healthy
 
 pytestmark = [
     pytest.mark.gpu,

@@ -18,9 +18,9 @@ import pytest
 import torch
 from serve_testkit import FAST, GatedAdapter, LiveServer, make_app, raise_once, tiny_adapter, transformer_hook
 
-from ditq.healthcheck import wait_healthy
 from ditq.runtime.adapter import GenerationRequest
 from ditq.serve.worker import Cancelled, GenerationWorker, OutOfMemory, QueueClosed, QueueFull
+from ditq.sweep.health import wait_healthy
 
 HERE = Path(__file__).resolve().parent
 SMALL = {"num_inference_steps": 1, "width": 32, "height": 32, "seed": 0}

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from ditq.errors import InputError
-from ditq.gate import load_rules
+from ditq.judge.gate import load_rules
 from ditq.serve.config import ServeConfig, parse_memory_size
 from ditq.serve.images import collapse_reasons, encode_image
 from ditq.serve.metrics import ServerMetrics, endpoint_label

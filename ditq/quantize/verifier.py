@@ -1,0 +1,462 @@
+"""``verify``: an artifact's digests, its quantized tensors decoded twice, and (optionally) its source.
+
+Checks, each reported pass/fail with a one-line detail:
+
+- **manifest**: ``MANIFEST.json`` matches its seal and parses;
+- **files**: every file the manifest lists has its size and sha256; no file
+  is missing or extra; linked components point where the manifest says, and
+  every file behind a link has the size and sha256 the manifest recorded for
+  it in the source (``source_files``);
+- **config** (per component): ``quantization_config`` equals the manifest's
+  and each of its config groups names one of ditq's schemes;
+- **tensors**: each quantized layer's scheme is its config group's, cross-checked against its tensors (the
+  loader's reading, ``ditq.runtime.swap.layer_schemes``), so a mixed-precision component is checked layer by
+  layer; stored dtypes and shapes follow that scheme; scales are finite
+  and positive; ditq's decoder and compressed-tensors' decoder agree bit for
+  bit; every Linear of the model is either quantized or in ``ignore``;
+- with ``source``: every dequantized weight is within its scheme's relative
+  L2 bound of the source (``REL_L2_BOUNDS``), and every other tensor is byte
+  identical to the source's.
+
+A compressed-tensors checkpoint that ditq did not write (a diffusers directory without ``MANIFEST.json``,
+llm-compressor's say) gets every check but the manifest's: ``manifest`` and ``files`` are reported as not
+applicable (never as passed), the config is not compared with a manifest, and the rest run as above; its
+``ignore`` entries match as compressed-tensors matches them (names, ``re:`` patterns, class names).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ditq.checkpoint.codecs import SCALE, SCALE_DTYPES, Codec, codec_for, config_groups, quantized_layers
+from ditq.checkpoint.layout import (
+    component_class,
+    component_names,
+    load_component_config,
+    quantization_config_of,
+    read_model_index,
+)
+from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, SCHEMA_VERSION, file_records
+from ditq.checkpoint.reference import ReferenceDecoder
+from ditq.checkpoint.safetensors_io import SafetensorsHeader, TensorEntry, read_tensor
+from ditq.checkpoint.source_tree import scan_tree
+from ditq.errors import DitqError, InputError
+from ditq.fsutil import open_regular, sha256_file
+from ditq.numerics import relative_l2
+from ditq.progress import progress_bar
+from ditq.quantize.rewrite import read_component_headers
+from ditq.quantize.targets import build_meta_model
+
+__all__ = ["REL_L2_BOUNDS", "Check", "VerifyReport", "verify"]
+
+# Largest relative L2 error (||w_q - w|| / ||w||) accepted per quantized tensor, by scheme. Per-channel
+# int8 of a BF16 weight typically lands near 0.01 and e4m3 near 0.025; the bounds leave room for
+# heavy-tailed rows while still catching a wrong scale, layout or transpose (errors of order 1).
+REL_L2_BOUNDS: dict[str, float] = {"w8a16": 0.05, "w8a8": 0.05, "fp8": 0.08}
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    applicable: bool = True  # False: nothing was checked (reported "n/a", never as passed)
+
+    @property
+    def status(self) -> str:
+        return "n/a" if not self.applicable else "pass" if self.ok else "fail"
+
+
+@dataclass
+class VerifyReport:
+    artifact: str
+    source: str | None
+    checks: list[Check] = field(default_factory=list)
+    tensors: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        checked = [c for c in self.checks if c.applicable]
+        return bool(checked) and all(c.ok for c in checked)
+
+    def add(self, name: str, problems: list[str], passed: str) -> None:
+        """Record a check that fails with the first few problems, or passes with ``passed``."""
+        detail = passed if not problems else f"{len(problems)} problem(s): " + "; ".join(problems[:5])
+        self.checks.append(Check(name, not problems, detail))
+
+    def not_applicable(self, name: str, why: str) -> None:
+        self.checks.append(Check(name, True, why, applicable=False))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "artifact": self.artifact,
+            "source": self.source,
+            "checks": [{**asdict(c), "status": c.status} for c in self.checks],
+            "tensors": self.tensors,
+        }
+
+    def table(self) -> str:
+        width = max((len(c.name) for c in self.checks), default=5)
+        lines = [f"{c.status.upper():<4}  {c.name:<{width}}  {c.detail}" for c in self.checks]
+        checked = [c for c in self.checks if c.applicable]
+        passed = sum(c.ok for c in checked)
+        skipped = len(self.checks) - len(checked)
+        lines.append(
+            f"{'OK' if self.ok else 'FAILED'}: {passed} of {len(checked)} checks passed"
+            + (f", {skipped} not applicable" if skipped else "")
+        )
+        return "\n".join(lines)
+
+
+def _check_manifest(root: Path, report: VerifyReport) -> dict[str, Any] | None:
+    seal = root / MANIFEST_SEAL
+    actual = sha256_file(root / MANIFEST)
+    sealed = seal.is_file() and seal.read_bytes() == f"{actual}  {MANIFEST}\n".encode()
+    report.add(
+        "manifest seal",
+        [] if sealed else [f"{MANIFEST} does not match {MANIFEST_SEAL}"],
+        f"sha256 {actual[:16]}…",
+    )
+    try:
+        manifest = json.loads((root / MANIFEST).read_text())
+        if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"schema_version is not {SCHEMA_VERSION}")
+        for key in ("files", "components", "linked"):
+            if not isinstance(manifest.get(key), dict):
+                raise ValueError(f"no {key!r} object")
+    except (ValueError, UnicodeDecodeError) as error:
+        report.add("manifest parses", [f"{MANIFEST}: {error}"], "")
+        return None
+    report.add("manifest parses", [], f"schema {SCHEMA_VERSION}")
+    return manifest
+
+
+def _check_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> None:
+    listed: dict[str, Any] = manifest["files"]
+    linked: dict[str, str] = manifest["linked"]
+    present = file_records(root, skip_dirs=set(linked))
+    problems = [f"missing {p}" for p in listed if p not in present]
+    problems += [f"extra {p}" for p in present if p not in listed]
+    problems += [f"altered {p}" for p, rec in listed.items() if p in present and present[p] != rec]
+    for name, target in linked.items():
+        link = root / name
+        if not link.is_symlink() or str(link.readlink()) != target or not link.exists():
+            problems.append(f"link {name} does not point to {target}")
+    problems += _linked_problems(root, manifest)
+    behind = sum(1 for rel in manifest.get("source_files") or {} if rel.split("/")[0] in linked)
+    report.add(
+        "files",
+        problems,
+        f"{len(listed)} files match their sha256 and size, {len(linked)} links intact, "
+        f"{behind} files behind them match the source's",
+    )
+
+
+def _behind(link: Path, name: str) -> dict[str, Path]:
+    """Every file at ``link`` (a file, or a folder walked through its links), as artifact-relative paths."""
+    if not link.is_dir():
+        return {name: link}
+    return {f"{name}/{rel}": path for rel, path in scan_tree(link, follow_links=True).files.items()}
+
+
+def _linked_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """The files behind the artifact's links against the source digests the manifest recorded for them."""
+    linked: dict[str, str] = manifest["linked"]
+    recorded = manifest.get("source_files")
+    if not linked:
+        return []
+    if not isinstance(recorded, dict):
+        return [f"{MANIFEST} has no source_files: what {', '.join(linked)} link to cannot be checked"]
+    problems: list[str] = []
+    for name in linked:
+        expected = {rel: r for rel, r in recorded.items() if rel.split("/")[0] == name}
+        if not (root / name).exists():
+            continue  # reported as a broken link
+        try:
+            present = _behind(root / name, name)
+        except InputError as error:
+            problems.append(str(error))
+            continue
+        where = f"(behind the link {name})"
+        problems += [f"missing {rel} {where}" for rel in expected if rel not in present]
+        problems += [f"extra {rel} {where}" for rel in present if rel not in expected]
+        for rel, record in expected.items():
+            if rel in present and (
+                os.stat(present[rel]).st_size != record.get("size")
+                or sha256_file(present[rel]) != record.get("sha256")
+            ):
+                problems.append(f"altered {rel} {where}")
+    return problems
+
+
+def _read(where: dict[str, tuple[SafetensorsHeader, TensorEntry]], name: str) -> torch.Tensor:
+    header, entry = where[name]
+    with open_regular(header.path) as handle:
+        return read_tensor(handle, entry)
+
+
+def _raw(where: dict[str, tuple[SafetensorsHeader, TensorEntry]], name: str) -> bytes:
+    header, entry = where[name]
+    with open_regular(header.path) as handle:
+        handle.seek(entry.begin)
+        return handle.read(entry.nbytes)
+
+
+def _meta_model(root: Path, component: str, info: dict[str, Any]) -> torch.nn.Module:
+    library, class_name = info["class"]
+    return build_meta_model(root / component, library, class_name)
+
+
+def _linears(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def _shape(linear: torch.nn.Linear | None) -> tuple[int, int] | None:
+    return None if linear is None else (linear.out_features, linear.in_features)
+
+
+def _layout_problem(
+    codec: Codec, stored: dict[str, torch.Tensor], model_shape: tuple[int, int] | None, group_size: int | None
+) -> str | None:
+    """Why one Linear's stored tensors are not what the scheme stores for the model's (out, in) Linear, or None.
+
+    ``model_shape`` None: a Linear the model's module names do not spell the same way; its own tensors say.
+    """
+    try:
+        stored_shape = codec.features(stored)
+    except DitqError as error:
+        return str(error)
+    out_features, in_features = model_shape or stored_shape
+    specs = codec.specs(out_features, in_features, group_size)
+    layout = {k: (v.dtype, tuple(v.shape)) for k, v in stored.items()}
+    if SCALE in layout and layout[SCALE][0] in SCALE_DTYPES:  # every accepted scale dtype reads as float32
+        layout[SCALE] = (torch.float32, layout[SCALE][1])
+    if layout != specs:
+        return f"stored {layout} but the scheme needs {specs}"
+    if stored_shape != (out_features, in_features):
+        return f"stored for a {list(stored_shape)} weight, the model's is {[out_features, in_features]}"
+    return None
+
+
+def _groups_text(plain: dict[str, Any], where: str) -> str:
+    """The config's format and, where it has several groups, each group's scheme and target count."""
+    groups = config_groups(plain, where)
+    if len(groups) == 1:
+        return str(plain.get("format"))
+    each = ", ".join(
+        f"{g.name} {g.scheme.name if g.scheme else g.weight_type} ({len(g.targets)} targets)" for g in groups
+    )
+    return f"{plain.get('format')}: {each}"
+
+
+def _check_config(
+    root: Path, component: str, info: dict[str, Any], report: VerifyReport
+) -> dict[str, Any] | None:
+    try:
+        plain = quantization_config_of(load_component_config(root / component), component)
+        if plain is None:
+            raise InputError(f"{component}/config.json: no quantization_config")
+        described = _groups_text(plain, f"{component}/config.json")
+        ReferenceDecoder(plain)  # compressed-tensors must accept it too
+    except DitqError as error:
+        report.add(f"{component}: config", [str(error)], "")
+        return None
+    except ValueError as error:  # pydantic's ValidationError, over several lines
+        refusal = " ".join(str(error).split())
+        report.add(
+            f"{component}: config", [f"{component}/config.json: compressed-tensors refuses it: {refusal}"], ""
+        )
+        return None
+    manifest_config = info.get("quantization_config")  # None: no manifest to compare with
+    same = manifest_config is None or plain == manifest_config
+    compared = "" if manifest_config is not None else " (no manifest to compare it with)"
+    report.add(
+        f"{component}: config",
+        [] if same else ["quantization_config differs from the manifest's"],
+        f"{described}, {len(plain.get('ignore', []))} ignored, parsed by compressed-tensors{compared}",
+    )
+    return plain
+
+
+def _check_coverage(
+    component: str,
+    info: dict[str, Any],
+    linears: dict[str, torch.nn.Linear],
+    names: set[str],
+    quantized: set[str],
+    report: VerifyReport,
+) -> None:
+    from ditq.runtime.swap import matches  # compressed-tensors' matching of names, re: patterns, class names
+
+    ignore = list(info["quantization_config"].get("ignore", []))
+
+    def ignored(name: str) -> bool:
+        return name in ignore or (name in linears and matches(ignore, name, linears[name]))
+
+    problems = [f"{p} quantized but listed in ignore" for p in sorted(quantized) if ignored(p)]
+    if info.get("quantized") is not None and quantized != set(info["quantized"]):
+        problems.append("quantized tensors differ from the manifest's list")
+    for name in sorted(linears):
+        if name not in quantized and not ignored(name):
+            stored = f"{name}.weight" in names
+            problems.append(
+                f"Linear {name} {'kept in source precision' if stored else 'missing'} but not in ignore"
+            )
+    report.add(
+        f"{component}: targets",
+        problems,
+        f"{len(quantized)} quantized, {len(ignore)} ignored, every Linear accounted for",
+    )
+
+
+def _check_tensors(
+    root: Path,
+    component: str,
+    info: dict[str, Any],
+    source: Path | None,
+    report: VerifyReport,
+) -> None:
+    from ditq.runtime.swap import layer_schemes  # the loader's reading of each layer's scheme
+
+    try:
+        where = read_component_headers(root / component)
+        model = _meta_model(root, component, info)
+        variant = info.get("variant")
+        source_where = read_component_headers(source / component, variant) if source is not None else None
+    except DitqError as error:
+        report.add(f"{component}: tensors", [str(error)], "")
+        return
+    linears = _linears(model)
+    layers = quantized_layers(where)
+    quantized = set(layers)
+    _check_coverage(component, info, linears, set(where), quantized, report)
+    try:
+        entries = {name: entry for name, (_, entry) in where.items()}
+        schemes = layer_schemes(model, entries, info["quantization_config"], f"{component}/config.json")
+    except DitqError as error:
+        report.add(f"{component}: decode", [str(error)], "")
+        return
+    decoder = ReferenceDecoder(info["quantization_config"])
+    problems: list[str] = []
+    source_problems: list[str] = []
+    for prefix, names in progress_bar(len(layers), f"verify {component}", "layer", iterable=layers.items()):
+        scheme = schemes[prefix]
+        codec, bound = codec_for(scheme), REL_L2_BOUNDS[scheme.name]
+        stored = {n: _read(where, f"{prefix}.{n}") for n in names}
+        row: dict[str, Any] = {"component": component, "tensor": prefix, "scheme": scheme.name}
+        layout_problem = _layout_problem(codec, stored, _shape(linears.get(prefix)), scheme.group_size)
+        if layout_problem is not None:
+            problems.append(f"{prefix}: {layout_problem}")
+            report.tensors.append({**row, "layout_ok": False})
+            continue
+        scale = stored[SCALE]
+        row["scale_ok"] = bool(torch.isfinite(scale).all() and (scale > 0).all())
+        # in the scale's dtype, as compressed-tensors decodes (float32 for ditq's scales)
+        ours, theirs = codec.decode(stored, scale.dtype), decoder.decode(stored, prefix, linears.get(prefix))
+        row["decoders_agree"] = ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+        if not row["scale_ok"]:
+            problems.append(f"{prefix}: weight_scale not finite and positive")
+        if not row["decoders_agree"]:
+            problems.append(f"{prefix}: ditq and compressed-tensors decode differently")
+        if source_where is not None:
+            if f"{prefix}.weight" not in source_where:
+                source_problems.append(f"{prefix}.weight not in the source")
+            else:
+                row["rel_l2"] = relative_l2(ours, _read(source_where, f"{prefix}.weight"))
+                if not row["rel_l2"] <= bound:
+                    source_problems.append(
+                        f"{prefix}: rel-L2 {row['rel_l2']:.4f} above the {scheme.name} bound {bound}"
+                    )
+        report.tensors.append(row)
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(Counter(s.name for s in schemes.values()).items()))
+    report.add(
+        f"{component}: decode",
+        problems,
+        f"{len(quantized)} tensors ({counts}): layout ok, scales finite and positive, decoders agree bitwise",
+    )
+    if source_where is not None:
+        _check_against_source(component, where, source_where, layers, source_problems, report)
+
+
+def _check_against_source(
+    component: str,
+    where,
+    source_where,
+    layers: dict[str, list[str]],
+    problems: list[str],
+    report: VerifyReport,
+) -> None:
+    derived = {f"{prefix}.{name}" for prefix, names in layers.items() for name in names}
+    kept = sorted(set(where) - derived)
+    for name in kept:
+        if name not in source_where:
+            problems.append(f"{name}: not in the source")
+        elif (
+            where[name][1].dtype != source_where[name][1].dtype
+            or where[name][1].shape != source_where[name][1].shape
+        ):
+            problems.append(f"{name}: dtype or shape differs from the source")
+        elif _raw(where, name) != _raw(source_where, name):
+            problems.append(f"{name}: bytes differ from the source")
+    accounted = set(kept) | {f"{p}.weight" for p in layers}
+    problems += [f"{n}: in the source but not in the artifact" for n in sorted(set(source_where) - accounted)]
+    errors = [t["rel_l2"] for t in report.tensors if t["component"] == component and "rel_l2" in t]
+    report.add(
+        f"{component}: source",
+        problems,
+        f"max rel-L2 {max(errors, default=0.0):.4f} within bound; {len(kept)} kept tensors byte-identical",
+    )
+
+
+def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyReport:
+    """Check the artifact (and, with ``source``, its fidelity to it). ``report.ok`` says whether all holds."""
+    root = Path(artifact)
+    source_dir = Path(source) if source is not None else None
+    if not (root / MANIFEST).is_file():
+        return _verify_foreign(root, source_dir)
+    if source_dir is not None:
+        read_model_index(source_dir)
+    report = VerifyReport(str(root), None if source_dir is None else str(source_dir))
+    manifest = _check_manifest(root, report)
+    if manifest is None:
+        return report
+    _check_files(root, manifest, report)
+    for component, info in manifest["components"].items():
+        plain = _check_config(root, component, info, report)
+        if plain is not None:  # later checks read the artifact's own config, not the manifest's copy
+            variant = (manifest.get("options") or {}).get("variant")  # the source files it was made from
+            checked_info = {**info, "quantization_config": plain, "variant": variant}
+            _check_tensors(root, component, checked_info, source_dir, report)
+    return report
+
+
+def _verify_foreign(root: Path, source: Path | None) -> VerifyReport:
+    """A compressed-tensors checkpoint without ditq's manifest: every check but the manifest's."""
+    from ditq.runtime.loader import is_quantized_component
+
+    index = read_model_index(root)
+    if source is not None:
+        read_model_index(source)
+    components = [c for c in component_names(index) if is_quantized_component(root, c) is not None]
+    if not components:
+        raise InputError(
+            f"{root}: neither a ditq artifact (no {MANIFEST}) nor a compressed-tensors checkpoint "
+            "(no component's config.json has a quantization_config)"
+        )
+    report = VerifyReport(str(root), None if source is None else str(source))
+    report.not_applicable("manifest", f"no {MANIFEST}: not written by ditq")
+    report.not_applicable("files", f"no {MANIFEST} lists the files, their sizes and sha256")
+    for component in components:
+        info: dict[str, Any] = {"class": list(component_class(index, component))}
+        plain = _check_config(root, component, info, report)
+        if plain is not None:
+            _check_tensors(root, component, {**info, "quantization_config": plain}, source, report)
+    return report

@@ -1,0 +1,152 @@
+"""One request served in process: what ``ditq generate`` runs.
+
+The model loads as ``ditq serve`` loads it (``ditq.serve.startup.load_adapter``: the same placement, kernel choice,
+quantized attention and KV cache), then one request runs through the adapter and is timed; the same code path
+for an artifact and for a plain diffusers directory (BF16 simply has no quantized layers). Without a directory it
+uses the bundled demo model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from ditq.devices import resolve_device, resolve_dtype, resolve_offload
+from ditq.doctor import kernel_chooser
+from ditq.fsutil import atomic_write_bytes
+from ditq.progress import progress_bar
+from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
+from ditq.runtime.loader import pipeline_summary
+from ditq.serve.startup import load_adapter
+
+__all__ = ["GenerationReport", "generate", "save_images"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationReport:
+    model_dir: Path
+    device: str
+    offload: str
+    quantized: dict[str, dict[str, int]]  # component -> scheme -> quantized Linear count
+    kernels: dict[str, int]  # kernel path -> layer count
+    attention: str | None  # the quantized-attention choice (summary line); None: stock attention
+    placement: dict[str, Any] | None  # offload auto: what is resident, streamed, tiled (Placement.to_json)
+    unused: dict[str, int]  # component.module -> bytes, left out of the loaded model (the manifest's unused)
+    load_seconds: float
+    load_peak_memory_bytes: int | None  # accelerator, while loading (None on CPU)
+    result: GenerationResult
+
+
+def _run(adapter: PipelineAdapter, request: GenerationRequest) -> GenerationResult:
+    """One request; under ``--offload auto`` a request that runs out of memory makes the placement take its next
+    step (``Placement.demote``) and runs again, until it fits or nothing is left to move."""
+    from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory
+
+    placement = getattr(adapter.pipeline, "ditq_placement", None)
+    while True:
+        try:
+            return adapter(request)
+        except Exception as error:
+            if placement is None or not is_out_of_memory(error):
+                raise
+            free_accelerator_memory()
+            if placement.demote(adapter.pipeline) is None:
+                raise
+            log.warning("out of memory: %s; running the request again", placement.steps[-1])
+
+
+def generate(
+    model_dir: str | Path | None,
+    request: GenerationRequest,
+    device: str | torch.device = "auto",
+    offload: str = "none",
+    dtype: str | torch.dtype | None = None,
+    skip_doctor: bool = False,
+    variant: str | None = None,
+    attention: str | None = None,
+    kv_cache: str | None = None,
+    progress: bool = True,
+) -> GenerationReport:
+    """Load ``model_dir`` (None: the bundled demo model) and run one request; nothing is written.
+
+    ``device``, ``dtype`` and ``offload`` as ``ditq.devices`` reads them (``auto`` included; no dtype:
+    float32 on the CPU, bfloat16 on CUDA).
+
+    Each quantized layer runs the first kernel path the kernel doctor verifies on this device
+    (``ditq.doctor.choose_kernel``); ``skip_doctor`` takes the registry's first candidate unverified.
+    ``variant`` as ``ditq.runtime.loader.load_pipeline`` reads it. ``attention`` ("int8" | "fp8") runs the
+    transformer's attention through a doctor-chosen quantized-attention path (``ditq.runtime.attention``);
+    ``kv_cache`` ("int8" | "fp8") keeps its prefix KV cache in 8 bits (``ditq.runtime.kv_cache``). Under
+    ``offload="auto"`` a request that runs out of memory moves the placement one step and runs again. ``progress``
+    draws a bar of the denoising steps on a terminal (never in a log).
+    """
+    from ditq.demo import default_model_dir
+
+    directory = Path(model_dir) if model_dir is not None else default_model_dir()
+    torch_device = resolve_device(device)
+    compute_dtype = resolve_dtype(dtype, torch_device)
+    offload = resolve_offload(offload)
+    if torch_device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(torch_device)
+    start = time.perf_counter()
+    adapter = load_adapter(
+        directory,
+        str(torch_device),
+        offload,
+        compute_dtype,
+        kernel_chooser(skip_doctor),
+        variant,
+        attention,
+        kv_cache=kv_cache,
+    )
+    pipeline = adapter.pipeline
+    load_seconds = time.perf_counter() - start
+    load_peak = int(torch.cuda.max_memory_allocated(torch_device)) if torch_device.type == "cuda" else None
+    quantized, kernels = pipeline_summary(pipeline)
+    total = request.num_inference_steps or adapter.default_steps
+    with progress_bar(total, "denoising", "step", enabled=progress) as bar:
+        asked = request.should_stop
+
+        def tick() -> str | None:
+            bar.update()
+            return asked() if asked is not None else None
+
+        result = _run(adapter, dataclasses.replace(request, should_stop=tick))
+    placement = getattr(pipeline, "ditq_placement", None)
+    return GenerationReport(
+        model_dir=directory,
+        device=str(torch_device),
+        offload=offload,
+        quantized=quantized,
+        kernels=kernels,
+        attention=adapter.load_facts.get("attention"),
+        placement=None if placement is None else placement.to_json(),
+        unused=dict(getattr(pipeline, "ditq_unused", {})),
+        load_seconds=load_seconds,
+        load_peak_memory_bytes=load_peak,
+        result=result,
+    )
+
+
+def save_images(images: list[Image.Image], out: Path) -> list[Path]:
+    """Write PNGs atomically: ``out`` for one image, ``stem-N.suffix`` for several."""
+    paths = (
+        [out]
+        if len(images) == 1
+        else [out.with_name(f"{out.stem}-{i}{out.suffix}") for i in range(len(images))]
+    )
+    for image, path in zip(images, paths, strict=True):
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        atomic_write_bytes(path, buffer.getvalue())
+    return paths

@@ -1,0 +1,171 @@
+"""One candidate of a sweep: its directory, its stages' records (CANDIDATE.json), and what its files say."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from ditq.fsutil import sha256_file
+from ditq.probe.fixtures import DEFAULT_SEEDS
+from ditq.probe.records import incomplete, is_out_of_memory, latest_by_key, read_records
+from ditq.quantize.plan_file import KEEP
+from ditq.runfiles import (
+    CANDIDATE_FILE,
+    RECORDS_FILE,
+    Attempt,
+    CandidateFile,
+    DoctorFile,
+    DoctorSummary,
+    StageEntry,
+    WeightBytes,
+    read_model,
+    write_model,
+)
+from ditq.schemes import SCHEMES
+from ditq.sweep.options import PLAN_CANDIDATE, SCHEME_STAGES, SweepOptions
+
+
+class Candidate:
+    """One scheme's directory and CANDIDATE.json, rewritten (atomically) after every stage."""
+
+    def __init__(self, options: SweepOptions, scheme: str) -> None:
+        self.options, self.scheme = options, scheme
+        self.plan = options.plan_file if scheme == PLAN_CANDIDATE else None
+        self.dir = options.out / scheme
+        self.artifact, self.run_dir, self.logs = self.dir / "artifact", self.dir / "run", self.dir / "logs"
+        path = self.dir / CANDIDATE_FILE
+        previous = read_model(CandidateFile, path) if path.is_file() else CandidateFile(name=scheme)
+        self.stages: dict[str, StageEntry] = dict(previous.stages)
+        self.doctor: DoctorSummary | None = previous.doctor
+        self.attempts: list[Attempt] = list(previous.attempts)  # the offload ladder
+        self.seeds_added: dict[str, int] = dict(previous.seeds_added)  # --seeds auto
+        self.seed_commands: list[str] = list(previous.seed_commands)  # the commands that added them
+        self.dirty = False  # a stage ran in this sweep: every later stage runs again
+        self.reached: set[str] = set()  # stages this sweep got to (the rest follow a failure)
+
+    def save(self) -> None:
+        manifest = self.artifact / "MANIFEST.json"
+        weight_bytes = (
+            artifact_weight_bytes(self.artifact, self.options.model, self.options.variant)
+            if manifest.is_file()
+            else None
+        )
+        candidate = CandidateFile(
+            name=self.scheme,
+            scheme=self.scheme if self.plan is None else plan_label(self.plan.layers.values()),
+            artifact=str(self.artifact),
+            artifact_digest=sha256_file(manifest) if manifest.is_file() else None,
+            weight_bytes=weight_bytes,
+            max_memory=self.options.max_memory,
+            endpoint=self.options.endpoint_for.get(self.scheme),
+            run="run",
+            doctor=self.doctor,
+            offload=list(self.options.offload),
+            attempts=self.attempts,
+            stages={k: self.stages[k] for k in SCHEME_STAGES if k in self.stages},
+            seeds_added=self.seeds_added,
+            seed_commands=self.seed_commands,
+        )
+        write_model(self.dir / CANDIDATE_FILE, candidate)
+
+    def complete(self, stage: str, outputs: Sequence[Path], command: str | None = None) -> bool:
+        """Done by an earlier run: ok, outputs present, nothing before it ran again and, when ``command``
+        is given, made by the same command (so a changed option, --parity-db say, runs the stage again)."""
+        previous = self.stages.get(stage)
+        return (
+            not self.dirty
+            and previous is not None
+            and previous.status == "ok"
+            and all(p.exists() for p in outputs)
+            and (command is None or previous.command == command)
+        )
+
+    def record(
+        self,
+        stage: str,
+        status: Literal["ok", "failed", "skipped"],
+        seconds: float,
+        command: str | None,
+        message: str | None,
+    ) -> None:
+        self.stages[stage] = StageEntry(
+            status=status, seconds=round(seconds, 2), command=command, message=message
+        )
+        self.dirty = self.dirty or status != "skipped"  # a skipped stage changed nothing downstream
+        self.save()
+
+
+def plan_label(choices: Any) -> str:
+    """A planned candidate's scheme as the report shows it: the schemes it mixes, e.g. ``fp8+w8a8+keep``."""
+    present = set(choices)
+    return "+".join(s for s in (*SCHEMES, KEEP) if s in present)
+
+
+def run_logged(argv: list[str], log: Path) -> int:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as sink:
+        sink.write(f"$ {shlex.join(argv)}\n".encode())
+        sink.flush()
+        return subprocess.run(argv, stdout=sink, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def matrix_args(options: SweepOptions, seeds: str | None = None) -> list[str]:
+    """The options the probe and the baseline share; ``seeds`` in place of the sweep's (--seeds auto)."""
+    args = ["--fixtures", str(options.fixtures), "--refs", str(options.refs), "--no-progress"]
+    seeds = seeds or (DEFAULT_SEEDS if options.seeds == "auto" else options.seeds)
+    if seeds:
+        args += ["--seeds", seeds]
+    if options.steps is not None:
+        args += ["--steps", str(options.steps)]
+    if options.cfg is not None:
+        args += ["--cfg", str(options.cfg)]
+    if options.request_timeout_s is not None:
+        args += ["--timeout", str(options.request_timeout_s)]
+    return args
+
+
+def seeds_by_fixture(run: Path) -> dict[str, list[int]]:
+    """Per fixture, the seeds a run directory has records for."""
+    out: dict[str, list[int]] = {}
+    path = run / RECORDS_FILE
+    for fixture_id, seed in sorted(latest_by_key(read_records(path)) if path.is_file() else {}):
+        out.setdefault(fixture_id, []).append(seed)
+    return out
+
+
+def artifact_weight_bytes(artifact: Path, source: Path, variant: str | None) -> dict[str, WeightBytes]:
+    """Per quantized component of the artifact: the bytes of its weight files and of the source's (``variant``)."""
+    from ditq.checkpoint.layout import component_names, read_model_index, weight_files
+    from ditq.runtime.loader import component_weight_files, is_quantized_component
+
+    sizes = {}
+    for component in component_names(read_model_index(artifact)):
+        if (artifact / component / "config.json").is_file() and is_quantized_component(artifact, component):
+            sizes[component] = WeightBytes(
+                artifact=sum(p.stat().st_size for p in weight_files(artifact / component)),
+                source=sum(p.stat().st_size for p in component_weight_files(source / component, variant)),
+            )
+    return sizes
+
+
+def out_of_memory_keys(run_dir: Path) -> list[tuple[str, int]]:
+    """The requests whose latest record ran out of accelerator memory (all of a run is none when nothing ran)."""
+    if not (run_dir / RECORDS_FILE).is_file():
+        return []
+    return [key for key, record in latest_by_key(read_records(run_dir)).items() if is_out_of_memory(record)]
+
+
+def unfinished_run(run_dir: Path) -> str | None:
+    """Why a probe's run directory is not complete (a write error stopped it, say); None when it is."""
+    problem = incomplete(run_dir)
+    return None if problem is None else f"the run is not complete ({problem})"
+
+
+def doctor_summary(doctor_json: Path, reports: Path) -> DoctorSummary:
+    """From ``ditq doctor --json``'s file."""
+    paths = read_model(DoctorFile, doctor_json).paths
+    failing = [p.path for p in paths if p.verdict == "FAIL"]
+    return DoctorSummary(passed=not failing, failing=failing, checked=len(paths), report=str(reports))

@@ -1,0 +1,169 @@
+"""The sweep's core: its progress display, each stage as a command (skipped when complete), the baseline and
+the reference pair, judging a candidate, the report."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from ditq.devices import default_dtype
+from ditq.errors import DitqError
+from ditq.report import ReportResult, VerdictRules, build_report
+from ditq.report.provenance import shell_command
+from ditq.runfiles import (
+    ATTEMPTS_FILE,
+    BASELINE_COMMANDS_FILE,
+    CommandList,
+    read_model,
+    write_model,
+)
+from ditq.sweep.candidate import Candidate, matrix_args, run_logged
+from ditq.sweep.health import Server, last_line
+from ditq.sweep.options import SCHEME_STAGES, SweepOptions, ditq_argv
+
+
+class Progress:
+    """One display for the whole sweep: a line per stage, counted against the total."""
+
+    def __init__(self, total: int, enabled: bool, stream: TextIO = sys.stderr) -> None:
+        self.total, self.done, self.enabled, self.stream = total, 0, enabled, stream
+        self.started = time.monotonic()
+
+    def __call__(self, who: str, stage: str, status: str, detail: str = "") -> None:
+        if status != "running":
+            self.done += 1
+            self.total = max(self.total, self.done)  # --seeds auto adds stages as it goes
+        if self.enabled:
+            clock = time.monotonic() - self.started
+            line = f"[{self.done:>2}/{self.total}] {clock:6.0f}s  {who:<9} {stage:<9} {status}"
+            print(line + (f": {detail}" if detail else ""), file=self.stream, flush=True)
+
+
+class SweepCore:
+    def __init__(self, options: SweepOptions, command: str) -> None:
+        self.options, self.command = options, command
+        self.out = options.out
+        self.baseline = self.out / "baseline"
+        self.parity_run = self.out / "parity-in-process"
+        # the baseline is BF16 unless the servers compute in another dtype (float32 on a CPU, say)
+        dtype = options.dtype or default_dtype(options.device)
+        self.baseline_name = "BF16" if dtype == "bfloat16" else dtype
+        runs = 1 + options.parity_in_process
+        self.progress = Progress(runs + len(SCHEME_STAGES) * len(options.candidates) + 1, options.progress)
+
+    def _show(self, c: Candidate, stage: str, status: str, detail: str = "") -> None:
+        if status != "running":
+            c.reached.add(stage)
+        self.progress(c.scheme, stage, status, detail)
+
+    # -- one stage: skip when complete, else run its command and record what happened ----------------
+    def _step(
+        self,
+        c: Candidate,
+        stage: str,
+        argv: list[str],
+        outputs: Sequence[Path],
+        ok_codes: tuple[int, ...] = (0,),
+        unfinished: Callable[[], str | None] = lambda: None,  # why the outputs are not whole (None: they are)
+    ) -> bool:
+        if c.complete(stage, outputs, shell_command(argv)):
+            self._show(c, stage, "skipped", "complete from an earlier run")
+            return True
+        self._show(c, stage, "running")
+        log = c.logs / f"{stage}.log"
+        started = time.monotonic()
+        code = run_logged(argv, log)
+        ok = code in ok_codes and all(p.exists() for p in outputs)
+        message = None if ok else f"exit code {code}: {last_line(log)}"
+        if ok and (problem := unfinished()) is not None:
+            ok, message = False, f"exit code {code}, {problem}: {last_line(log)}"
+        c.record(stage, "ok" if ok else "failed", time.monotonic() - started, shell_command(argv), message)
+        self._show(c, stage, "ok" if ok else "FAILED", message or f"{time.monotonic() - started:.1f} s")
+        return ok
+
+    # -- the BF16 baseline: required; without it nothing can be judged -------------------------------
+    def _baseline_argv(
+        self, seeds: str | None = None, only: Sequence[str] = ()
+    ) -> Callable[[Server, bool], list[str]]:
+        """``ditq baseline`` through a server; ``seeds`` and ``only`` where --seeds auto adds seeds."""
+
+        def argv(server: Server, retry: bool) -> list[str]:
+            out = ditq_argv("baseline", self.options.model, "--endpoint", server.url, "--out", self.baseline)
+            out += [*matrix_args(self.options, seeds), *(["--only", ",".join(only)] if only else [])]
+            out += ["--server-pid", str(server.process.pid)]
+            return out + (["--retry-out-of-memory"] if retry else [])
+
+        return argv
+
+    def _add_baseline_commands(self, commands: list[str]) -> None:
+        """After the ones ``logs/baseline-commands.json`` holds: the report lists them behind the baseline."""
+        path = self.out / "logs" / BASELINE_COMMANDS_FILE
+        earlier = read_model(CommandList, path).root if path.is_file() else []
+        write_model(path, CommandList([*earlier, *commands]))
+
+    # -- the reference pair's second run: the model in process in bfloat16 ----------------------------------
+    def run_parity_pair(self) -> None:
+        from ditq.judge.baseline import verify_seal
+
+        if (self.parity_run / "SEAL.json").is_file() and not verify_seal(self.parity_run):
+            self.progress("bfloat16", "pair", "skipped", "sealed by an earlier run")
+            return
+        self._pair_run()
+
+    def _pair_run(self, seeds: str | None = None, only: Sequence[str] = ()) -> None:
+        self.progress("bfloat16", "pair", "running")
+        started = time.monotonic()
+        argv = ditq_argv(
+            "baseline", self.options.model, "--out", self.parity_run, *matrix_args(self.options, seeds)
+        )
+        argv += ["--only", ",".join(only)] if only else []
+        log = self.out / "logs" / "parity-in-process.log"
+        argv += ["--device", self.options.device]
+        argv += ["--variant", self.options.variant] if self.options.variant else []
+        code = run_logged(argv, log)
+        self._add_baseline_commands([shell_command(argv)])
+        if code != 0 or not (self.parity_run / "SEAL.json").is_file():
+            raise DitqError(f"the reference pair's in-process run failed: exit code {code} (log: {log})")
+        self.progress("bfloat16", "pair", "ok", f"{time.monotonic() - started:.1f} s")
+
+    @property
+    def parity_args(self) -> list[str]:
+        """compare's parity band options."""
+        if self.options.parity_db is not None:
+            return ["--parity-db", str(self.options.parity_db)]
+        if self.options.parity_pair is not None:
+            return ["--parity-pair", *(str(p) for p in self.options.parity_pair)]
+        if self.options.parity_in_process:
+            return ["--parity-pair", str(self.baseline), str(self.parity_run)]
+        return []
+
+    def _gate_and_compare(self, c: Candidate) -> None:
+        gate_json, compare_json = c.run_dir / "gate.json", c.run_dir / "compare.json"
+        gate = ditq_argv("gate", c.run_dir, "--baseline", self.baseline)
+        if self._step(c, "gate", gate, [gate_json], (0, 1)):
+            compare = ditq_argv(
+                "compare", c.run_dir, "--baseline", self.baseline, "--no-lpips", *self.parity_args
+            )
+            self._step(c, "compare", compare, [compare_json], (0, 1))
+
+    def report(self) -> ReportResult:
+        self.progress("all", "report", "running")
+        attempts = self.out / "logs" / ATTEMPTS_FILE
+        commands = self.out / "logs" / BASELINE_COMMANDS_FILE
+        result = build_report(
+            [self.out / scheme for scheme in self.options.candidates],
+            self.baseline,
+            self.out / "report",
+            VerdictRules(parity_reference_db=self.options.parity_db, objective=self.options.objective),
+            command=self.command,
+            baseline_commands=read_model(CommandList, commands).root if commands.is_file() else [],
+            baseline_name=self.baseline_name,
+            baseline_memory_budget=self.options.max_memory,
+            baseline_attempts=attempts if attempts.is_file() else None,
+            note=self.options.note,
+        )
+        self.progress("all", "report", "ok", str(result.html))
+        return result

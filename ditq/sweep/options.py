@@ -1,0 +1,135 @@
+"""The sweep's options, checked once, and the command lines of the servers it starts."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ditq.devices import OFFLOAD_LADDER_AUTO, OFFLOAD_MODES
+from ditq.errors import InputError
+from ditq.judge.compare import MAX_SEEDS
+from ditq.probe.fixtures import DEFAULT_SEEDS, load_fixtures, parse_seeds
+from ditq.quantize.plan_file import PlanFile, read_plan
+from ditq.schemes import get_scheme
+
+SCHEME_STAGES = ("quantize", "verify", "doctor", "serve", "probe", "gate", "compare")
+PLAN_CANDIDATE = "plan"  # the directory (and candidate name) of --plan's mixed-precision candidate
+
+# (model or artifact dir, port, sweep options, offload mode) -> the server's argv; tests swap it for a
+# server that fails
+ServeArgv = Callable[[Path, int, "SweepOptions", str], list[str]]
+
+
+def ditq_argv(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "ditq.cli", *(str(a) for a in args)]
+
+
+def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: str = "none") -> list[str]:
+    # A collapsed image must come back (with a warning) so the gate can judge it: a 500 instead would
+    # hide the very failure the sweep exists to show.
+    argv = ditq_argv("serve", model, "--host", "127.0.0.1", "--port", str(port), "--on-collapse", "warn")
+    argv += ["--device", options.device, "--offload", offload]
+    argv += ["--dtype", options.dtype] if options.dtype else []
+    argv += ["--variant", options.variant] if options.variant else []
+    # quantized attention is the candidates' (the baseline is the model as it ships)
+    argv += ["--attention", options.attention] if options.attention and model != options.model else []
+    argv += ["--kv-cache", options.kv_cache] if options.kv_cache and model != options.model else []
+    return argv + (["--max-memory", options.max_memory] if options.max_memory else [])
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    model: Path
+    schemes: tuple[str, ...]
+    fixtures: Path
+    refs: Path
+    out: Path
+    seeds: str | None = None  # as `ditq probe --seeds` reads it, or "auto"; None: the probe's default
+    max_seeds: int = MAX_SEEDS  # --seeds auto: the most seeds a fixture may get
+    steps: int | None = None
+    cfg: float | None = None
+    max_memory: str | None = None
+    device: str = "cpu"  # where every server (and the doctor) runs, resolved: cpu, cuda, cuda:1, ...
+    dtype: str | None = None  # the servers' compute dtype (None: ditq serve's default for the device)
+    # the offload ladder: each mode serves what ran out of memory at the one before
+    offload: tuple[str, ...] = ("none",)
+    note: str | None = None  # said at the top of the report (e.g. that the weights are random)
+    variant: str | None = None  # the model's weight files (fp16: *.fp16.safetensors); every step reads them
+    endpoint_for: dict[str, str] = field(default_factory=dict)  # scheme -> URL of a server already running
+    parity_db: float | None = None  # the parity band's PSNR (a BF16 reference pair's), stated
+    parity_pair: tuple[Path, Path] | None = None  # two acceptable reference runs that span the band
+    # the band from the baseline and the model run in process in bfloat16 (OUT/parity-in-process)
+    parity_in_process: bool = False
+    objective: Literal["fit", "speed", "memory"] = "fit"  # what the report's headline verdict answers
+    health_timeout_s: float = 600.0
+    request_timeout_s: float | None = None
+    progress: bool = True
+    plan: Path | None = None  # a PLAN.json (`ditq plan`): one more candidate, quantized with it
+    # the PLAN.json read once, here (a bad plan is refused before anything runs); None without --plan
+    plan_file: PlanFile | None = field(init=False, default=None, repr=False, compare=False)
+    attention: str | None = None  # the candidates' servers' --attention (int8 | fp8); None: the model's own
+    kv_cache: str | None = None  # the candidates' servers' --kv-cache (int8 | fp8); None: the model's own
+    serve_argv: ServeArgv = default_serve_argv
+
+    def __post_init__(self) -> None:
+        if not self.schemes:
+            raise InputError("--schemes: name at least one scheme (w8a16, w8a8, fp8)")
+        unknown = set(self.endpoint_for) - set(self.schemes)
+        if unknown:
+            raise InputError(f"--endpoint-for: {sorted(unknown)[0]!r} is not one of the swept schemes")
+        if sum((self.parity_db is not None, self.parity_pair is not None, self.parity_in_process)) > 1:
+            raise InputError("--parity-db, --parity-pair and --parity-in-process: give one of them")
+        if self.seeds == "auto":
+            if self.parity_pair is not None:
+                raise InputError(
+                    "--seeds auto: the sweep cannot add seeds to --parity-pair's runs; "
+                    "use --parity-db or --parity-in-process"
+                )
+            if self.parity_db is None and not self.parity_in_process:
+                raise InputError(
+                    "--seeds auto: needs a parity band to decide on (--parity-db or --parity-in-process)"
+                )
+            start = len(parse_seeds(DEFAULT_SEEDS))
+            if self.max_seeds < start:
+                raise InputError(
+                    f"--max-seeds: at least {start} (the seeds --seeds auto starts from), got {self.max_seeds}"
+                )
+        unknown_modes = [m for m in self.offload if m not in OFFLOAD_MODES]
+        if not self.offload or unknown_modes or len(set(self.offload)) != len(self.offload):
+            raise InputError(
+                f"--offload: {','.join(self.offload) or 'nothing'} is not a list of distinct modes "
+                f"from {', '.join(OFFLOAD_MODES)} (e.g. none,model,block)"
+            )
+        for path, what in ((self.model, "model"), (self.fixtures, "--fixtures"), (self.refs, "--refs")):
+            if not Path(path).exists():
+                raise InputError(f"{what}: {path} does not exist")
+        load_fixtures(self.fixtures, self.refs)  # every field and reference checked before a server starts
+        if self.plan is not None:
+            object.__setattr__(self, "plan_file", read_plan(self.plan))
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        """Every candidate's name (its directory): the schemes, then the plan's."""
+        return (*self.schemes, *((PLAN_CANDIDATE,) if self.plan is not None else ()))
+
+
+def parse_offload(value: str) -> tuple[str, ...]:
+    """``--offload``: one mode, a comma list tried in order, or ``auto`` (the auto placement, then block)."""
+    return (
+        OFFLOAD_LADDER_AUTO
+        if value.strip() == "auto"
+        else tuple(m.strip() for m in value.split(",") if m.strip())
+    )
+
+
+def parse_endpoint_for(values: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for value in values:
+        scheme, sep, url = value.partition("=")
+        if not sep or not url.startswith(("http://", "https://")):
+            raise InputError(f"--endpoint-for {value!r}: expected SCHEME=http://HOST:PORT")
+        out[get_scheme(scheme.strip()).name] = url.rstrip("/")
+    return out

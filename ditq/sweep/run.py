@@ -1,0 +1,144 @@
+"""Running (or resuming) a whole sweep: the baseline, every candidate's chain, seed settling, the report."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from ditq.errors import InputError
+from ditq.fsutil import atomic_write_bytes
+from ditq.probe.fixtures import seeds_text
+from ditq.quantize.plan_file import PLAN_FILE, plan_bytes
+from ditq.report import ReportResult
+from ditq.report.provenance import shell_command
+from ditq.runfiles import (
+    SWEEP_FILE,
+    SweepFile,
+    read_model,
+    write_model,
+)
+from ditq.sweep.candidate import Candidate, doctor_summary
+from ditq.sweep.options import SCHEME_STAGES, SweepOptions, ditq_argv
+from ditq.sweep.seeds import SeedSettling
+
+
+class Sweep(SeedSettling):
+    """One sweep: every stage of every candidate."""
+
+    # -- one scheme ----------------------------------------------------------------------------------
+    def run_scheme(self, scheme: str, baseline_ran: bool) -> None:
+        c = Candidate(self.options, scheme)
+        if baseline_ran:  # gate and compare read the baseline: a new baseline means new judgments
+            for stage in ("gate", "compare"):
+                c.stages.pop(stage, None)
+        c.save()
+        options = self.options
+        manifest = c.artifact / "MANIFEST.json"
+        # --force: an artifact left by an interrupted or older run is replaced (quantize writes atomically)
+        if c.plan is not None:
+            # a copy beside the candidate: what quantize reads and the report shows are the same file
+            c.dir.mkdir(parents=True, exist_ok=True)
+            copy, fresh = c.dir / PLAN_FILE, plan_bytes(c.plan)
+            if copy.is_file() and copy.read_bytes() != fresh:
+                c.dirty = True  # another plan than the one an earlier run quantized: every stage runs again
+            atomic_write_bytes(copy, fresh)
+            quantize = ditq_argv(
+                "quantize", options.model, c.artifact, "--plan", c.dir / PLAN_FILE, "--force"
+            )
+        else:
+            quantize = ditq_argv("quantize", options.model, c.artifact, "--scheme", scheme, "--force")
+        quantize += ["--device", options.device]  # the device the servers use encodes fastest
+        quantize += ["--variant", options.variant] if options.variant else []
+        chain_ok = self._step(c, "quantize", quantize, [manifest])
+        chain_ok = chain_ok and self._step(
+            c, "verify", ditq_argv("verify", c.artifact, "--source", options.model), []
+        )
+        if chain_ok:
+            # A failing kernel path is a finding, not the end of the chain: the server falls back to a path
+            # that passed, the numbers show what that gives, and the verdict carries the doctor's finding.
+            doctor_json, reports = c.dir / "doctor.json", c.dir / "doctor-reports"
+            only = [] if c.plan is not None else ["--scheme", scheme]  # a plan's: every scheme it holds
+            doctor = ditq_argv("doctor", "--artifact", c.artifact, *only, "--device", options.device)
+            doctor += ["--json", str(doctor_json)]
+            chain_ok = self._step(c, "doctor", [*doctor, "--report", str(reports)], [doctor_json], (0, 1))
+            if chain_ok and c.stages["doctor"].status == "ok":
+                c.doctor = doctor_summary(doctor_json, reports)
+                c.save()
+        chain_ok = chain_ok and self._serve_and_probe(c)
+        if chain_ok:
+            self._gate_and_compare(c)
+        for stage in SCHEME_STAGES:
+            if stage not in c.reached:  # after a failure: say so, and drop what an earlier run left
+                c.stages.pop(stage, None)
+                self._show(c, stage, "not reached", "an earlier stage failed")
+        c.save()
+
+
+def model_fingerprint(model: Path) -> dict[str, list[int]]:
+    """Every file of the model directory -> [size, mtime_ns]: what a sweep's finished stages were made from."""
+    stats = {str(path.relative_to(model)): path.stat() for path in sorted(model.rglob("*")) if path.is_file()}
+    return {name: [stat.st_size, stat.st_mtime_ns] for name, stat in stats.items()}
+
+
+def check_same_model(out: Path, fingerprint: dict[str, list[int]]) -> None:
+    """Refuse to resume a sweep whose finished stages were made from other model files: its baseline and artifacts
+    would be stale (a re-trained or re-downloaded model in the same place, say)."""
+    path = out / SWEEP_FILE
+    earlier = read_model(SweepFile, path).model_fingerprint if path.is_file() else None
+    if earlier is None or earlier == fingerprint:
+        return  # a new sweep, one whose model is unchanged, or one from before fingerprints (cannot tell)
+    changed = sorted(
+        name for name in set(earlier) | set(fingerprint) if earlier.get(name) != fingerprint.get(name)
+    )
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    raise InputError(
+        f"{out}: made by an earlier sweep from other model files ({shown} changed since); "
+        "remove it or choose another --out"
+    )
+
+
+def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult:
+    """Run (or resume) the whole sweep and return its report."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /health poll is noise
+    fingerprint = model_fingerprint(options.model)
+    check_same_model(options.out, fingerprint)
+    options.out.mkdir(parents=True, exist_ok=True)
+    command = command or shell_command()
+    sweep_file = SweepFile(
+        command=command,
+        model=str(options.model),
+        model_fingerprint=fingerprint,
+        schemes=list(options.schemes),
+        fixtures=str(options.fixtures),
+        refs=str(options.refs),
+        seeds=options.seeds,
+        steps=options.steps,
+        max_memory=options.max_memory,
+        offload=list(options.offload),
+        note=options.note,
+        variant=options.variant,
+        device=options.device,
+        dtype=options.dtype,
+        endpoint_for=options.endpoint_for,
+        parity_db=options.parity_db,
+        parity_pair=[str(p) for p in options.parity_pair] if options.parity_pair else None,
+        parity_in_process=options.parity_in_process,
+        max_seeds=options.max_seeds if options.seeds == "auto" else None,
+        plan=None if options.plan is None else str(options.plan),
+        attention=options.attention,
+        kv_cache=options.kv_cache,
+        pid=os.getpid(),
+    )
+    write_model(options.out / SWEEP_FILE, sweep_file)
+    sweep = Sweep(options, command)
+    baseline_ran = sweep.run_baseline()
+    if options.parity_in_process:
+        sweep.run_parity_pair()
+    for scheme in options.candidates:
+        sweep.run_scheme(scheme, baseline_ran)
+    if options.seeds == "auto":
+        seeds = sweep.settle_seeds()
+        by_fixture = {fixture_id: seeds_text(s) for fixture_id, s in seeds.items()}
+        write_model(options.out / SWEEP_FILE, sweep_file.model_copy(update={"seeds_by_fixture": by_fixture}))
+    return sweep.report()

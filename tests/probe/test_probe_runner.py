@@ -1,0 +1,172 @@
+"""The probe runner end to end against a live stub server on loopback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from harness_kit import probe_run
+from stub_images_server import StubServer, StubState
+
+from ditq.errors import InputError
+from ditq.probe.records import is_success, read_records
+
+SEED_FIELDS = (
+    "fixture_id",
+    "seed",
+    "n_references",
+    "steps",
+    "true_cfg_scale",
+    "size",
+    "wall_s",
+    "http",
+    "bytes",
+    "sha256",
+    "structure",
+    "usage",
+    "metrics",
+    "error",
+)
+
+
+def test_probe_writes_records_images_and_run_json(tmp_path: Path, fixture_set, stub: StubServer) -> None:
+    out = tmp_path / "run"
+    summary = probe_run(stub.url + "/v1/", fixture_set, out, [1, 2], concurrency=2)
+    records = read_records(out)
+    assert summary.completed == 6 and summary.failed == 0 and len(records) == 6
+    assert {r.key for r in records} == {(f, s) for f in ("gen-one", "edit-one", "edit-two") for s in (1, 2)}
+    lines = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert all(field in line for line in lines for field in SEED_FIELDS)
+    for record in records:
+        assert is_success(record) and record.structure is not None and record.metrics is not None
+        image = out / "images" / f"{record.fixture_id}.s{record.seed}.png"
+        assert image.is_file() and image.stat().st_size == record.bytes
+        assert record.structure.opaque_fraction == 1.0
+        assert record.metrics["peak_memory_mb"] == 1000.0 + record.n_references
+    run = json.loads((out / "RUN.json").read_text())
+    assert run["endpoints"] == [stub.url] and run["status"] == "complete" and run["steps"] == 4
+    assert (
+        run["memory"]["source"] in ("unavailable", "nvml", "nvidia-smi") and len(run["fixture_digest"]) == 64
+    )
+    sent = {(int(r["seed"]), r["n_images"]): r for r in stub.state.requests}
+    edit = sent[(1, 2)]
+    assert edit["num_inference_steps"] == "4" and edit["true_cfg_scale"] == "1.0" and edit["size"] == "32x32"
+    assert edit["response_format"] == "b64_json" and edit["output_format"] == "png"
+    assert edit["return_stage_metrics"] == "true" and edit["negative_prompt"] == "blur"
+    generate = sent[(1, 0)]
+    assert generate["seed"] == 1 and generate["return_stage_metrics"] is True and generate["size"] == "32x48"
+
+
+def test_identical_requests_give_identical_images(tmp_path: Path, fixture_set, stub: StubServer) -> None:
+    probe_run(stub.url, fixture_set, tmp_path / "a", [5])
+    probe_run(stub.url, fixture_set, tmp_path / "b", [5])
+    digests = [{r.fixture_id: r.sha256 for r in read_records(tmp_path / x)} for x in "ab"]
+    assert digests[0] == digests[1] and len(set(digests[0].values())) == 3
+
+
+def test_several_endpoints_share_one_queue(tmp_path: Path, fixture_set) -> None:
+    with StubServer(StubState(delay_s=0.15)) as first, StubServer(StubState(delay_s=0.15)) as second:
+        probe_run([first.url, second.url], fixture_set, tmp_path / "run", [1, 2, 3], concurrency=2)
+        served = len(first.state.requests), len(second.state.requests)
+    records = read_records(tmp_path / "run")
+    assert len(records) == 9 and all(is_success(r) for r in records)
+    assert sum(served) == 9 and min(served) >= 2
+    assert {r.endpoint for r in records} == {first.url, second.url}
+
+
+def test_500s_timeouts_and_refused_connections_become_records(tmp_path: Path, fixture_set) -> None:
+    state = StubState(fail_seeds={2}, hang_seeds={3}, hang_s=3.0)
+    out = tmp_path / "run"
+    with StubServer(state) as server:
+        summary = probe_run(server.url, fixture_set, out, [1, 2, 3], timeout_s=0.5, concurrency=3)
+        assert summary.completed == 9 and summary.failed == 6
+        by_seed = {s: [r for r in read_records(out) if r.seed == s] for s in (1, 2, 3)}
+        assert all(is_success(r) for r in by_seed[1])
+        assert all(
+            r.http == 500 and (r.error or "").startswith("HTTP 500") and r.sha256 is None for r in by_seed[2]
+        )
+        assert all(r.http is None and "timeout" in (r.error or "") for r in by_seed[3])
+        assert not (out / "images" / "edit-one.s2.png").exists()
+
+        # A rerun skips every recorded key, failed ones included ...
+        before = len(state.requests)
+        assert probe_run(server.url, fixture_set, out, [1, 2, 3]).completed == 0
+        assert len(state.requests) == before
+        # ... and --retry-failed redoes only the failures.
+        state.fail_seeds.clear()
+        state.hang_seeds.clear()
+        retried = probe_run(server.url, fixture_set, out, [1, 2, 3], retry_failed=True)
+    assert (retried.completed, retried.skipped, retried.failed) == (6, 3, 0)
+    assert len(read_records(out)) == 15  # 9 first attempts + 6 retries, appended
+
+
+def test_refused_connection_is_a_record(tmp_path: Path, fixture_set) -> None:
+    with StubServer() as server:
+        url = server.url  # the port is closed once the server has stopped
+    summary = probe_run(url, fixture_set, tmp_path / "run", [1], timeout_s=2, server_wait_s=0)
+    records = read_records(tmp_path / "run")
+    assert summary.failed == 3 and all("ConnectError" in (r.error or "") for r in records)
+
+
+def test_collapsed_images_are_recorded_with_their_structure(tmp_path: Path, fixture_set) -> None:
+    with StubServer(StubState(collapse=True)) as server:
+        probe_run(server.url, fixture_set, tmp_path / "run", [1])
+    for record in read_records(tmp_path / "run"):
+        assert is_success(record)  # the request worked; judging the image is the gate's job
+        structure = record.structure
+        assert structure is not None and structure.opaque_fraction == 0.0
+        assert structure.banding_score is not None and structure.banding_score > 0.9
+
+
+def test_resume_with_other_settings_is_refused(tmp_path: Path, fixture_set, stub: StubServer) -> None:
+    probe_run(stub.url, fixture_set, tmp_path / "run", [1])
+    from ditq.probe.runner import ProbeOptions, run_probe
+
+    fixtures, refs = fixture_set
+    with pytest.raises(InputError, match="steps=4, not 8"):
+        run_probe(ProbeOptions([stub.url], fixtures, refs, [1], tmp_path / "run", steps=8, progress=False))
+
+
+def test_bad_options_are_refused(tmp_path: Path, fixture_set) -> None:
+    with pytest.raises(InputError, match="not an http"):
+        probe_run("localhost:9", fixture_set, tmp_path / "run", [1])
+    with pytest.raises(InputError, match="--only: unknown fixture 'nope'"):
+        probe_run("http://127.0.0.1:9", fixture_set, tmp_path / "run", [1], only=["nope"])
+
+
+def test_probe_command_exit_codes(tmp_path: Path, fixture_set, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from ditq.commands import probe as probe_command
+
+    fixtures, refs = fixture_set
+
+    def cli(url: str, *extra: str) -> int:
+        parser = argparse.ArgumentParser()
+        probe_command.add_arguments(parser)
+        argv = [
+            "--endpoint",
+            url,
+            "--fixtures",
+            str(fixtures),
+            "--refs",
+            str(refs),
+            "--seeds",
+            "1,2",
+            "--steps",
+            "4",
+            "--out",
+            str(tmp_path / "run"),
+            "--no-progress",
+            *extra,
+        ]
+        return probe_command.run(parser.parse_args(argv))
+
+    state = StubState(fail_seeds={2})
+    with StubServer(state) as server:
+        assert cli(server.url) == 1
+        assert "3/6 with an image" in capsys.readouterr().out
+        state.fail_seeds.clear()
+        assert cli(f"{server.url},{server.url}", "--retry-failed", "--concurrency", "2") == 0
+        assert "6/6 with an image" in capsys.readouterr().out
