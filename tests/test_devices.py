@@ -83,8 +83,8 @@ def test_generate_and_serve_compute_in_the_same_default_dtype_on_the_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from ditq.demo import default_model_dir
-    from ditq.serve import generate as generate_module
     from ditq.runtime.adapter import GenerationRequest
+    from ditq.serve import generate as generate_module
     from ditq.serve import server
     from ditq.serve.config import ServeConfig
 

@@ -45,7 +45,9 @@ def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyRepo
 class _CallablePackage(types.ModuleType):
     """This package, called: ``ditq.quantize(...)`` is ``quantize(...)``."""
 
-    def __call__(self, source: str | Path, output: str | Path, scheme: str | None = None, **options: Any) -> Any:
+    def __call__(
+        self, source: str | Path, output: str | Path, scheme: str | None = None, **options: Any
+    ) -> Any:
         return quantize(source, output, scheme, **options)
 
 
