@@ -54,6 +54,7 @@ __all__ = [
     "lpips_scorer",
     "parity_from_pair",
     "seeds_to_add",
+    "settle_seeds",
 ]
 
 log = logging.getLogger(__name__)
@@ -311,6 +312,16 @@ def seeds_to_add(decision: ParityDecision | None, have: Sequence[int], cap: int)
         return []
     target = min(cap, max(decision.seeds_to_settle or cap, len(have) + 1))
     return list(range(max(have) + 1, max(have) + 1 + target - len(have)))
+
+
+def settle_seeds(
+    more_seeds: Callable[[], dict[str, list[int]]], run_more: Callable[[dict[str, list[int]]], None]
+) -> None:
+    """The seed-settling loop that ``ditq sweep --seeds auto`` and ``ditq plan`` share: ask which fixtures need which
+    more seeds (each caller's judgment, through ``seeds_to_add``), run them everywhere a fixture's PSNR is paired,
+    and ask again, until no fixture needs any (``seeds_to_add`` stops at the cap, so the loop ends)."""
+    while more := {fixture: seeds for fixture, seeds in more_seeds().items() if seeds}:
+        run_more(more)
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -367,24 +367,29 @@ def _settle(
     more seeds said), give each undecided fixture the seeds ``seeds_to_add`` names (up to ``max_seeds``): the
     source precision, the bfloat16 pair and the candidate run them, and the band is measured again. The seeds
     added stay the fixture's for later rounds."""
-    from ditq.judge.compare import compare_run, parity_from_pair
+    from ditq.judge.compare import compare_run, parity_from_pair, settle_seeds
+    from ditq.runfiles import CompareFile
 
     options = setting.options
-    while True:
+    result: CompareFile | None = None
+    decisions: dict[str, Any] = {}
+
+    def more_seeds() -> dict[str, list[int]]:
+        nonlocal result, decisions
         result = compare_run(run, setting.reference, parity=band, use_lpips=False)
         decisions = {f: e.parity for f, e in result.fixtures.items() if e.parity is not None}
         can_pass = all(
             d.decision != "outside" and (d.difference_db is None or d.difference_db >= d.floor_db)
             for d in decisions.values()
         )
-        more: dict[str, list[int]] = {}
-        if band is not None and options.accept == "inside" and can_pass:
-            for fixture_id, decision in decisions.items():
-                more[fixture_id] = seeds_to_add(
-                    decision, setting.seeds_by_fixture[fixture_id], options.max_seeds
-                )
-        if not any(more.values()):
-            break
+        if band is None or options.accept != "inside" or not can_pass:
+            return {}
+        return {
+            f: seeds_to_add(d, setting.seeds_by_fixture[f], options.max_seeds) for f, d in decisions.items()
+        }
+
+    def run_more(more: dict[str, list[int]]) -> None:
+        nonlocal band
         _run_seeds(setting, setting.reference, source, more, Path(options.model))
         for fixture_seeds, fixtures in setting.groups(more):
             _pair_run(setting, fixture_seeds, list(fixtures))
@@ -392,6 +397,9 @@ def _settle(
         for fixture_id, added in more.items():
             setting.seeds_by_fixture[fixture_id] = [*setting.seeds_by_fixture[fixture_id], *added]
         band = parity_from_pair(setting.reference, setting.pair, options.tolerance_db)
+
+    settle_seeds(more_seeds, run_more)
+    assert result is not None  # more_seeds ran at least once
     psnr_db = {f: e.psnr_db.mean for f, e in result.fixtures.items() if e.psnr_db.mean is not None}
     if set(psnr_db) != set(setting.fixtures):
         missing = sorted(set(setting.fixtures) - set(psnr_db))

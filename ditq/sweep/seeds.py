@@ -6,6 +6,7 @@ import time
 
 from ditq.errors import DitqError
 from ditq.judge.compare import seeds_to_add
+from ditq.judge.compare import settle_seeds as settle
 from ditq.probe.fixtures import DEFAULT_SEEDS, parse_seeds, seeds_text
 from ditq.report.provenance import shell_command
 from ditq.runfiles import (
@@ -23,21 +24,19 @@ class SeedSettling(OffloadLadder):
 
     # -- --seeds auto: more seeds for the fixtures a compare left undecided ----------------------------
     def settle_seeds(self) -> dict[str, list[int]]:
-        """Round after round, give every fixture that some candidate's compare left undecided about as many
-        seeds as that compare said would settle it (at least one more, at most --max-seeds): the baseline, the
-        in-process pair and every judged candidate probe the new seeds of those fixtures only (``--only``),
-        then gate and compare run again. A fixture's seeds are shared by every run, so that every PSNR stays
-        paired. Stops when no fixture is undecided or every undecided one is at the cap. Returns the seeds
-        each fixture was run at."""
-        start, cap = parse_seeds(DEFAULT_SEEDS), self.options.max_seeds
-        while True:
-            current = seeds_by_fixture(self.baseline)
-            targets = self._seed_targets(current, cap)
-            if not targets:
-                return current
-            groups: dict[int, list[str]] = {}
-            for fixture_id, target in targets.items():
-                groups.setdefault(target, []).append(fixture_id)
+        """Round after round (``ditq.judge.compare.settle_seeds``), give every fixture that some candidate's compare
+        left undecided about as many seeds as that compare said would settle it (at least one more, at most
+        --max-seeds, the most any candidate asks): the baseline, the in-process pair and every judged candidate probe
+        the new seeds of those fixtures only (``--only``), then gate and compare run again. A fixture's seeds are
+        shared by every run, so that every PSNR stays paired. Returns the seeds each fixture was run at."""
+        start = parse_seeds(DEFAULT_SEEDS)
+
+        def run_more(more: dict[str, list[int]]) -> None:
+            groups: dict[
+                int, list[str]
+            ] = {}  # the probe takes a seed range: fixtures grouped by how many in all
+            for fixture_id, added in more.items():
+                groups.setdefault(max(added) - max(start) + len(start), []).append(fixture_id)
             plan = [
                 (seeds_text([*start, *range(max(start) + 1, max(start) + 1 + target - len(start))]), ids)
                 for target, ids in sorted(groups.items())
@@ -50,6 +49,9 @@ class SeedSettling(OffloadLadder):
             for scheme in self.options.candidates:
                 self._extend_candidate(Candidate(self.options, scheme), plan, len(start))
 
+        settle(self._more_seeds, run_more)
+        return seeds_by_fixture(self.baseline)
+
     def _judged(self) -> list[tuple[str, CompareFile]]:
         """The candidates whose compare ran, with its result."""
         out = []
@@ -61,16 +63,17 @@ class SeedSettling(OffloadLadder):
                 out.append((scheme, read_model(CompareFile, path)))
         return out
 
-    def _seed_targets(self, current: dict[str, list[int]], cap: int) -> dict[str, int]:
-        """Fixture -> the seeds it should have, for every fixture some compare left undecided below the cap."""
-        targets: dict[str, int] = {}
+    def _more_seeds(self) -> dict[str, list[int]]:
+        """Fixture -> the seeds to add, for every fixture some compare left undecided below the cap: the most that
+        any candidate's decision asks for."""
+        current, cap = seeds_by_fixture(self.baseline), self.options.max_seeds
+        more: dict[str, list[int]] = {}
         for _, compare in self._judged():
             for fixture_id, entry in compare.fixtures.items():
-                have = current.get(fixture_id, [])
-                more = seeds_to_add(entry.parity, have, cap)
-                if more:
-                    targets[fixture_id] = max(targets.get(fixture_id, 0), len(have) + len(more))
-        return targets
+                wanted = seeds_to_add(entry.parity, current.get(fixture_id, []), cap)
+                if len(wanted) > len(more.get(fixture_id, [])):
+                    more[fixture_id] = wanted
+        return more
 
     def _extend_baseline(self, seeds: str, fixture_ids: list[str]) -> None:
         have = seeds_by_fixture(self.baseline)
