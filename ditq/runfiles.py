@@ -65,6 +65,9 @@ __all__ = [
     "HttpOptions",
     "InProcessOptions",
     "Invocation",
+    "LosslessDecision",
+    "LosslessMeasure",
+    "LosslessResult",
     "MemoryCapFacts",
     "MemoryDescription",
     "MemorySource",
@@ -458,6 +461,41 @@ class ParityDecision(_File):
     seeds_to_settle: int | None  # about how many seeds would decide it (n when decided; None: cannot tell)
 
 
+class LosslessMeasure(_File):
+    """One measure of a fixture (PSNR in dB, or SSIM) over its seeds: the mean with its interval, held against
+    the standard's threshold."""
+
+    estimate: float | None  # the mean over seeds (None: no image compared)
+    low: float | None  # the interval (None: fewer than 2 images)
+    high: float | None
+    threshold: float  # the lowest acceptable mean
+    decision: Literal["inside", "outside", "undecided"]
+    seeds_to_settle: int | None
+
+
+class LosslessDecision(_File):
+    """One fixture against the visually lossless standard (``ditq.judge.compare.LosslessStandard``): inside
+    when both intervals clear their thresholds, outside when either lies wholly below its threshold, undecided
+    otherwise."""
+
+    psnr_db: LosslessMeasure
+    ssim: LosslessMeasure
+    confidence: float
+    method: str  # "bootstrap" (of the mean over seeds), or "none" with fewer than 2 images
+    n: int  # seeds the intervals are taken over
+    decision: Literal["inside", "outside", "undecided"]
+    seeds_to_settle: int | None  # about how many seeds would decide it (n when decided; None: cannot tell)
+
+
+class LosslessResult(_File):
+    """The visually lossless standard a compare held every fixture against, and its overall decision."""
+
+    psnr_db: float  # the thresholds
+    ssim: float
+    inside: bool  # every fixture inside and every image compared
+    decision: Literal["inside", "outside", "undecided"]
+
+
 class FixtureFidelity(_File):
     n: int
     ok: int
@@ -469,6 +507,7 @@ class FixtureFidelity(_File):
     parity_edge_db: float | None = None  # the band's PSNR minus the tolerance, with a band and an ok row
     inside_parity_band: bool | None = None  # files from before intervals: the mean PSNR reached the edge
     parity: ParityDecision | None = None  # with a band and at least one ok row
+    lossless: LosslessDecision | None = None  # with at least one ok row (absent before the lossless standard)
 
 
 class FidelityOverall(_File):
@@ -506,6 +545,7 @@ class CompareFile(_File):
     fixtures: dict[str, FixtureFidelity]
     overall: FidelityOverall
     parity: ParityResult | None
+    lossless: LosslessResult | None = None  # absent before the lossless standard
 
 
 # -- doctor.json (ditq doctor --json) and the doctor's verdicts ---------------------------------------------

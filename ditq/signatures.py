@@ -1,4 +1,4 @@
-"""The collapse signatures and the gate's rules file (``ditq/gate_rules.json``, or ``--rules FILE``), as data.
+"""The collapse signatures and the gate's rules file (``ditq/judge/gate_rules.json``, or ``--rules FILE``), as data.
 
 A *signature* is absolute: an image's structure (``ditq.metrics.structure_metrics``) shows it when every ``when``
 condition holds, unless every ``unless`` condition can be evaluated and holds (a clean cut-out is not a
@@ -98,7 +98,10 @@ def _conditions(where: str, raw: Any) -> tuple[Condition, ...]:
 def load_rules(path: Path | None = None) -> GateRules:
     """The rules file (default: the one shipped with ditq), validated."""
     if path is None:
-        text, source = resources.files("ditq").joinpath("gate_rules.json").read_text(), "ditq/gate_rules.json"
+        text, source = (
+            resources.files("ditq.judge").joinpath("gate_rules.json").read_text(),
+            "ditq/judge/gate_rules.json",
+        )
     else:
         try:
             text, source = Path(path).read_text(), str(path)

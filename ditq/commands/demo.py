@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         parity_in_process=args.parity_in_process
         or (DEMO.parity_in_process and args.parity_db is None and not args.parity_pair),
         objective=args.objective,
+        standard=args.standard,
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
         plan=args.plan,

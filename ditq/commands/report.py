@@ -6,9 +6,10 @@ import argparse
 from pathlib import Path
 
 from ditq.report import VerdictRules, build_report
-from ditq.report.schema import OBJECTIVES
+from ditq.report.schema import OBJECTIVES, VerdictDocument
+from ditq.report.verdict import STANDARDS
 
-__all__ = ["add_arguments", "add_objective_argument", "run"]
+__all__ = ["add_arguments", "add_objective_argument", "print_summary", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_objective_argument(parser: argparse.ArgumentParser) -> None:
+    """--objective and --standard: what the headline verdict answers, and the fidelity standard of fit to serve."""
     parser.add_argument(
         "--objective",
         choices=tuple(OBJECTIVES),
@@ -59,6 +61,23 @@ def add_objective_argument(parser: argparse.ArgumentParser) -> None:
         help="what the headline verdict answers: fit (to serve), speed (faster), memory (smaller); all three are "
         "answered either way (default: %(default)s)",
     )
+    parser.add_argument(
+        "--standard",
+        choices=STANDARDS,
+        default=VerdictRules.standard,
+        help="the fidelity standard fit to serve uses: lossless (each fixture's PSNR and SSIM intervals above "
+        "40 dB and 0.98) or parity (as close to the baseline as a second acceptable run); both are answered "
+        "either way (default: %(default)s)",
+    )
+
+
+def print_summary(document: VerdictDocument) -> None:
+    """Each candidate's line, then which one to serve and why not the others."""
+    for entry in document.candidates:
+        print(entry.summary(document.objective, document.standard))
+    print(document.recommendation.why)
+    for name, why in document.recommendation.others.items():
+        print(f"  not {name}: {why}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         parity_margin_db=args.parity_margin_db,
         parity_reference_db=args.parity_db,
         objective=args.objective,
+        standard=args.standard,
     )
     result = build_report(
         args.runs,
@@ -77,8 +97,6 @@ def run(args: argparse.Namespace) -> int:
         baseline_attempts=args.baseline_attempts,
         note=args.note,
     )
-    document = result.data.document
-    for entry in document.candidates:
-        print(entry.summary(document.objective))
+    print_summary(result.data.document)
     print(result.html)
     return 0

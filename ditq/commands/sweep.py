@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 from ditq.commands import ATTENTION_CHOICES
-from ditq.commands.report import add_objective_argument
+from ditq.commands.report import add_objective_argument, print_summary
 from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device
 from ditq.judge.compare import MAX_SEEDS
 from ditq.report import ReportResult
@@ -120,9 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def print_verdicts(result: ReportResult) -> None:
-    document = result.data.document
-    for entry in document.candidates:
-        print(entry.summary(document.objective))
+    print_summary(result.data.document)
     print(f"report: {result.html}")
 
 
@@ -158,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         parity_pair=tuple(args.parity_pair) if args.parity_pair else None,
         parity_in_process=args.parity_in_process,
         objective=args.objective,
+        standard=args.standard,
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
         plan=args.plan,

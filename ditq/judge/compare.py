@@ -12,6 +12,11 @@ a number the user states stands in for it, without a spread. Per fixture, the ca
 PSNR minus the pair's, seed by seed, is a paired sample; the fixture is inside when the
 interval of its mean (``ditq.judge.stats``) clears minus the tolerance, outside when it does
 not reach it, and undecided otherwise, with about how many seeds would settle it.
+
+The visually lossless standard answers "would a viewer see a difference?" with stated thresholds instead of a
+second run: per fixture, the intervals of the mean PSNR and the mean SSIM over seeds must clear
+``LOSSLESS_PSNR_DB`` and ``LOSSLESS_SSIM`` (``docs/cli/report.md`` gives their source). Both are computed for
+every compare; the report's ``--standard`` picks the one its headline uses.
 """
 
 from __future__ import annotations
@@ -21,14 +26,21 @@ import logging
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ditq.errors import InputError
-from ditq.judge.stats import CONFIDENCE, BandDecision, band_decision, difference_interval, samples_to_settle
+from ditq.judge.stats import (
+    CONFIDENCE,
+    BandDecision,
+    band_decision,
+    difference_interval,
+    mean_interval,
+    samples_to_settle,
+)
 from ditq.metrics import fidelity_arrays, load_png_array, psnr, ssim
 from ditq.probe.records import changed_fixtures, find_image, is_success, latest_by_key, read_records
 from ditq.runfiles import (
@@ -38,17 +50,24 @@ from ditq.runfiles import (
     FidelityOverall,
     FidelityStats,
     FixtureFidelity,
+    LosslessDecision,
+    LosslessMeasure,
+    LosslessResult,
     ParityDecision,
     ParityResult,
     ProbeRecord,
 )
 
 __all__ = [
+    "LOSSLESS_PSNR_DB",
+    "LOSSLESS_SSIM",
     "MAX_SEEDS",
     "PSNR_CAP_DB",
     "TOLERANCE_DB",
+    "LosslessStandard",
     "ParityBand",
     "compare_run",
+    "describe_lossless",
     "describe_parity",
     "format_compare",
     "lpips_scorer",
@@ -62,6 +81,8 @@ log = logging.getLogger(__name__)
 TOLERANCE_DB = 1.0  # how far below the parity band still counts (dB), unless told otherwise
 MAX_SEEDS = 16  # the most seeds seeds_to_add gives a fixture, unless told otherwise
 PSNR_CAP_DB = 100.0  # identical images (infinite PSNR) are reported at this value so means stay finite
+LOSSLESS_PSNR_DB = 40.0  # visually lossless: the mean PSNR per fixture (dB) must clear this ...
+LOSSLESS_SSIM = 0.98  # ... and the mean SSIM this, each on its interval over seeds
 _ALEXNET_WEIGHTS = "alexnet-owt-7be5be79.pth"  # what torchvision (and so lpips) loads for AlexNet
 
 LpipsScorer = Callable[[np.ndarray, np.ndarray], float]
@@ -129,6 +150,65 @@ class ParityBand:
             method=method,
             decision=band_decision(interval, -self.tolerance_db),
             seeds_to_settle=samples_to_settle(interval, [-self.tolerance_db]),
+        )
+
+
+@dataclass(frozen=True)
+class LosslessStandard:
+    """Visually lossless: each fixture's mean PSNR and mean SSIM over seeds above stated thresholds, each decided
+    on its interval (``ditq.judge.stats.mean_interval``)."""
+
+    psnr_db: float = LOSSLESS_PSNR_DB
+    ssim: float = LOSSLESS_SSIM
+
+    def _measure(
+        self, values: list[float], threshold: float, digits: int, most: float
+    ) -> tuple[LosslessMeasure, int | None]:
+        """One measure's decision; ``most`` is the highest value it can take (the interval is clipped to it)."""
+        if len(values) < 2:
+            estimate = round(statistics.fmean(values), digits) if values else None
+            return LosslessMeasure(
+                estimate=estimate, low=None, high=None, threshold=threshold, decision="undecided",
+                seeds_to_settle=None,
+            ), None  # fmt: skip
+        interval = mean_interval(values)
+        interval = replace(interval, high=min(interval.high, most))
+        decision = band_decision(interval, threshold)
+        settle = samples_to_settle(interval, [threshold])
+        return LosslessMeasure(
+            estimate=round(interval.estimate, digits),
+            low=round(interval.low, digits),
+            high=round(interval.high, digits),
+            threshold=threshold,
+            decision=decision,
+            seeds_to_settle=settle,
+        ), settle
+
+    def decide(self, psnr_by_seed: dict[int, float], ssim_by_seed: dict[int, float]) -> LosslessDecision:
+        """The fixture's decision: outside when either measure is, inside when both are, else undecided with
+        the seeds the undecided measures need (the most of them)."""
+        psnr_measure, psnr_settle = self._measure(list(psnr_by_seed.values()), self.psnr_db, 3, PSNR_CAP_DB)
+        ssim_measure, ssim_settle = self._measure(list(ssim_by_seed.values()), self.ssim, 5, 1.0)
+        decisions = {psnr_measure.decision, ssim_measure.decision}
+        decision: BandDecision = (
+            "outside" if "outside" in decisions else "inside" if decisions == {"inside"} else "undecided"
+        )
+        n = min(len(psnr_by_seed), len(ssim_by_seed))
+        settle: int | None = n
+        if decision == "undecided":
+            needs = [
+                (m.decision, s) for m, s in ((psnr_measure, psnr_settle), (ssim_measure, ssim_settle))
+                if m.decision == "undecided"
+            ]  # fmt: skip
+            settle = None if any(s is None for _, s in needs) else max(s for _, s in needs if s is not None)
+        return LosslessDecision(
+            psnr_db=psnr_measure,
+            ssim=ssim_measure,
+            confidence=CONFIDENCE,
+            method="bootstrap" if n >= 2 else "none",
+            n=n,
+            decision=decision,
+            seeds_to_settle=settle,
         )
 
 
@@ -212,9 +292,14 @@ def _row(run: Path, baseline: Path, record: ProbeRecord, candidate: ProbeRecord 
 
 
 def _fixture(
-    fixture_id: str, rows: list[CompareRow], scorer: LpipsScorer | None, parity: ParityBand | None
+    fixture_id: str,
+    rows: list[CompareRow],
+    scorer: LpipsScorer | None,
+    parity: ParityBand | None,
+    lossless: LosslessStandard,
 ) -> FixtureFidelity:
-    """One fixture's rows summarized, and judged against its parity band (None: no band)."""
+    """One fixture's rows summarized, and judged against its parity band (None: no band) and the lossless
+    standard."""
     ok = [r for r in rows if r.status == "ok"]
     psnr_db = _stats([r.psnr_db for r in ok if r.psnr_db is not None], 2)
     optional: dict[str, Any] = {}  # written only where measured
@@ -224,6 +309,11 @@ def _fixture(
         by_seed = {r.seed: r.psnr_db for r in ok if r.psnr_db is not None}
         optional.update(
             parity_edge_db=round(parity.edge(fixture_id), 2), parity=parity.decide(fixture_id, by_seed)
+        )
+    if psnr_db.mean is not None:
+        optional["lossless"] = lossless.decide(
+            {r.seed: r.psnr_db for r in ok if r.psnr_db is not None},
+            {r.seed: r.ssim for r in ok if r.ssim is not None},
         )
     return FixtureFidelity(
         n=len(rows),
@@ -243,7 +333,9 @@ def compare_run(
     baseline_seal: str = "sealed",
     parity: ParityBand | None = None,
     use_lpips: bool = True,
+    lossless: LosslessStandard | None = None,
 ) -> CompareFile:
+    lossless = lossless or LosslessStandard()
     scorer, note = lpips_scorer() if use_lpips else (None, "lpips skipped: not requested")
     candidates = latest_by_key(read_records(run)) if _has_records(run) else {}
     changed = changed_fixtures(run, baseline)
@@ -253,7 +345,9 @@ def compare_run(
         if is_success(record)
     ]
     fixtures = {
-        fixture_id: _fixture(fixture_id, [r for r in rows if r.fixture_id == fixture_id], scorer, parity)
+        fixture_id: _fixture(
+            fixture_id, [r for r in rows if r.fixture_id == fixture_id], scorer, parity, lossless
+        )
         for fixture_id in dict.fromkeys(r.fixture_id for r in rows)
     }
     ok_rows = [r for r in rows if r.status == "ok"]
@@ -271,6 +365,22 @@ def compare_run(
             inside=inside,
             decision=decision,
         )
+    lossless_decisions = [e.lossless.decision for e in fixtures.values() if e.lossless is not None]
+    lossless_inside = (
+        bool(lossless_decisions)
+        and all(d == "inside" for d in lossless_decisions)
+        and len(ok_rows) == len(rows)
+    )
+    lossless_result = LosslessResult(
+        psnr_db=lossless.psnr_db,
+        ssim=lossless.ssim,
+        inside=lossless_inside,
+        decision="inside"
+        if lossless_inside
+        else "outside"
+        if "outside" in lossless_decisions
+        else "undecided",
+    )
     return CompareFile(
         run=str(run),
         baseline=str(baseline),
@@ -285,6 +395,7 @@ def compare_run(
             ssim=_stats([r.ssim for r in ok_rows if r.ssim is not None], 4),
         ),
         parity=result_parity,
+        lossless=lossless_result,
     )
 
 
@@ -304,7 +415,9 @@ def parity_from_pair(first: Path, second: Path, tolerance_db: float) -> ParityBa
     return ParityBand(f"pair {first} vs {second}", overall, per_fixture, tolerance_db, per_seed)
 
 
-def seeds_to_add(decision: ParityDecision | None, have: Sequence[int], cap: int) -> list[int]:
+def seeds_to_add(
+    decision: ParityDecision | LosslessDecision | None, have: Sequence[int], cap: int
+) -> list[int]:
     """The seeds an undecided fixture should get next, as ``ditq sweep --seeds auto`` and ``ditq plan`` add
     them: as many as its decision says would settle it (at least one more, at most ``cap`` in all), numbered on
     from its highest seed; none when it is decided, already at the cap, or has no decision."""
@@ -344,6 +457,31 @@ def describe_parity(decision: ParityDecision) -> str:
     return text
 
 
+def describe_lossless(decision: LosslessDecision) -> str:
+    """'inside: PSNR 43.10 dB [42.80, 43.40] (at least 40 dB), SSIM 0.9961 [0.9950, 0.9972] (at least 0.98) over 4
+    seeds', and for an undecided fixture about how many seeds would settle it."""
+    if decision.n < 2:
+        return f"undecided: {decision.n} image(s) cannot show a spread (at least 2 seeds needed)"
+    parts = []
+    for name, measure, unit, spec in (
+        ("PSNR", decision.psnr_db, " dB", ".2f"),
+        ("SSIM", decision.ssim, "", ".4f"),
+    ):
+        interval = (
+            f" [{measure.low:{spec}}, {measure.high:{spec}}]"
+            if measure.low is not None and measure.high is not None
+            else ""
+        )
+        parts.append(
+            f"{name} {_fmt(measure.estimate, spec)}{unit}{interval} (at least {measure.threshold:g}{unit})"
+        )
+    text = f"{decision.decision}: {', '.join(parts)} over {decision.n} seed{'' if decision.n == 1 else 's'}"
+    if decision.decision == "undecided":
+        settle = decision.seeds_to_settle
+        text += f"; about {settle} seeds would settle it" if settle else "; more seeds would not settle it"
+    return text
+
+
 def format_compare(results: Sequence[CompareFile]) -> str:
     lines = []
     for res in results:
@@ -361,6 +499,7 @@ def format_compare(results: Sequence[CompareFile]) -> str:
         for fixture_id, e in res.fixtures.items():
             p, s = e.psnr_db, e.ssim
             band = "" if e.parity is None else "  " + describe_parity(e.parity)
+            band += "" if e.lossless is None else "  lossless " + describe_lossless(e.lossless)
             lines.append(
                 f"  {fixture_id}: n={e.n} ok={e.ok} missing={e.missing} errors={e.errors}  "
                 f"PSNR mean {_fmt(p.mean, '.2f')} [{_fmt(p.min, '.2f')}, {_fmt(p.max, '.2f')}] dB  "
@@ -376,5 +515,10 @@ def format_compare(results: Sequence[CompareFile]) -> str:
             lines.append(
                 f"  parity band ({res.parity.source}, {res.parity.overall_db:.2f} dB, tolerance "
                 f"{res.parity.tolerance_db:g} dB): {decision.upper()}"
+            )
+        if res.lossless is not None:
+            lines.append(
+                f"  visually lossless (PSNR at least {res.lossless.psnr_db:g} dB, SSIM at least "
+                f"{res.lossless.ssim:g}): {res.lossless.decision.upper()}"
             )
     return "\n".join(lines)

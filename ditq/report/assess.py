@@ -11,8 +11,9 @@ import ditq
 from ditq.report.capacity import CapacityRow, capacity_matrix, max_references_served
 from ditq.report.ladder import server_starts
 from ditq.report.model import Candidate
-from ditq.report.objectives import objectives
+from ditq.report.objectives import fit_by_standard, objectives
 from ditq.report.provenance import device_description, git_revision, library_versions
+from ditq.report.recommend import recommend
 from ditq.report.schema import (
     OBJECTIVES,
     Answer,
@@ -25,7 +26,7 @@ from ditq.report.schema import (
     ServingProfile,
     VerdictDocument,
 )
-from ditq.report.verdict import Reason, VerdictRules, decide, parity_floor_db
+from ditq.report.verdict import STANDARD_RULES, Reason, VerdictRules, parity_floor_db
 
 __all__ = ["Assessment", "ReportData", "assess", "serving_profile", "source_weight_bytes"]
 
@@ -147,7 +148,8 @@ def assess(
     assessments = []
     for candidate in candidates:
         matrix = capacity_matrix(candidate.run) if candidate.run else []
-        reasons = decide(candidate, baseline, rules)
+        fits = fit_by_standard(candidate, baseline, rules)
+        reasons = fits[rules.standard][0]
         profile = serving_profile(candidate, matrix)
         assessments.append(
             Assessment(
@@ -156,15 +158,18 @@ def assess(
                 reasons=reasons,
                 floor_db=parity_floor_db(candidate, rules),
                 profile=profile,
-                objectives=objectives(candidate, baseline, reasons, profile, baseline_profile, rules),
+                objectives=objectives(candidate, baseline, fits, profile, baseline_profile, rules),
                 objective=objective,
             )
         )
     budgets = {c.memory_budget for c in [baseline, *candidates] if c.memory_budget}
     document = VerdictDocument(
-        schema_version="ditq-verdict-2",
+        schema_version="ditq-verdict-3",
         generated_utc=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         objective=objective,
+        standard=rules.standard,
+        standards=STANDARD_RULES,
+        recommendation=recommend(assessments, baseline_profile, rules),
         note=note,
         memory_budget=", ".join(sorted(budgets)) if budgets else None,
         baseline=BaselineEntry(name=baseline.name, run=str(baseline.run.path), profile=baseline_profile),

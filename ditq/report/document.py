@@ -191,6 +191,8 @@ def _candidate(
     reasons = [
         r for name in ("fit_to_serve", "faster", "smaller") for r in getattr(a.objectives, name).reasons
     ]
+    other = [s for s in a.objectives.fit_by_standard if s != report.document.standard]
+    reasons += [r for s in other for r in a.objectives.fit_by_standard[s].reasons if r not in reasons]
     yield Bullets(
         tuple(((r.code, "bold"), (f": {r.message}", "")) for r in reasons)
         or ((("Every check passed.", ""),),)
@@ -247,21 +249,34 @@ def _head(report: ReportData) -> Iterator[Block]:
 # How to read the answers and their intervals (said once, above the verdicts).
 READING = (
     "Each candidate answers three questions apart: fit to serve (no failed stage or doctor check, every request "
-    "served within the memory budget, no collapse, every fixture inside the parity band), faster (at every "
-    "reference count both served) and smaller (weights, and peak memory no larger). The verdict column is the "
-    "objective chosen with --objective. An answer is YES or NO only when its intervals decide it; UNDECIDED "
-    "means the evidence so far cannot tell, and the objectives table says about how many seeds (or requests) "
-    "would settle it. An interval [low, high] is a 95% bootstrap interval over seeds: for PSNR it is the "
-    "candidate's PSNR minus the reference pair's, seed by seed, and a fixture is inside the band when the "
-    "whole interval lies above the floor (minus the tolerance), outside when the whole interval lies below it; "
-    "for speed it is the candidate's seconds per image over the baseline's, faster when the whole interval "
-    "lies below 1 minus the tolerance, slower when above 1 plus it."
+    "served within the memory budget, no collapse, and every fixture's fidelity decided inside a standard), "
+    "faster (at every reference count both served) and smaller (weights, and peak memory no larger). Fit to "
+    "serve is answered under two fidelity standards: visually lossless (each fixture's mean PSNR and mean SSIM "
+    "against the baseline above stated thresholds) and the parity band (as close to the baseline as a second "
+    "acceptable run of the model is, which can be far stricter or far looser than what a viewer sees). The "
+    "verdict column is the objective chosen with --objective, under the standard chosen with --standard. An "
+    "answer is YES or NO only when its intervals decide it; UNDECIDED means the evidence so far cannot tell, "
+    "and the command that settles it is given. An interval [low, high] is a 95% bootstrap interval over seeds: "
+    "for the lossless standard it is the mean PSNR (or SSIM) and a fixture passes when the whole interval lies "
+    "above the threshold; for the parity band it is the candidate's PSNR minus the reference pair's, seed by "
+    "seed, and a fixture is inside when the whole interval lies above the floor (minus the tolerance), outside "
+    "when it lies wholly below; for speed it is the candidate's seconds per image over the baseline's, faster "
+    "when the whole interval lies below 1 minus the tolerance, slower when above 1 plus it."
 )
 
 
 def report_blocks(report: ReportData, charts: dict[str, Path | None], grids: list[Grid]) -> list[Block]:
     base = report.baseline
-    blocks: list[Block] = [*_head(report), Heading(2, "Verdicts"), _text(READING), verdict_table(report)]
+    recommendation = report.document.recommendation
+    blocks: list[Block] = [
+        *_head(report),
+        Heading(2, "Which candidate to serve"),
+        Paragraph(((recommendation.why, "bold"),)),
+        Bullets(tuple(((name, "bold"), (f": {why}", "")) for name, why in recommendation.others.items())),
+        Heading(2, "Verdicts"),
+        _text(READING),
+        verdict_table(report),
+    ]
     blocks += [
         Heading(2, f"Comparison with {base.name} and between candidates"),
         _text(

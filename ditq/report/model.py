@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ditq.errors import InputError
+from ditq.judge.compare import LosslessStandard
 from ditq.probe.memory import memory_series, read_vram_csv
 from ditq.probe.records import (
     find_image,
@@ -355,8 +356,23 @@ def _read_gate(run_dir: Path) -> list[GateRow] | None:
 
 
 def _read_compare(run_dir: Path) -> CompareFile | None:
+    """compare.json; one written before the lossless standard gets its lossless decisions here, from its own
+    rows at the default thresholds (every PSNR and SSIM it needs is in them)."""
     path = run_dir / COMPARE_FILE
-    return read_model(CompareFile, path) if path.is_file() else None
+    if not path.is_file():
+        return None
+    compare = read_model(CompareFile, path)
+    if compare.lossless is not None:
+        return compare
+    standard = LosslessStandard()
+    fixtures = {}
+    for fixture_id, entry in compare.fixtures.items():
+        ok = [r for r in compare.rows if r.fixture_id == fixture_id and r.status == "ok"]
+        psnr = {r.seed: r.psnr_db for r in ok if r.psnr_db is not None}
+        ssim = {r.seed: r.ssim for r in ok if r.ssim is not None}
+        decided = standard.decide(psnr, ssim) if psnr and ssim else None
+        fixtures[fixture_id] = entry.model_copy(update={"lossless": decided})
+    return compare.model_copy(update={"fixtures": fixtures})
 
 
 def _fidelity(compare: CompareFile) -> list[FidelityRow]:

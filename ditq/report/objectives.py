@@ -2,7 +2,8 @@
 the intervals behind it.
 
 - **fit_to_serve**: the rules of ``ditq.report.verdict`` (stages, doctor, requests and memory, collapse,
-  the parity band per fixture on its interval).
+  fidelity per fixture on its interval), under each fidelity standard (lossless, parity); the rules' standard is
+  the headline's. An UNDECIDED answer that more seeds can decide carries the command that adds them.
 - **faster**: per reference count both served, the ratio of mean warm wall times (candidate / baseline) with
   its interval: faster when it lies below 1 - tolerance, slower above 1 + tolerance, the same within both.
   YES when faster at every count; NO when slower or the same at one; UNDECIDED otherwise.
@@ -12,6 +13,8 @@ the intervals behind it.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ditq.judge.stats import ratio_interval, samples_to_settle, speed_decision
 from ditq.report.capacity import timed_walls
@@ -24,19 +27,23 @@ from ditq.report.schema import (
     ReasonEntry,
     ServingProfile,
 )
-from ditq.report.verdict import Reason, VerdictRules, fit_answer
+from ditq.report.settle import settle_command
+from ditq.report.verdict import STANDARDS, Reason, VerdictRules, decide, fit_answer
 
-__all__ = ["fidelity_intervals", "objectives", "size_answer", "speed_answer"]
+__all__ = ["fidelity_intervals", "fit_by_standard", "objectives", "size_answer", "speed_answer"]
 
 
 def _entries(reasons: list[Reason]) -> list[ReasonEntry]:
     return [ReasonEntry(code=r.code, message=r.message) for r in reasons]  # type: ignore[arg-type]
 
 
-def fidelity_intervals(candidate: Candidate) -> list[IntervalEntry]:
-    """compare.json's per-fixture decisions on the parity band, as intervals."""
+def fidelity_intervals(candidate: Candidate, standard: str = "parity") -> list[IntervalEntry]:
+    """compare.json's per-fixture decisions under ``standard``, as intervals: the parity band's (PSNR minus the
+    reference's), or the lossless standard's (PSNR and SSIM, each against its threshold)."""
     if candidate.run is None:
         return []
+    if standard == "lossless":
+        return _lossless_intervals(candidate)
     out = []
     for fixture_id, entry in candidate.run.parity_fixtures.items():
         parity = entry.parity
@@ -58,6 +65,53 @@ def fidelity_intervals(candidate: Candidate) -> list[IntervalEntry]:
                 samples_to_settle=parity.seeds_to_settle,
                 samples_added=candidate.seeds_added.get(fixture_id),
             )
+        )
+    return out
+
+
+def _lossless_intervals(candidate: Candidate) -> list[IntervalEntry]:
+    assert candidate.run is not None
+    out = []
+    for fixture_id, entry in candidate.run.parity_fixtures.items():
+        decision = entry.lossless
+        if decision is None:
+            continue
+        for measure, name, unit in ((decision.psnr_db, "psnr_db", " dB"), (decision.ssim, "ssim", "")):
+            out.append(
+                IntervalEntry(
+                    subject=f"{fixture_id} ({'PSNR' if name == 'psnr_db' else 'SSIM'})",
+                    measure=name,  # type: ignore[arg-type]
+                    estimate=measure.estimate,
+                    low=measure.low,
+                    high=measure.high,
+                    confidence=decision.confidence if measure.low is not None else None,
+                    n=decision.n,
+                    method=decision.method,
+                    threshold=f"at least {measure.threshold:g}{unit}",
+                    decision=measure.decision,
+                    samples_to_settle=measure.seeds_to_settle,
+                    samples_added=candidate.seeds_added.get(fixture_id),
+                )
+            )
+    return out
+
+
+def fit_by_standard(
+    candidate: Candidate, baseline: Candidate, rules: VerdictRules
+) -> dict[str, tuple[list[Reason], ObjectiveAnswer]]:
+    """Fit to serve under each fidelity standard: its reasons and its answer, with the settling command of an
+    UNDECIDED one."""
+    out: dict[str, tuple[list[Reason], ObjectiveAnswer]] = {}
+    for standard in STANDARDS:
+        reasons = decide(candidate, baseline, replace(rules, standard=standard))
+        intervals = fidelity_intervals(candidate, standard)
+        answer = fit_answer(reasons)
+        command = settle_command(candidate, baseline, intervals, standard) if answer == "UNDECIDED" else None
+        out[standard] = (
+            reasons,
+            ObjectiveAnswer(
+                answer=answer, reasons=_entries(reasons), intervals=intervals, settle_command=command
+            ),
         )
     return out
 
@@ -185,16 +239,15 @@ def size_answer(profile: ServingProfile, baseline: ServingProfile, baseline_name
 def objectives(
     candidate: Candidate,
     baseline: Candidate,
-    fit_reasons: list[Reason],
+    fits: dict[str, tuple[list[Reason], ObjectiveAnswer]],
     profile: ServingProfile,
     baseline_profile: ServingProfile,
     rules: VerdictRules,
 ) -> Objectives:
-    fit = ObjectiveAnswer(
-        answer=fit_answer(fit_reasons), reasons=_entries(fit_reasons), intervals=fidelity_intervals(candidate)
-    )
+    """Every objective's answer; ``fits`` is ``fit_by_standard``'s, the rules' standard heading fit to serve."""
     return Objectives(
-        fit_to_serve=fit,
+        fit_to_serve=fits[rules.standard][1],
+        fit_by_standard={name: answer for name, (_, answer) in fits.items()},  # type: ignore[misc]
         faster=speed_answer(candidate, baseline, rules),
         smaller=size_answer(profile, baseline_profile, baseline.name),
     )

@@ -29,15 +29,17 @@ __all__ = [
     "Objectives",
     "Provenance",
     "ReasonEntry",
+    "Recommendation",
     "ReferenceProfile",
     "ServingProfile",
+    "StandardName",
     "VerdictDocument",
     "json_schema",
     "validate_verdict",
     "validate_verdict_file",
 ]
 
-SCHEMA_VERSION = "ditq-verdict-2"  # 2: an answer per objective, with intervals; YES/NO/UNDECIDED
+SCHEMA_VERSION = "ditq-verdict-3"  # 2: an answer per objective, with intervals; 3: two fidelity standards
 SCHEMA_PATH = Path(__file__).with_name("verdict.schema.json")
 
 ReasonCode = Literal[
@@ -52,6 +54,8 @@ ReasonCode = Literal[
     "outside_parity_band",
     "no_fidelity_result",
     "undecided_parity_band",
+    "below_lossless",
+    "undecided_lossless",
     "slower_than_baseline",
     "faster_than_baseline",
     "same_speed_as_baseline",
@@ -63,6 +67,7 @@ ReasonCode = Literal[
     "no_memory_comparison",
 ]
 Answer = Literal["YES", "NO", "UNDECIDED"]
+StandardName = Literal["lossless", "parity"]
 ObjectiveName = Literal["fit_to_serve", "faster", "smaller"]
 OBJECTIVES: dict[str, ObjectiveName] = {
     "fit": "fit_to_serve",
@@ -136,9 +141,12 @@ class IntervalEntry(_Strict):
     subject: str = Field(
         description="what is compared: a fixture id, '2 references', 'weights', 'peak memory'"
     )
-    measure: Literal["psnr_minus_reference_db", "time_ratio", "weight_ratio", "peak_memory_ratio"] = Field(
+    measure: Literal[
+        "psnr_minus_reference_db", "psnr_db", "ssim", "time_ratio", "weight_ratio", "peak_memory_ratio"
+    ] = Field(
         description="psnr_minus_reference_db: the candidate's PSNR against the baseline minus the reference "
-        "pair's (or the stated band's), mean over seeds; the ratios: candidate / baseline"
+        "pair's (or the stated band's), mean over seeds (the parity standard); psnr_db, ssim: the mean over seeds "
+        "against the baseline (the lossless standard); the ratios: candidate / baseline"
     )
     estimate: float | None
     low: float | None = Field(description="the interval's low end; null: no interval (measured once)")
@@ -148,7 +156,9 @@ class IntervalEntry(_Strict):
         description="samples: seeds (pairs) for PSNR, warm requests (the smaller side) for time"
     )
     method: str = Field(description="e.g. 'paired bootstrap', 'unpaired bootstrap', 'measured once'")
-    threshold: str = Field(description="what the interval is held against, e.g. 'floor -1 dB', '1 +/- 0.05'")
+    threshold: str = Field(
+        description="what the interval is held against, e.g. 'floor -1 dB', 'at least 40 dB', '1 +/- 0.05'"
+    )
     decision: Literal[
         "inside", "outside", "undecided", "faster", "slower", "same", "smaller", "larger", "not larger"
     ]
@@ -168,12 +178,20 @@ class ObjectiveAnswer(_Strict):
         description="why: one sentence each; empty for a YES with nothing to add"
     )
     intervals: list[IntervalEntry]
+    settle_command: str | None = Field(
+        default=None,
+        description="for an UNDECIDED answer that more seeds can decide: the command that adds them",
+    )
 
 
 class Objectives(_Strict):
     fit_to_serve: ObjectiveAnswer = Field(
         description="no stage or doctor failure, every request served within the memory budget, no collapse, "
-        "every fixture inside the parity band"
+        "every fixture's fidelity decided inside the document's standard"
+    )
+    fit_by_standard: dict[StandardName, ObjectiveAnswer] = Field(
+        description="fit to serve under each fidelity standard: lossless (PSNR and SSIM above stated thresholds) "
+        "and parity (as close as a second acceptable run); fit_to_serve is the document's standard's"
     )
     faster: ObjectiveAnswer = Field(
         description="faster than the baseline at every reference count both served"
@@ -192,15 +210,34 @@ class CandidateVerdict(_Strict):
     run: str | None = Field(description="the run directory the numbers come from")
     parity_floor_db: float | None
 
-    def summary(self, objective: ObjectiveName) -> str:
-        """'w8a16: YES (fit_to_serve; faster NO, smaller YES) - reasons': the line the commands print."""
-        others = ", ".join(
+    def summary(self, objective: ObjectiveName, standard: StandardName = "lossless") -> str:
+        """'w8a16: YES (fit_to_serve, lossless; parity NO; faster NO, smaller YES) - reasons', then for an UNDECIDED
+        answer the command that settles it: the line the commands print."""
+        fit = self.objectives.fit_to_serve
+        other = [
+            f"{name} {answer.answer}"
+            for name, answer in self.objectives.fit_by_standard.items()
+            if name != standard
+        ]
+        rest = [
             f"{name} {getattr(self.objectives, name).answer}"
-            for name in Objectives.model_fields
+            for name in OBJECTIVES.values()
             if name != objective
-        )
+        ]
+        head = f"{objective}, {standard}" if objective == "fit_to_serve" else objective
+        parts = "; ".join(p for p in (head, ", ".join(other), ", ".join(rest)) if p)
         reasons = " ".join(r.message for r in self.reasons) or "every check passed."
-        return f"{self.name}: {self.verdict} ({objective}; {others}) - {reasons}"
+        line = f"{self.name}: {self.verdict} ({parts}) - {reasons}"
+        headline = fit if objective == "fit_to_serve" else getattr(self.objectives, objective)
+        if headline.answer == "UNDECIDED" and headline.settle_command:
+            line += f" To settle it: {headline.settle_command}"
+        return line
+
+
+class Recommendation(_Strict):
+    candidate: str | None = Field(description="the candidate to serve; null: none is fit to serve")
+    why: str = Field(min_length=1, description="one sentence")
+    others: dict[str, str] = Field(description="every other candidate -> one sentence on why not")
 
 
 class BaselineEntry(_Strict):
@@ -223,9 +260,12 @@ class Provenance(_Strict):
 
 
 class VerdictDocument(_Strict):
-    schema_version: Literal["ditq-verdict-2"]
+    schema_version: Literal["ditq-verdict-3"]
     generated_utc: str
     objective: ObjectiveName = Field(description="the objective every candidate's headline verdict answers")
+    standard: StandardName = Field(description="the fidelity standard fit_to_serve uses")
+    standards: dict[StandardName, str] = Field(description="each standard's rule, in words")
+    recommendation: Recommendation
     note: str | None = Field(
         description="what the reader must know first, e.g. that the weights are random, so PSNR and SSIM measure "
         "numerical deviation, not image quality"

@@ -9,7 +9,7 @@ from ditq.report.assess import Assessment, ReportData
 from ditq.report.capacity import CapacityRow
 from ditq.report.ladder import offload_ladder, server_starts
 from ditq.report.model import Candidate
-from ditq.report.schema import IntervalEntry
+from ditq.report.schema import IntervalEntry, StandardName
 from ditq.runfiles import MemoryCapFacts, ServerHealth
 
 __all__ = [
@@ -142,6 +142,7 @@ def capacity_summary_table(report: ReportData) -> Table:
 
 
 _OBJECTIVE_TITLES = {"fit_to_serve": "Fit to serve", "faster": "Faster", "smaller": "Smaller"}
+_STANDARD_TITLES: dict[StandardName, str] = {"lossless": "Visually lossless", "parity": "Parity band"}
 
 
 def verdict_table(report: ReportData) -> Table:
@@ -153,22 +154,32 @@ def verdict_table(report: ReportData) -> Table:
             f"{p.references}: {_num(p.seconds_per_image)} / {_num(p.seconds_median)}" for p in timed
         )
         answers = tuple(getattr(a.objectives, name).answer for name in _OBJECTIVE_TITLES)
+        by_standard = tuple(a.objectives.fit_by_standard[s].answer for s in _STANDARD_TITLES)
+        reasons = " ".join(r.message for r in a.headline.reasons) or "Every check passed."
+        if a.headline.answer == "UNDECIDED" and a.headline.settle_command:
+            reasons += f" To settle it: {a.headline.settle_command}"
+        recommended = report.document.recommendation.candidate == a.candidate.name
         rows.append(
             (
-                a.candidate.name,
+                a.candidate.name + (" (serve this)" if recommended else ""),
                 a.verdict,
-                *answers,
+                *by_standard,
+                *answers[1:],
                 str(profile.max_references_served),
                 seconds or "n/a",
                 format_bytes(profile.peak_memory_bytes),
-                " ".join(r.message for r in a.headline.reasons) or "Every check passed.",
+                reasons,
             )
         )
     headline = _OBJECTIVE_TITLES[report.document.objective]
+    if report.document.objective == "fit_to_serve":
+        headline += f", {report.document.standard}"
+    titles = list(_OBJECTIVE_TITLES.values())
     headers = (
         "Candidate",
         f"Verdict ({headline.lower()})",
-        *_OBJECTIVE_TITLES.values(),
+        *(f"{titles[0]}: {t.lower()}" for t in _STANDARD_TITLES.values()),
+        *titles[1:],
         "Max refs served",
         "s/image by refs (mean / median)",
         "Peak memory",
@@ -178,9 +189,14 @@ def verdict_table(report: ReportData) -> Table:
 
 
 def _interval_cell(entry: IntervalEntry) -> str:
-    unit = " dB" if entry.measure == "psnr_minus_reference_db" else "x"
     if entry.estimate is None:
         return "n/a"
+    if entry.measure in ("psnr_db", "ssim"):  # a level, not a difference or a ratio
+        spec, unit = (".2f", " dB") if entry.measure == "psnr_db" else (".4f", "")
+        if entry.low is None or entry.high is None:
+            return f"{entry.estimate:{spec}}{unit}"
+        return f"{entry.estimate:{spec}} [{entry.low:{spec}}, {entry.high:{spec}}]{unit}"
+    unit = " dB" if entry.measure == "psnr_minus_reference_db" else "x"
     if entry.low is None or entry.high is None:
         return f"{entry.estimate:+.2f}{unit}" if unit == " dB" else f"{entry.estimate:.2f}{unit}"
     if unit == " dB":
@@ -199,8 +215,14 @@ def objectives_table(a: Assessment) -> Table:
     """Per objective its answer, and every interval behind it: estimate [low, high], samples, the threshold
     it was held against, the decision, and about how many samples would settle an undecided one."""
     rows = []
-    for name, title in _OBJECTIVE_TITLES.items():
-        answer = getattr(a.objectives, name)
+    answers = [
+        *(
+            (f"Fit to serve ({_STANDARD_TITLES[s].lower()})", a.objectives.fit_by_standard[s])
+            for s in _STANDARD_TITLES
+        ),
+        *((title, getattr(a.objectives, name)) for name, title in list(_OBJECTIVE_TITLES.items())[1:]),
+    ]
+    for title, answer in answers:
         for entry in answer.intervals or [None]:
             if entry is None:
                 rows.append((title, answer.answer, "-", "-", "-", "-", "-", "-"))

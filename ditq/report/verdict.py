@@ -1,6 +1,10 @@
 """Fit to serve: YES only when no rule below finds a reason; NO when one finds a reason against it;
 UNDECIDED when the only reasons are missing evidence (no gate or compare result, a baseline that collapses
-too, a fixture whose interval straddles the band's floor).
+too, a fixture whose interval straddles the standard's floor).
+
+Fidelity is judged by one of two standards (``VerdictRules.standard``): *parity*, as close to the baseline as a
+second acceptable run is (compare's parity band), or *lossless*, visually lossless by stated PSNR and SSIM
+thresholds (compare's lossless decisions). The report answers both and heads with the one chosen.
 
 Every reason is one sentence a person can act on, with a code a program can match. The
 rules read the capacity matrix, the gate, compare's parity band and the sweep's stage
@@ -15,13 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from ditq.judge.compare import describe_parity
+from ditq.judge.compare import LOSSLESS_PSNR_DB, LOSSLESS_SSIM, describe_lossless, describe_parity
 from ditq.report.capacity import FidelitySummary, capacity_matrix, fidelity_by_fixture
 from ditq.report.model import Candidate, RunData
 from ditq.report.schema import Answer, ReasonCode
 
 __all__ = [
     "REASON_CODES",
+    "STANDARDS",
+    "STANDARD_RULES",
     "UNDECIDED_CODES",
     "Reason",
     "VerdictRules",
@@ -42,6 +48,8 @@ class VerdictRules:
     parity_reference_db: float | None = None
     # The objective every candidate's headline verdict answers: fit (to serve), speed (faster), memory (smaller).
     objective: Literal["fit", "speed", "memory"] = "fit"
+    # The fidelity standard fit to serve uses: visually lossless (PSNR and SSIM thresholds) or the parity band.
+    standard: Literal["lossless", "parity"] = "lossless"
 
 
 @dataclass(frozen=True)
@@ -52,9 +60,16 @@ class Reason:
 
 # The codes a reason may carry: verdict.json's schema is where they are defined.
 REASON_CODES: tuple[str, ...] = get_args(ReasonCode)
+STANDARDS: tuple[Literal["lossless", "parity"], ...] = ("lossless", "parity")
 # Reasons that say the evidence is missing or inconclusive, not that the candidate is unfit.
 UNDECIDED_CODES = frozenset(
-    {"no_gate_result", "no_fidelity_result", "baseline_collapsed", "undecided_parity_band"}
+    {
+        "no_gate_result",
+        "no_fidelity_result",
+        "baseline_collapsed",
+        "undecided_parity_band",
+        "undecided_lossless",
+    }
 )
 
 
@@ -173,6 +188,39 @@ def parity_floor_db(candidate: Candidate, rules: VerdictRules) -> float | None:
 
 
 def _fidelity_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> list[Reason]:
+    if rules.standard == "lossless":
+        return _lossless_reasons(candidate, baseline)
+    return _parity_reasons(candidate, baseline, rules)
+
+
+def _lossless_reasons(candidate: Candidate, baseline: Candidate) -> list[Reason]:
+    """Each fixture's lossless decision from compare.json: outside is a reason against, undecided one for more
+    evidence; a compare from before the standard says nothing about it."""
+    run = candidate.run
+    if run is None:
+        return []
+    decisions = {k: v.lossless for k, v in run.parity_fixtures.items() if v.lossless is not None}
+    if not decisions:
+        return [
+            Reason(
+                "no_fidelity_result",
+                f"No image of this run was compared with the {baseline.name} baseline under the visually lossless "
+                "standard (run ditq compare again).",
+            )
+        ]
+    reasons = []
+    for decision, code, words in (
+        ("outside", "below_lossless", "Not visually lossless"),
+        ("undecided", "undecided_lossless", "Not enough evidence whether it is visually lossless"),
+    ):
+        fixtures = [k for k, d in decisions.items() if d.decision == decision]
+        if fixtures:
+            detail = describe_lossless(decisions[fixtures[0]]).split(": ", 1)[1]
+            reasons.append(Reason(code, f"{words} on {', '.join(fixtures)}: {detail}."))
+    return reasons
+
+
+def _parity_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> list[Reason]:
     run = candidate.run
     if run is None:
         return []
@@ -253,3 +301,17 @@ def fit_answer(reasons: list[Reason]) -> Answer:
     if any(r.code not in UNDECIDED_CODES for r in reasons):
         return "NO"
     return "UNDECIDED" if reasons else "YES"
+
+
+# Each fidelity standard's rule, in words (verdict.json's ``standards``; the thresholds each compare used are in
+# its intervals).
+STANDARD_RULES: dict[Literal["lossless", "parity"], str] = {
+    "lossless": (
+        f"visually lossless: each fixture's mean PSNR against the baseline at least {LOSSLESS_PSNR_DB:g} dB and its "
+        f"mean SSIM at least {LOSSLESS_SSIM:g}, each on its 95 % interval over seeds"
+    ),
+    "parity": (
+        "parity: each fixture's PSNR against the baseline, seed by seed, at most the tolerance (1 dB) below what a "
+        "second acceptable run of the model reaches, on its 95 % interval over seeds"
+    ),
+}

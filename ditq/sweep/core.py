@@ -157,7 +157,11 @@ class SweepCore:
             [self.out / scheme for scheme in self.options.candidates],
             self.baseline,
             self.out / "report",
-            VerdictRules(parity_reference_db=self.options.parity_db, objective=self.options.objective),
+            VerdictRules(
+                parity_reference_db=self.options.parity_db,
+                objective=self.options.objective,
+                standard=self.options.standard,
+            ),
             command=self.command,
             baseline_commands=read_model(CommandList, commands).root if commands.is_file() else [],
             baseline_name=self.baseline_name,

@@ -64,6 +64,7 @@ class SweepOptions:
     # the band from the baseline and the model run in process in bfloat16 (OUT/parity-in-process)
     parity_in_process: bool = False
     objective: Literal["fit", "speed", "memory"] = "fit"  # what the report's headline verdict answers
+    standard: Literal["lossless", "parity"] = "lossless"  # the fidelity standard of fit to serve
     health_timeout_s: float = 600.0
     request_timeout_s: float | None = None
     progress: bool = True
@@ -88,9 +89,10 @@ class SweepOptions:
                     "--seeds auto: the sweep cannot add seeds to --parity-pair's runs; "
                     "use --parity-db or --parity-in-process"
                 )
-            if self.parity_db is None and not self.parity_in_process:
+            if self.standard == "parity" and self.parity_db is None and not self.parity_in_process:
                 raise InputError(
-                    "--seeds auto: needs a parity band to decide on (--parity-db or --parity-in-process)"
+                    "--seeds auto --standard parity: needs a parity band to decide on (--parity-db or "
+                    "--parity-in-process)"
                 )
             start = len(parse_seeds(DEFAULT_SEEDS))
             if self.max_seeds < start:

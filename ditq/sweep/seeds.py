@@ -25,7 +25,7 @@ class SeedSettling(OffloadLadder):
     # -- --seeds auto: more seeds for the fixtures a compare left undecided ----------------------------
     def settle_seeds(self) -> dict[str, list[int]]:
         """Round after round (``ditq.judge.compare.settle_seeds``), give every fixture that some candidate's compare
-        left undecided about as many seeds as that compare said would settle it (at least one more, at most
+        left undecided under the sweep's standard (lossless or parity) about as many seeds as that compare said would settle it (at least one more, at most
         --max-seeds, the most any candidate asks): the baseline, the in-process pair and every judged candidate probe
         the new seeds of those fixtures only (``--only``), then gate and compare run again. A fixture's seeds are
         shared by every run, so that every PSNR stays paired. Returns the seeds each fixture was run at."""
@@ -64,13 +64,14 @@ class SeedSettling(OffloadLadder):
         return out
 
     def _more_seeds(self) -> dict[str, list[int]]:
-        """Fixture -> the seeds to add, for every fixture some compare left undecided below the cap: the most that
-        any candidate's decision asks for."""
+        """Fixture -> the seeds to add, for every fixture some compare left undecided (under the sweep's standard)
+        below the cap: the most that any candidate's decision asks for."""
         current, cap = seeds_by_fixture(self.baseline), self.options.max_seeds
         more: dict[str, list[int]] = {}
         for _, compare in self._judged():
             for fixture_id, entry in compare.fixtures.items():
-                wanted = seeds_to_add(entry.parity, current.get(fixture_id, []), cap)
+                decision = entry.lossless if self.options.standard == "lossless" else entry.parity
+                wanted = seeds_to_add(decision, current.get(fixture_id, []), cap)
                 if len(wanted) > len(more.get(fixture_id, [])):
                     more[fixture_id] = wanted
         return more

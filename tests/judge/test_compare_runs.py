@@ -145,3 +145,51 @@ def test_images_made_with_other_settings_are_error_rows(runs: dict[str, Path]) -
     result = compare_run(runs["same"], runs["baseline"])
     bad = [r for r in result.rows if r.status == "error"]
     assert {r.fixture_id for r in bad} == {"gen-one"} and "steps 20 vs baseline 4" in (bad[0].error or "")
+
+
+def test_the_lossless_standard_decides_each_fixture_on_its_psnr_and_ssim_intervals(
+    runs: dict[str, Path],
+) -> None:
+    same = compare_run(runs["same"], runs["baseline"])
+    dark = compare_run(runs["dark"], runs["baseline"])
+    assert same.lossless is not None and dark.lossless is not None
+    assert (same.lossless.psnr_db, same.lossless.ssim) == (40.0, 0.98)  # the documented thresholds
+    # identical images: every interval sits at the cap (PSNR 100 dB, SSIM 1), inside
+    assert same.lossless.decision == "inside" and same.lossless.inside
+    for entry in same.fixtures.values():
+        assert entry.lossless is not None and entry.lossless.decision == "inside" and entry.lossless.n == 2
+        assert (
+            entry.lossless.ssim.high is not None and entry.lossless.ssim.high <= 1.0
+        )  # clipped to what SSIM can be
+    # RGB halved: far below 40 dB on every fixture, whatever the spread
+    assert dark.lossless.decision == "outside" and not dark.lossless.inside
+    for entry in dark.fixtures.values():
+        assert entry.lossless is not None and entry.lossless.psnr_db.decision == "outside"
+        assert entry.lossless.psnr_db.high is not None and entry.lossless.psnr_db.high < 40.0
+
+
+def test_a_stated_threshold_moves_the_lossless_decision(runs: dict[str, Path]) -> None:
+    from ditq.judge.compare import LosslessStandard
+
+    dim = compare_run(runs["dim"], runs["baseline"])
+    entry = next(iter(dim.fixtures.values()))
+    assert entry.lossless is not None and entry.psnr_db.mean is not None
+    low = compare_run(runs["dim"], runs["baseline"], lossless=LosslessStandard(psnr_db=5.0, ssim=0.1))
+    high = compare_run(runs["dim"], runs["baseline"], lossless=LosslessStandard(psnr_db=99.0, ssim=0.999))
+    assert low.lossless is not None and low.lossless.psnr_db == 5.0
+    assert all(
+        e.lossless is not None and e.lossless.psnr_db.decision != "outside" for e in low.fixtures.values()
+    )
+    assert high.lossless is not None and high.lossless.decision == "outside"
+
+
+def test_compare_exits_on_the_standard_it_is_asked_for(runs: dict[str, Path]) -> None:
+    base = ("--baseline", str(runs["baseline"]), "--no-lpips")
+    assert _compare_cli(str(runs["same"]), *base, "--standard", "lossless") == 0
+    assert _compare_cli(str(runs["dark"]), *base, "--standard", "lossless") == 1
+    # no band: the parity standard has nothing to fail on, so every image compared is enough
+    assert _compare_cli(str(runs["dark"]), *base) == 0
+    with pytest.raises(DitqError, match=r"--lossless-ssim 1\.5"):
+        _compare_cli(str(runs["same"]), *base, "--lossless-ssim", "1.5")
+    written = json.loads((runs["dark"] / "compare.json").read_text())
+    assert written["lossless"]["decision"] == "outside"

@@ -78,7 +78,7 @@ def test_baseline_probe_gate_compare(tmp_path: Path, fixture_set, ditq_server: s
         any(x.startswith("transparent") for x in r.reasons) for r in default.records
     )
 
-    raw = json.loads(resources.files("ditq").joinpath("gate_rules.json").read_text())
+    raw = json.loads(resources.files("ditq.judge").joinpath("gate_rules.json").read_text())
     raw["signatures"] = [s for s in raw["signatures"] if s["name"] != "transparent"]
     lenient = tmp_path / "rules.json"
     lenient.write_text(json.dumps(raw))

@@ -54,7 +54,7 @@ def candidate_pixels(kind: str, fixture_id: str, seed: int) -> np.ndarray:
     base = baseline_pixels(fixture_id, seed)
     rng = np.random.default_rng(seed)
     if kind == "healthy":
-        noisy = base.astype(np.int16) + rng.integers(-3, 4, size=base.shape)
+        noisy = base.astype(np.int16) + rng.integers(-1, 2, size=base.shape)
         noisy[..., 3] = 255
         return np.clip(noisy, 0, 255).astype(np.uint8)
     if kind == "collapsed":
@@ -84,6 +84,7 @@ def run_file(kind: str, invocations: list[Invocation], memory: MemoryDescription
         {
             "schema": "ditq-run-v1",
             "kind": kind,
+            "model": "models/bf16" if kind == "baseline" else None,
             "endpoints": ["http://127.0.0.1:9000"],
             "fixtures_file": "fixtures.json",
             "fixture_ids": list(FIXTURES),

@@ -103,16 +103,24 @@ def test_report_command_prints_verdicts_and_the_page(shared_runs, tmp_path, caps
     )
     printed = capsys.readouterr().out.splitlines()
     assert code == 0
-    assert printed[0].startswith("fp8: NO (fit_to_serve; faster YES, smaller UNDECIDED) - Collapsed outputs")
+    # the candidate's answers (the headline's standard first, then the other standard's), the recommendation
+    # (none: fp8 collapsed), why not fp8, the page
+    assert printed[0].startswith(
+        "fp8: NO (fit_to_serve, lossless; parity NO; faster YES, smaller UNDECIDED) - "
+    )
+    assert printed[1].startswith("No candidate is fit to serve") and printed[2].startswith("  not fp8: NO: ")
     assert printed[-1] == str(out / "report.html")
-    assert validate_verdict_file(out / "verdict.json").candidates[0].verdict == "NO"
+    document = validate_verdict_file(out / "verdict.json")
+    assert document.candidates[0].verdict == "NO" and document.recommendation.candidate is None
+    assert [r.code for r in document.candidates[0].reasons] == ["collapsed_outputs", "below_lossless"]
 
 
 @pytest.mark.parametrize("report_dir", ["report", "report-24gib"])
 def test_the_committed_verdicts_made_again_from_the_h200_runs_validate(report_dir):
     path = Path(__file__).parents[2] / "benchmarks/results/h200-full-size" / report_dir / "verdict.json"
     document = validate_verdict_file(path)
-    assert document.schema_version == "ditq-verdict-2" and len(document.candidates) == 2
+    assert document.schema_version == "ditq-verdict-3" and len(document.candidates) == 2
+    assert document.recommendation.candidate is None  # random weights: the baseline's images collapse too
 
 
 @pytest.mark.parametrize("report_dir", ["report-as-run", "report-24gib-as-run"])
@@ -122,15 +130,21 @@ def test_a_committed_verdict_of_the_first_schema_is_refused_in_one_line(report_d
         validate_verdict_file(path)
     message = str(caught.value)
     assert "\n" not in message and message.startswith(str(path))
-    assert "schema_version 'ditq-verdict-1' is not 'ditq-verdict-2'" in message
+    assert "schema_version 'ditq-verdict-1' is not 'ditq-verdict-3'" in message
     assert message.endswith("run ditq report again over its runs)")
 
 
 def test_the_verdict_says_which_objective_its_headline_answers(report):
     document = validate_verdict_file(report.verdict_json)
-    assert document.schema_version == "ditq-verdict-2" and document.objective == "fit_to_serve"
+    assert document.schema_version == "ditq-verdict-3" and document.objective == "fit_to_serve"
+    assert document.standard == "lossless" and set(document.standards) == {"lossless", "parity"}
     for entry in document.candidates:
         assert entry.verdict == entry.objectives.fit_to_serve.answer
         assert entry.reasons == entry.objectives.fit_to_serve.reasons
+        assert entry.objectives.fit_to_serve == entry.objectives.fit_by_standard["lossless"]
+    # w8a8 is fit under both standards and serves every count: the one to serve; the others say why not
+    assert document.recommendation.candidate == "w8a8"
+    assert set(document.recommendation.others) == {"fp8", "w8a16"}
+    assert document.recommendation.others["w8a16"].startswith("NO: Out of memory at 4 references")
     page = report.html.read_text()
     assert "Estimate [95% interval]" in page and "UNDECIDED" in page  # no candidate's weight bytes are known

@@ -61,7 +61,9 @@ def test_the_seed_s_round_one_run_is_not_fit_to_serve_for_collapse(tmp_path, cap
     assert [r.code for r in fit.reasons] == ["collapsed_outputs", "no_fidelity_result"]
     assert fit.reasons[0].message.startswith("Collapsed outputs: the structure gate failed 16 of 16 images (")
     assert {"flat", "transparent"} <= set(fit.reasons[0].message.split("(")[1].rstrip(").").split(", "))
-    assert printed.startswith("int8-weight-only: NO (fit_to_serve;") and "Collapsed outputs" in printed
+    assert (
+        printed.startswith("int8-weight-only: NO (fit_to_serve, lossless;") and "Collapsed outputs" in printed
+    )
     assert verdict.profile.max_references_served == 4  # every request answered 200: it served, it collapsed
 
 

@@ -28,8 +28,11 @@ def test_healthy_faster_candidate_is_yes_with_its_profile(runs):
     assert a.profile.peak_memory_bytes == 900 * 2**20  # the vram.csv maximum
 
 
+PARITY = VerdictRules(standard="parity")
+
+
 def test_collapsed_candidate_names_the_gate_and_the_band(runs):
-    (a,) = _assess(runs, "fp8").assessments
+    (a,) = _assess(runs, "fp8", rules=PARITY).assessments
     codes = [r.code for r in a.reasons]
     assert codes == ["collapsed_outputs", "outside_parity_band"]
     assert "failed 8 of 8 images (banded, transparent)" in a.reasons[0].message
@@ -43,6 +46,17 @@ def test_collapsed_candidate_names_the_gate_and_the_band(runs):
     (first, *_) = a.objectives.fit_to_serve.intervals
     assert (first.subject, first.decision, first.n) == ("fx-one (PSNR minus the stated band's)", "outside", 2)
     assert first.high is not None and first.high < -1.0
+    # under the lossless standard (the default) the same run is below it, on its PSNR and its SSIM
+    (b,) = _assess(runs, "fp8").assessments
+    assert [r.code for r in b.reasons] == ["collapsed_outputs", "below_lossless"]
+    assert b.reasons[1].message.startswith("Not visually lossless on fx-one, fx-two, fx-three: PSNR 4.25 dB")
+    lossless = b.objectives.fit_by_standard["lossless"]
+    assert lossless is b.objectives.fit_to_serve or lossless == b.objectives.fit_to_serve
+    psnr, ssim = lossless.intervals[:2]
+    assert (psnr.measure, psnr.threshold, psnr.decision) == ("psnr_db", "at least 40 dB", "outside")
+    assert (ssim.measure, ssim.threshold, ssim.decision) == ("ssim", "at least 0.98", "outside")
+    assert psnr.high is not None and psnr.high < 40 and ssim.high is not None and ssim.high < 0.98
+    assert a.objectives.fit_by_standard["lossless"].answer == "NO"  # both standards answered either way
 
 
 def test_out_of_memory_is_unfit_and_slower_than_bf16_is_not_faster(runs):
@@ -86,15 +100,24 @@ def test_a_fixture_on_the_edge_of_the_band_is_undecided_with_the_seeds_to_settle
     run = write_run(tmp_path, spec, runs["baseline"])
     level = compare_run(run, runs["baseline"], use_lpips=False).fixtures["fx-one"].psnr_db.mean
     assert level is not None
-    # the band's floor (its PSNR minus 1 dB) at the candidate's own mean PSNR on fx-one
-    band = ParityBand("stated", level + 1.0, {}, 1.0)
+    # the band's floor (its PSNR minus 1 dB) just above the candidate's own mean PSNR on fx-one
+    band = ParityBand("stated", level + 1.05, {}, 1.0)
     write_model(run / "compare.json", compare_run(run, runs["baseline"], parity=band, use_lpips=False))
-    (a,) = assess(load_candidate(runs["baseline"]), [load_candidate(run)], "x").assessments
+    (a,) = assess(load_candidate(runs["baseline"]), [load_candidate(run)], "x", PARITY).assessments
     assert a.verdict == "UNDECIDED"
     assert [r.code for r in a.reasons] == ["undecided_parity_band"]
     (edge,) = [e for e in a.objectives.fit_to_serve.intervals if e.subject.startswith("fx-one")]
     assert edge.decision == "undecided" and edge.low is not None and edge.high is not None
     assert edge.low < -1.0 < edge.high
+    # a bare run's settling command probes the baseline and the run at the seeds compare asks for, then judges
+    command = a.objectives.fit_to_serve.settle_command
+    assert edge.samples_to_settle is not None and edge.samples_to_settle > 2
+    assert command is not None and "ditq baseline models/bf16 --endpoint http://127.0.0.1:9000" in command
+    assert "ditq probe --endpoint http://127.0.0.1:9000" in command
+    assert command.count(f"--seeds 2301-{2300 + edge.samples_to_settle} ") == 2 and "--parity-db" in command
+    assert (
+        a.objectives.fit_by_standard["lossless"].answer == "YES"
+    )  # far above 40 dB: the other standard passes
 
 
 def test_bf16_out_of_memory_is_a_result_in_the_baseline_matrix(runs):
@@ -113,9 +136,14 @@ def test_slower_tolerance_is_data(runs):
 def test_missing_gate_and_band_are_reasons_not_silence(tmp_path, runs):
     spec = RunSpec("nogate", "healthy", {1: 1, 2: 1, 3: 1, 4: 1}, gate=False, parity_db=None)
     write_run(tmp_path, spec, runs["baseline"])
-    (a,) = assess(load_candidate(runs["baseline"]), [load_candidate(tmp_path / "nogate")], "x").assessments
+    (a,) = assess(
+        load_candidate(runs["baseline"]), [load_candidate(tmp_path / "nogate")], "x", PARITY
+    ).assessments
     assert [r.code for r in a.reasons] == ["no_gate_result", "no_fidelity_result"]
-    rules = VerdictRules(parity_reference_db=30.0)
+    # the lossless standard needs no band: only the gate is missing
+    (c,) = assess(load_candidate(runs["baseline"]), [load_candidate(tmp_path / "nogate")], "x").assessments
+    assert [r.code for r in c.reasons] == ["no_gate_result"] and c.verdict == "UNDECIDED"
+    rules = VerdictRules(parity_reference_db=30.0, standard="parity")
     (b,) = assess(
         load_candidate(runs["baseline"]), [load_candidate(tmp_path / "nogate")], "x", rules
     ).assessments

@@ -159,6 +159,11 @@ def test_endpoint_for_is_checked_at_the_edge(tmp_path: Path):
         SweepOptions(tmp_path, ("w8a8",), tmp_path, tmp_path, tmp_path, endpoint_for={"fp8": "http://x"})
     with pytest.raises(InputError, match="--fixtures"):
         SweepOptions(tmp_path, ("w8a8",), tmp_path / "missing.json", tmp_path, tmp_path)
+    # --seeds auto settles the standard's own decisions: the lossless standard needs no band, parity does
+    with pytest.raises(InputError, match="--seeds auto --standard parity: needs a parity band"):
+        SweepOptions(tmp_path, ("w8a8",), tmp_path, tmp_path, tmp_path, seeds="auto", standard="parity")
+    with pytest.raises(InputError, match="--fixtures"):  # past the seeds check: the lossless standard is fine
+        SweepOptions(tmp_path, ("w8a8",), tmp_path / "missing.json", tmp_path, tmp_path, seeds="auto")
 
 
 def _sweep_file(model: Path, fingerprint: dict[str, list[int]] | None) -> SweepFile:
@@ -350,6 +355,7 @@ def test_seeds_auto_adds_seeds_to_an_undecided_fixture_until_it_is_decided_or_at
             device="cpu",
             dtype="float32",
             parity_db=parity_db,
+            standard="parity",  # the band's decisions are the ones settled here
             health_timeout_s=300,
             progress=False,
         )
@@ -394,7 +400,7 @@ def test_seeds_auto_adds_seeds_to_an_undecided_fixture_until_it_is_decided_or_at
                 if json.loads(line)["fixture_id"] == fixture_id
             }
             assert recorded == set(seeds), (run, fixture_id)
-    assert validate_verdict_file(out / "report" / "verdict.json").schema_version == "ditq-verdict-2"
+    assert validate_verdict_file(out / "report" / "verdict.json").schema_version == "ditq-verdict-3"
 
 
 def _expand(seeds: str) -> list[int]:
