@@ -43,7 +43,9 @@ def main() -> int:
     output = done
     lines = output.stdout.splitlines()
     sweep = next((line for line in lines if line.startswith("demo: ")), None)
-    verdicts = [line for line in lines if re.match(r"^(w8a16|w8a8|fp8): (YES|NO|UNDECIDED)", line)]
+    verdicts = [line for line in lines if re.match(r"^(w8a16|w8a8|fp8|plan): (YES|NO|UNDECIDED)", line)]
+    # which candidate to serve, then one line on each other one
+    recommendation = [line for line in lines if line.startswith(("Serve ", "No candidate", "  not "))]
     payload = {
         "command": "python benchmarks/demo_wall.py --out " + str(args.out),
         "measured": "git clone (this commit) && make demo",
@@ -53,6 +55,7 @@ def main() -> int:
         "goal_s": 600,
         "sweep_line": sweep,
         "verdicts": verdicts,
+        "recommendation": recommendation,
         "cpu_count": os.cpu_count(),
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],

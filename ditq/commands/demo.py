@@ -19,9 +19,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=Path("demo-out"), help="sweep directory (default: demo-out)"
     )
     add_sweep_arguments(parser, device="cpu")
+    parser.add_argument(
+        "--no-plan",
+        action="store_true",
+        help="judge the uniform schemes only, not the demo model's shipped plan (ditq/demo/PLAN.json)",
+    )
     parser.epilog = (
         f"The demo's own defaults: --seeds {DEMO.seeds} --steps {DEMO.steps} --device cpu "
-        f"--dtype {DEMO.dtype} --parity-in-process, schemes {','.join(DEMO.schemes)}."
+        f"--dtype {DEMO.dtype} --parity-in-process, schemes {','.join(DEMO.schemes)}, and the shipped plan "
+        "as one more candidate (plan), quantized from it and verified like the others."
     )
 
 
@@ -51,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         standard=args.standard,
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
-        plan=args.plan,
+        plan=args.plan or (None if args.no_plan else demo.plan_path()),
     )
     stop_on_sigterm()
     result = run_sweep(options)

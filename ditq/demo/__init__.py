@@ -23,6 +23,7 @@ __all__ = [
     "default_model_dir",
     "fixtures_path",
     "load_demo_pipeline",
+    "plan_path",
     "references_dir",
 ]
 
@@ -37,6 +38,13 @@ def default_model_dir() -> Path:
 def fixtures_path() -> Path:
     """The demo fixtures (id -> mode, references, width, height, prompt, negative_prompt)."""
     return _HERE / "fixtures.json"
+
+
+def plan_path() -> Path:
+    """The demo model's mixed-precision plan (``ditq plan ditq/demo/model --schemes fp8,w8a8,w8a16``, its command
+    inside), shipped so that ``ditq demo`` judges a planned candidate beside the uniform schemes without
+    searching for it first."""
+    return _HERE / "PLAN.json"
 
 
 def references_dir() -> Path:
