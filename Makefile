@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.ditq-installed
 
-.PHONY: demo test lint typecheck install clean
+.PHONY: demo test test-fast lint typecheck install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,14 +21,19 @@ $(STAMP): $(PY) pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check ditq tests benchmarks
-	$(VENV)/bin/ruff format --check ditq tests benchmarks
+	$(VENV)/bin/ruff check ditq tests benchmarks tools
+	$(VENV)/bin/ruff format --check ditq tests benchmarks tools
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy ditq
 
+# Two workers, one per core; the slow-marked tests are scheduled first (tests/conftest.py).
 test: $(STAMP) lint typecheck
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q -n 2 tests
+
+# The same without the slow-marked end-to-end tests: a quick loop while changing code.
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -q -n 2 -m "not slow" tests
 
 demo: $(STAMP)
 	$(VENV)/bin/ditq demo --out demo-out

@@ -66,6 +66,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))  # full_size_pipeline
 
 import full_size_pipeline  # noqa: E402
 from dit_loop import LoopCase, layer_errors, loop_pipeline, make_case, profile_loop, time_loop  # noqa: E402

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The detached H200 runs' shared verbs, sourced by benchmarks/h200_kernels_loop.sh and h200_plan_full_size.sh once
+# The detached H200 runs' shared verbs, sourced by benchmarks/demo_train_h200.sh, h200_kernels_loop.sh,
+# h200_plan_full_size.sh and h200_whole_pipeline.sh once
 # they define run_stages (which ends by touching "$RUN/finished"), RUN, OUT, COLLECT (the files to copy) and
 # EXPORTS (the variables run_stages reads):
 #   launch      start run_stages in the background, in its own process session, so it outlasts the shell

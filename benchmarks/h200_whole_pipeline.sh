@@ -7,13 +7,15 @@
 #   bash benchmarks/h200_whole_pipeline.sh collect     # copy results and logs to $OUT
 # Stages (STAGES picks a subset, in this order; each has its own time limit):
 #   tests    every GPU-marked test (pytest -m gpu, 4 workers); TESTS_WITH_SWEEP=1 runs them beside sweep24 instead,
-#            once its first candidate starts quantizing (after the baseline, whose timings they would disturb)
+#            once its first candidate starts quantizing (after the baseline, whose timings they would disturb), and
+#            TESTS_BESIDE=STAGE beside that stage from its start (memory, say, which measures bytes, not seconds)
 #   tiny     the chain on the GPU at the tiny preset: ditq sweep --schemes fp8 --offload auto --max-memory 4GiB
 #   doctor   ditq doctor on every Linear geometry of the full-size transformer and text encoder
-#   build    the full-size pipeline with random weights (benchmarks/full_size_pipeline.py)
+#   build    the full-size pipeline with random weights (tools/full_size_pipeline.py)
 #   sweep24  ditq sweep --schemes $SCHEMES --max-memory 24GiB --offload auto (quantize auto: transformer and text
 #            encoder), 0-4 references at 1024x1024
-#   memory   benchmarks/pipeline_memory.py on the whole device: BF16 and the fp8 artifact, stage by stage, and each
+#   memory   benchmarks/pipeline_memory.py on the whole device: BF16 and the fp8 artifact (the sweep's, else
+#            quantized here), stage by stage, and each
 #            memory reduction against the untouched path
 #   serve24  ditq serve --max-memory 24GiB --offload auto + ditq probe for each of $SERVE24 (schemes the sweep did
 #            not run: their artifacts quantized here as the sweep quantizes, without its verify and doctor stages)
@@ -43,13 +45,14 @@ run_stages() {
   df -h "$RUN" | tail -1
   for stage in $STAGES; do
     echo "== $stage at $(date -u +%T)"
+    [ "$stage" = "$TESTS_BESIDE" ] && { gpu_tests & }
     case "$stage" in
       tests)
         gpu_tests
         ;;
       tiny)
         rm -rf "$RUN/tiny" "$RUN/tiny-sweep"
-        python3 benchmarks/full_size_pipeline.py --preset tiny --device cuda --out "$RUN/tiny" >/dev/null 2>&1
+        python3 tools/full_size_pipeline.py --preset tiny --device cuda --out "$RUN/tiny" >/dev/null 2>&1
         timeout "${TINY_S:-300}" python3 -m ditq.cli sweep "$RUN/tiny" --schemes fp8 --fixtures "$RUN/tiny/fixtures/fixtures.json" \
           --refs "$RUN/tiny/fixtures/refs" --out "$RUN/tiny-sweep" --seeds 2301 --steps 2 --device cuda:0 \
           --offload auto --max-memory 4GiB --no-progress >"$RUN/tiny_sweep.log" 2>&1
@@ -65,7 +68,7 @@ run_stages() {
         tail -20 "$RUN/doctor_full_size.log"
         ;;
       build)
-        timeout 600 python3 benchmarks/full_size_pipeline.py --preset full --device cuda --out "$MODEL" --force \
+        timeout 600 python3 tools/full_size_pipeline.py --preset full --device cuda --out "$MODEL" --force \
           >"$RUN/build.log" 2>&1
         echo "exit $?"
         tail -2 "$RUN/build.log"
@@ -86,7 +89,7 @@ run_stages() {
         ;;
       memory)
         timeout "${MEMORY_S:-600}" python3 benchmarks/pipeline_memory.py --model "$MODEL" \
-          --model "$RUN/sweep-24gib/fp8/artifact" --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" \
+          --model "$(artifact_for fp8)" --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" \
           --seeds "$SEEDS" --steps "$STEPS" --device cuda --variant-fixtures generate-0ref,edit-4ref \
           --out "$RUN/pipeline_memory.json" >"$RUN/pipeline_memory.log" 2>&1
         echo "exit $?"
@@ -101,6 +104,7 @@ run_stages() {
       *) echo "unknown stage $stage" ;;
     esac
   done
+  wait  # the GPU tests, where they ran beside a stage
   echo "== done at $(date -u +%T)"
   touch "$RUN/finished"
 }
@@ -157,7 +161,7 @@ serve_probe() {
 }
 
 COLLECT="run.log gpu_tests.log doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz"
-EXPORTS="TESTS_WITH_SWEEP SCHEMES SERVE24 SERVE16 STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+EXPORTS="TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"

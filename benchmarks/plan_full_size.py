@@ -2,7 +2,7 @@
 
     python benchmarks/plan_full_size.py --pipeline DIR --out plan_full_size.json [--device cuda]
 
-DIR is a pipeline ``benchmarks/full_size_pipeline.py`` wrote (built here first when DIR does not exist yet:
+DIR is a pipeline ``tools/full_size_pipeline.py`` wrote (built here first when DIR does not exist yet:
 ``--preset full`` on the device, about 40 s on an H200). The plan runs in this process through ``make_plan``,
 as ``ditq plan`` does, on ``--fixtures`` of the pipeline's fixtures (default: the 0- and 1-reference ones), with
 the settings a proxy-based search at this size needs: final images for ``--image-blocks`` blocks only, one seed,
@@ -31,6 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))  # full_size_pipeline
 
 import full_size_pipeline  # noqa: E402
 

@@ -16,6 +16,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline, Qwen
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
+sys.path.insert(0, str(BENCHMARKS.parent / "tools"))
 
 import dit_loop  # noqa: E402
 import full_size_pipeline  # noqa: E402

@@ -188,7 +188,9 @@ def test_a_calibration_that_runs_out_of_memory_demotes_the_placement_and_measure
 
 
 def test_a_request_that_can_never_fit_is_413_before_it_runs_and_the_next_one_is_served() -> None:
-    config = dataclasses.replace(WARN, max_pixels=2048 * 2048)
+    # a 30 s timeout: the wedge's 4 x 200 steps at 2048x2048 pass it on any CPU by a wide margin (a step at 256x256
+    # would have to take under 0.6 ms), and a misprediction fails in 30 s rather than hanging the suite
+    config = dataclasses.replace(WARN, max_pixels=2048 * 2048, request_timeout_s=30.0)
 
     def measured(adapter: PipelineAdapter) -> CostModel:
         return calibrate(adapter, torch.device("cpu"), 256 * 256, config.request_timeout_s)

@@ -38,9 +38,9 @@ environment) the processor is built, and can be loaded, without it inside ``with
 as usual, video processor included.
 
 Usage:
-    python benchmarks/full_size_pipeline.py --out DIR [--preset full|tiny] [--device cpu|cuda] [--seed 0]
+    python tools/full_size_pipeline.py --out DIR [--preset full|tiny] [--device cpu|cuda] [--seed 0]
         [--fixtures-out DIR] [--force]
-    python benchmarks/full_size_pipeline.py --preset full --dry-run   # counts on the meta device, no files
+    python tools/full_size_pipeline.py --preset full --dry-run   # counts on the meta device, no files
 """
 
 from __future__ import annotations

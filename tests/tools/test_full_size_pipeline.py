@@ -1,4 +1,4 @@
-"""benchmarks/full_size_pipeline.py at its tiny preset: builds, loads, generates, quantizes, generates again (CPU)."""
+"""tools/full_size_pipeline.py at its tiny preset: builds, loads, generates, quantizes, generates again (CPU)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from PIL import Image
 import ditq
 from ditq.probe.fixtures import load_fixtures
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "full_size_pipeline.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "full_size_pipeline.py"
 SIZE = 64  # the tiny preset's fixture size
 STEPS = 2
 
