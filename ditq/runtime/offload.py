@@ -96,8 +96,10 @@ def _block_lists(module: torch.nn.Module) -> list[torch.nn.ModuleList]:
 
 class _Streamed:
     """A component whose weights wait in pinned host memory: each block of its block lists is copied to the device
-    when its forward starts and dropped there when it ends; the rest of its tensors (embeddings, norms, heads) are
-    copied once the component's own forward starts and dropped once it ends."""
+    when its forward starts and dropped there when it ends. The rest of its tensors (embeddings, norms, heads, a VAE's
+    first and last convolutions) are copied when the module that owns them runs, or once for the whole of the
+    component's own forward, and dropped when that ends: a component that is not called through its forward (a VAE's
+    ``encode`` and ``decode``, and their tiled paths) still finds each weight on the device when it is used."""
 
     def __init__(self, component: torch.nn.Module, device: torch.device) -> None:
         self.device = device
@@ -106,24 +108,51 @@ class _Streamed:
         everything = list(dict.fromkeys([*component.parameters(), *component.buffers()]))
         self.rest = [t for t in everything if id(t) not in in_blocks]
         self.home: dict[int, torch.Tensor] = {}
+        self.onloaded: set[int] = set()  # ids of the tensors now on the device
+        self.in_forward = False  # inside the component's own forward: its rest stays until that ends
         for tensor in everything:
             host = tensor.data.to("cpu")
             self.home[id(tensor)] = host.pin_memory() if device.type == "cuda" else host
             tensor.data = self.home[id(tensor)]
-        self.handles = [component.register_forward_pre_hook(lambda _m, _a: self.onload(self.rest))]
-        self.handles.append(component.register_forward_hook(lambda _m, _a, _o: self.offload(self.rest)))
+        self.handles = [component.register_forward_pre_hook(lambda _m, _a: self._enter())]
+        self.handles.append(component.register_forward_hook(lambda _m, _a, _o: self._leave()))
         for item in items:
             tensors = [*item.parameters(), *item.buffers()]
             self.handles.append(item.register_forward_pre_hook(lambda _m, _a, t=tensors: self.onload(t)))
             self.handles.append(item.register_forward_hook(lambda _m, _a, _o, t=tensors: self.offload(t)))
+        rest = {id(t) for t in self.rest}
+        for owner in component.modules():
+            if owner is component:
+                continue
+            own = [
+                t for t in (*owner.parameters(recurse=False), *owner.buffers(recurse=False)) if id(t) in rest
+            ]
+            if own:
+                self.handles.append(owner.register_forward_pre_hook(lambda _m, _a, t=own: self.onload(t)))
+                self.handles.append(owner.register_forward_hook(lambda _m, _a, _o, t=own: self._drop(t)))
+
+    def _enter(self) -> None:
+        self.in_forward = True
+        self.onload(self.rest)
+
+    def _leave(self) -> None:
+        self.in_forward = False
+        self.offload(self.rest)
+
+    def _drop(self, tensors: list[torch.Tensor]) -> None:
+        if not self.in_forward:
+            self.offload(tensors)
 
     def onload(self, tensors: list[torch.Tensor]) -> None:
         for tensor in tensors:
-            tensor.data = self.home[id(tensor)].to(self.device, non_blocking=True)
+            if id(tensor) not in self.onloaded:
+                tensor.data = self.home[id(tensor)].to(self.device, non_blocking=True)
+                self.onloaded.add(id(tensor))
 
     def offload(self, tensors: list[torch.Tensor]) -> None:
         for tensor in tensors:
             tensor.data = self.home[id(tensor)]
+            self.onloaded.discard(id(tensor))
 
 
 def _stream(component: torch.nn.Module, device: torch.device, denoiser: bool) -> None:
