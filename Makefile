@@ -29,7 +29,7 @@ typecheck: $(STAMP)
 
 # Two workers, one per core; the slow-marked tests are scheduled first (tests/conftest.py).
 test: $(STAMP) lint typecheck
-	$(VENV)/bin/pytest -q -n 2 tests
+	$(VENV)/bin/pytest -q -n 2 --durations=20 tests
 
 # The same without the slow-marked end-to-end tests: a quick loop while changing code.
 test-fast: $(STAMP)

@@ -493,6 +493,8 @@ def quantize(
     checked = None if plan is None else _checked_plan(plan, scheme, named, targets, ignore, group_size)
     chosen = None if checked is not None else get_scheme(scheme or DEFAULTS["scheme"], group_size)
     source, output = Path(source).resolve(), Path(output).resolve()
+    if output.exists() and not force:  # said at once, before the survey; checked again under the lock
+        raise InputError(f"{output}: already exists (use --force to replace it)")
     form = resolve_config_form(config_form)
     tree = scan_tree(source, follow_links)  # before any file of it is opened
     index = read_model_index(source)

@@ -83,6 +83,8 @@ def test_tiny_dry_run_fills_every_loop_row(tmp_path: Path) -> None:
         "--device",
         "cpu",
         "--profile",
+        "--loop-steps",
+        "2",  # every row filled is the point here, not its timing
     ]
     subprocess.run([*command, "--out", str(out)], check=True, env=env, timeout=600)
     result = json.loads(out.read_text())
@@ -97,7 +99,7 @@ def test_tiny_dry_run_fills_every_loop_row(tmp_path: Path) -> None:
                     assert math.isfinite(row[field]) and row[field] > 0, (variant, mode, references, field)
                     ratio = row[f"{field.removesuffix('_ms')}_vs_bf16_same_mode"]
                     assert ratio is not None and math.isfinite(ratio)
-                assert len(row["cached_steps_ms"]) == result["loop"]["cached_steps"] == 9
+                assert len(row["cached_steps_ms"]) == result["loop"]["cached_steps"] == 2
                 # tiny default-init model: 8-bit Linears move the final latents by well under 5 %
                 assert row["final_latents_rel_l2_vs_bf16_eager"] < 0.05
                 if mode == "compiled":
