@@ -3,7 +3,8 @@
 A request asks for ``n`` images of ``pixels`` each, every one read together with its ``references``, over
 ``steps`` denoising steps. Start-up runs real requests (n=1, two steps, the pipeline's default guidance,
 after one warm-up call) at the shapes a client sends most: the pipeline's default size with 0 up to its largest
-reference count, and half that size with none and with the most, the largest first. Each measurement keeps
+reference count, half that size with none and with the most, and a quarter of it with none, the largest first.
+Each measurement keeps
 what the stage clock saw (``ditq.runtime.stage_clock``): seconds per stage (text encoding, image encoding, the
 first denoising step, each later step, decoding) and, on CUDA, the peak memory of each stage above what was
 held before the call.
@@ -11,9 +12,11 @@ held before the call.
 A request's cost is what was measured at its shape (at start-up, or by an earlier request of that shape: every
 served request is a measurement); at a shape not measured, its peak memory is the least measured at a shape at
 least as large (more pixels and references), and where there is none, and for seconds, each stage comes from a
-model of that stage fitted to the measurements: ``a + b * pixels + c * references``, least squares
-with ``b`` and ``c`` kept non-negative (memory is linear in tokens with fused attention; a pipeline reads each
-reference at one size, its reference size or, for Qwen-Image-2.1, its output resolution, whatever the output's). A
+model of that stage fitted to the measurements: ``a + b * pixels + c * references``, least squares with ``b``
+and ``c`` kept non-negative, and for seconds ``+ d * pixels**2`` too where three sizes were measured (attention's
+time is quadratic in tokens, so a line through the small sizes prices a large request low; memory is linear in
+tokens with fused attention; a pipeline reads each reference at one size, its reference size or, for
+Qwen-Image-2.1, its output resolution, whatever the output's). A
 request costs ``n`` times one image, its peak the largest stage's. A request is refused before it is queued
 when its cost passes a budget:
 
@@ -154,22 +157,29 @@ class Prediction:
     out_of_memory: bool = False  # its shape ran out of memory at calibration
 
 
-def _fit(points: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
-    """(a, b, c) of ``y = a + b * pixels + c * references`` over (pixels, references, y), least squares with
-    b, c >= 0; a feature that does not vary among the points gets 0."""
-    x = np.array([[1.0, p, r] for p, r, _ in points])
+def _fit(
+    points: Sequence[tuple[float, float, float]], quadratic: bool = False
+) -> tuple[float, float, float, float]:
+    """(a, b, c, d) of ``y = a + b * pixels + c * references + d * pixels**2`` over (pixels, references, y), least
+    squares with b, c, d >= 0; a feature that does not vary among the points gets 0, and the square term is fitted
+    only where ``quadratic`` and at least three sizes were measured (two sizes cannot tell it from the line)."""
+    scale = max(p for p, _, _ in points) or 1.0  # pixels in units of the largest: a well-conditioned system
+    x = np.array([[1.0, p / scale, r, (p / scale) ** 2] for p, r, _ in points])
     y = np.array([v for _, _, v in points])
     active = [0] + [j for j in (1, 2) if np.ptp(x[:, j]) > 0]
+    if quadratic and len({p for p, _, _ in points}) >= 3:
+        active.append(3)
     while True:
         solution, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
         negative = [j for j, value in zip(active, solution, strict=True) if j and value < 0]
         if not negative:
             break
         active = [j for j in active if j not in negative]
-    coefficients = [0.0, 0.0, 0.0]
+    coefficients = [0.0, 0.0, 0.0, 0.0]
     for j, value in zip(active, solution, strict=True):
         coefficients[j] = float(value)
-    return coefficients[0], coefficients[1], coefficients[2]
+    a, b, c, d = coefficients
+    return a, b / scale, c, d / scale**2
 
 
 @dataclass
@@ -180,7 +190,7 @@ class CostModel:
     measurements: list[Measurement]
     memory_budget_bytes: int | None  # free for activations after loading; None: unknown (not enforced)
     time_budget_s: float  # the request timeout
-    _fits: dict[str, tuple[float, float, float]] = field(default_factory=dict, repr=False)
+    _fits: dict[str, tuple[float, float, float, float]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -192,7 +202,7 @@ class CostModel:
             raise ValueError("a cost model needs at least one measurement that fitted")
         for stage in STAGES:
             self._fits[f"s:{stage}"] = _fit(
-                [(m.pixels, m.references, m.seconds.get(stage, 0.0)) for m in served]
+                [(m.pixels, m.references, m.seconds.get(stage, 0.0)) for m in served], quadratic=True
             )
         memory = [m for m in served if m.stage_memory_bytes is not None]
         for stage in sorted({s for m in memory for s in m.stage_memory_bytes or {}}):
@@ -227,8 +237,8 @@ class CostModel:
         return min(peaks) if peaks else None
 
     def _fitted(self, key: str, cost: RequestCost) -> float:
-        a, b, c = self._fits[key]
-        return max(0.0, a + b * cost.pixels + c * cost.references)
+        a, b, c, d = self._fits[key]
+        return max(0.0, a + b * cost.pixels + c * cost.references + d * cost.pixels**2)
 
     def _measured(self, cost: RequestCost) -> Measurement | None:
         shape = (cost.pixels, cost.references, cost.reference_pixels)
@@ -370,7 +380,8 @@ def _aligned(value: int, align: int) -> int:
 
 def calibration_shapes(adapter: PipelineAdapter, max_pixels: int) -> list[tuple[int, int, int]]:
     """(side_w, side_h, references) to measure, the largest first: the default size with the most references down
-    to none, then half that size with the most references and with none (all within ``max_pixels``)."""
+    to none, then half that size with the most references and with none, then a quarter of it with none (all
+    within ``max_pixels``)."""
     align = adapter.size_alignment
     width, height = adapter.default_size
     while width * height > max_pixels and min(width, height) > align:
@@ -380,6 +391,9 @@ def calibration_shapes(adapter: PipelineAdapter, max_pixels: int) -> list[tuple[
     half = (_aligned(width // 2, align), _aligned(height // 2, align))
     if half != (width, height):
         shapes += [(*half, k) for k in dict.fromkeys((most, 0))]
+        quarter = (_aligned(half[0] // 2, align), _aligned(half[1] // 2, align))
+        if quarter != half:  # a third size: the seconds' square term (attention) can be told from the line
+            shapes.append((*quarter, 0))
     return shapes
 
 

@@ -139,7 +139,9 @@ def test_idle_connections_past_the_cap_are_evicted_and_the_server_stays_reachabl
 def test_at_the_cap_with_every_connection_inside_a_request_a_new_one_gets_503() -> None:
     gated = GatedAdapter(tiny_adapter())
     limits = ConnectionLimits(max_connections=2)
-    with live(WARN, limits, load=lambda: gated) as server:
+    application = make_app(WARN, load=lambda: gated)
+    with LiveServer(application, limits) as server:
+        assert application.state.serve.wait_loaded(120)
         url = f"{server.base_url}/v1/images/generations"
         threads = [
             threading.Thread(
@@ -150,8 +152,12 @@ def test_at_the_cap_with_every_connection_inside_a_request_a_new_one_gets_503() 
         for thread in threads:
             thread.start()
         assert gated.entered.acquire(timeout=30)
-        while len(server.server.server_state.connections) < 2:
+        # both inside a request: one running, one in the queue (an open connection whose headers have not been read
+        # yet would be idle, and evicted for the new one)
+        deadline = time.monotonic() + 30
+        while application.state.serve.worker.queue_depth < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
+        assert application.state.serve.worker.queue_depth == 1
         with connect(server) as sock:
             answer = read_all(sock, timeout=5)
         assert answer.startswith(b"HTTP/1.1 503") and b"too_many_connections" in answer

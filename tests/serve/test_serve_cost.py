@@ -104,6 +104,36 @@ def test_an_unmeasured_shape_is_bounded_by_a_larger_measured_one_and_served_requ
     assert now.measured and now.memory_bytes == 4000 and now.seconds == pytest.approx(0.2 + 0.6 + 0.4 + 0.3)
 
 
+def test_with_three_sizes_measured_the_seconds_follow_attentions_square_past_them() -> None:
+    """A step that costs 0.05 + 1e-6 * p + 4e-12 * p**2 s, measured at 256², 512² and 1024²: at 2048² it is priced
+    at what it costs (74.6 s a step), not at the line through the two largest sizes (25.1 s); memory stays a line."""
+
+    def step_s(pixels: int) -> float:
+        return 0.05 + 1e-6 * pixels + 4e-12 * pixels**2
+
+    sizes = (1024 * 1024, 512 * 512, 256 * 256)
+    measured = CostModel(
+        "cuda:0",
+        [Measurement(p, 0, p, {"first_step": step_s(p), "step": step_s(p)}, None, 1000 * p) for p in sizes],
+        memory_budget_bytes=None,
+        time_budget_s=600,
+    )
+    large = 2048 * 2048
+    prediction = measured.predict(RequestCost(large, 10, 1, 0, large))
+    assert not prediction.measured and prediction.seconds == pytest.approx(10 * step_s(large), rel=1e-6)
+    line = step_s(sizes[0]) + (step_s(sizes[0]) - step_s(sizes[1])) / (sizes[0] - sizes[1]) * (
+        large - sizes[0]
+    )
+    assert line == pytest.approx(25.14, abs=0.01) and 10 * line < prediction.seconds / 2
+    assert prediction.memory_bytes == pytest.approx(1000 * large, rel=1e-9)  # the line, continued
+    # 10 steps there take 746 s: past a 600 s timeout, which the line (251 s) would have let through
+    why = measured.refusal(RequestCost(large, 10, 1, 0, large))
+    assert why is not None and why.budget == "time"
+    # two sizes only: the square cannot be told from the line, which is all that is fitted
+    two = CostModel("cuda:0", measured.measurements[1:], memory_budget_bytes=None, time_budget_s=600)
+    assert two.predict(RequestCost(sizes[0], 1, 1, 0, sizes[0])).seconds < step_s(sizes[0])
+
+
 def test_refusal_names_the_budget_it_passes() -> None:
     memory_bound = model(0.1, 0.4, memory_budget=50_000_000)
     why = memory_bound.refusal(cost(512, images=4))  # 4 x 262144 px x 1000 B = 1.05 GB > 50 MB
@@ -125,7 +155,11 @@ def test_calibration_measures_the_tiny_pipeline_at_the_shapes_it_serves() -> Non
     most = adapter.max_reference_images
     shapes = [(m.pixels, m.references) for m in cost_model.measurements]
     assert shapes[: most + 1] == [(width * height, k) for k in range(most, -1, -1)]  # the largest first
-    assert shapes[most + 1 :] == [(width * height // 4, most), (width * height // 4, 0)]
+    assert shapes[most + 1 :] == [
+        (width * height // 4, most),
+        (width * height // 4, 0),
+        (width * height // 16, 0),
+    ]
     assert all(m.seconds["step"] > 0 and m.memory_bytes is not None for m in cost_model.measurements)
     assert all(m.stage_memory_bytes is None for m in cost_model.measurements)  # stage memory is CUDA's
     assert cost_model.memory_budget_bytes is not None and cost_model.memory_budget_bytes > 0
