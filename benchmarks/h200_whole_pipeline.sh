@@ -40,7 +40,6 @@ export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID DITQ_CACHE_DIR=$RUN/cache
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 run_stages() {
-  ditq() { python3 -m ditq.cli "$@"; }
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   df -h "$RUN" | tail -1
   for stage in $STAGES; do

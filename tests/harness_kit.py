@@ -69,6 +69,30 @@ def stub() -> Iterator[StubServer]:
         yield server
 
 
+def probe_argv(
+    url: str, fixture_set: tuple[Path, Path], out: Path, *extra: str, seeds: str = "1-4"
+) -> list[str]:
+    """``ditq probe``'s command line over the tiny fixture set (4 steps, no progress bar), ``extra`` last."""
+    fixtures, refs = fixture_set
+    return [
+        "probe",
+        "--endpoint",
+        url,
+        "--fixtures",
+        str(fixtures),
+        "--refs",
+        str(refs),
+        "--seeds",
+        seeds,
+        "--steps",
+        "4",
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
+
+
 def probe_run(
     url: str | list[str], fixture_set: tuple[Path, Path], out: Path, seeds: list[int], **options: object
 ):

@@ -21,7 +21,7 @@ def add_variant_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_attention_argument(parser: argparse.ArgumentParser) -> None:
-    """``--attention int8|fp8`` (default off), as ``ditq.runtime.attention.install_quantized_attention`` reads it."""
+    """``--attention int8|fp8`` (default off), as ``ditq.doctor.attention.install_quantized_attention`` reads it."""
     parser.add_argument(
         "--attention",
         choices=ATTENTION_CHOICES,

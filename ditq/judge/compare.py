@@ -211,6 +211,12 @@ class LosslessStandard:
             seeds_to_settle=settle,
         )
 
+    def decide_rows(self, ok: Sequence[CompareRow]) -> LosslessDecision | None:
+        """``decide`` over one fixture's ok rows (their PSNR and SSIM by seed); None when they measured neither."""
+        psnr = {r.seed: r.psnr_db for r in ok if r.psnr_db is not None}
+        ssim = {r.seed: r.ssim for r in ok if r.ssim is not None}
+        return self.decide(psnr, ssim) if psnr and ssim else None
+
 
 def _stats(values: list[float], digits: int) -> FidelityStats:
     if not values:
@@ -310,11 +316,8 @@ def _fixture(
         optional.update(
             parity_edge_db=round(parity.edge(fixture_id), 2), parity=parity.decide(fixture_id, by_seed)
         )
-    if psnr_db.mean is not None:
-        optional["lossless"] = lossless.decide(
-            {r.seed: r.psnr_db for r in ok if r.psnr_db is not None},
-            {r.seed: r.ssim for r in ok if r.ssim is not None},
-        )
+    if psnr_db.mean is not None:  # an ok row has both measures
+        optional["lossless"] = lossless.decide_rows(ok)
     return FixtureFidelity(
         n=len(rows),
         ok=len(ok),
@@ -324,6 +327,13 @@ def _fixture(
         ssim=_stats([r.ssim for r in ok if r.ssim is not None], 4),
         **optional,
     )
+
+
+def _overall(decisions: list[BandDecision], complete: bool) -> tuple[bool, BandDecision]:
+    """A run's decision from its fixtures': inside when every one is and every row was compared, outside when any
+    is outside, else undecided."""
+    inside = bool(decisions) and all(d == "inside" for d in decisions) and complete
+    return inside, "inside" if inside else "outside" if "outside" in decisions else "undecided"
 
 
 def compare_run(
@@ -351,11 +361,12 @@ def compare_run(
         for fixture_id in dict.fromkeys(r.fixture_id for r in rows)
     }
     ok_rows = [r for r in rows if r.status == "ok"]
+    complete = len(ok_rows) == len(rows)
     result_parity = None
     if parity is not None:
-        decisions = [e.parity.decision for e in fixtures.values() if e.parity is not None]
-        inside = bool(decisions) and all(d == "inside" for d in decisions) and len(ok_rows) == len(rows)
-        decision: BandDecision = "inside" if inside else "outside" if "outside" in decisions else "undecided"
+        inside, decision = _overall(
+            [e.parity.decision for e in fixtures.values() if e.parity is not None], complete
+        )
         result_parity = ParityResult(
             source=parity.source,
             overall_db=round(parity.overall_db, 2),
@@ -365,21 +376,11 @@ def compare_run(
             inside=inside,
             decision=decision,
         )
-    lossless_decisions = [e.lossless.decision for e in fixtures.values() if e.lossless is not None]
-    lossless_inside = (
-        bool(lossless_decisions)
-        and all(d == "inside" for d in lossless_decisions)
-        and len(ok_rows) == len(rows)
+    lossless_inside, lossless_decision = _overall(
+        [e.lossless.decision for e in fixtures.values() if e.lossless is not None], complete
     )
     lossless_result = LosslessResult(
-        psnr_db=lossless.psnr_db,
-        ssim=lossless.ssim,
-        inside=lossless_inside,
-        decision="inside"
-        if lossless_inside
-        else "outside"
-        if "outside" in lossless_decisions
-        else "undecided",
+        psnr_db=lossless.psnr_db, ssim=lossless.ssim, inside=lossless_inside, decision=lossless_decision
     )
     return CompareFile(
         run=str(run),

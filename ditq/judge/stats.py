@@ -259,7 +259,17 @@ def samples_to_settle(interval: Interval, edges: Sequence[float]) -> int | None:
     if gap == 0.0 or interval.standard_error == 0.0:
         return None
     critical = 0.5 + interval.confidence / 2
-    for n in range(interval.n + 1, MAX_SAMPLES + 1):
-        if t_quantile(critical, n - 1) * interval.standard_error * math.sqrt(interval.n / n) < gap:
-            return n
-    return None
+
+    def clears(n: int) -> bool:  # true from some n on: t_{n-1} and sqrt(n_now / n) both shrink as n grows
+        return t_quantile(critical, n - 1) * interval.standard_error * math.sqrt(interval.n / n) < gap
+
+    low, high = interval.n + 1, MAX_SAMPLES
+    if low > high or not clears(high):
+        return None
+    while low < high:  # the smallest n that clears, by bisection
+        middle = (low + high) // 2
+        if clears(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low

@@ -368,10 +368,7 @@ def _read_compare(run_dir: Path) -> CompareFile | None:
     fixtures = {}
     for fixture_id, entry in compare.fixtures.items():
         ok = [r for r in compare.rows if r.fixture_id == fixture_id and r.status == "ok"]
-        psnr = {r.seed: r.psnr_db for r in ok if r.psnr_db is not None}
-        ssim = {r.seed: r.ssim for r in ok if r.ssim is not None}
-        decided = standard.decide(psnr, ssim) if psnr and ssim else None
-        fixtures[fixture_id] = entry.model_copy(update={"lossless": decided})
+        fixtures[fixture_id] = entry.model_copy(update={"lossless": standard.decide_rows(ok)})
     return compare.model_copy(update={"fixtures": fixtures})
 
 

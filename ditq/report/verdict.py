@@ -22,7 +22,7 @@ from typing import Literal, get_args
 from ditq.judge.compare import LOSSLESS_PSNR_DB, LOSSLESS_SSIM, describe_lossless, describe_parity
 from ditq.report.capacity import FidelitySummary, capacity_matrix, fidelity_by_fixture
 from ditq.report.model import Candidate, RunData
-from ditq.report.schema import Answer, ReasonCode
+from ditq.report.schema import Answer, ReasonCode, StandardName
 
 __all__ = [
     "REASON_CODES",
@@ -49,7 +49,7 @@ class VerdictRules:
     # The objective every candidate's headline verdict answers: fit (to serve), speed (faster), memory (smaller).
     objective: Literal["fit", "speed", "memory"] = "fit"
     # The fidelity standard fit to serve uses: visually lossless (PSNR and SSIM thresholds) or the parity band.
-    standard: Literal["lossless", "parity"] = "lossless"
+    standard: StandardName = "lossless"
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Reason:
 
 # The codes a reason may carry: verdict.json's schema is where they are defined.
 REASON_CODES: tuple[str, ...] = get_args(ReasonCode)
-STANDARDS: tuple[Literal["lossless", "parity"], ...] = ("lossless", "parity")
+STANDARDS: tuple[StandardName, ...] = get_args(StandardName)  # lossless, parity
 # Reasons that say the evidence is missing or inconclusive, not that the candidate is unfit.
 UNDECIDED_CODES = frozenset(
     {
@@ -305,7 +305,7 @@ def fit_answer(reasons: list[Reason]) -> Answer:
 
 # Each fidelity standard's rule, in words (verdict.json's ``standards``; the thresholds each compare used are in
 # its intervals).
-STANDARD_RULES: dict[Literal["lossless", "parity"], str] = {
+STANDARD_RULES: dict[StandardName, str] = {
     "lossless": (
         f"visually lossless: each fixture's mean PSNR against the baseline at least {LOSSLESS_PSNR_DB:g} dB and its "
         f"mean SSIM at least {LOSSLESS_SSIM:g}, each on its 95 % interval over seeds"

@@ -102,7 +102,7 @@ class PipelineAdapter:
     def __init__(self, pipeline: Any) -> None:
         self.pipeline = pipeline
         # diffusers' own step bar is off: a server's log gets no carriage returns, and ``ditq generate`` draws
-        # one bar for every pipeline (``ditq.runtime.generate``)
+        # one bar for every pipeline (``ditq.serve.generate``)
         configure = getattr(pipeline, "set_progress_bar_config", None)
         if callable(configure):
             configure(disable=True)

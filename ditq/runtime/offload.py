@@ -120,12 +120,13 @@ class _Streamed:
             tensors = [*item.parameters(), *item.buffers()]
             self.handles.append(item.register_forward_pre_hook(lambda _m, _a, t=tensors: self.onload(t)))
             self.handles.append(item.register_forward_hook(lambda _m, _a, _o, t=tensors: self.offload(t)))
-        rest = {id(t) for t in self.rest}
         for owner in component.modules():
             if owner is component:
                 continue
             own = [
-                t for t in (*owner.parameters(recurse=False), *owner.buffers(recurse=False)) if id(t) in rest
+                t
+                for t in (*owner.parameters(recurse=False), *owner.buffers(recurse=False))
+                if id(t) not in in_blocks
             ]
             if own:
                 self.handles.append(owner.register_forward_pre_hook(lambda _m, _a, t=own: self.onload(t)))

@@ -49,7 +49,6 @@ class Server:
     def __init__(self, options: SweepOptions, model: Path, log: Path, offload: str = "none") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.offload = offload
         self.argv = options.serve_argv(model, self.port, options, offload)
         self.log = log
         log.parent.mkdir(parents=True, exist_ok=True)

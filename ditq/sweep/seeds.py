@@ -25,21 +25,21 @@ class SeedSettling(OffloadLadder):
     # -- --seeds auto: more seeds for the fixtures a compare left undecided ----------------------------
     def settle_seeds(self) -> dict[str, list[int]]:
         """Round after round (``ditq.judge.compare.settle_seeds``), give every fixture that some candidate's compare
-        left undecided under the sweep's standard (lossless or parity) about as many seeds as that compare said would settle it (at least one more, at most
-        --max-seeds, the most any candidate asks): the baseline, the in-process pair and every judged candidate probe
-        the new seeds of those fixtures only (``--only``), then gate and compare run again. A fixture's seeds are
-        shared by every run, so that every PSNR stays paired. Returns the seeds each fixture was run at."""
+        left undecided under the sweep's standard (lossless or parity) about as many seeds as that compare said
+        would settle it (at least one more, at most --max-seeds, the most any candidate asks): the baseline, the
+        in-process pair and every judged candidate probe the new seeds of those fixtures only (``--only``), then
+        gate and compare run again. A fixture's seeds are shared by every run, so that every PSNR stays paired.
+        Returns the seeds each fixture was run at."""
         start = parse_seeds(DEFAULT_SEEDS)
 
         def run_more(more: dict[str, list[int]]) -> None:
-            groups: dict[
-                int, list[str]
-            ] = {}  # the probe takes a seed range: fixtures grouped by how many in all
+            # the probe takes a seed range: fixtures grouped by the last seed they run to
+            groups: dict[int, list[str]] = {}
             for fixture_id, added in more.items():
-                groups.setdefault(max(added) - max(start) + len(start), []).append(fixture_id)
+                groups.setdefault(max(added), []).append(fixture_id)
             plan = [
-                (seeds_text([*start, *range(max(start) + 1, max(start) + 1 + target - len(start))]), ids)
-                for target, ids in sorted(groups.items())
+                (seeds_text([*start, *range(max(start) + 1, last + 1)]), ids)
+                for last, ids in sorted(groups.items())
             ]
             for seeds, fixture_ids in plan:
                 self.progress("all", "seeds", "ok", f"{', '.join(fixture_ids)}: seeds {seeds}")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness_kit import probe_run
+from harness_kit import probe_argv, probe_run
 from stub_images_server import StubServer, StubState
 
 import ditq.probe.runner
@@ -25,27 +25,6 @@ from ditq.errors import DitqError
 from ditq.probe.records import RecordLog, is_success, read_records
 
 ALL_KEYS = 12  # the tiny fixture set's three fixtures x seeds 1-4
-
-
-def _probe_argv(url: str, fixture_set: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
-    fixtures, refs = fixture_set
-    return [
-        "probe",
-        "--endpoint",
-        url,
-        "--fixtures",
-        str(fixtures),
-        "--refs",
-        str(refs),
-        "--seeds",
-        "1-4",
-        "--steps",
-        "4",
-        "--out",
-        str(out),
-        "--no-progress",
-        *extra,
-    ]
 
 
 def _run_json(out: Path) -> dict[str, Any]:
@@ -130,7 +109,7 @@ def test_a_write_error_fails_ditq_probe_with_a_nonzero_exit(tmp_path: Path, fixt
         "raise SystemExit(main(sys.argv[1:]))\n"
     )
     with StubServer() as server:
-        argv = _probe_argv(server.url, fixture_set, out)
+        argv = probe_argv(server.url, fixture_set, out)
         done = subprocess.run(
             [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300
         )
@@ -173,7 +152,7 @@ def test_a_second_probe_on_the_same_out_is_refused(
     state = StubState(hold=threading.Event())
     with StubServer(state) as server:
         first = subprocess.Popen(
-            [sys.executable, "-m", "ditq.cli", *_probe_argv(server.url, fixture_set, out)],
+            [sys.executable, "-m", "ditq.cli", *probe_argv(server.url, fixture_set, out)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -181,7 +160,7 @@ def test_a_second_probe_on_the_same_out_is_refused(
             while not state.requests:  # its first request is held by the server: it holds the directory
                 assert first.poll() is None, first.communicate()
                 time.sleep(0.05)
-            assert main(_probe_argv(server.url, fixture_set, out)) == 2
+            assert main(probe_argv(server.url, fixture_set, out)) == 2
             line = _error_line(capsys)
             assert line.startswith("ditq probe: error: ") and str(out) in line and "another probe" in line
             assert len(state.requests) == 1  # the second probe sent nothing

@@ -8,36 +8,17 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from harness_kit import probe_run
+from harness_kit import probe_argv, probe_run
 from stub_images_server import StubServer, StubState
 
 from ditq.probe.records import is_success, read_records
 
 
 def test_killed_probe_resumes_without_duplicates(tmp_path: Path, fixture_set) -> None:
-    fixtures, refs = fixture_set
     out = tmp_path / "run"
     records_file = out / "records.jsonl"
     with StubServer(StubState(delay_s=0.3)) as server:
-        command = [
-            sys.executable,
-            "-m",
-            "ditq.cli",
-            "probe",
-            "--endpoint",
-            server.url,
-            "--fixtures",
-            str(fixtures),
-            "--refs",
-            str(refs),
-            "--seeds",
-            "1-3",
-            "--steps",
-            "4",
-            "--out",
-            str(out),
-            "--no-progress",
-        ]
+        command = [sys.executable, "-m", "ditq.cli", *probe_argv(server.url, fixture_set, out, seeds="1-3")]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             deadline = time.time() + 60

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from harness_kit import probe_run
+from harness_kit import probe_argv, probe_run
 from stub_images_server import StubServer, StubState
 
 from ditq.errors import InputError
@@ -140,27 +140,12 @@ def test_probe_command_exit_codes(tmp_path: Path, fixture_set, capsys: pytest.Ca
 
     from ditq.commands import probe as probe_command
 
-    fixtures, refs = fixture_set
-
     def cli(url: str, *extra: str) -> int:
         parser = argparse.ArgumentParser()
         probe_command.add_arguments(parser)
-        argv = [
-            "--endpoint",
-            url,
-            "--fixtures",
-            str(fixtures),
-            "--refs",
-            str(refs),
-            "--seeds",
-            "1,2",
-            "--steps",
-            "4",
-            "--out",
-            str(tmp_path / "run"),
-            "--no-progress",
-            *extra,
-        ]
+        argv = probe_argv(url, fixture_set, tmp_path / "run", *extra, seeds="1,2")[
+            1:
+        ]  # past the word "probe"
         return probe_command.run(parser.parse_args(argv))
 
     state = StubState(fail_seeds={2})

@@ -95,6 +95,21 @@ def images(source: Path, quantized: Path) -> dict[tuple[str, int], Image.Image]:
         torch.set_num_threads(threads)
 
 
+def _edit_picture(pipeline: Any, fixture: Any) -> np.ndarray:
+    """The fixture's edit at SIZE, STEPS steps, seed 0, as an array."""
+    return np.asarray(
+        pipeline(
+            prompt=fixture.prompt,
+            image=[Image.open(p) for p in fixture.reference_paths],
+            width=SIZE,
+            height=SIZE,
+            num_inference_steps=STEPS,
+            output_resolution=SIZE,
+            generator=torch.Generator().manual_seed(0),
+        ).images[0]
+    )
+
+
 def test_fixtures_follow_the_probe_format(source: Path) -> None:
     fixtures = load_fixtures(source / "fixtures" / "fixtures.json", source / "fixtures" / "refs")
     assert [len(f.references) for f in fixtures.values()] == [0, 1, 2, 3, 4]
@@ -168,21 +183,7 @@ def test_the_text_encoders_head_is_declared_unused_and_never_loaded(
     assert not [n for n, _ in dropped.text_encoder.named_parameters() if n.startswith("lm_head")]
     assert kept.text_encoder.lm_head.weight.shape == (script.TOKENIZER_VOCAB_SIZE, 64)
     fixture = load_fixtures(source / "fixtures" / "fixtures.json", source / "fixtures" / "refs")["edit-1ref"]
-    pictures = [
-        np.asarray(
-            pipeline(
-                prompt=fixture.prompt,
-                image=[Image.open(p) for p in fixture.reference_paths],
-                width=SIZE,
-                height=SIZE,
-                num_inference_steps=STEPS,
-                output_resolution=SIZE,
-                generator=torch.Generator().manual_seed(0),
-            ).images[0]
-        )
-        for pipeline in (dropped, kept)
-    ]
-    assert np.array_equal(*pictures)
+    assert np.array_equal(_edit_picture(dropped, fixture), _edit_picture(kept, fixture))
     # A caller that reads the logits gets an error naming the module, never numbers nobody computed.
     output = dropped.text_encoder(input_ids=torch.tensor([[1, 2, 3]]))
     with pytest.raises(
@@ -241,21 +242,7 @@ def test_auto_offload_streams_the_qwen3_vl_text_encoder_through_its_nested_block
     fixture = load_fixtures(quantized / "fixtures" / "fixtures.json", quantized / "fixtures" / "refs")[
         "edit-1ref"
     ]
-    pictures = [
-        np.asarray(
-            pipeline(
-                prompt=fixture.prompt,
-                image=[Image.open(p) for p in fixture.reference_paths],
-                width=SIZE,
-                height=SIZE,
-                num_inference_steps=STEPS,
-                output_resolution=SIZE,
-                generator=torch.Generator().manual_seed(0),
-            ).images[0]
-        )
-        for pipeline in (resident, streamed)
-    ]
-    assert np.array_equal(*pictures)
+    assert np.array_equal(_edit_picture(resident, fixture), _edit_picture(streamed, fixture))
 
 
 def test_transformers_loads_the_quantized_qwen3_vl_text_encoder(source: Path, quantized: Path) -> None:
