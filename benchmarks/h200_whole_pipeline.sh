@@ -21,14 +21,18 @@
 #            not run: their artifacts quantized here as the sweep quantizes, without its verify and doctor stages)
 #   serve16  the same under 16GiB for each of $SERVE16 (bf16, fp8, fp8+kv-int8, w8a8), with the 24 GiB sweep's
 #            artifacts where it made them
+#   whole    the same on the whole device (no --max-memory, --offload none) for each of $WHOLE (default fp8): the
+#            s/image the budgets are held against, from the same run
 # The run lives in $RUN (default /root/ditq-whole); results go to $OUT (default ./h200-out).
 set -o pipefail
 OUT=${OUT:-h200-out}
 RUN=${RUN:-/root/ditq-whole}
-STAGES=${STAGES:-tests tiny doctor build sweep24 serve24 serve16 memory}
+STAGES=${STAGES:-tests tiny doctor build sweep24 serve24 serve16 memory whole}
 SCHEMES=${SCHEMES:-fp8,w8a8}
 SERVE24=${SERVE24:-}
 SERVE16=${SERVE16:-fp8 bf16 fp8+kv-int8 w8a8}
+WHOLE=${WHOLE:-fp8}
+VARIANTS=${VARIANTS:-base,cache-held,vae-tiling,kv-int8,keep-unused}  # the memory stage's
 STEPS=${STEPS:-10}
 SEEDS=${SEEDS:-2301}
 MODEL=$RUN/qwen-image-21-random
@@ -89,7 +93,7 @@ run_stages() {
       memory)
         timeout "${MEMORY_S:-600}" python3 benchmarks/pipeline_memory.py --model "$MODEL" \
           --model "$(artifact_for fp8)" --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" \
-          --seeds "$SEEDS" --steps "$STEPS" --device cuda --variant-fixtures generate-0ref,edit-4ref \
+          --seeds "$SEEDS" --steps "$STEPS" --device cuda --variants "$VARIANTS" --variant-fixtures generate-0ref,edit-4ref \
           --out "$RUN/pipeline_memory.json" >"$RUN/pipeline_memory.log" 2>&1
         echo "exit $?"
         tail -3 "$RUN/pipeline_memory.log"
@@ -99,6 +103,9 @@ run_stages() {
         ;;
       serve16)
         for entry in $SERVE16; do serve_probe "$entry" 16GiB; done
+        ;;
+      whole)
+        for entry in $WHOLE; do serve_probe "$entry" whole; done
         ;;
       *) echo "unknown stage $stage" ;;
     esac
@@ -139,7 +146,9 @@ serve_probe() {
   [ "$scheme" != bf16 ] && model=$(artifact_for "$scheme")
   dir=$RUN/serve-${budget,,}/$entry
   rm -rf "$dir" && mkdir -p "$dir"
-  python3 -m ditq.cli serve "$model" --device cuda:0 --max-memory "$budget" --offload auto --port $port \
+  local placing=(--max-memory "$budget" --offload auto)
+  [ "$budget" = whole ] && placing=(--offload none)
+  python3 -m ditq.cli serve "$model" --device cuda:0 "${placing[@]}" --port $port \
     --on-collapse warn "${extra[@]}" >"$dir/serve.log" 2>&1 &
   local pid=$!
   if python3 -c "import sys; from ditq.sweep.health import wait_healthy; r = wait_healthy('http://127.0.0.1:$port', 600); \
@@ -159,8 +168,8 @@ serve_probe() {
   tar czf "$RUN/serve-${budget,,}.tgz" -C "$RUN" --exclude='*/images' "serve-${budget,,}"
 }
 
-COLLECT="run.log gpu_tests.log doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz"
-EXPORTS="TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+COLLECT="run.log gpu_tests.log doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
+EXPORTS="TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE VARIANTS STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"

@@ -6,6 +6,8 @@ allocated bytes of each request stage (text encoding, image encoding, the first 
 prefix KV cache, the later steps, decoding) and what was allocated when the request began. Then each reduction
 runs the same requests, and its images are compared with the untouched path's (PSNR, dB):
 
+- ``cache-held``: the prefix KV cache held to the end of the call, as the pipeline holds it, instead of let go
+  when the VAE begins decoding (``ditq.runtime.prefix_release``): what the release saves (the images are the same);
 - ``vae-tiling``: the VAE decodes (and encodes) in tiles (diffusers' ``enable_tiling``);
 - ``kv-int8`` / ``kv-fp8``: the prefix KV cache of the text and reference tokens kept in 8 bits
   (``ditq.runtime.kv_cache``);
@@ -18,7 +20,7 @@ fidelity to its baseline, in dB.
 
 Usage (the H200 run: ``benchmarks/h200_whole_pipeline.sh``; the demo model on a CPU):
     python benchmarks/pipeline_memory.py --model DIR [--model ART ...] --fixtures F.json --refs DIR
-        [--seeds 2301] [--steps 10] [--device cuda] [--variants base,vae-tiling,kv-int8,kv-fp8,keep-unused]
+        [--seeds 2301] [--steps 10] [--device cuda] [--variants base,cache-held,vae-tiling,kv-int8,kv-fp8,keep-unused]
         --out results.json
     ditq quantize ditq/demo/model demo-w8a8 --scheme w8a8
     python benchmarks/pipeline_memory.py --against ditq/demo/model --model demo-w8a8 \\
@@ -50,7 +52,7 @@ from ditq.probe.fixtures import load_fixtures, parse_seeds
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.loader import load_pipeline
 
-VARIANTS = ("base", "vae-tiling", "kv-int8", "kv-fp8", "keep-unused")
+VARIANTS = ("base", "cache-held", "vae-tiling", "kv-int8", "kv-fp8", "keep-unused")
 
 
 def _commit() -> str | None:
@@ -129,6 +131,9 @@ def _apply(adapter: PipelineAdapter, variant: str) -> Any:
     if variant == "vae-tiling":
         pipeline.vae.enable_tiling()
         return pipeline.vae.disable_tiling
+    if variant == "cache-held":
+        adapter.release_prefix_cache = False
+        return lambda: setattr(adapter, "release_prefix_cache", True)
     if variant in ("kv-int8", "kv-fp8"):
         from ditq.runtime.kv_cache import install_kv_cache
 

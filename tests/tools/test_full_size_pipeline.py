@@ -245,6 +245,59 @@ def test_auto_offload_streams_the_qwen3_vl_text_encoder_through_its_nested_block
     assert np.array_equal(_edit_picture(resident, fixture), _edit_picture(streamed, fixture))
 
 
+def test_the_prefix_cache_is_let_go_when_the_vae_begins_decoding(source: Path) -> None:
+    """The prefix KV cache is emptied before the VAE decodes (it is held through the decode otherwise): the same
+    pixels, every block's keys and values released, and the adapter does it on every call."""
+    from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
+    from ditq.runtime.prefix_release import released_at_decode
+
+    with _loading():
+        pipeline = ditq.load_pipeline(source, device="cpu", dtype=torch.float32)
+    fixture = load_fixtures(source / "fixtures" / "fixtures.json", source / "fixtures" / "refs")["edit-2ref"]
+    caches: dict[int, Any] = {}
+    at_decode: list[tuple[int, int]] = []  # per call: (blocks whose keys are held, their bytes)
+
+    def remember(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
+        caches[id(kwargs["kv_cache"])] = kwargs["kv_cache"]
+
+    decode = pipeline.vae.decode
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        layers = [layer for cache in caches.values() for layer in cache.layer_caches if layer.k is not None]
+        at_decode.append(
+            (len(layers), sum(t.numel() * t.element_size() for la in layers for t in (la.k, la.v)))
+        )
+        caches.clear()
+        return decode(*args, **kwargs)
+
+    handle = pipeline.transformer.register_forward_pre_hook(remember, with_kwargs=True)
+    pipeline.vae.decode = spy
+    try:
+        kept = _edit_picture(pipeline, fixture)
+        with released_at_decode(pipeline) as record:
+            released = _edit_picture(pipeline, fixture)
+        PipelineAdapter(pipeline)(
+            GenerationRequest(
+                prompt=fixture.prompt,
+                images=[Image.open(fixture.reference_paths[0])],
+                width=SIZE,
+                height=SIZE,
+                num_inference_steps=STEPS,
+                seed=0,
+            )
+        )
+    finally:
+        handle.remove()
+        del pipeline.vae.decode
+    blocks = len(pipeline.transformer.transformer_blocks)
+    (held, held_bytes), after_release, after_adapter = at_decode
+    assert held == blocks and held_bytes > 0  # without the release every block's cache is held at decode
+    assert after_release == after_adapter == (0, 0)
+    assert record.released_bytes == held_bytes
+    assert np.array_equal(kept, released)
+    assert "decode" not in vars(pipeline.vae)  # the shadow is gone after the call
+
+
 def test_transformers_loads_the_quantized_qwen3_vl_text_encoder(source: Path, quantized: Path) -> None:
     """transformers' own from_pretrained reads the compressed-tensors text encoder (its config group, its
     decompressor) and its last hidden state stays close to the source's, as ditq's own loading does."""
