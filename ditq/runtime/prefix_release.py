@@ -84,7 +84,11 @@ def released_at_decode(pipeline: Any) -> Iterator[_Release]:
     record = _Release()
     transformer = getattr(pipeline, "transformer", None)
     vae = getattr(pipeline, "vae", None)
-    if vae is None or not isinstance(transformer, torch.nn.Module) or not callable(getattr(vae, "decode", None)):
+    if (
+        vae is None
+        or not isinstance(transformer, torch.nn.Module)
+        or not callable(getattr(vae, "decode", None))
+    ):
         yield record
         return
     with ExitStack() as stack:
