@@ -21,6 +21,8 @@
 #            not run: their artifacts quantized here as the sweep quantizes, without its verify and doctor stages)
 #   serve16  the same under 16GiB for each of $SERVE16 (bf16, fp8, fp8+kv-int8, w8a8), with the 24 GiB sweep's
 #            artifacts where it made them
+#   quantize quantize each of $QUANTIZE (components auto, on the GPU) unless the sweep did: before the stages that
+#            time it, so that the GPU tests may run beside it (TESTS_BESIDE=build) and be joined (join) first
 #   whole    the same on the whole device (no --max-memory, --offload none) for each of $WHOLE (default fp8): the
 #            s/image the budgets are held against, from the same run
 # The run lives in $RUN (default /root/ditq-whole); results go to $OUT (default ./h200-out).
@@ -32,6 +34,7 @@ SCHEMES=${SCHEMES:-fp8,w8a8}
 SERVE24=${SERVE24:-}
 SERVE16=${SERVE16:-fp8 bf16 fp8+kv-int8 w8a8}
 WHOLE=${WHOLE:-fp8}
+QUANTIZE=${QUANTIZE:-fp8}
 VARIANTS=${VARIANTS:-base,cache-held,vae-tiling,kv-int8,keep-unused}  # the memory stage's
 STEPS=${STEPS:-10}
 SEEDS=${SEEDS:-2301}
@@ -107,6 +110,12 @@ run_stages() {
       whole)
         for entry in $WHOLE; do serve_probe "$entry" whole; done
         ;;
+      quantize)
+        for scheme in $QUANTIZE; do echo "$scheme: $(artifact_for "$scheme")"; done
+        ;;
+      join)
+        wait  # the GPU tests started beside an earlier stage, before anything here is timed
+        ;;
       *) echo "unknown stage $stage" ;;
     esac
   done
@@ -169,7 +178,7 @@ serve_probe() {
 }
 
 COLLECT="run.log gpu_tests.log doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
-EXPORTS="TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE VARIANTS STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+EXPORTS="TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"

@@ -275,6 +275,10 @@ class PipelineAdapter:
             except GenerationCancelled:
                 self._release_offload_hooks()
                 raise
+            except Exception as error:
+                # where it ran out (say): what an auto placement's next step should free (Placement.demote)
+                error.ditq_stage = clock.failed_stage()  # type: ignore[attr-defined]
+                raise
             end = clock.end()
         images = getattr(output, "images", None)
         if images is None:
@@ -287,6 +291,12 @@ class PipelineAdapter:
             stage_peak_memory_bytes=dict(clock.stage_peaks) if clock.cuda else None,
             memory_at_start_bytes=clock.start_allocated,
         )
+
+    @staticmethod
+    def failed_stage(error: BaseException) -> str | None:
+        """The stage a call that raised ``error`` was in (``StageClock.failed_stage``); None where unknown."""
+        stage = getattr(error, "ditq_stage", None)
+        return stage if isinstance(stage, str) else None
 
     def _release_offload_hooks(self) -> None:
         """What a pipeline does at the end of a finished call and a cancelled one skipped: with model offload,

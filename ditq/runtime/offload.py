@@ -31,11 +31,20 @@ import torch
 from ditq.devices import OFFLOAD_MODES
 from ditq.errors import DitqError
 
-__all__ = ["DENOISERS", "Placement", "apply_offload", "module_bytes", "run_order", "transfer_rate_gbps"]
+__all__ = [
+    "DENOISERS",
+    "VAE_STAGES",
+    "Placement",
+    "apply_offload",
+    "module_bytes",
+    "run_order",
+    "transfer_rate_gbps",
+]
 
 log = logging.getLogger(__name__)
 
 DENOISERS = ("transformer", "unet", "transformer_2", "prior")  # the components a request runs at every step
+VAE_STAGES = ("decoding", "image_encoding")  # the stage clock's stages that VAE tiling makes smaller
 _TRANSFER_PROBE_BYTES = 256 * 2**20
 
 
@@ -224,11 +233,19 @@ class Placement:
         log.info("placement on %s: %s", device, placement.summary())
         return placement
 
-    def demote(self, pipeline: Any) -> str | None:
+    def demote(self, pipeline: Any, stage: str | None = None) -> str | None:
         """One step toward less device memory (VAE tiling, then the last resident component streamed); what it
-        did, or None when nothing is left to move."""
+        did, or None when nothing is left to move. ``stage``: where the call ran out of memory
+        (``StageClock.failed_stage``); tiling, which costs fidelity and decode time, is taken only where that was
+        the VAE's (or is unknown): it frees nothing in the text encoder or the denoising steps."""
         vae = getattr(pipeline, "vae", None)
-        if not self.vae_tiling and vae is not None and callable(getattr(vae, "enable_tiling", None)):
+        tiling_helps = stage is None or stage in VAE_STAGES
+        if (
+            tiling_helps
+            and not self.vae_tiling
+            and vae is not None
+            and callable(getattr(vae, "enable_tiling", None))
+        ):
             vae.enable_tiling()
             self.vae_tiling = True
             step = "the VAE decodes in tiles"

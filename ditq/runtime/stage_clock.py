@@ -41,6 +41,8 @@ class StageClock:
         self.stage_peaks: dict[str, int] = {}  # CUDA: peak allocated bytes per stage (module docstring)
         self.start_allocated: int | None = None  # CUDA: allocated bytes when the call began
         self._depth = 0  # stages inside stages count for the outer one
+        self._open: list[str] = []  # the stages begun and not yet ended, innermost last
+        self._raised_in: str | None = None  # the innermost stage an exception left
 
     def now(self) -> float:
         if self.cuda:
@@ -96,12 +98,22 @@ class StageClock:
     def timed(self, stage: str, function: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             start = self.enter()
+            self._open.append(stage)
             try:
                 return function(*args, **kwargs)
+            except BaseException:
+                self._raised_in = self._raised_in or self._open[-1]
+                raise
             finally:
+                self._open.pop()
                 self.leave(stage, start)
 
         return wrapper
+
+    def failed_stage(self) -> str | None:
+        """After a call raised: the stage it raised in (``text_encoding``, ``image_encoding``,
+        ``denoising_forward``, ``decoding``), or None where it raised between stages."""
+        return self._raised_in or (self._open[-1] if self._open else None)
 
     def mark_step(self) -> int:
         """The end of one denoising step (from ``callback_on_step_end``); returns the steps marked so far."""
@@ -184,8 +196,10 @@ def _forward_timer(module: torch.nn.Module, stage: str, clock: StageClock) -> It
 
     def pre_hook(_module: torch.nn.Module, _args: Any) -> None:
         starts.append(clock.enter())
+        clock._open.append(stage)  # a forward that raises never reaches the post-hook: it stays open
 
     def post_hook(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
+        clock._open.pop()
         segment = None
         if stage == "denoising_forward":
             segment = "first_step" if forwards[0] == 0 else "later_steps"

@@ -452,7 +452,10 @@ def calibrate(
                 if not is_out_of_memory(error):
                     raise
                 free_accelerator_memory()
-                if placement is not None and placement.demote(adapter.pipeline) is not None:
+                if (
+                    placement is not None
+                    and placement.demote(adapter.pipeline, adapter.failed_stage(error)) is not None
+                ):
                     demoted = True
                     break
                 logger.info("calibration: %dx%d with %d references ran out of memory", width, height, count)

@@ -60,7 +60,7 @@ def _run(adapter: PipelineAdapter, request: GenerationRequest) -> GenerationResu
             if placement is None or not is_out_of_memory(error):
                 raise
             free_accelerator_memory()
-            if placement.demote(adapter.pipeline) is None:
+            if placement.demote(adapter.pipeline, adapter.failed_stage(error)) is None:
                 raise
             log.warning("out of memory: %s; running the request again", placement.steps[-1])
 

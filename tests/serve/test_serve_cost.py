@@ -174,7 +174,7 @@ class _Placement:
     def __init__(self) -> None:
         self.steps: list[str] = []
 
-    def demote(self, _pipeline: object) -> str | None:
+    def demote(self, _pipeline: object, _stage: str | None = None) -> str | None:
         if self.steps:
             return None
         self.steps.append("streamed")

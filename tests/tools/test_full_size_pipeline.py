@@ -298,6 +298,47 @@ def test_the_prefix_cache_is_let_go_when_the_vae_begins_decoding(source: Path) -
     assert "decode" not in vars(pipeline.vae)  # the shadow is gone after the call
 
 
+def test_an_auto_placement_tiles_the_vae_only_where_the_vae_ran_out_of_memory(source: Path) -> None:
+    """A call that runs out of memory says in which stage; tiling the VAE is the next step only where that stage
+    was the VAE's (it frees nothing in the text encoder or the transformer), else the next component streams."""
+    from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
+
+    with _loading():
+        pipeline = ditq.load_pipeline(
+            source, device="cpu", dtype=torch.float32, offload="auto", memory_budget_bytes=2**40
+        )
+    placement = pipeline.ditq_placement
+    assert placement.resident == ["transformer", "vae", "text_encoder"] and not placement.vae_tiling
+    adapter = PipelineAdapter(pipeline)
+    request = GenerationRequest(prompt="a red star", width=SIZE, height=SIZE, num_inference_steps=STEPS, seed=0)
+
+    def out_of_memory(*_args: Any, **_kwargs: Any) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory (test)")
+
+    def stage_that_ran_out() -> str | None:
+        with pytest.raises(torch.OutOfMemoryError) as raised:
+            adapter(request)
+        return adapter.failed_stage(raised.value)
+
+    handle = pipeline.transformer.transformer_blocks[0].register_forward_pre_hook(out_of_memory)  # inside it
+    try:
+        stage = stage_that_ran_out()
+    finally:
+        handle.remove()
+    assert stage == "denoising_forward"
+    assert placement.demote(pipeline, stage) == "text_encoder streams from pinned host memory"
+    assert not placement.vae_tiling
+
+    pipeline.vae.decode = out_of_memory
+    try:
+        stage = stage_that_ran_out()
+    finally:
+        del pipeline.vae.decode
+    assert stage == "decoding"
+    assert placement.demote(pipeline, stage) == "the VAE decodes in tiles" and placement.vae_tiling
+    assert adapter(request).images[0].size == (SIZE, SIZE)  # and it runs, tiled, with the text encoder streamed
+
+
 def test_transformers_loads_the_quantized_qwen3_vl_text_encoder(source: Path, quantized: Path) -> None:
     """transformers' own from_pretrained reads the compressed-tensors text encoder (its config group, its
     decompressor) and its last hidden state stays close to the source's, as ditq's own loading does."""
