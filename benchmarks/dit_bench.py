@@ -748,8 +748,10 @@ def main() -> int:
             result.setdefault("errors", {})[name] = repr(error)[:800]
             print(f"{name}: ERROR {error!r}"[:400], flush=True)
         result.setdefault("step_seconds", {})[name] = round(time.perf_counter() - start, 1)
-        if device.type == "cuda":  # the device memory a step left in reference cycles; on a CPU (the dry run) a
-            gc.collect()  # collection over dynamo's traced frames took 0.3 s a step, 18 s of the run
+        # the device memory a step left in reference cycles; on a CPU (the dry run) a collection over dynamo's
+        # traced frames took 0.3 s a step, 18 s of the run
+        if device.type == "cuda":
+            gc.collect()
         save(result, rows, bf16_bytes, args.out)  # after every step: a run cut short still leaves its numbers
 
     save(result, rows, bf16_bytes, args.out)

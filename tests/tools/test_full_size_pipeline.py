@@ -310,7 +310,9 @@ def test_an_auto_placement_tiles_the_vae_only_where_the_vae_ran_out_of_memory(so
     placement = pipeline.ditq_placement
     assert placement.resident == ["transformer", "vae", "text_encoder"] and not placement.vae_tiling
     adapter = PipelineAdapter(pipeline)
-    request = GenerationRequest(prompt="a red star", width=SIZE, height=SIZE, num_inference_steps=STEPS, seed=0)
+    request = GenerationRequest(
+        prompt="a red star", width=SIZE, height=SIZE, num_inference_steps=STEPS, seed=0
+    )
 
     def out_of_memory(*_args: Any, **_kwargs: Any) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory (test)")
@@ -336,7 +338,8 @@ def test_an_auto_placement_tiles_the_vae_only_where_the_vae_ran_out_of_memory(so
         del pipeline.vae.decode
     assert stage == "decoding"
     assert placement.demote(pipeline, stage) == "the VAE decodes in tiles" and placement.vae_tiling
-    assert adapter(request).images[0].size == (SIZE, SIZE)  # and it runs, tiled, with the text encoder streamed
+    # and it runs, tiled, with the text encoder streamed
+    assert adapter(request).images[0].size == (SIZE, SIZE)
 
 
 def test_transformers_loads_the_quantized_qwen3_vl_text_encoder(source: Path, quantized: Path) -> None:
