@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
+# One OpenMP thread per process, set before torch loads: make test runs two workers on two cores, and each sweep
+# test's servers and commands compute beside them. With OpenMP's default (a thread per core) the processes' threads
+# spun waiting for each other: a 21 s test took 197 s beside a sweep. The models here are too small to gain from
+# threads. The workers and every process they start inherit this.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from collections.abc import Callable
 from pathlib import Path
 

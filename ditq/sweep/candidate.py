@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +24,7 @@ from ditq.runfiles import (
     write_model,
 )
 from ditq.schemes import SCHEMES
+from ditq.sweep import launch
 from ditq.sweep.options import PLAN_CANDIDATE, SCHEME_STAGES, SweepOptions
 
 
@@ -105,11 +105,11 @@ def plan_label(choices: Any) -> str:
 
 
 def run_logged(argv: list[str], log: Path) -> int:
+    """``argv`` in a child process (``ditq.sweep.launch``), its output after the command line in ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as sink:
         sink.write(f"$ {shlex.join(argv)}\n".encode())
-        sink.flush()
-        return subprocess.run(argv, stdout=sink, stderr=subprocess.STDOUT, check=False).returncode
+    return launch.start(argv, log).wait()
 
 
 def matrix_args(options: SweepOptions, seeds: str | None = None) -> list[str]:

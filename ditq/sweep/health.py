@@ -11,11 +11,15 @@ from pathlib import Path
 import httpx
 
 from ditq.errors import EXIT_OUT_OF_MEMORY
+from ditq.sweep import launch
 from ditq.sweep.options import SweepOptions
 
 
 def wait_healthy(
-    url: str, timeout_s: float, process: subprocess.Popen | None = None, interval_s: float = 0.5
+    url: str,
+    timeout_s: float,
+    process: subprocess.Popen[bytes] | launch.Child | None = None,
+    interval_s: float = 0.5,
 ) -> str | None:
     """Poll ``url/health`` until it answers 200: None then; otherwise why not (the server `process` exited first,
     or `timeout_s` ran out)."""
@@ -51,9 +55,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = options.serve_argv(model, self.port, options, offload)
         self.log = log
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as sink:
-            self.process = subprocess.Popen(self.argv, stdout=sink, stderr=subprocess.STDOUT)
+        self.process = launch.start(self.argv, log)
 
     def wait_healthy(self, timeout_s: float) -> str | None:
         """None once /health answers 200; otherwise why not (and the server is stopped)."""

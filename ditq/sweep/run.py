@@ -18,6 +18,7 @@ from ditq.runfiles import (
     read_model,
     write_model,
 )
+from ditq.sweep import launch
 from ditq.sweep.candidate import Candidate, doctor_summary
 from ditq.sweep.options import SCHEME_STAGES, SweepOptions, ditq_argv
 from ditq.sweep.seeds import SeedSettling
@@ -132,13 +133,16 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
     )
     write_model(options.out / SWEEP_FILE, sweep_file)
     sweep = Sweep(options, command)
-    baseline_ran = sweep.run_baseline()
-    if options.parity_in_process:
-        sweep.run_parity_pair()
-    for scheme in options.candidates:
-        sweep.run_scheme(scheme, baseline_ran)
-    if options.seeds == "auto":
-        seeds = sweep.settle_seeds()
-        by_fixture = {fixture_id: seeds_text(s) for fixture_id, s in seeds.items()}
-        write_model(options.out / SWEEP_FILE, sweep_file.model_copy(update={"seeds_by_fixture": by_fixture}))
-    return sweep.report()
+    with launch.forking(options.device == "cpu"):  # a CPU sweep's commands are forked (ditq.sweep.launch)
+        baseline_ran = sweep.run_baseline()
+        if options.parity_in_process:
+            sweep.run_parity_pair()
+        for scheme in options.candidates:
+            sweep.run_scheme(scheme, baseline_ran)
+        if options.seeds == "auto":
+            seeds = sweep.settle_seeds()
+            by_fixture = {fixture_id: seeds_text(s) for fixture_id, s in seeds.items()}
+            write_model(
+                options.out / SWEEP_FILE, sweep_file.model_copy(update={"seeds_by_fixture": by_fixture})
+            )
+        return sweep.report()

@@ -1,0 +1,37 @@
+"""The sweep's commands on a CPU: forked from the fork server, each still a process with its own log and exit code."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ditq.sweep import launch
+
+
+def test_a_forked_command_writes_its_log_and_returns_its_exit_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "no-such-artifact"
+    log = tmp_path / "logs" / "verify.log"
+    monkeypatch.chdir(tmp_path)  # the child works where the sweep works when it starts it
+    with launch.forking(True):
+        child = launch.start([sys.executable, "-m", "ditq.cli", "verify", missing.name], log)
+        assert isinstance(child, launch.Child) and child.pid != os.getpid()
+        assert child.wait(timeout=120) == 2  # ditq's exit code for bad input
+    assert log.read_text().strip().splitlines()[-1] == f"ditq verify: error: {missing.name}: not a directory"
+    assert child.poll() == 2
+
+
+def test_other_command_lines_and_sweeps_on_an_accelerator_start_afresh(tmp_path: Path) -> None:
+    script = [sys.executable, "-c", "import sys; print('own process'); sys.exit(3)"]
+    with launch.forking(True):
+        other = launch.start(script, tmp_path / "other.log")
+    assert isinstance(other, subprocess.Popen) and other.wait(timeout=60) == 3
+    assert (tmp_path / "other.log").read_text() == "own process\n"
+    with launch.forking(False):  # a sweep on CUDA
+        fresh = launch.start([sys.executable, "-m", "ditq.cli", "verify", "missing"], tmp_path / "fresh.log")
+    assert isinstance(fresh, subprocess.Popen) and fresh.wait(timeout=120) == 2
