@@ -6,7 +6,7 @@ child spends 4-5 s importing torch, diffusers and compressed-tensors before it d
 tiny model spent most of its time that way. On a CPU sweep, ``python -m ditq.cli`` commands are therefore forked
 from a fork server (``multiprocessing``'s ``forkserver``), a process started once that imports those libraries and
 then does nothing but fork. Each command is still a process of its own (its memory, exit code, log and process
-group: a signal to the sweep's group reaches it), runs ``ditq.cli.main`` on the same arguments with the sweep's
+group: a signal to the sweep's group reaches it), runs ``python -m ditq.cli`` on the same arguments with the sweep's
 environment and working directory at the time, and writes to the same log.
 
 The fork server never computes, so a child forked from it can use OpenMP's threads (a child forked from a process
@@ -21,6 +21,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -31,8 +32,16 @@ from pathlib import Path
 
 __all__ = ["Child", "forking", "start"]
 
-# what a stage imports before its work: imported once, by the fork server
-_PRELOAD = ["torch", "diffusers", "transformers", "compressed_tensors", "ditq.cli"]
+# what a stage imports before its work: imported once, by the fork server (not ditq.cli itself, which each child
+# runs as ``__main__``, as ``python -m`` does)
+_PRELOAD = [
+    "torch",
+    "diffusers",
+    "transformers",
+    "compressed_tensors",
+    "ditq.runtime.loader",
+    "ditq.serve.app",
+]
 _state: dict[str, ForkServerContext | None] = {"context": None}
 
 
@@ -90,8 +99,8 @@ class Child:
 
 
 def _command(argv: Sequence[str], log: str, environ: Mapping[str, str], cwd: str) -> None:
-    """In the forked child: ``ditq.cli.main`` with its output appended to ``log``, as a fresh process would run
-    it; its exit code is the child's."""
+    """In the forked child: ``python -m ditq.cli ARGS`` as a fresh process would run it (``runpy``), its output
+    appended to ``log``; its exit code is the child's."""
     os.environ.clear()
     os.environ.update(environ)
     os.chdir(cwd)
@@ -109,11 +118,10 @@ def _command(argv: Sequence[str], log: str, environ: Mapping[str, str], cwd: str
     root = logging.getLogger()
     for handler in list(root.handlers):  # the command configures its own, on its own stderr
         root.removeHandler(handler)
-    sys.argv = ["ditq", *argv[3:]]
-    from ditq.cli import main
-
+    sys.argv = [argv[2], *argv[3:]]  # as `python -m` leaves them (runpy puts the module's file first)
     try:
-        code = int(main(list(argv[3:])))
+        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)  # exits with the command's code
+        code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     except BaseException:
