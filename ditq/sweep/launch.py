@@ -32,16 +32,10 @@ from pathlib import Path
 
 __all__ = ["Child", "forking", "start"]
 
-# what a stage imports before its work: imported once, by the fork server (not ditq.cli itself, which each child
-# runs as ``__main__``, as ``python -m`` does)
-_PRELOAD = [
-    "torch",
-    "diffusers",
-    "transformers",
-    "compressed_tensors",
-    "ditq.runtime.loader",
-    "ditq.serve.app",
-]
+# what a stage imports before its work: imported once, by the fork server. Not ditq: the fork server starts with a
+# path of its own (the working directory first), and a child imports ditq through the sweep's path, which
+# multiprocessing gives it, so that it runs the ditq the sweep runs.
+_PRELOAD = ["torch", "diffusers", "transformers", "compressed_tensors", "fastapi", "uvicorn"]
 _state: dict[str, ForkServerContext | None] = {"context": None}
 
 

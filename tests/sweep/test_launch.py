@@ -35,3 +35,30 @@ def test_other_command_lines_and_sweeps_on_an_accelerator_start_afresh(tmp_path:
     with launch.forking(False):  # a sweep on CUDA
         fresh = launch.start([sys.executable, "-m", "ditq.cli", "verify", "missing"], tmp_path / "fresh.log")
     assert isinstance(fresh, subprocess.Popen) and fresh.wait(timeout=120) == 2
+
+
+_IN_ANOTHER_FOLDER = """
+import sys
+from pathlib import Path
+
+sys.path = [p for p in sys.path if p not in ("", ".")]  # as a console script's: not the working directory
+from ditq.sweep import launch
+
+with launch.forking(True):
+    child = launch.start([sys.executable, "-m", "ditq.cli", "verify", "missing"], Path("v.log"))
+    sys.exit(child.wait(timeout=120))
+"""
+
+
+def test_a_forked_command_runs_the_sweeps_ditq_whatever_folder_it_works_in(tmp_path: Path) -> None:
+    """The fork server starts in the working directory, where another ditq may lie (a checkout of another version,
+    here an empty package): the child still runs the ditq the sweep runs."""
+    (tmp_path / "ditq").mkdir()
+    (tmp_path / "ditq" / "__init__.py").write_text("")
+    sweep = subprocess.run(
+        [sys.executable, "-c", _IN_ANOTHER_FOLDER], cwd=tmp_path, capture_output=True, text=True, timeout=180
+    )
+    assert sweep.returncode == 2, sweep.stderr
+    assert (tmp_path / "v.log").read_text().strip().splitlines()[
+        -1
+    ] == "ditq verify: error: missing: not a directory"
