@@ -12,7 +12,9 @@ environment and working directory at the time, and writes to the same log.
 The fork server never computes, so a child forked from it can use OpenMP's threads (a child forked from a process
 that has run an OpenMP parallel region hangs in its first one) and can make its own CUDA context. It is used for
 CPU sweeps; a sweep on an accelerator starts every command afresh with ``subprocess``, as does any command line
-that is not ``python -m ditq.cli`` (a test's own server script, say).
+that is not ``python -m ditq.cli`` (a test's own server script, say). What the preloaded libraries read from the
+environment when they are imported (torch: ``OMP_NUM_THREADS``) is the environment the fork server started with,
+the sweep's at its first command.
 """
 
 from __future__ import annotations
