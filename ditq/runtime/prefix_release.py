@@ -16,10 +16,12 @@ from nothing. Pipelines without such an argument, or without ``vae.decode``, are
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from ditq.runtime.stage_clock import shadowed
 
 __all__ = ["ReleasedLayerCache", "released_at_decode"]
 
@@ -91,11 +93,9 @@ def released_at_decode(pipeline: Any) -> Iterator[_Release]:
     ):
         yield record
         return
-    with ExitStack() as stack:
-        handle = transformer.register_forward_pre_hook(record.remember, with_kwargs=True)
-        stack.callback(handle.remove)
-        had_own = "decode" in vars(vae)
-        original = vars(vae).get("decode")
-        vae.decode = record.decoding(vae.decode)
-        stack.callback(lambda: setattr(vae, "decode", original) if had_own else delattr(vae, "decode"))
-        yield record
+    handle = transformer.register_forward_pre_hook(record.remember, with_kwargs=True)
+    try:
+        with shadowed(vae, "decode", record.decoding(vae.decode)):
+            yield record
+    finally:
+        handle.remove()

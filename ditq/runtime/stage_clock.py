@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["StageClock"]
+__all__ = ["StageClock", "shadowed"]
 
 _TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
@@ -40,8 +40,8 @@ class StageClock:
         self.step_marks: list[float] = []
         self.stage_peaks: dict[str, int] = {}  # CUDA: peak allocated bytes per stage (module docstring)
         self.start_allocated: int | None = None  # CUDA: allocated bytes when the call began
-        self._depth = 0  # stages inside stages count for the outer one
-        self._open: list[str] = []  # the stages begun and not yet ended, innermost last
+        # the stages begun and not yet ended, innermost last: stages inside stages count for the outer one
+        self._open: list[str] = []
         self._raised_in: str | None = None  # the innermost stage an exception left
 
     def now(self) -> float:
@@ -74,19 +74,19 @@ class StageClock:
         """The call's peak allocated bytes (CUDA), else None."""
         return max(self.stage_peaks.values()) if self.cuda and self.stage_peaks else None
 
-    def enter(self) -> float:
+    def enter(self, stage: str) -> float:
         """A stage starts: the memory since the last stage was the work between stages (``other``)."""
         start = self.now()
-        if self._depth == 0:
+        if not self._open:
             self._close_segment("other")
-        self._depth += 1
+        self._open.append(stage)
         return start
 
     def leave(self, stage: str, start: float, segment: str | None = None) -> None:
         """A stage ends: its time goes to ``stage``, its peak memory to ``segment`` (default: ``stage``)."""
         end = self.now()
-        self._depth -= 1
-        if self._depth == 0:
+        self._open.pop()
+        if not self._open:
             self._close_segment(segment or stage)
         self.add(stage, start, end)
 
@@ -97,15 +97,13 @@ class StageClock:
 
     def timed(self, stage: str, function: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = self.enter()
-            self._open.append(stage)
+            start = self.enter(stage)
             try:
                 return function(*args, **kwargs)
             except BaseException:
                 self._raised_in = self._raised_in or self._open[-1]
                 raise
             finally:
-                self._open.pop()
                 self.leave(stage, start)
 
         return wrapper
@@ -127,7 +125,7 @@ class StageClock:
         with ExitStack() as stack:
             if callable(getattr(pipeline, "encode_prompt", None)):
                 stack.enter_context(
-                    _patched(pipeline, "encode_prompt", self.timed("text_encoding", pipeline.encode_prompt))
+                    shadowed(pipeline, "encode_prompt", self.timed("text_encoding", pipeline.encode_prompt))
                 )
             else:
                 for name in _TEXT_ENCODERS:
@@ -136,9 +134,9 @@ class StageClock:
                         stack.enter_context(_forward_timer(encoder, "text_encoding", self))
             vae = getattr(pipeline, "vae", None)
             if vae is not None and callable(getattr(vae, "decode", None)):
-                stack.enter_context(_patched(vae, "decode", self.timed("decoding", vae.decode)))
+                stack.enter_context(shadowed(vae, "decode", self.timed("decoding", vae.decode)))
             if vae is not None and callable(getattr(vae, "encode", None)):
-                stack.enter_context(_patched(vae, "encode", self.timed("image_encoding", vae.encode)))
+                stack.enter_context(shadowed(vae, "encode", self.timed("image_encoding", vae.encode)))
             transformer = getattr(pipeline, "transformer", None)
             if isinstance(transformer, torch.nn.Module):
                 stack.enter_context(_forward_timer(transformer, "denoising_forward", self))
@@ -173,7 +171,7 @@ class StageClock:
 
 
 @contextmanager
-def _patched(target: Any, name: str, replacement: Callable[..., Any]) -> Iterator[None]:
+def shadowed(target: Any, name: str, replacement: Callable[..., Any]) -> Iterator[None]:
     """Shadow ``target.name`` with an instance attribute for the duration of the block."""
     had_own = name in vars(target)
     original = vars(target).get(name)
@@ -195,11 +193,9 @@ def _forward_timer(module: torch.nn.Module, stage: str, clock: StageClock) -> It
     forwards = [0]
 
     def pre_hook(_module: torch.nn.Module, _args: Any) -> None:
-        starts.append(clock.enter())
-        clock._open.append(stage)  # a forward that raises never reaches the post-hook: it stays open
+        starts.append(clock.enter(stage))  # a forward that raises never reaches the post-hook: it stays open
 
     def post_hook(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
-        clock._open.pop()
         segment = None
         if stage == "denoising_forward":
             segment = "first_step" if forwards[0] == 0 else "later_steps"

@@ -87,19 +87,16 @@ class Child:
         if self.poll() is None:
             os.kill(self.pid, signum)
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
 
-def _command(argv: Sequence[str], log: str, environ: Mapping[str, str], cwd: str) -> None:
+def _command(argv: Sequence[str], log: str, environ: Mapping[str, str]) -> None:
     """In the forked child: ``python -m ditq.cli ARGS`` as a fresh process would run it (``runpy``), its output
-    appended to ``log``; its exit code is the child's."""
+    appended to ``log``; its exit code is the child's. multiprocessing has already put it in the sweep's working
+    directory and on its import path."""
     os.environ.clear()
     os.environ.update(environ)
-    os.chdir(cwd)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_DFL)
     sink = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -136,9 +133,7 @@ def start(argv: Sequence[str], log: Path) -> Child | subprocess.Popen[bytes]:
     if context is None or list(argv[:3]) != [sys.executable, "-m", "ditq.cli"]:
         with open(log, "ab") as sink:
             return subprocess.Popen(list(argv), stdout=sink, stderr=subprocess.STDOUT)
-    process = context.Process(
-        target=_command, args=(list(argv), str(log), dict(os.environ), os.getcwd()), daemon=False
-    )
+    process = context.Process(target=_command, args=(list(argv), str(log), dict(os.environ)), daemon=False)
     with _main_not_rerun():
         process.start()
     return Child(process, argv)
