@@ -203,6 +203,17 @@ class PlacementFacts(BaseModel):
     demotions: list[str] = []  # what calibration moved, in order
 
 
+class CompiledFacts(BaseModel):
+    """``--compile`` as /health shows it (``ditq.runtime.compile.CompileFacts.to_json``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    backend: str
+    module: str = "transformer"
+    how: str = ""
+    warmup_seconds: float | None = None  # the first call at each calibrated shape: compilation and warm-up
+
+
 class ServerHealth(BaseModel):
     """What ditq serve says on GET /health once ready. Fields it may add later are ignored, not refused: the
     server describes itself, and a report of older runs must still read."""
@@ -231,6 +242,7 @@ class ServerHealth(BaseModel):
     ] = {}  # component.module -> bytes left out of the loaded model (the manifest's unused)
     kv_cache: str | None = None  # serve --kv-cache: the prefix KV cache's precision; None: the model's own
     calibration_seconds: float | None = None  # measuring the cost model at start-up
+    compile: CompiledFacts | None = None  # serve --compile; None: eager
 
     @property
     def cuda_index(self) -> int | None:
@@ -298,6 +310,7 @@ class InProcessOptions(_File):
 
     device: str
     offload: str
+    compile: str | None = None  # the torch.compile backend of the transformer (--compile); None: eager
 
 
 class RunCounts(_File):
@@ -699,6 +712,9 @@ class SweepFile(_File):
     plan: str | None = None  # --plan: the PLAN.json of the planned candidate, as given
     attention: str | None = None  # --attention: the candidates' servers' quantized attention (int8 | fp8)
     kv_cache: str | None = None  # --kv-cache: the candidates' servers' 8-bit prefix KV cache (int8 | fp8)
+    compile: str | None = (
+        None  # --compile: every server's torch.compile backend, the baseline's too; None: eager
+    )
     seeds_by_fixture: dict[str, str] | None = None  # --seeds auto: fixture -> the seeds it was run at
     pid: int
 

@@ -30,6 +30,30 @@ def add_attention_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_compile_argument(parser: argparse.ArgumentParser) -> None:
+    """``--compile`` and ``--compile-backend`` (``ditq.runtime.compile``); ``compile_backend(args)`` reads them."""
+    from ditq.runtime.compile import COMPILE_BACKENDS
+
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the transformer's repeated blocks with torch.compile; a server compiles and warms up every "
+        "shape it calibrates before it is ready (default: off; eager)",
+    )
+    parser.add_argument(
+        "--compile-backend",
+        choices=COMPILE_BACKENDS,
+        default="inductor",
+        help="torch.compile's backend with --compile (default: %(default)s; aot_eager and eager trace the model "
+        "without generating code)",
+    )
+
+
+def compile_backend(args: argparse.Namespace) -> str | None:
+    """The backend ``--compile`` asked for, or None without it."""
+    return args.compile_backend if getattr(args, "compile", False) else None
+
+
 def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
     """``--kv-cache int8|fp8`` (default off), as ``ditq.runtime.kv_cache.install_kv_cache`` reads it."""
     from ditq.runtime.kv_cache import KV_CACHE_KINDS

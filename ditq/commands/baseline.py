@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ditq.commands import add_variant_argument
+from ditq.commands import add_compile_argument, add_variant_argument, compile_backend
 from ditq.commands.probe import add_matrix_arguments
 from ditq.devices import add_device_arguments
 from ditq.judge.baseline import BaselineOptions, make_baseline
@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_device_arguments(parser, "auto", "in process: where to generate (in bfloat16)", offload=True)
     add_variant_argument(parser)
+    add_compile_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             offload=args.offload,
             variant=args.variant,
+            compile=compile_backend(args),
             timeout_s=args.timeout,
             concurrency=args.concurrency,
             retry_failed=args.retry_failed,

@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from ditq.commands import compile_backend
 from ditq.commands.sweep import add_sweep_arguments, print_verdicts, stop_on_sigterm
 from ditq.demo.settings import DEMO, demo_fixtures
 from ditq.devices import resolve_device
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
         plan=args.plan or (None if args.no_plan else demo.plan_path()),
+        compile=compile_backend(args),
     )
     stop_on_sigterm()
     result = run_sweep(options)

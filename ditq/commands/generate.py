@@ -7,7 +7,13 @@ from pathlib import Path
 
 from PIL import Image
 
-from ditq.commands import add_attention_argument, add_kv_cache_argument, add_variant_argument
+from ditq.commands import (
+    add_attention_argument,
+    add_compile_argument,
+    add_kv_cache_argument,
+    add_variant_argument,
+    compile_backend,
+)
 from ditq.devices import add_device_arguments
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest, parse_size
@@ -46,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_variant_argument(parser)
     add_attention_argument(parser)
     add_kv_cache_argument(parser)
+    add_compile_argument(parser)
     parser.add_argument(
         "--skip-doctor",
         action="store_true",
@@ -95,6 +102,12 @@ def _print_report(report: GenerationReport) -> None:
     print(
         f"load       {report.load_seconds:8.3f} s   peak accelerator memory {_gib(report.load_peak_memory_bytes)}"
     )
+    if report.compile is not None:
+        facts = report.compile
+        print(
+            f"compile    {facts['backend']}, {facts['how']}: warm-up {facts['warmup_seconds']:.3f} s "
+            "(two steps at this shape, not in the times below)"
+        )
     result = report.result
     for stage, seconds in result.timings.items():
         extra = ""
@@ -131,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         variant=args.variant,
         attention=args.attention,
         kv_cache=args.kv_cache,
+        compile=compile_backend(args),
     )
     _print_report(report)
     for path in save_images(report.result.images, args.out):

@@ -6,7 +6,13 @@ import argparse
 import os
 from pathlib import Path
 
-from ditq.commands import add_attention_argument, add_kv_cache_argument, add_variant_argument
+from ditq.commands import (
+    add_attention_argument,
+    add_compile_argument,
+    add_kv_cache_argument,
+    add_variant_argument,
+    compile_backend,
+)
 from ditq.devices import add_device_arguments
 from ditq.errors import InputError
 from ditq.serve import ServeConfig, serve
@@ -68,6 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_variant_argument(parser)
     add_attention_argument(parser)
     add_kv_cache_argument(parser)
+    add_compile_argument(parser)
     parser.add_argument(
         "--max-queue",
         type=int,
@@ -168,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         variant=args.variant,
         attention=args.attention,
         kv_cache=args.kv_cache,
+        compile=compile_backend(args),
         limits=limits,
         drain_timeout_s=args.drain_timeout,
     )

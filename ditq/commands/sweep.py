@@ -6,7 +6,7 @@ import argparse
 import signal
 from pathlib import Path
 
-from ditq.commands import ATTENTION_CHOICES
+from ditq.commands import ATTENTION_CHOICES, add_compile_argument, compile_backend
 from ditq.commands.report import add_objective_argument, print_summary
 from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device
 from ditq.judge.compare import MAX_SEEDS
@@ -67,8 +67,8 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, device: str) -> None:
         default=("none",),
         metavar="MODE[,MODE...]|auto",
         help="offload of every server; a comma list is a ladder: requests that run out of accelerator memory "
-        "(or a model that does not load) go to a server at the next mode; auto = none,model,block "
-        "(default: none)",
+        "(or a model that does not load) go to a server at the next mode; auto = auto,block: each server "
+        "placed by how often a request runs each component, then block offload (default: none)",
     )
     parser.add_argument(
         "--plan",
@@ -77,6 +77,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, device: str) -> None:
         help="one more candidate, OUT/plan: the model quantized with this plan (`ditq plan`; quantize --plan), "
         "through the same chain beside the uniform schemes",
     )
+    add_compile_argument(parser)  # every server, the baseline's too
     parser.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for /health")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines")
 
@@ -162,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         plan=args.plan,
         attention=args.attention,
         kv_cache=args.kv_cache,
+        compile=compile_backend(args),
     )
     stop_on_sigterm()
     print_verdicts(run_sweep(options))

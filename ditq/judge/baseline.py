@@ -76,6 +76,9 @@ class BaselineOptions:
     memory_interval_s: float = 1.0
     progress: bool = True
     only: list[str] | None = None  # fixture ids (the rest of the run is kept as it is); None = all
+    compile: str | None = (
+        None  # in process: a torch.compile backend for the transformer (ditq.runtime.compile)
+    )
 
 
 class AdapterExecutor:
@@ -135,7 +138,12 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
     offload = resolve_offload(options.offload)
     # The BF16 baseline on every device: the reference the quantized models are judged against.
     pipeline = load_pipeline(
-        options.model, device=device, offload=offload, dtype=DTYPES["bfloat16"], variant=options.variant
+        options.model,
+        device=device,
+        offload=offload,
+        dtype=DTYPES["bfloat16"],
+        variant=options.variant,
+        compile=options.compile,
     )
     executor = AdapterExecutor(
         PipelineAdapter(pipeline), options.steps, options.true_cfg_scale, options.offload
@@ -149,7 +157,7 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
         options.seeds,
         options.steps,
         options.true_cfg_scale,
-        InProcessOptions(device=device, offload=offload),
+        InProcessOptions(device=device, offload=offload, compile=options.compile),
         options.model,
     )
     # The generating process is this one: sample its own device memory too.

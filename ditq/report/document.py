@@ -33,6 +33,7 @@ from ditq.report.tables import (
     stages_table,
     verdict_table,
 )
+from ditq.runfiles import ServerHealth
 
 __all__ = ["Block", "Bullets", "Figure", "Figures", "Heading", "Paragraph", "Span", "report_blocks"]
 
@@ -221,6 +222,29 @@ def _candidate(
         yield Figures(figures)
 
 
+def compilation_sentence(servers: dict[str, list[ServerHealth | None]]) -> str:
+    """Whether the servers behind the speeds (per candidate, the baseline first) ran compiled: every speed answer
+    compares like with like only when the baseline and the candidates agree."""
+    modes: dict[str, set[str]] = {}
+    for name, healths in servers.items():
+        for health in healths:
+            if health is not None:
+                modes.setdefault(name, set()).add(health.compile.backend if health.compile else "eager")
+    if not modes:
+        return "Compilation: not reported by the servers."
+    kinds = set().union(*modes.values())
+    if len(kinds) == 1:
+        (kind,) = kinds
+        how = "eager (not compiled)" if kind == "eager" else f"compiled ({kind})"
+        return f"Every server, the baseline's included, ran {how}."
+    per = "; ".join(f"{name} {', '.join(sorted(kinds))}" for name, kinds in modes.items())
+    return f"Servers ran compiled and eager ({per}): their speeds do not compare like with like."
+
+
+def _servers(report: ReportData) -> dict[str, list[ServerHealth | None]]:
+    return {c.name: c.run.servers if c.run else [] for c in report.all_candidates}
+
+
 def _head(report: ReportData) -> Iterator[Block]:
     document = report.document
     yield Heading(1, "ditq report")
@@ -234,7 +258,7 @@ def _head(report: ReportData) -> Iterator[Block]:
             (document.baseline.run, "code"),
             ("). Memory budget: ", ""),
             (document.memory_budget or "the whole device", "bold"),
-            (f". Generated {document.generated_utc}.", ""),
+            (f". {compilation_sentence(_servers(report))} Generated {document.generated_utc}.", ""),
         )
     )
     yield Heading(2, "Capacity")

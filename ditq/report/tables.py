@@ -352,6 +352,15 @@ def _placement(health: ServerHealth) -> str:
     return "; ".join(parts) or "—"
 
 
+def compiled_text(health: ServerHealth) -> str:
+    """'inductor, repeated blocks (...), warm-up 41.2 s' for a compiled server, 'no (eager)' for one that was not."""
+    facts = health.compile
+    if facts is None:
+        return "no (eager)"
+    warmup = f", warm-up {facts.warmup_seconds:.1f} s" if facts.warmup_seconds is not None else ""
+    return f"{facts.backend}, {facts.how}{warmup}"
+
+
 def servers_table(candidate: Candidate) -> Table:
     """Per server started for the candidate (per ladder attempt): its outcome, load and ready time, kernels, budget."""
     rows = []
@@ -371,6 +380,7 @@ def servers_table(candidate: Candidate) -> Table:
                 else "n/a",
                 format_budget(health.max_memory) if health else "n/a",
                 _placement(health) if health else "n/a",
+                compiled_text(health) if health else "n/a",
             )
         )
     headers = (
@@ -383,6 +393,7 @@ def servers_table(candidate: Candidate) -> Table:
         "Kernel paths",
         "Memory budget",
         "Placement",
+        "Compiled",
     )
     return Table(headers, tuple(rows))
 

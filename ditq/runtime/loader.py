@@ -308,6 +308,7 @@ def load_pipeline(
     drop_unused: bool = True,
     memory_budget_bytes: int | None = None,
     kv_cache: str | None = None,
+    compile: str | None = None,
 ) -> Any:
     """A diffusers pipeline from a plain or ditq directory, placed on ``device`` per ``offload``.
 
@@ -329,7 +330,9 @@ def load_pipeline(
     pipeline's ``ditq_placement``); "model": components load on the host and move to ``device`` one at a time
     when they run (diffusers' model CPU offload); "block": the transformer's blocks stream to ``device`` one by
     one (diffusers' block-level group offload). ``kv_cache`` ("int8" | "fp8") keeps the transformer's prefix KV
-    cache in 8 bits (``ditq.runtime.kv_cache``).
+    cache in 8 bits (``ditq.runtime.kv_cache``). ``compile`` (a torch.compile backend: "inductor", say) compiles
+    the transformer's repeated blocks on their first call (``ditq.runtime.compile``), recorded as the pipeline's
+    ``ditq_compile``.
     """
     offload = resolve_offload(offload, option="offload")
     model_dir = Path(model_dir)
@@ -372,6 +375,10 @@ def load_pipeline(
         from ditq.runtime.kv_cache import install_kv_cache
 
         install_kv_cache(pipeline, kv_cache)
+    if compile is not None:
+        from ditq.runtime.compile import compile_pipeline
+
+        compile_pipeline(pipeline, compile)
     return pipeline
 
 

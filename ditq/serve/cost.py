@@ -429,24 +429,44 @@ def calibrate(
     clock: Callable[[], float] = time.perf_counter,
 ) -> CostModel:
     """Measure ``calibration_shapes`` (after a warm-up call at the smallest) until ``CALIBRATION_LIMIT_S`` has
-    passed. A shape that runs out of memory makes an ``auto`` placement take its next step, and every shape is
+    passed. A compiled pipeline (``--compile``) runs each shape once before measuring it, so that no measurement and
+    no request pays a compilation; that warm-up is recorded (``CompileFacts.warmup_seconds``) and not held against
+    the limit. A shape that runs out of memory makes an ``auto`` placement take its next step, and every shape is
     measured again under the new placement; with nothing left to move it is recorded as out of memory."""
     started = clock()
     shapes = calibration_shapes(adapter, max_pixels)
     probe = MemoryProbe(device)
     placement = getattr(adapter.pipeline, "ditq_placement", None)
-    _measure(adapter, min(shapes, key=lambda s: (s[0] * s[1], s[2])), probe)  # warm-up: first-call costs
+    compiled = getattr(adapter.pipeline, "ditq_compile", None)
+    warming = 0.0  # under --compile: the first call at each shape, which compiles; not held against the limit
+    warm: set[tuple[int, int, int]] = set()
+
+    def warm_up(shape: tuple[int, int, int]) -> None:
+        nonlocal warming
+        if shape in warm:
+            return
+        begun = clock()
+        _measure(adapter, shape, probe)
+        warming += clock() - begun
+        warm.add(shape)
+
+    smallest = min(shapes, key=lambda s: (s[0] * s[1], s[2]))
+    warm_up(smallest)  # first-call costs (and, compiled, the first compilation)
+    if compiled is None:
+        warm.clear()  # eager: one warm-up call is enough; every shape is measured the first time it runs
     free_accelerator_memory()
     while True:
         measurements: list[Measurement] = []
         demoted = False
         for width, height, count in shapes:
-            if measurements and clock() - started > CALIBRATION_LIMIT_S:
+            if measurements and clock() - started - warming > CALIBRATION_LIMIT_S:
                 logger.info(
                     "calibration: %.0f s spent; the shapes left are priced from the fit", clock() - started
                 )
                 break
             try:
+                if compiled is not None:
+                    warm_up((width, height, count))
                 measurements.append(_measure(adapter, (width, height, count), probe))
             except Exception as error:
                 if not is_out_of_memory(error):
@@ -467,6 +487,10 @@ def calibrate(
                 free_accelerator_memory()
         if not demoted:
             break
+        warm.clear()  # a new placement: compiled code may differ (streamed weights), warm every shape again
+    if compiled is not None:
+        compiled.warmup_seconds = round(warming, 3)
+        logger.info("compiled with %s: %d shape(s) warmed up in %.1f s", compiled.backend, len(warm), warming)
     model = CostModel(
         device=str(device),
         measurements=measurements,

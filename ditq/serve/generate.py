@@ -45,6 +45,7 @@ class GenerationReport:
     load_seconds: float
     load_peak_memory_bytes: int | None  # accelerator, while loading (None on CPU)
     result: GenerationResult
+    compile: dict[str, Any] | None = None  # --compile: backend, what, warm-up seconds (CompileFacts.to_json)
 
 
 def _run(adapter: PipelineAdapter, request: GenerationRequest) -> GenerationResult:
@@ -76,6 +77,7 @@ def generate(
     attention: str | None = None,
     kv_cache: str | None = None,
     progress: bool = True,
+    compile: str | None = None,
 ) -> GenerationReport:
     """Load ``model_dir`` (None: the bundled demo model) and run one request; nothing is written.
 
@@ -88,7 +90,9 @@ def generate(
     transformer's attention through a doctor-chosen quantized-attention path (``ditq.runtime.attention``);
     ``kv_cache`` ("int8" | "fp8") keeps its prefix KV cache in 8 bits (``ditq.runtime.kv_cache``). Under
     ``offload="auto"`` a request that runs out of memory moves the placement one step and runs again. ``progress``
-    draws a bar of the denoising steps on a terminal (never in a log).
+    draws a bar of the denoising steps on a terminal (never in a log). ``compile`` (a torch.compile backend)
+    compiles the transformer and warms it up with a two-step call at the request's shape first, so the timed
+    request runs compiled code (the warm-up's seconds are reported apart).
     """
     from ditq.demo import default_model_dir
 
@@ -108,9 +112,16 @@ def generate(
         variant,
         attention,
         kv_cache=kv_cache,
+        compile=compile,
     )
     pipeline = adapter.pipeline
     load_seconds = time.perf_counter() - start
+    compiled = getattr(pipeline, "ditq_compile", None)
+    if compiled is not None:  # the first call at a shape compiles: not the request's own time
+        begun = time.perf_counter()
+        warm_steps = min(2, request.num_inference_steps or adapter.default_steps)
+        _run(adapter, dataclasses.replace(request, num_inference_steps=warm_steps, should_stop=None))
+        compiled.warmup_seconds = round(time.perf_counter() - begun, 3)
     load_peak = int(torch.cuda.max_memory_allocated(torch_device)) if torch_device.type == "cuda" else None
     quantized, kernels = pipeline_summary(pipeline)
     total = request.num_inference_steps or adapter.default_steps
@@ -135,6 +146,7 @@ def generate(
         load_seconds=load_seconds,
         load_peak_memory_bytes=load_peak,
         result=result,
+        compile=None if compiled is None else compiled.to_json(),
     )
 
 

@@ -98,15 +98,17 @@ def serve(
     variant: str | None = None,
     attention: str | None = None,
     kv_cache: str | None = None,
+    compile: str | None = None,
 ) -> None:
     """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model).
 
-    ``device``, ``dtype`` and ``offload`` as ``ditq.devices`` reads them (``auto`` included; no dtype:
-    float32 on the CPU, bfloat16 on CUDA, as ``ditq generate``); ``variant`` as
-    ``ditq.runtime.loader.load_pipeline`` reads it; ``attention`` ("int8" | "fp8", default off) as
-    ``ditq.serve.startup.load_adapter`` installs it.
+        ``device``, ``dtype`` and ``offload`` as ``ditq.devices`` reads them (``auto`` included; no dtype:
+        float32 on the CPU, bfloat16 on CUDA, as ``ditq generate``); ``variant`` as
+        ``ditq.runtime.loader.load_pipeline`` reads it; ``attention`` ("int8" | "fp8", default off) as
+        ``ditq.serve.startup.load_adapter`` installs it; ``compile`` (a torch.compile backend) compiles the transformer,
+    and calibration runs each shape once to compile and warm it up before measuring it.
 
-    Raises OutOfMemoryError (exit code 3) when the model does not fit in the accelerator memory it may use.
+        Raises OutOfMemoryError (exit code 3) when the model does not fit in the accelerator memory it may use.
     """
     if model_dir is None:
         from ditq.demo import default_model_dir
@@ -152,6 +154,7 @@ def serve(
             attention,
             memory_budget_bytes=cap.allocator_bytes if cap is not None else None,
             kv_cache=kv_cache,
+            compile=compile,
         ),
         doctor=make_doctor(chooser),
         model_root=str(model_dir),

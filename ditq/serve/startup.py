@@ -113,6 +113,7 @@ def load_adapter(
     attention: str | None = None,
     memory_budget_bytes: int | None = None,
     kv_cache: str | None = None,
+    compile: str | None = None,
 ) -> PipelineAdapter:
     """An artifact or a plain diffusers directory, through the runtime loader.
 
@@ -123,7 +124,7 @@ def load_adapter(
     same way (``ditq.runtime.attention``); its choice is a load fact (/health's ``attention``).
     ``memory_budget_bytes`` (the allocator's cap) is what ``--offload auto`` places the weights within;
     ``kv_cache`` ("int8" | "fp8") keeps the prefix KV cache in 8 bits. The placement, the modules left unused
-    and the KV cache's precision are load facts too.
+    and the KV cache's precision are load facts too, and so is ``compile``'s (``ditq.runtime.compile``).
     """
     from ditq.runtime.loader import load_pipeline
 
@@ -136,6 +137,7 @@ def load_adapter(
         variant=variant,
         memory_budget_bytes=memory_budget_bytes,
         kv_cache=kv_cache,
+        compile=compile,
     )
     adapter = PipelineAdapter(pipeline)
     placement = getattr(pipeline, "ditq_placement", None)
@@ -145,6 +147,7 @@ def load_adapter(
         adapter.load_facts["placement"] = placement
     adapter.load_facts["unused"] = dict(getattr(pipeline, "ditq_unused", {}))
     adapter.load_facts["kv_cache"] = getattr(pipeline, "ditq_kv_cache", None)
+    adapter.load_facts["compile"] = getattr(pipeline, "ditq_compile", None)  # its warm-up is filled in later
     if chooser is not None:  # part of the load time: the doctor's checks, kernel compilation included
         adapter.load_facts["kernel_choice_seconds"] = round(chooser.seconds, 3)
     if attention is not None:

@@ -37,6 +37,8 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
     # quantized attention is the candidates' (the baseline is the model as it ships)
     argv += ["--attention", options.attention] if options.attention and model != options.model else []
     argv += ["--kv-cache", options.kv_cache] if options.kv_cache and model != options.model else []
+    # compiled or not, every server alike (the baseline's too): speeds compare like with like
+    argv += ["--compile", "--compile-backend", options.compile] if options.compile else []
     return argv + (["--max-memory", options.max_memory] if options.max_memory else [])
 
 
@@ -73,6 +75,7 @@ class SweepOptions:
     plan_file: PlanFile | None = field(init=False, default=None, repr=False, compare=False)
     attention: str | None = None  # the candidates' servers' --attention (int8 | fp8); None: the model's own
     kv_cache: str | None = None  # the candidates' servers' --kv-cache (int8 | fp8); None: the model's own
+    compile: str | None = None  # every server's --compile backend, the baseline's too; None: eager
     serve_argv: ServeArgv = default_serve_argv
 
     def __post_init__(self) -> None:

@@ -129,6 +129,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         plan=None if options.plan is None else str(options.plan),
         attention=options.attention,
         kv_cache=options.kv_cache,
+        compile=options.compile,
         pid=os.getpid(),
     )
     write_model(options.out / SWEEP_FILE, sweep_file)

@@ -14,8 +14,16 @@ import pytest
 
 from ditq.report import build_report, load_candidate, validate_verdict_file
 from ditq.report.capacity import capacity_matrix
+from ditq.report.document import compilation_sentence
 from ditq.report.model import Record, mark_cold
-from ditq.report.tables import _placement, capacity_summary_table, capacity_table, ladder_table, servers_table
+from ditq.report.tables import (
+    _placement,
+    capacity_summary_table,
+    capacity_table,
+    compiled_text,
+    ladder_table,
+    servers_table,
+)
 from ditq.runfiles import ServerHealth, write_model
 
 from .synthetic import LadderSpec, write_ladder_candidate, write_ladder_run
@@ -187,10 +195,33 @@ def test_servers_kernel_paths_load_time_budget_and_weights(report):
         "24.00 GiB on cuda:0 (of 140.00 GiB): 512 MiB outside the allocator (CUDA context, libraries), "
         "allocator capped at 23.50 GiB"
     )
+    eager = "no (eager)"
     assert servers_table(w8a8).rows == (
-        ("none", "did not load (out of memory)", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a"),
-        ("model", "served", "50.0 s", "41.5 s", "6.5 s", "44.0 s", "triton-w8a8 (196 layers)", budget, "—"),
-        ("block", "served", "50.0 s", "55.5 s", "6.5 s", "58.0 s", "triton-w8a8 (196 layers)", budget, "—"),
+        ("none", "did not load (out of memory)", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a"),
+        (
+            "model",
+            "served",
+            "50.0 s",
+            "41.5 s",
+            "6.5 s",
+            "44.0 s",
+            "triton-w8a8 (196 layers)",
+            budget,
+            "—",
+            eager,
+        ),
+        (
+            "block",
+            "served",
+            "50.0 s",
+            "55.5 s",
+            "6.5 s",
+            "58.0 s",
+            "triton-w8a8 (196 layers)",
+            budget,
+            "—",
+            eager,
+        ),
     )
     placed = ServerHealth.model_validate({
         "placement": {"resident": ["transformer", "vae"], "streamed": ["text_encoder"], "vae_tiling": True,
@@ -201,6 +232,10 @@ def test_servers_kernel_paths_load_time_budget_and_weights(report):
         "resident transformer, vae; streamed text_encoder at 21.5 GB/s; VAE tiling; "
         "unused text_encoder.lm_head (1.16 GiB); int8 KV cache"
     )
+    compiled = ServerHealth.model_validate(
+        {"compile": {"backend": "inductor", "how": "repeated blocks (60 x Block)", "warmup_seconds": 41.25}}
+    )
+    assert compiled_text(compiled) == "inductor, repeated blocks (60 x Block), warm-up 41.2 s"
     text = report.markdown.read_text()
     assert "transformer weights 7.26 GiB (0.52× the source's 13.96 GiB)" in text
     assert "peak memory measures the server process (driver count) (nvml)" in text
@@ -247,3 +282,16 @@ def test_report_command_takes_the_note_and_the_baseline_attempts(sweep, tmp_path
     assert validate_verdict_file(out / "verdict.json").note == NOTE
     baseline_section = (out / "REPORT.md").read_text().split("## BF16 (baseline)")[1].split("## w8a8")[0]
     assert "| none | — | did not load (out of memory) |" in baseline_section
+
+
+def test_the_report_says_whether_the_baseline_and_candidates_ran_compiled(report):
+    assert "Every server, the baseline's included, ran eager (not compiled)." in report.markdown.read_text()
+    eager = ServerHealth.model_validate({})
+    inductor = ServerHealth.model_validate({"compile": {"backend": "inductor"}})
+    assert compilation_sentence({"BF16": [inductor], "fp8": [inductor, None]}) == (
+        "Every server, the baseline's included, ran compiled (inductor)."
+    )
+    assert compilation_sentence({"BF16": [eager], "fp8": [inductor]}) == (
+        "Servers ran compiled and eager (BF16 eager; fp8 inductor): their speeds do not compare like with like."
+    )
+    assert compilation_sentence({"BF16": [None]}) == "Compilation: not reported by the servers."

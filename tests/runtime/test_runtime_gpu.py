@@ -105,3 +105,20 @@ def test_each_stage_reports_its_peak_memory_on_cuda(artifacts: dict[str, Path]) 
     assert all(peak >= held for peak in stages.values())
     install_kv_cache(pipeline, "int8")
     assert PipelineAdapter(pipeline)(request).stage_peak_memory_bytes is not None
+
+
+@pytest.mark.parametrize("scheme", ["source", *SCHEMES])
+def test_inductor_compiled_pipeline_serves_the_pixels_of_eager_on_cuda(
+    scheme: str, artifacts: dict[str, Path]
+) -> None:
+    from ditq.serve.cost import calibrate
+
+    eager = _pixels(load_pipeline(artifacts[scheme], device="cuda"))
+    torch._dynamo.reset()
+    pipeline = load_pipeline(artifacts[scheme], device="cuda", compile="inductor")
+    adapter = PipelineAdapter(pipeline)
+    calibrate(adapter, torch.device("cuda"), max_pixels=64 * 64, time_budget_s=600)
+    assert pipeline.ditq_compile.warmup_seconds > 0
+    compiled = _pixels(pipeline)
+    # inductor fuses and reorders float arithmetic: close to eager, not bit for bit
+    assert np.abs(compiled - eager).mean() < 1.0, np.abs(compiled - eager).mean()

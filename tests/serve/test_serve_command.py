@@ -80,7 +80,8 @@ def test_a_model_that_fails_to_load_stops_the_server_with_exit_1(
 
 
 @pytest.mark.slow
-def test_serve_a_saved_model_directory_through_the_cli(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_serve_a_saved_model_directory_through_the_cli(tmp_path: Path, compiled: bool) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         build_tiny_pipeline(seed=0).save_pretrained(tmp_path / "tiny")
@@ -100,6 +101,8 @@ def test_serve_a_saved_model_directory_through_the_cli(tmp_path: Path) -> None:
             "warn",
             "--served-model-name",
             "tiny-cli",
+            # dynamo traces the blocks (the eager backend generates no code, so the test stays fast)
+            *(["--compile", "--compile-backend", "eager"] if compiled else []),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -110,6 +113,12 @@ def test_serve_a_saved_model_directory_through_the_cli(tmp_path: Path) -> None:
         problem = wait_healthy(base, 120, process, interval_s=0.3)
         assert problem is None, f"{problem}: {process.stderr.read() if process.stderr else ''}"
         assert httpx.get(f"{base}/v1/models").json()["data"][0]["id"] == "tiny-cli"
+        facts = httpx.get(f"{base}/health").json()["compile"]
+        if compiled:  # compiled and warmed up at every calibrated shape before it was ready
+            assert facts["backend"] == "eager" and facts["how"].startswith("repeated blocks (")
+            assert facts["warmup_seconds"] > 0
+        else:
+            assert facts is None
         response = httpx.post(f"{base}/v1/images/generations", json={"prompt": "a kite", **FAST}, timeout=120)
         assert response.status_code == 200 and response.json()["size"] == "32x32"
     finally:

@@ -1,0 +1,97 @@
+"""--compile: the transformer's repeated blocks compiled, the same pixels as eager, and a server that warms up every
+shape it calibrates before measuring it (no measured call compiles)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import ditq
+from ditq.demo import build_tiny_pipeline
+from ditq.errors import InputError
+from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
+from ditq.runtime.compile import compile_pipeline
+from ditq.serve.cost import calibrate, calibration_shapes
+
+
+def tiny_adapter() -> PipelineAdapter:
+    return PipelineAdapter(build_tiny_pipeline(seed=0))
+
+
+def _graphs() -> int:
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _request(seed: int = 7) -> GenerationRequest:
+    return GenerationRequest(prompt="a red circle", width=64, height=64, num_inference_steps=3, seed=seed)
+
+
+def test_compiled_blocks_draw_the_same_pixels_as_eager() -> None:
+    eager = tiny_adapter()
+    expected = np.asarray(eager(_request()).images[0])
+    compiled = tiny_adapter()
+    torch._dynamo.reset()
+    before = _graphs()
+    facts = compile_pipeline(compiled.pipeline, "aot_eager")
+    assert facts.how.startswith("repeated blocks (") and facts.module == "transformer"
+    blocks = compiled.pipeline.transformer.transformer_blocks
+    assert all(block._compiled_call_impl is not None for block in blocks)
+    assert np.array_equal(np.asarray(compiled(_request()).images[0]), expected)
+    assert _graphs() > before  # dynamo traced the blocks: the call went through compiled code
+
+
+def test_a_bad_backend_or_a_pipeline_without_the_module_is_one_line() -> None:
+    adapter = tiny_adapter()
+    with pytest.raises(InputError, match="--compile-backend: 'tensorrt' is not one of inductor"):
+        compile_pipeline(adapter.pipeline, "tensorrt")
+    with pytest.raises(InputError, match="no 'unet' module to compile"):
+        compile_pipeline(adapter.pipeline, "eager", component="unet")
+
+
+def test_load_pipeline_compiles_on_request(tmp_path: Path) -> None:
+    from ditq.demo import default_model_dir
+
+    pipe = ditq.load_pipeline(default_model_dir(), device="cpu", compile="eager")
+    assert pipe.ditq_compile.backend == "eager" and pipe.ditq_compile.warmup_seconds is None
+    assert not hasattr(ditq.load_pipeline(default_model_dir(), device="cpu"), "ditq_compile")
+
+
+class _Counting(PipelineAdapter):
+    """The tiny pipeline, recording per call its shape and the graphs dynamo compiled during it."""
+
+    def __init__(self) -> None:
+        super().__init__(tiny_adapter().pipeline)
+        self.calls: list[tuple[tuple[int, int, int], int]] = []
+
+    def __call__(self, request: GenerationRequest) -> GenerationResult:
+        before = _graphs()
+        result = super().__call__(request)
+        shape = (request.width or 0, request.height or 0, len(request.images))
+        self.calls.append((shape, _graphs() - before))
+        return result
+
+
+def test_a_compiled_server_warms_up_each_shape_before_measuring_it() -> None:
+    adapter = _Counting()
+    torch._dynamo.reset()
+    facts = compile_pipeline(adapter.pipeline, "eager")
+    model = calibrate(adapter, torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
+    shapes = calibration_shapes(adapter, 256 * 256)
+    assert len(model.measurements) == len(shapes)
+    for shape in shapes:
+        calls = [graphs for called, graphs in adapter.calls if called == shape]
+        assert len(calls) == 2, shape  # warmed up, then measured
+        assert calls[-1] == 0, shape  # the measured call compiled nothing
+    assert sum(graphs for _, graphs in adapter.calls) > 0
+    assert facts.warmup_seconds is not None and facts.warmup_seconds > 0
+
+
+def test_an_eager_server_measures_each_shape_once_after_one_warm_up() -> None:
+    adapter = _Counting()
+    calibrate(adapter, torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
+    shapes = calibration_shapes(adapter, 256 * 256)
+    assert len(adapter.calls) == len(shapes) + 1
