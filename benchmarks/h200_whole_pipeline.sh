@@ -19,12 +19,13 @@
 #            memory reduction against the untouched path
 #   serve24  ditq serve --max-memory 24GiB --offload auto + ditq probe for each of $SERVE24 (schemes the sweep did
 #            not run: their artifacts quantized here as the sweep quantizes, without its verify and doctor stages)
-#   serve16  the same under 16GiB for each of $SERVE16 (bf16, fp8, fp8+kv-int8, w8a8), with the 24 GiB sweep's
-#            artifacts where it made them
+#   serve16  the same under 16GiB for each of $SERVE16 (bf16, fp8, fp8+kv-int8, w8a8, fp8+compile), with the 24 GiB
+#            sweep's artifacts where it made them
 #   quantize quantize each of $QUANTIZE (components auto, on the GPU) unless the sweep did: before the stages that
 #            time it, so that the GPU tests may run beside it (TESTS_BESIDE=build) and be joined (join) first
 #   whole    the same on the whole device (no --max-memory, --offload none) for each of $WHOLE (default fp8): the
-#            s/image the budgets are held against, from the same run
+#            s/image the budgets are held against, from the same run; bf16+compile, fp8+compile: ditq serve --compile
+#   prune    remove the 24 GiB sweep's artifacts other than fp8's (the disk holds the model and two artifacts, barely)
 # The run lives in $RUN (default /root/ditq-whole); results go to $OUT (default ./h200-out).
 set -o pipefail
 OUT=${OUT:-h200-out}
@@ -36,6 +37,8 @@ SERVE16=${SERVE16:-fp8 bf16 fp8+kv-int8 w8a8}
 WHOLE=${WHOLE:-fp8}
 QUANTIZE=${QUANTIZE:-fp8}
 VARIANTS=${VARIANTS:-base,cache-held,vae-tiling,kv-int8,keep-unused}  # the memory stage's
+MEMORY_MODELS=${MEMORY_MODELS:-bf16 fp8}  # the memory stage's models: bf16 (the source) and schemes' artifacts
+MEMORY_SEEDS=${MEMORY_SEEDS:-$SEEDS}
 STEPS=${STEPS:-10}
 SEEDS=${SEEDS:-2301}
 MODEL=$RUN/qwen-image-21-random
@@ -94,9 +97,13 @@ run_stages() {
           --exclude='sweep-24gib/report/grids' --exclude='sweep-24gib/report/report.html' sweep-24gib sweep-24gib.log
         ;;
       memory)
-        timeout "${MEMORY_S:-600}" python3 benchmarks/pipeline_memory.py --model "$MODEL" \
-          --model "$(artifact_for fp8)" --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" \
-          --seeds "$SEEDS" --steps "$STEPS" --device cuda --variants "$VARIANTS" --variant-fixtures generate-0ref,edit-4ref \
+        models=()
+        for m in $MEMORY_MODELS; do
+          if [ "$m" = bf16 ]; then models+=(--model "$MODEL"); else models+=(--model "$(artifact_for "$m")"); fi
+        done
+        timeout "${MEMORY_S:-600}" python3 benchmarks/pipeline_memory.py "${models[@]}" \
+          --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" \
+          --seeds "$MEMORY_SEEDS" --steps "$STEPS" --device cuda --variants "$VARIANTS" --variant-fixtures generate-0ref,edit-4ref \
           --out "$RUN/pipeline_memory.json" >"$RUN/pipeline_memory.log" 2>&1
         echo "exit $?"
         tail -3 "$RUN/pipeline_memory.log"
@@ -112,6 +119,12 @@ run_stages() {
         ;;
       quantize)
         for scheme in $QUANTIZE; do echo "$scheme: $(artifact_for "$scheme")"; done
+        ;;
+      prune)
+        for dir in "$RUN"/sweep-24gib/*/artifact; do
+          case "$dir" in */fp8/artifact) ;; *) rm -rf "$dir" && echo "removed $dir" ;; esac
+        done
+        df -h "$RUN" | tail -1
         ;;
       join)
         wait  # the GPU tests started beside an earlier stage, before anything here is timed
@@ -146,11 +159,18 @@ gpu_tests() {
   echo "gpu tests: exit $?; $(tail -1 "$RUN/gpu_tests.log")"
 }
 
-# serve_probe ENTRY BUDGET: ENTRY is bf16 (the source), SCHEME or SCHEME+kv-int8 (the 24 GiB sweep's artifact); what a
-# user runs by hand: ditq serve under the budget with --offload auto, then ditq probe against it.
+# serve_probe ENTRY BUDGET: ENTRY is bf16 (the source) or SCHEME (the 24 GiB sweep's artifact), each with any of
+# +kv-int8 (--kv-cache int8) and +compile (--compile); what a user runs by hand: ditq serve under the budget with
+# --offload auto, then ditq probe against it.
 serve_probe() {
-  local entry=$1 budget=$2 scheme=${1%%+*} extra=() model dir port=8941
-  [ "$entry" != "$scheme" ] && extra=(--kv-cache "${entry#*+kv-}")
+  local entry=$1 budget=$2 scheme=${1%%+*} extra=() model dir port=8941 option
+  for option in $(echo "${entry#"$scheme"}" | tr '+' ' '); do
+    case "$option" in
+      kv-*) extra+=(--kv-cache "${option#kv-}") ;;
+      compile) extra+=(--compile) ;;
+      *) echo "unknown option $option in $entry"; return ;;
+    esac
+  done
   model=$MODEL
   [ "$scheme" != bf16 ] && model=$(artifact_for "$scheme")
   dir=$RUN/serve-${budget,,}/$entry
@@ -178,7 +198,7 @@ serve_probe() {
 }
 
 COLLECT="run.log gpu_tests.log doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
-EXPORTS="TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+EXPORTS="TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"
