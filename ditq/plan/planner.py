@@ -1,24 +1,13 @@
 """``ditq plan``: measure, search, verify, write PLAN.json.
 
-1. The source pipeline runs the fixtures in its source precision (a run directory under the work folder, as the
-   in-process baseline writes it), recording the component's first calls for the proxy.
-2. Under ``--target parity`` the parity band is measured as the sweep measures it: the model run in process in
-   bfloat16 (``ditq.judge.baseline.make_baseline``) against that run, per fixture and seed
-   (``ditq.judge.compare.parity_from_pair``); each fixture's floor is its pair's mean minus compare's tolerance.
-3. Sensitivity (``ditq.plan.sensitivity``): every block and the whole component under every scheme (proxy, and
-   final images for the component and every block, or ``image_blocks`` of them evenly spaced), to calibrate and
-   validate the proxy; then every plannable Linear alone under every scheme
-   (proxy) — past ``max_layers`` Linears, those of the most sensitive blocks, the rest estimated from their
-   block's error in proportion to their parameters.
-4. Search (``ditq.plan.search``) for the cheapest assignment predicted to meet every fixture's target plus margin.
-5. Verification: the plan is written as a checkpoint by ``ditq quantize --plan``, loaded by the runtime, run on
-   every fixture and seed, and judged by ``ditq compare`` against the source-precision run (with the band). A
-   fixture below its target corrects that fixture's prediction by what was measured, and the search runs again
-   from there, up to ``max_rounds`` times; the plan records the last verification, met or not. Under a parity
-   target, a fixture the verification leaves undecided with its mean at or above its floor (and no fixture
-   outside) gets more seeds, as ``ditq sweep --seeds auto`` adds them (``ditq.judge.compare.seeds_to_add``, up to
-   ``max_seeds``): the source-precision run, the bfloat16 pair and the candidate run them, the band is measured
-   again over every fixture's seeds and the round is judged on them; later rounds run each fixture at its seeds.
+1. Run the fixtures in source precision, recording the component's calls for the proxy (and, under ``--target
+   parity``, measure the band against the model in bfloat16, as the sweep does).
+2. Sensitivity (``ditq.plan.sensitivity``): each block, the whole component and each plannable Linear under every
+   scheme, measured by the proxy and, for the component and some blocks, by final images.
+3. Search (``ditq.plan.search``) for the cheapest assignment predicted to meet every fixture's target plus margin.
+4. Verify: quantize with the plan, run every fixture and seed, judge with ``ditq compare``; a fixture that misses
+   corrects its prediction and the search runs again (up to ``max_rounds``), and an undecided one gets more seeds
+   as ``ditq sweep --seeds auto`` adds them. PLAN.json records the last verification, met or not.
 """
 
 from __future__ import annotations

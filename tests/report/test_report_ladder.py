@@ -285,13 +285,12 @@ def test_report_command_takes_the_note_and_the_baseline_attempts(sweep, tmp_path
 
 
 def test_the_report_says_whether_the_baseline_and_candidates_ran_compiled(report):
-    assert "Every server, the baseline's included, ran eager (not compiled)." in report.markdown.read_text()
     eager = ServerHealth.model_validate({})
     inductor = ServerHealth.model_validate({"compile": {"backend": "inductor"}})
-    assert compilation_sentence({"BF16": [inductor], "fp8": [inductor, None]}) == (
-        "Every server, the baseline's included, ran compiled (inductor)."
-    )
-    assert compilation_sentence({"BF16": [eager], "fp8": [inductor]}) == (
-        "Servers ran compiled and eager (BF16 eager; fp8 inductor): their speeds do not compare like with like."
-    )
-    assert compilation_sentence({"BF16": [None]}) == "Compilation: not reported by the servers."
+    alike = compilation_sentence({"BF16": [inductor], "fp8": [inductor, None]})
+    mixed = compilation_sentence({"BF16": [eager], "fp8": [inductor]})
+    assert "(inductor)" in alike and "eager" not in alike and "like with like" not in alike
+    assert "BF16 eager; fp8 inductor" in mixed and "like with like" in mixed  # who ran what, and the warning
+    assert compilation_sentence({"BF16": [None]}) != alike  # nothing reported is not "alike"
+    # the synthetic sweep's servers report no compile facts: every one eager, the head says so
+    assert compilation_sentence({"BF16": [eager], "w8a8": [eager]}) in report.markdown.read_text()
