@@ -222,23 +222,27 @@ def _candidate(
         yield Figures(figures)
 
 
+_NOT_COMPILED = "not compiled"
+
+
 def compilation_sentence(servers: dict[str, list[ServerHealth | None]]) -> str:
     """Whether the servers behind the speeds (per candidate, the baseline first) ran compiled: every speed answer
-    compares like with like only when the baseline and the candidates agree."""
+    compares like with like only when the baseline and the candidates agree. A server that compiled is named by its
+    backend (``eager`` is one of torch.compile's too), one that did not as ``not compiled``."""
     modes: dict[str, set[str]] = {}
     for name, healths in servers.items():
         for health in healths:
             if health is not None:
-                modes.setdefault(name, set()).add(health.compile.backend if health.compile else "eager")
+                modes.setdefault(name, set()).add(health.compile.backend if health.compile else _NOT_COMPILED)
     if not modes:
         return "Compilation: not reported by the servers."
     kinds = set().union(*modes.values())
     if len(kinds) == 1:
         (kind,) = kinds
-        how = "eager (not compiled)" if kind == "eager" else f"compiled ({kind})"
+        how = "eager (not compiled)" if kind == _NOT_COMPILED else f"compiled (torch.compile, {kind} backend)"
         return f"Every server, the baseline's included, ran {how}."
     per = "; ".join(f"{name} {', '.join(sorted(kinds))}" for name, kinds in modes.items())
-    return f"Servers ran compiled and eager ({per}): their speeds do not compare like with like."
+    return f"Servers ran compiled and not ({per}): their speeds do not compare like with like."
 
 
 def _servers(report: ReportData) -> dict[str, list[ServerHealth | None]]:

@@ -287,10 +287,16 @@ def test_report_command_takes_the_note_and_the_baseline_attempts(sweep, tmp_path
 def test_the_report_says_whether_the_baseline_and_candidates_ran_compiled(report):
     eager = ServerHealth.model_validate({})
     inductor = ServerHealth.model_validate({"compile": {"backend": "inductor"}})
+    traced = ServerHealth.model_validate({"compile": {"backend": "eager"}})  # torch.compile's eager backend
     alike = compilation_sentence({"BF16": [inductor], "fp8": [inductor, None]})
     mixed = compilation_sentence({"BF16": [eager], "fp8": [inductor]})
-    assert "(inductor)" in alike and "eager" not in alike and "like with like" not in alike
-    assert "BF16 eager; fp8 inductor" in mixed and "like with like" in mixed  # who ran what, and the warning
+    assert "inductor" in alike and "not compiled" not in alike and "like with like" not in alike
+    assert (
+        "BF16 not compiled; fp8 inductor" in mixed and "like with like" in mixed
+    )  # who ran what, the warning
+    # a server compiled with the eager backend did compile: not to be read as one that did not
+    assert "not compiled" not in compilation_sentence({"BF16": [traced], "fp8": [traced]})
+    assert "BF16 not compiled; fp8 eager" in compilation_sentence({"BF16": [eager], "fp8": [traced]})
     assert compilation_sentence({"BF16": [None]}) != alike  # nothing reported is not "alike"
-    # the synthetic sweep's servers report no compile facts: every one eager, the head says so
+    # the synthetic sweep's servers report no compile facts: none compiled, and the head says so
     assert compilation_sentence({"BF16": [eager], "w8a8": [eager]}) in report.markdown.read_text()
