@@ -3,6 +3,10 @@
 A fixtures file maps an id to ``{mode, references, width, height, prompt,
 negative_prompt[, derived_from]}``; ``mode`` is ``generate`` (no references) or
 ``edit`` (one or more). Reference ``R`` is the file ``REFS_DIR/R.png``.
+
+Fixture ids and reference ids are plain names (``plain_name``): they become file names (``images/ID.sSEED.png``
+under the run directory, ``REFS_DIR/R.png``), so one that could name another folder is refused, and nothing is
+read outside ``REFS_DIR`` or written outside the run directory.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ __all__ = [
     "fixture_digests",
     "load_fixtures",
     "parse_seeds",
+    "plain_name",
     "seeds_text",
 ]
 
@@ -32,6 +37,25 @@ MODES = ("generate", "edit")
 SIZE_MULTIPLE = 16
 _REQUIRED = ("mode", "references", "width", "height", "prompt")
 _OPTIONAL = ("negative_prompt", "derived_from")
+_NAME_MAX = 128
+
+
+def plain_name(value: object, what: str) -> str:
+    """``value`` if it is a plain name: a non-empty string of at most 128 characters with no path separator, no
+    control character and no leading dot (so neither ``..`` nor a hidden file), else an InputError naming ``what``."""
+    if not isinstance(value, str) or not value:
+        raise InputError(f"{what}: must be a non-empty string, got {value!r}")
+    if (
+        len(value) > _NAME_MAX
+        or value.startswith(".")
+        or any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in value)
+    ):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise InputError(
+            f"{what}: {shown!r} is not a plain name (at most {_NAME_MAX} characters, no '/' or '\\', no "
+            "control character, not starting with '.')"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -53,6 +77,7 @@ class Fixture:
 
 def _fixture(source: Path, fixture_id: str, raw: Any, refs_dir: Path) -> Fixture:
     where = f"{source}: fixture {fixture_id!r}"
+    plain_name(fixture_id, f"{source}: fixture id")
     if not isinstance(raw, dict):
         raise InputError(f"{where}: expected an object, got {type(raw).__name__}")
     for field in _REQUIRED:
@@ -71,6 +96,8 @@ def _fixture(source: Path, fixture_id: str, raw: Any, refs_dir: Path) -> Fixture
         raise InputError(f"{where}: field 'references' is empty; mode 'edit' needs at least one")
     if mode == "generate" and references:
         raise InputError(f"{where}: field 'references' must be empty for mode 'generate'")
+    for ref in references:
+        plain_name(ref, f"{where}: field 'references'")
     for field in ("width", "height"):
         value = raw[field]
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

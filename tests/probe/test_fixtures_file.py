@@ -160,3 +160,30 @@ def test_the_sweep_refuses_a_bad_fixtures_file_before_any_server_starts(tmp_path
             model=tmp_path, schemes=("w8a8",), fixtures=empty, refs=tmp_path / "refs", out=tmp_path / "out"
         )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["../../x", "/abs/path/NAME", "a/b", "a\\b", "..", ".hidden", "nul\x00byte", "tab\there", "x" * 129],
+)
+def test_fixture_and_reference_ids_are_plain_names(
+    tmp_path: Path, fixture_set: tuple[Path, Path], bad: str
+) -> None:
+    _, refs = fixture_set
+    as_fixture = json.loads(json.dumps(FIXTURES))
+    as_fixture[bad] = as_fixture.pop("gen-one")
+    with pytest.raises(InputError, match=r"bad\.json: fixture id: .* is not a plain name"):
+        load_fixtures(_write(tmp_path, as_fixture), refs)
+    as_reference = json.loads(json.dumps(FIXTURES))
+    as_reference["edit-one"]["references"] = [bad]
+    with pytest.raises(InputError, match=r"'edit-one': field 'references': .* is not a plain name"):
+        load_fixtures(_write(tmp_path, as_reference), refs)
+
+
+def test_a_plain_name_may_hold_dots_dashes_spaces_and_letters_of_any_script(
+    tmp_path: Path, fixture_set: tuple[Path, Path]
+) -> None:
+    _, refs = fixture_set
+    fixtures = json.loads(json.dumps(FIXTURES))
+    fixtures["gen one.v2-été"] = fixtures.pop("gen-one")
+    assert "gen one.v2-été" in load_fixtures(_write(tmp_path, fixtures), refs)

@@ -155,3 +155,32 @@ def test_probe_command_exit_codes(tmp_path: Path, fixture_set, capsys: pytest.Ca
         state.fail_seeds.clear()
         assert cli(f"{server.url},{server.url}", "--retry-failed", "--concurrency", "2") == 0
         assert "6/6 with an image" in capsys.readouterr().out
+
+
+def test_a_fixture_id_or_reference_that_names_another_folder_is_one_line_and_nothing_is_touched(
+    tmp_path: Path, fixture_set, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from ditq.cli import main
+
+    fixtures, refs = fixture_set
+    secret = tmp_path / "secret.png"  # a picture outside --refs that a '../' reference would upload
+    secret.write_bytes((refs / "ref-a.png").read_bytes())
+    outside = tmp_path / "outside"
+    cases = {
+        "id": {"../outside/x": json.loads(fixtures.read_text())["gen-one"]},
+        "reference": {
+            "edit-one": {**json.loads(fixtures.read_text())["edit-one"], "references": ["../secret"]}
+        },
+    }
+    with StubServer(StubState()) as server:
+        for name, content in cases.items():
+            evil = tmp_path / f"evil-{name}.json"
+            evil.write_text(json.dumps(content))
+            out = tmp_path / f"run-{name}"
+            argv = probe_argv(server.url, (evil, refs), out, seeds="1")
+            assert main(argv) == 2, name
+            assert "is not a plain name" in capsys.readouterr().err
+            assert not out.exists() and not outside.exists()
+        assert server.state.requests == []  # nothing was sent, so nothing was uploaded
