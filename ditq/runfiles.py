@@ -26,11 +26,12 @@ A run directory::                        A sweep::
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, field_validator
 
 from ditq.errors import InputError
 from ditq.fsutil import atomic_write_json
@@ -134,21 +135,44 @@ class Structure(_File):
         return self.model_dump(exclude_none=True)
 
 
+# A measured quantity read back from a file: finite and not negative (a negative or NaN duration would be believed
+# by every speed answer, and NaN is not JSON)
+Measured = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+def _check_metrics(value: Any, where: str = "metrics") -> None:
+    """Every number in a response's metrics is finite, and every time or size (a name ending ``_ms``, ``_s``,
+    ``_mb``, ``_mib``, ``_bytes``) is not negative: lists and nested objects included."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_metrics(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for item in value:
+            _check_metrics(item, where)
+    elif isinstance(value, float | int) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError(f"{where} is {value}, not a finite number")
+        unit = where.rsplit(".", 1)[-1]
+        if unit.endswith(("_ms", "_s", "_mb", "_mib", "_bytes")) and value < 0:
+            raise ValueError(f"{where} is {value}: a time or size cannot be negative")
+
+
 class ProbeRecord(_File):
-    """One request of the matrix: one line of records.jsonl."""
+    """One request of the matrix: one line of records.jsonl. Times and sizes are finite and not negative, also in
+    the server's own metrics."""
 
     fixture_id: str
     seed: int
-    n_references: int
-    steps: int
-    true_cfg_scale: float
+    n_references: int = Field(ge=0)
+    steps: int = Field(ge=0)
+    true_cfg_scale: float = Field(allow_inf_nan=False)
     size: str  # "WxH"
     endpoint: str | None  # a server's base URL, "in-process"; None: the seed's record
     offload: str | None = None  # the server's offload mode where its /health said (absent before 372e5b4)
     invocation: int | None = None  # the run's invocation (server start) that sent it (absent before 372e5b4)
-    t_start: float | None  # unix seconds; None: the seed's record
-    t_end: float | None
-    wall_s: float
+    t_start: Measured | None  # unix seconds; None: the seed's record
+    t_end: Measured | None
+    wall_s: Measured
     http: int | None  # None: no HTTP answer (in process, a timeout, a refused connection)
     bytes: int | None
     sha256: str | None
@@ -159,7 +183,13 @@ class ProbeRecord(_File):
     error_code: str | None = (
         None  # an OpenAI error envelope's code, e.g. out_of_memory (absent before 372e5b4)
     )
-    peak_memory_mib: float | None  # sampled over the request's window (the server process's, where known)
+    peak_memory_mib: Measured | None  # sampled over the request's window (the server process's, where known)
+
+    @field_validator("metrics")
+    @classmethod
+    def _finite_metrics(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        _check_metrics(value)
+        return value
 
     @property
     def key(self) -> tuple[str, int]:

@@ -84,7 +84,8 @@ def build_report(
         plans = {c.name: c.plan for c in candidates if c.plan is not None}
         charts = {**write_charts(data, tmp / "charts"), **write_plan_charts(plans, tmp / "charts")}
         grids = write_grids(base, candidates, tmp / "grids")
-        (tmp / "verdict.json").write_text(json.dumps(document, indent=2) + "\n")
+        # NaN or infinity is not JSON: refused here rather than written (the records' figures are finite on read)
+        (tmp / "verdict.json").write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
         (tmp / "REPORT.md").write_text(render_markdown(data, charts, grids, tmp))
         (tmp / "report.html").write_text(render_html(data, charts, grids))
     return ReportResult(out, out / "REPORT.md", out / "report.html", out / "verdict.json", data)

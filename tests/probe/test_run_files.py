@@ -233,3 +233,55 @@ def test_a_malformed_sweep_file_is_one_line_naming_file_and_field(tmp_path: Path
     sweep.write_text(json.dumps({"command": "ditq sweep"}))
     with pytest.raises(InputError, match=r"SWEEP\.json: model: Field required"):
         read_model(SweepFile, sweep)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ('"wall_s": -4.0', "wall_s"),
+        ('"wall_s": NaN', "wall_s"),
+        ('"t_end": Infinity', "t_end"),
+        ('"peak_memory_mib": -1.0', "peak_memory_mib"),
+        ('"n_references": -2', "n_references"),
+        ('"metrics": {"denoising_ms": -300.0}', "metrics.denoising_ms"),
+        ('"metrics": {"stage_peak_memory_mb": {"decoding": NaN}}', "metrics.stage_peak_memory_mb.decoding"),
+        ('"metrics": {"denoise_step_latency_ms": [120.0, -1.0]}', "metrics.denoise_step_latency_ms"),
+        ('"seed": 1, "seed": 2', "key 'seed' given twice"),
+    ],
+)
+def test_a_record_with_a_negative_or_non_finite_figure_or_a_repeated_key_is_refused_on_read(
+    tmp_path: Path, change: str, field: str
+) -> None:
+    record = to_json(served_record("f", 1))
+    record.pop(change.split(":", 1)[0].strip('"'))  # the line below gives the field its bad value instead
+    line = (
+        json.dumps(record)[:-1] + ", " + change + "}"
+    )  # raw text: json.dumps would not write NaN or a twin key
+    (tmp_path / "records.jsonl").write_text(json.dumps(to_json(served_record("f", 0))) + "\n" + line + "\n")
+    with pytest.raises(InputError) as caught:
+        read_records(tmp_path)
+    message = str(caught.value)
+    assert (
+        message.startswith(f"{tmp_path / 'records.jsonl'} line 2")
+        and field in message
+        and "\n" not in message
+    )
+
+
+def test_a_report_over_a_negative_time_is_one_line_and_writes_no_verdict(
+    judged: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from ditq.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(judged["run"], run)
+    lines = _lines(run / "records.jsonl")
+    lines[0]["wall_s"] = -50.0  # believed, it made the candidate 'faster: YES'
+    (run / "records.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert (
+        main(["report", str(run), "--baseline", str(judged["baseline"]), "--out", str(tmp_path / "rep")]) == 2
+    )
+    assert "line 1: wall_s: Input should be greater than or equal to 0" in capsys.readouterr().err
+    assert not (tmp_path / "rep").exists()
