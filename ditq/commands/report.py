@@ -17,6 +17,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "runs", nargs="+", type=Path, metavar="RUN", help="run or sweep candidate directories"
     )
     parser.add_argument("--baseline", required=True, type=Path, help="the sealed BF16 baseline run directory")
+    parser.add_argument(
+        "--allow-unsealed",
+        action="store_true",
+        help="accept an unsealed or altered baseline, as gate and compare do (a warning says so)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="report directory (replaced as a whole)")
     parser.add_argument(
         "--baseline-name", default="BF16", help="what to call the baseline (default: %(default)s)"
@@ -81,6 +86,11 @@ def print_summary(document: VerdictDocument) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditq.judge.baseline import require_sealed
+
+    # as gate and compare: a baseline whose records or images changed since it was sealed is refused (its timings
+    # and pictures are what every candidate is judged against)
+    require_sealed(args.baseline, args.allow_unsealed)
     rules = VerdictRules(
         slower_tolerance=args.slower_tolerance,
         parity_margin_db=args.parity_margin_db,

@@ -285,3 +285,27 @@ def test_a_report_over_a_negative_time_is_one_line_and_writes_no_verdict(
     )
     assert "line 1: wall_s: Input should be greater than or equal to 0" in capsys.readouterr().err
     assert not (tmp_path / "rep").exists()
+
+
+def test_report_refuses_a_baseline_altered_since_it_was_sealed_as_gate_and_compare_do(
+    judged: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from ditq.cli import main
+
+    baseline = tmp_path / "baseline"
+    shutil.copytree(judged["baseline"], baseline)
+    lines = _lines(baseline / "records.jsonl")
+    for line in lines:  # a baseline made 50x slower makes every candidate 'faster'
+        line["wall_s"] *= 50
+    (baseline / "records.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["report", str(judged["run"]), "--baseline", str(baseline), "--out", str(tmp_path / "rep")]
+    assert main(argv) == 1
+    error = capsys.readouterr().err.strip()
+    assert (
+        "\n" not in error and "records.jsonl does not match its seal" in error and "--allow-unsealed" in error
+    )
+    assert not (tmp_path / "rep").exists()
+    assert main([*argv, "--allow-unsealed"]) == 0  # said, and then allowed
+    assert (tmp_path / "rep" / "verdict.json").is_file()

@@ -99,7 +99,15 @@ def test_report_command_prints_verdicts_and_the_page(shared_runs, tmp_path, caps
 
     out = tmp_path / "cli-report"
     code = main(
-        ["report", str(shared_runs["fp8"]), "--baseline", str(shared_runs["baseline"]), "--out", str(out)]
+        [
+            "report",
+            str(shared_runs["fp8"]),
+            "--baseline",
+            str(shared_runs["baseline"]),
+            "--out",
+            str(out),
+            "--allow-unsealed",
+        ]
     )
     printed = capsys.readouterr().out.splitlines()
     assert code == 0

@@ -276,7 +276,15 @@ def test_report_command_takes_the_note_and_the_baseline_attempts(sweep, tmp_path
     from ditq.cli import main
 
     out = tmp_path / "cli-report"
-    argv = ["report", str(sweep["w8a8"]), "--baseline", str(sweep["baseline"]), "--out", str(out)]
+    argv = [
+        "report",
+        str(sweep["w8a8"]),
+        "--baseline",
+        str(sweep["baseline"]),
+        "--out",
+        str(out),
+        "--allow-unsealed",
+    ]
     assert main([*argv, "--baseline-attempts", str(sweep["attempts"]), "--note", NOTE]) == 0
     capsys.readouterr()
     assert validate_verdict_file(out / "verdict.json").note == NOTE

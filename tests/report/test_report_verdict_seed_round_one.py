@@ -39,7 +39,10 @@ def _healthy_baseline(root: Path) -> Path:
 
 
 def _report(candidate: Path, baseline: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    assert main(["report", str(candidate), "--baseline", str(baseline), "--out", str(out)]) == 0
+    assert (
+        main(["report", str(candidate), "--baseline", str(baseline), "--out", str(out), "--allow-unsealed"])
+        == 0
+    )
     return capsys.readouterr().out.splitlines()[0]
 
 
