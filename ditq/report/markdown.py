@@ -1,7 +1,13 @@
-"""REPORT.md: the report's blocks (document.py) as Markdown, images linked relative to the report directory."""
+"""REPORT.md: the report's blocks (document.py) as Markdown, images linked relative to the report directory.
+
+Text the report did not write (prompts, notes, fixture and candidate ids, messages) is escaped: ``&``, ``<`` and
+``>`` as HTML entities, so a Markdown viewer never renders it as HTML (report.html escapes it likewise), and a
+code span holding a backtick is fenced with two.
+"""
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from ditq.report.assess import ReportData
@@ -14,8 +20,19 @@ __all__ = ["render_markdown", "table_markdown"]
 _MARKS = {"": "", "bold": "**", "code": "`", "italic": "*"}
 
 
+def _text(text: str) -> str:
+    """Plain Markdown text that renders as the characters it holds: no HTML gets through."""
+    return html.escape(text, quote=False)
+
+
+def _code(text: str) -> str:
+    fence = "``" if "`" in text else "`"
+    pad = " " if fence == "``" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _escape(cell: str) -> str:
-    return cell.replace("|", "\\|").replace("\n", " ")
+    return _text(cell).replace("|", "\\|").replace("\n", " ")
 
 
 def table_markdown(table: Table) -> str:
@@ -28,20 +45,23 @@ def table_markdown(table: Table) -> str:
 
 
 def _spans(spans: tuple[Span, ...]) -> str:
-    return "".join(f"{_MARKS[style]}{text}{_MARKS[style]}" for text, style in spans)
+    return "".join(
+        _code(text) if style == "code" else f"{_MARKS[style]}{_text(text)}{_MARKS[style]}"
+        for text, style in spans
+    )
 
 
 def _block(block: Block, out_dir: Path) -> str:
     if isinstance(block, Heading):
-        return "#" * block.level + " " + block.text + (block.verdict or "")
+        return "#" * block.level + " " + _text(block.text + (block.verdict or ""))
     if isinstance(block, Paragraph):
         return _spans(block.spans)
     if isinstance(block, Bullets):
         return "\n".join(f"- {_spans(item)}" for item in block.items)
     if isinstance(block, Figures):
         return "\n\n".join(
-            f"![{f.title}]({f.path.relative_to(out_dir).as_posix()})"
-            + (f"\n\n*{f.caption}*" if f.caption else "")
+            f"![{_text(f.title)}]({f.path.relative_to(out_dir).as_posix()})"
+            + (f"\n\n*{_text(f.caption)}*" if f.caption else "")
             for f in block.figures
         )
     return table_markdown(block)

@@ -156,3 +156,13 @@ def test_the_verdict_says_which_objective_its_headline_answers(report):
     assert document.recommendation.others["w8a16"].startswith("NO: Out of memory at 4 references")
     page = report.html.read_text()
     assert "Estimate [95% interval]" in page and "UNDECIDED" in page  # no candidate's weight bytes are known
+
+
+def test_report_md_escapes_what_it_did_not_write(shared_runs, tmp_path):
+    note = "<script>alert(1)</script> & <b>bold</b> with a `tick"
+    result = build_report([shared_runs["w8a8"]], shared_runs["baseline"], tmp_path / "report", note=note)
+    markdown = result.markdown.read_text()
+    assert "<script>" not in markdown and "<b>" not in markdown
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt; with a `tick" in markdown
+    html_page = result.html.read_text()
+    assert "<script>alert(1)" not in html_page  # the page escapes it too
