@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ditq.commands import add_compile_argument, add_variant_argument, compile_backend
-from ditq.commands.probe import add_matrix_arguments
+from ditq.commands.probe import add_api_key_argument, add_matrix_arguments
 from ditq.devices import add_device_arguments
 from ditq.judge.baseline import BaselineOptions, make_baseline
 from ditq.probe.records import is_success, latest_by_key, read_records
@@ -21,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--endpoint", help="generate through this server (serving PATH) instead of in process"
     )
+    add_api_key_argument(parser)  # with --endpoint
     add_device_arguments(parser, "auto", "in process: where to generate (in bfloat16)", offload=True)
     add_variant_argument(parser)
     add_compile_argument(parser)
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
             server_pid=args.server_pid,
             memory_interval_s=args.memory_interval,
             progress=not args.no_progress,
+            api_key=args.api_key,
         )
     )
     records = latest_by_key(read_records(args.out / RECORDS_FILE))

@@ -7,10 +7,22 @@ from pathlib import Path
 
 from ditq.probe.fixtures import DEFAULT_SEEDS, parse_seeds
 from ditq.probe.records import is_success, latest_by_key, read_records
-from ditq.probe.runner import ProbeOptions, run_probe
+from ditq.probe.runner import PROBE_API_KEY_ENV, ProbeOptions, run_probe
 from ditq.runfiles import RECORDS_FILE
 
-__all__ = ["add_arguments", "add_matrix_arguments", "run"]
+__all__ = ["add_api_key_argument", "add_arguments", "add_matrix_arguments", "run"]
+
+
+def add_api_key_argument(parser: argparse.ArgumentParser) -> None:
+    """``--api-key``: what the harness sends as ``Authorization: Bearer KEY`` (default: $DITQ_PROBE_API_KEY)."""
+    import os
+
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(PROBE_API_KEY_ENV),
+        help=f"send 'Authorization: Bearer KEY' to the server(s) (default: ${PROBE_API_KEY_ENV}; none); never "
+        "recorded in the run's files",
+    )
 
 
 def add_matrix_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="server base URL (http://host:port); several (comma list or repeated) share one queue",
     )
     add_matrix_arguments(parser)
+    add_api_key_argument(parser)
     parser.add_argument("--model", help="'model' field sent with each request (some servers require it)")
     parser.add_argument(
         "--server-wait",
@@ -82,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
             memory_interval_s=args.memory_interval,
             server_pid=args.server_pid,
             progress=not args.no_progress,
+            api_key=args.api_key,
         )
     )
     records = latest_by_key(read_records(args.out / RECORDS_FILE))

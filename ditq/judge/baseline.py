@@ -13,7 +13,7 @@ import io
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -76,9 +76,9 @@ class BaselineOptions:
     memory_interval_s: float = 1.0
     progress: bool = True
     only: list[str] | None = None  # fixture ids (the rest of the run is kept as it is); None = all
-    compile: str | None = (
-        None  # in process: a torch.compile backend for the transformer (ditq.runtime.compile)
-    )
+    # in process: a torch.compile backend for the transformer (ditq.runtime.compile)
+    compile: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # through an endpoint: sent as a bearer token
 
 
 class AdapterExecutor:
@@ -198,6 +198,7 @@ def make_baseline(options: BaselineOptions) -> ProbeSummary:
                 only=options.only,
                 kind="baseline",
                 model_dir=options.model,
+                api_key=options.api_key,
             )
         )
     else:

@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -69,6 +69,7 @@ from ditq.runfiles import (
 )
 
 __all__ = [
+    "PROBE_API_KEY_ENV",
     "Executor",
     "HttpExecutor",
     "ProbeOptions",
@@ -112,6 +113,9 @@ class Executor(Protocol):
     def __call__(self, fixture: Fixture, seed: int) -> Reply: ...
 
 
+PROBE_API_KEY_ENV = "DITQ_PROBE_API_KEY"  # the key the harness sends (ditq serve's own is DITQ_API_KEY)
+
+
 @dataclass
 class ProbeOptions:
     endpoints: list[str]
@@ -133,6 +137,9 @@ class ProbeOptions:
     progress: bool = True
     kind: Literal["probe", "baseline"] = "probe"  # what RUN.json says this run is
     model_dir: Path | None = None  # the model the server serves, recorded in RUN.json (a baseline's)
+    api_key: str | None = field(
+        default=None, repr=False
+    )  # sent as 'Authorization: Bearer KEY'; never recorded
 
 
 @dataclass
@@ -198,8 +205,9 @@ class HttpExecutor:
         self.options = options
         facts = server.facts
         self.offload = None if facts is None else facts.offload
+        headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else None
         self.client = httpx.Client(
-            timeout=httpx.Timeout(options.timeout_s, connect=min(30.0, options.timeout_s))
+            timeout=httpx.Timeout(options.timeout_s, connect=min(30.0, options.timeout_s)), headers=headers
         )
 
     def _fields(self, fixture: Fixture, seed: int) -> dict[str, Any]:
@@ -369,6 +377,7 @@ class _Matrix:
         self.lock = threading.Lock()
         self.stopping = threading.Event()  # set on Ctrl-C or a failure: no new jobs; resume redoes the rest
         self.failure: Exception | None = None  # the first error a worker stopped on
+        self.other_failures: list[ProbeRecord] = []  # failed records that did not run out of memory
         self.started = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     def one(self, executor: Executor, fixture: Fixture, seed: int) -> ProbeRecord:
@@ -415,6 +424,8 @@ class _Matrix:
                 with self.lock:
                     self.summary.completed += 1
                     self.summary.failed += 0 if is_success(record) else 1
+                    if not is_success(record) and not is_out_of_memory(record):
+                        self.other_failures.append(record)
                     self.bar.set_postfix(failed=self.summary.failed, refresh=False)
                     self.bar.update(1)
         except Exception as error:
@@ -432,6 +443,15 @@ class _Matrix:
                 self.failure = DitqError(
                     f"{self.run / RECORDS_FILE}: {len(missing)} planned requests have no record "
                     f"(first: {fixture_id} s{seed})"
+                )
+            elif self.summary.completed and len(self.other_failures) == self.summary.completed:
+                # not one image and not one out-of-memory answer (which is a capacity finding): the server
+                # refused or broke on everything (401, 5xx, no connection), so the run holds no evidence
+                first = self.other_failures[0]
+                said = f"HTTP {first.http}" if first.http is not None else "no answer"
+                self.failure = DitqError(
+                    f"{self.run}: every one of the {self.summary.completed} requests failed (first: "
+                    f"{first.fixture_id} s{first.seed}, {said}: {(first.error or '')[:120]})"
                 )
         status: Literal["interrupted", "failed", "complete"] = (
             "failed" if self.failure else "interrupted" if self.stopping.is_set() else "complete"

@@ -76,6 +76,9 @@ class SweepOptions:
     attention: str | None = None  # the candidates' servers' --attention (int8 | fp8); None: the model's own
     kv_cache: str | None = None  # the candidates' servers' --kv-cache (int8 | fp8); None: the model's own
     compile: str | None = None  # every server's --compile backend, the baseline's too; None: eager
+    # the key every server the sweep starts requires and every probe and baseline sends (--endpoint-for's too);
+    # passed through the environment, never on a command line or in a file
+    api_key: str | None = field(default=None, repr=False)
     serve_argv: ServeArgv = default_serve_argv
 
     def __post_init__(self) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from ditq.errors import InputError
 from ditq.fsutil import atomic_write_bytes
 from ditq.probe.fixtures import seeds_text
+from ditq.probe.runner import PROBE_API_KEY_ENV
 from ditq.quantize.plan_file import PLAN_FILE, plan_bytes
 from ditq.report import ReportResult
 from ditq.report.provenance import shell_command
@@ -99,6 +102,21 @@ def check_same_model(out: Path, fingerprint: dict[str, list[int]]) -> None:
     )
 
 
+@contextlib.contextmanager
+def _harness_key(api_key: str | None) -> Iterator[None]:
+    """For the sweep's length, the probes and baselines it runs send exactly ``api_key`` (none: none), whatever
+    the shell exported (``ditq probe --api-key``'s default is read from the environment)."""
+    before = os.environ.pop(PROBE_API_KEY_ENV, None)
+    if api_key:
+        os.environ[PROBE_API_KEY_ENV] = api_key
+    try:
+        yield
+    finally:
+        os.environ.pop(PROBE_API_KEY_ENV, None)
+        if before is not None:
+            os.environ[PROBE_API_KEY_ENV] = before
+
+
 def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult:
     """Run (or resume) the whole sweep and return its report."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /health poll is noise
@@ -134,7 +152,10 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
     )
     write_model(options.out / SWEEP_FILE, sweep_file)
     sweep = Sweep(options, command)
-    with launch.forking(options.device == "cpu"):  # a CPU sweep's commands are forked (ditq.sweep.launch)
+    with (
+        launch.forking(options.device == "cpu"),  # a CPU sweep's commands are forked (ditq.sweep.launch)
+        _harness_key(options.api_key),
+    ):
         baseline_ran = sweep.run_baseline()
         if options.parity_in_process:
             sweep.run_parity_pair()

@@ -88,3 +88,66 @@ def test_baseline_probe_gate_compare(tmp_path: Path, fixture_set, ditq_server: s
 
     comparison = compare_run(tmp_path / "candidate", baseline, parity=ParityBand("stated", 27.6, {}, 1.0))
     assert comparison.overall.ok == 6 and comparison.parity is not None and comparison.parity.inside
+
+
+@pytest.fixture(scope="module")
+def keyed_server() -> Iterator[str]:
+    """ditq serve requiring a key, as `ditq serve --api-key s3cret` (or DITQ_API_KEY) starts it."""
+    from ditq.runtime.adapter import PipelineAdapter
+
+    app = serve.create_app(
+        serve.ServeConfig(served_model_name="tiny", on_collapse="warn", api_key="s3cret"),
+        load=lambda: PipelineAdapter(demo.build_tiny_pipeline(seed=0)),
+        doctor=lambda _adapter: serve.DoctorOutcome("passed", "no quantized layers"),
+        model_root="tiny-demo",
+    )
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    assert wait_healthy(url, 120, interval_s=0.1) is None  # /health stays open without the key
+    yield url
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+def test_a_baseline_refused_on_every_request_fails_unsealed_and_one_with_the_key_is_sealed(
+    tmp_path: Path, fixture_set, keyed_server: str
+) -> None:
+    from ditq.errors import DitqError
+
+    fixtures, refs = fixture_set
+
+    def baseline(out: Path, api_key: str | None) -> None:
+        make_baseline(
+            BaselineOptions(
+                model=Path("tiny-demo"), fixtures=fixtures, refs=refs, out=out, seeds=[1], steps=4,
+                endpoint=keyed_server, progress=False, api_key=api_key,
+            )
+        )  # fmt: skip
+
+    with pytest.raises(DitqError, match=r"every one of the 3 requests failed \(first: .*HTTP 401"):
+        baseline(tmp_path / "no-key", None)
+    assert not (tmp_path / "no-key" / "SEAL.json").exists()  # never sealed, never 'complete'
+    assert json.loads((tmp_path / "no-key" / "RUN.json").read_text())["status"] == "failed"
+    baseline(tmp_path / "keyed", "s3cret")
+    assert require_sealed(tmp_path / "keyed", allow_unsealed=False) == "sealed"
+    assert all(is_success(r) for r in read_records(tmp_path / "keyed"))
+    assert not any("s3cret" in p.read_text(errors="ignore") for p in (tmp_path / "keyed").glob("*.json*"))
+
+
+def test_the_probe_command_sends_the_key_from_its_flag_or_the_environment(
+    tmp_path: Path, fixture_set, keyed_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness_kit import probe_argv
+
+    from ditq.cli import main
+
+    assert (
+        main(probe_argv(keyed_server, fixture_set, tmp_path / "flag", "--api-key", "s3cret", seeds="1")) == 0
+    )
+    monkeypatch.setenv("DITQ_PROBE_API_KEY", "s3cret")
+    assert main(probe_argv(keyed_server, fixture_set, tmp_path / "env", seeds="1")) == 0
+    assert all(is_success(r) for r in read_records(tmp_path / "env"))

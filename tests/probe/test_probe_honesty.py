@@ -214,9 +214,10 @@ def _listening(port: int) -> bool:
 def test_a_server_gone_for_good_fails_the_rest_saying_so(tmp_path: Path, fixture_set) -> None:
     with StubServer() as server:
         url = server.url  # the port is closed once the server has stopped
-    summary = probe_run(url, fixture_set, tmp_path / "run", [1], server_wait_s=1)
+    with pytest.raises(DitqError, match="every one of the 3 requests failed"):
+        probe_run(url, fixture_set, tmp_path / "run", [1], server_wait_s=1)
     errors = [r.error or "" for r in read_records(tmp_path / "run")]
-    assert summary.failed == 3 and all(e.startswith("ConnectError: ") for e in errors)
+    assert len(errors) == 3 and all(e.startswith("ConnectError: ") for e in errors)
     # one wait, then the rest recorded at once, each naming it
     assert "did not answer /health for 1 s (polled with backoff)" in errors[0]
     assert all("has not answered /health since " in e for e in errors[1:])

@@ -9,8 +9,8 @@ import pytest
 from harness_kit import probe_argv, probe_run
 from stub_images_server import StubServer, StubState
 
-from ditq.errors import InputError
-from ditq.probe.records import is_success, read_records
+from ditq.errors import DitqError, InputError
+from ditq.probe.records import is_success, read_records, read_run_file
 
 SEED_FIELDS = (
     "fixture_id",
@@ -104,9 +104,14 @@ def test_500s_timeouts_and_refused_connections_become_records(tmp_path: Path, fi
 def test_refused_connection_is_a_record(tmp_path: Path, fixture_set) -> None:
     with StubServer() as server:
         url = server.url  # the port is closed once the server has stopped
-    summary = probe_run(url, fixture_set, tmp_path / "run", [1], timeout_s=2, server_wait_s=0)
+    # every request failed and none ran out of memory: the run holds no evidence, so it is failed, not complete
+    with pytest.raises(
+        DitqError, match=r"every one of the 3 requests failed \(first: .*no answer: ConnectError"
+    ):
+        probe_run(url, fixture_set, tmp_path / "run", [1], timeout_s=2, server_wait_s=0)
     records = read_records(tmp_path / "run")
-    assert summary.failed == 3 and all("ConnectError" in (r.error or "") for r in records)
+    assert len(records) == 3 and all("ConnectError" in (r.error or "") for r in records)
+    assert read_run_file(tmp_path / "run").status == "failed"
 
 
 def test_collapsed_images_are_recorded_with_their_structure(tmp_path: Path, fixture_set) -> None:

@@ -37,3 +37,20 @@ def test_every_server_compiles_alike_and_only_candidates_take_the_8_bit_cache(op
 def test_an_eager_sweep_starts_eager_servers(options: SweepOptions) -> None:
     eager = dataclasses.replace(options, compile=None)
     assert "--compile" not in default_serve_argv(eager.model, 8000, eager, "none")
+
+
+def test_the_sweeps_servers_and_probes_get_exactly_the_sweeps_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from ditq.sweep.health import server_environment
+    from ditq.sweep.run import _harness_key
+
+    monkeypatch.setenv("DITQ_API_KEY", "exported-by-the-shell")
+    monkeypatch.setenv("DITQ_PROBE_API_KEY", "another")
+    assert "DITQ_API_KEY" not in server_environment(None)  # not inherited: its probes would all get 401
+    assert server_environment("k1")["DITQ_API_KEY"] == "k1"
+    with _harness_key(None):
+        assert "DITQ_PROBE_API_KEY" not in os.environ
+    with _harness_key("k1"):
+        assert os.environ["DITQ_PROBE_API_KEY"] == "k1"
+    assert os.environ["DITQ_PROBE_API_KEY"] == "another"  # restored
