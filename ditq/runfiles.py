@@ -752,6 +752,21 @@ class SweepFile(_File):
 # -- reading and writing -----------------------------------------------------------------------------------
 
 
+class DuplicateKey(ValueError):
+    """A JSON object that gives one key twice."""
+
+
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook`` for files another program may have written: every key once (``json``
+    alone keeps the last of two silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(f"key {key!r} given twice")
+        out[key] = value
+    return out
+
+
 def parse(model: type[M], raw: Any, where: str) -> M:
     """``raw`` as ``model``, or an InputError naming ``where`` and the first bad field."""
     try:

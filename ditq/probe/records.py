@@ -23,10 +23,12 @@ from ditq.runfiles import (
     IMAGES_DIR,
     RECORDS_FILE,
     RUN_FILE,
+    DuplicateKey,
     ProbeRecord,
     RunDescription,
     RunFile,
     Structure,
+    no_duplicate_keys,
     parse,
     read_json,
     read_model,
@@ -179,20 +181,6 @@ class SeedRecord(BaseModel):
         )
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys are all distinct (``json`` would keep the last of two silently)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(f"key {key!r} given twice")
-        out[key] = value
-    return out
-
-
 def _read_jsonl(path: Path) -> list[ProbeRecord]:
     records = []
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -200,13 +188,13 @@ def _read_jsonl(path: Path) -> list[ProbeRecord]:
         if not line.strip():
             continue
         try:
-            raw = json.loads(line, object_pairs_hook=_no_duplicate_keys)
+            raw = json.loads(line, object_pairs_hook=no_duplicate_keys)
         except json.JSONDecodeError:
             if number == len(lines):  # torn by a kill; the runner redoes that request
                 log.warning("%s: ignoring a torn last line", path)
                 continue
             raise InputError(f"{path}: line {number} is not valid JSON") from None
-        except _DuplicateKey as error:
+        except DuplicateKey as error:
             raise InputError(f"{path} line {number}: {error}") from None
         records.append(parse(ProbeRecord, raw, f"{path} line {number}"))
     return records

@@ -20,12 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ditq.errors import InputError
 from ditq.fsutil import atomic_write_bytes
+from ditq.runfiles import DuplicateKey, no_duplicate_keys
 from ditq.schemes import SCHEMES
 
 __all__ = [
@@ -55,16 +56,19 @@ class _Plan(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+Finite = Annotated[float, Field(allow_inf_nan=False)]  # a target: NaN would pass or fail every comparison
+
+
 class PlanTarget(_Plan):
     """The fidelity the plan must meet: the lowest per-fixture PSNR (dB) against the source precision.
     ``parity``: ``db`` is the parity band's floor (the in-process BF16 pair); ``db``: the user's ``--target-db``."""
 
     kind: Literal["parity", "db"]
-    db: float
+    db: Finite
     # per fixture, the PSNR (dB) it must reach: the band's floor for that fixture (its pair's mean minus compare's
     # tolerance) under ``parity``, ``db`` for every fixture under ``db``; the search aims ``margin_db`` above it
-    per_fixture_db: dict[str, float] = {}
-    margin_db: float = 0.0
+    per_fixture_db: dict[str, Finite] = {}
+    margin_db: Finite = 0.0
 
 
 class LayerSensitivity(_Plan):
@@ -157,10 +161,24 @@ def parse_plan(raw: Any, where: str) -> PlanFile:
         raise InputError(f"{where}: {location}: {message}" if location else f"{where}: {message}") from None
 
 
+class _NotANumber(ValueError):
+    pass
+
+
+def _no_nan(constant: str) -> float:
+    if constant == "NaN":
+        raise _NotANumber("NaN is not a number a plan can hold")
+    return float(constant)
+
+
 def read_plan(path: str | Path) -> PlanFile:
     """A PLAN.json, typed; a missing, unreadable or invalid file is a one-line InputError naming it and the field."""
     try:
-        raw = json.loads(Path(path).read_text())
+        # every key once (a layer given twice took the last scheme silently), and no NaN anywhere (a PSNR may be
+        # infinite: two identical images)
+        raw = json.loads(Path(path).read_text(), object_pairs_hook=no_duplicate_keys, parse_constant=_no_nan)
+    except (DuplicateKey, _NotANumber) as error:
+        raise InputError(f"{path}: {error}") from None
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as error:

@@ -183,3 +183,36 @@ def test_plan_from_the_command_line_matches_the_api(mixed_artifact, tmp_path: Pa
         assert (tmp_path / "out/transformer" / name).read_bytes() == (
             artifact / "transformer" / name
         ).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        # a layer given twice: json alone keeps the last scheme, silently
+        (
+            lambda text: text.replace(
+                '"layers": {', '"layers": {"transformer_blocks.0.attn.to_q": "w8a8", ', 1
+            ),
+            "key 'transformer_blocks.0.attn.to_q' given twice",
+        ),
+        (
+            lambda text: text.replace('"db": ', '"db": NaN, "unused_db": ', 1),
+            "NaN is not a number a plan can hold",
+        ),
+        (
+            lambda text: text.replace('"db": ', '"db": Infinity, "unused_db": ', 1),
+            "target.db: Input should be",
+        ),
+    ],
+    ids=["duplicate-layer", "nan", "infinite-target"],
+)
+def test_a_plan_with_a_twice_given_layer_or_a_non_finite_target_is_one_line(
+    edit, message, model_dir, tmp_path: Path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    source = model_dir("flux")
+    plan = _write_raw(tmp_path / "PLAN.json", source)
+    plan.write_text(edit(plan.read_text()))
+    assert main(["quantize", str(source), str(tmp_path / "out"), "--plan", str(plan)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "out").exists()
