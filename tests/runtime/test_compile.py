@@ -79,8 +79,8 @@ def test_a_compiled_server_warms_up_each_shape_before_measuring_it() -> None:
     adapter = _Counting()
     torch._dynamo.reset()
     facts = compile_pipeline(adapter.pipeline, "eager")
-    model = calibrate(adapter, torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
-    shapes = calibration_shapes(adapter, 256 * 256)
+    model = calibrate(adapter, torch.device("cpu"), max_pixels=32 * 32, time_budget_s=600)
+    shapes = calibration_shapes(adapter, 32 * 32)
     assert len(model.measurements) == len(shapes)
     for shape in shapes:
         calls = [graphs for called, graphs in adapter.calls if called == shape]
@@ -92,6 +92,6 @@ def test_a_compiled_server_warms_up_each_shape_before_measuring_it() -> None:
 
 def test_an_eager_server_measures_each_shape_once_after_one_warm_up() -> None:
     adapter = _Counting()
-    calibrate(adapter, torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
-    shapes = calibration_shapes(adapter, 256 * 256)
+    calibrate(adapter, torch.device("cpu"), max_pixels=32 * 32, time_budget_s=600)
+    shapes = calibration_shapes(adapter, 32 * 32)
     assert len(adapter.calls) == len(shapes) + 1

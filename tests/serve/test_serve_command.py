@@ -102,7 +102,7 @@ def test_serve_a_saved_model_directory_through_the_cli(tmp_path: Path, compiled:
             "--served-model-name",
             "tiny-cli",
             # dynamo traces the blocks (the eager backend generates no code, so the test stays fast)
-            *(["--compile", "--compile-backend", "eager"] if compiled else []),
+            *(["--compile", "--compile-backend", "eager", "--max-pixels", "1024"] if compiled else []),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
