@@ -63,20 +63,31 @@ def _placeholder(text: str) -> Image.Image:
     return cell
 
 
-def _open(path: Path | None) -> Image.Image | None:
+def _open(path: Path | None) -> Image.Image | str | None:
+    """The image at ``path``; None where there is none; why not where it cannot be decoded (a truncated or
+    altered file is a cell that says so, not the end of the report: compare records it as an error row)."""
     if path is None:
         return None
-    with Image.open(path) as image:
-        image.load()
-        return image.copy()
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image.copy()
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        return f"{path.name}\ncannot be decoded\n({type(error).__name__})"
 
 
 def _row(baseline: RunData, run: RunData, fixture_id: str, seed: int, failure: str) -> list[Image.Image]:
     base = _open(baseline.image(fixture_id, seed))
     cand = _open(run.image(fixture_id, seed))
-    left = _fit(base) if base else _placeholder("no baseline image")
-    middle = _fit(cand) if cand else _placeholder(failure)
-    if base is None or cand is None:
+    left = (
+        _placeholder(base)
+        if isinstance(base, str)
+        else _fit(base)
+        if base
+        else _placeholder("no baseline image")
+    )
+    middle = _placeholder(cand) if isinstance(cand, str) else _fit(cand) if cand else _placeholder(failure)
+    if not isinstance(base, Image.Image) or not isinstance(cand, Image.Image):
         right = _placeholder("no difference")
     elif base.size != cand.size:
         right = _placeholder(f"sizes differ\n{base.size} vs {cand.size}")

@@ -309,3 +309,20 @@ def test_report_refuses_a_baseline_altered_since_it_was_sealed_as_gate_and_compa
     assert not (tmp_path / "rep").exists()
     assert main([*argv, "--allow-unsealed"]) == 0  # said, and then allowed
     assert (tmp_path / "rep" / "verdict.json").is_file()
+
+
+def test_a_report_over_an_image_that_cannot_be_decoded_says_so_in_its_grid_without_a_traceback(
+    judged: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from ditq.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(judged["run"], run)
+    image = sorted((run / "images").glob("*.png"))[0]
+    image.write_bytes(image.read_bytes()[:60])  # truncated after its header
+    out = tmp_path / "rep"
+    assert main(["report", str(run), "--baseline", str(judged["baseline"]), "--out", str(out)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert (out / "verdict.json").is_file() and list((out / "grids").glob("*.png"))
