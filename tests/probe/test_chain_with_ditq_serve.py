@@ -8,6 +8,7 @@ reproduces the baseline exactly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -29,12 +30,14 @@ serve = pytest.importorskip("ditq.serve")
 demo = pytest.importorskip("ditq.demo")
 
 
-@pytest.fixture(scope="module")
-def ditq_server() -> Iterator[str]:
+@contextlib.contextmanager
+def _tiny_server(api_key: str | None = None) -> Iterator[str]:
+    """ditq serve's app over the tiny demo pipeline on a free loopback port (with ``api_key``: as `ditq serve
+    --api-key KEY` starts it); its URL once /health, which needs no key, answers."""
     from ditq.runtime.adapter import PipelineAdapter
 
     app = serve.create_app(
-        serve.ServeConfig(served_model_name="tiny", on_collapse="warn"),
+        serve.ServeConfig(served_model_name="tiny", on_collapse="warn", api_key=api_key),
         load=lambda: PipelineAdapter(demo.build_tiny_pipeline(seed=0)),
         doctor=lambda _adapter: serve.DoctorOutcome("passed", "no quantized layers"),
         model_root="tiny-demo",
@@ -47,9 +50,17 @@ def ditq_server() -> Iterator[str]:
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     problem = wait_healthy(url, 120, interval_s=0.1)
     assert problem is None, f"ditq serve did not become ready: {problem}"
-    yield url
-    server.should_exit = True
-    thread.join(timeout=30)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def ditq_server() -> Iterator[str]:
+    with _tiny_server() as url:
+        yield url
 
 
 def test_baseline_probe_gate_compare(tmp_path: Path, fixture_set, ditq_server: str) -> None:
@@ -92,25 +103,8 @@ def test_baseline_probe_gate_compare(tmp_path: Path, fixture_set, ditq_server: s
 
 @pytest.fixture(scope="module")
 def keyed_server() -> Iterator[str]:
-    """ditq serve requiring a key, as `ditq serve --api-key s3cret` (or DITQ_API_KEY) starts it."""
-    from ditq.runtime.adapter import PipelineAdapter
-
-    app = serve.create_app(
-        serve.ServeConfig(served_model_name="tiny", on_collapse="warn", api_key="s3cret"),
-        load=lambda: PipelineAdapter(demo.build_tiny_pipeline(seed=0)),
-        doctor=lambda _adapter: serve.DoctorOutcome("passed", "no quantized layers"),
-        model_root="tiny-demo",
-    )
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    assert wait_healthy(url, 120, interval_s=0.1) is None  # /health stays open without the key
-    yield url
-    server.should_exit = True
-    thread.join(timeout=30)
+    with _tiny_server(api_key="s3cret") as url:
+        yield url
 
 
 def test_a_baseline_refused_on_every_request_fails_unsealed_and_one_with_the_key_is_sealed(

@@ -268,21 +268,31 @@ def test_a_record_with_a_negative_or_non_finite_figure_or_a_repeated_key_is_refu
     )
 
 
+def _copy(run: Path, to: Path) -> Path:
+    import shutil
+
+    shutil.copytree(run, to)
+    return to
+
+
+def _write_lines(path: Path, lines: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def _report(run: Path, baseline: Path, out: Path, *flags: str) -> int:
+    from ditq.cli import main
+
+    return main(["report", str(run), "--baseline", str(baseline), "--out", str(out), *flags])
+
+
 def test_a_report_over_a_negative_time_is_one_line_and_writes_no_verdict(
     judged: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import shutil
-
-    from ditq.cli import main
-
-    run = tmp_path / "run"
-    shutil.copytree(judged["run"], run)
+    run = _copy(judged["run"], tmp_path / "run")
     lines = _lines(run / "records.jsonl")
     lines[0]["wall_s"] = -50.0  # believed, it made the candidate 'faster: YES'
-    (run / "records.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert (
-        main(["report", str(run), "--baseline", str(judged["baseline"]), "--out", str(tmp_path / "rep")]) == 2
-    )
+    _write_lines(run / "records.jsonl", lines)
+    assert _report(run, judged["baseline"], tmp_path / "rep") == 2
     assert "line 1: wall_s: Input should be greater than or equal to 0" in capsys.readouterr().err
     assert not (tmp_path / "rep").exists()
 
@@ -290,39 +300,28 @@ def test_a_report_over_a_negative_time_is_one_line_and_writes_no_verdict(
 def test_report_refuses_a_baseline_altered_since_it_was_sealed_as_gate_and_compare_do(
     judged: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import shutil
-
-    from ditq.cli import main
-
-    baseline = tmp_path / "baseline"
-    shutil.copytree(judged["baseline"], baseline)
+    baseline = _copy(judged["baseline"], tmp_path / "baseline")
     lines = _lines(baseline / "records.jsonl")
     for line in lines:  # a baseline made 50x slower makes every candidate 'faster'
         line["wall_s"] *= 50
-    (baseline / "records.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    argv = ["report", str(judged["run"]), "--baseline", str(baseline), "--out", str(tmp_path / "rep")]
-    assert main(argv) == 1
+    _write_lines(baseline / "records.jsonl", lines)
+    assert _report(judged["run"], baseline, tmp_path / "rep") == 1
     error = capsys.readouterr().err.strip()
     assert (
         "\n" not in error and "records.jsonl does not match its seal" in error and "--allow-unsealed" in error
     )
     assert not (tmp_path / "rep").exists()
-    assert main([*argv, "--allow-unsealed"]) == 0  # said, and then allowed
+    assert _report(judged["run"], baseline, tmp_path / "rep", "--allow-unsealed") == 0  # said, then allowed
     assert (tmp_path / "rep" / "verdict.json").is_file()
 
 
 def test_a_report_over_an_image_that_cannot_be_decoded_says_so_in_its_grid_without_a_traceback(
     judged: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import shutil
-
-    from ditq.cli import main
-
-    run = tmp_path / "run"
-    shutil.copytree(judged["run"], run)
+    run = _copy(judged["run"], tmp_path / "run")
     image = sorted((run / "images").glob("*.png"))[0]
     image.write_bytes(image.read_bytes()[:60])  # truncated after its header
     out = tmp_path / "rep"
-    assert main(["report", str(run), "--baseline", str(judged["baseline"]), "--out", str(out)]) == 0
+    assert _report(run, judged["baseline"], out) == 0
     assert "Traceback" not in capsys.readouterr().err
     assert (out / "verdict.json").is_file() and list((out / "grids").glob("*.png"))
