@@ -76,6 +76,7 @@ from ditq.checkpoint.qconfig import quantization_config, with_quantization_confi
 from ditq.doctor import VerifiedChooser, kernel_chooser  # noqa: E402
 from ditq.numerics import quantize_weight, relative_l2  # noqa: E402
 from ditq.quantize.targets import plan_targets  # noqa: E402
+from ditq.runtime.compile import repeated_blocks  # noqa: E402
 from ditq.runtime.loader import load_component, parameters_on_meta, prepare_quantized  # noqa: E402
 from ditq.runtime.modules import linear_from_stored, quantized_linears  # noqa: E402
 from ditq.schemes import get_scheme  # noqa: E402
@@ -283,13 +284,8 @@ class RegionalCompilation:
         self.backend = backend
         self.calls: dict[int, list[Any]] = {}
 
-    @staticmethod
-    def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-        names = set(model._repeated_blocks)  # type: ignore[arg-type]
-        return [m for m in model.modules() if type(m).__name__ in names]
-
     def set_mode(self, model: torch.nn.Module, mode: str, fullgraph: bool) -> None:
-        blocks = self._blocks(model)
+        blocks = repeated_blocks(model)
         if mode == "eager":
             for block in blocks:
                 block._compiled_call_impl = None

@@ -51,7 +51,7 @@ def add_compile_argument(parser: argparse.ArgumentParser) -> None:
 
 def compile_backend(args: argparse.Namespace) -> str | None:
     """The backend ``--compile`` asked for, or None without it."""
-    return args.compile_backend if getattr(args, "compile", False) else None
+    return args.compile_backend if args.compile else None
 
 
 def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:

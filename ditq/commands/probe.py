@@ -13,15 +13,16 @@ from ditq.runfiles import RECORDS_FILE
 __all__ = ["add_api_key_argument", "add_arguments", "add_matrix_arguments", "run"]
 
 
-def add_api_key_argument(parser: argparse.ArgumentParser) -> None:
+def add_api_key_argument(
+    parser: argparse.ArgumentParser, what: str = "send 'Authorization: Bearer KEY' to the server(s)"
+) -> None:
     """``--api-key``: what the harness sends as ``Authorization: Bearer KEY`` (default: $DITQ_PROBE_API_KEY)."""
     import os
 
     parser.add_argument(
         "--api-key",
         default=os.environ.get(PROBE_API_KEY_ENV),
-        help=f"send 'Authorization: Bearer KEY' to the server(s) (default: ${PROBE_API_KEY_ENV}; none); never "
-        "recorded in the run's files",
+        help=f"{what} (default: ${PROBE_API_KEY_ENV}; none); never written to the run's files",
     )
 
 

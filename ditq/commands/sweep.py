@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 from pathlib import Path
 
 from ditq.commands import ATTENTION_CHOICES, add_compile_argument, compile_backend
+from ditq.commands.probe import add_api_key_argument
 from ditq.commands.report import add_objective_argument, print_summary
 from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device
 from ditq.judge.compare import MAX_SEEDS
-from ditq.probe.runner import PROBE_API_KEY_ENV
 from ditq.report import ReportResult
 from ditq.runtime.kv_cache import KV_CACHE_KINDS
 from ditq.schemes import get_scheme
@@ -119,12 +118,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the candidates' servers keep the prefix KV cache in 8 bits (ditq serve --kv-cache); the baseline "
         "keeps the model's own (default: the model's own cache)",
     )
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get(PROBE_API_KEY_ENV),
-        help="the key every server the sweep starts requires and every probe and baseline sends, --endpoint-for "
-        f"servers too (default: ${PROBE_API_KEY_ENV}; none: the sweep's servers require none, whatever "
-        "DITQ_API_KEY says); passed through the environment, never written down",
+    add_api_key_argument(
+        parser,
+        "the key every server the sweep starts requires and every probe and baseline sends, --endpoint-for "
+        "servers too; without it the sweep's servers require none, whatever DITQ_API_KEY says",
     )
     add_sweep_arguments(parser, device="auto")
 

@@ -19,7 +19,6 @@ the op that produced its input.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -27,7 +26,7 @@ import torch
 
 from ditq.errors import InputError
 
-__all__ = ["COMPILE_BACKENDS", "CompileFacts", "compile_pipeline", "default_compile_backend"]
+__all__ = ["COMPILE_BACKENDS", "CompileFacts", "compile_pipeline", "repeated_blocks"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,20 +45,15 @@ class CompileFacts:
     backend: str
     module: str  # the component compiled (``transformer``)
     how: str  # "repeated blocks (N x Class)" or "whole module"
-    seconds: float = 0.0  # setting up the compiled callables (the compilation itself runs on the first calls)
     warmup_seconds: float | None = None  # the first call at each warmed-up shape: compilation and warm-up
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def default_compile_backend(device: torch.device) -> str:
-    """inductor on CUDA and on the CPU alike (the CPU needs a C++ compiler)."""
-    del device
-    return "inductor"
-
-
-def _repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+def repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks diffusers' ``compile_repeated_blocks`` compiles: instances of the classes ``_repeated_blocks``
+    names (none where the model declares none)."""
     names = set(getattr(module, "_repeated_blocks", None) or ())
     return [m for m in module.modules() if type(m).__name__ in names]
 
@@ -81,17 +75,15 @@ def compile_pipeline(pipeline: Any, backend: str, component: str = "transformer"
     torch._dynamo.config.accumulated_recompile_limit = max(
         torch._dynamo.config.accumulated_recompile_limit, 16 * _RECOMPILE_LIMIT
     )
-    started = time.perf_counter()
-    blocks = _repeated_blocks(module)
+    blocks = repeated_blocks(module)
     if blocks:
-        for block in blocks:
-            block.compile(backend=backend)
+        module.compile_repeated_blocks(backend=backend)  # type: ignore[operator]  # diffusers' ModelMixin
         kinds = sorted({type(b).__name__ for b in blocks})
         how = f"repeated blocks ({len(blocks)} x {', '.join(kinds)})"
     else:
         module.compile(backend=backend)
         how = "whole module"
-    facts = CompileFacts(backend, component, how, round(time.perf_counter() - started, 3))
+    facts = CompileFacts(backend, component, how)
     pipeline.ditq_compile = facts  # what serve's calibration and generate warm up, and /health shows
     logger.info("compiling %s with %s: %s (on the first call at each shape)", component, backend, how)
     return facts

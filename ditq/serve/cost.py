@@ -443,17 +443,13 @@ def calibrate(
 
     def warm_up(shape: tuple[int, int, int]) -> None:
         nonlocal warming
-        if shape in warm:
-            return
         begun = clock()
         _measure(adapter, shape, probe)
         warming += clock() - begun
         warm.add(shape)
 
-    smallest = min(shapes, key=lambda s: (s[0] * s[1], s[2]))
-    warm_up(smallest)  # first-call costs (and, compiled, the first compilation)
-    if compiled is None:
-        warm.clear()  # eager: one warm-up call is enough; every shape is measured the first time it runs
+    # first-call costs (and, compiled, the first compilation); eager, every shape is then measured as it first runs
+    warm_up(min(shapes, key=lambda s: (s[0] * s[1], s[2])))
     free_accelerator_memory()
     while True:
         measurements: list[Measurement] = []
@@ -465,7 +461,7 @@ def calibrate(
                 )
                 break
             try:
-                if compiled is not None:
+                if compiled is not None and (width, height, count) not in warm:
                     warm_up((width, height, count))
                 measurements.append(_measure(adapter, (width, height, count), probe))
             except Exception as error:

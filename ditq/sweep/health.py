@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -48,17 +47,6 @@ def last_line(log: Path) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-SERVER_API_KEY_ENV = "DITQ_API_KEY"  # what ditq serve reads its --api-key from
-
-
-def server_environment(api_key: str | None) -> dict[str, str]:
-    """The environment of a server the sweep starts: this one's, with exactly the sweep's key (none: no key),
-    never one the shell happened to export (a server requiring a key its probe does not send answers 401 to
-    everything)."""
-    environ = {k: v for k, v in os.environ.items() if k != SERVER_API_KEY_ENV}
-    return environ | ({SERVER_API_KEY_ENV: api_key} if api_key else {})
-
-
 class Server:
     """A server subprocess on a free loopback port, healthy (/health 200) or stopped and explained."""
 
@@ -67,7 +55,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = options.serve_argv(model, self.port, options, offload)
         self.log = log
-        self.process = launch.start(self.argv, log, server_environment(options.api_key))
+        self.process = launch.start(self.argv, log)
 
     def wait_healthy(self, timeout_s: float) -> str | None:
         """None once /health answers 200; otherwise why not (and the server is stopped)."""

@@ -126,18 +126,14 @@ def _command(argv: Sequence[str], log: str, environ: Mapping[str, str]) -> None:
     sys.exit(code)
 
 
-def start(
-    argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None
-) -> Child | subprocess.Popen[bytes]:
-    """``argv`` running in a child process, its output appended to ``log``, in ``env`` (default: this process's
-    environment)."""
+def start(argv: Sequence[str], log: Path) -> Child | subprocess.Popen[bytes]:
+    """``argv`` running in a child process, its output appended to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     context = _state["context"]
-    environ = dict(os.environ if env is None else env)
     if context is None or list(argv[:3]) != [sys.executable, "-m", "ditq.cli"]:
         with open(log, "ab") as sink:
-            return subprocess.Popen(list(argv), stdout=sink, stderr=subprocess.STDOUT, env=environ)
-    process = context.Process(target=_command, args=(list(argv), str(log), environ), daemon=False)
+            return subprocess.Popen(list(argv), stdout=sink, stderr=subprocess.STDOUT)
+    process = context.Process(target=_command, args=(list(argv), str(log), dict(os.environ)), daemon=False)
     with _main_not_rerun():
         process.start()
     return Child(process, argv)

@@ -102,19 +102,25 @@ def check_same_model(out: Path, fingerprint: dict[str, list[int]]) -> None:
     )
 
 
+SERVER_API_KEY_ENV = "DITQ_API_KEY"  # what ditq serve reads its --api-key from
+
+
 @contextlib.contextmanager
-def _harness_key(api_key: str | None) -> Iterator[None]:
-    """For the sweep's length, the probes and baselines it runs send exactly ``api_key`` (none: none), whatever
-    the shell exported (``ditq probe --api-key``'s default is read from the environment)."""
-    before = os.environ.pop(PROBE_API_KEY_ENV, None)
+def _sweep_keys(api_key: str | None) -> Iterator[None]:
+    """For the sweep's length, the servers it starts require exactly ``api_key`` and the probes and baselines it
+    runs send exactly it (none: none), whatever the shell exported: both read their key from the environment they
+    inherit (a server requiring a key its probes did not send answered every request with 401)."""
+    names = (SERVER_API_KEY_ENV, PROBE_API_KEY_ENV)
+    before = {name: os.environ.pop(name, None) for name in names}
     if api_key:
-        os.environ[PROBE_API_KEY_ENV] = api_key
+        os.environ.update(dict.fromkeys(names, api_key))
     try:
         yield
     finally:
-        os.environ.pop(PROBE_API_KEY_ENV, None)
-        if before is not None:
-            os.environ[PROBE_API_KEY_ENV] = before
+        for name, value in before.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
 
 
 def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult:
@@ -154,7 +160,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
     sweep = Sweep(options, command)
     with (
         launch.forking(options.device == "cpu"),  # a CPU sweep's commands are forked (ditq.sweep.launch)
-        _harness_key(options.api_key),
+        _sweep_keys(options.api_key),
     ):
         baseline_ran = sweep.run_baseline()
         if options.parity_in_process:

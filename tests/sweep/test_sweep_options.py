@@ -42,15 +42,14 @@ def test_an_eager_sweep_starts_eager_servers(options: SweepOptions) -> None:
 def test_the_sweeps_servers_and_probes_get_exactly_the_sweeps_key(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from ditq.sweep.health import server_environment
-    from ditq.sweep.run import _harness_key
+    from ditq.sweep.run import _sweep_keys
 
     monkeypatch.setenv("DITQ_API_KEY", "exported-by-the-shell")
     monkeypatch.setenv("DITQ_PROBE_API_KEY", "another")
-    assert "DITQ_API_KEY" not in server_environment(None)  # not inherited: its probes would all get 401
-    assert server_environment("k1")["DITQ_API_KEY"] == "k1"
-    with _harness_key(None):
+    with _sweep_keys(None):  # what the servers and probes the sweep starts inherit
+        assert "DITQ_API_KEY" not in os.environ  # not inherited: its probes would all get 401
         assert "DITQ_PROBE_API_KEY" not in os.environ
-    with _harness_key("k1"):
+    with _sweep_keys("k1"):
+        assert os.environ["DITQ_API_KEY"] == "k1"
         assert os.environ["DITQ_PROBE_API_KEY"] == "k1"
     assert os.environ["DITQ_PROBE_API_KEY"] == "another"  # restored
