@@ -16,8 +16,10 @@ output against its BF16 Linear on the same captured input (median, max, the wors
 
 Quantized variants take the Linears the quantizer would (``ditq.quantize.targets.plan_targets``) and run the kernel
 path ``ditq serve`` would choose (``ditq.doctor.choose_kernel``; ``--skip-doctor``: the registry's first,
-unverified); w8a8 goes through the real loader (artifact written, ``ditq.load_component`` + repack: the
-load row). torchao's variants quantize the same BF16 weights with ``torchao.quantization.quantize_``
+unverified), with their projections fused as ``ditq.load_pipeline`` fuses them (``ditq.runtime.fuse``: query/key/value
+and gate/up as one GEMM each); ``w8a8-unfused`` and ``fp8-unfused`` run the same schemes unfused, at 0 and 4
+references, to show what the fusion gives. w8a8 goes through the real loader (artifact written,
+``ditq.load_component`` + fusion + repack: the load row). torchao's variants quantize the same BF16 weights with ``torchao.quantization.quantize_``
 (``Int8DynamicActivationInt8WeightConfig()``, ``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``)
 on the same target Linears; they run compiled only, with the inductor settings torchao's configs set
 (``set_inductor_config=True``, its default), which are restored for every other variant. Compilation uses
@@ -77,6 +79,7 @@ from ditq.doctor import VerifiedChooser, kernel_chooser  # noqa: E402
 from ditq.numerics import quantize_weight, relative_l2  # noqa: E402
 from ditq.quantize.targets import plan_targets  # noqa: E402
 from ditq.runtime.compile import repeated_blocks  # noqa: E402
+from ditq.runtime.fuse import fuse_projections  # noqa: E402
 from ditq.runtime.loader import load_component, parameters_on_meta, prepare_quantized  # noqa: E402
 from ditq.runtime.modules import linear_from_stored, quantized_linears  # noqa: E402
 from ditq.schemes import get_scheme  # noqa: E402
@@ -100,6 +103,9 @@ PRESETS: dict[str, tuple[dict[str, Any], int, int]] = {
 }
 REFERENCES = (0, 1, 2, 3, 4)
 SCHEMES = ("w8a8", "fp8", "w8a16")
+# the quantized variants run with their projections fused, as ``ditq serve`` loads them (``ditq.runtime.fuse``);
+# these run the same scheme unfused, to show what the fusion gives
+UNFUSED = {"w8a8-unfused": "w8a8", "fp8-unfused": "fp8"}
 # variant -> (the variant whose model it runs, its attention): ditq's quantized attention (``--attention``, the
 # doctor-chosen path, installed for the row and removed after it) over a quantized model, and BF16 through
 # PyTorch's cuDNN SDPA backend (eager only: the backend is chosen when a graph is traced) for comparison with
@@ -137,6 +143,11 @@ INFORMATION = {  # ratios reported beside the goals, with no bar
     "bf16_compiled_loop_vs_bf16_eager": (("bf16", "compiled"), ("bf16", "eager")),
     "w8a8_attn_int8_eager_loop_vs_bf16_eager": (("w8a8+attn-int8", "eager"), ("bf16", "eager")),
     "bf16_sdpa_cudnn_eager_loop_vs_bf16_eager": (("bf16+sdpa-cudnn", "eager"), ("bf16", "eager")),
+    **{
+        f"{scheme}_fused_{mode}_loop_vs_unfused": ((scheme, mode), (variant, mode))
+        for variant, scheme in UNFUSED.items()
+        for mode in ("eager", "compiled")
+    },
 }
 WEIGHT_BYTES_VS_BF16_MAX = 0.53
 FIELDS = {  # what each number of a loop row is
@@ -224,9 +235,14 @@ def target_prefixes(model: torch.nn.Module) -> list[str]:
 
 
 def quantized_copy(
-    bf16: torch.nn.Module, config: dict[str, Any], scheme_name: str | None, targets: list[str]
+    bf16: torch.nn.Module,
+    config: dict[str, Any],
+    scheme_name: str | None,
+    targets: list[str],
+    fuse: bool = False,
 ) -> torch.nn.Module:
     """The same model with ``targets`` as ditq QuantizedLinears (quantized on the device); other tensors shared.
+    With ``fuse``, the projections that read one input are fused as the loader fuses them.
 
     ``scheme_name`` None: a second model object over the very same BF16 parameters (for torchao to quantize).
     """
@@ -249,6 +265,8 @@ def quantized_copy(
             continue
         model.get_submodule(module_name)._parameters[attr] = param
     device = next(bf16.parameters()).device
+    if fuse:
+        fuse_projections(model)
     return model.to(device).eval()
 
 
@@ -443,6 +461,7 @@ def measure_load(
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     model = load_component(root, "transformer", device=device, dtype=torch.bfloat16)
+    fuse_projections(model)  # as ditq.load_pipeline does
     loaded = time.perf_counter() - start
     choosing = chooser.seconds if chooser is not None else 0.0
     prepare_quantized(model, device, torch.bfloat16, chooser)
@@ -622,7 +641,7 @@ def main() -> int:
             "dynamo_graphs": graphs_after - graphs,
             "graph_breaks": breaks_after - breaks,
         }
-        if base in SCHEMES:
+        if base in SCHEMES or base in UNFUSED:
             row["kernels"] = kernel_counts(model)
         if attention is not None:
             row["attention_path"] = path
@@ -652,8 +671,13 @@ def main() -> int:
             shutil.rmtree(artifact_root, ignore_errors=True)
 
     def in_memory(scheme: str) -> None:
-        models[scheme] = quantized_copy(bf16, config, scheme, targets)
+        fused = scheme not in UNFUSED
+        models[scheme] = quantized_copy(bf16, config, UNFUSED.get(scheme, scheme), targets, fuse=fused)
         prepare_quantized(models[scheme], device, torch.bfloat16, chooser)
+
+    def release(variant: str) -> None:  # a comparison's model, dropped once its rows ran
+        models.pop(variant, None)
+        pipes.pop(variant, None)
 
     def with_torchao(variant: str, torchao_config: Any) -> None:
         models[variant], torchao_inductor[variant] = torchao_copy(bf16, config, targets, torchao_config)
@@ -699,6 +723,12 @@ def main() -> int:
             (f"{variant} quantize", 5 * scale, functools.partial(with_torchao, variant, torchao_config)),
             *(row(variant, "compiled", r) for r in ends),
             (f"{variant} layer errors", 3 * scale, functools.partial(layer_error, variant)),
+        ]
+    for variant in UNFUSED:
+        plan += [
+            (f"{variant} quantize", 2 * scale, functools.partial(in_memory, variant)),
+            *(row(variant, mode, r) for mode in ("eager", "compiled") for r in ends),
+            (f"{variant} release", 0.0, functools.partial(release, variant)),
         ]
     plan += [
         *(row(variant, "compiled", r) for variant in ("fp8+attn-fp8", "w8a8+attn-int8") for r in ends),

@@ -223,24 +223,50 @@ def time_loop(pipe: Any, case: LoopCase, steps: int, repeats: int) -> LoopTiming
     )
 
 
+def _fused_members(model: torch.nn.Module) -> dict[str, tuple[str, int, int]]:
+    """Member Linear's name -> (the fused Linear computing it, first output column, width)
+    (``ditq.runtime.fuse``)."""
+    found: dict[str, tuple[str, int, int]] = {}
+    for name, module in model.named_modules():
+        parent, start = name.rpartition(".")[0], 0
+        for member, width in getattr(module, "fused_members", ()):
+            found[f"{parent}.{member}" if parent else member] = (name, start, width)
+            start += width
+    return found
+
+
 def layer_errors(pipe: Any, case: LoopCase, reference: torch.nn.Module, names: list[str]) -> dict[str, Any]:
-    """Each named Linear's output against ``reference``'s BF16 Linear of that name on the same captured input.
+    """Each named Linear's output against ``reference``'s BF16 Linear of that name on the same captured input
+    (a Linear fused with its siblings: its columns of the fused output).
 
     Captured on the loop's first (prefix) step of ``case``: every token of the joint sequence goes through it.
     """
     errors: dict[str, float] = {}
+    fused = _fused_members(pipe.transformer)
+    # module name -> [(member name, first column, width)]: the outputs each hooked module is compared on
+    pieces: dict[str, list[tuple[str, int, int | None]]] = {}
+    for name in names:
+        module, start, width = fused.get(name, (name, 0, None))
+        pieces.setdefault(module, []).append((name, start, width))
 
-    def hook(name: str) -> Any:
+    def hook(compared: list[tuple[str, int, int | None]]) -> Any:
         def compare(module: torch.nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-            linear = reference.get_submodule(name)
-            assert isinstance(linear, torch.nn.Linear), f"{name}: {type(linear).__name__} in the BF16 model"
-            if name not in errors:  # the first call: the prefix step
-                expected = torch.nn.functional.linear(args[0], linear.weight, linear.bias)
-                errors[name] = relative_l2(output, expected)
+            for name, start, width in compared:
+                linear = reference.get_submodule(name)
+                assert isinstance(linear, torch.nn.Linear), (
+                    f"{name}: {type(linear).__name__} in the BF16 model"
+                )
+                if name not in errors:  # the first call: the prefix step
+                    expected = torch.nn.functional.linear(args[0], linear.weight, linear.bias)
+                    ours = output if width is None else output[..., start : start + width]
+                    errors[name] = relative_l2(ours, expected)
 
         return compare
 
-    handles = [pipe.transformer.get_submodule(name).register_forward_hook(hook(name)) for name in names]
+    handles = [
+        pipe.transformer.get_submodule(module).register_forward_hook(hook(compared))
+        for module, compared in pieces.items()
+    ]
     try:
         run_loop(
             pipe, case, 2

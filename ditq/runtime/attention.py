@@ -26,6 +26,7 @@ from diffusers.models.transformers.transformer_qwenimage21 import (
 )
 
 from ditq.kernels.attention import AttentionPath
+from ditq.runtime.fuse import fused_attention_view
 
 __all__ = ["QuantizedAttnProcessor", "quantized_segment_attention"]
 
@@ -85,6 +86,7 @@ class QuantizedAttnProcessor(QwenImage21AttnProcessor):
         segments: list[tuple[int, int, bool]] | None = None,
         key_valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        attn = fused_attention_view(attn, hidden_states)
         query, key, value, _ = _qwenimage21_prepare_qkv(
             attn, hidden_states, rotary_emb, layer_cache, kv_cache_mode, cache_write_slice
         )

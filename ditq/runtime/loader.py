@@ -40,6 +40,7 @@ from ditq.errors import InputError
 from ditq.kernels.registry import KernelPath
 from ditq.runtime.classes import import_class, pipeline_class
 from ditq.runtime.fill import assign_tensor
+from ditq.runtime.fuse import fuse_projections, stored_layer_count
 from ditq.runtime.meta import build_empty, parameters_on_meta
 from ditq.runtime.modules import QuantizedLinear, quantized_linears
 from ditq.runtime.offload import apply_offload
@@ -309,6 +310,7 @@ def load_pipeline(
     memory_budget_bytes: int | None = None,
     kv_cache: str | None = None,
     compile: str | None = None,
+    fuse: bool = True,
 ) -> Any:
     """A diffusers pipeline from a plain or ditq directory, placed on ``device`` per ``offload``.
 
@@ -332,7 +334,8 @@ def load_pipeline(
     one (diffusers' block-level group offload). ``kv_cache`` ("int8" | "fp8") keeps the transformer's prefix KV
     cache in 8 bits (``ditq.runtime.kv_cache``). ``compile`` (a torch.compile backend: "inductor", say) compiles
     the transformer's repeated blocks on their first call (``ditq.runtime.compile``), recorded as the pipeline's
-    ``ditq_compile``.
+    ``ditq_compile``. With ``fuse`` (the default), quantized projections that read one input (query/key/value,
+    gate/up) run as one GEMM each (``ditq.runtime.fuse``; exact per output channel).
     """
     offload = resolve_offload(offload, option="offload")
     model_dir = Path(model_dir)
@@ -369,6 +372,8 @@ def load_pipeline(
         if isinstance(component, torch.nn.Module) and name not in quantized:
             component.to(load_device)
         if isinstance(component, torch.nn.Module):
+            if fuse and name in quantized:
+                fuse_projections(component)
             prepare_quantized(component, run_device, dtype, chooser)
     apply_offload(pipeline, offload, run_device, memory_budget_bytes)
     if kv_cache is not None:
@@ -391,7 +396,7 @@ def pipeline_summary(pipeline: Any) -> tuple[dict[str, dict[str, int]], dict[str
             continue
         for layer in quantized_linears(component).values():
             per = schemes.setdefault(name, {})
-            per[layer.scheme.name] = per.get(layer.scheme.name, 0) + 1
+            per[layer.scheme.name] = per.get(layer.scheme.name, 0) + stored_layer_count(layer)
             kernel = layer.kernel.name if layer.kernel is not None else "unchosen"
-            kernels[kernel] = kernels.get(kernel, 0) + 1
+            kernels[kernel] = kernels.get(kernel, 0) + stored_layer_count(layer)
     return schemes, kernels

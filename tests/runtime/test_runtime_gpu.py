@@ -122,3 +122,18 @@ def test_inductor_compiled_pipeline_serves_the_pixels_of_eager_on_cuda(
     compiled = _pixels(pipeline)
     # inductor fuses and reorders float arithmetic: close to eager, not bit for bit
     assert np.abs(compiled - eager).mean() < 1.0, np.abs(compiled - eager).mean()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_fused_projections_draw_the_pixels_of_the_separate_layers_on_cuda(
+    scheme: str, artifacts: dict[str, Path]
+) -> None:
+    from ditq.runtime.fuse import stored_layer_count
+
+    fused = load_pipeline(artifacts[scheme], device="cuda")
+    layers = quantized_linears(fused.transformer).values()
+    assert any(stored_layer_count(layer) > 1 for layer in layers)  # the fusion happened on the device
+    separate = _pixels(load_pipeline(artifacts[scheme], device="cuda", fuse=False))
+    # one wider GEMM may tile its reduction otherwise than three narrow ones: equal up to float rounding
+    difference = np.abs(_pixels(fused) - separate)
+    assert difference.mean() < 0.5 and difference.max() <= 8, (difference.mean(), difference.max())

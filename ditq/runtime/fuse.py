@@ -1,0 +1,220 @@
+"""Fused projections: quantized Linears that read the same input become one GEMM at load.
+
+In every Qwen-Image-2.1 block the attention's query, key and value projections read one input, and so do the
+feed-forward's gate and up projections. Run apart, each quantizes that input again (per token, for W8A8 and FP8)
+and launches its own, narrower GEMM. Fused, the input is quantized once and one GEMM of the summed width runs.
+
+The fusion is exact per output channel: every stored weight row keeps its own scale, so the fused Linear's rows
+are the members' rows, stacked, and its output columns are theirs (``fuse_linears``: stored tensors read,
+concatenated and written back through the layers' own codec). The checkpoint is untouched: the artifact keeps the
+separate projections compressed-tensors and diffusers name; only the loaded module fuses them, before the repack.
+
+The modules keep diffusers' own forward code:
+
+- ``QwenImage21Attention``: ``to_qkv`` replaces ``to_q``, ``to_k``, ``to_v``; the processor
+  (``FusedQKVAttnProcessor``, or ditq's quantized-attention processor) computes the one projection and hands
+  diffusers' ``_qwenimage21_prepare_qkv`` a view whose ``to_q``/``to_k``/``to_v`` return the three slices, so
+  norms, RoPE and the KV-cache bookkeeping stay diffusers' own;
+- ``QwenImage21SwiGLUFeedForward``: ``FusedSwiGLUFeedForward`` holds ``gate_proj`` (gate and up, stacked)
+  and the same ``out``.
+
+Only groups whose members are quantized alike (one scheme, group size, input width and bias presence), unprepared
+and in the stored form are fused; anything else is left as it was.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any
+
+import torch
+from diffusers.models.transformers.transformer_qwenimage21 import (
+    QwenImage21Attention,
+    QwenImage21AttnProcessor,
+    QwenImage21SwiGLUFeedForward,
+)
+
+from ditq.checkpoint.codecs import SCALE
+from ditq.runtime.modules import QuantizedLinear, linear_from_stored
+
+__all__ = [
+    "FusedQKVAttnProcessor",
+    "FusedSwiGLUFeedForward",
+    "fuse_linears",
+    "fuse_projections",
+    "fused_attention_view",
+    "stored_layer_count",
+]
+
+log = logging.getLogger(__name__)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    except (OSError, AttributeError):  # not glibc
+        return None
+    return libc
+
+
+_LIBC = _glibc()
+
+
+def _fusable(members: list[Any]) -> bool:
+    if not all(isinstance(m, QuantizedLinear) and not m.prepared for m in members):
+        return False
+    first = members[0]
+    return all(
+        type(m) is type(first)
+        and m.scheme == first.scheme
+        and m.in_features == first.in_features
+        and (m.bias is None) == (first.bias is None)
+        for m in members
+    )
+
+
+def fuse_linears(named: dict[str, QuantizedLinear]) -> QuantizedLinear:
+    """One QuantizedLinear whose output is the members' outputs side by side, in order (their rows stacked, each
+    row with its own scale). Its ``fused_members`` names them (as their parent named them) with their widths."""
+    members = list(named.values())
+    codec = members[0].codec
+    read = [codec.read(m.stored_tensors()) for m in members]
+    q = torch.cat([values for values, _ in read])
+    scale = torch.cat([s.to(members[0].stored_tensors()[SCALE].dtype) for _, s in read])
+    biases = [m.bias for m in members]
+    bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
+    fused = linear_from_stored(codec.encode(q, scale), members[0].scheme, bias)
+    fused.fused_members = tuple((name, m.out_features) for name, m in named.items())
+    return fused
+
+
+def stored_layer_count(layer: QuantizedLinear) -> int:
+    """The stored (checkpoint) Linears a loaded one computes: 1, or the members of a fused one."""
+    return len(layer.fused_members) or 1
+
+
+class _ProjectedAttention:
+    """What ``_qwenimage21_prepare_qkv`` reads of an attention module, with the three projections already done."""
+
+    def __init__(self, attn: QwenImage21Attention, hidden_states: torch.Tensor) -> None:
+        self._q, self._k, self._v = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        self.heads = attn.heads
+        self.inner_dim = attn.inner_dim
+        self.norm_q = attn.norm_q
+        self.norm_k = attn.norm_k
+        self.to_out = attn.to_out
+
+    def to_q(self, _hidden_states: torch.Tensor) -> torch.Tensor:
+        return self._q
+
+    def to_k(self, _hidden_states: torch.Tensor) -> torch.Tensor:
+        return self._k
+
+    def to_v(self, _hidden_states: torch.Tensor) -> torch.Tensor:
+        return self._v
+
+
+def fused_attention_view(attn: Any, hidden_states: torch.Tensor) -> Any:
+    """``attn`` itself, or where its projections are fused, a view that has them computed for ``hidden_states``."""
+    if getattr(attn, "to_qkv", None) is None:
+        return attn
+    return _ProjectedAttention(attn, hidden_states)
+
+
+class FusedQKVAttnProcessor(QwenImage21AttnProcessor):
+    """diffusers' ``QwenImage21AttnProcessor`` over one fused query/key/value projection."""
+
+    def __call__(
+        self,
+        attn: QwenImage21Attention,
+        hidden_states: torch.Tensor,
+        attention_mask: Any | None = None,
+        rotary_emb: torch.Tensor | None = None,
+        layer_cache: Any | None = None,
+        kv_cache_mode: str | None = None,
+        cache_write_slice: slice | None = None,
+        segments: list[tuple[int, int, bool]] | None = None,
+        key_valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return super().__call__(
+            fused_attention_view(attn, hidden_states),
+            hidden_states,
+            attention_mask,
+            rotary_emb,
+            layer_cache,
+            kv_cache_mode,
+            cache_write_slice,
+            segments,
+            key_valid,
+        )
+
+
+class FusedSwiGLUFeedForward(torch.nn.Module):
+    """``QwenImage21SwiGLUFeedForward`` with its gate and up projections as one GEMM (``gate_proj``)."""
+
+    def __init__(
+        self, gate_proj: QuantizedLinear, out: torch.nn.Module, activation_fn: torch.nn.Module
+    ) -> None:
+        super().__init__()
+        self.gate_proj = gate_proj
+        self.out = out
+        self.activation_fn = activation_fn
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_proj(hidden_states).chunk(2, dim=-1)
+        return self.out(self.activation_fn(gate) * up)
+
+
+def _fuse_attention(attn: QwenImage21Attention) -> bool:
+    members = {name: getattr(attn, name) for name in ("to_q", "to_k", "to_v")}
+    if not _fusable(list(members.values())) or type(attn.processor) is not QwenImage21AttnProcessor:
+        return False
+    attn.to_qkv = fuse_linears(members)
+    for name in members:
+        delattr(attn, name)
+    attn.set_processor(FusedQKVAttnProcessor())
+    return True
+
+
+def _fuse_feed_forward(parent: torch.nn.Module, name: str, ff: QwenImage21SwiGLUFeedForward) -> bool:
+    members = {"gate_layer": ff.gate_layer, "proj": ff.proj}
+    if not _fusable(list(members.values())):
+        return False
+    fused = FusedSwiGLUFeedForward(fuse_linears(members), ff.out, ff.activation_fn)  # type: ignore[arg-type]
+    setattr(parent, name, fused)
+    return True
+
+
+def _on_host(module: torch.nn.Module) -> bool:
+    return any(t.device.type == "cpu" for t in module.buffers())
+
+
+def _release_free_host_memory() -> None:
+    """Hand the pages the replaced Linears freed back to the system (glibc's ``malloc_trim``): the fused copy is
+    allocated while they still exist, so without this the host heap keeps their holes and a model grows by the
+    fused layers' size while it loads."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def fuse_projections(module: torch.nn.Module) -> int:
+    """Fuse every fusable projection group inside ``module`` (before its quantized layers are repacked);
+    returns how many fused Linears were made."""
+    kinds = (QwenImage21Attention, QwenImage21SwiGLUFeedForward)
+    # (parent, name) pairs only: holding the children would keep every replaced Linear alive until the end
+    places = [(p, n) for p in module.modules() for n, c in p.named_children() if isinstance(c, kinds)]
+    fused = 0
+    for parent, name in places:
+        child = getattr(parent, name)
+        if isinstance(child, QwenImage21Attention):
+            done = _fuse_attention(child)
+        else:
+            done = _fuse_feed_forward(parent, name, child)
+        fused += done
+        if done and _on_host(parent):
+            _release_free_host_memory()
+    if fused:
+        log.info("%s: %d fused projections (query/key/value, gate/up)", type(module).__name__, fused)
+    return fused
