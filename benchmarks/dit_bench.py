@@ -16,10 +16,10 @@ output against its BF16 Linear on the same captured input (median, max, the wors
 
 Quantized variants take the Linears the quantizer would (``ditq.quantize.targets.plan_targets``) and run the kernel
 path ``ditq serve`` would choose (``ditq.doctor.choose_kernel``; ``--skip-doctor``: the registry's first,
-unverified), with their projections fused as ``ditq.load_pipeline`` fuses them (``ditq.runtime.fuse``: query/key/value
-and gate/up as one GEMM each); ``w8a8-unfused`` and ``fp8-unfused`` run the same schemes unfused, at 0 and 4
-references, to show what the fusion gives. w8a8 goes through the real loader (artifact written,
-``ditq.load_component`` + fusion + repack: the load row). torchao's variants quantize the same BF16 weights with ``torchao.quantization.quantize_``
+unverified), with their projections apart, as ``ditq.load_pipeline`` loads them by default; ``w8a8-fused`` and
+``fp8-fused`` run the same schemes with query/key/value and gate/up fused into one GEMM each
+(``ditq.runtime.fuse``, ``load_pipeline(fuse=True)``), at 0 and 4 references, to show what the fusion gives. w8a8
+goes through the real loader (artifact written, ``ditq.load_component`` + repack: the load row). torchao's variants quantize the same BF16 weights with ``torchao.quantization.quantize_``
 (``Int8DynamicActivationInt8WeightConfig()``, ``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``)
 on the same target Linears; they run compiled only, with the inductor settings torchao's configs set
 (``set_inductor_config=True``, its default), which are restored for every other variant. Compilation uses
@@ -103,9 +103,9 @@ PRESETS: dict[str, tuple[dict[str, Any], int, int]] = {
 }
 REFERENCES = (0, 1, 2, 3, 4)
 SCHEMES = ("w8a8", "fp8", "w8a16")
-# the quantized variants run with their projections fused, as ``ditq serve`` loads them (``ditq.runtime.fuse``);
-# these run the same scheme unfused, to show what the fusion gives
-UNFUSED = {"w8a8-unfused": "w8a8", "fp8-unfused": "fp8"}
+# the same schemes with their projections fused (``ditq.runtime.fuse``; ``load_pipeline(fuse=True)``), to show what
+# the fusion gives
+FUSED = {"w8a8-fused": "w8a8", "fp8-fused": "fp8"}
 # variant -> (the variant whose model it runs, its attention): ditq's quantized attention (``--attention``, the
 # doctor-chosen path, installed for the row and removed after it) over a quantized model, and BF16 through
 # PyTorch's cuDNN SDPA backend (eager only: the backend is chosen when a graph is traced) for comparison with
@@ -144,8 +144,8 @@ INFORMATION = {  # ratios reported beside the goals, with no bar
     "w8a8_attn_int8_eager_loop_vs_bf16_eager": (("w8a8+attn-int8", "eager"), ("bf16", "eager")),
     "bf16_sdpa_cudnn_eager_loop_vs_bf16_eager": (("bf16+sdpa-cudnn", "eager"), ("bf16", "eager")),
     **{
-        f"{scheme}_fused_{mode}_loop_vs_unfused": ((scheme, mode), (variant, mode))
-        for variant, scheme in UNFUSED.items()
+        f"{scheme}_fused_{mode}_loop_vs_unfused": ((variant, mode), (scheme, mode))
+        for variant, scheme in FUSED.items()
         for mode in ("eager", "compiled")
     },
 }
@@ -461,7 +461,6 @@ def measure_load(
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     model = load_component(root, "transformer", device=device, dtype=torch.bfloat16)
-    fuse_projections(model)  # as ditq.load_pipeline does
     loaded = time.perf_counter() - start
     choosing = chooser.seconds if chooser is not None else 0.0
     prepare_quantized(model, device, torch.bfloat16, chooser)
@@ -641,7 +640,7 @@ def main() -> int:
             "dynamo_graphs": graphs_after - graphs,
             "graph_breaks": breaks_after - breaks,
         }
-        if base in SCHEMES or base in UNFUSED:
+        if base in SCHEMES or base in FUSED:
             row["kernels"] = kernel_counts(model)
         if attention is not None:
             row["attention_path"] = path
@@ -671,8 +670,9 @@ def main() -> int:
             shutil.rmtree(artifact_root, ignore_errors=True)
 
     def in_memory(scheme: str) -> None:
-        fused = scheme not in UNFUSED
-        models[scheme] = quantized_copy(bf16, config, UNFUSED.get(scheme, scheme), targets, fuse=fused)
+        models[scheme] = quantized_copy(
+            bf16, config, FUSED.get(scheme, scheme), targets, fuse=scheme in FUSED
+        )
         prepare_quantized(models[scheme], device, torch.bfloat16, chooser)
 
     def release(variant: str) -> None:  # a comparison's model, dropped once its rows ran
@@ -724,7 +724,7 @@ def main() -> int:
             *(row(variant, "compiled", r) for r in ends),
             (f"{variant} layer errors", 3 * scale, functools.partial(layer_error, variant)),
         ]
-    for variant in UNFUSED:
+    for variant in FUSED:
         plan += [
             (f"{variant} quantize", 2 * scale, functools.partial(in_memory, variant)),
             *(row(variant, mode, r) for mode in ("eager", "compiled") for r in ends),

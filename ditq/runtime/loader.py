@@ -310,7 +310,7 @@ def load_pipeline(
     memory_budget_bytes: int | None = None,
     kv_cache: str | None = None,
     compile: str | None = None,
-    fuse: bool = True,
+    fuse: bool = False,
 ) -> Any:
     """A diffusers pipeline from a plain or ditq directory, placed on ``device`` per ``offload``.
 
@@ -334,8 +334,9 @@ def load_pipeline(
     one (diffusers' block-level group offload). ``kv_cache`` ("int8" | "fp8") keeps the transformer's prefix KV
     cache in 8 bits (``ditq.runtime.kv_cache``). ``compile`` (a torch.compile backend: "inductor", say) compiles
     the transformer's repeated blocks on their first call (``ditq.runtime.compile``), recorded as the pipeline's
-    ``ditq_compile``. With ``fuse`` (the default), quantized projections that read one input (query/key/value,
-    gate/up) run as one GEMM each (``ditq.runtime.fuse``; exact per output channel).
+    ``ditq_compile``. With ``fuse``, quantized projections that read one input (query/key/value, gate/up) run as
+    one GEMM each (``ditq.runtime.fuse``; exact per output channel). Off by default: on an H200 the fused fp8 loop
+    ran 5 % slower than the separate layers (benchmarks/results/dit_bench_fused_eager_7d332ce.json).
     """
     offload = resolve_offload(offload, option="offload")
     model_dir = Path(model_dir)

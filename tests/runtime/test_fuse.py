@@ -55,8 +55,8 @@ def _image(pipe: object) -> np.ndarray:
 
 
 def test_the_loader_fuses_every_block_and_draws_what_the_separate_layers_draw(w8a8_demo: Path) -> None:
-    separate = ditq.load_pipeline(w8a8_demo, device="cpu", fuse=False)
-    fused = ditq.load_pipeline(w8a8_demo, device="cpu")
+    separate = ditq.load_pipeline(w8a8_demo, device="cpu")
+    fused = ditq.load_pipeline(w8a8_demo, device="cpu", fuse=True)
     attentions = [m for m in fused.transformer.modules() if isinstance(m, QwenImage21Attention)]
     assert attentions and all(
         isinstance(a.processor, FusedQKVAttnProcessor) and not hasattr(a, "to_q") for a in attentions
@@ -69,7 +69,7 @@ def test_the_loader_fuses_every_block_and_draws_what_the_separate_layers_draw(w8
 
 
 def test_fused_blocks_trace_as_one_graph(w8a8_demo: Path) -> None:
-    pipe = ditq.load_pipeline(w8a8_demo, device="cpu")
+    pipe = ditq.load_pipeline(w8a8_demo, device="cpu", fuse=True)
     block = pipe.transformer.transformer_blocks[0]
     eager = _image(pipe)
     torch._dynamo.reset()

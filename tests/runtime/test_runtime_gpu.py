@@ -130,10 +130,10 @@ def test_fused_projections_draw_the_pixels_of_the_separate_layers_on_cuda(
 ) -> None:
     from ditq.runtime.fuse import stored_layer_count
 
-    fused = load_pipeline(artifacts[scheme], device="cuda")
+    fused = load_pipeline(artifacts[scheme], device="cuda", fuse=True)
     layers = quantized_linears(fused.transformer).values()
     assert any(stored_layer_count(layer) > 1 for layer in layers)  # the fusion happened on the device
-    separate = _pixels(load_pipeline(artifacts[scheme], device="cuda", fuse=False))
+    separate = _pixels(load_pipeline(artifacts[scheme], device="cuda"))
     # one wider GEMM may tile its reduction otherwise than three narrow ones: equal up to float rounding
     difference = np.abs(_pixels(fused) - separate)
     assert difference.mean() < 0.5 and difference.max() <= 8, (difference.mean(), difference.max())
