@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -215,3 +216,37 @@ def test_a_taken_port_is_one_line_and_its_own_exit_code_before_the_model_loads(
     assert code == EXIT_STARTUP != EXIT_OUT_OF_MEMORY
     error = capsys.readouterr().err.strip().splitlines()
     assert error == [f"ditq serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_model_loads_exits_with_its_own_code_not_an_abort() -> None:
+    """Issue 28, defect 12: SIGTERM during start-up (loading, the doctor, calibration) aborted: exit -6,
+    "terminate called without an active exception", torch's native threads torn down under the loader thread.
+    The loader starts with the application; loading and calibrating the demo model take seconds."""
+    from ditq.errors import EXIT_STOPPED_DURING_STARTUP
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ditq.cli", "serve", "--port", str(free_port()), "--device", "cpu"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None
+    try:
+        seen = []
+        while (line := process.stderr.readline()) and "Application startup complete" not in line:
+            seen.append(line)
+        assert line, "".join(seen)
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    rest = process.stderr.read()
+    assert code == EXIT_STOPPED_DURING_STARTUP, rest
+    assert re.search(
+        r"stopped during start-up, before ditq-demo was ready \((loading|checking kernels|calibrating)\)",
+        rest,
+    )
+    assert "terminate called" not in rest
