@@ -210,6 +210,14 @@ def test_edit_without_image_is_400(client: Any) -> None:
     )
 
 
+@pytest.mark.parametrize("value", ["yes", "1", "on"])
+def test_a_form_boolean_is_true_or_false(client: Any, value: str) -> None:
+    """Issue 28 (weak): return_stage_metrics "yes" was read as true (pydantic's lax words)."""
+    files = [("image", ("a.png", png_bytes(), "image/png"))]
+    error = edit(client, files, return_stage_metrics=value)
+    assert_error(error, 400, "invalid_value", "return_stage_metrics")
+
+
 def test_mask_is_refused_by_name(client: Any) -> None:
     files = [("image", ("a.png", png_bytes(), "image/png")), ("mask", ("m.png", png_bytes(), "image/png"))]
     assert_error(edit(client, files), 400, "unsupported_parameter", "mask")
