@@ -7,6 +7,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_OUT_OF_MEMORY",
     "EXIT_STARTUP",
+    "EXIT_STOPPED_DURING_STARTUP",
     "EXIT_USAGE",
     "DitqError",
     "InputError",
@@ -21,6 +22,7 @@ EXIT_OUT_OF_MEMORY = 3  # `ditq serve`: the model did not fit in the accelerator
 EXIT_STARTUP = (
     4  # `ditq serve`: it could not start for another reason (its port is taken); more offload won't help
 )
+EXIT_STOPPED_DURING_STARTUP = 5  # `ditq serve`: SIGTERM or Ctrl-C came before the model was ready
 
 
 class DitqError(Exception):

@@ -17,9 +17,12 @@ from ditq.devices import add_device_arguments
 from ditq.errors import InputError
 from ditq.serve import ServeConfig, serve
 from ditq.serve.access import default_allowed_hosts
+from ditq.serve.config import api_key_problem
 from ditq.serve.connections import ConnectionLimits
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["API_KEY_ENV", "add_arguments", "api_key", "run"]
+
+API_KEY_ENV = "DITQ_API_KEY"
 
 _DEFAULTS = ServeConfig()
 _LIMITS = ConnectionLimits()
@@ -121,9 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     security = parser.add_argument_group("access")
     security.add_argument(
         "--api-key",
-        default=os.environ.get("DITQ_API_KEY"),
         metavar="KEY",
-        help="require 'Authorization: Bearer KEY' on every path but /health (default: $DITQ_API_KEY; none)",
+        help=f"require 'Authorization: Bearer KEY' on every path but /health (default: ${API_KEY_ENV}; none)",
     )
     security.add_argument(
         "--allowed-host",
@@ -141,6 +143,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, else $DITQ_API_KEY; one that no request could match is a usage error naming where it came
+    from."""
+    given, source = (
+        (args.api_key, "--api-key")
+        if args.api_key is not None
+        else (os.environ.get(API_KEY_ENV), API_KEY_ENV)
+    )
+    if given is not None and (problem := api_key_problem(given)) is not None:
+        raise InputError(f"{source}: the API key {problem}")
+    return given
+
+
 def run(args: argparse.Namespace) -> int:
     name = args.served_model_name or (args.path.resolve().name if args.path else "ditq-demo")
     config = ServeConfig(
@@ -152,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         max_image_pixels=args.max_image_pixels,
         max_upload_pixels=args.max_upload_pixels,
         on_collapse=args.on_collapse,
-        api_key=args.api_key,
+        api_key=api_key(args),
         allowed_hosts=default_allowed_hosts(args.host, args.allowed_host),
         docs=args.docs,
     )

@@ -2,8 +2,10 @@
 
 - Host: with ``allowed_hosts`` set, a request naming another host is refused (400 ``invalid_host``), so a web
   page cannot reach a loopback server through a domain rebound to 127.0.0.1 (DNS rebinding).
-- Origin: a browser names the page's origin on cross-site requests; one outside ``allowed_hosts`` is refused
-  (403 ``cross_origin``), so a page cannot make the server generate with a form post.
+- Origin: a browser names the page's origin on cross-site requests; one that is foreign is refused (403
+  ``cross_origin``), so a page cannot make the server generate with a form post. Foreign: a host outside
+  ``allowed_hosts``; with no allow-list (``'*'``, or a bind beyond loopback without ``--allowed-host``), a host
+  other than the one the request's Host header names. Ports are not compared, as the allow-list does not.
 - API key: with ``api_key`` set, every path but /health needs ``Authorization: Bearer <key>`` (401
   ``invalid_api_key``), compared in constant time. /health stays open for load balancers and the sweep.
 """
@@ -74,11 +76,14 @@ class AccessMiddleware:
 
     def _refusal(self, scope: Scope) -> errors.APIError | None:
         headers = Headers(scope=scope)
-        if self.allowed is not None:
-            if hostname(headers.get("host", "")) not in self.allowed:
-                return errors.bad_host()
-            origin = headers.get("origin")
-            if origin is not None and hostname(urlsplit(origin).netloc) not in self.allowed:
+        host = hostname(headers.get("host", ""))
+        if self.allowed is not None and host not in self.allowed:
+            return errors.bad_host()
+        origin = headers.get("origin")
+        if origin is not None:
+            origin_host = hostname(urlsplit(origin).netloc)  # "" for "null" (a sandboxed page, a file)
+            same_site = self.allowed if self.allowed is not None else (host,)
+            if not origin_host or origin_host not in same_site:
                 return errors.cross_origin()
         if self.api_key is not None and scope["path"] not in _OPEN_PATHS:
             scheme, _, token = headers.get("authorization", "").partition(" ")

@@ -307,6 +307,9 @@ def create_app(
         status, body = state.health()
         return JSONResponse(body, status_code=status)
 
+    # HEAD, as load balancers check: GET's status and headers without the body (the server leaves it out)
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
+
     @app.get("/metrics")
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -10,7 +10,7 @@ from PIL import Image
 
 from ditq.errors import InputError
 
-__all__ = ["CollapsePolicy", "ServeConfig", "parse_memory_size"]
+__all__ = ["CollapsePolicy", "ServeConfig", "api_key_problem", "parse_memory_size"]
 
 # "error": a collapsed image fails its request with 500 non_finite_output; "warn": it is returned
 # with a "warnings" entry in the response. Either way it is logged and counted.
@@ -44,6 +44,19 @@ def parse_memory_size(text: str) -> int:
     if size <= 0:
         raise InputError(f"--max-memory: size must be positive, got '{text}'")
     return size
+
+
+def api_key_problem(key: str) -> str | None:
+    """Why ``key`` could never match an ``Authorization: Bearer`` header, or None: a header carries printable
+    ASCII only, and the server strips the spaces around the token. The key itself is never shown."""
+    if not key.strip():
+        return "must not be empty"
+    if key != key.strip():
+        return "has white space at its start or end, which no Authorization header can carry"
+    bad = next((i for i, c in enumerate(key) if not " " <= c <= "~"), None)
+    if bad is not None:
+        return f"has a character that is not printable ASCII (character {bad + 1}), which no Authorization header can carry"
+    return None
 
 
 @dataclass(frozen=True)
@@ -99,5 +112,5 @@ class ServeConfig:
                 )
         if self.on_collapse not in ("error", "warn"):
             raise InputError(f"serve setting on_collapse must be 'error' or 'warn', got {self.on_collapse!r}")
-        if self.api_key is not None and not self.api_key.strip():
-            raise InputError("serve setting api_key must not be empty")
+        if self.api_key is not None and (problem := api_key_problem(self.api_key)) is not None:
+            raise InputError(f"serve setting api_key: {problem}")

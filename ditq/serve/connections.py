@@ -9,6 +9,10 @@ cannot fill. uvicorn's h11 protocol, subclassed per server (:func:`uvicorn_confi
   after it opened (or after its previous response) is closed: a slow-header client holds nothing for long.
 - Idle deadline: uvicorn's keep-alive timeout (``idle_timeout_s``) closes a connection idle between requests.
   The body has its own deadline (body_limit.py).
+- Half-close: a client that shuts its sending side after a whole request (``shutdown(SHUT_WR)``) still gets its
+  answer. A client that closed altogether sends the same end of stream, so the server tells them apart by
+  writing an interim ``100 Continue`` (which HTTP/1.1 clients must accept before any answer): a closed socket
+  answers it with a reset, and that client is treated as gone (its request dropped or stopped), as before.
 - Log: these events, and uvicorn's own warnings, are summarized at most once per ``LOG_EVERY_S`` per kind, and
   access-log paths are cut at 200 characters.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +33,19 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ditq.serve.errors import envelope
 
-__all__ = ["LOG_EVERY_S", "ConnectionLimits", "guarded_protocol", "quiet_floods", "uvicorn_config"]
+__all__ = [
+    "LOG_EVERY_S",
+    "PEER_CHECK_S",
+    "ConnectionLimits",
+    "guarded_protocol",
+    "quiet_floods",
+    "uvicorn_config",
+]
 
 logger = logging.getLogger(__name__)
 
 LOG_EVERY_S = 10.0
+PEER_CHECK_S = 0.1  # while half-closed: how often to look for the reset that says the client is gone
 GRACEFUL_CLOSE_S = 5  # after the drain: how long uvicorn waits for connections to finish their responses
 
 
@@ -96,6 +109,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
 
     class GuardedProtocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _peer_timer: asyncio.TimerHandle | None = None
+        _half_closed = False
 
         def _inside_request(self) -> bool:
             return self.conn.their_state is not h11.IDLE or (
@@ -136,7 +151,38 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             opened.pop(self, None)
             self._disarm_header_timer()
+            if self._peer_timer is not None:
+                self._peer_timer.cancel()
             super().connection_lost(exc)
+
+        def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio: True keeps it open
+            """Keep the connection open for the answer (True) when the end of stream follows a whole request whose
+            answer has not started; otherwise close it (uvicorn's way)."""
+            cycle = self.cycle
+            if (
+                self.conn.their_state is not h11.DONE
+                or self.conn.our_state is not h11.SEND_RESPONSE
+                or cycle is None
+                or cycle.response_started
+            ):
+                return None
+            self._half_closed = True
+            self.transport.write(
+                self.conn.send(h11.InformationalResponse(status_code=100, headers=[], reason="Continue"))
+            )
+            self._peer_timer = self.loop.call_later(PEER_CHECK_S, self._check_peer)
+            return True
+
+        def _check_peer(self) -> None:
+            """A reset of the interim answer sets the socket's error: the client closed, not half-closed."""
+            self._peer_timer = None
+            if self.transport.is_closing() or self.cycle is None or self.cycle.response_complete:
+                return
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                self.transport.abort()  # connection_lost: the request is seen as disconnected
+                return
+            self._peer_timer = self.loop.call_later(PEER_CHECK_S, self._check_peer)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
@@ -145,7 +191,9 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing() and not self._inside_request():
+            if self._half_closed:  # answered; no further request can come
+                self.transport.close()
+            elif not self.transport.is_closing() and not self._inside_request():
                 self._arm_header_timer()
 
     return GuardedProtocol

@@ -1,7 +1,8 @@
 """Request bodies off the wire: JSON for generations, multipart for edits, as typed fields plus uploads.
 
 Every failure is a 4xx :class:`APIError`: 415 for another content type, 400 naming the field otherwise
-(pydantic's first error, JSON that Python will not read: an integer of more than 4300 digits, nesting
+(pydantic's first error, strict for JSON, whose values carry their types; a form's booleans are 'true' or
+'false'; JSON that Python will not read: an integer of more than 4300 digits, nesting
 deeper than the interpreter's recursion limit; starlette's multipart limits, a multipart body that ends
 before its closing boundary, a file where text belongs and the reverse).
 """
@@ -24,6 +25,9 @@ __all__ = ["parse_form", "parse_json"]
 
 _IMAGE_FIELDS = ("image", "image[]")
 _MASK_FIELDS = ("mask", "mask[]")
+_BOOLEAN_FIELDS = frozenset(
+    name for name, field in ImageRequest.model_fields.items() if field.annotation is bool
+)
 
 
 def _validation_error(error: ValidationError) -> APIError:
@@ -56,8 +60,8 @@ async def parse_json(request: Request) -> ImageRequest:
         raise bad_field("body", f"not valid JSON ({detail})") from None
     if not isinstance(payload, dict):
         raise bad_field("body", "expected a JSON object")
-    try:
-        return ImageRequest.model_validate(payload)
+    try:  # strict: JSON has its own types, so true is no 1, "2" no 2, 1e18 no integer, "yes" no boolean
+        return ImageRequest.model_validate(payload, strict=True)
     except ValidationError as error:
         raise _validation_error(error) from None
 
@@ -84,8 +88,12 @@ async def parse_form(request: Request, max_images: int) -> tuple[ImageRequest, l
     try:
         form = await parser.parse()
     except MultiPartException as error:  # starlette's limits, or a malformed body
-        too_many_files = "files" in error.message.lower()
-        raise bad_field("image" if too_many_files else "body", error.message) from None
+        if "files" in error.message.lower():  # its limit is ours plus room for a mask to be named; say ours
+            raise bad_field(
+                "image",
+                f"more than {max_images + 2} files given, the served pipeline takes at most {max_images}",
+            ) from None
+        raise bad_field("body", error.message) from None
     if not parser.complete:
         await form.close()
         raise bad_field("body", "the multipart body ends before its closing boundary (truncated)")
@@ -109,6 +117,9 @@ async def parse_form(request: Request, max_images: int) -> tuple[ImageRequest, l
         else:
             fields[key] = value
     await form.close()
+    for name, value in fields.items():  # a form's boolean is text: only the words JSON and HTTP clients write
+        if name in _BOOLEAN_FIELDS and value.strip().lower() not in ("true", "false"):
+            raise bad_field(name, f"expected 'true' or 'false', got '{value[:40]}'")
     try:
         return ImageRequest.model_validate(fields), uploads
     except ValidationError as error:

@@ -3,23 +3,34 @@
 The first SIGTERM (or Ctrl-C) drains: the server keeps listening and answers new requests 503 ``draining``
 (Connection: close) while the queued and running ones finish, for at most ``drain_timeout_s``; then what is
 left is stopped (a running generation at its next step, answered 503 ``draining``) and the process exits,
-giving connections ``GRACEFUL_CLOSE_S`` to take their answers. A second signal exits at once.
+giving connections ``GRACEFUL_CLOSE_S`` to take their answers. A second signal exits at once. A signal before
+the model is ready (loading, the doctor's checks, calibration) stops the server and exits with code 5
+(``EXIT_STOPPED_DURING_STARTUP``) without waiting for the model.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 import torch
 import uvicorn
 
 from ditq.devices import default_dtype, resolve_device, resolve_dtype, resolve_offload
 from ditq.doctor import kernel_chooser
-from ditq.errors import DitqError, InputError, OutOfMemoryError, StartupError
+from ditq.errors import (
+    EXIT_STOPPED_DURING_STARTUP,
+    DitqError,
+    InputError,
+    OutOfMemoryError,
+    StartupError,
+)
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.serve.access import exposure_warning
 from ditq.serve.app import create_app
@@ -179,3 +190,21 @@ def serve(
     if failures:
         message, out_of_memory = failures[-1]
         raise OutOfMemoryError(message) if out_of_memory else DitqError(message)
+    if not state.wait_loaded(0):
+        _exit_during_startup(state)
+
+
+def _exit_during_startup(state: ServerState) -> NoReturn:
+    """A stop signal came while the model was loading, being checked or calibrated. That work runs in torch in
+    the loader thread and cannot be interrupted; a normal interpreter exit would tear torch's native thread
+    pools down under it (SIGABRT: "terminate called without an active exception"). So the process ends now,
+    with its own exit code, after the log is flushed; it holds nothing that needs a clean close."""
+    logger.warning(
+        "stopped during start-up, before %s was ready (%s); exiting without waiting for it",
+        state.config.served_model_name,
+        state.startup_step,
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_STOPPED_DURING_STARTUP)

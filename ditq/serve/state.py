@@ -65,6 +65,8 @@ class ServerState:
         self.gate_rules = load_rules()  # the collapse signatures a returned image must not show
         self.model_root = model_root
         self.phase: Phase = "loading"
+        # then "checking kernels", then "calibrating": the log says where a stop signal came
+        self.startup_step = "loading"
         self.adapter: PipelineAdapter | None = None
         self.worker: GenerationWorker | None = None
         self.doctor_outcome: DoctorOutcome | None = None
@@ -123,6 +125,7 @@ class ServerState:
         try:
             adapter = self._load()
             loaded_s = time.perf_counter() - started
+            self.startup_step = "checking kernels"
             outcome = self._doctor(adapter)
         except Exception as error:  # reported by /health and the load-failure callback
             logger.exception("loading %s failed", self.model_root)
@@ -178,6 +181,7 @@ class ServerState:
         has no allocator that raises, so the worker watches the process's resident memory instead)."""
         if self._calibrate is None:
             return None
+        self.startup_step = "calibrating"
         calibration_started = time.perf_counter()
         self.cost_model = self._calibrate(adapter)
         self.facts.update(

@@ -84,6 +84,37 @@ def test_a_cross_site_origin_is_403(loopback_only: Any, origin: str, status: int
         assert error_code(response) == "cross_origin"
 
 
+@pytest.fixture(scope="module")
+def any_host() -> Any:
+    """No allow-list: --allowed-host '*', or a bind beyond loopback without --allowed-host."""
+    with client_for(make_app(dataclasses.replace(WARN, allowed_hosts=None))) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("origin", "status"),
+    [
+        ("http://evil.example", 403),
+        ("null", 403),
+        ("http://gpu-7.internal.evil.example", 403),
+        ("http://gpu-7.internal:3000", 200),  # the same host, another port: as the allow-list, ports aside
+        ("https://GPU-7.internal", 200),
+        (None, 200),  # no Origin: not a browser's cross-site request
+    ],
+    ids=str,
+)
+def test_without_an_allow_list_an_origin_other_than_the_host_is_403(
+    any_host: Any, origin: str | None, status: int
+) -> None:
+    """Issue 28, defect 11: with the allow-list off, a POST with Origin http://evil.example was served 200."""
+    headers = {"host": "gpu-7.internal:8091", **({"origin": origin} if origin else {})}
+    if status == 403:
+        response = any_host.post(GENERATIONS, json={"prompt": "a", **FAST}, headers=headers)
+        assert response.status_code == 403 and error_code(response) == "cross_origin"
+    else:  # the same access check on a cheaper path
+        assert any_host.get("/v1/models", headers=headers).status_code == 200
+
+
 def test_docs_are_off_by_default_and_on_when_asked() -> None:
     with client_for(make_app()) as client:
         for path in ("/docs", "/redoc", "/openapi.json"):

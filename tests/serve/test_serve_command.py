@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -39,7 +40,13 @@ def test_bad_memory_size_is_a_usage_error(tmp_path: Path, capsys: pytest.Capture
         ("--max-connections", "0", "--max-connections"),
         ("--header-timeout", "0", "--header-timeout"),
         ("--drain-timeout", "-1", "--drain-timeout"),
-        ("--api-key", " ", "api_key"),
+        ("--api-key", " ", "--api-key: the API key must not be empty"),
+        ("--api-key", " sk-padded", "--api-key: the API key has white space at its start or end"),
+        (
+            "--api-key",
+            "sk-clé",
+            "--api-key: the API key has a character that is not printable ASCII (character 6)",
+        ),
     ],
 )
 def test_bad_connection_and_access_options_are_usage_errors(
@@ -58,8 +65,30 @@ def test_the_api_key_may_come_from_the_environment(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("DITQ_API_KEY", "sk-from-env")
     parser = argparse.ArgumentParser()
     serve_command.add_arguments(parser)
-    assert parser.parse_args([]).api_key == "sk-from-env"  # kept off the command line, out of `ps`
-    assert parser.parse_args(["--api-key", "sk-flag"]).api_key == "sk-flag"
+    assert (
+        serve_command.api_key(parser.parse_args([])) == "sk-from-env"
+    )  # kept off the command line, out of `ps`
+    assert serve_command.api_key(parser.parse_args(["--api-key", "sk-flag"])) == "sk-flag"
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [("sk-key\n", "white space at its start or end"), ("sk-\u00e9", "not printable ASCII")],
+)
+def test_a_key_from_the_environment_that_can_never_match_is_a_usage_error_naming_it(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    key: str,
+    problem: str,
+) -> None:
+    """Such a key was accepted at start-up, and then every request was 401."""
+    (tmp_path / "model_index.json").write_text("{}")
+    monkeypatch.setenv("DITQ_API_KEY", key)
+    assert main(["serve", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("ditq serve: error: DITQ_API_KEY: the API key ")
+    assert problem in error[0] and key.strip() not in error[0]
 
 
 def test_a_directory_without_model_index_is_a_usage_error(
@@ -215,3 +244,37 @@ def test_a_taken_port_is_one_line_and_its_own_exit_code_before_the_model_loads(
     assert code == EXIT_STARTUP != EXIT_OUT_OF_MEMORY
     error = capsys.readouterr().err.strip().splitlines()
     assert error == [f"ditq serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_model_loads_exits_with_its_own_code_not_an_abort() -> None:
+    """Issue 28, defect 12: SIGTERM during start-up (loading, the doctor, calibration) aborted: exit -6,
+    "terminate called without an active exception", torch's native threads torn down under the loader thread.
+    The loader starts with the application; loading and calibrating the demo model take seconds."""
+    from ditq.errors import EXIT_STOPPED_DURING_STARTUP
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ditq.cli", "serve", "--port", str(free_port()), "--device", "cpu"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None
+    try:
+        seen = []
+        while (line := process.stderr.readline()) and "Application startup complete" not in line:
+            seen.append(line)
+        assert line, "".join(seen)
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    rest = process.stderr.read()
+    assert code == EXIT_STOPPED_DURING_STARTUP, rest
+    assert re.search(
+        r"stopped during start-up, before ditq-demo was ready \((loading|checking kernels|calibrating)\)",
+        rest,
+    )
+    assert "terminate called" not in rest

@@ -76,6 +76,17 @@ BAD_JSON = [
     ({"prompt": "a cat", "n": 10**4000}, "n", "invalid_value"),  # an int with no float
     ({"prompt": "a cat", "seed": 10**4000}, "seed", "invalid_value"),
     ({"prompt": "a cat", "size": "9" * 5000 + "x16"}, "size", "invalid_value"),
+    # strict JSON types (issue 28, weak): each was read as something else and served
+    ({"prompt": "a cat", "n": True}, "n", "invalid_value"),
+    ({"prompt": "a cat", "n": "2"}, "n", "invalid_value"),
+    ({"prompt": "a cat", "n": 2.0}, "n", "invalid_value"),
+    ({"prompt": "a cat", "seed": 1e18}, "seed", "invalid_value"),
+    ({"prompt": "a cat", "seed": "7"}, "seed", "invalid_value"),
+    ({"prompt": "a cat", "seed": 2**63}, "seed", "invalid_value"),
+    ({"prompt": "a cat", "num_inference_steps": False}, "num_inference_steps", "invalid_value"),
+    ({"prompt": "a cat", "guidance_scale": True}, "guidance_scale", "invalid_value"),
+    ({"prompt": "a cat", "return_stage_metrics": "yes"}, "return_stage_metrics", "invalid_value"),
+    ({"prompt": "a cat", "return_stage_metrics": 1}, "return_stage_metrics", "invalid_value"),
 ]
 
 
@@ -165,9 +176,12 @@ def test_too_many_images_is_400(client: Any) -> None:
     assert "at most 4" in error["message"]
 
 
-def test_more_files_than_the_form_takes_is_400(client: Any) -> None:
-    files = [("image[]", (f"{i}.png", png_bytes(), "image/png")) for i in range(8)]
-    assert_error(edit(client, files), 400, "invalid_value", "image")
+@pytest.mark.parametrize("count", [7, 8])
+def test_more_files_than_the_form_takes_is_400_stating_the_real_limit(client: Any, count: int) -> None:
+    """Issue 28 (weak): 7 images said "Maximum number of files is 6", though the limit is 4."""
+    files = [("image[]", (f"{i}.png", png_bytes(), "image/png")) for i in range(count)]
+    error = assert_error(edit(client, files), 400, "invalid_value", "image")
+    assert error["message"].endswith("the served pipeline takes at most 4")
 
 
 def test_unknown_path_uses_the_envelope(client: Any) -> None:
@@ -194,6 +208,14 @@ def test_edit_without_image_is_400(client: Any) -> None:
         "invalid_value",
         "unused",
     )
+
+
+@pytest.mark.parametrize("value", ["yes", "1", "on"])
+def test_a_form_boolean_is_true_or_false(client: Any, value: str) -> None:
+    """Issue 28 (weak): return_stage_metrics "yes" was read as true (pydantic's lax words)."""
+    files = [("image", ("a.png", png_bytes(), "image/png"))]
+    error = edit(client, files, return_stage_metrics=value)
+    assert_error(error, 400, "invalid_value", "return_stage_metrics")
 
 
 def test_mask_is_refused_by_name(client: Any) -> None:

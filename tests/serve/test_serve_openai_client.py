@@ -1,17 +1,20 @@
-"""The official `openai` client against a live server on loopback: generations, edits, seeds."""
+"""The official `openai` client against a live server on loopback: generations, edits, seeds; and on the same
+server, what other HTTP clients do: HEAD /health, a client that half-closes after its request."""
 
 from __future__ import annotations
 
 import base64
 import dataclasses
 import io
+import json
+import socket
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 from PIL import Image
-from serve_testkit import WARN, LiveServer, make_app, png_bytes
+from serve_testkit import FAST, WARN, LiveServer, make_app, png_bytes
 
 EXTRA = {"num_inference_steps": 2}
 
@@ -116,6 +119,39 @@ def test_health_and_metrics_over_http(server: LiveServer) -> None:
     text = httpx.get(f"{server.base_url}/metrics").text
     assert 'ditq_requests_total{endpoint="generations",status="200"}' in text
     assert "ditq_request_latency_seconds_bucket" in text and "process_resident_memory_bytes" in text
+
+
+def test_head_health_answers_like_get_without_a_body(server: LiveServer) -> None:
+    """Issue 28 (weak): HEAD /health was 405, so a load balancer that checks with HEAD saw the server down."""
+    head = httpx.head(f"{server.base_url}/health")
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == "application/json" and int(head.headers["content-length"]) > 0
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_client_that_half_closes_after_its_request_gets_its_answer(server: LiveServer) -> None:
+    """Issue 28 (weak): the end of stream after the body was taken for a client gone, and nothing came back.
+    Before the answer an interim 100 Continue arrives (how the server tells a half-close from a close)."""
+    body = json.dumps({"prompt": "a kite", **FAST}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        sock.sendall(
+            b"POST /v1/images/generations HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        sock.shutdown(socket.SHUT_WR)
+        reply = read_until_closed(sock)
+    interim, _, final = reply.partition(b"\r\n\r\n")
+    assert interim == b"HTTP/1.1 100 Continue"
+    head, _, content = final.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert len(json.loads(content)["data"]) == 1
 
 
 def test_the_client_sends_its_api_key_as_a_bearer_token() -> None:
