@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ditq.checkpoint.patterns import check_entries
 from ditq.errors import InputError
 from ditq.numerics import dequantize_weight, pack_int8_to_int32, unpack_int32_to_int8
 from ditq.schemes import FP8, SCHEMES, W8A8, W8A16, ActivationKind, Scheme, normalize_quant_method
@@ -377,10 +378,12 @@ def scheme_in_format(preset: Scheme, fmt: str, group_size: int | None, where: st
 def config_groups(plain: dict[str, Any], where: str) -> list[ConfigGroup]:
     """Every config group of a plain compressed-tensors config, each read and checked; anything ditq does not
     implement (transforms, 4-bit, zero points, static or non-token activations, ...) is an InputError that
-    names the feature, the group and ``where``."""
+    names the feature, the group and ``where``. ``targets`` and ``ignore`` are lists whose ``re:`` patterns are
+    inside the language ``ditq.checkpoint.patterns`` reads."""
     normalize_quant_method(str(plain.get("quant_method", "")))
     if plain.get("transform_config"):
         raise InputError(f"{where}: transform_config is not empty; ditq does not implement transforms")
+    check_entries(plain.get("ignore"), f"{where}: ignore")
     groups = plain.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise InputError(f"{where}: quantization_config has no config_groups")
@@ -399,9 +402,7 @@ def config_groups(plain: dict[str, Any], where: str) -> list[ConfigGroup]:
             if fmt in (None, "mixed-precision")
             else scheme_in_format(preset, fmt, group_size, where, name)
         )
-        if not isinstance(group.get("targets") or [], list):
-            raise InputError(f"{where}: config group {name!r}: targets is not a list")
-        targets = tuple(str(t) for t in group.get("targets") or ())
+        targets = check_entries(group.get("targets"), f"{where}: config group {name!r}: targets")
         out.append(ConfigGroup(name, targets, weight_type, activations, group_size, scheme))
     return out
 

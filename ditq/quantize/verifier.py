@@ -26,7 +26,6 @@ applicable (never as passed), the config is not compared with a manifest, and th
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -41,9 +40,10 @@ from ditq.checkpoint.layout import (
     component_names,
     load_component_config,
     quantization_config_of,
+    read_json,
     read_model_index,
 )
-from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, SCHEMA_VERSION, file_records
+from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, SCHEMA_VERSION, check_manifest, file_records
 from ditq.checkpoint.reference import ReferenceDecoder
 from ditq.checkpoint.safetensors_io import SafetensorsHeader, TensorEntry, read_tensor
 from ditq.checkpoint.source_tree import scan_tree
@@ -126,14 +126,9 @@ def _check_manifest(root: Path, report: VerifyReport) -> dict[str, Any] | None:
         f"sha256 {actual[:16]}…",
     )
     try:
-        manifest = json.loads((root / MANIFEST).read_text())
-        if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"schema_version is not {SCHEMA_VERSION}")
-        for key in ("files", "components", "linked"):
-            if not isinstance(manifest.get(key), dict):
-                raise ValueError(f"no {key!r} object")
-    except (ValueError, UnicodeDecodeError) as error:
-        report.add("manifest parses", [f"{MANIFEST}: {error}"], "")
+        manifest = check_manifest(read_json(root / MANIFEST), MANIFEST)
+    except InputError as error:
+        report.add("manifest parses", [str(error)], "")
         return None
     report.add("manifest parses", [], f"schema {SCHEMA_VERSION}")
     return manifest
