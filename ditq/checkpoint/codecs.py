@@ -132,6 +132,23 @@ class Codec(ABC):
         q = self.decode_values(stored[self.weight_name], (out_features, in_features))
         return q, scale.to(torch.float32)
 
+    def scale_problem(self, scale: torch.Tensor) -> str | None:
+        """Why a stored weight_scale cannot scale this format's weights, or None: every scale is finite,
+        positive, and small enough that the largest quantized value times it stays finite in float32 (a scale
+        of 3e38 turns every weight into Inf). The one check the loader, verify and the doctor share."""
+        scale = scale.to(torch.float32)
+        if not bool(torch.isfinite(scale).all()):
+            bad = int((~torch.isfinite(scale)).sum())
+            return f"{SCALE} holds {bad} NaN or Inf value(s)"
+        smallest, largest = float(scale.min()), float(scale.max())
+        if smallest <= 0:
+            return f"{SCALE} holds {'zero' if smallest == 0 else 'negative'} values (smallest {smallest:g})"
+        dtype = self.scheme.weight_dtype
+        q_max = torch.finfo(dtype).max if dtype.is_floating_point else torch.iinfo(dtype).max
+        if largest * q_max > torch.finfo(torch.float32).max:
+            return f"{SCALE} {largest:g} is out of range: {q_max:g} times it overflows float32"
+        return None
+
     def decode(self, stored: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """ditq's decoder: one Linear's stored tensors -> its weight (out, in) in ``dtype`` (computed in float32)."""
         return dequantize_weight(*self.read(stored), dtype)

@@ -353,12 +353,13 @@ def _check_tensors(
             report.tensors.append({**row, "layout_ok": False})
             continue
         scale = stored[SCALE]
-        row["scale_ok"] = bool(torch.isfinite(scale).all() and (scale > 0).all())
+        scale_problem = codec.scale_problem(scale)
+        row["scale_ok"] = scale_problem is None
         # in the scale's dtype, as compressed-tensors decodes (float32 for ditq's scales)
         ours, theirs = codec.decode(stored, scale.dtype), decoder.decode(stored, prefix, linears.get(prefix))
         row["decoders_agree"] = ours.dtype == theirs.dtype and torch.equal(ours, theirs)
-        if not row["scale_ok"]:
-            problems.append(f"{prefix}: weight_scale not finite and positive")
+        if scale_problem is not None:
+            problems.append(f"{prefix}: {scale_problem}")
         if not row["decoders_agree"]:
             problems.append(f"{prefix}: ditq and compressed-tensors decode differently")
         if source_where is not None:
@@ -375,7 +376,7 @@ def _check_tensors(
     report.add(
         f"{component}: decode",
         problems,
-        f"{len(quantized)} tensors ({counts}): layout ok, scales finite and positive, decoders agree bitwise",
+        f"{len(quantized)} tensors ({counts}): layout ok, scales finite, positive and in range, decoders agree bitwise",
     )
     if source_where is not None:
         _check_against_source(component, where, source_where, layers, source_problems, report)

@@ -1,7 +1,7 @@
 """Filling a meta-built model with stored tensors, one at a time: the dtype each tensor takes, and its place.
 
 Dtype policy: stored quantized tensors keep their stored dtype (a floating
-scale, BF16 included, becomes float32); every other floating tensor takes the
+scale, BF16 included, becomes float32, once ``Codec.scale_problem`` found none); every other floating tensor takes the
 run dtype, or float32 inside the model's ``_keep_in_fp32_modules``; integer
 tensors stay as stored.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ditq.checkpoint.codecs import SCALE
+from ditq.checkpoint.codecs import SCALE, codec_for
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
 from ditq.runtime.modules import QuantizedLinear
@@ -42,6 +42,10 @@ def assign_tensor(
         )
     stored_quantized = isinstance(module, QuantizedLinear) and attr in module.stored_names
     if stored_quantized and attr == SCALE and tensor.is_floating_point():
+        assert isinstance(module, QuantizedLinear)
+        problem = codec_for(module.scheme).scale_problem(tensor)
+        if problem is not None:
+            raise InputError(f"{entry.path}: tensor {name!r}: {problem}")
         tensor = tensor.to(torch.float32)
     elif stored_quantized and tensor.dtype != placeholder.dtype:
         raise InputError(

@@ -98,7 +98,18 @@ def test_resealed_negative_scale_fails(artifact) -> None:  # type: ignore[no-unt
     _edit_weights(out, lambda t: t["transformer_blocks.0.attn.to_q.weight_scale"].neg_())
     report = verify(out)
     assert _failed(report) == ["transformer: decode"]
-    assert "to_q: weight_scale not finite and positive" in report.checks[-1].detail
+    assert "to_q: weight_scale holds negative values" in report.checks[-1].detail
+
+
+def test_resealed_scale_too_large_for_float32_fails(artifact) -> None:  # type: ignore[no-untyped-def]
+    """Issue 28, item 8: 3e38 is finite and positive, and every weight it scales is Inf."""
+    _, out = artifact("flux", "w8a8")
+    _edit_weights(out, lambda t: t["transformer_blocks.0.attn.to_q.weight_scale"].fill_(3e38))
+    report = verify(out)
+    assert _failed(report) == ["transformer: decode"]
+    assert (
+        "to_q: weight_scale 3e+38 is out of range: 127 times it overflows float32" in report.checks[-1].detail
+    )
 
 
 MISTYPED_MANIFEST = {

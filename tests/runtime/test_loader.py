@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +305,46 @@ def test_transform_config_is_refused_by_name(w8a8_artifact: Path) -> None:
     config_path.write_text(json.dumps(config))
     with pytest.raises(InputError, match=r"^\S+/transformer/config\.json: transform_config is not empty"):
         load_component(w8a8_artifact, "transformer")
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (float("nan"), "weight_scale holds 1 NaN or Inf value"),
+        (float("inf"), "weight_scale holds 1 NaN or Inf value"),
+        (3e38, "weight_scale 3e+38 is out of range: 127 times it overflows float32"),
+        (-0.01, "weight_scale holds negative values"),
+        (0.0, "weight_scale holds zero values"),
+    ],
+    ids=["nan", "inf", "3e38", "negative", "zero"],
+)
+def test_a_scale_that_cannot_scale_is_refused_naming_file_and_tensor(
+    w8a8_artifact: Path, value: float, problem: str
+) -> None:
+    """Issue 28, item 8: these loaded, and ditq generate wrote a transparent or wrong image with exit 0. The check
+    is verify's (``Codec.scale_problem``)."""
+    name = "transformer_blocks.1.attn.to_k.weight_scale"
+
+    def spoil(tensors: dict[str, torch.Tensor]) -> None:
+        tensors[name][1, 0] = value
+
+    shard = _rewrite_shard_holding(w8a8_artifact, name, spoil)
+    with pytest.raises(InputError, match=rf"^{shard}: tensor '{name}': {re.escape(problem)}"):
+        load_component(w8a8_artifact, "transformer", device="cpu")
+
+
+@pytest.mark.parametrize("how", ["null", "missing"])
+def test_quantized_weights_without_a_quantization_config_are_refused(w8a8_artifact: Path, how: str) -> None:
+    """Issue 28, item 8: with ``quantization_config: null`` the int8 weights loaded as floats."""
+    config_path = w8a8_artifact / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    if how == "null":
+        config["quantization_config"] = None
+    else:
+        del config["quantization_config"]
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(
+        InputError,
+        match=rf"^{config_path}: no compressed-tensors quantization_config, but \S+ holds the quantized",
+    ):
+        load_component(w8a8_artifact, "transformer", device="cpu")
