@@ -143,8 +143,7 @@ class Codec(ABC):
         smallest, largest = float(scale.min()), float(scale.max())
         if smallest <= 0:
             return f"{SCALE} holds {'zero' if smallest == 0 else 'negative'} values (smallest {smallest:g})"
-        dtype = self.scheme.weight_dtype
-        q_max = torch.finfo(dtype).max if dtype.is_floating_point else torch.iinfo(dtype).max
+        q_max = self.scheme.weight_qmax
         if largest * q_max > torch.finfo(torch.float32).max:
             return f"{SCALE} {largest:g} is out of range: {q_max:g} times it overflows float32"
         return None
