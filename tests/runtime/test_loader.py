@@ -183,6 +183,25 @@ def test_garbage_header_names_the_file(w8a8_artifact: Path) -> None:
         load_component(w8a8_artifact, "transformer")
 
 
+@pytest.mark.parametrize(
+    ("header", "reason"),
+    [
+        (b"[" * 5000 + b"]" * 5000, "nested more than 64 deep"),
+        (b'{"a": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 4]}}', "5000 digits"),
+        (b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {}}', "key 'a' given twice"),
+    ],
+    ids=["deep", "5000-digit integer", "duplicate tensor"],
+)
+def test_a_hostile_header_is_one_line_naming_the_file(
+    w8a8_artifact: Path, header: bytes, reason: str
+) -> None:
+    """The header is JSON too, read by the same bounded reader (a deep one was a RecursionError)."""
+    shard = _shards(w8a8_artifact)[0]
+    shard.write_bytes(len(header).to_bytes(8, "little") + header + b"\x00" * 4)
+    with pytest.raises(InputError, match=rf"{shard.name}: corrupt safetensors header \(.*{reason}"):
+        load_component(w8a8_artifact, "transformer")
+
+
 def test_missing_tensor_is_named(w8a8_artifact: Path) -> None:
     name = "transformer_blocks.1.attn.norm_k.weight"
     _rewrite_shard_holding(w8a8_artifact, name, lambda tensors: tensors.pop(name))
