@@ -1,8 +1,8 @@
 """Request bodies off the wire: JSON for generations, multipart for edits, as typed fields plus uploads.
 
 Every failure is a 4xx :class:`APIError`: 415 for another content type, 400 naming the field otherwise
-(pydantic's first error, JSON that ``ditq.jsonfile`` will not read: too deep, an integer too long, a key given
-twice; starlette's multipart limits, a multipart body that ends
+(pydantic's first error, JSON that Python will not read: an integer of more than 4300 digits, nesting
+deeper than the interpreter's recursion limit; starlette's multipart limits, a multipart body that ends
 before its closing boundary, a file where text belongs and the reverse).
 """
 
