@@ -336,8 +336,15 @@ def _weight_args(weights: Any, where: str, group: str) -> tuple[str, int | None]
         )
     if weights.get("type") not in ("int", "float"):
         raise _refuse(where, group, f"{weights.get('type')} weights")
-    group_size = weights.get("group_size") if strategy == "group" else None
-    return str(weights["type"]), None if group_size is None else int(group_size)
+    if strategy == "channel":
+        return str(weights["type"]), None
+    group_size = weights.get("group_size")
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+        raise InputError(
+            f"{where}: config group {group!r}: group-strategy weights need a group_size that is a positive "
+            f"integer, got {group_size!r}"
+        )
+    return str(weights["type"]), group_size
 
 
 def _activation_kind(activations: Any, where: str, group: str) -> ActivationKind | None:

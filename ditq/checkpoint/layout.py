@@ -175,5 +175,8 @@ def quantization_config_of(config: dict[str, Any], component: str) -> dict[str, 
             return None
         if not isinstance(raw, dict) or "quant_method" not in raw:
             raise InputError(f"{component}/config.json: quantization_config.{component} has no quant_method")
-    normalize_quant_method(str(raw["quant_method"]))
+    try:
+        normalize_quant_method(str(raw["quant_method"]))
+    except InputError as error:
+        raise InputError(f"{component}/config.json: quantization_config: {error}") from None
     return raw

@@ -367,3 +367,31 @@ def test_quantized_weights_without_a_quantization_config_are_refused(w8a8_artifa
         match=rf"^{config_path}: no compressed-tensors quantization_config, but \S+ holds the quantized",
     ):
         load_component(w8a8_artifact, "transformer", device="cpu")
+
+
+@pytest.mark.parametrize("group_size", ["abc", None, 0, True], ids=["text", "missing", "zero", "boolean"])
+def test_group_strategy_needs_a_positive_integer_group_size(w8a8_artifact: Path, group_size: Any) -> None:
+    """Issue 28, item 13: ``group_size: "abc"`` was a ValueError traceback; a missing one was read as per channel
+    by the loader while compressed-tensors (and so verify) refused it."""
+    config_path = w8a8_artifact / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    (group,) = config["quantization_config"]["config_groups"].values()
+    group["weights"].update(strategy="group", group_size=group_size)
+    if group_size is None:
+        del group["weights"]["group_size"]
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(
+        InputError, match=r"config group 'group_0': .*group_size that is a positive integer, got"
+    ):
+        load_component(w8a8_artifact, "transformer", device="cpu")
+
+
+def test_an_unknown_quantization_method_names_the_config(w8a8_artifact: Path) -> None:
+    config_path = w8a8_artifact / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"]["quant_method"] = 5
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(
+        InputError, match=r"^transformer/config.json: quantization_config: unsupported quantization"
+    ):
+        load_component(w8a8_artifact, "transformer", device="cpu")
