@@ -395,3 +395,17 @@ def test_an_unknown_quantization_method_names_the_config(w8a8_artifact: Path) ->
         InputError, match=r"^transformer/config.json: quantization_config: unsupported quantization"
     ):
         load_component(w8a8_artifact, "transformer", device="cpu")
+
+
+def test_a_float64_scale_is_refused_as_verify_refuses_it(w8a8_artifact: Path) -> None:
+    """Issue 28, weak: the loader read float64 scales that verify's layout check refuses."""
+    name = "transformer_blocks.0.attn.to_q.weight_scale"
+
+    def widen(tensors: dict[str, torch.Tensor]) -> None:
+        tensors[name] = tensors[name].to(torch.float64)
+
+    shard = _rewrite_shard_holding(w8a8_artifact, name, widen)
+    with pytest.raises(
+        InputError, match=rf"^{shard}: tensor '{name}' is torch.float64, a weight_scale is one of"
+    ):
+        load_component(w8a8_artifact, "transformer", device="cpu")
