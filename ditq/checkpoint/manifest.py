@@ -139,9 +139,8 @@ class _FileRecord(_Fields):
 
 
 class _Component(_Fields):
-    class_: list[str] = Field(
-        alias="class", min_length=2, max_length=2
-    )  # [library, class], as model_index.json
+    # [library, class], as model_index.json names it
+    class_: list[str] = Field(alias="class", min_length=2, max_length=2)
     quantization_config: dict[str, Any]
     quantized: list[str] | None = None
 
