@@ -27,9 +27,9 @@ __all__ = [
     "NotJson",
     "loads",
     "no_duplicate_keys",
+    "read_bounded",
     "read_json",
     "read_json_object",
-    "read_text",
 ]
 
 MAX_JSON_BYTES = 64 << 20  # a manifest of a large model is well under 1 MiB; records of a long run a few MiB
@@ -109,7 +109,7 @@ def loads(
     return value
 
 
-def read_text(path: Path, max_bytes: int = MAX_JSON_BYTES) -> bytes:
+def read_bounded(path: Path, max_bytes: int = MAX_JSON_BYTES) -> bytes:
     """The bytes of a regular file of at most ``max_bytes``; anything else is an InputError naming it."""
     path = Path(path)
     try:
@@ -128,7 +128,7 @@ def read_text(path: Path, max_bytes: int = MAX_JSON_BYTES) -> bytes:
 
 def read_json(path: Path, parse_constant: Callable[[str], Any] | None = None) -> Any:
     """The JSON value in ``path``; a missing, unreadable, oversized or invalid file is an InputError naming it."""
-    data = read_text(path)
+    data = read_bounded(path)
     try:
         return loads(data, parse_constant)
     except JsonRefused as error:

@@ -14,7 +14,7 @@ import pytest
 import ditq
 from ditq.cli import main
 from ditq.errors import InputError
-from ditq.jsonfile import MAX_JSON_DEPTH, JsonRefused, loads, read_json, read_text
+from ditq.jsonfile import MAX_JSON_DEPTH, JsonRefused, loads, read_bounded, read_json
 
 HOSTILE = {
     "deep": b"[" * 100_000 + b"]" * 100_000,
@@ -64,7 +64,7 @@ def test_read_json_names_the_file(tmp_path: Path) -> None:
         read_json(fifo)
     path.write_bytes(b"[" + b"0," * 20 + b"0]")
     with pytest.raises(InputError, match=rf"^{path}: larger than 0 MiB"):
-        read_text(path, max_bytes=16)
+        read_bounded(path, max_bytes=16)
 
 
 @pytest.fixture(scope="module")

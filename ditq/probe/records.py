@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ditq.errors import DitqError, InputError
-from ditq.jsonfile import JsonRefused, NotJson, loads, read_text
+from ditq.jsonfile import JsonRefused, NotJson, loads, read_bounded
 from ditq.runfiles import (
     IMAGES_DIR,
     RECORDS_FILE,
@@ -184,7 +184,7 @@ class SeedRecord(BaseModel):
 
 def _read_jsonl(path: Path) -> list[ProbeRecord]:
     records = []
-    lines = read_text(path).splitlines()
+    lines = read_bounded(path).splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
