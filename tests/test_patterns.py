@@ -97,3 +97,14 @@ def test_a_refused_target_pattern_names_its_group(artifact) -> None:  # type: ig
         InputError, match=r"config group 'group_0': targets: pattern '\(\.\*\)\*X' is refused"
     ):
         load_component(Path(out), "transformer", device="cpu")
+
+
+def test_a_config_holds_at_most_max_patterns_re_entries() -> None:
+    from ditq.checkpoint.patterns import MAX_PATTERNS, check_entries
+
+    entries = [f"re:.*block{i}" for i in range(MAX_PATTERNS)] + ["proj_out"]
+    assert check_entries(entries, "config.json: ignore") == tuple(entries)
+    with pytest.raises(
+        InputError, match=rf"^config.json: ignore: {MAX_PATTERNS + 1} 're:' patterns \(at most"
+    ):
+        check_entries([*entries, "re:one_more"], "config.json: ignore")
