@@ -53,7 +53,9 @@ def open_regular(path: Path) -> io.BufferedReader:
         os.close(fd)
         raise InputError(f"{path}: not a regular file ({file_kind(mode)})")
     os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+    raw = io.FileIO(fd, "rb")
+    raw.name = os.fspath(path)  # errors name the file, not its descriptor number
+    return io.BufferedReader(raw)
 
 
 def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:

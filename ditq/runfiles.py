@@ -25,7 +25,6 @@ A run directory::                        A sweep::
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, field_validator
 
+from ditq import jsonfile
 from ditq.errors import InputError
 from ditq.fsutil import atomic_write_json
 
@@ -752,21 +752,6 @@ class SweepFile(_File):
 # -- reading and writing -----------------------------------------------------------------------------------
 
 
-class DuplicateKey(ValueError):
-    """A JSON object that gives one key twice."""
-
-
-def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``' ``object_pairs_hook`` for files another program may have written: every key once (``json``
-    alone keeps the last of two silently)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise DuplicateKey(f"key {key!r} given twice")
-        out[key] = value
-    return out
-
-
 def parse(model: type[M], raw: Any, where: str) -> M:
     """``raw`` as ``model``, or an InputError naming ``where`` and the first bad field."""
     try:
@@ -778,12 +763,8 @@ def parse(model: type[M], raw: Any, where: str) -> M:
 
 
 def read_json(path: Path) -> Any:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
+    """A run file's JSON value (``ditq.jsonfile``: bounded, every key once)."""
+    return jsonfile.read_json(path)
 
 
 def read_model(model: type[M], path: Path) -> M:

@@ -9,7 +9,6 @@ Shared by both, so neither imports the other.
 
 from __future__ import annotations
 
-import json
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ditq.errors import InputError
+from ditq.jsonfile import loads, read_json
 
 __all__ = ["Condition", "EnvelopeMetric", "GateRules", "Signature", "load_rules"]
 
@@ -102,13 +102,10 @@ def load_rules(path: Path | None = None) -> GateRules:
             resources.files("ditq.judge").joinpath("gate_rules.json").read_text(),
             "ditq/judge/gate_rules.json",
         )
+        raw = loads(text)
     else:
-        try:
-            text, source = Path(path).read_text(), str(path)
-        except FileNotFoundError:
-            raise InputError(f"{path}: rules file not found") from None
+        raw, source = read_json(Path(path)), str(path)
     try:
-        raw = json.loads(text)
         signatures = tuple(
             Signature(
                 name=s["name"],
@@ -124,8 +121,6 @@ def load_rules(path: Path | None = None) -> GateRules:
             )
             for m in raw.get("envelope", {}).get("metrics", [])
         )
-    except json.JSONDecodeError as error:
-        raise InputError(f"{source}: not valid JSON ({error})") from None
     except (KeyError, TypeError) as error:
         raise InputError(f"{source}: malformed rules (missing or wrong field {error})") from None
     return GateRules(source, signatures, envelope)

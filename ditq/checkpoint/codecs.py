@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ditq.checkpoint.patterns import check_entries
 from ditq.errors import InputError
 from ditq.numerics import dequantize_weight, pack_int8_to_int32, unpack_int32_to_int8
 from ditq.schemes import FP8, SCHEMES, W8A8, W8A16, ActivationKind, Scheme, normalize_quant_method
@@ -130,6 +131,22 @@ class Codec(ABC):
                 )
         q = self.decode_values(stored[self.weight_name], (out_features, in_features))
         return q, scale.to(torch.float32)
+
+    def scale_problem(self, scale: torch.Tensor) -> str | None:
+        """Why a stored weight_scale cannot scale this format's weights, or None: every scale is finite,
+        positive, and small enough that the largest quantized value times it stays finite in float32 (a scale
+        of 3e38 turns every weight into Inf). The one check the loader, verify and the doctor share."""
+        scale = scale.to(torch.float32)
+        if not bool(torch.isfinite(scale).all()):
+            bad = int((~torch.isfinite(scale)).sum())
+            return f"{SCALE} holds {bad} NaN or Inf value(s)"
+        smallest, largest = float(scale.min()), float(scale.max())
+        if smallest <= 0:
+            return f"{SCALE} holds {'zero' if smallest == 0 else 'negative'} values (smallest {smallest:g})"
+        q_max = self.scheme.weight_qmax
+        if largest * q_max > torch.finfo(torch.float32).max:
+            return f"{SCALE} {largest:g} is out of range: {q_max:g} times it overflows float32"
+        return None
 
     def decode(self, stored: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """ditq's decoder: one Linear's stored tensors -> its weight (out, in) in ``dtype`` (computed in float32)."""
@@ -319,8 +336,15 @@ def _weight_args(weights: Any, where: str, group: str) -> tuple[str, int | None]
         )
     if weights.get("type") not in ("int", "float"):
         raise _refuse(where, group, f"{weights.get('type')} weights")
-    group_size = weights.get("group_size") if strategy == "group" else None
-    return str(weights["type"]), None if group_size is None else int(group_size)
+    if strategy == "channel":
+        return str(weights["type"]), None
+    group_size = weights.get("group_size")
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+        raise InputError(
+            f"{where}: config group {group!r}: group-strategy weights need a group_size that is a positive "
+            f"integer, got {group_size!r}"
+        )
+    return str(weights["type"]), group_size
 
 
 def _activation_kind(activations: Any, where: str, group: str) -> ActivationKind | None:
@@ -377,10 +401,12 @@ def scheme_in_format(preset: Scheme, fmt: str, group_size: int | None, where: st
 def config_groups(plain: dict[str, Any], where: str) -> list[ConfigGroup]:
     """Every config group of a plain compressed-tensors config, each read and checked; anything ditq does not
     implement (transforms, 4-bit, zero points, static or non-token activations, ...) is an InputError that
-    names the feature, the group and ``where``."""
+    names the feature, the group and ``where``. ``targets`` and ``ignore`` are lists whose ``re:`` patterns are
+    inside the language ``ditq.checkpoint.patterns`` reads."""
     normalize_quant_method(str(plain.get("quant_method", "")))
     if plain.get("transform_config"):
         raise InputError(f"{where}: transform_config is not empty; ditq does not implement transforms")
+    check_entries(plain.get("ignore"), f"{where}: ignore")
     groups = plain.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise InputError(f"{where}: quantization_config has no config_groups")
@@ -399,9 +425,7 @@ def config_groups(plain: dict[str, Any], where: str) -> list[ConfigGroup]:
             if fmt in (None, "mixed-precision")
             else scheme_in_format(preset, fmt, group_size, where, name)
         )
-        if not isinstance(group.get("targets") or [], list):
-            raise InputError(f"{where}: config group {name!r}: targets is not a list")
-        targets = tuple(str(t) for t in group.get("targets") or ())
+        targets = check_entries(group.get("targets"), f"{where}: config group {name!r}: targets")
         out.append(ConfigGroup(name, targets, weight_type, activations, group_size, scheme))
     return out
 

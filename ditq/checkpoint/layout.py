@@ -8,13 +8,12 @@ with ``config.json`` and either one ``*.safetensors`` file or shards with a
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ditq.errors import InputError
-from ditq.fsutil import open_regular
+from ditq.jsonfile import read_json_object
 from ditq.schemes import normalize_quant_method
 
 __all__ = [
@@ -36,19 +35,9 @@ MODEL_INDEX = "model_index.json"
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``; a missing or malformed file is an InputError naming it."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: file not found")
-    with open_regular(path) as handle:
-        text = handle.read()
-    try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise InputError(f"{path}: not valid JSON ({error})") from error
-    if not isinstance(value, dict):
-        raise InputError(f"{path}: expected a JSON object")
-    return value
+    """A JSON object from ``path`` (``ditq.jsonfile``: bounded; a missing or malformed file is an InputError
+    naming it)."""
+    return read_json_object(path)
 
 
 def read_model_index(model_dir: Path) -> dict[str, Any]:
@@ -186,5 +175,8 @@ def quantization_config_of(config: dict[str, Any], component: str) -> dict[str, 
             return None
         if not isinstance(raw, dict) or "quant_method" not in raw:
             raise InputError(f"{component}/config.json: quantization_config.{component} has no quant_method")
-    normalize_quant_method(str(raw["quant_method"]))
+    try:
+        normalize_quant_method(str(raw["quant_method"]))
+    except InputError as error:
+        raise InputError(f"{component}/config.json: quantization_config: {error}") from None
     return raw

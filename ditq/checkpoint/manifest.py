@@ -19,18 +19,22 @@ import platform
 import re
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from ditq.checkpoint.layout import read_json
 from ditq.checkpoint.source_tree import SourceTree, hub_snapshot
 from ditq.errors import InputError
 from ditq.fsutil import atomic_write_bytes, atomic_write_json, open_regular, sha256_file
+from ditq.runfiles import parse
 
 __all__ = [
     "ERRORS_FILE",
     "MANIFEST",
     "MANIFEST_SEAL",
     "SCHEMA_VERSION",
+    "check_manifest",
     "file_records",
     "hub_revision",
     "library_versions",
@@ -123,14 +127,50 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
     atomic_write_bytes(Path(root) / MANIFEST_SEAL, f"{digest}  {MANIFEST}\n".encode())
 
 
+class _Fields(BaseModel):
+    """The types of the fields that verify and the loader read; the manifest may hold others."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class _FileRecord(_Fields):
+    sha256: str
+    size: int = Field(ge=0)
+
+
+class _Component(_Fields):
+    # [library, class], as model_index.json names it
+    class_: list[str] = Field(alias="class", min_length=2, max_length=2)
+    quantization_config: dict[str, Any]
+    quantized: list[str] | None = None
+
+
+class _Options(_Fields):
+    variant: str | None = None
+
+
+class _Manifest(_Fields):
+    schema_version: Literal[1]
+    files: dict[str, _FileRecord]
+    linked: dict[str, str]
+    components: dict[str, _Component]
+    source_files: dict[str, _FileRecord] | None = None
+    options: _Options | None = None
+
+
+def check_manifest(manifest: Any, where: str) -> dict[str, Any]:
+    """``manifest`` when its fields have the types ditq writes; else an InputError naming ``where`` and the field."""
+    if isinstance(manifest, dict) and manifest.get("schema_version") != SCHEMA_VERSION:
+        raise InputError(
+            f"{where}: schema_version {manifest.get('schema_version')!r} is not {SCHEMA_VERSION}"
+        )
+    parse(_Manifest, manifest, where)
+    return manifest
+
+
 def read_manifest(root: Path) -> dict[str, Any]:
     """The artifact's manifest; a missing manifest is an InputError (not an artifact)."""
     root = Path(root)
     if not (root / MANIFEST).is_file():
         raise InputError(f"{root}: not a ditq artifact (no {MANIFEST})")
-    manifest = read_json(root / MANIFEST)
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(
-            f"{root / MANIFEST}: schema_version {manifest.get('schema_version')!r} is not {SCHEMA_VERSION}"
-        )
-    return manifest
+    return check_manifest(read_json(root / MANIFEST), str(root / MANIFEST))

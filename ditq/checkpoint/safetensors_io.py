@@ -25,6 +25,7 @@ import torch
 
 from ditq.errors import InputError
 from ditq.fsutil import open_regular
+from ditq.jsonfile import JsonRefused, loads
 
 __all__ = [
     "DTYPES",
@@ -118,9 +119,9 @@ def read_header(path: Path) -> SafetensorsHeader:
     path = Path(path)
     raw, size = _read_header_bytes(path)
     try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise InputError(f"{path}: corrupt safetensors header ({error})") from error
+        doc = loads(raw)  # bounded as every JSON ditq reads: nesting, integer length, each tensor named once
+    except JsonRefused as error:
+        raise InputError(f"{path}: corrupt safetensors header ({error})") from None
     if not isinstance(doc, dict):
         raise InputError(f"{path}: corrupt safetensors header")
     data_start = 8 + len(raw)

@@ -1,8 +1,10 @@
-"""`ditq generate`: one image from an artifact, a plain diffusers directory or the bundled demo model."""
+"""`ditq generate`: one image from an artifact, a plain diffusers directory or the bundled demo model; an image
+with a collapse signature (as ditq serve checks) is not written, and the command fails naming the signature."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from PIL import Image
@@ -15,11 +17,15 @@ from ditq.commands import (
     compile_backend,
 )
 from ditq.devices import add_device_arguments
-from ditq.errors import InputError
+from ditq.errors import DitqError, InputError
 from ditq.runtime.adapter import GenerationRequest, parse_size
 from ditq.serve.generate import GenerationReport, generate, save_images
+from ditq.serve.images import collapse_reasons
+from ditq.signatures import load_rules
 
 __all__ = ["add_arguments", "run"]
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_attention_argument(parser)
     add_kv_cache_argument(parser)
     add_compile_argument(parser)
+    parser.add_argument(
+        "--on-collapse",
+        choices=("error", "warn"),
+        default="error",
+        help="an image with a collapse signature (as ditq serve checks): fail without writing it (default), "
+        "or write it with a warning",
+    )
     parser.add_argument(
         "--skip-doctor",
         action="store_true",
@@ -122,6 +135,21 @@ def _print_report(report: GenerationReport) -> None:
         print(f"by stage   {stages} (held at the start: {_gib(result.memory_at_start_bytes)})")
 
 
+def _check_collapse(images: list[Image.Image], on_collapse: str) -> None:
+    """The collapse signatures ditq serve checks (the gate's rules). With ``on_collapse`` "error" such an image
+    is not written and the command fails with the signature and its measured values; "warn" writes it and says
+    so."""
+    rules = load_rules()
+    for index, image in enumerate(images):
+        reasons = collapse_reasons(image, rules)
+        if not reasons:
+            continue
+        detail = f"image {index + 1} of {len(images)}: {'; '.join(reasons)}"
+        if on_collapse == "error":
+            raise DitqError(f"the generated image is collapsed and was not written: {detail}")
+        log.warning("the generated image is collapsed: %s", detail)
+
+
 def run(args: argparse.Namespace) -> int:
     width, height = parse_size(args.size, "--size") if args.size else (None, None)
     request = GenerationRequest(
@@ -147,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         compile=compile_backend(args),
     )
     _print_report(report)
+    _check_collapse(report.result.images, args.on_collapse)
     for path in save_images(report.result.images, args.out):
         print(f"wrote      {path}")
     return 0

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ditq.fsutil import atomic_write_bytes
+from ditq.jsonfile import read_json
 
 __all__ = ["DEMO", "DemoSettings", "demo_fixtures"]
 
@@ -39,7 +40,7 @@ def demo_fixtures(out: Path) -> Path:
     """The bundled fixtures with DEMO.references references, written (unchanged if present) under ``out``."""
     from ditq import demo
 
-    bundled = json.loads(demo.fixtures_path().read_text())
+    bundled = read_json(demo.fixtures_path())
     chosen = {k: v for k, v in bundled.items() if len(v.get("references") or []) in DEMO.references}
     path = out / "demo-fixtures.json"
     text = json.dumps(chosen, indent=1) + "\n"

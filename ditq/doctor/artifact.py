@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ditq.checkpoint.codecs import codec_for
+from ditq.checkpoint.codecs import SCALE, codec_for
 from ditq.doctor.cases import Geometry, WeightCase
 from ditq.errors import InputError
 from ditq.schemes import SCHEMES
@@ -24,7 +24,9 @@ __all__ = ["artifact_cases"]
 
 def artifact_cases(artifact: Path) -> dict[str, dict[Geometry, WeightCase]]:
     """scheme -> distinct geometry -> the artifact's first layer of that shape, read with the safetensors
-    library (independent of ditq's reader, which the load step then checks against it)."""
+    library (independent of ditq's reader, which the load step then checks against it). Every layer is read and
+    its scales checked (``Codec.scale_problem``): a layer whose scales no kernel can use is an InputError naming
+    the file and the layer."""
     from safetensors import safe_open
 
     from ditq.checkpoint.layout import component_names, read_model_index, tensor_files
@@ -49,6 +51,9 @@ def artifact_cases(artifact: Path) -> dict[str, dict[Geometry, WeightCase]]:
                 q, scale = codec.read(tensors)
             except InputError as error:
                 raise InputError(f"{files[f'{prefix}.{codec.weight_name}']}: {prefix}: {error}") from None
+            problem = codec.scale_problem(scale)  # every layer's, not only the one checked per geometry
+            if problem is not None:
+                raise InputError(f"{files[f'{prefix}.{SCALE}']}: {prefix}: {problem}")
             kernel_codec = codec_for(SCHEMES[scheme.name])
             sources: dict[str, Path] | None = {key: files[f"{prefix}.{key}"] for key in tensors}
             if kernel_codec is not codec:

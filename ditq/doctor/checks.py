@@ -90,9 +90,9 @@ def _step_load(path: KernelPath, case: WeightCase, device: torch.device) -> tupl
 
 
 def _step_scales(path: KernelPath, case: WeightCase, device: torch.device) -> tuple[bool, str, float | None]:
-    stored_scale = case.stored["weight_scale"]
-    if not torch.isfinite(stored_scale).all():
-        return False, "stored weight_scale holds non-finite values (the checkpoint, not the kernel)", None
+    problem = codec_for(path.scheme).scale_problem(case.stored["weight_scale"])
+    if problem is not None:
+        return False, f"stored {problem} (the checkpoint, not the kernel)", None
     module = _module(path.scheme, case.stored, None, device)
     module.use_kernel(path)
     module.prepare(device)

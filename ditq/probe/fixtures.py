@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ditq.errors import InputError
+from ditq.jsonfile import read_json
 
 __all__ = [
     "DEFAULT_SEEDS",
@@ -129,12 +130,7 @@ def _fixture(source: Path, fixture_id: str, raw: Any, refs_dir: Path) -> Fixture
 def load_fixtures(path: Path, refs_dir: Path) -> dict[str, Fixture]:
     """Read and validate a fixtures file; every error names the fixture and the field."""
     path, refs_dir = Path(path), Path(refs_dir)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: fixtures file not found") from None
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}: not valid JSON ({error})") from None
+    raw = read_json(path)
     if not isinstance(raw, dict) or not raw:
         raise InputError(f"{path}: expected a non-empty object mapping fixture id to fixture")
     return {fixture_id: _fixture(path, fixture_id, value, refs_dir) for fixture_id, value in raw.items()}

@@ -19,16 +19,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ditq.errors import DitqError, InputError
+from ditq.jsonfile import JsonRefused, NotJson, loads, read_bounded
 from ditq.runfiles import (
     IMAGES_DIR,
     RECORDS_FILE,
     RUN_FILE,
-    DuplicateKey,
     ProbeRecord,
     RunDescription,
     RunFile,
     Structure,
-    no_duplicate_keys,
     parse,
     read_json,
     read_model,
@@ -98,8 +97,8 @@ class RecordLog:
             return
         keep = data.rfind(b"\n") + 1
         try:
-            json.loads(data[keep:])
-        except json.JSONDecodeError:
+            loads(data[keep:])
+        except NotJson:
             log.warning(
                 "%s: dropping a torn last line (%d bytes) left by an interrupted run",
                 self.path,
@@ -107,9 +106,11 @@ class RecordLog:
             )
             with open(self.path, "r+b") as handle:
                 handle.truncate(keep)
-        else:
-            with open(self.path, "ab") as handle:  # a whole record whose newline was not written
-                handle.write(b"\n")
+            return
+        except JsonRefused:
+            pass  # whole, but not a record ditq reads: reading the records names it
+        with open(self.path, "ab") as handle:  # a whole record whose newline was not written
+            handle.write(b"\n")
 
     def append(self, record: ProbeRecord) -> None:
         """Write one line; a write error is a DitqError naming the file (ValueError once closed)."""
@@ -183,18 +184,16 @@ class SeedRecord(BaseModel):
 
 def _read_jsonl(path: Path) -> list[ProbeRecord]:
     records = []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = read_bounded(path).splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            raw = json.loads(line, object_pairs_hook=no_duplicate_keys)
-        except json.JSONDecodeError:
-            if number == len(lines):  # torn by a kill; the runner redoes that request
-                log.warning("%s: ignoring a torn last line", path)
+            raw = loads(line)
+        except JsonRefused as error:
+            if number == len(lines) and isinstance(error, NotJson):
+                log.warning("%s: ignoring a torn last line", path)  # torn by a kill; the runner redoes it
                 continue
-            raise InputError(f"{path}: line {number} is not valid JSON") from None
-        except DuplicateKey as error:
             raise InputError(f"{path} line {number}: {error}") from None
         records.append(parse(ProbeRecord, raw, f"{path} line {number}"))
     return records

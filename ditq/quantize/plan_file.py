@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ditq.errors import InputError
 from ditq.fsutil import atomic_write_bytes
-from ditq.runfiles import DuplicateKey, no_duplicate_keys
+from ditq.jsonfile import JsonRefused, read_json
 from ditq.schemes import SCHEMES
 
 __all__ = [
@@ -161,31 +161,16 @@ def parse_plan(raw: Any, where: str) -> PlanFile:
         raise InputError(f"{where}: {location}: {message}" if location else f"{where}: {message}") from None
 
 
-class _NotANumber(ValueError):
-    pass
-
-
 def _no_nan(constant: str) -> float:
+    """No NaN anywhere in a plan; a PSNR may be infinite (two identical images)."""
     if constant == "NaN":
-        raise _NotANumber("NaN is not a number a plan can hold")
+        raise JsonRefused("NaN is not a number a plan can hold")
     return float(constant)
 
 
 def read_plan(path: str | Path) -> PlanFile:
     """A PLAN.json, typed; a missing, unreadable or invalid file is a one-line InputError naming it and the field."""
-    try:
-        # every key once (a layer given twice took the last scheme silently), and no NaN anywhere (a PSNR may be
-        # infinite: two identical images)
-        raw = json.loads(Path(path).read_text(), object_pairs_hook=no_duplicate_keys, parse_constant=_no_nan)
-    except (DuplicateKey, _NotANumber) as error:
-        raise InputError(f"{path}: {error}") from None
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"{path}: cannot be read ({error})") from None
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
-    return parse_plan(raw, str(path))
+    return parse_plan(read_json(Path(path), parse_constant=_no_nan), str(path))
 
 
 def plan_bytes(plan: PlanFile) -> bytes:

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from ditq.checkpoint.patterns import compile_pattern
 from ditq.errors import InputError
 
 __all__ = [
@@ -206,13 +207,7 @@ def _module_class(model: torch.nn.Module, prefix: str) -> str:
 
 
 def _compile(patterns: Iterable[str], flag: str) -> list[re.Pattern[str]]:
-    compiled = []
-    for pattern in patterns:
-        try:
-            compiled.append(re.compile(pattern))
-        except re.error as error:
-            raise InputError(f"{flag} {pattern!r}: not a valid regular expression ({error})") from error
-    return compiled
+    return [compile_pattern(pattern, flag) for pattern in patterns]
 
 
 def plan_targets(

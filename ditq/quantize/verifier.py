@@ -26,7 +26,6 @@ applicable (never as passed), the config is not compared with a manifest, and th
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -41,9 +40,10 @@ from ditq.checkpoint.layout import (
     component_names,
     load_component_config,
     quantization_config_of,
+    read_json,
     read_model_index,
 )
-from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, SCHEMA_VERSION, file_records
+from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, SCHEMA_VERSION, check_manifest, file_records
 from ditq.checkpoint.reference import ReferenceDecoder
 from ditq.checkpoint.safetensors_io import SafetensorsHeader, TensorEntry, read_tensor
 from ditq.checkpoint.source_tree import scan_tree
@@ -126,14 +126,9 @@ def _check_manifest(root: Path, report: VerifyReport) -> dict[str, Any] | None:
         f"sha256 {actual[:16]}…",
     )
     try:
-        manifest = json.loads((root / MANIFEST).read_text())
-        if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"schema_version is not {SCHEMA_VERSION}")
-        for key in ("files", "components", "linked"):
-            if not isinstance(manifest.get(key), dict):
-                raise ValueError(f"no {key!r} object")
-    except (ValueError, UnicodeDecodeError) as error:
-        report.add("manifest parses", [f"{MANIFEST}: {error}"], "")
+        manifest = check_manifest(read_json(root / MANIFEST), MANIFEST)
+    except InputError as error:
+        report.add("manifest parses", [str(error)], "")
         return None
     report.add("manifest parses", [], f"schema {SCHEMA_VERSION}")
     return manifest
@@ -358,12 +353,13 @@ def _check_tensors(
             report.tensors.append({**row, "layout_ok": False})
             continue
         scale = stored[SCALE]
-        row["scale_ok"] = bool(torch.isfinite(scale).all() and (scale > 0).all())
+        scale_problem = codec.scale_problem(scale)
+        row["scale_ok"] = scale_problem is None
         # in the scale's dtype, as compressed-tensors decodes (float32 for ditq's scales)
         ours, theirs = codec.decode(stored, scale.dtype), decoder.decode(stored, prefix, linears.get(prefix))
         row["decoders_agree"] = ours.dtype == theirs.dtype and torch.equal(ours, theirs)
-        if not row["scale_ok"]:
-            problems.append(f"{prefix}: weight_scale not finite and positive")
+        if scale_problem is not None:
+            problems.append(f"{prefix}: {scale_problem}")
         if not row["decoders_agree"]:
             problems.append(f"{prefix}: ditq and compressed-tensors decode differently")
         if source_where is not None:
@@ -380,7 +376,7 @@ def _check_tensors(
     report.add(
         f"{component}: decode",
         problems,
-        f"{len(quantized)} tensors ({counts}): layout ok, scales finite and positive, decoders agree bitwise",
+        f"{len(quantized)} tensors ({counts}): layout ok, scales finite, positive and in range, decoders agree bitwise",
     )
     if source_where is not None:
         _check_against_source(component, where, source_where, layers, source_problems, report)

@@ -7,13 +7,13 @@ to the models by a test.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ditq.errors import InputError
+from ditq.jsonfile import read_json
 from ditq.runfiles import parse
 
 __all__ = [
@@ -297,8 +297,4 @@ def validate_verdict(document: Any, where: str = "verdict.json") -> VerdictDocum
 
 def validate_verdict_file(path: Path) -> VerdictDocument:
     path = Path(path)
-    try:
-        document = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}: not valid JSON ({error.msg})") from None
-    return validate_verdict(document, str(path))
+    return validate_verdict(read_json(path), str(path))

@@ -1,7 +1,7 @@
 """Filling a meta-built model with stored tensors, one at a time: the dtype each tensor takes, and its place.
 
-Dtype policy: stored quantized tensors keep their stored dtype (a floating
-scale, BF16 included, becomes float32); every other floating tensor takes the
+Dtype policy: stored quantized tensors keep their stored dtype (a scale, float32, bfloat16 or float16 as verify
+accepts, becomes float32, once ``Codec.scale_problem`` found none); every other floating tensor takes the
 run dtype, or float32 inside the model's ``_keep_in_fp32_modules``; integer
 tensors stay as stored.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ditq.checkpoint.codecs import SCALE
+from ditq.checkpoint.codecs import SCALE, SCALE_DTYPES, codec_for
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
 from ditq.runtime.modules import QuantizedLinear
@@ -41,7 +41,16 @@ def assign_tensor(
             f"{entry.path}: tensor {name!r} has shape {tuple(tensor.shape)}, {type(model).__name__} expects {tuple(placeholder.shape)}"
         )
     stored_quantized = isinstance(module, QuantizedLinear) and attr in module.stored_names
-    if stored_quantized and attr == SCALE and tensor.is_floating_point():
+    if stored_quantized and attr == SCALE:
+        assert isinstance(module, QuantizedLinear)
+        if tensor.dtype not in SCALE_DTYPES:  # as verify's layout check: float64 is no scale dtype
+            allowed = ", ".join(str(d).removeprefix("torch.") for d in SCALE_DTYPES)
+            raise InputError(
+                f"{entry.path}: tensor {name!r} is {tensor.dtype}, a weight_scale is one of {allowed}"
+            )
+        problem = codec_for(module.scheme).scale_problem(tensor)
+        if problem is not None:
+            raise InputError(f"{entry.path}: tensor {name!r}: {problem}")
         tensor = tensor.to(torch.float32)
     elif stored_quantized and tensor.dtype != placeholder.dtype:
         raise InputError(

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ditq.checkpoint.codecs import is_quantized_tensor
 from ditq.checkpoint.layout import (
     check_components_present,
     component_class,
@@ -61,6 +62,7 @@ __all__ = [
     "prepare_quantized",
     "recorded_unused",
     "recorded_variant",
+    "refuse_unconfigured_quantized",
     "stored_layer_schemes",
 ]
 
@@ -128,6 +130,18 @@ def component_weight_files(component_dir: Path, variant: str | None) -> list[Pat
             f"{component_dir}: no {variant} variant and no default .safetensors weights (variants here: {here})"
         )
     return weight_files(component_dir, variant if variant in variants else None)
+
+
+def refuse_unconfigured_quantized(component_dir: Path, variant: str | None) -> None:
+    """A component without a compressed-tensors ``quantization_config`` (none, or null) whose weight files hold
+    quantized tensors (int8 or fp8 weights, a weight_scale, packed weights) would load its integers as floats
+    and draw garbage: refused, naming the config and the tensor. Only the headers are read."""
+    for name, entry in component_entries(component_dir, variant).items():
+        if is_quantized_tensor(name, entry.dtype):
+            raise InputError(
+                f"{component_dir}/config.json: no compressed-tensors quantization_config, but {entry.path.name} "
+                f"holds the quantized tensor {name!r} ({str(entry.dtype).removeprefix('torch.')})"
+            )
 
 
 def component_entries(component_dir: Path, variant: str | None) -> dict[str, TensorEntry]:
@@ -212,6 +226,7 @@ def _load_plain(
     ``unused`` modules dropped on the host before it moves to ``device``."""
     if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
         if _has_weight_files(component_dir):  # the variant's files where the component has them, as diffusers
+            refuse_unconfigured_quantized(component_dir, variant)
             variant = variant if variant_of(component_weight_files(component_dir, variant)[0].name) else None
         model = cls.from_pretrained(str(component_dir), dtype=dtype, variant=variant)  # type: ignore[attr-defined]
         drop_unused_modules(model, component_dir.name, unused)
@@ -355,6 +370,7 @@ def load_pipeline(
         if is_quantized_component(model_dir, name) is not None:
             quantized[name] = load_component(model_dir, name, load_device, dtype, variant, drop_unused)
         elif _has_weight_files(model_dir / name):  # refused here in one line, not deep in diffusers
+            refuse_unconfigured_quantized(model_dir / name, variant)
             plain_variants.add(variant_of(component_weight_files(model_dir / name, variant)[0].name))
     if variant is not None and variant not in plain_variants and variant != recorded:
         raise InputError(f"{model_dir}: no component has {variant} variant weights")

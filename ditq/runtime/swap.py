@@ -9,7 +9,6 @@ naming the layer and the file.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,23 +16,13 @@ from typing import Any
 import torch
 
 from ditq.checkpoint.codecs import SCALE, config_groups, detect_codec, layer_scheme, quantized_layers
+from ditq.checkpoint.patterns import matches
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
 from ditq.runtime.modules import quantized_linear_class
 from ditq.schemes import Scheme
 
 __all__ = ["layer_schemes", "matches", "swap_quantized_linears"]
-
-
-def matches(entries: list[str], name: str, module: torch.nn.Module) -> bool:
-    """compressed-tensors matching: ``re:`` regex (re.match) on the name, else the exact name or class name."""
-    for entry in entries:
-        if entry.startswith("re:"):
-            if re.match(entry[3:], name):
-                return True
-        elif entry in (name, type(module).__name__):
-            return True
-    return False
 
 
 def layer_schemes(

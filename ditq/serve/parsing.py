@@ -10,19 +10,20 @@ before its closing boundary, a file where text belongs and the reverse).
 from __future__ import annotations
 
 import difflib
-import json
 
 from fastapi import Request
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
+from ditq.jsonfile import JsonRefused, loads
 from ditq.serve.errors import APIError, bad_field, unsupported_media_type
 from ditq.serve.intake import Upload
 from ditq.serve.schemas import ImageRequest
 
 __all__ = ["parse_form", "parse_json"]
 
+_INT_DIGITS = 4300  # Python's own limit; below it the schema names the field an oversized integer came in
 _IMAGE_FIELDS = ("image", "image[]")
 _MASK_FIELDS = ("mask", "mask[]")
 _BOOLEAN_FIELDS = frozenset(
@@ -54,10 +55,9 @@ async def parse_json(request: Request) -> ImageRequest:
     if _media_type(request) != "application/json":
         raise unsupported_media_type("application/json", request.headers.get("content-type", ""))
     try:
-        payload = json.loads(await request.body())
-    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, int digit limit
-        detail = "nested too deeply" if isinstance(error, RecursionError) else str(error)[:200]
-        raise bad_field("body", f"not valid JSON ({detail})") from None
+        payload = loads(await request.body(), max_int_digits=_INT_DIGITS)
+    except JsonRefused as error:  # not JSON, nested too deep, an integer too long, a key twice
+        raise bad_field("body", str(error)[:200]) from None
     if not isinstance(payload, dict):
         raise bad_field("body", "expected a JSON object")
     try:  # strict: JSON has its own types, so true is no 1, "2" no 2, 1e18 no integer, "yes" no boolean

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ditq.errors import DitqError
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.runtime.memory import is_out_of_memory
 from ditq.serve import errors
@@ -128,7 +129,10 @@ class ServerState:
             self.startup_step = "checking kernels"
             outcome = self._doctor(adapter)
         except Exception as error:  # reported by /health and the load-failure callback
-            logger.exception("loading %s failed", self.model_root)
+            if isinstance(error, DitqError):  # bad input (a refused scale, say): its one line, no traceback
+                logger.error("loading %s failed: %s", self.model_root, error)
+            else:
+                logger.exception("loading %s failed", self.model_root)
             first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
             out_of_memory = is_out_of_memory(error)
             what = "ran out of accelerator memory" if out_of_memory else "failed"

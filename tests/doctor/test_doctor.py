@@ -325,3 +325,21 @@ def test_a_wrong_accumulation_still_fails_the_analytic_case(tmp_path: Path) -> N
     ]
     # a few % low (4096 -> 3984), far past the output dtype's rounding (spacing 16 below 4096 in bfloat16)
     assert not analytic.passed and analytic.value is not None and 40 < analytic.value < 160, analytic.message
+
+
+def test_every_layers_scales_are_checked_not_one_per_shape(artifact, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Issue 28, item 8: a NaN scale in a layer that was not its shape's first passed ``doctor --artifact``."""
+    from safetensors.torch import load_file, save_file
+
+    _, out = artifact("flux", "w8a8")
+    cases = doctor.artifact_cases(out)
+    checked = {case.prefix for per_geometry in cases.values() for case in per_geometry.values()}
+    shard = out / "transformer" / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(str(shard))
+    layers = sorted(n.removesuffix(".weight_scale") for n in tensors if n.endswith(".weight_scale"))
+    name = next(n for n in layers if n not in checked)  # a layer whose shape another layer stands for
+    tensors[f"{name}.weight_scale"][0, 0] = float("nan")
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    assert main(["doctor", "--artifact", str(out), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"ditq doctor: error: {shard}: {name}: weight_scale holds 1 NaN or Inf value(s)"]

@@ -228,7 +228,7 @@ BAD_INPUTS = {
     "truncated": r"truncated",
     "header": r"safetensors",
     "missing shard": r"shard named by .* is missing",
-    "nan": r"to_q.weight holds NaN or Inf",
+    "nan": r"^\S+/transformer/\S+\.safetensors: tensor \S+to_q.weight holds NaN or Inf",  # the file, not a descriptor
     "dtype": r"to_q.weight has unsupported dtype torch.float64",
     "quantized": r"already quantized",
     "no index": r"not a diffusers model directory",

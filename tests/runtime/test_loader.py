@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,25 @@ def test_garbage_header_names_the_file(w8a8_artifact: Path) -> None:
         load_component(w8a8_artifact, "transformer")
 
 
+@pytest.mark.parametrize(
+    ("header", "reason"),
+    [
+        (b"[" * 5000 + b"]" * 5000, "nested more than 64 deep"),
+        (b'{"a": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 4]}}', "5000 digits"),
+        (b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {}}', "key 'a' given twice"),
+    ],
+    ids=["deep", "5000-digit integer", "duplicate tensor"],
+)
+def test_a_hostile_header_is_one_line_naming_the_file(
+    w8a8_artifact: Path, header: bytes, reason: str
+) -> None:
+    """The header is JSON too, read by the same bounded reader (a deep one was a RecursionError)."""
+    shard = _shards(w8a8_artifact)[0]
+    shard.write_bytes(len(header).to_bytes(8, "little") + header + b"\x00" * 4)
+    with pytest.raises(InputError, match=rf"{shard.name}: corrupt safetensors header \(.*{reason}"):
+        load_component(w8a8_artifact, "transformer")
+
+
 def test_missing_tensor_is_named(w8a8_artifact: Path) -> None:
     name = "transformer_blocks.1.attn.norm_k.weight"
     _rewrite_shard_holding(w8a8_artifact, name, lambda tensors: tensors.pop(name))
@@ -304,3 +324,88 @@ def test_transform_config_is_refused_by_name(w8a8_artifact: Path) -> None:
     config_path.write_text(json.dumps(config))
     with pytest.raises(InputError, match=r"^\S+/transformer/config\.json: transform_config is not empty"):
         load_component(w8a8_artifact, "transformer")
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (float("nan"), "weight_scale holds 1 NaN or Inf value"),
+        (float("inf"), "weight_scale holds 1 NaN or Inf value"),
+        (3e38, "weight_scale 3e+38 is out of range: 127 times it overflows float32"),
+        (-0.01, "weight_scale holds negative values"),
+        (0.0, "weight_scale holds zero values"),
+    ],
+    ids=["nan", "inf", "3e38", "negative", "zero"],
+)
+def test_a_scale_that_cannot_scale_is_refused_naming_file_and_tensor(
+    w8a8_artifact: Path, value: float, problem: str
+) -> None:
+    """Issue 28, item 8: these loaded, and ditq generate wrote a transparent or wrong image with exit 0. The check
+    is verify's (``Codec.scale_problem``)."""
+    name = "transformer_blocks.1.attn.to_k.weight_scale"
+
+    def spoil(tensors: dict[str, torch.Tensor]) -> None:
+        tensors[name][1, 0] = value
+
+    shard = _rewrite_shard_holding(w8a8_artifact, name, spoil)
+    with pytest.raises(InputError, match=rf"^{shard}: tensor '{name}': {re.escape(problem)}"):
+        load_component(w8a8_artifact, "transformer", device="cpu")
+
+
+@pytest.mark.parametrize("how", ["null", "missing"])
+def test_quantized_weights_without_a_quantization_config_are_refused(w8a8_artifact: Path, how: str) -> None:
+    """Issue 28, item 8: with ``quantization_config: null`` the int8 weights loaded as floats."""
+    config_path = w8a8_artifact / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    if how == "null":
+        config["quantization_config"] = None
+    else:
+        del config["quantization_config"]
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(
+        InputError,
+        match=rf"^{config_path}: no compressed-tensors quantization_config, but \S+ holds the quantized",
+    ):
+        load_component(w8a8_artifact, "transformer", device="cpu")
+
+
+@pytest.mark.parametrize("group_size", ["abc", None, 0, True], ids=["text", "missing", "zero", "boolean"])
+def test_group_strategy_needs_a_positive_integer_group_size(w8a8_artifact: Path, group_size: Any) -> None:
+    """Issue 28, item 13: ``group_size: "abc"`` was a ValueError traceback; a missing one was read as per channel
+    by the loader while compressed-tensors (and so verify) refused it."""
+    config_path = w8a8_artifact / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    (group,) = config["quantization_config"]["config_groups"].values()
+    group["weights"].update(strategy="group", group_size=group_size)
+    if group_size is None:
+        del group["weights"]["group_size"]
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(
+        InputError, match=r"config group 'group_0': .*group_size that is a positive integer, got"
+    ):
+        load_component(w8a8_artifact, "transformer", device="cpu")
+
+
+def test_an_unknown_quantization_method_names_the_config(w8a8_artifact: Path) -> None:
+    config_path = w8a8_artifact / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"]["quant_method"] = 5
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(
+        InputError, match=r"^transformer/config.json: quantization_config: unsupported quantization"
+    ):
+        load_component(w8a8_artifact, "transformer", device="cpu")
+
+
+def test_a_float64_scale_is_refused_as_verify_refuses_it(w8a8_artifact: Path) -> None:
+    """Issue 28, weak: the loader read float64 scales that verify's layout check refuses."""
+    name = "transformer_blocks.0.attn.to_q.weight_scale"
+
+    def widen(tensors: dict[str, torch.Tensor]) -> None:
+        tensors[name] = tensors[name].to(torch.float64)
+
+    shard = _rewrite_shard_holding(w8a8_artifact, name, widen)
+    with pytest.raises(
+        InputError, match=rf"^{shard}: tensor '{name}' is torch.float64, a weight_scale is one of"
+    ):
+        load_component(w8a8_artifact, "transformer", device="cpu")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -122,7 +123,6 @@ def test_quantized_pipeline_stays_close_to_source(demo_dirs: dict[str, Path]) ->
 
 
 def test_a_component_without_its_folder_is_one_line(demo_dirs: dict[str, Path], tmp_path: Path) -> None:
-    import shutil
 
     broken = tmp_path / "broken"
     shutil.copytree(demo_dirs["source"], broken)
@@ -143,7 +143,16 @@ def test_generate_command_prints_stages_and_writes_the_image(
     demo_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "image.png"
-    argv = ["generate", str(demo_dirs["w8a8"]), "--prompt", "a blue square", "--seed", "0"]
+    argv = [
+        "generate",
+        str(demo_dirs["w8a8"]),
+        "--prompt",
+        "a blue square",
+        "--seed",
+        "0",
+        "--on-collapse",
+        "warn",
+    ]
     code = main([*argv, "--steps", "2", "--size", "32x48", "--out", str(out), "--offload", "model"])
     printed = capsys.readouterr().out
     assert code == 0
@@ -281,6 +290,32 @@ def test_generate_skip_doctor_warns(
     demo_dirs: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     argv = ["generate", str(demo_dirs["w8a8"]), "--prompt", "p", "--steps", "1", "--skip-doctor"]
+    argv += ["--on-collapse", "warn"]  # the untrained pipeline's image is mostly transparent
     with caplog.at_level("WARNING"):
         assert main([*argv, "--out", str(tmp_path / "x.png")]) == 0
     assert any("--skip-doctor" in record.getMessage() for record in caplog.records)
+
+
+def test_generate_refuses_a_collapsed_image_as_serve_does(
+    demo_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28, item 8: an all-transparent image was written with exit 0. The untrained pipeline draws a mostly
+    transparent one: the gate's transparent signature, which ditq serve refuses to return. generate refuses it
+    too (exit 1, nothing written), or writes it with a warning when asked."""
+    out = tmp_path / "x.png"
+    argv = [
+        "generate",
+        str(demo_dirs["w8a8"]),
+        "--prompt",
+        "p",
+        "--steps",
+        "1",
+        "--skip-doctor",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("ditq generate: error: the generated image is collapsed and was not written: ")
+    assert "transparent: opaque_fraction" in err[-1] and not out.exists()
+    assert main([*argv, "--on-collapse", "warn"]) == 0 and out.exists()

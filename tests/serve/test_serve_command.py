@@ -99,13 +99,17 @@ def test_a_directory_without_model_index_is_a_usage_error(
 
 
 def test_a_model_that_fails_to_load_stops_the_server_with_exit_1(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / "model_index.json").write_text(
         '{"_class_name": "NoSuchPipeline", "transformer": ["diffusers", "X"]}'
     )
     assert main(["serve", str(tmp_path), "--port", str(free_port())]) == 1
     assert f"loading {tmp_path} failed" in capsys.readouterr().err
+    logged = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert logged and not any(
+        r.exc_info for r in logged
+    )  # an InputError is its one line, logged without a traceback
 
 
 @pytest.mark.slow
