@@ -21,6 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ditq.runfiles",
             "ditq.metrics",
             "ditq.signatures",
+            "ditq.jsonfile",
         ),
     ),
     ("checkpoint", ("ditq.checkpoint",)),
