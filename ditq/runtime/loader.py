@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ditq.checkpoint.component import build_on_meta, check_component_classes, refuse_remote_code
 from ditq.checkpoint.layout import (
     check_components_present,
     component_class,
@@ -133,7 +134,10 @@ def component_entries(component_dir: Path, variant: str | None) -> dict[str, Ten
     """Tensor name -> its safetensors entry, over every weight file of the component (of ``variant``)."""
     entries: dict[str, TensorEntry] = {}
     for path in component_weight_files(component_dir, variant):
-        entries.update(read_header(path).entries)
+        for name, entry in read_header(path).entries.items():
+            if name in entries:
+                raise InputError(f"{path}: tensor {name} also in {entries[name].path.name}")
+            entries[name] = entry
     return entries
 
 
@@ -150,8 +154,9 @@ def stored_layer_schemes(
     library, class_name = component_class(read_model_index(model_dir), component)
     cls = import_class(library, class_name, f"{model_dir}/model_index.json: {component}")
     component_dir = model_dir / component
-    model = build_empty(cls, load_component_config(component_dir), component_dir)
+    refuse_remote_code(component_dir, library)
     entries = component_entries(component_dir, variant)
+    model = build_on_meta(cls, load_component_config(component_dir), component_dir, entries, exact=True)
     return swap_quantized_linears(model, entries, qconfig, component_dir, torch.float32)
 
 
@@ -166,6 +171,7 @@ def _load_quantized(
     unused: list[str],
 ) -> torch.nn.Module:
     entries = component_entries(component_dir, variant)
+    build_on_meta(cls, config, component_dir, entries, exact=True)  # declared sizes, before any real tensor
     model = build_empty(cls, config, component_dir)
     drop_unused_modules(model, component_dir.name, unused)
     entries = {n: e for n, e in entries.items() if not any(n.startswith(f"{m}.") for m in unused)}
@@ -209,13 +215,23 @@ def _load_plain(
 ) -> Any:
     """A component the way diffusers loads it (models in ``dtype``; schedulers, tokenizers as they are), its
     ``unused`` modules dropped on the host before it moves to ``device``."""
+    remote_code = {"trust_remote_code": False} if cls.__module__.startswith("transformers.") else {}
     if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
         if _has_weight_files(component_dir):  # the variant's files where the component has them, as diffusers
             variant = variant if variant_of(component_weight_files(component_dir, variant)[0].name) else None
-        model = cls.from_pretrained(str(component_dir), dtype=dtype, variant=variant)  # type: ignore[attr-defined]
+            _check_plain_sizes(component_dir, cls, variant)
+        model = cls.from_pretrained(str(component_dir), dtype=dtype, variant=variant, **remote_code)  # type: ignore[attr-defined]
         drop_unused_modules(model, component_dir.name, unused)
         return model.to(device)
-    return cls.from_pretrained(str(component_dir))
+    return cls.from_pretrained(str(component_dir), **remote_code)
+
+
+def _check_plain_sizes(component_dir: Path, cls: type, variant: str | None) -> None:
+    """A component diffusers or transformers will load, built on the meta device first: its config's declared
+    sizes against its stored tensors (``ditq.checkpoint.component``), before the library allocates anything."""
+    if issubclass(cls, torch.nn.Module) and _has_weight_files(component_dir):
+        entries = component_entries(component_dir, variant)
+        build_on_meta(cls, load_component_config(component_dir), component_dir, entries)
 
 
 def load_component(
@@ -243,6 +259,7 @@ def load_component(
     library, class_name = component_class(index, component)
     cls = import_class(library, class_name, f"{model_dir}/model_index.json: {component}")
     component_dir = model_dir / component
+    refuse_remote_code(component_dir, library)
     qconfig = is_quantized_component(model_dir, component)
     if qconfig is None:
         return _load_plain(component_dir, cls, torch.device(device), dtype, variant, unused)
@@ -338,6 +355,7 @@ def load_pipeline(
     model_dir = Path(model_dir)
     index = read_model_index(model_dir)
     check_components_present(model_dir, index)
+    classes = check_component_classes(model_dir, index)
     cls = pipeline_class(index, model_dir)
     run_device = resolve_device(device, option="device")
     dtype = resolve_dtype(dtype, run_device, option="dtype")
@@ -351,12 +369,18 @@ def load_pipeline(
         if is_quantized_component(model_dir, name) is not None:
             quantized[name] = load_component(model_dir, name, load_device, dtype, variant, drop_unused)
         elif _has_weight_files(model_dir / name):  # refused here in one line, not deep in diffusers
-            plain_variants.add(variant_of(component_weight_files(model_dir / name, variant)[0].name))
+            chosen = variant_of(component_weight_files(model_dir / name, variant)[0].name)
+            plain_variants.add(chosen)
+            _check_plain_sizes(model_dir / name, classes[name], chosen)
     if variant is not None and variant not in plain_variants and variant != recorded:
         raise InputError(f"{model_dir}: no component has {variant} variant weights")
     with _without_diffusers_bars():
         pipeline = cls.from_pretrained(  # type: ignore[attr-defined]
-            str(model_dir), dtype=dtype, variant=variant if variant in plain_variants else None, **quantized
+            str(model_dir),
+            dtype=dtype,
+            variant=variant if variant in plain_variants else None,
+            trust_remote_code=False,
+            **quantized,
         )
     for name, modules in unused.items():
         component = pipeline.components.get(name)
