@@ -142,12 +142,12 @@ CASES: dict[str, tuple[str, str, Callable[[Path, Path], None], str, int]] = {
         "text_encoder/config.json: not a regular file (a FIFO)",
         1,
     ),
-    "quantize: component folder is a file": (
-        "quantize",
-        "source",
-        lambda d, m: (shutil.rmtree(d / "text_encoder"), (d / "text_encoder").write_text("{}")),
-        "component 'text_encoder' (transformers.T5EncoderModel) has no folder",
-        2,
+    "verify without manifest: component folder is a file": (
+        "verify",
+        "bare",
+        lambda d, m: (shutil.rmtree(d / "transformer"), (d / "transformer").write_text("{}")),
+        "component 'transformer' (diffusers.FluxTransformer2DModel) has no folder",
+        1,
     ),
     "verify: num_layers": (
         "verify",

@@ -319,8 +319,14 @@ def _weight_args(weights: Any, where: str, group: str) -> tuple[str, int | None]
         )
     if weights.get("type") not in ("int", "float"):
         raise _refuse(where, group, f"{weights.get('type')} weights")
-    group_size = weights.get("group_size") if strategy == "group" else None
-    return str(weights["type"]), None if group_size is None else int(group_size)
+    if strategy == "channel":
+        return str(weights["type"]), None
+    group_size = weights.get("group_size")
+    if type(group_size) is not int or group_size <= 0:
+        raise InputError(
+            f"{where}: config group {group!r}: strategy group needs a whole group_size above 0, not {group_size!r}"
+        )
+    return str(weights["type"]), group_size
 
 
 def _activation_kind(activations: Any, where: str, group: str) -> ActivationKind | None:
