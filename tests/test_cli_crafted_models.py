@@ -153,7 +153,7 @@ CASES: dict[str, tuple[str, str, Callable[[Path, Path], None], str, int]] = {
         "verify",
         "artifact",
         lambda d, m: _update(d / "transformer" / "config.json", num_layers=200000),
-        "transformer/config.json: declares a model of more than",
+        "transformer/config.json: declares more than",
         1,
     ),
     "verify: axes_dims_rope": (
@@ -195,7 +195,7 @@ CASES: dict[str, tuple[str, str, Callable[[Path, Path], None], str, int]] = {
         "generate",
         "demo",
         lambda d, m: _update(d / "text_encoder" / "config.json", num_layers=100000),
-        "text_encoder/config.json: declares a model of more than",
+        "text_encoder/config.json: declares more than",
         2,
     ),
 }

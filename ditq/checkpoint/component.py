@@ -96,20 +96,21 @@ def refuse_remote_code(component_dir: Path, library: str) -> None:
 
 
 @contextmanager
-def _parameter_budget(limit: int, where: str) -> Iterator[None]:
-    """Inside the block, making more than ``limit`` parameters (registered, or deep-copied as
-    ``torch.nn.TransformerEncoder`` clones its layers) is an InputError naming ``where``. Process-wide, as
+def _parameter_budget(stored: int, where: str) -> Iterator[None]:
+    """Inside the block, making more than twice as many parameters as the ``stored`` tensors, and 64 more
+    (registered, or deep-copied as ``torch.nn.TransformerEncoder`` clones its layers), is an InputError naming
+    ``where``. Process-wide, as
     ``ditq.runtime.meta.parameters_on_meta``: no other thread may build modules meanwhile."""
     register_parameter, deepcopy = torch.nn.Module.register_parameter, torch.nn.Parameter.__deepcopy__
-    made = 0
+    made, limit = 0, 2 * stored + 64
 
     def count() -> None:
         nonlocal made
         made += 1
         if made > limit:
             raise InputError(
-                f"{where}: declares a model of more than {limit} parameter tensors, more than its weight files hold "
-                "(a size in it exceeds what the files hold)"
+                f"{where}: declares more than {limit} parameter tensors, its weight files hold {stored} tensors "
+                "(a count or size in it, layers or blocks, exceeds what the files hold)"
             )
 
     def register(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
@@ -144,7 +145,7 @@ def build_on_meta(
     plain = {k: v for k, v in config.items() if k != "quantization_config"}
     _check_rotary_axes(plain, entries, where)
     try:
-        with torch.device("meta"), _parameter_budget(2 * len(entries) + 64, where):
+        with torch.device("meta"), _parameter_budget(len(entries), where):
             if hasattr(cls, "config_class") and hasattr(cls, "_from_config"):  # transformers
                 model = cls._from_config(cls.config_class.from_dict(plain))
             elif hasattr(cls, "from_config"):  # diffusers, the demo's text encoder
