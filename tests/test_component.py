@@ -252,3 +252,15 @@ def test_crafted_artifact_components_fail_verify_as_the_loader_refuses_them(arti
     weights.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + size :])
     failed = {c.name: c.detail for c in ditq.verify(out).checks if not c.ok}
     assert "is not a list of whole numbers" in failed["transformer: tensors"]
+
+
+def test_verify_checks_the_unquantized_components_as_the_loader_does(artifact) -> None:  # type: ignore[no-untyped-def]
+    """A text encoder left in source precision, whose config declares layers its files do not hold: the loader
+    refuses it before diffusers builds it, and so does verify (here without a manifest whose digests would)."""
+    _, out = artifact("flux", "w8a8", text_encoder=True, components="transformer", copy=True)
+    (out / "MANIFEST.json").unlink()
+    assert ditq.verify(out).ok
+    _update(out / "text_encoder" / "config.json", num_layers=100000)
+    failed = {c.name: c.detail for c in ditq.verify(out).checks if not c.ok}
+    assert list(failed) == ["model_index"]
+    assert "text_encoder/config.json: declares more than" in failed["model_index"]

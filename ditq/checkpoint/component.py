@@ -38,6 +38,7 @@ __all__ = [
     "TRUSTED_LIBRARIES",
     "build_on_meta",
     "check_component_classes",
+    "from_config",
     "import_class",
     "is_trusted_library",
     "refuse_remote_code",
@@ -144,26 +145,33 @@ def build_on_meta(
     where = f"{component_dir}/config.json"
     plain = {k: v for k, v in config.items() if k != "quantization_config"}
     _check_rotary_axes(plain, entries, where)
+    with torch.device("meta"), _parameter_budget(len(entries), where):
+        model = from_config(cls, plain, where)
+    tie_weights = getattr(model, "tie_weights", None)
+    if callable(tie_weights):
+        tie_weights()  # tied parameters are stored once
+    _check_declared_sizes(model, entries, where, exact)
+    return model.eval()
+
+
+def from_config(cls: type, config: dict[str, Any], where: str) -> torch.nn.Module:
+    """``cls`` (a diffusers or transformers model, or the demo's text encoder) built from a plain ``config``;
+    whatever its constructor raises for a field of the wrong kind is an InputError naming ``where``."""
     try:
-        with torch.device("meta"), _parameter_budget(len(entries), where):
-            if hasattr(cls, "config_class") and hasattr(cls, "_from_config"):  # transformers
-                model = cls._from_config(cls.config_class.from_dict(plain))
-            elif hasattr(cls, "from_config"):  # diffusers, the demo's text encoder
-                model = cls.from_config(plain)
-            else:
-                raise InputError(f"{where}: cannot build {cls.__name__} from a config")
+        if hasattr(cls, "config_class") and hasattr(cls, "_from_config"):  # transformers
+            model = cls._from_config(cls.config_class.from_dict(config))
+        elif hasattr(cls, "from_config"):  # diffusers, the demo's text encoder
+            model = cls.from_config(config)
+        else:
+            raise InputError(f"{where}: cannot build {cls.__name__} from a config")
     except DitqError:
         raise
     except Exception as error:  # third-party constructors fed a file's fields raise what they raise
         detail = " ".join(f"{type(error).__name__}: {error}".split())
         raise InputError(f"{where}: cannot build a {cls.__name__} from it ({detail[:300]})") from error
     if not isinstance(model, torch.nn.Module):
-        raise InputError(f"{component_dir}: {cls.__name__} is not a torch module")
-    tie_weights = getattr(model, "tie_weights", None)
-    if callable(tie_weights):
-        tie_weights()  # tied parameters are stored once
-    _check_declared_sizes(model, entries, where, exact)
-    return model.eval()
+        raise InputError(f"{where}: {cls.__name__} is not a torch module")
+    return model
 
 
 def _check_rotary_axes(config: Mapping[str, Any], entries: Mapping[str, TensorEntry], where: str) -> None:

@@ -200,14 +200,22 @@ def _linked_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _check_model_index(root: Path, recorded: dict[str, Any], report: VerifyReport) -> None:
+def _check_model_index(
+    root: Path, quantized: list[str], recorded: dict[str, Any], variant: str | None, report: VerifyReport
+) -> None:
     """``model_index.json`` as the loader reads it: plain names and ``[library, class]`` entries, every
-    component's folder, trusted classes, no component asking for code of its own; and each quantized component's
-    class the one the manifest records (``recorded``)."""
+    component's folder, trusted classes, no component asking for code of its own, and every unquantized model
+    component's declared sizes within its stored tensors (the quantized ones are checked with their tensors);
+    and each quantized component's class the one the manifest records (``recorded``)."""
+    from ditq.runtime.loader import check_component_sizes
+
     try:
         index = read_model_index(root)
         check_components_present(root, index)
         classes = check_component_classes(root, index)
+        for component, cls in classes.items():
+            if component not in quantized:
+                check_component_sizes(root / component, cls, variant)
     except InputError as error:
         report.add("model_index", [str(error)], "")
         return
@@ -220,7 +228,8 @@ def _check_model_index(root: Path, recorded: dict[str, Any], report: VerifyRepor
     report.add(
         "model_index",
         problems,
-        f"{len(classes)} components, each in its folder, classes from {', '.join(TRUSTED_LIBRARIES)}",
+        f"{len(classes)} components, each in its folder, classes from {', '.join(TRUSTED_LIBRARIES)}, "
+        "declared sizes within the stored tensors",
     )
 
 
@@ -460,7 +469,8 @@ def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyRepo
     if manifest is None:
         return report
     _check_files(root, manifest, report)
-    _check_model_index(root, manifest["components"], report)
+    variant = (manifest.get("options") or {}).get("variant")
+    _check_model_index(root, list(manifest["components"]), manifest["components"], variant, report)
     for component, info in manifest["components"].items():
         plain = _check_config(root, component, info, report)
         if plain is not None:  # later checks read the artifact's own config, not the manifest's copy
@@ -486,7 +496,7 @@ def _verify_foreign(root: Path, source: Path | None) -> VerifyReport:
     report = VerifyReport(str(root), None if source is None else str(source))
     report.not_applicable("manifest", f"no {MANIFEST}: not written by ditq")
     report.not_applicable("files", f"no {MANIFEST} lists the files, their sizes and sha256")
-    _check_model_index(root, {}, report)
+    _check_model_index(root, components, {}, None, report)
     for component in components:
         info: dict[str, Any] = {"class": list(component_class(index, component))}
         plain = _check_config(root, component, info, report)

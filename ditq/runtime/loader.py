@@ -50,6 +50,7 @@ from ditq.schemes import Scheme
 
 __all__ = [
     "KernelChooser",
+    "check_component_sizes",
     "component_entries",
     "component_weight_files",
     "is_quantized_component",
@@ -219,16 +220,17 @@ def _load_plain(
     if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
         if _has_weight_files(component_dir):  # the variant's files where the component has them, as diffusers
             variant = variant if variant_of(component_weight_files(component_dir, variant)[0].name) else None
-            _check_plain_sizes(component_dir, cls, variant)
+            check_component_sizes(component_dir, cls, variant)
         model = cls.from_pretrained(str(component_dir), dtype=dtype, variant=variant, **remote_code)  # type: ignore[attr-defined]
         drop_unused_modules(model, component_dir.name, unused)
         return model.to(device)
     return cls.from_pretrained(str(component_dir), **remote_code)
 
 
-def _check_plain_sizes(component_dir: Path, cls: type, variant: str | None) -> None:
-    """A component diffusers or transformers will load, built on the meta device first: its config's declared
-    sizes against its stored tensors (``ditq.checkpoint.component``), before the library allocates anything."""
+def check_component_sizes(component_dir: Path, cls: type, variant: str | None) -> None:
+    """A model component with weight files (of ``variant`` where it has them), built on the meta device: its
+    config's declared sizes against its stored tensors (``ditq.checkpoint.component``), before diffusers or
+    transformers allocates anything; a scheduler or tokenizer has none to check."""
     if issubclass(cls, torch.nn.Module) and _has_weight_files(component_dir):
         entries = component_entries(component_dir, variant)
         build_on_meta(cls, load_component_config(component_dir), component_dir, entries)
@@ -371,7 +373,7 @@ def load_pipeline(
         elif _has_weight_files(model_dir / name):  # refused here in one line, not deep in diffusers
             chosen = variant_of(component_weight_files(model_dir / name, variant)[0].name)
             plain_variants.add(chosen)
-            _check_plain_sizes(model_dir / name, classes[name], chosen)
+            check_component_sizes(model_dir / name, classes[name], chosen)
     if variant is not None and variant not in plain_variants and variant != recorded:
         raise InputError(f"{model_dir}: no component has {variant} variant weights")
     with _without_diffusers_bars():
