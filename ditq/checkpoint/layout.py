@@ -46,7 +46,27 @@ def read_model_index(model_dir: Path) -> dict[str, Any]:
         raise InputError(f"{model_dir}: not a directory")
     if not (model_dir / MODEL_INDEX).is_file():
         raise InputError(f"{model_dir}: not a diffusers model directory (no {MODEL_INDEX})")
-    return read_json(model_dir / MODEL_INDEX)
+    index = read_json(model_dir / MODEL_INDEX)
+    for name, value in index.items():
+        _check_entry(model_dir / MODEL_INDEX, name, value)
+    return index
+
+
+def _check_entry(path: Path, name: str, value: Any) -> None:
+    """A component entry (a list of strings or nulls) is ``[library, class]`` under a plain name: one folder of
+    the model directory, never a path. Other keys are the pipeline's own settings."""
+    if (
+        name.startswith("_")
+        or not isinstance(value, list)
+        or not all(v is None or isinstance(v, str) for v in value)
+    ):
+        return
+    if not name.isidentifier():
+        raise InputError(
+            f"{path}: component name {name!r} is not a plain name (a folder of the model directory)"
+        )
+    if len(value) != 2 or (value[0] is None) != (value[1] is None):
+        raise InputError(f"{path}: {name}: {value} is not [library, class]")
 
 
 def component_names(model_index: dict[str, Any]) -> list[str]:

@@ -18,8 +18,9 @@ import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeGuard
 
 import torch
 
@@ -130,21 +131,33 @@ def read_header(path: Path) -> SafetensorsHeader:
         raise InputError(f"{path}: __metadata__ is not an object of strings")
     entries: dict[str, TensorEntry] = {}
     for name, info in doc.items():
-        try:
-            dtype = DTYPES[info["dtype"]]
-            shape = tuple(int(d) for d in info["shape"])
-            begin, end = (int(o) for o in info["data_offsets"])
-        except (KeyError, TypeError, ValueError) as error:
+        if not isinstance(info, dict) or info.get("dtype") not in DTYPES:
+            dtype_name = info.get("dtype") if isinstance(info, dict) else None
             raise InputError(
-                f"{path}: tensor {name}: unsupported or malformed header entry ({error})"
-            ) from error
-        expected = dtype.itemsize * _numel(shape)
-        if end - begin != expected or begin < 0 or min(shape, default=0) < 0:
+                f"{path}: tensor {name}: unsupported or malformed header entry (dtype {dtype_name!r})"
+            )
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if not _naturals(shape):
+            raise InputError(f"{path}: tensor {name}: shape {shape!r} is not a list of whole numbers")
+        if not _naturals(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
+            raise InputError(f"{path}: tensor {name}: data_offsets {offsets!r} is not [begin, end]")
+        dtype, (begin, end) = DTYPES[info["dtype"]], offsets
+        if end - begin != dtype.itemsize * _numel(tuple(shape)):
             raise InputError(f"{path}: tensor {name}: {end - begin} bytes for shape {list(shape)}")
         if data_start + end > size:
             raise InputError(f"{path}: tensor {name!r} runs past the end of the file (truncated)")
-        entries[name] = TensorEntry(name, dtype, shape, data_start + begin, data_start + end, path)
-    return SafetensorsHeader(path, data_start, entries, dict(metadata))
+        entries[name] = TensorEntry(name, dtype, tuple(shape), data_start + begin, data_start + end, path)
+    header = SafetensorsHeader(path, data_start, entries, dict(metadata))
+    ordered = header.in_file_order()
+    for before, after in pairwise(ordered):
+        if after.begin < before.end:
+            raise InputError(f"{path}: tensors {before.name!r} and {after.name!r} overlap in the file")
+    return header
+
+
+def _naturals(value: object) -> TypeGuard[list[int]]:
+    """Whether ``value`` is a list of non-negative integers (no floats, booleans or strings: ``2.0`` is refused)."""
+    return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

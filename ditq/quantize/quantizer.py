@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ditq.checkpoint.component import check_component_classes
 from ditq.checkpoint.layout import (
     MODEL_INDEX,
     check_components_present,
@@ -168,10 +169,9 @@ def _plan_component(
         raise InputError(
             f"{component_dir}/config.json: component is already quantized (has quantization_config)"
         )
-    shapes = {
-        name: entry.shape for name, (_, entry) in read_component_headers(component_dir, variant).items()
-    }
-    model = build_meta_model(component_dir, library, class_name)
+    entries = {name: entry for name, (_, entry) in read_component_headers(component_dir, variant).items()}
+    shapes = {name: entry.shape for name, entry in entries.items()}
+    model = build_meta_model(component_dir, library, class_name, entries)
     group_size = None if scheme is None else scheme.group_size
     rule = plan_targets(model, component, shapes, targets, ignore, MIN_FEATURES, group_size)
     return _layout(rule, scheme, plan)
@@ -210,8 +210,8 @@ def _survey(source: Path, index: dict[str, Any], variant: str | None) -> _Survey
             unbuilt[name] = f"{library}.{class_name} is not a diffusers or transformers class"
             continue
         model = build_meta_model(
-            component_dir, library, class_name
-        )  # a config it cannot be built from: refused
+            component_dir, library, class_name, entries
+        )  # or refused, naming config.json
         shapes = {n: e.shape for n, e in entries.items()}
         try:
             rule = plan_targets(model, name, shapes)
@@ -499,6 +499,9 @@ def quantize(
     tree = scan_tree(source, follow_links)  # before any file of it is opened
     index = read_model_index(source)
     check_components_present(source, index)
+    check_component_classes(
+        source, index
+    )  # trusted classes, no code of the model's own, before anything is built
     survey = _survey(source, index, variant)
     if checked is not None:
         components = [checked.plan.component]

@@ -31,14 +31,16 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from ditq.checkpoint.component import build_on_meta, import_class, refuse_remote_code
+from ditq.checkpoint.layout import read_json
 from ditq.checkpoint.patterns import compile_pattern
+from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
 
 __all__ = [
@@ -80,46 +82,25 @@ class TargetPlan:
     block_lists: list[str] = field(default_factory=list)
 
 
-def build_meta_model(component_dir: Path, library: str, class_name: str) -> torch.nn.Module:
-    """The component's model class, instantiated from its config on the meta device (no memory, no weights).
+def build_meta_model(
+    component_dir: Path,
+    library: str,
+    class_name: str,
+    entries: Mapping[str, TensorEntry],
+    exact: bool = False,
+) -> torch.nn.Module:
+    """The component's model class, instantiated from its config on the meta device (no memory, no weights),
+    its declared sizes checked against ``entries`` (its stored tensors), as ``ditq.checkpoint.component`` builds
+    every component: trusted classes only, no code from the model.
 
-    A config the class cannot be built from (a field of the wrong type, a negative width) is an InputError
-    naming config.json: the class's own constructor is what checks its fields, and it raises what it raises.
+    A config the class cannot be built from (a field of the wrong type, a negative width, sizes its files do not
+    hold) is an InputError naming config.json: the class's own constructor is what checks its fields.
     """
     component_dir = Path(component_dir)
-    where = f"{component_dir}/config.json"
-    cls = _model_class(library, class_name, where)
-    try:
-        if library == "diffusers":
-            config = cls.load_config(str(component_dir))
-            with torch.device("meta"):
-                return cls.from_config(config)
-        import transformers
-
-        config = transformers.AutoConfig.from_pretrained(str(component_dir))
-        with torch.device("meta"):
-            return cls._from_config(config)
-    except Exception as error:  # third-party constructors fed a file's fields raise what they raise
-        detail = " ".join(f"{type(error).__name__}: {error}".split())
-        raise InputError(f"{where}: cannot build a {class_name} from it ({detail[:300]})") from error
-
-
-def _model_class(library: str, class_name: str, where: str) -> Any:
-    if library == "diffusers":
-        import diffusers
-
-        cls = getattr(diffusers, class_name, None)
-        if cls is None or not hasattr(cls, "from_config"):
-            raise InputError(f"{where}: diffusers has no model class {class_name!r}")
-        return cls
-    if library == "transformers":
-        import transformers
-
-        cls = getattr(transformers, class_name, None)
-        if cls is None:
-            raise InputError(f"{where}: transformers has no model class {class_name!r}")
-        return cls
-    raise InputError(f"{where}: cannot build a {library}.{class_name} to find its Linear layers")
+    cls = import_class(library, class_name, f"{component_dir}/config.json")
+    refuse_remote_code(component_dir, library)
+    config = read_json(component_dir / "config.json")
+    return build_on_meta(cls, config, component_dir, entries, exact)
 
 
 def block_lists(model: torch.nn.Module) -> list[str]:

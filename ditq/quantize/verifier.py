@@ -35,7 +35,10 @@ from typing import Any
 import torch
 
 from ditq.checkpoint.codecs import SCALE, SCALE_DTYPES, Codec, codec_for, config_groups, quantized_layers
+from ditq.checkpoint.component import TRUSTED_LIBRARIES, check_component_classes
 from ditq.checkpoint.layout import (
+    MODEL_INDEX,
+    check_components_present,
     component_class,
     component_names,
     load_component_config,
@@ -192,6 +195,39 @@ def _linked_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _check_model_index(
+    root: Path, quantized: list[str], recorded: dict[str, Any], variant: str | None, report: VerifyReport
+) -> None:
+    """``model_index.json`` as the loader reads it: plain names and ``[library, class]`` entries, every
+    component's folder, trusted classes, no component asking for code of its own, and every unquantized model
+    component's declared sizes within its stored tensors (the quantized ones are checked with their tensors);
+    and each quantized component's class the one the manifest records (``recorded``)."""
+    from ditq.runtime.loader import check_component_sizes
+
+    try:
+        index = read_model_index(root)
+        check_components_present(root, index)
+        classes = check_component_classes(root, index)
+        for component, cls in classes.items():
+            if component not in quantized:
+                check_component_sizes(root / component, cls, variant)
+    except InputError as error:
+        report.add("model_index", [str(error)], "")
+        return
+    problems = [
+        f"{MODEL_INDEX}: {component} is {list(component_class(index, component)) if component in classes else None}, "
+        f"the manifest records {info.get('class')}"
+        for component, info in recorded.items()
+        if component not in classes or list(component_class(index, component)) != info.get("class")
+    ]
+    report.add(
+        "model_index",
+        problems,
+        f"{len(classes)} components, each in its folder, classes from {', '.join(TRUSTED_LIBRARIES)}, "
+        "declared sizes within the stored tensors",
+    )
+
+
 def _read(where: dict[str, tuple[SafetensorsHeader, TensorEntry]], name: str) -> torch.Tensor:
     header, entry = where[name]
     with open_regular(header.path) as handle:
@@ -205,9 +241,13 @@ def _raw(where: dict[str, tuple[SafetensorsHeader, TensorEntry]], name: str) -> 
         return handle.read(entry.nbytes)
 
 
-def _meta_model(root: Path, component: str, info: dict[str, Any]) -> torch.nn.Module:
+def _meta_model(
+    root: Path, component: str, info: dict[str, Any], where: dict[str, tuple[SafetensorsHeader, TensorEntry]]
+) -> torch.nn.Module:
+    """The component on meta, as the loader builds it: every stored tensor in its place, of its declared shape."""
     library, class_name = info["class"]
-    return build_meta_model(root / component, library, class_name)
+    entries = {name: entry for name, (_, entry) in where.items()}
+    return build_meta_model(root / component, library, class_name, entries, exact=True)
 
 
 def _linears(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
@@ -323,7 +363,7 @@ def _check_tensors(
 
     try:
         where = read_component_headers(root / component)
-        model = _meta_model(root, component, info)
+        model = _meta_model(root, component, info, where)
         variant = info.get("variant")
         source_where = read_component_headers(source / component, variant) if source is not None else None
     except DitqError as error:
@@ -425,6 +465,8 @@ def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyRepo
     if manifest is None:
         return report
     _check_files(root, manifest, report)
+    variant = (manifest.get("options") or {}).get("variant")
+    _check_model_index(root, list(manifest["components"]), manifest["components"], variant, report)
     for component, info in manifest["components"].items():
         plain = _check_config(root, component, info, report)
         if plain is not None:  # later checks read the artifact's own config, not the manifest's copy
@@ -450,6 +492,7 @@ def _verify_foreign(root: Path, source: Path | None) -> VerifyReport:
     report = VerifyReport(str(root), None if source is None else str(source))
     report.not_applicable("manifest", f"no {MANIFEST}: not written by ditq")
     report.not_applicable("files", f"no {MANIFEST} lists the files, their sizes and sha256")
+    _check_model_index(root, components, {}, None, report)
     for component in components:
         info: dict[str, Any] = {"class": list(component_class(index, component))}
         plain = _check_config(root, component, info, report)

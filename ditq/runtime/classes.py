@@ -1,4 +1,5 @@
-"""Finding the Python classes a diffusers directory names: each component's and the pipeline's."""
+"""Finding the Python classes a diffusers directory names: each component's and the pipeline's, from the trusted
+libraries only (``ditq.checkpoint.component.TRUSTED_LIBRARIES``)."""
 
 from __future__ import annotations
 
@@ -6,43 +7,38 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+from ditq.checkpoint.component import import_class, is_trusted_library
 from ditq.checkpoint.layout import component_class, component_names
 from ditq.errors import InputError
 
 __all__ = ["import_class", "pipeline_class"]
 
 
-def import_class(library: str, class_name: str, where: str) -> Any:
-    """``library.class_name``; an InputError naming ``where`` when the library or the class is missing."""
-    try:
-        module = importlib.import_module(library)
-    except ImportError as error:
-        raise InputError(f"{where}: cannot import library {library!r} ({error})") from error
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise InputError(f"{where}: library {library!r} has no class {class_name!r}")
-    return cls
-
-
 def pipeline_class(model_index: dict[str, Any], model_dir: Path) -> type:
-    """The pipeline class named by ``_class_name``: from diffusers, else from a component's library or its parents."""
+    """The pipeline class named by ``_class_name``: from diffusers, else from a component's library or its parents
+    (the demo's pipeline beside its text encoder), never from a library outside the trusted ones."""
     name = model_index.get("_class_name")
-    if not isinstance(name, str):
-        raise InputError(f"{model_dir}/model_index.json: no _class_name")
+    where = f"{model_dir}/model_index.json"
+    if not isinstance(name, str) or not name.isidentifier():
+        raise InputError(f"{where}: no _class_name naming a pipeline class")
     import diffusers
 
     if name in dir(diffusers):  # dir() lists the lazy names without importing every submodule
-        return getattr(diffusers, name)
+        return _pipeline(getattr(diffusers, name), f"diffusers.{name}", where)
     for component in component_names(model_index):
-        library, _ = component_class(model_index, component)
+        library, class_name = component_class(model_index, component)
+        import_class(library, class_name, f"{where}: {component}")  # refuses an untrusted library
         parts = library.split(".")
-        for depth in range(len(parts), 0, -1):
-            try:
-                module = importlib.import_module(".".join(parts[:depth]))
-            except ImportError:
-                continue
+        for parent in (".".join(parts[:depth]) for depth in range(len(parts), 0, -1)):
+            if not is_trusted_library(parent):
+                break  # "ditq.demo", never "ditq"
+            module = importlib.import_module(parent)
             if isinstance(getattr(module, name, None), type):
-                return getattr(module, name)
-    raise InputError(
-        f"{model_dir}/model_index.json: pipeline class {name!r} not found in diffusers or the components' libraries"
-    )
+                return _pipeline(getattr(module, name), f"{parent}.{name}", where)
+    raise InputError(f"{where}: pipeline class {name!r} not found in diffusers or the components' libraries")
+
+
+def _pipeline(cls: Any, named: str, where: str) -> type:
+    if not isinstance(cls, type) or not callable(getattr(cls, "from_pretrained", None)):
+        raise InputError(f"{where}: {named} is not a pipeline class")
+    return cls

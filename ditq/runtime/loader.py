@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ditq.checkpoint.codecs import is_quantized_tensor
+from ditq.checkpoint.component import build_on_meta, check_component_classes, refuse_remote_code
 from ditq.checkpoint.layout import (
     check_components_present,
     component_class,
@@ -51,6 +52,7 @@ from ditq.schemes import Scheme
 
 __all__ = [
     "KernelChooser",
+    "check_component_sizes",
     "component_entries",
     "component_weight_files",
     "is_quantized_component",
@@ -148,7 +150,10 @@ def component_entries(component_dir: Path, variant: str | None) -> dict[str, Ten
     """Tensor name -> its safetensors entry, over every weight file of the component (of ``variant``)."""
     entries: dict[str, TensorEntry] = {}
     for path in component_weight_files(component_dir, variant):
-        entries.update(read_header(path).entries)
+        for name, entry in read_header(path).entries.items():
+            if name in entries:
+                raise InputError(f"{path}: tensor {name} also in {entries[name].path.name}")
+            entries[name] = entry
     return entries
 
 
@@ -165,8 +170,9 @@ def stored_layer_schemes(
     library, class_name = component_class(read_model_index(model_dir), component)
     cls = import_class(library, class_name, f"{model_dir}/model_index.json: {component}")
     component_dir = model_dir / component
-    model = build_empty(cls, load_component_config(component_dir), component_dir)
+    refuse_remote_code(component_dir, library)
     entries = component_entries(component_dir, variant)
+    model = build_on_meta(cls, load_component_config(component_dir), component_dir, entries, exact=True)
     return swap_quantized_linears(model, entries, qconfig, component_dir, torch.float32)
 
 
@@ -181,6 +187,7 @@ def _load_quantized(
     unused: list[str],
 ) -> torch.nn.Module:
     entries = component_entries(component_dir, variant)
+    build_on_meta(cls, config, component_dir, entries, exact=True)  # declared sizes, before any real tensor
     model = build_empty(cls, config, component_dir)
     drop_unused_modules(model, component_dir.name, unused)
     entries = {n: e for n, e in entries.items() if not any(n.startswith(f"{m}.") for m in unused)}
@@ -224,14 +231,25 @@ def _load_plain(
 ) -> Any:
     """A component the way diffusers loads it (models in ``dtype``; schedulers, tokenizers as they are), its
     ``unused`` modules dropped on the host before it moves to ``device``."""
+    remote_code = {"trust_remote_code": False} if cls.__module__.startswith("transformers.") else {}
     if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
         if _has_weight_files(component_dir):  # the variant's files where the component has them, as diffusers
             refuse_unconfigured_quantized(component_dir, variant)
             variant = variant if variant_of(component_weight_files(component_dir, variant)[0].name) else None
-        model = cls.from_pretrained(str(component_dir), dtype=dtype, variant=variant)  # type: ignore[attr-defined]
+            check_component_sizes(component_dir, cls, variant)
+        model = cls.from_pretrained(str(component_dir), dtype=dtype, variant=variant, **remote_code)  # type: ignore[attr-defined]
         drop_unused_modules(model, component_dir.name, unused)
         return model.to(device)
-    return cls.from_pretrained(str(component_dir))
+    return cls.from_pretrained(str(component_dir), **remote_code)
+
+
+def check_component_sizes(component_dir: Path, cls: type, variant: str | None) -> None:
+    """A model component with weight files (of ``variant`` where it has them), built on the meta device: its
+    config's declared sizes against its stored tensors (``ditq.checkpoint.component``), before diffusers or
+    transformers allocates anything; a scheduler or tokenizer has none to check."""
+    if issubclass(cls, torch.nn.Module) and _has_weight_files(component_dir):
+        entries = component_entries(component_dir, variant)
+        build_on_meta(cls, load_component_config(component_dir), component_dir, entries)
 
 
 def load_component(
@@ -259,6 +277,7 @@ def load_component(
     library, class_name = component_class(index, component)
     cls = import_class(library, class_name, f"{model_dir}/model_index.json: {component}")
     component_dir = model_dir / component
+    refuse_remote_code(component_dir, library)
     qconfig = is_quantized_component(model_dir, component)
     if qconfig is None:
         return _load_plain(component_dir, cls, torch.device(device), dtype, variant, unused)
@@ -357,6 +376,7 @@ def load_pipeline(
     model_dir = Path(model_dir)
     index = read_model_index(model_dir)
     check_components_present(model_dir, index)
+    classes = check_component_classes(model_dir, index)
     cls = pipeline_class(index, model_dir)
     run_device = resolve_device(device, option="device")
     dtype = resolve_dtype(dtype, run_device, option="dtype")
@@ -371,12 +391,18 @@ def load_pipeline(
             quantized[name] = load_component(model_dir, name, load_device, dtype, variant, drop_unused)
         elif _has_weight_files(model_dir / name):  # refused here in one line, not deep in diffusers
             refuse_unconfigured_quantized(model_dir / name, variant)
-            plain_variants.add(variant_of(component_weight_files(model_dir / name, variant)[0].name))
+            chosen = variant_of(component_weight_files(model_dir / name, variant)[0].name)
+            plain_variants.add(chosen)
+            check_component_sizes(model_dir / name, classes[name], chosen)
     if variant is not None and variant not in plain_variants and variant != recorded:
         raise InputError(f"{model_dir}: no component has {variant} variant weights")
     with _without_diffusers_bars():
         pipeline = cls.from_pretrained(  # type: ignore[attr-defined]
-            str(model_dir), dtype=dtype, variant=variant if variant in plain_variants else None, **quantized
+            str(model_dir),
+            dtype=dtype,
+            variant=variant if variant in plain_variants else None,
+            trust_remote_code=False,
+            **quantized,
         )
     for name, modules in unused.items():
         component = pipeline.components.get(name)

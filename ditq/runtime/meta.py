@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ditq.errors import InputError
+from ditq.checkpoint.component import from_config
 
 __all__ = ["build_empty", "parameters_on_meta"]
 
@@ -37,15 +37,9 @@ def parameters_on_meta() -> Iterator[None]:
 
 
 def build_empty(cls: Any, config: dict[str, Any], component_dir: Path) -> torch.nn.Module:
-    """An instance from config with parameters on meta (diffusers ModelMixin or transformers PreTrainedModel)."""
+    """An instance from config with parameters on meta (diffusers ModelMixin or transformers PreTrainedModel);
+    build it with ``ditq.checkpoint.component.build_on_meta`` first, which checks its declared sizes."""
     plain = {k: v for k, v in config.items() if k != "quantization_config"}
     with parameters_on_meta():
-        if hasattr(cls, "config_class") and hasattr(cls, "_from_config"):  # transformers
-            model = cls._from_config(cls.config_class.from_dict(plain))
-        elif hasattr(cls, "from_config"):  # diffusers
-            model = cls.from_config(plain)
-        else:
-            raise InputError(f"{component_dir}: cannot build {cls.__name__} from a config")
-    if not isinstance(model, torch.nn.Module):
-        raise InputError(f"{component_dir}: {cls.__name__} is not a torch module")
+        model = from_config(cls, plain, f"{component_dir}/config.json")
     return model.eval()

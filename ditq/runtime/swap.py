@@ -15,7 +15,14 @@ from typing import Any
 
 import torch
 
-from ditq.checkpoint.codecs import SCALE, config_groups, detect_codec, layer_scheme, quantized_layers
+from ditq.checkpoint.codecs import (
+    SCALE,
+    SCALE_DTYPES,
+    config_groups,
+    detect_codec,
+    layer_scheme,
+    quantized_layers,
+)
 from ditq.checkpoint.patterns import matches
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
@@ -38,6 +45,9 @@ def layer_schemes(
     for prefix in quantized_layers(entries):
         scale = entries[f"{prefix}.{SCALE}"]
         where = scale.path
+        if scale.dtype not in SCALE_DTYPES:
+            names = ", ".join(str(d).removeprefix("torch.") for d in SCALE_DTYPES)
+            raise InputError(f"{where}: {prefix}.{SCALE} is {scale.dtype}; scales are {names}")
         try:
             linear = model.get_submodule(prefix)
         except AttributeError:

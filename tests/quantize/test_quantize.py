@@ -298,6 +298,7 @@ from pathlib import Path
 import ditq.quantize.quantizer  # noqa: F401 - warm the import before the peak is reset
 import ditq
 from ditq.quantize.targets import build_meta_model
+from ditq.runtime.loader import component_entries
 
 def status(key):
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -305,7 +306,8 @@ def status(key):
             return int(line.split()[1]) * 1024
 
 source, out = Path(sys.argv[1]), Path(sys.argv[2])
-build_meta_model(source / "transformer", "diffusers", "QwenImage21Transformer2DModel")  # imports warm
+transformer = source / "transformer"
+build_meta_model(transformer, "diffusers", "QwenImage21Transformer2DModel", component_entries(transformer, None))  # warm
 Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
 base = status("VmRSS")
 ditq.quantize(source, out, "w8a8")

@@ -18,6 +18,7 @@ from ditq.quantize.targets import (
     build_meta_model,
     plan_targets,
 )
+from ditq.runtime.loader import component_entries
 
 # Per class: the block lists and how many Linears each reason keeps (tiny configs of tests/tiny_models.py).
 EXPECTED = {
@@ -71,7 +72,8 @@ def test_targets_are_block_linears(name: str) -> None:
 def test_meta_model_from_config_matches(name: str, model_dir) -> None:  # type: ignore[no-untyped-def]
     source: Path = model_dir(name)
     cls = TINY_CONFIGS[name][0]
-    meta = build_meta_model(source / "transformer", "diffusers", cls.__name__)
+    entries = component_entries(source / "transformer", None)
+    meta = build_meta_model(source / "transformer", "diffusers", cls.__name__, entries)
     assert all(p.device.type == "meta" for p in meta.parameters())
     assert _plan(meta).targets == _plan(build_tiny(name)).targets
 

@@ -264,6 +264,24 @@ def test_stray_tensor_is_named(w8a8_artifact: Path) -> None:
         load_component(w8a8_artifact, "transformer")
 
 
+def test_float64_scales_are_refused_as_verify_refuses_them(w8a8_artifact: Path) -> None:
+    name = "transformer_blocks.0.attn.to_q.weight_scale"
+    _rewrite_shard_holding(w8a8_artifact, name, lambda t: t.update({name: t[name].double()}))
+    with pytest.raises(InputError, match=rf"{name} is torch.float64; scales are float32, bfloat16, float16$"):
+        load_component(w8a8_artifact, "transformer")
+
+
+@pytest.mark.parametrize("group_size", [None, 0, 1.5, "128"])
+def test_group_strategy_needs_a_group_size(group_size: Any, w8a8_artifact: Path) -> None:
+    config_path = w8a8_artifact / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    for group in config["quantization_config"]["config_groups"].values():
+        group["weights"].update(strategy="group", group_size=group_size)
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(InputError, match=r"strategy group needs a whole group_size above 0, not "):
+        load_component(w8a8_artifact, "transformer")
+
+
 def test_unknown_component_is_named(w8a8_artifact: Path) -> None:
     with pytest.raises(InputError, match=r"no component 'vae'"):
         load_component(w8a8_artifact, "vae")
