@@ -129,7 +129,7 @@ CASES: dict[str, tuple[str, str, Callable[[Path, Path], None], str, int]] = {
         "quantize",
         "source",
         lambda d, m: (d / "transformer" / "config.json").unlink(),
-        "transformer/config.json: file not found",
+        "transformer/config.json: no such file",
         2,
     ),
     "verify without manifest: FIFO config": (

@@ -271,17 +271,6 @@ def test_float64_scales_are_refused_as_verify_refuses_them(w8a8_artifact: Path) 
         load_component(w8a8_artifact, "transformer")
 
 
-@pytest.mark.parametrize("group_size", [None, 0, 1.5, "128"])
-def test_group_strategy_needs_a_group_size(group_size: Any, w8a8_artifact: Path) -> None:
-    config_path = w8a8_artifact / "transformer" / "config.json"
-    config = json.loads(config_path.read_text())
-    for group in config["quantization_config"]["config_groups"].values():
-        group["weights"].update(strategy="group", group_size=group_size)
-    config_path.write_text(json.dumps(config))
-    with pytest.raises(InputError, match=r"strategy group needs a whole group_size above 0, not "):
-        load_component(w8a8_artifact, "transformer")
-
-
 def test_unknown_component_is_named(w8a8_artifact: Path) -> None:
     with pytest.raises(InputError, match=r"no component 'vae'"):
         load_component(w8a8_artifact, "vae")
@@ -387,7 +376,11 @@ def test_quantized_weights_without_a_quantization_config_are_refused(w8a8_artifa
         load_component(w8a8_artifact, "transformer", device="cpu")
 
 
-@pytest.mark.parametrize("group_size", ["abc", None, 0, True], ids=["text", "missing", "zero", "boolean"])
+@pytest.mark.parametrize(
+    "group_size",
+    ["abc", None, 0, True, 1.5, "128"],
+    ids=["text", "missing", "zero", "boolean", "fraction", "number-as-text"],
+)
 def test_group_strategy_needs_a_positive_integer_group_size(w8a8_artifact: Path, group_size: Any) -> None:
     """Issue 28, item 13: ``group_size: "abc"`` was a ValueError traceback; a missing one was read as per channel
     by the loader while compressed-tensors (and so verify) refused it."""
@@ -411,19 +404,5 @@ def test_an_unknown_quantization_method_names_the_config(w8a8_artifact: Path) ->
     config_path.write_text(json.dumps(config))
     with pytest.raises(
         InputError, match=r"^transformer/config.json: quantization_config: unsupported quantization"
-    ):
-        load_component(w8a8_artifact, "transformer", device="cpu")
-
-
-def test_a_float64_scale_is_refused_as_verify_refuses_it(w8a8_artifact: Path) -> None:
-    """Issue 28, weak: the loader read float64 scales that verify's layout check refuses."""
-    name = "transformer_blocks.0.attn.to_q.weight_scale"
-
-    def widen(tensors: dict[str, torch.Tensor]) -> None:
-        tensors[name] = tensors[name].to(torch.float64)
-
-    shard = _rewrite_shard_holding(w8a8_artifact, name, widen)
-    with pytest.raises(
-        InputError, match=rf"^{shard}: tensor '{name}' is torch.float64, a weight_scale is one of"
     ):
         load_component(w8a8_artifact, "transformer", device="cpu")
