@@ -107,6 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as error:
         print(f"ditq {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as error:  # what the system refused: a full disk, a quota, a read-only folder, permissions
+        # the file where the system names it, else what the command was writing
+        target = error.filename or getattr(args, "out", None)
+        where = f"{target}: " if target else ""
+        print(f"ditq {args.command}: error: {where}{error.strerror or error}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

@@ -150,3 +150,42 @@ def test_version_and_logging_options_before_or_after_the_command(capsys) -> None
         for handler in kept:
             root.addHandler(handler)
         root.setLevel(kept_level)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="file-size limits as Linux applies them")
+def test_a_write_the_system_refuses_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """Issue 28, item 13: a full disk (here: a file-size limit, which fails writes the same way) was a traceback."""
+    import resource
+    import shutil
+    import signal
+
+    from ditq.demo import default_model_dir
+
+    shutil.copy(default_model_dir().parent / "references" / "ref-circle-green.png", tmp_path)
+    (tmp_path / "prompts.txt").write_text(
+        "edit-1: ref-circle-green: a green circle on sand\ngen-1: a red fox\n"
+    )
+
+    def small_files() -> None:  # in the child: writes past 64 bytes fail with EFBIG instead of a signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ditq.cli",
+            "fixtures",
+            "init",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "fixtures"),
+        ],
+        preexec_fn=small_files,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == f"ditq fixtures: error: {tmp_path / 'fixtures'}: File too large\n", done.stderr
+    assert not (tmp_path / "fixtures").exists()  # nothing half-written
