@@ -40,6 +40,7 @@ __all__ = [
     "library_versions",
     "read_manifest",
     "source_tree_digest",
+    "tree_file_sha256",
     "write_manifest",
 ]
 
@@ -67,14 +68,16 @@ def hub_revision(source: Path) -> str | None:
     return None if snapshot is None else snapshot[0]
 
 
-def _file_sha256(tree: SourceTree, path: Path, stop: threading.Event) -> str:
+def tree_file_sha256(tree: SourceTree, path: Path, stop: threading.Event | None = None) -> str:
+    """The sha256 of a file of the scanned ``tree``, streamed; a hub snapshot's blob is named by it (not read).
+    ``stop`` abandons it."""
     if tree.is_hub_blob(path) and _HEX64.match(Path(os.path.realpath(path)).name):
         return Path(os.path.realpath(path)).name
     digest = hashlib.sha256()
     buffer = memoryview(bytearray(1 << 22))  # one reused buffer: no allocation per chunk
     with open_regular(path) as handle:
         while count := handle.readinto(buffer):
-            if stop.is_set():
+            if stop is not None and stop.is_set():
                 raise InterruptedError(f"digest of {path} abandoned")
             digest.update(buffer[:count])
     return digest.hexdigest()
@@ -92,7 +95,7 @@ def source_tree_digest(
     records: dict[str, dict[str, Any]] = {}
     for rel, path in sorted(tree.files.items()):
         size = os.stat(path).st_size
-        records[rel] = {"sha256": _file_sha256(tree, path, stop), "size": size}
+        records[rel] = {"sha256": tree_file_sha256(tree, path, stop), "size": size}
     lines = "".join(f"{r['sha256']} {r['size']} {rel}\n" for rel, r in records.items())
     digest = hashlib.sha256(lines.encode()).hexdigest()
     total = sum(r["size"] for r in records.values())

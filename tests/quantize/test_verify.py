@@ -185,10 +185,14 @@ def test_decoder_disagreement_fails(artifact, monkeypatch) -> None:  # type: ign
 
 
 def test_wrong_source_fails(artifact, model_dir) -> None:  # type: ignore[no-untyped-def]
-    _, out = artifact("wan", "w8a8")
+    source, out = artifact("wan", "w8a8")
     other = model_dir("wan", seed=1)
     report = verify(out, other)
-    assert _failed(report) == ["transformer: source"]
+    assert _failed(report) == ["scheduler: source files", "transformer: source"]
+    assert (
+        f"scheduler: a link to {source.resolve() / 'scheduler'}, not to {other / 'scheduler'}"
+        in report.table()
+    )
 
 
 def test_config_changed_and_resealed_fails(artifact) -> None:  # type: ignore[no-untyped-def]
