@@ -105,7 +105,8 @@ def _quantized_row(sides: _Sides, component: str) -> SourceRow:
     return (
         f"{component}: source config",
         problems,
-        f"config.json the source's but for {_QUANTIZATION_CONFIG}, {len(kept)} other files byte-identical",
+        f"config.json the source's but for {_QUANTIZATION_CONFIG}"
+        + (f", {len(kept)} other files byte-identical" if kept else ""),
     )
 
 
