@@ -53,6 +53,7 @@ from ditq.checkpoint.layout import (
 from ditq.checkpoint.manifest import (
     ERRORS_FILE,
     MANIFEST,
+    MANIFEST_KEYED_SEAL,
     MANIFEST_SEAL,
     SCHEMA_VERSION,
     check_manifest,
@@ -60,6 +61,7 @@ from ditq.checkpoint.manifest import (
 )
 from ditq.checkpoint.reference import ReferenceDecoder
 from ditq.checkpoint.safetensors_io import SafetensorsHeader, TensorEntry, read_tensor
+from ditq.checkpoint.seal import keyed_seal_verdict, manifest_digests, seal_key
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import open_regular, sha256_file
 from ditq.numerics import relative_l2
@@ -74,7 +76,12 @@ __all__ = ["REL_L2_BOUNDS", "Check", "VerifyReport", "verify"]
 # int8 of a BF16 weight typically lands near 0.01 and e4m3 near 0.025; the bounds leave room for
 # heavy-tailed rows while still catching a wrong scale, layout or transpose (errors of order 1).
 REL_L2_BOUNDS: dict[str, float] = {"w8a16": 0.05, "w8a8": 0.05, "fp8": 0.08}
-_OWN_FILES = {MANIFEST, MANIFEST_SEAL, ERRORS_FILE}  # what ditq writes into an artifact besides the model
+_OWN_FILES = {
+    MANIFEST,
+    MANIFEST_SEAL,
+    MANIFEST_KEYED_SEAL,
+    ERRORS_FILE,
+}  # what ditq writes into an artifact besides the model
 
 
 @dataclass
@@ -132,14 +139,20 @@ class VerifyReport:
 
 
 def _check_manifest(root: Path, report: VerifyReport) -> dict[str, Any] | None:
-    seal = root / MANIFEST_SEAL
-    actual = sha256_file(root / MANIFEST)
+    """The plain seal (integrity), the keyed seal (provenance, with ``DITQ_SEAL_KEY``), then the fields."""
+    seal, key = root / MANIFEST_SEAL, seal_key()
+    actual, mac = manifest_digests(root / MANIFEST, key)
     sealed = seal.is_file() and seal.read_bytes() == f"{actual}  {MANIFEST}\n".encode()
     report.add(
         "manifest seal",
         [] if sealed else [f"{MANIFEST} does not match {MANIFEST_SEAL}"],
         f"sha256 {actual[:16]}…",
     )
+    keyed, detail = keyed_seal_verdict(root, key, mac)
+    if keyed is None:
+        report.not_applicable("manifest key", detail)
+    else:
+        report.add("manifest key", [] if keyed else [detail], detail)
     try:
         manifest = check_manifest(read_json(root / MANIFEST), MANIFEST)
     except InputError as error:
