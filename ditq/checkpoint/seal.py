@@ -86,8 +86,11 @@ def keyed_seal_verdict(root: Path, key: bytes | None, mac: str | None) -> tuple[
         return None, "not keyed: a plain seal proves integrity, not provenance"
     if not present:
         return False, f"no {MANIFEST_KEYED_SEAL}: {MANIFEST} is not sealed with {SEAL_KEY_ENV}"
-    with open_regular(path) as handle:
-        recorded = handle.read(_KEYED_SEAL_BYTES)
+    try:
+        with open_regular(path) as handle:
+            recorded = handle.read(_KEYED_SEAL_BYTES)
+    except InputError as error:  # a FIFO or a folder in its place
+        return False, str(error)
     if hmac.compare_digest(recorded, _keyed_line(mac)):
         return True, f"keyed: HMAC-SHA256 under {SEAL_KEY_ENV} matches"
     return (

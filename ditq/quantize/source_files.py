@@ -10,8 +10,8 @@ What ``ditq quantize`` writes from a source, and so what each check row holds it
   link to the same entry of the source, or a copy of it, byte-identical file by file. A link anywhere else fails
   even where the files it reaches match today: the artifact serves whatever they become.
 
-The cost stays bounded by what the artifact and the source hold: the source is listed once (``scan_tree``,
-nothing opened); a link to the same entry of the source is judged by where it leads, without reading; a copied
+The cost stays bounded by what the artifact and the source hold: a link to the same entry of the source is
+judged by where it leads, without listing or reading it; any other entry is listed (``scan_tree``) and a copied
 file is compared by size, then by sha256, streamed, each side read at most once (the artifact's digests that
 the ``files`` check took are reused, and a hub snapshot's blobs are named by their sha256).
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 from ditq.checkpoint.layout import MODEL_INDEX, is_weight_file, load_component_config, read_json
 from ditq.checkpoint.manifest import tree_file_sha256
-from ditq.checkpoint.source_tree import SourceTree, scan_tree
+from ditq.checkpoint.source_tree import SourceTree, hub_snapshot, scan_tree
 from ditq.errors import InputError
 from ditq.fsutil import sha256_file
 
@@ -35,22 +35,27 @@ _QUANTIZATION_CONFIG = "quantization_config"  # the one field ditq adds to a qua
 
 
 def files_at(path: Path, name: str) -> dict[str, Path]:
-    """Every file at ``path`` (a file, or a folder walked through its links), keyed ``name/...``."""
-    if not path.is_dir():
-        return {name: path}
-    return {f"{name}/{rel}": file for rel, file in scan_tree(path, follow_links=True).files.items()}
+    """Every file at ``path`` (a file, or a folder walked through its links), keyed ``name/...``; anything else
+    (a broken link, a FIFO) is an InputError naming it."""
+    if path.is_dir():
+        return {f"{name}/{rel}": file for rel, file in scan_tree(path, follow_links=True).files.items()}
+    if not path.is_file():
+        raise InputError(f"{path}: not a regular file or folder")
+    return {name: path}
 
 
 class _Sides:
-    """The artifact and the source, with the digests each side already has."""
+    """The artifact and the source, with the digests each side already has. Each entry of the source is listed
+    when it is compared, so an entry the artifact links to is never walked."""
 
     def __init__(self, root: Path, source: Path, known: dict[str, dict[str, Any]]) -> None:
         self.root, self.source = root, source
-        self.tree: SourceTree = scan_tree(source, follow_links=True)
         self.known = known  # artifact-relative path -> {"sha256", "size"} of regular files, as hashed
+        snapshot = hub_snapshot(source)  # a hub snapshot's files are named by their sha256 in its blobs/
+        self.hub = SourceTree(source.resolve(), None if snapshot is None else snapshot[1], files={})
 
     def source_files(self, name: str) -> dict[str, Path]:
-        return {rel: p for rel, p in self.tree.files.items() if rel == name or rel.startswith(f"{name}/")}
+        return files_at(self.source / name, name)
 
     def artifact_sha256(self, rel: str, path: Path) -> str:
         if rel in self.known and not path.is_symlink():
@@ -64,7 +69,7 @@ class _Sides:
         for rel in sorted(set(ours) & set(theirs)):
             same = os.stat(ours[rel]).st_size == os.stat(theirs[rel]).st_size and self.artifact_sha256(
                 rel, ours[rel]
-            ) == tree_file_sha256(self.tree, theirs[rel])
+            ) == tree_file_sha256(self.hub, theirs[rel])
             if not same:
                 problems.append(f"{rel}: differs from the source's")
         return problems
@@ -95,13 +100,14 @@ def _quantized_row(sides: _Sides, component: str) -> SourceRow:
         kept = {
             rel: p for rel, p in files_at(sides.root / component, component).items() if not _rewritten(rel)
         }
+        theirs_kept = {rel: p for rel, p in sides.source_files(component).items() if not _rewritten(rel)}
+        problems = sides.differing(kept, theirs_kept)
     except InputError as error:
         return f"{component}: source config", [str(error)], ""
     ours.pop(_QUANTIZATION_CONFIG, None)
     keys = _differing_keys(ours, theirs)
-    problems = [f"{component}/config.json differs from the source's in {', '.join(keys)}"] if keys else []
-    theirs_kept = {rel: p for rel, p in sides.source_files(component).items() if not _rewritten(rel)}
-    problems += sides.differing(kept, theirs_kept)
+    if keys:
+        problems.insert(0, f"{component}/config.json differs from the source's in {', '.join(keys)}")
     return (
         f"{component}: source config",
         problems,
@@ -130,10 +136,11 @@ def _entry_row(sides: _Sides, name: str) -> SourceRow:
             return row, [f"{name}: a link to {target}, not to {theirs}"], ""
         return row, [], f"a link to {theirs}"
     try:
-        problems = sides.differing(files_at(ours, name), sides.source_files(name))
+        copied = files_at(ours, name)
+        problems = sides.differing(copied, sides.source_files(name))
     except InputError as error:
         return row, [str(error)], ""
-    return row, problems, f"a copy: {len(sides.source_files(name))} files byte-identical to the source's"
+    return row, problems, f"a copy: {len(copied)} files byte-identical to the source's"
 
 
 def source_rows(

@@ -7,6 +7,7 @@ Issue 28, item 2: each tampering below, re-sealed with recomputed digests as a f
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -161,3 +162,15 @@ def test_the_genuine_artifact_passes_linked_or_copied(genuine: tuple[Path, Path]
     assert report.checks[
         [c.name for c in report.checks].index("text_encoder: source files")
     ].detail.startswith("a copy: 2 files byte-identical")
+
+
+def test_a_fifo_among_copied_files_is_one_failed_row(genuine: tuple[Path, Path], tmp_path: Path) -> None:
+    source, shared = genuine
+    out = tmp_path / "artifact"
+    shutil.copytree(shared, out, symlinks=True)
+    os.mkfifo(_copy_in(out, "scheduler") / "notes.txt")  # nothing may block on reading it
+    (row,) = [c for c in verify(out, source).checks if c.name == "scheduler: source files"]
+    assert (
+        not row.ok
+        and f"{out.resolve()}/scheduler/notes.txt: not a regular file or folder (a FIFO)" in row.detail
+    )
