@@ -2,7 +2,9 @@
 
 Checks, each reported pass/fail with a one-line detail:
 
-- **manifest**: ``MANIFEST.json`` matches its seal and parses;
+- **manifest**: ``MANIFEST.json`` matches its seal and parses; its keyed seal
+  is checked where ``DITQ_SEAL_KEY`` is set (``ditq.checkpoint.seal``), and
+  reported as not applicable, never as passed, where it is not;
 - **files**: every file the manifest lists has its size and sha256; no file
   is missing or extra; linked components point where the manifest says, and
   every file behind a link has the size and sha256 the manifest recorded for
@@ -76,12 +78,8 @@ __all__ = ["REL_L2_BOUNDS", "Check", "VerifyReport", "verify"]
 # int8 of a BF16 weight typically lands near 0.01 and e4m3 near 0.025; the bounds leave room for
 # heavy-tailed rows while still catching a wrong scale, layout or transpose (errors of order 1).
 REL_L2_BOUNDS: dict[str, float] = {"w8a16": 0.05, "w8a8": 0.05, "fp8": 0.08}
-_OWN_FILES = {
-    MANIFEST,
-    MANIFEST_SEAL,
-    MANIFEST_KEYED_SEAL,
-    ERRORS_FILE,
-}  # what ditq writes into an artifact besides the model
+# What ditq writes into an artifact besides the model: no source has them.
+_OWN_FILES = {MANIFEST, MANIFEST_SEAL, MANIFEST_KEYED_SEAL, ERRORS_FILE}
 
 
 @dataclass
