@@ -1,7 +1,9 @@
 """MANIFEST.json: what an artifact was made from, with what, and the digest of every file in it.
 
 ``MANIFEST.json`` is sealed by ``MANIFEST.json.sha256`` (``sha256sum``
-format), so a change to any byte of the manifest itself is detected too.
+format), so a change to any byte of the manifest itself is detected too, and
+with ``DITQ_SEAL_KEY`` set also by ``MANIFEST.json.hmac`` (``ditq.checkpoint.seal``
+says what each proves).
 The source's tree digest is sha256 over the sorted lines
 ``<sha256> <size> <relative path>`` of every file under the source
 directory (symlinks followed), and ``source_files`` keeps each line's
@@ -24,14 +26,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ditq.checkpoint.layout import read_json
+from ditq.checkpoint.seal import MANIFEST, MANIFEST_KEYED_SEAL, MANIFEST_SEAL, write_seals
 from ditq.checkpoint.source_tree import SourceTree, hub_snapshot
 from ditq.errors import InputError
-from ditq.fsutil import atomic_write_bytes, atomic_write_json, open_regular, sha256_file
+from ditq.fsutil import atomic_write_json, open_regular, sha256_file
 from ditq.runfiles import parse
 
 __all__ = [
     "ERRORS_FILE",
     "MANIFEST",
+    "MANIFEST_KEYED_SEAL",
     "MANIFEST_SEAL",
     "SCHEMA_VERSION",
     "check_manifest",
@@ -40,12 +44,11 @@ __all__ = [
     "library_versions",
     "read_manifest",
     "source_tree_digest",
+    "tree_file_sha256",
     "write_manifest",
 ]
 
 SCHEMA_VERSION = 1
-MANIFEST = "MANIFEST.json"
-MANIFEST_SEAL = "MANIFEST.json.sha256"
 ERRORS_FILE = "tensor_errors.json"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _LIBRARIES = ("ditq", "torch", "safetensors", "compressed-tensors", "diffusers", "transformers", "numpy")
@@ -67,14 +70,16 @@ def hub_revision(source: Path) -> str | None:
     return None if snapshot is None else snapshot[0]
 
 
-def _file_sha256(tree: SourceTree, path: Path, stop: threading.Event) -> str:
+def tree_file_sha256(tree: SourceTree, path: Path, stop: threading.Event | None = None) -> str:
+    """The sha256 of a file of the scanned ``tree``, streamed; a hub snapshot's blob is named by it (not read).
+    ``stop`` abandons it."""
     if tree.is_hub_blob(path) and _HEX64.match(Path(os.path.realpath(path)).name):
         return Path(os.path.realpath(path)).name
     digest = hashlib.sha256()
     buffer = memoryview(bytearray(1 << 22))  # one reused buffer: no allocation per chunk
     with open_regular(path) as handle:
         while count := handle.readinto(buffer):
-            if stop.is_set():
+            if stop is not None and stop.is_set():
                 raise InterruptedError(f"digest of {path} abandoned")
             digest.update(buffer[:count])
     return digest.hexdigest()
@@ -92,7 +97,7 @@ def source_tree_digest(
     records: dict[str, dict[str, Any]] = {}
     for rel, path in sorted(tree.files.items()):
         size = os.stat(path).st_size
-        records[rel] = {"sha256": _file_sha256(tree, path, stop), "size": size}
+        records[rel] = {"sha256": tree_file_sha256(tree, path, stop), "size": size}
     lines = "".join(f"{r['sha256']} {r['size']} {rel}\n" for rel, r in records.items())
     digest = hashlib.sha256(lines.encode()).hexdigest()
     total = sum(r["size"] for r in records.values())
@@ -114,17 +119,17 @@ def file_records(
         for name in sorted(filenames):
             path = Path(dirpath) / name
             rel = (rel_dir / name).as_posix()
-            if rel in (MANIFEST, MANIFEST_SEAL) or path.is_symlink():
+            if rel in (MANIFEST, MANIFEST_SEAL, MANIFEST_KEYED_SEAL) or path.is_symlink():
                 continue
             size, digest = known.get(rel) or (path.stat().st_size, sha256_file(path))
             records[rel] = {"sha256": digest, "size": size}
     return dict(sorted(records.items()))
 
 
-def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+def write_manifest(root: Path, manifest: dict[str, Any], key: bytes | None = None) -> None:
+    """The manifest and its plain seal; with ``key`` (``seal.seal_key``) its keyed seal too."""
     atomic_write_json(Path(root) / MANIFEST, manifest)
-    digest = sha256_file(Path(root) / MANIFEST)
-    atomic_write_bytes(Path(root) / MANIFEST_SEAL, f"{digest}  {MANIFEST}\n".encode())
+    write_seals(Path(root), key)
 
 
 class _Fields(BaseModel):

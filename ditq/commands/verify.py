@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--source",
         type=Path,
         metavar="SRC",
-        help=f"the source model: rel-L2 per tensor must stay within ({bounds}), kept tensors identical",
+        help=f"the source model: rel-L2 per tensor must stay within ({bounds}), kept tensors identical, "
+        "every other file the source's (configs but for quantization_config, links into SRC)",
     )
     parser.add_argument(
         "--json", type=Path, metavar="FILE", help="also write the full report as JSON ('-' for stdout)"

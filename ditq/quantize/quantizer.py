@@ -60,6 +60,7 @@ from ditq.checkpoint.qconfig import (
     resolve_config_form,
     with_quantization_config,
 )
+from ditq.checkpoint.seal import seal_key
 from ditq.checkpoint.source_tree import scan_tree
 from ditq.devices import resolve_device
 from ditq.errors import DitqError, InputError
@@ -313,13 +314,16 @@ def _link_the_rest(source: Path, tmp: Path, rewritten: set[str], copy: bool) -> 
     return linked
 
 
-def _finish(tmp: Path, manifest: dict[str, Any], results: dict[str, ComponentResult], source: Path) -> None:
-    """Per-tensor errors, then the digest of every file, then the sealed manifest, then the permissions."""
+def _finish(
+    tmp: Path, manifest: dict[str, Any], results: dict[str, ComponentResult], source: Path, key: bytes | None
+) -> None:
+    """Per-tensor errors, then the digest of every file, then the manifest sealed (keyed with ``key``), then
+    the permissions."""
     errors = {f"{c}/{prefix}": e for c, r in results.items() for prefix, e in sorted(r.errors.items())}
     atomic_write_json(tmp / ERRORS_FILE, {"metric": "relative_l2", "tensors": errors})
     written = {f"{c}/{f}": d for c, r in results.items() for f, d in r.written_files.items()}
     manifest["files"] = file_records(tmp, skip_dirs=set(manifest["linked"]), known=written)
-    write_manifest(tmp, manifest)
+    write_manifest(tmp, manifest, key)
     _narrow_permissions(tmp, source, set(results))
 
 
@@ -496,6 +500,7 @@ def quantize(
     if output.exists() and not force:  # said at once, before the survey; checked again under the lock
         raise InputError(f"{output}: already exists (use --force to replace it)")
     form = resolve_config_form(config_form)
+    key = seal_key()  # DITQ_SEAL_KEY: a keyed seal besides the plain one
     tree = scan_tree(source, follow_links)  # before any file of it is opened
     index = read_model_index(source)
     check_components_present(source, index)
@@ -560,7 +565,7 @@ def quantize(
                 how = _how(chosen, checked, layouts)
                 unused = _unused(survey, _pipeline_class_or_none(index, source), keep_unused)
                 manifest = _manifest(source, how, options, layouts, results, digests.result(), linked, unused)
-                _finish(tmp, manifest, results, source)
+                _finish(tmp, manifest, results, source, key)
         except OSError as error:
             raise DitqError(f"{output}: writing failed ({error}); nothing was left behind") from error
         finally:

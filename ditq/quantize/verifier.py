@@ -2,7 +2,9 @@
 
 Checks, each reported pass/fail with a one-line detail:
 
-- **manifest**: ``MANIFEST.json`` matches its seal and parses;
+- **manifest**: ``MANIFEST.json`` matches its seal and parses; its keyed seal
+  is checked where ``DITQ_SEAL_KEY`` is set (``ditq.checkpoint.seal``), and
+  reported as not applicable, never as passed, where it is not;
 - **files**: every file the manifest lists has its size and sha256; no file
   is missing or extra; linked components point where the manifest says, and
   every file behind a link has the size and sha256 the manifest recorded for
@@ -16,7 +18,11 @@ Checks, each reported pass/fail with a one-line detail:
   bit; every Linear of the model is either quantized or in ``ignore``;
 - with ``source``: every dequantized weight is within its scheme's relative
   L2 bound of the source (``REL_L2_BOUNDS``), and every other tensor is byte
-  identical to the source's.
+  identical to the source's; and every other file is the source's
+  (``source_files``): ``model_index.json`` byte-identical, each quantized
+  component's config the source's but for ``quantization_config``, each
+  linked entry a link to the same entry of the source, each copied one
+  byte-identical to it.
 
 A compressed-tensors checkpoint that ditq did not write (a diffusers directory without ``MANIFEST.json``,
 llm-compressor's say) gets every check but the manifest's: ``manifest`` and ``files`` are reported as not
@@ -46,15 +52,24 @@ from ditq.checkpoint.layout import (
     read_json,
     read_model_index,
 )
-from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, SCHEMA_VERSION, check_manifest, file_records
+from ditq.checkpoint.manifest import (
+    ERRORS_FILE,
+    MANIFEST,
+    MANIFEST_KEYED_SEAL,
+    MANIFEST_SEAL,
+    SCHEMA_VERSION,
+    check_manifest,
+    file_records,
+)
 from ditq.checkpoint.reference import ReferenceDecoder
 from ditq.checkpoint.safetensors_io import SafetensorsHeader, TensorEntry, read_tensor
-from ditq.checkpoint.source_tree import scan_tree
+from ditq.checkpoint.seal import keyed_seal_verdict, manifest_digests, seal_key
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import open_regular, sha256_file
 from ditq.numerics import relative_l2
 from ditq.progress import progress_bar
 from ditq.quantize.rewrite import read_component_headers
+from ditq.quantize.source_files import files_at, source_rows
 from ditq.quantize.targets import build_meta_model
 
 __all__ = ["REL_L2_BOUNDS", "Check", "VerifyReport", "verify"]
@@ -63,6 +78,8 @@ __all__ = ["REL_L2_BOUNDS", "Check", "VerifyReport", "verify"]
 # int8 of a BF16 weight typically lands near 0.01 and e4m3 near 0.025; the bounds leave room for
 # heavy-tailed rows while still catching a wrong scale, layout or transpose (errors of order 1).
 REL_L2_BOUNDS: dict[str, float] = {"w8a16": 0.05, "w8a8": 0.05, "fp8": 0.08}
+# What ditq writes into an artifact besides the model: no source has them.
+_OWN_FILES = {MANIFEST, MANIFEST_SEAL, MANIFEST_KEYED_SEAL, ERRORS_FILE}
 
 
 @dataclass
@@ -120,14 +137,20 @@ class VerifyReport:
 
 
 def _check_manifest(root: Path, report: VerifyReport) -> dict[str, Any] | None:
-    seal = root / MANIFEST_SEAL
-    actual = sha256_file(root / MANIFEST)
+    """The plain seal (integrity), the keyed seal (provenance, with ``DITQ_SEAL_KEY``), then the fields."""
+    seal, key = root / MANIFEST_SEAL, seal_key()
+    actual, mac = manifest_digests(root / MANIFEST, key)
     sealed = seal.is_file() and seal.read_bytes() == f"{actual}  {MANIFEST}\n".encode()
     report.add(
         "manifest seal",
         [] if sealed else [f"{MANIFEST} does not match {MANIFEST_SEAL}"],
         f"sha256 {actual[:16]}…",
     )
+    keyed, detail = keyed_seal_verdict(root, key, mac)
+    if keyed is None:
+        report.not_applicable("manifest key", detail)
+    else:
+        report.add("manifest key", [] if keyed else [detail], detail)
     try:
         manifest = check_manifest(read_json(root / MANIFEST), MANIFEST)
     except InputError as error:
@@ -137,7 +160,8 @@ def _check_manifest(root: Path, report: VerifyReport) -> dict[str, Any] | None:
     return manifest
 
 
-def _check_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> None:
+def _check_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> dict[str, dict[str, Any]]:
+    """The files check; returns the digests it took of the artifact's own (unlinked) files."""
     listed: dict[str, Any] = manifest["files"]
     linked: dict[str, str] = manifest["linked"]
     present = file_records(root, skip_dirs=set(linked))
@@ -156,13 +180,7 @@ def _check_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> 
         f"{len(listed)} files match their sha256 and size, {len(linked)} links intact, "
         f"{behind} files behind them match the source's",
     )
-
-
-def _behind(link: Path, name: str) -> dict[str, Path]:
-    """Every file at ``link`` (a file, or a folder walked through its links), as artifact-relative paths."""
-    if not link.is_dir():
-        return {name: link}
-    return {f"{name}/{rel}": path for rel, path in scan_tree(link, follow_links=True).files.items()}
+    return present
 
 
 def _linked_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
@@ -179,7 +197,7 @@ def _linked_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
         if not (root / name).exists():
             continue  # reported as a broken link
         try:
-            present = _behind(root / name, name)
+            present = files_at(root / name, name)
         except InputError as error:
             problems.append(str(error))
             continue
@@ -226,6 +244,19 @@ def _check_model_index(
         f"{len(classes)} components, each in its folder, classes from {', '.join(TRUSTED_LIBRARIES)}, "
         "declared sizes within the stored tensors",
     )
+
+
+def _check_source_files(
+    root: Path,
+    source: Path,
+    quantized: list[str],
+    own: set[str],
+    known: dict[str, dict[str, Any]],
+    report: VerifyReport,
+) -> None:
+    """With ``source``: every file but the quantized tensors against the source's (``source_files``)."""
+    for name, problems, passed in source_rows(root, source, quantized, own, known):
+        report.add(name, problems, passed)
 
 
 def _read(where: dict[str, tuple[SafetensorsHeader, TensorEntry]], name: str) -> torch.Tensor:
@@ -464,9 +495,11 @@ def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyRepo
     manifest = _check_manifest(root, report)
     if manifest is None:
         return report
-    _check_files(root, manifest, report)
+    present = _check_files(root, manifest, report)
     variant = (manifest.get("options") or {}).get("variant")
     _check_model_index(root, list(manifest["components"]), manifest["components"], variant, report)
+    if source_dir is not None:
+        _check_source_files(root, source_dir, list(manifest["components"]), _OWN_FILES, present, report)
     for component, info in manifest["components"].items():
         plain = _check_config(root, component, info, report)
         if plain is not None:  # later checks read the artifact's own config, not the manifest's copy
@@ -493,6 +526,8 @@ def _verify_foreign(root: Path, source: Path | None) -> VerifyReport:
     report.not_applicable("manifest", f"no {MANIFEST}: not written by ditq")
     report.not_applicable("files", f"no {MANIFEST} lists the files, their sizes and sha256")
     _check_model_index(root, components, {}, None, report)
+    if source is not None:
+        _check_source_files(root, source, components, set(), {}, report)
     for component in components:
         info: dict[str, Any] = {"class": list(component_class(index, component))}
         plain = _check_config(root, component, info, report)
