@@ -95,12 +95,15 @@ def _conditions(where: str, raw: Any) -> tuple[Condition, ...]:
     return tuple(out)
 
 
+DEFAULT_RULES_SOURCE = "ditq/judge/gate_rules.json"  # how a gate's output names the rules ditq ships
+
+
 def load_rules(path: Path | None = None) -> GateRules:
     """The rules file (default: the one shipped with ditq), validated."""
     if path is None:
         text, source = (
             resources.files("ditq.judge").joinpath("gate_rules.json").read_text(),
-            "ditq/judge/gate_rules.json",
+            DEFAULT_RULES_SOURCE,
         )
         raw = loads(text)
     else:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ditq.errors import InputError
 from ditq.fsutil import atomic_directory
+from ditq.judge.gate import build_envelopes, gate_run, load_rules
 from ditq.report.assess import ReportData, assess
 from ditq.report.charts import write_charts
 from ditq.report.grids import write_grids
@@ -19,7 +21,10 @@ from ditq.report.plan import write_plan_charts
 from ditq.report.provenance import shell_command
 from ditq.report.schema import validate_verdict
 from ditq.report.verdict import VerdictRules
-from ditq.runfiles import Attempt, read_model_list
+from ditq.runfiles import GATE_FILE, Attempt, GateFile, read_model, read_model_list
+from ditq.signatures import DEFAULT_RULES_SOURCE
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ReportResult", "build_report"]
 
@@ -35,6 +40,54 @@ class ReportResult:
     @property
     def verdicts(self) -> dict[str, str]:
         return {c.name: c.verdict for c in self.data.document.candidates}
+
+
+_REPORT_FILES = ("verdict.json", "REPORT.md", "report.html")
+
+
+def check_replaceable(out: Path, inputs: Sequence[Path]) -> None:
+    """``out`` may be replaced as a whole: it is none of the ``inputs``, neither holds one nor lies inside one, and
+    where it exists it is an earlier report (or empty); anything else is an InputError naming it."""
+    target = out.resolve()
+    for given in inputs:
+        source = given.resolve()
+        if target == source or source.is_relative_to(target) or target.is_relative_to(source):
+            raise InputError(
+                f"--out {out}: the report would replace it whole, and it holds or is inside {given}"
+            )
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise InputError(f"--out {out}: not a folder the report can replace")
+    if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in _REPORT_FILES):
+        raise InputError(
+            f"--out {out}: a folder that is not a ditq report (no {', '.join(_REPORT_FILES)}); the report replaces "
+            "its folder whole: choose a new one or empty it"
+        )
+
+
+def check_gate_file(run_dir: Path, baseline: Path) -> None:
+    """The run's ``gate.json`` says what its records and images say: the run is judged again against
+    ``baseline`` with the rules the file names, and any image whose pass or fail differs is an InputError naming
+    the file (an edited or stale gate.json). Rules that can no longer be read are a warning: not judged again."""
+    path = run_dir / GATE_FILE
+    stated = read_model(GateFile, path)
+    if stated.rules == DEFAULT_RULES_SOURCE:
+        rules = load_rules(None)
+    elif Path(stated.rules).is_file():
+        rules = load_rules(Path(stated.rules))
+    else:
+        log.warning("%s: its rules file %s is gone: the gate was not judged again", path, stated.rules)
+        return
+    judged = gate_run(run_dir, rules, build_envelopes(baseline, rules), None, baseline)
+    again = {(r.fixture_id, r.seed): r.passed for r in judged.records}
+    for record in stated.records:
+        if again.get((record.fixture_id, record.seed)) != record.passed:
+            said = "passed" if record.passed else "failed"
+            raise InputError(
+                f"{path}: says {record.fixture_id} seed {record.seed} {said}, which its records and images do not "
+                "show against this baseline (an edited or stale gate.json: run ditq gate again)"
+            )
+    if set(again) != {(r.fixture_id, r.seed) for r in stated.records}:
+        raise InputError(f"{path}: judges other images than the run holds (stale: run ditq gate again)")
 
 
 def build_report(
@@ -59,6 +112,7 @@ def build_report(
     out = Path(out)
     if not runs:
         raise InputError("report: name at least one run or candidate directory")
+    check_replaceable(Path(out), [Path(baseline), *map(Path, runs)])
     attempts = read_model_list(Attempt, baseline_attempts) if baseline_attempts is not None else None
     base = load_candidate(Path(baseline), attempts)
     if base.run is None:
@@ -77,6 +131,12 @@ def build_report(
                 f"report: two runs are both named {name!r} (rename a run directory, or a candidate's name in "
                 "CANDIDATE.json)"
             )
+    for candidate in candidates:
+        run = candidate.run
+        if (
+            run is not None and run.gate is not None and not run.incomplete
+        ):  # an incomplete run is never a yes
+            check_gate_file(run.path, Path(baseline))
     data = assess(base, candidates, command or shell_command(), rules, note)
     document = data.document.model_dump(mode="json")
     validate_verdict(document)  # what we write is what the schema promises

@@ -397,13 +397,20 @@ def load_pipeline(
     if variant is not None and variant not in plain_variants and variant != recorded:
         raise InputError(f"{model_dir}: no component has {variant} variant weights")
     with _without_diffusers_bars():
-        pipeline = cls.from_pretrained(  # type: ignore[attr-defined]
-            str(model_dir),
-            dtype=dtype,
-            variant=variant if variant in plain_variants else None,
-            trust_remote_code=False,
-            **quantized,
-        )
+        try:
+            pipeline = cls.from_pretrained(  # type: ignore[attr-defined]
+                str(model_dir),
+                dtype=dtype,
+                variant=variant if variant in plain_variants else None,
+                trust_remote_code=False,
+                **quantized,
+            )
+        except ValueError as error:  # diffusers' refusal of an entry it cannot build (a bare string, a class
+            # without from_pretrained): the model's fault, said in one line
+            first = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise InputError(
+                f"{model_dir / 'model_index.json'}: diffusers cannot build {cls.__name__} from it: {first}"
+            ) from error
     for name, modules in unused.items():
         component = pipeline.components.get(name)
         if (

@@ -76,6 +76,7 @@ def test_report_replaces_its_directory_whole(shared_runs, tmp_path):
     out = tmp_path / "report"
     out.mkdir()
     (out / "stale.txt").write_text("from an older report")
+    (out / "verdict.json").write_text("{}")  # what makes it an older report
     build_report([shared_runs["w8a8"]], shared_runs["baseline"], out)
     assert not (out / "stale.txt").exists() and (out / "verdict.json").is_file()
 
@@ -166,3 +167,36 @@ def test_report_md_escapes_what_it_did_not_write(shared_runs, tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt; with a `tick" in markdown
     html_page = result.html.read_text()
     assert "<script>alert(1)" not in html_page  # the page escapes it too
+
+
+def test_the_report_never_replaces_its_inputs_or_a_folder_it_did_not_write(shared_runs, tmp_path):
+    """Issue 28's rerun: --out set to the baseline deleted its records and seal; a folder of other files was emptied."""
+    baseline = shared_runs["baseline"]
+    before = sorted(p.name for p in baseline.iterdir())
+    for out in (baseline, baseline.parent, baseline / "report"):
+        with pytest.raises(
+            InputError, match=r"^--out .*: the report would replace it whole, and it holds or is inside"
+        ):
+            build_report([shared_runs["w8a8"]], baseline, out)
+    assert sorted(p.name for p in baseline.iterdir()) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(InputError, match=r"a folder that is not a ditq report"):
+        build_report([shared_runs["w8a8"]], baseline, mine)
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_a_gate_file_edited_to_pass_is_refused(runs, tmp_path):
+    """Issue 28's rerun: the report believed a candidate's gate.json edited to PASS, and stopped showing the drift."""
+    gate = runs["fp8"] / "gate.json"  # the collapsed candidate: its images fail the gate
+    document = json.loads(gate.read_text())
+    assert not all(record["passed"] for record in document["records"])
+    for record in document["records"]:
+        record.update(passed=True, reasons=[])
+    document["verdict"] = "PASS"
+    gate.write_text(json.dumps(document))
+    with pytest.raises(
+        InputError, match=r"gate\.json: says .* passed, which its records and images do not show"
+    ):
+        build_report([runs["fp8"]], runs["baseline"], tmp_path / "report")
