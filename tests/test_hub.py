@@ -16,6 +16,7 @@ from ditq.checkpoint.hub import hub_patterns, parse_hub_id, resolve_model
 from ditq.checkpoint.manifest import read_manifest
 from ditq.cli import main
 from ditq.demo import default_model_dir
+from ditq.errors import InputError
 
 REPO = "acme/demo"  # not ditq/demo: a folder of this checkout, and a local path wins
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -105,6 +106,18 @@ def test_a_model_absent_from_the_cache_is_one_line_naming_what_to_set(
         "ditq quantize: error: nobody/absent: not a local directory, and not in the hub cache"
     )
     assert all(setting in line for setting in ("HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "a local path"))
+
+
+def test_local_files_only_reads_the_cache_alone(offline: Path, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert (
+        ditq.quantize(REPO, tmp_path / "out", "w8a16", local_files_only=True).manifest["inputs"]["hub_id"]
+        == REPO
+    )
+    with pytest.raises(
+        InputError, match=r"^nobody/absent: not a local directory.*; local_files_only is set \("
+    ):
+        ditq.load_pipeline("nobody/absent", device="cpu", local_files_only=True)
 
 
 @pytest.mark.parametrize(

@@ -478,10 +478,11 @@ def quantize(
     follow_links: bool = False,
     plan: PlanFile | str | Path | None = None,
     keep_unused: bool = False,
+    local_files_only: bool = False,
 ) -> QuantizeResult:
     """Quantize ``components`` of the diffusers directory ``source`` (or hub id ``org/name[@revision]``,
-    ``ditq.checkpoint.hub.resolve_model``) into the artifact ``output``; the manifest's ``inputs`` record a hub
-    snapshot's ``hub_id`` and ``revision`` (its commit).
+    ``ditq.checkpoint.hub.resolve_model``; ``local_files_only`` or ``HF_HUB_OFFLINE``: the cache only) into the
+    artifact ``output``; the manifest's ``inputs`` record a hub snapshot's ``hub_id`` and ``revision`` (its commit).
 
     ``scheme`` defaults to ``DEFAULTS["scheme"]`` and ``components`` to ``DEFAULTS["components"]`` ("auto": every
     component whose block Linears hold at least ``AUTO_MIN_SHARE`` of the pipeline's parameters). ``plan`` (a
@@ -509,7 +510,7 @@ def quantize(
     # Said at once, before the survey (or a download); checked again under the lock.
     if output.exists() and not force:
         raise InputError(f"{output}: already exists (use --force to replace it)")
-    source = resolve_model(source, variant).resolve()
+    source = resolve_model(source, variant, local_files_only).resolve()
     form = resolve_config_form(config_form)
     key = seal_key()  # DITQ_SEAL_KEY: a keyed seal besides the plain one
     tree = scan_tree(source, follow_links)  # before any file of it is opened
