@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from ditq.checkpoint.hub import resolve_model
 from ditq.commands import add_compile_argument, add_variant_argument, compile_backend
 from ditq.commands.probe import add_api_key_argument, add_matrix_arguments
 from ditq.devices import add_device_arguments
@@ -16,7 +16,11 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", type=Path, metavar="PATH", help="the unquantized diffusers model directory")
+    parser.add_argument(
+        "model",
+        metavar="PATH",
+        help="the unquantized diffusers model directory or hub id (org/name[@revision], through the hub cache)",
+    )
     add_matrix_arguments(parser)
     parser.add_argument(
         "--endpoint", help="generate through this server (serving PATH) instead of in process"
@@ -30,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     summary = make_baseline(
         BaselineOptions(
-            model=args.model,
+            model=resolve_model(args.model, args.variant),
             fixtures=args.fixtures,
             refs=args.refs,
             out=args.out,

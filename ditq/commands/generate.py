@@ -9,6 +9,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from ditq.checkpoint.hub import resolve_model
 from ditq.commands import (
     add_attention_argument,
     add_compile_argument,
@@ -31,10 +32,9 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "path",
-        type=Path,
         nargs="?",
         metavar="PATH",
-        help="artifact or diffusers directory (default: the bundled demo model)",
+        help="artifact or diffusers directory or hub id (org/name[@revision], through the hub cache) (default: the bundled demo model)",
     )
     parser.add_argument("--prompt", required=True, help="what to draw")
     parser.add_argument("--negative-prompt", help="what to avoid (pipelines that take one)")
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     report = generate(
-        args.path,
+        None if args.path is None else resolve_model(args.path, args.variant),
         request,
         device=args.device,
         offload=args.offload,

@@ -7,6 +7,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from ditq.checkpoint.hub import resolve_model
 from ditq.commands import add_variant_argument
 from ditq.devices import add_device_arguments
 from ditq.judge.compare import MAX_SEEDS, TOLERANCE_DB
@@ -20,9 +21,8 @@ __all__ = ["add_arguments", "run", "summary"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model",
-        type=Path,
         metavar="SRC",
-        help="the diffusers model directory (the bundled demo model: its path)",
+        help="the diffusers model directory (the bundled demo model: its path) or hub id (org/name[@revision], through the hub cache)",
     )
     parser.add_argument(
         "--out", type=Path, required=True, metavar="PLAN.json", help="where to write the plan"
@@ -151,7 +151,7 @@ def summary(plan: PlanFile, out: Path) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     plan = make_plan(
         PlanOptions(
-            model=args.model,
+            model=resolve_model(args.model, args.variant),
             out=args.out,
             fixtures=args.fixtures,
             refs=args.refs,

@@ -21,7 +21,9 @@ def _comma_list(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "source", type=Path, metavar="SRC", help="diffusers model directory (model_index.json)"
+        "source",
+        metavar="SRC",
+        help="diffusers model directory (model_index.json) or hub id (org/name[@revision], through the hub cache)",
     )
     parser.add_argument("output", type=Path, metavar="OUT", help="artifact directory to create")
     parser.add_argument(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
+from ditq.checkpoint.hub import hub_origin, resolve_model
 from ditq.commands import (
     add_attention_argument,
     add_compile_argument,
@@ -68,11 +68,16 @@ _CONNECTION_OPTIONS: tuple[tuple[str, type, float, str, str], ...] = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "path", nargs="?", type=Path, help="artifact or diffusers directory (default: the demo model)"
+        "path",
+        nargs="?",
+        help="artifact or diffusers directory or hub id (org/name[@revision], through the hub cache) (default: the demo model)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8091, help="port to listen on (default: %(default)s)")
-    parser.add_argument("--served-model-name", help="the model id clients send (default: the directory name)")
+    parser.add_argument(
+        "--served-model-name",
+        help="the model id clients send (default: the hub id of a hub snapshot, else the directory name)",
+    )
     add_device_arguments(parser, "auto", "where to generate", dtype=True, offload=True)
     add_variant_argument(parser)
     add_attention_argument(parser)
@@ -157,7 +162,11 @@ def api_key(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    name = args.served_model_name or (args.path.resolve().name if args.path else "ditq-demo")
+    model = None if args.path is None else resolve_model(args.path, args.variant)
+    origin = None if model is None else hub_origin(model)
+    name = args.served_model_name or (
+        "ditq-demo" if model is None else origin[0] if origin is not None else model.resolve().name
+    )
     config = ServeConfig(
         served_model_name=name,
         max_queue=args.max_queue,
@@ -178,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     if args.drain_timeout < 0:
         raise InputError(f"--drain-timeout: must not be negative, got {args.drain_timeout}")
     serve(
-        args.path,
+        model,
         config,
         host=args.host,
         port=args.port,

@@ -6,6 +6,7 @@ import argparse
 import signal
 from pathlib import Path
 
+from ditq.checkpoint.hub import resolve_model
 from ditq.commands import ATTENTION_CHOICES, add_compile_argument, compile_backend
 from ditq.commands.probe import add_api_key_argument
 from ditq.commands.report import add_objective_argument, print_summary
@@ -84,7 +85,11 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, device: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", type=Path, metavar="PATH", help="the unquantized diffusers model directory")
+    parser.add_argument(
+        "model",
+        metavar="PATH",
+        help="the unquantized diffusers model directory or hub id (org/name[@revision], through the hub cache)",
+    )
     parser.add_argument("--schemes", default="w8a16,w8a8,fp8", help="comma list (default: %(default)s)")
     parser.add_argument("--fixtures", type=Path, required=True, help="fixtures JSON")
     parser.add_argument("--refs", type=Path, required=True, help="directory of reference images, REF.png")
@@ -143,7 +148,7 @@ def stop_on_sigterm() -> None:
 def run(args: argparse.Namespace) -> int:
     schemes = tuple(dict.fromkeys(get_scheme(s.strip()).name for s in args.schemes.split(",") if s.strip()))
     options = SweepOptions(
-        model=args.model,
+        model=resolve_model(args.model, args.variant),
         schemes=schemes,
         fixtures=args.fixtures,
         refs=args.refs,

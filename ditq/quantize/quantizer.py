@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ditq.checkpoint.component import check_component_classes
+from ditq.checkpoint.hub import hub_origin, resolve_model
 from ditq.checkpoint.layout import (
     MODEL_INDEX,
     check_components_present,
@@ -401,10 +402,16 @@ def _manifest(
 ) -> dict[str, Any]:
     tree, source_files = digests
     index = read_model_index(source)
+    origin = hub_origin(source)  # a hub snapshot: the repository it is of
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": "ditq",
-        "inputs": {"source": str(source), "revision": hub_revision(source), **tree},
+        "inputs": {
+            "source": str(source),
+            "hub_id": None if origin is None else origin[0],
+            "revision": hub_revision(source),
+            **tree,
+        },
         "versions": library_versions(),
         "options": options,
         **how,
@@ -471,8 +478,11 @@ def quantize(
     follow_links: bool = False,
     plan: PlanFile | str | Path | None = None,
     keep_unused: bool = False,
+    local_files_only: bool = False,
 ) -> QuantizeResult:
-    """Quantize ``components`` of the diffusers directory ``source`` into the artifact ``output``.
+    """Quantize ``components`` of the diffusers directory ``source`` (or hub id ``org/name[@revision]``,
+    ``ditq.checkpoint.hub.resolve_model``; ``local_files_only`` or ``HF_HUB_OFFLINE``: the cache only) into the
+    artifact ``output``; the manifest's ``inputs`` record a hub snapshot's ``hub_id`` and ``revision`` (its commit).
 
     ``scheme`` defaults to ``DEFAULTS["scheme"]`` and ``components`` to ``DEFAULTS["components"]`` ("auto": every
     component whose block Linears hold at least ``AUTO_MIN_SHARE`` of the pipeline's parameters). ``plan`` (a
@@ -496,9 +506,11 @@ def quantize(
     named = None if components is None or list(components) == [AUTO] else components
     checked = None if plan is None else _checked_plan(plan, scheme, named, targets, ignore, group_size)
     chosen = None if checked is not None else get_scheme(scheme or DEFAULTS["scheme"], group_size)
-    source, output = Path(source).resolve(), Path(output).resolve()
-    if output.exists() and not force:  # said at once, before the survey; checked again under the lock
+    output = Path(output).resolve()
+    # Said at once, before the survey (or a download); checked again under the lock.
+    if output.exists() and not force:
         raise InputError(f"{output}: already exists (use --force to replace it)")
+    source = resolve_model(source, variant, local_files_only).resolve()
     form = resolve_config_form(config_form)
     key = seal_key()  # DITQ_SEAL_KEY: a keyed seal besides the plain one
     tree = scan_tree(source, follow_links)  # before any file of it is opened

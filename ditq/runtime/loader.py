@@ -24,6 +24,7 @@ import torch
 
 from ditq.checkpoint.codecs import is_quantized_tensor
 from ditq.checkpoint.component import build_on_meta, check_component_classes, refuse_remote_code
+from ditq.checkpoint.hub import resolve_model
 from ditq.checkpoint.layout import (
     check_components_present,
     component_class,
@@ -345,8 +346,11 @@ def load_pipeline(
     kv_cache: str | None = None,
     compile: str | None = None,
     fuse: bool = False,
+    local_files_only: bool = False,
 ) -> Any:
-    """A diffusers pipeline from a plain or ditq directory, placed on ``device`` per ``offload``.
+    """A diffusers pipeline from a plain or ditq directory, or a hub id ``org/name[@revision]`` (resolved through
+    the hub cache, ``ditq.checkpoint.hub.resolve_model``; ``local_files_only`` or ``HF_HUB_OFFLINE``: the cache
+    only), placed on ``device`` per ``offload``.
 
     ``device`` "auto" (the default) is the CUDA device where there is one, else the CPU; ``dtype`` None is the
     device's default compute dtype (float32 on the CPU, bfloat16 on CUDA), as ``ditq generate`` computes.
@@ -373,7 +377,7 @@ def load_pipeline(
     ran 5 % slower than the separate layers (benchmarks/results/dit_bench_fused_eager_7d332ce.json).
     """
     offload = resolve_offload(offload, option="offload")
-    model_dir = Path(model_dir)
+    model_dir = resolve_model(model_dir, variant, local_files_only)
     index = read_model_index(model_dir)
     check_components_present(model_dir, index)
     classes = check_component_classes(model_dir, index)

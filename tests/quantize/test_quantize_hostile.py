@@ -148,7 +148,7 @@ def test_hub_snapshot_links_into_its_blobs_are_inside(model_dir, tmp_path: Path)
     snapshot = _as_hub_snapshot(model_dir("flux"), tmp_path / "hub")
     out = ditq.quantize(snapshot, tmp_path / "out", "w8a8").path
     manifest = read_manifest(out)
-    assert manifest["inputs"]["revision"] == "0123abcd"
+    assert (manifest["inputs"]["hub_id"], manifest["inputs"]["revision"]) == ("org/tiny", "0123abcd")
     config = snapshot / "scheduler" / "scheduler_config.json"
     assert manifest["source_files"]["scheduler/scheduler_config.json"]["sha256"] == config.resolve().name
     assert ditq.verify(out, snapshot).ok

@@ -1,0 +1,163 @@
+"""Hub ids (``org/name[@revision]``) through a local hub cache laid out as huggingface_hub lays it, offline: no test
+here reaches the network."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub.utils import filter_repo_objects
+from safetensors.torch import load_file
+
+import ditq
+from ditq.checkpoint.hub import hub_patterns, parse_hub_id, resolve_model
+from ditq.checkpoint.manifest import read_manifest
+from ditq.cli import main
+from ditq.demo import default_model_dir
+from ditq.errors import InputError
+
+REPO = "acme/demo"  # not ditq/demo: a folder of this checkout, and a local path wins
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def hub_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """HF_HOME whose hub cache holds the demo model as ``acme/demo`` at COMMIT, ``refs/main`` naming it."""
+    home = tmp_path_factory.mktemp("hf-home")
+    repo = home / "hub" / "models--acme--demo"
+    shutil.copytree(default_model_dir(), repo / "snapshots" / COMMIT)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    return home
+
+
+@pytest.fixture
+def offline(hub_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The environment a user sets: HF_HOME at the cache, HF_HUB_OFFLINE=1 (read at the call, not at import)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(hub_home))
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    return hub_home / "hub" / "models--acme--demo" / "snapshots" / COMMIT
+
+
+def test_quantize_from_a_hub_id_records_the_id_and_commit(offline: Path, tmp_path: Path) -> None:
+    assert main(["quantize", REPO, str(tmp_path / "out"), "--scheme", "w8a8"]) == 0
+    inputs = read_manifest(tmp_path / "out")["inputs"]
+    assert (inputs["hub_id"], inputs["revision"], inputs["source"]) == (REPO, COMMIT, str(offline))
+
+
+def test_load_pipeline_from_a_hub_id_and_a_pinned_commit(offline: Path) -> None:
+    stored = load_file(offline / "transformer" / "diffusion_pytorch_model.safetensors")
+    for spec in (REPO, f"{REPO}@{COMMIT}", f"{REPO}@main"):
+        pipeline = ditq.load_pipeline(spec, device="cpu")
+        weights = pipeline.transformer.state_dict()
+        assert all(torch.equal(weights[name], tensor) for name, tensor in stored.items()), spec
+
+
+def test_a_local_directory_wins_over_a_hub_id(offline: Path, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "acme" / "demo").mkdir(parents=True)
+    assert resolve_model(REPO) == Path(REPO)
+    assert resolve_model(Path("nobody/absent")) == Path("nobody/absent")  # a Path is a path, never an id
+
+
+def _one_line_error(spec: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["quantize", spec, str(tmp_path / "out")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["quantize", "{id}", "{tmp}/out"], ["plan", "{id}", "--out", "{tmp}/PLAN.json"], ["serve", "{id}"],
+     ["generate", "{id}", "--prompt", "a red star"],
+     ["baseline", "{id}", "--fixtures", "{tmp}/f.json", "--refs", "{tmp}", "--out", "{tmp}/run"],
+     ["sweep", "{id}", "--fixtures", "{tmp}/f.json", "--refs", "{tmp}", "--out", "{tmp}/sweep"]],
+)  # fmt: skip
+def test_every_command_taking_a_model_resolves_a_hub_id(
+    command: list[str], offline: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An id absent from the cache is the resolver's one line, before anything is loaded or written."""
+    argv = [part.format(id="nobody/absent", tmp=tmp_path) for part in command]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ditq {command[0]}: error: nobody/absent: not a local directory, and not in the hub cache "
+        f"{offline.parents[2]}; HF_HUB_OFFLINE is set (unset it, with network access, to download it), point "
+        "HF_HOME or HF_HUB_CACHE at a cache that holds it, or give a local path"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_revision_absent_from_the_cache_is_one_line(offline: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    line = _one_line_error(f"{REPO}@v2", tmp_path, capsys)
+    assert f"{REPO}@v2: revision v2 is not in the hub cache" in line and "(it holds main)" in line
+    assert "HF_HUB_OFFLINE" in line and "HF_HOME" in line
+
+
+def test_a_model_absent_from_the_cache_is_one_line_naming_what_to_set(
+    offline: Path, tmp_path: Path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    line = _one_line_error("nobody/absent", tmp_path, capsys)
+    assert line.startswith(
+        "ditq quantize: error: nobody/absent: not a local directory, and not in the hub cache"
+    )
+    assert all(setting in line for setting in ("HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "a local path"))
+
+
+def test_local_files_only_reads_the_cache_alone(offline: Path, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert (
+        ditq.quantize(REPO, tmp_path / "out", "w8a16", local_files_only=True).manifest["inputs"]["hub_id"]
+        == REPO
+    )
+    with pytest.raises(
+        InputError, match=r"^nobody/absent: not a local directory.*; local_files_only is set \("
+    ):
+        ditq.load_pipeline("nobody/absent", device="cpu", local_files_only=True)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["../demo", "/ditq/demo", "ditq/../demo", "ditq/demo/transformer", "./demo", "~/demo", "ditq--x/demo",
+     "ditq/demo@", "ditq/demo@../main", "ditq/", "demo", "C:/demo"],
+)  # fmt: skip
+def test_paths_are_never_hub_ids(spec: str) -> None:
+    assert parse_hub_id(spec) is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "parsed"),
+    [("Qwen/Qwen-Image", ("Qwen/Qwen-Image", None)), ("org/na.me_1@refs/pr/3", ("org/na.me_1", "refs/pr/3")),
+     (f"ditq/demo@{COMMIT}", ("ditq/demo", COMMIT))],
+)  # fmt: skip
+def test_hub_ids(spec: str, parsed: tuple[str, str | None]) -> None:
+    assert parse_hub_id(spec) == parsed
+
+
+def test_only_what_diffusers_reads_is_fetched() -> None:
+    """The default files of each component and its configs and tokenizer files; a variant's weights only when
+    that variant is asked for."""
+    repo = [
+        "model_index.json", "README.md", "assets/teaser.png",
+        "transformer/config.json", "transformer/diffusion_pytorch_model-00001-of-00002.safetensors",
+        "transformer/diffusion_pytorch_model.safetensors.index.json", "transformer/diffusion_pytorch_model.bin",
+        "transformer/diffusion_pytorch_model.fp16.safetensors", "vae/diffusion_flax_model.msgpack",
+        "tokenizer/vocab.json", "tokenizer/merges.txt", "tokenizer/spiece.model", "processor/chat_template.jinja",
+        "scheduler/scheduler_config.json",
+    ]  # fmt: skip
+    allow, ignore = hub_patterns(None)
+    fetched = set(filter_repo_objects(repo, allow_patterns=allow, ignore_patterns=ignore))
+    assert fetched == {
+        "model_index.json", "transformer/config.json",
+        "transformer/diffusion_pytorch_model-00001-of-00002.safetensors",
+        "transformer/diffusion_pytorch_model.safetensors.index.json",
+        "tokenizer/vocab.json", "tokenizer/merges.txt", "tokenizer/spiece.model", "processor/chat_template.jinja",
+        "scheduler/scheduler_config.json",
+    }  # fmt: skip
+    allow, ignore = hub_patterns("fp16")
+    with_fp16 = set(filter_repo_objects(repo, allow_patterns=allow, ignore_patterns=ignore))
+    assert with_fp16 - fetched == {"transformer/diffusion_pytorch_model.fp16.safetensors"}
