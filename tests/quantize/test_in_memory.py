@@ -13,10 +13,12 @@ import torch
 import ditq
 from ditq.demo import build_tiny_pipeline, default_model_dir, load_demo_pipeline, plan_path
 from ditq.errors import InputError
+from ditq.quantize.in_memory import quantized_linear
 from ditq.quantize.plan_file import read_plan
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.loader import load_pipeline
 from ditq.runtime.modules import quantized_linears
+from ditq.schemes import FP8
 
 
 def _tree(root: Path) -> dict[str, bytes | str]:
@@ -137,3 +139,17 @@ def test_bad_arguments_are_one_line_naming_them(tmp_path: Path) -> None:
         ditq.quantize_(broken, "w8a8")
     assert not quantized_linears(broken)  # nothing swapped
     assert not (tmp_path / "out").exists()
+
+
+def test_save_refuses_layers_that_are_not_what_ditq_quantize_derives(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    build_tiny_pipeline(seed=4).save_pretrained(str(source))
+    pipeline = load_demo_pipeline(source)
+    ditq.quantize_(pipeline.transformer, "w8a8")
+    attn = pipeline.transformer.transformer_blocks[0].attn
+    attn.to_q = quantized_linear(torch.nn.Linear(attn.to_q.in_features, attn.to_q.out_features), FP8)[0]
+    with pytest.raises(
+        InputError, match=r"^pipeline: transformer.transformer_blocks.0.attn.to_q: .* not w8a8's stored form$"
+    ):
+        ditq.save(pipeline, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]  # nothing written, no lock left
