@@ -5,7 +5,7 @@ Nothing here decides anything of its own. Targets are ``ditq.quantize.targets.pl
 (its state dict's names and shapes for the checkpoint's), a plan is ``plan_apply.apply_plan``; each weight is
 encoded band by band as ``rewrite`` encodes it from a file (``encode_weight``: the same bands, codecs and error
 sums); the modules are the runtime's (``linear_from_stored``), their kernel path chosen per geometry as the
-loader's ``prepare_quantized`` chooses it (a doctor's chooser where given), the repack left to the first
+loader chooses it (``prepare_quantized``, a doctor's chooser where given), the repack left to the first
 forward; a pipeline's components are the ones ``--components auto`` would choose, asked of the directory it was
 loaded from.
 
@@ -19,7 +19,6 @@ manifest records its source, and its unquantized components are that source's fi
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +30,13 @@ from ditq.checkpoint.codecs import SCALE
 from ditq.checkpoint.layout import MODEL_INDEX
 from ditq.devices import resolve_device
 from ditq.errors import DitqError, InputError
-from ditq.kernels.registry import KernelPath
 from ditq.quantize.plan_apply import apply_plan
 from ditq.quantize.plan_file import PlanFile, read_plan
 from ditq.quantize.quantizer import DEFAULTS, QuantizeResult, auto_components
 from ditq.quantize.quantizer import quantize as write_artifact
 from ditq.quantize.rewrite import StoredLayer, band_workers, encode_weight
 from ditq.quantize.targets import MIN_FEATURES, plan_targets
-from ditq.runtime.loader import KernelChooser
+from ditq.runtime.loader import KernelChooser, prepare_quantized
 from ditq.runtime.modules import QuantizedLinear, linear_from_stored, quantized_linears
 from ditq.schemes import SCHEMES, Scheme, get_scheme
 
@@ -124,22 +122,6 @@ def quantized_linear(
     return linear_from_stored(tensors, scheme, bias), stored.rel_l2
 
 
-def _choose_kernels(
-    layers: Mapping[str, QuantizedLinear],
-    device: torch.device,
-    dtype: torch.dtype,
-    chooser: KernelChooser | None,
-) -> None:
-    """Each layer's kernel path, one decision per geometry, as ``prepare_quantized`` decides it; the repack waits
-    for the first forward, so that ``save`` still reads the stored tensors."""
-    chosen: dict[tuple[Any, ...], KernelPath | None] = {}
-    for layer in layers.values():
-        key = (layer.scheme.name, layer.in_features, layer.out_features, layer.group_size)
-        if key not in chosen:
-            chosen[key] = chooser(layer, device, dtype) if chooser is not None else None
-        layer.use_kernel(chosen[key], device, dtype)
-
-
 def _quantize_module(
     module: torch.nn.Module,
     component: str,
@@ -180,7 +162,9 @@ def _quantize_module(
         _swap(module, prefix, layer)
     if device is not None:
         module.to(device)
-    _choose_kernels(layers, run_device, first.dtype, chooser)
+    prepare_quantized(
+        module, run_device, first.dtype, chooser, repack=False
+    )  # the repack: on the first forward
     log.info("%s: %d Linear layers quantized in memory (%d kept)", component, len(layers), len(rule.ignored))
     return errors, run_device
 
