@@ -52,9 +52,8 @@ class InMemoryQuantization:
     """How a module was quantized in memory: what ``save`` passes to the quantizer, and each layer's error."""
 
     component: str
-    options: dict[
-        str, Any
-    ]  # the quantizer's keyword options that reproduce it (scheme, plan, targets, device)
+    # the quantizer's keyword options that reproduce it (scheme, plan, targets, device)
+    options: dict[str, Any]
     auto: bool  # its pipeline's components were chosen as ``--components auto`` chooses them
     errors: dict[str, float] = field(default_factory=dict)  # target prefix -> relative L2 error
 
@@ -178,6 +177,35 @@ def _options(
     return {"scheme": scheme.name, "group_size": scheme.group_size, "targets": targets}
 
 
+def _chosen(module_or_pipeline: Any, plan: PlanFile | None) -> tuple[dict[str, torch.nn.Module], bool]:
+    """(component name -> the module to quantize, whether ``--components auto`` chose them). A module alone is
+    named by its plan, else by the folder it was loaded from (its config's ``_name_or_path``), else its class."""
+    if isinstance(module_or_pipeline, torch.nn.Module):
+        loaded_from = getattr(getattr(module_or_pipeline, "config", None), "_name_or_path", None)
+        name = Path(str(loaded_from)).name if loaded_from else type(module_or_pipeline).__name__
+        return {plan.component if plan is not None else name: module_or_pipeline}, False
+    components = getattr(module_or_pipeline, "components", None)
+    if not isinstance(components, dict):
+        raise InputError(
+            "module_or_pipeline: a torch.nn.Module or a diffusers pipeline, "
+            f"not {type(module_or_pipeline).__name__}"
+        )
+    if plan is not None:
+        names, auto = [plan.component], False
+    else:
+        source = _source_dir(
+            module_or_pipeline,
+            "module_or_pipeline",
+            "it tells which components ditq quantize would choose: quantize one, "
+            "ditq.quantize_(pipe.transformer, ...)",
+        )
+        names, auto = auto_components(source), True
+    missing = [n for n in names if not isinstance(components.get(n), torch.nn.Module)]
+    if missing:
+        raise InputError(f"module_or_pipeline: the pipeline has no model component {missing[0]!r}")
+    return {n: components[n] for n in names}, auto
+
+
 def quantize_(
     module_or_pipeline: Any,
     scheme_or_plan: str | Scheme | PlanFile | Path,
@@ -203,34 +231,7 @@ def quantize_(
         raise InputError("targets: a plan names each layer's scheme, or 'keep'; give one or the other")
     run_device = None if device is None else resolve_device(device, option="device")
     where = str(plan_path) if plan_path is not None else "plan"
-    if isinstance(module_or_pipeline, torch.nn.Module):
-        name = Path(str(getattr(getattr(module_or_pipeline, "config", None), "_name_or_path", "") or "")).name
-        chosen = {
-            plan.component
-            if plan is not None
-            else (name or type(module_or_pipeline).__name__): module_or_pipeline
-        }
-        auto = False
-    else:
-        components = getattr(module_or_pipeline, "components", None)
-        if not isinstance(components, dict):
-            raise InputError(
-                f"module_or_pipeline: a torch.nn.Module or a diffusers pipeline, not {type(module_or_pipeline).__name__}"
-            )
-        if plan is not None:
-            names, auto = [plan.component], False
-        else:
-            source = _source_dir(
-                module_or_pipeline,
-                "module_or_pipeline",
-                "it tells which components ditq quantize would choose: quantize one, "
-                "ditq.quantize_(pipe.transformer, ...)",
-            )
-            names, auto = auto_components(source), True
-        missing = [n for n in names if not isinstance(components.get(n), torch.nn.Module)]
-        if missing:
-            raise InputError(f"module_or_pipeline: the pipeline has no model component {missing[0]!r}")
-        chosen = {n: components[n] for n in names}
+    chosen, auto = _chosen(module_or_pipeline, plan)
     for name, module in chosen.items():
         errors, on = _quantize_module(module, name, scheme, plan, where, patterns, run_device, chooser)
         options = _options(scheme, plan_path, plan, patterns) | {"device": on.type}
