@@ -16,9 +16,11 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "load_pipeline": "ditq.runtime.loader",
     "load_component": "ditq.runtime.loader",
+    "quantize_": "ditq.quantize.in_memory",
+    "save": "ditq.quantize.in_memory",
 }
 
-__all__ = ["__version__", "load_component", "load_pipeline", "quantize", "verify"]
+__all__ = ["__version__", "load_component", "load_pipeline", "quantize", "quantize_", "save", "verify"]
 
 
 def __getattr__(name: str) -> Any:

@@ -30,18 +30,17 @@ from typing import Any
 
 import torch
 
-from ditq.checkpoint.codecs import codec_for
 from ditq.errors import DitqError, InputError
 from ditq.judge.baseline import AdapterExecutor
 from ditq.judge.compare import PSNR_CAP_DB
 from ditq.metrics import fidelity_arrays, load_png_array, psnr
-from ditq.numerics import quantize_weight
 from ditq.probe.fixtures import Fixture
 from ditq.probe.runner import Reply, run_matrix
+from ditq.quantize.in_memory import quantized_linear
 from ditq.quantize.plan_file import KEEP, LayerSensitivity
 from ditq.runfiles import RunDescription
 from ditq.runtime.adapter import PipelineAdapter
-from ditq.runtime.modules import QuantizedLinear, linear_from_stored
+from ditq.runtime.modules import QuantizedLinear
 from ditq.schemes import SCHEMES
 
 __all__ = [
@@ -61,12 +60,9 @@ _CACHE_ARGUMENTS = ("kv_cache", "kv_cache_mode")
 
 
 def quantized_copy(linear: torch.nn.Linear, scheme_name: str) -> QuantizedLinear:
-    """``linear`` quantized as ``ditq quantize`` stores it (weight quantized from its own values, bias as is),
-    held by the runtime's QuantizedLinear on the same device; ``linear`` is not changed."""
-    scheme = SCHEMES[scheme_name]
-    q, scale = quantize_weight(linear.weight.detach(), scheme)
-    bias = None if linear.bias is None else linear.bias.detach()
-    return linear_from_stored(codec_for(scheme).encode(q, scale), scheme, bias)
+    """``linear`` quantized by the in-memory quantizer (``ditq.quantize_``'s arithmetic: as ``ditq quantize``
+    stores it), held by the runtime's QuantizedLinear on the same device; ``linear`` is not changed."""
+    return quantized_linear(linear, SCHEMES[scheme_name])[0]
 
 
 @contextmanager

@@ -4,6 +4,8 @@
   rest (and which modules a pipeline never reads);
 - ``quantizer``: the offline quantizer (``ditq quantize``), streaming each component through ``rewrite``;
 - ``plan_file`` / ``plan_apply``: the mixed-precision plan file (PLAN.json) it reads, and its layers applied;
+- ``in_memory``: ``ditq.quantize_`` (a loaded model's Linears quantized in place, by the same rule and code) and
+  ``ditq.save`` (the quantizer writing its artifact with those layers);
 - ``verifier``: ``ditq verify``, digests and every quantized tensor decoded twice.
 
 ``quantize`` and ``verify`` here are the public entry points; they import the stage only when called, so ``import

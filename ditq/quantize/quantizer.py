@@ -27,12 +27,13 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ditq.checkpoint.codecs import codec_for
 from ditq.checkpoint.component import check_component_classes
 from ditq.checkpoint.hub import hub_origin, resolve_model
 from ditq.checkpoint.layout import (
@@ -68,7 +69,7 @@ from ditq.errors import DitqError, InputError
 from ditq.fsutil import atomic_directory, atomic_write_json, exclusive_lock, sha256_file
 from ditq.quantize.plan_apply import apply_plan
 from ditq.quantize.plan_file import KEEP, PlanFile, plan_sha256, read_plan
-from ditq.quantize.rewrite import ComponentResult, read_component_headers, rewrite_component
+from ditq.quantize.rewrite import ComponentResult, StoredLayer, read_component_headers, rewrite_component
 from ditq.quantize.targets import (
     AUTO_MIN_SHARE,
     MIN_FEATURES,
@@ -80,7 +81,7 @@ from ditq.quantize.targets import (
 )
 from ditq.schemes import SCHEMES, Scheme, get_scheme
 
-__all__ = ["AUTO", "DEFAULTS", "QuantizeResult", "quantize"]
+__all__ = ["AUTO", "DEFAULTS", "QuantizeResult", "auto_components", "quantize"]
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +238,45 @@ def _auto_components(survey: _Survey, source: Path) -> list[str]:
     return chosen
 
 
+def auto_components(source: str | Path, variant: str | None = None) -> list[str]:
+    """The components ``--components auto`` quantizes in the diffusers directory ``source`` (``ditq.quantize_``
+    on a pipeline asks the directory it was loaded from)."""
+    source = Path(source).resolve()
+    index = read_model_index(source)
+    check_components_present(source, index)
+    check_component_classes(source, index)
+    return _auto_components(_survey(source, index, variant), source)
+
+
+def _check_stored(stored: Mapping[str, Mapping[str, StoredLayer]], layouts: dict[str, _Layout]) -> None:
+    """Layers quantized in memory (``ditq.save``) must be exactly the layouts' targets, each in its scheme."""
+    if set(stored) != set(layouts):
+        raise InputError(
+            f"pipeline: quantized in memory: {', '.join(sorted(stored))}; ditq quantize would quantize "
+            f"{', '.join(sorted(layouts))} with these options"
+        )
+    for component, layout in layouts.items():
+        have, want = set(stored[component]), set(layout.schemes)
+        if have != want:
+            odd = sorted(have ^ want)[0]
+            side = "not quantized in memory" if odd in want else "quantized in memory only"
+            raise InputError(
+                f"pipeline: {component}.{odd}: {side}; the in-memory layers differ from what ditq quantize "
+                f"derives from the source ({len(have)} vs {len(want)} layers)"
+            )
+        for prefix, scheme in layout.schemes.items():
+            specs = codec_for(scheme).specs(
+                layout.targets.targets[prefix].out_features,
+                layout.targets.targets[prefix].in_features,
+                scheme.group_size,
+            )
+            got = {n: (t.dtype, tuple(t.shape)) for n, t in stored[component][prefix].tensors.items()}
+            if list(got.items()) != list(specs.items()):
+                raise InputError(
+                    f"pipeline: {component}.{prefix}: its in-memory tensors are not {scheme.name}'s stored form"
+                )
+
+
 def _unused(survey: _Survey, pipeline_cls: type | None, keep: bool) -> dict[str, Any]:
     """The manifest's ``unused``: per component, the modules the pipeline never reads (output heads: a diffusers
     pipeline reads its text encoders' hidden states), which the loader does not load or run. Empty with
@@ -273,7 +313,13 @@ def _link_or_copy(src: Path, dst: Path, copy: bool) -> None:
 
 
 def _write_component(
-    source: Path, tmp: Path, layout: _Layout, form: ConfigForm, device, opts
+    source: Path,
+    tmp: Path,
+    layout: _Layout,
+    form: ConfigForm,
+    device,
+    opts,
+    stored: Mapping[str, StoredLayer] | None,
 ) -> ComponentResult:
     plan = layout.targets
     src_dir, out_dir = source / plan.component, tmp / plan.component
@@ -290,6 +336,7 @@ def _write_component(
         opts["max_shard_bytes"],
         opts["band_bytes"],
         variant=opts["variant"],
+        stored=stored,
     )
     for path in sorted(src_dir.iterdir()):  # the source's weights, of every variant, are replaced: not copied
         if path.name == "config.json":
@@ -479,6 +526,7 @@ def quantize(
     plan: PlanFile | str | Path | None = None,
     keep_unused: bool = False,
     local_files_only: bool = False,
+    stored: Mapping[str, Mapping[str, StoredLayer]] | None = None,
 ) -> QuantizeResult:
     """Quantize ``components`` of the diffusers directory ``source`` (or hub id ``org/name[@revision]``,
     ``ditq.checkpoint.hub.resolve_model``; ``local_files_only`` or ``HF_HUB_OFFLINE``: the cache only) into the
@@ -494,6 +542,9 @@ def quantize(
     ``follow_links`` reads through symbolic links that leave the source tree (refused without it).
     Modules the pipeline never reads (a text encoder's output head) are declared ``unused`` in the manifest, and
     the loader neither loads nor runs them; ``keep_unused`` declares none.
+    ``stored`` (component -> target -> ``StoredLayer``) holds layers already quantized in memory
+    (``ditq.quantize_``, written by ``ditq.save``): they must be exactly the targets, in the schemes, derived here
+    from the source, and are written as they are instead of being quantized again.
     """
     if isinstance(components, str):
         components = [c.strip() for c in components.split(",") if c.strip()]
@@ -567,10 +618,14 @@ def quantize(
             layouts = {
                 c: _plan_component(source, index, c, chosen, targets, ignore, variant, checked) for c in names
             }
+            if stored is not None:
+                _check_stored(stored, layouts)
             with atomic_directory(output, force=force) as tmp:
                 limits = {"max_shard_bytes": max_shard_bytes, "band_bytes": band_bytes, "variant": variant}
                 results = {
-                    c: _write_component(source, tmp, layout, form, torch_device, limits)
+                    c: _write_component(
+                        source, tmp, layout, form, torch_device, limits, None if stored is None else stored[c]
+                    )
                     for c, layout in layouts.items()
                 }
                 linked = _link_the_rest(source, tmp, set(layouts), copy)

@@ -45,7 +45,10 @@ from ditq.schemes import Scheme
 __all__ = [
     "ComponentResult",
     "EncodedBand",
+    "StoredLayer",
+    "band_workers",
     "encode_band",
+    "encode_weight",
     "read_component_headers",
     "rewrite_component",
     "weight_stem",
@@ -158,9 +161,57 @@ def _single_threaded_torch() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+@contextmanager
+def band_workers(workers: int | None = None) -> Iterator[ThreadPoolExecutor]:
+    """The threads bands are encoded on, torch single-threaded inside each (as ``rewrite_component`` runs them):
+    a band's sums reduce the same way whatever the machine's thread count."""
+    with (
+        _single_threaded_torch(),
+        ThreadPoolExecutor(workers or len(os.sched_getaffinity(0)), thread_name_prefix="ditq-band") as pool,
+    ):
+        yield pool
+
+
 def _rows_per_band(entry: TensorEntry, band_bytes: int) -> int:
     row_bytes = entry.nbytes // entry.shape[0] if entry.shape and entry.shape[0] else entry.nbytes
     return max(1, band_bytes // max(1, row_bytes))
+
+
+def _relative_l2(error_sq: float, reference_sq: float) -> float:
+    """A weight's relative L2 error from its bands' squared sums, added in float64 in band order."""
+    return (error_sq / reference_sq) ** 0.5 if reference_sq > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class StoredLayer:
+    """One Linear quantized in memory (``ditq.quantize_``): its codec's stored tensors and its relative L2 error,
+    computed band by band exactly as the streamer computes them from the source file."""
+
+    tensors: dict[str, torch.Tensor]  # local name -> stored tensor, in the codec's file order
+    rel_l2: float
+
+
+def encode_weight(
+    weight: torch.Tensor, scheme: Scheme, device: torch.device, band_bytes: int, pool: ThreadPoolExecutor
+) -> StoredLayer:
+    """A whole (out, in) weight quantized as ``rewrite_component`` quantizes it from a file of the weight's dtype:
+    the same bands of rows (``band_bytes`` of source bytes each), encoded on ``pool`` (``band_workers``), their
+    errors summed in the same order. The stored tensors come back on the CPU."""
+    entry_bytes = weight.element_size() * weight.shape[1]
+    rows = max(1, band_bytes // max(1, entry_bytes))
+    bands = [weight[first : first + rows] for first in range(0, weight.shape[0], rows)]
+    encoded = list(pool.map(partial(_encode_on, device=device, scheme=scheme), bands))
+    codec = codec_for(scheme)
+    tensors = {
+        codec.weight_name: torch.cat([band.stored_rows for band in encoded]),
+        SCALE: torch.cat([band.scale for band in encoded]),
+        **codec.trailer(*weight.shape),
+    }
+    error_sq = reference_sq = 0.0
+    for band in encoded:
+        error_sq += band.error_sq
+        reference_sq += band.reference_sq
+    return StoredLayer(tensors, _relative_l2(error_sq, reference_sq))
 
 
 @dataclass
@@ -211,9 +262,11 @@ class _Streamer:
         device: torch.device,
         band_bytes: int,
         bar: tqdm,
+        stored: Mapping[str, StoredLayer],
     ) -> None:
         self.plan, self.schemes, self.writer, self.pipeline = plan, schemes, writer, pipeline
         self.result, self.device, self.band_bytes, self.bar = result, device, band_bytes, bar
+        self.stored = stored
 
     def stream_file(self, header: SafetensorsHeader) -> None:
         with open_regular(header.path) as handle:
@@ -222,7 +275,9 @@ class _Streamer:
                 if entry.begin != position:
                     raise InputError(f"{header.path}: tensor {entry.name} does not follow the previous one")
                 prefix = entry.name[: -len(".weight")]
-                if entry.name.endswith(".weight") and prefix in self.plan.targets:
+                if entry.name.endswith(".weight") and prefix in self.stored:
+                    self._from_memory(entry, prefix)
+                elif entry.name.endswith(".weight") and prefix in self.plan.targets:
                     self._quantize(handle, entry, prefix)
                 else:
                     self._copy(handle, entry)
@@ -234,6 +289,20 @@ class _Streamer:
             self.pipeline.submit(partial(_check_finite, band, where), partial(self.writer.write, entry.name))
             self.bar.update(band.nbytes)
         self.result.kept_params += entry.nbytes // entry.dtype.itemsize
+
+    def _from_memory(self, entry: TensorEntry, prefix: str) -> None:
+        """A target quantized in memory: its stored tensors written as they are, in the order ``specs`` planned."""
+        layer = self.stored[prefix]
+
+        def take(_: None) -> None:
+            for local, tensor in layer.tensors.items():
+                self.writer.write(f"{prefix}.{local}", tensor)
+            self.result.errors[prefix] = layer.rel_l2
+
+        self.pipeline.submit(lambda: None, take)
+        self.bar.update(entry.nbytes)
+        self.result.quantized_tensors += 1
+        self.result.quantized_params += entry.nbytes // entry.dtype.itemsize
 
     def _quantize(self, handle, entry: TensorEntry, prefix: str) -> None:
         scheme = self.schemes[prefix]
@@ -253,7 +322,7 @@ class _Streamer:
             self.writer.write(f"{prefix}.{SCALE}", torch.cat(scales))
             for local, tensor in codec.trailer(*entry.shape).items():  # in the order ``specs`` planned
                 self.writer.write(f"{prefix}.{local}", tensor)
-            self.result.errors[prefix] = (sums[0] / sums[1]) ** 0.5 if sums[1] > 0 else 0.0
+            self.result.errors[prefix] = _relative_l2(sums[0], sums[1])
 
         for _, band in read_rows(handle, entry, _rows_per_band(entry, self.band_bytes)):
             self.pipeline.submit(partial(_encode_on, band, self.device, scheme), take)
@@ -273,9 +342,11 @@ def rewrite_component(
     band_bytes: int,
     workers: int | None = None,
     variant: str | None = None,
+    stored: Mapping[str, StoredLayer] | None = None,
 ) -> ComponentResult:
     """Write the component's weights into ``out_dir`` (one file or shards, and their index); ``schemes`` gives
-    each of ``plan.targets`` its scheme."""
+    each of ``plan.targets`` its scheme. ``stored`` holds targets already quantized in memory (``ditq.save``):
+    they are written as they are, every other target is quantized from the source, every other tensor copied."""
     entries = read_component_headers(src_dir, variant)
     _check_source(entries, plan)
     headers = sorted({h.path: h for h, _ in entries.values()}.values(), key=lambda h: h.path.name)
@@ -293,7 +364,9 @@ def rewrite_component(
             progress_bar(source_bytes, f"quantize {plan.component}") as bar,
         ):
             pipeline = _Pipeline(pool, depth=2 * workers)
-            streamer = _Streamer(plan, schemes, writer, pipeline, result, device, band_bytes, bar)
+            streamer = _Streamer(
+                plan, schemes, writer, pipeline, result, device, band_bytes, bar, stored or {}
+            )
             try:
                 for header in headers:
                     streamer.stream_file(header)

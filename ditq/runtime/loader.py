@@ -303,10 +303,13 @@ def prepare_quantized(
     device: str | torch.device,
     dtype: torch.dtype,
     chooser: KernelChooser | None = None,
+    repack: bool = True,
 ) -> int:
     """Choose every quantized layer's kernel path for ``device`` and repack once; returns the layer count.
 
-    Layers whose buffers live elsewhere (offload) round-trip through ``device`` one at a time.
+    Layers whose buffers live elsewhere (offload) round-trip through ``device`` one at a time. Without
+    ``repack``, the paths are chosen and each layer repacks on its first forward (``ditq.quantize_``: its stored
+    tensors stay readable for ``ditq.save`` until then).
     """
     device = torch.device(device)
     layers = quantized_linears(module)
@@ -316,7 +319,8 @@ def prepare_quantized(
         if key not in chosen:
             chosen[key] = chooser(layer, device, dtype) if chooser is not None else None
         layer.use_kernel(chosen[key], device, dtype)
-        layer.prepare(device, dtype)
+        if repack:
+            layer.prepare(device, dtype)
     return len(layers)
 
 

@@ -1,0 +1,293 @@
+"""The in-memory quantizer: ``quantize_(pipe, "w8a8")`` swaps a loaded model's target Linears for ditq's
+QuantizedLinears in place, and ``save(pipe, OUT)`` writes the artifact ``ditq quantize`` writes from it.
+
+Nothing here decides anything of its own. Targets are ``ditq.quantize.targets.plan_targets`` on the module itself
+(its state dict's names and shapes for the checkpoint's), a plan is ``plan_apply.apply_plan``; each weight is
+encoded band by band as ``rewrite`` encodes it from a file (``encode_weight``: the same bands, codecs and error
+sums); the modules are the runtime's (``linear_from_stored``), their kernel path chosen per geometry as the
+loader chooses it (``prepare_quantized``, a doctor's chooser where given), the repack left to the first
+forward; a pipeline's components are the ones ``--components auto`` would choose, asked of the directory it was
+loaded from.
+
+``save`` hands the in-memory layers to the offline quantizer (``quantizer.quantize(..., stored=...)``), which
+re-derives its layout from that directory, checks the layers against it, and writes everything else as it
+always does: the other tensors, components, ``model_index.json``, the manifest and its seal all come from the
+directory. A pipeline that was not loaded from a directory cannot be saved (said in one line): the artifact's
+manifest records its source, and its unquantized components are that source's files.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ditq.checkpoint.codecs import SCALE
+from ditq.checkpoint.layout import MODEL_INDEX
+from ditq.devices import resolve_device
+from ditq.errors import DitqError, InputError
+from ditq.quantize.plan_apply import apply_plan
+from ditq.quantize.plan_file import PlanFile, read_plan
+from ditq.quantize.quantizer import DEFAULTS, QuantizeResult, auto_components
+from ditq.quantize.quantizer import quantize as write_artifact
+from ditq.quantize.rewrite import StoredLayer, band_workers, encode_weight
+from ditq.quantize.targets import MIN_FEATURES, plan_targets
+from ditq.runtime.loader import KernelChooser, prepare_quantized
+from ditq.runtime.modules import QuantizedLinear, linear_from_stored, quantized_linears
+from ditq.schemes import SCHEMES, Scheme, get_scheme
+
+__all__ = ["InMemoryQuantization", "quantize_", "quantized_linear", "save"]
+
+log = logging.getLogger(__name__)
+
+RECORD = "ditq_in_memory"  # the attribute of a quantized module that holds its InMemoryQuantization
+
+
+@dataclass
+class InMemoryQuantization:
+    """How a module was quantized in memory: what ``save`` passes to the quantizer, and each layer's error."""
+
+    component: str
+    # the quantizer's keyword options that reproduce it (scheme, plan, targets, device)
+    options: dict[str, Any]
+    auto: bool  # its pipeline's components were chosen as ``--components auto`` chooses them
+    errors: dict[str, float] = field(default_factory=dict)  # target prefix -> relative L2 error
+
+
+def _source_dir(pipeline: Any, argument: str, needed_for: str) -> Path:
+    """The diffusers directory a pipeline was loaded from (its ``name_or_path``), or an InputError naming
+    ``argument`` and saying what it is ``needed_for``."""
+    name = getattr(pipeline, "name_or_path", None)
+    if not name:
+        raise InputError(
+            f"{argument}: the pipeline was not loaded from a directory (no name_or_path); {needed_for}"
+        )
+    if not (Path(name) / MODEL_INDEX).is_file():
+        raise InputError(
+            f"{argument}: the pipeline's name_or_path {name!r} is not a diffusers directory here; {needed_for}"
+        )
+    return Path(name)
+
+
+def _scheme_or_plan(value: Any) -> tuple[Scheme | None, PlanFile | None, str | Path | None]:
+    """(scheme, plan, the plan's path as given) from ``scheme_or_plan``: a scheme name or Scheme, a PlanFile, or a
+    PLAN.json path."""
+    if isinstance(value, Scheme):
+        return value, None, None
+    if isinstance(value, PlanFile):
+        return None, value, None
+    if isinstance(value, str) and value in SCHEMES:
+        return get_scheme(value), None, None
+    if isinstance(value, str | Path) and Path(value).suffix == ".json":
+        return None, read_plan(value), value
+    raise InputError(
+        f"scheme_or_plan: {value!r} is neither a scheme ({', '.join(SCHEMES)}) nor a plan (PLAN.json or PlanFile)"
+    )
+
+
+def _linear(module: torch.nn.Module, prefix: str) -> torch.nn.Linear:
+    layer = module.get_submodule(prefix)
+    if not isinstance(layer, torch.nn.Linear):
+        raise InputError(f"{prefix}: not a torch.nn.Linear ({type(layer).__name__})")
+    return layer
+
+
+def _swap(module: torch.nn.Module, prefix: str, layer: torch.nn.Module) -> None:
+    parent_name, _, attr = prefix.rpartition(".")
+    setattr(module.get_submodule(parent_name) if parent_name else module, attr, layer)
+
+
+def quantized_linear(
+    linear: torch.nn.Linear,
+    scheme: Scheme,
+    device: torch.device | None = None,
+    pool: ThreadPoolExecutor | None = None,
+) -> tuple[QuantizedLinear, float]:
+    """(``linear`` quantized as ``ditq quantize`` stores it, held by the runtime's QuantizedLinear on ``device``
+    (None: the weight's), its relative L2 error); ``linear`` is not changed. ``pool``: ``band_workers()``'s, else
+    one for this layer."""
+    if pool is None:
+        with band_workers() as own:
+            return quantized_linear(linear, scheme, device, own)
+    weight = linear.weight.detach()
+    device = device if device is not None else weight.device
+    stored = encode_weight(weight, scheme, device, DEFAULTS["band_bytes"], pool)
+    bias = None if linear.bias is None else linear.bias.detach().to(device)
+    tensors = {n: t.to(device) for n, t in stored.tensors.items()}
+    return linear_from_stored(tensors, scheme, bias), stored.rel_l2
+
+
+def _quantize_module(
+    module: torch.nn.Module,
+    component: str,
+    scheme: Scheme | None,
+    plan: PlanFile | None,
+    where: str,
+    targets: list[str],
+    device: torch.device | None,
+    chooser: KernelChooser | None,
+) -> tuple[dict[str, float], torch.device]:
+    if quantized_linears(module):
+        raise InputError(f"{component}: already quantized (holds QuantizedLinear layers)")
+    shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
+    group_size = None if scheme is None else scheme.group_size
+    rule = plan_targets(module, component, shapes, targets, (), MIN_FEATURES, group_size)
+    if plan is None:
+        assert scheme is not None
+        schemes = dict.fromkeys(rule.targets, scheme)
+    else:
+        schemes = apply_plan(rule, plan, where)[1]
+    first = _linear(module, next(iter(schemes))).weight
+    run_device = device if device is not None else first.device
+    errors: dict[str, float] = {}
+    layers: dict[str, QuantizedLinear] = {}
+    with band_workers() as pool:
+        for prefix, layer_scheme in schemes.items():
+            layers[prefix], errors[prefix] = quantized_linear(
+                _linear(module, prefix), layer_scheme, run_device, pool
+            )
+            if not torch.isfinite(
+                layers[prefix].stored_tensors()[SCALE]
+            ).all():  # as the quantizer refuses it from a file
+                raise InputError(f"{component}: tensor {prefix}.weight holds NaN or Inf")
+    for (
+        prefix,
+        layer,
+    ) in layers.items():  # only once every layer is quantized: a refusal leaves no layer swapped
+        _swap(module, prefix, layer)
+    if device is not None:
+        module.to(device)
+    prepare_quantized(
+        module, run_device, first.dtype, chooser, repack=False
+    )  # the repack: on the first forward
+    log.info("%s: %d Linear layers quantized in memory (%d kept)", component, len(layers), len(rule.ignored))
+    return errors, run_device
+
+
+def _options(
+    scheme: Scheme | None, plan_path: str | Path | None, plan: PlanFile | None, targets: list[str]
+) -> dict[str, Any]:
+    if plan is not None:
+        return {"plan": plan_path if plan_path is not None else plan}
+    assert scheme is not None
+    return {"scheme": scheme.name, "group_size": scheme.group_size, "targets": targets}
+
+
+def _chosen(module_or_pipeline: Any, plan: PlanFile | None) -> tuple[dict[str, torch.nn.Module], bool]:
+    """(component name -> the module to quantize, whether ``--components auto`` chose them). A module alone is
+    named by its plan, else by the folder it was loaded from (its config's ``_name_or_path``), else its class."""
+    if isinstance(module_or_pipeline, torch.nn.Module):
+        loaded_from = getattr(getattr(module_or_pipeline, "config", None), "_name_or_path", None)
+        name = Path(str(loaded_from)).name if loaded_from else type(module_or_pipeline).__name__
+        return {plan.component if plan is not None else name: module_or_pipeline}, False
+    components = getattr(module_or_pipeline, "components", None)
+    if not isinstance(components, dict):
+        raise InputError(
+            "module_or_pipeline: a torch.nn.Module or a diffusers pipeline, "
+            f"not {type(module_or_pipeline).__name__}"
+        )
+    if plan is not None:
+        names, auto = [plan.component], False
+    else:
+        source = _source_dir(
+            module_or_pipeline,
+            "module_or_pipeline",
+            "it tells which components ditq quantize would choose: quantize one, "
+            "ditq.quantize_(pipe.transformer, ...)",
+        )
+        names, auto = auto_components(source), True
+    missing = [n for n in names if not isinstance(components.get(n), torch.nn.Module)]
+    if missing:
+        raise InputError(f"module_or_pipeline: the pipeline has no model component {missing[0]!r}")
+    return {n: components[n] for n in names}, auto
+
+
+def quantize_(
+    module_or_pipeline: Any,
+    scheme_or_plan: str | Scheme | PlanFile | Path,
+    *,
+    targets: str | list[str] | None = None,
+    device: str | torch.device | None = None,
+    chooser: KernelChooser | None = None,
+) -> None:
+    """Quantize in place: every target Linear of a module, or of each component of a pipeline that
+    ``ditq quantize --components auto`` would quantize (asked of the directory it was loaded from), becomes the
+    runtime's QuantizedLinear of its scheme.
+
+    ``scheme_or_plan``: a scheme name (``"w8a8"``, ``"fp8"``, ``"w8a16"``) or ``Scheme``, or a plan (a PLAN.json
+    path or ``PlanFile``), which names its component and each layer's scheme. ``targets`` are ``--targets``
+    regexes (they replace the block rule; not with a plan). ``device``: where the weights are quantized and the
+    quantized modules are placed (None: where each weight is). ``chooser`` decides each geometry's kernel path
+    (the doctor's verified choice; None: the registry's first candidate), as ``load_pipeline``'s does. Each
+    quantized module keeps how it was quantized, so that ``save`` can write the artifact.
+    """
+    scheme, plan, plan_path = _scheme_or_plan(scheme_or_plan)
+    patterns = [targets] if isinstance(targets, str) else list(targets or [])
+    if plan is not None and patterns:
+        raise InputError("targets: a plan names each layer's scheme, or 'keep'; give one or the other")
+    run_device = None if device is None else resolve_device(device, option="device")
+    where = str(plan_path) if plan_path is not None else "plan"
+    chosen, auto = _chosen(module_or_pipeline, plan)
+    for name, module in chosen.items():
+        errors, on = _quantize_module(module, name, scheme, plan, where, patterns, run_device, chooser)
+        options = _options(scheme, plan_path, plan, patterns) | {"device": on.type}
+        setattr(module, RECORD, InMemoryQuantization(name, options, auto, errors))
+
+
+def _stored_layers(module: torch.nn.Module, record: InMemoryQuantization) -> dict[str, StoredLayer]:
+    layers = quantized_linears(module)
+    out: dict[str, StoredLayer] = {}
+    for prefix, error in record.errors.items():
+        layer = layers.get(prefix)
+        if layer is None:
+            raise InputError(f"pipeline: {record.component}.{prefix}: no longer a QuantizedLinear")
+        try:
+            tensors = {n: t.detach().cpu() for n, t in layer.stored_tensors().items()}
+        except DitqError as error_:
+            raise InputError(
+                f"pipeline: {record.component}.{prefix}: its stored tensors were released by the kernel repack "
+                "of its first forward; call ditq.save before running the pipeline"
+            ) from error_
+        out[prefix] = StoredLayer(tensors, error)
+    return out
+
+
+def save(pipeline: Any, output: str | Path, *, force: bool = False) -> QuantizeResult:
+    """Write the artifact ``ditq quantize`` writes from the directory ``pipeline`` was loaded from, with the
+    options ``quantize_`` was given, its quantized layers taken from memory (checked against the layout the
+    quantizer derives: the same layers in the same schemes). ``force`` replaces an existing ``output``."""
+    components = getattr(pipeline, "components", None)
+    if not isinstance(components, dict):
+        raise InputError(f"pipeline: a diffusers pipeline, not {type(pipeline).__name__}")
+    records = {
+        name: getattr(module, RECORD)
+        for name, module in components.items()
+        if isinstance(getattr(module, RECORD, None), InMemoryQuantization)
+    }
+    if not records:
+        raise InputError("pipeline: no component was quantized in memory (call ditq.quantize_ first)")
+    source = _source_dir(
+        pipeline,
+        "pipeline",
+        "the artifact's manifest and unquantized components come from that directory: load the pipeline with "
+        "from_pretrained(DIR)",
+    )
+    options = [r.options for r in records.values()]
+    if any(o != options[0] for o in options):
+        raise InputError(
+            "pipeline: its components were quantized with different options; ditq quantize takes one"
+        )
+    auto = all(r.auto for r in records.values())
+    stored = {name: _stored_layers(components[name], record) for name, record in records.items()}
+    return write_artifact(
+        source,
+        output,
+        components=None if auto else sorted(records),
+        force=force,
+        stored=stored,
+        **options[0],
+    )
