@@ -402,7 +402,7 @@ class SealFile(_File):
 # -- gate.json -----------------------------------------------------------------------------------------------
 
 
-StructureSource = Literal["image", "recorded", "undecodable image", "none"]
+StructureSource = Literal["image", "recorded", "undecodable image", "image not the recorded one", "none"]
 
 
 class GateRecord(_File):

@@ -22,6 +22,7 @@ record (the seed probe's evidence keeps records but not images).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import statistics
 from collections.abc import Sequence
@@ -70,8 +71,12 @@ def record_structure(run: Path, record: ProbeRecord) -> tuple[Structure | None, 
     """(structure, where it came from): recomputed from the image if present, else as recorded."""
     image = find_image(run, record.fixture_id, record.seed)
     if image is not None:
+        data = image.read_bytes()
+        if record.sha256 and hashlib.sha256(data).hexdigest() != record.sha256:  # swapped or edited since
+            log.warning("%s is not the image its record names (sha256 differs)", image)
+            return None, "image not the recorded one"
         try:
-            return Structure.model_validate(structure_metrics_png(image.read_bytes())), "image"
+            return Structure.model_validate(structure_metrics_png(data)), "image"
         except Exception as error:  # judged as a failure below: no structure
             log.warning("%s cannot be decoded (%s: %s)", image, type(error).__name__, error)
             return None, "undecodable image"
@@ -245,9 +250,10 @@ def gate_run(
             reasons = [f"request failed: {record.error[:200]}"]
         elif structure is None:
             reasons = [
-                "image cannot be decoded"
-                if source == "undecodable image"
-                else "no image and no recorded structure"
+                {
+                    "undecodable image": "image cannot be decoded",
+                    "image not the recorded one": "image is not the one its record names (sha256 differs)",
+                }.get(source, "no image and no recorded structure")
             ]
         else:
             envelope = None if envelopes is None else envelopes.get(record.fixture_id)

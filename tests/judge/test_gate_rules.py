@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -154,11 +155,30 @@ def test_images_win_over_recorded_structure(tmp_path: Path) -> None:
     run = tmp_path / "seedlike"
     shutil.copytree(SEED_EVIDENCE_COPY, run)
     (run / "matrix").mkdir()
-    Image.fromarray(np.asarray(healthy_image(1, 32, 32))).save(run / "matrix" / "edit-compose-four.s2301.png")
+    image = run / "matrix" / "edit-compose-four.s2301.png"
+    Image.fromarray(np.asarray(healthy_image(1, 32, 32))).save(image)
+    # the record names the image it was served as: this one, for the image to be believed over the structure
+    matrix = json.loads((run / "matrix.json").read_text())
+    for record in matrix:
+        if (record["fixture_id"], record["seed"]) == ("edit-compose-four", 2301):
+            record["sha256"] = hashlib.sha256(image.read_bytes()).hexdigest()
+    (run / "matrix.json").write_text(json.dumps(matrix))
     result = gate_run(run, load_rules())
     healed = [r for r in result.records if r.fixture_id == "edit-compose-four" and r.seed == 2301]
     assert healed[0].structure_source == "image" and healed[0].passed
     assert sum(r.passed for r in result.records) == 1
+
+
+def test_an_image_other_than_the_recorded_one_fails(tmp_path: Path) -> None:
+    """Issue 28's rerun: a candidate image swapped for another (the baseline's, say) was judged as if served."""
+    run = tmp_path / "seedlike"
+    shutil.copytree(SEED_EVIDENCE_COPY, run)
+    (run / "matrix").mkdir()
+    Image.fromarray(np.asarray(healthy_image(1, 32, 32))).save(run / "matrix" / "edit-compose-four.s2301.png")
+    result = gate_run(run, load_rules())
+    swapped = [r for r in result.records if r.fixture_id == "edit-compose-four" and r.seed == 2301]
+    assert swapped[0].structure_source == "image not the recorded one" and not swapped[0].passed
+    assert swapped[0].reasons == ["image is not the one its record names (sha256 differs)"]
 
 
 def test_rules_file_is_validated(tmp_path: Path) -> None:
