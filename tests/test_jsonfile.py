@@ -76,7 +76,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("chain")
     source = make_model_dir(root, "flux")
-    ditq.quantize(source, root / "artifact", "w8a8")
+    ditq.quantize(source, root / "artifact", "w8a8", link=True)  # absolute links: copied elsewhere below
     write_plan(root / "PLAN.json", plan_file(source))
     return {"source": source, "artifact": root / "artifact", "plan": root / "PLAN.json"}
 

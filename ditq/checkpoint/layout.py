@@ -8,6 +8,7 @@ with ``config.json`` and either one ``*.safetensors`` file or shards with a
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -82,7 +83,13 @@ def check_components_present(model_dir: Path, model_index: dict[str, Any]) -> No
     """Every component ``model_index.json`` declares has its folder; the first one missing is an InputError."""
     model_dir = Path(model_dir)
     for name in component_names(model_index):
-        if not (model_dir / name).is_dir():
+        folder = model_dir / name
+        if folder.is_symlink() and not folder.exists():  # an artifact moved away from the source it links to
+            raise InputError(
+                f"{folder}: a broken link to {os.readlink(folder)} (nothing at {os.path.realpath(folder)}); "
+                "the artifact and its source were moved apart (quantize with --copy for an artifact that moves alone)"
+            )
+        if not folder.is_dir():
             library, class_name = component_class(model_index, name)
             raise InputError(
                 f"{model_dir / MODEL_INDEX}: component {name!r} ({library}.{class_name}) has no folder {model_dir / name}"

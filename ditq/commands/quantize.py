@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ditq.checkpoint.qconfig import CONFIG_FORMS
 from ditq.devices import add_device_arguments
+from ditq.quantize.links import COPY_MAX_BYTES
 from ditq.quantize.quantizer import DEFAULTS, quantize
 from ditq.quantize.targets import AUTO_MIN_SHARE
 from ditq.schemes import SCHEMES
@@ -74,7 +75,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="read each quantized component's variant weights (e.g. fp16: *.fp16.safetensors) instead of the "
         "default files, as diffusers' from_pretrained(variant=...) does",
     )
-    parser.add_argument("--copy", action="store_true", help="copy untouched components instead of symlinking")
+    held = parser.add_mutually_exclusive_group()
+    held.add_argument(
+        "--link",
+        action="store_true",
+        help="link every entry of SRC not rewritten by its absolute path (OUT moves anywhere while SRC stays)",
+    )
+    held.add_argument(
+        "--copy",
+        action="store_true",
+        help="copy every entry of SRC not rewritten (OUT moves anywhere alone). By default each is a relative link "
+        "where SRC is beside OUT (within OUT's parent or grandparent folder: move them together), else a copy "
+        f"up to {COPY_MAX_BYTES / 1024**3:.0f} GiB and an absolute link, with a warning, above it",
+    )
     parser.add_argument(
         "--follow-links",
         action="store_true",
@@ -99,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         config_form=args.config_form,
         variant=args.variant,
         copy=args.copy,
+        link=args.link,
         follow_links=args.follow_links,
         force=args.force,
         device=args.device,

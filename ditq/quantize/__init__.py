@@ -3,6 +3,7 @@
 - ``targets``: which Linears of a component are quantized, read from the model's own structure, and why not the
   rest (and which modules a pipeline never reads);
 - ``quantizer``: the offline quantizer (``ditq quantize``), streaming each component through ``rewrite``;
+- ``links``: how the source's entries it does not rewrite are held: a relative link, a copy or an absolute link;
 - ``plan_file`` / ``plan_apply``: the mixed-precision plan file (PLAN.json) it reads, and its layers applied;
 - ``in_memory``: ``ditq.quantize_`` (a loaded model's Linears quantized in place, by the same rule and code) and
   ``ditq.save`` (the quantizer writing its artifact with those layers);

@@ -4,8 +4,9 @@
 ``output`` and renames it into place at the end, so an interrupted run
 leaves no ``output`` (and the next run sweeps the leftovers). Chosen
 components are rewritten (targets quantized, everything else byte for
-byte), other components are symlinked (or copied), ``model_index.json`` is
-copied and ``MANIFEST.json`` records how and from what.
+byte), the other entries of the source are linked or copied as ``ditq.quantize.links`` decides (a relative link
+where the source is beside the artifact, else a copy of each small one), ``model_index.json`` is copied and
+``MANIFEST.json`` records how and from what.
 
 With a plan (``quantize(source, output, plan=PLAN.json)``), its component's Linears get the schemes the plan
 names, layer by layer (``ditq.quantize.plan_apply``), in one ``quantization_config`` with a config group per scheme.
@@ -67,6 +68,7 @@ from ditq.checkpoint.source_tree import scan_tree
 from ditq.devices import resolve_device
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import atomic_directory, atomic_write_json, exclusive_lock, sha256_file
+from ditq.quantize.links import COPY_MAX_BYTES, place_entries
 from ditq.quantize.plan_apply import apply_plan
 from ditq.quantize.plan_file import KEEP, PlanFile, plan_sha256, read_plan
 from ditq.quantize.rewrite import ComponentResult, StoredLayer, read_component_headers, rewrite_component
@@ -96,6 +98,7 @@ DEFAULTS: dict[str, Any] = {
     "device": "auto",
     "max_shard_bytes": 5 * 1024**3,
     "band_bytes": 1024**2,  # source bytes per band of rows: a band's float32 working set stays in cache
+    "copy_max_bytes": COPY_MAX_BYTES,  # an entry not rewritten is copied up to this size where not linked relatively
 }
 
 
@@ -303,15 +306,6 @@ def _pipeline_class_or_none(index: dict[str, Any], source: Path) -> type | None:
         return None
 
 
-def _link_or_copy(src: Path, dst: Path, copy: bool) -> None:
-    if not copy:
-        os.symlink(src, dst, target_is_directory=src.is_dir())
-    elif src.is_dir():
-        shutil.copytree(src, dst)
-    else:
-        shutil.copy2(src, dst)
-
-
 def _write_component(
     source: Path,
     tmp: Path,
@@ -345,21 +339,18 @@ def _write_component(
             )
             (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         elif not is_weight_file(path.name):
-            _link_or_copy(path, out_dir / path.name, copy=True)
+            (shutil.copytree if path.is_dir() else shutil.copy2)(path, out_dir / path.name)
     return result
 
 
-def _link_the_rest(source: Path, tmp: Path, rewritten: set[str], copy: bool) -> dict[str, str]:
-    """Copy model_index.json, link (or copy) every other entry; returns name -> link target."""
-    linked: dict[str, str] = {}
-    for path in sorted(source.iterdir()):
-        if path.name == MODEL_INDEX:
-            shutil.copyfile(path, tmp / MODEL_INDEX)
-        elif path.name not in rewritten:
-            _link_or_copy(path, tmp / path.name, copy)
-            if not copy:
-                linked[path.name] = str(path)
-    return linked
+def _link_the_rest(
+    source: Path, tmp: Path, rewritten: set[str], output: Path, links: str, copy_max_bytes: int
+) -> dict[str, str]:
+    """Copy model_index.json, link or copy every other entry (``ditq.quantize.links``); returns name -> link
+    target as written."""
+    shutil.copyfile(source / MODEL_INDEX, tmp / MODEL_INDEX)
+    names = sorted(p.name for p in source.iterdir() if p.name != MODEL_INDEX and p.name not in rewritten)
+    return place_entries(source, output, tmp, names, links, copy_max_bytes)
 
 
 def _finish(
@@ -517,6 +508,8 @@ def quantize(
     group_size: int | None = None,
     config_form: str = DEFAULTS["config_form"],
     copy: bool = False,
+    link: bool = False,
+    copy_max_bytes: int = DEFAULTS["copy_max_bytes"],
     force: bool = False,
     device: str = DEFAULTS["device"],
     max_shard_bytes: int = DEFAULTS["max_shard_bytes"],
@@ -540,12 +533,18 @@ def quantize(
     ``variant`` (``fp16``...) reads each component's variant files (``*.fp16.safetensors``) instead of the
     default ones, as diffusers' ``from_pretrained(variant=...)`` does; the artifact's files carry no variant.
     ``follow_links`` reads through symbolic links that leave the source tree (refused without it).
+    The source's entries that are not rewritten are linked relatively where the source is beside ``output``, else
+    copied up to ``copy_max_bytes`` each and linked by absolute path above it, with a warning
+    (``ditq.quantize.links``); ``link`` links every one by its absolute path, ``copy`` copies every one.
     Modules the pipeline never reads (a text encoder's output head) are declared ``unused`` in the manifest, and
     the loader neither loads nor runs them; ``keep_unused`` declares none.
     ``stored`` (component -> target -> ``StoredLayer``) holds layers already quantized in memory
     (``ditq.quantize_``, written by ``ditq.save``): they must be exactly the targets, in the schemes, derived here
     from the source, and are written as they are instead of being quantized again.
     """
+    if copy and link:
+        raise InputError("--link and --copy are mutually exclusive")
+    links = "copy" if copy else "link" if link else "auto"
     if isinstance(components, str):
         components = [c.strip() for c in components.split(",") if c.strip()]
     if components is not None and AUTO in components:
@@ -602,7 +601,8 @@ def quantize(
         "ignore": list(ignore),
         "config_form": form,
         "variant": variant,
-        "copy": copy,
+        "links": links,
+        "copy_max_bytes": copy_max_bytes,
         "follow_links": follow_links,
         "device": torch_device.type,
     }
@@ -628,7 +628,7 @@ def quantize(
                     )
                     for c, layout in layouts.items()
                 }
-                linked = _link_the_rest(source, tmp, set(layouts), copy)
+                linked = _link_the_rest(source, tmp, set(layouts), output, links, copy_max_bytes)
                 how = _how(chosen, checked, layouts)
                 unused = _unused(survey, _pipeline_class_or_none(index, source), keep_unused)
                 manifest = _manifest(source, how, options, layouts, results, digests.result(), linked, unused)

@@ -168,10 +168,7 @@ def _check_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> 
     problems = [f"missing {p}" for p in listed if p not in present]
     problems += [f"extra {p}" for p in present if p not in listed]
     problems += [f"altered {p}" for p, rec in listed.items() if p in present and present[p] != rec]
-    for name, target in linked.items():
-        link = root / name
-        if not link.is_symlink() or str(link.readlink()) != target or not link.exists():
-            problems.append(f"link {name} does not point to {target}")
+    problems += [problem for name, target in linked.items() if (problem := _link_problem(root, name, target))]
     problems += _linked_problems(root, manifest)
     behind = sum(1 for rel in manifest.get("source_files") or {} if rel.split("/")[0] in linked)
     report.add(
@@ -181,6 +178,19 @@ def _check_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> 
         f"{behind} files behind them match the source's",
     )
     return present
+
+
+def _link_problem(root: Path, name: str, target: str) -> str | None:
+    """What is wrong with the artifact's link ``name``, recorded as a link to ``target`` (relative to the
+    artifact, or absolute), or None."""
+    link = root / name
+    if not link.is_symlink():
+        return f"{name}: not a link (the manifest records a link to {target})"
+    if str(link.readlink()) != target:
+        return f"link {name} points to {link.readlink()}, the manifest records {target}"
+    if not link.exists():
+        return f"broken link {name} -> {target}: nothing at {os.path.realpath(link)}"
+    return None
 
 
 def _linked_problems(root: Path, manifest: dict[str, Any]) -> list[str]:

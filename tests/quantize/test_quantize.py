@@ -132,7 +132,9 @@ def test_manifest_contents(artifact) -> None:  # type: ignore[no-untyped-def]
         "transformer/diffusion_pytorch_model.safetensors",
         "transformer/diffusion_pytorch_model.safetensors.index.json",  # for compressed-tensors' file tools
     }
-    assert manifest["linked"] == {"scheduler": str(source.resolve() / "scheduler")}
+    assert manifest["linked"] == {
+        "scheduler": f"../{source.parent.name}/{source.name}/scheduler"
+    }  # beside it
     assert sorted(manifest["source_files"]) == sorted(
         p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file()
     )

@@ -323,8 +323,8 @@ def test_mixed_plan_artifact_tampered_fails(mixed_artifact, tmp_path: Path) -> N
     import shutil
 
     _, shared, _ = mixed_artifact
-    out = tmp_path / "artifact"
-    shutil.copytree(shared, out, symlinks=True)
+    shutil.copytree(shared.parent, tmp_path / "mixed", symlinks=True)  # with the source its links lead to
+    out = tmp_path / "mixed" / shared.name
     config_path = out / "transformer/config.json"
     config = json.loads(config_path.read_text())
     groups = config["quantization_config"]["config_groups"]  # an fp8 layer moved into the w8a8 group

@@ -30,7 +30,7 @@ def genuine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("verify-source")
     source = make_model_dir(folder, "flux", text_encoder=True)
     out = folder / "artifact"
-    ditq.quantize(source, out, "w8a8", components=["transformer"])
+    ditq.quantize(source, out, "w8a8", components=["transformer"], link=True)  # absolute: copied elsewhere
     return source, out
 
 
@@ -42,7 +42,9 @@ def _reseal(out: Path) -> None:
     }
     behind: dict[str, Any] = {}
     for name, target in manifest["linked"].items():
-        _, records = source_tree_digest(scan_tree(Path(target), follow_links=True))
+        _, records = source_tree_digest(
+            scan_tree(out / target, follow_links=True)
+        )  # relative to the artifact
         behind.update({f"{name}/{rel}": record for rel, record in records.items()})
     manifest["source_files"] = behind
     manifest["files"] = file_records(out, skip_dirs=set(manifest["linked"]))
