@@ -1318,12 +1318,15 @@ def gate_every_request_401(d: Path, env: dict[str, Any]) -> list[str]:
 
 
 def _collapse_reported(d: Path) -> tuple[str, str] | None:
-    if "structure gate failed" in read_text(d / "out/report/REPORT.md"):
-        return None
+    written = d / "out/report/REPORT.md"
+    if not written.is_file() or "structure gate failed" in read_text(written):
+        return None  # refused (what it printed must name gate.json) or the drift reported
     return "defect", "believed a gate.json edited to PASS: the drift its images show is no longer reported"
 
 
-@case("evidence", "runs", names=("structure gate failed",), expect="judge", check=_collapse_reported)
+@case(
+    "evidence", "runs", names=("structure gate failed", "gate.json"), expect="judge", check=_collapse_reported
+)
 def report_gate_json_forged_pass(d: Path, env: dict[str, Any]) -> list[str]:
     # the candidate's own files are not sealed; gate.json is what `ditq gate` concluded from its images
     gate_file = read(d / "runs/cand/gate.json")
