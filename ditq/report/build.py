@@ -78,13 +78,15 @@ def check_gate_file(run_dir: Path, baseline: Path) -> None:
         log.warning("%s: its rules file %s is gone: the gate was not judged again", path, stated.rules)
         return
     judged = gate_run(run_dir, rules, build_envelopes(baseline, rules), None, baseline)
-    again = {(r.fixture_id, r.seed): r.passed for r in judged.records}
+    again = {(r.fixture_id, r.seed): r for r in judged.records}
     for record in stated.records:
-        if again.get((record.fixture_id, record.seed)) != record.passed:
+        now = again.get((record.fixture_id, record.seed))
+        if now is None or now.passed != record.passed:
             said = "passed" if record.passed else "failed"
+            why = f" ({'; '.join(now.reasons)[:200]})" if now is not None and now.reasons else ""
             raise InputError(
                 f"{path}: says {record.fixture_id} seed {record.seed} {said}, which its records and images do not "
-                "show against this baseline (an edited or stale gate.json: run ditq gate again)"
+                f"show against this baseline{why}: an edited or stale gate.json (run ditq gate again)"
             )
     if set(again) != {(r.fixture_id, r.seed) for r in stated.records}:
         raise InputError(f"{path}: judges other images than the run holds (stale: run ditq gate again)")

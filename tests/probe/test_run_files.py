@@ -322,6 +322,14 @@ def test_a_report_over_an_image_that_cannot_be_decoded_says_so_in_its_grid_witho
     image = sorted((run / "images").glob("*.png"))[0]
     image.write_bytes(image.read_bytes()[:60])  # truncated after its header
     out = tmp_path / "rep"
+    # gated before the damage: its gate.json no longer holds, and the report says which image and why
+    assert _report(run, judged["baseline"], out) == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error and len(error.strip().splitlines()) == 1
+    assert "gate.json: says" in error and "not the one its record names" in error
+    assert not out.exists()
+    # a run not gated: the report judges what it has, and its grid says the image cannot be read
+    (run / "gate.json").unlink()
     assert _report(run, judged["baseline"], out) == 0
     assert "Traceback" not in capsys.readouterr().err
     assert (out / "verdict.json").is_file() and list((out / "grids").glob("*.png"))
