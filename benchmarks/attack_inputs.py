@@ -1106,9 +1106,9 @@ def verify_source_text_encoder_removed(d: Path, env: dict[str, Any]) -> list[str
     return _vsource(d)
 
 
-@case("model_index", "artifact", expect="legit")
+@case("model_index", "artifact", "source", expect="legit")
 def generate_genuine_artifact(d: Path, env: dict[str, Any]) -> list[str]:
-    return gen(d, "artifact")
+    return gen(d, "artifact")  # with its source beside it: the artifact links to it relatively
 
 
 # -- paths: fixture ids, reference ids, output folders ----------------------------------------------------------
