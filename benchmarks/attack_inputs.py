@@ -1510,7 +1510,8 @@ def build_shared(tmp: Path) -> dict[str, Any]:
     shared = tmp / "shared"
     shared.mkdir()
     shutil.copytree(DEMO_MODEL, shared / "source")
-    ditq.quantize(shared / "source", shared / "artifact", "w8a8", device="cpu")
+    # copies, not links: a case copies the artifact alone into its folder
+    ditq.quantize(shared / "source", shared / "artifact", "w8a8", device="cpu", copy=True)
     linked_copy(shared / "artifact", shared / "bare")
     (shared / "bare/MANIFEST.json").unlink()
     (shared / "bare/MANIFEST.json.sha256").unlink()
