@@ -1353,7 +1353,8 @@ def gate_genuine_run_exit(d: Path, env: dict[str, Any]) -> list[str]:
 
 
 def _vsource(d: Path) -> list[str]:
-    return ["verify", str(d / "artifact"), "--source", str(d / "source")]
+    # the source the artifact's links lead to: the shared one ($TMP/shared/source), which no case edits
+    return ["verify", str(d / "artifact"), "--source", str(d.parent.parent / "shared" / "source")]
 
 
 @case("verify_tampered", "artifact", "source", names=(TC,))
@@ -1510,8 +1511,9 @@ def build_shared(tmp: Path) -> dict[str, Any]:
     shared = tmp / "shared"
     shared.mkdir()
     shutil.copytree(DEMO_MODEL, shared / "source")
-    # copies, not links: a case copies the artifact alone into its folder
-    ditq.quantize(shared / "source", shared / "artifact", "w8a8", device="cpu", copy=True)
+    # absolute links into the shared source (the layout --link keeps): a case copies the artifact alone into its
+    # folder, and the tampering cases replace links
+    ditq.quantize(shared / "source", shared / "artifact", "w8a8", device="cpu", link=True)
     linked_copy(shared / "artifact", shared / "bare")
     (shared / "bare/MANIFEST.json").unlink()
     (shared / "bare/MANIFEST.json.sha256").unlink()
