@@ -406,3 +406,24 @@ def test_an_unknown_quantization_method_names_the_config(w8a8_artifact: Path) ->
         InputError, match=r"^transformer/config.json: quantization_config: unsupported quantization"
     ):
         load_component(w8a8_artifact, "transformer", device="cpu")
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["diffusers", ["transformers", "AutoModel"]],
+    ids=["a bare string", "a class without from_pretrained"],
+)
+def test_a_model_index_entry_diffusers_cannot_build_is_one_line(tmp_path: Path, entry: Any) -> None:
+    """The attack rerun: these gave a ValueError traceback from diffusers' pipeline loading in ditq generate."""
+    import shutil
+
+    from ditq.demo import default_model_dir
+
+    model = tmp_path / "model"
+    shutil.copytree(default_model_dir(), model)
+    index = json.loads((model / "model_index.json").read_text())
+    index["scheduler"] = entry
+    (model / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(InputError, match=r"model_index\.json: ") as info:
+        ditq.load_pipeline(model, device="cpu")
+    assert "\n" not in str(info.value)
