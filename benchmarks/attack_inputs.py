@@ -1248,13 +1248,15 @@ def report_negative_memory(d: Path, env: dict[str, Any]) -> list[str]:
     return report(d)
 
 
+# what a command judging an image it cannot read must say (any one)
+UNREADABLE = ("cannot be decoded", "cannot be read", "corrupt", "truncated")
+
+
 def _corrupt_first(run: Path) -> None:
     corrupt_png(sorted((run / "images").iterdir())[0])
 
 
-@case(
-    "evidence", "runs", names=("cannot be decoded", "cannot be read", "corrupt", "truncated"), expect="judge"
-)
+@case("evidence", "runs", names=UNREADABLE, expect="judge")
 def report_corrupt_candidate_image(d: Path, env: dict[str, Any]) -> list[str]:
     _corrupt_first(d / "runs/cand")
     return report(d)
@@ -1263,7 +1265,7 @@ def report_corrupt_candidate_image(d: Path, env: dict[str, Any]) -> list[str]:
 @case(
     "evidence",
     "runs",
-    names=("cannot be decoded", "cannot be read", "corrupt", "truncated"),
+    names=UNREADABLE,
     expect="judge",
     outputs=JUDGED,
 )
@@ -1272,9 +1274,7 @@ def compare_corrupt_candidate_image(d: Path, env: dict[str, Any]) -> list[str]:
     return compare(d)
 
 
-@case(
-    "evidence", "runs", names=("cannot be decoded", "cannot be read", "corrupt", "truncated"), expect="judge"
-)
+@case("evidence", "runs", names=UNREADABLE, expect="judge")
 def report_corrupt_baseline_image_resealed(d: Path, env: dict[str, Any]) -> list[str]:
     from ditq.judge.baseline import seal_run
 
@@ -1287,7 +1287,7 @@ def report_corrupt_baseline_image_resealed(d: Path, env: dict[str, Any]) -> list
 @case(
     "evidence",
     "runs",
-    names=("cannot be decoded", "cannot be read", "corrupt", "truncated"),
+    names=UNREADABLE,
     expect="judge",
     outputs=JUDGED,
 )

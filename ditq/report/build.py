@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ditq.errors import InputError
 from ditq.fsutil import atomic_directory
-from ditq.judge.gate import build_envelopes, gate_run, load_rules
+from ditq.judge.gate import Envelope, build_envelopes, gate_run, load_rules
 from ditq.report.assess import ReportData, assess
 from ditq.report.charts import write_charts
 from ditq.report.grids import write_grids
@@ -22,7 +22,7 @@ from ditq.report.provenance import shell_command
 from ditq.report.schema import validate_verdict
 from ditq.report.verdict import VerdictRules
 from ditq.runfiles import GATE_FILE, Attempt, GateFile, read_model, read_model_list
-from ditq.signatures import DEFAULT_RULES_SOURCE
+from ditq.signatures import DEFAULT_RULES_SOURCE, GateRules
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +64,23 @@ def check_replaceable(out: Path, inputs: Sequence[Path]) -> None:
         )
 
 
-def check_gate_file(run_dir: Path, baseline: Path) -> None:
+def check_gate_file(
+    run_dir: Path, baseline: Path, judges: dict[str, tuple[GateRules, dict[str, Envelope]]]
+) -> None:
     """The run's ``gate.json`` says what its records and images say: the run is judged again against
     ``baseline`` with the rules the file names, and any image whose pass or fail differs is an InputError naming
-    the file (an edited or stale gate.json). Rules that can no longer be read are a warning: not judged again."""
+    the file (an edited or stale gate.json). Rules that can no longer be read are a warning: not judged again.
+    ``judges`` keeps each rules file's rules and the baseline's envelopes under them, shared by the runs."""
     path = run_dir / GATE_FILE
     stated = read_model(GateFile, path)
-    if stated.rules == DEFAULT_RULES_SOURCE:
-        rules = load_rules(None)
-    elif Path(stated.rules).is_file():
-        rules = load_rules(Path(stated.rules))
-    else:
-        log.warning("%s: its rules file %s is gone: the gate was not judged again", path, stated.rules)
-        return
-    judged = gate_run(run_dir, rules, build_envelopes(baseline, rules), None, baseline)
+    if stated.rules not in judges:
+        if stated.rules != DEFAULT_RULES_SOURCE and not Path(stated.rules).is_file():
+            log.warning("%s: its rules file %s is gone: the gate was not judged again", path, stated.rules)
+            return
+        rules = load_rules(None if stated.rules == DEFAULT_RULES_SOURCE else Path(stated.rules))
+        judges[stated.rules] = rules, build_envelopes(baseline, rules)
+    rules, envelopes = judges[stated.rules]
+    judged = gate_run(run_dir, rules, envelopes, None, baseline)
     again = {(r.fixture_id, r.seed): r for r in judged.records}
     for record in stated.records:
         now = again.get((record.fixture_id, record.seed))
@@ -133,12 +136,13 @@ def build_report(
                 f"report: two runs are both named {name!r} (rename a run directory, or a candidate's name in "
                 "CANDIDATE.json)"
             )
+    judges: dict[str, tuple[GateRules, dict[str, Envelope]]] = {}
     for candidate in candidates:
         run = candidate.run
         if (
             run is not None and run.gate is not None and not run.incomplete
         ):  # an incomplete run is never a yes
-            check_gate_file(run.path, Path(baseline))
+            check_gate_file(run.path, Path(baseline), judges)
     data = assess(base, candidates, command or shell_command(), rules, note)
     document = data.document.model_dump(mode="json")
     validate_verdict(document)  # what we write is what the schema promises

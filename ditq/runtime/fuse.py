@@ -87,8 +87,9 @@ def fuse_linears(named: dict[str, QuantizedLinear]) -> QuantizedLinear:
     members = list(named.values())
     codec = members[0].codec
     read = [codec.read(m.stored_tensors()) for m in members]
+    scale_dtype = members[0].stored_tensors()[SCALE].dtype
     q = torch.cat([values for values, _ in read])
-    scale = torch.cat([s.to(members[0].stored_tensors()[SCALE].dtype) for _, s in read])
+    scale = torch.cat([s.to(scale_dtype) for _, s in read])
     biases = [m.bias for m in members]
     bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
     fused = linear_from_stored(codec.encode(q, scale), members[0].scheme, bias)
@@ -133,28 +134,9 @@ class FusedQKVAttnProcessor(QwenImage21AttnProcessor):
     """diffusers' ``QwenImage21AttnProcessor`` over one fused query/key/value projection."""
 
     def __call__(
-        self,
-        attn: QwenImage21Attention,
-        hidden_states: torch.Tensor,
-        attention_mask: Any | None = None,
-        rotary_emb: torch.Tensor | None = None,
-        layer_cache: Any | None = None,
-        kv_cache_mode: str | None = None,
-        cache_write_slice: slice | None = None,
-        segments: list[tuple[int, int, bool]] | None = None,
-        key_valid: torch.Tensor | None = None,
+        self, attn: QwenImage21Attention, hidden_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> torch.Tensor:
-        return super().__call__(
-            fused_attention_view(attn, hidden_states),
-            hidden_states,
-            attention_mask,
-            rotary_emb,
-            layer_cache,
-            kv_cache_mode,
-            cache_write_slice,
-            segments,
-            key_valid,
-        )
+        return super().__call__(fused_attention_view(attn, hidden_states), hidden_states, *args, **kwargs)
 
 
 class FusedSwiGLUFeedForward(torch.nn.Module):
