@@ -5,11 +5,17 @@ declares its repeated blocks (diffusers' ``_repeated_blocks``), each block class
 reuses the code (diffusers' regional compilation, ``compile_repeated_blocks``): compiling one 60-block model costs
 what compiling one block does. Elsewhere the whole transformer is compiled.
 
-Compilation happens on the first call at a shape, so a server must run every shape it will accept before it
-serves (``ditq.serve.cost.calibrate`` runs each calibration shape once to warm up, then measures it). Dynamo makes
-the dimensions that changed between two calls dynamic on its own, so the shapes after the first two reuse one
-graph instead of compiling again; its limit on recompilations is raised so that a server never falls back to eager
-code silently.
+Compilation happens on the first call of each code path (references or none, the prefix step or a cached one),
+so a server runs every path it will accept before it serves (``ditq.serve.cost.calibrate`` runs each calibration
+shape once to warm up, then measures it). The blocks are compiled with dynamic shapes from the first call, so one
+graph per path serves every image size, reference size and prompt length: left to itself, dynamo would compile
+each path first for its exact sizes and again at the first request whose sizes differ (a 4-reference request took
+10-13 s where it takes 1.5 s eager on the H200). Two more things would tie a graph to the warm-up's sizes:
+- duck shaping, which takes two sizes that happen to be equal during warm-up (a cache's stride and the image's)
+  for one symbol; it is turned off;
+- the block's prefix boundary, which diffusers passes as a ``slice`` whose bounds dynamo keeps as constants until
+  it has seen a second value (calibration warms its smallest shape up at three prompt lengths for that).
+Its limit on recompilations is raised so that a server never falls back to eager code silently.
 
 ditq's 8-bit kernels are custom ops with shape-only fakes (``ditq.kernels.cuda_common``,
 ``ditq.kernels.reference``), so the compiler keeps each as one call and fuses the activation quantization into
@@ -18,11 +24,14 @@ the op that produced its input.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+import torch.fx.experimental._config as fx_config
 
 from ditq.errors import InputError
 
@@ -58,6 +67,18 @@ def repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in module.modules() if type(m).__name__ in names]
 
 
+def _call_compiled(compiled: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A compiled block's call (``nn.Module._compiled_call_impl``). A ``slice`` among its keyword arguments goes in
+    as the index tensor of the same positions: dynamo keeps a slice's bounds as constants (a graph for every prompt
+    length), where a tensor's length is a dynamic size. Indexing by it copies what slicing would view, the same
+    values."""
+    slices = {name: v for name, v in kwargs.items() if isinstance(v, slice)}
+    if slices:
+        device = next(v.device for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+        kwargs |= {name: torch.arange(*v.indices(2**62), device=device) for name, v in slices.items()}
+    return compiled(*args, **kwargs)
+
+
 def compile_pipeline(pipeline: Any, backend: str, component: str = "transformer") -> CompileFacts:
     """Compile ``pipeline``'s ``component`` (its repeated blocks where it declares them) with ``backend``.
 
@@ -71,17 +92,20 @@ def compile_pipeline(pipeline: Any, backend: str, component: str = "transformer"
     module = getattr(pipeline, component, None)
     if not isinstance(module, torch.nn.Module):
         raise InputError(f"--compile: the pipeline has no '{component}' module to compile", field="compile")
+    fx_config.use_duck_shape = False  # process-wide, as dynamo's own limits below
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
     torch._dynamo.config.accumulated_recompile_limit = max(
         torch._dynamo.config.accumulated_recompile_limit, 16 * _RECOMPILE_LIMIT
     )
     blocks = repeated_blocks(module)
     if blocks:
-        module.compile_repeated_blocks(backend=backend)  # type: ignore[operator]  # diffusers' ModelMixin
+        for block in blocks:  # diffusers' compile_repeated_blocks, with slices as index tensors (_call_compiled)
+            compiled = torch.compile(block._call_impl, backend=backend, dynamic=True)  # one code: one cache
+            block._compiled_call_impl = functools.partial(_call_compiled, compiled)
         kinds = sorted({type(b).__name__ for b in blocks})
         how = f"repeated blocks ({len(blocks)} x {', '.join(kinds)})"
     else:
-        module.compile(backend=backend)
+        module.compile(backend=backend, dynamic=True)
         how = "whole module"
     facts = CompileFacts(backend, component, how)
     pipeline.ditq_compile = facts  # what serve's calibration and generate warm up, and /health shows

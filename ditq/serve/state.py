@@ -133,7 +133,10 @@ class ServerState:
                 logger.error("loading %s failed: %s", self.model_root, error)
             else:
                 logger.exception("loading %s failed", self.model_root)
-            first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+            # the first line that says something (transformers' ImportErrors begin with an empty one)
+            first_line = next(
+                (line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__
+            )
             out_of_memory = is_out_of_memory(error)
             what = "ran out of accelerator memory" if out_of_memory else "failed"
             # /health says what failed without the message, which may name local paths; the log and the

@@ -155,3 +155,24 @@ def test_binding_beyond_loopback_without_a_key_is_warned_about() -> None:
     warning = exposure_warning("0.0.0.0", None, None)
     assert warning is not None and "--api-key" in warning and "--allowed-host" in warning
     assert exposure_warning("0.0.0.0", KEY, ("gpu-7.internal",)) is None
+
+
+def test_a_load_failure_message_that_begins_with_an_empty_line_is_still_its_first_words() -> None:
+    """transformers' ImportErrors (a processor that needs torchvision) begin with a newline: the exit message
+    carries their first line that says something, not an empty one."""
+    from ditq.serve.state import ServerState
+
+    def failing_load() -> Any:
+        raise ImportError(
+            "\nQwen3VLVideoProcessor requires the Torchvision library but it was not found.\nSee …"
+        )
+
+    messages: list[str] = []
+    state = ServerState(
+        WARN, failing_load, lambda _a: None, "/m", on_load_failure=lambda m, _o: messages.append(m)
+    )  # type: ignore[arg-type,return-value]
+    state.start()
+    assert state.wait_loaded(30)
+    assert messages == [
+        "loading /m failed: Qwen3VLVideoProcessor requires the Torchvision library but it was not found."
+    ]

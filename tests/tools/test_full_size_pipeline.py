@@ -394,3 +394,41 @@ def test_serve_answers_an_edit_with_the_quantized_text_encoder(quantized: Path) 
         )
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["input_images"] == 1
+
+
+def test_a_compiled_pipeline_serves_any_prompt_length_and_reference_layout_from_the_graphs_it_has(
+    quantized: Path,
+) -> None:
+    """Under --compile the blocks' graphs are dynamic from the first call: once a path has run (here: 2 references),
+    a request with another prompt length and other reference sizes compiles nothing. Dynamo's default kept sizes,
+    duck-shaped equalities and the prefix boundary (a slice) as constants, and a 4-reference request recompiled
+    for 10-13 s on the H200; the pixels stay the eager pipeline's."""
+    from torch._dynamo.utils import counters
+
+    from ditq.runtime.compile import compile_pipeline
+
+    fixture = load_fixtures(
+        source_fixtures := quantized / "fixtures" / "fixtures.json", source_fixtures.parent / "refs"
+    )["edit-2ref"]
+    wide = [Image.open(p).resize((SIZE, SIZE // 2)) for p in fixture.reference_paths]
+
+    def draw(pipeline: Any, prompt: str, references: list[Image.Image]) -> np.ndarray:
+        return np.asarray(
+            pipeline(prompt=prompt, image=references, width=SIZE, height=SIZE, num_inference_steps=STEPS,
+                     output_resolution=SIZE, generator=torch.Generator().manual_seed(0)).images[0]
+        )  # fmt: skip
+
+    with _loading():
+        eager = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
+        compiled = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
+    torch._dynamo.reset()
+    compile_pipeline(compiled, "eager")
+    square = [Image.open(p) for p in fixture.reference_paths]
+    draw(compiled, fixture.prompt, square)  # the first call at 2 references compiles its paths
+    before = counters["stats"]["unique_graphs"]
+    longer = fixture.prompt + " Keep the light soft and the shadows long."
+    picture = draw(compiled, longer, wide)
+    assert counters["stats"]["unique_graphs"] == before, (
+        "a new prompt length or reference size compiled again"
+    )
+    assert np.array_equal(picture, draw(eager, longer, wide))
