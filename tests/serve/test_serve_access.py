@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from serve_testkit import FAST, WARN, client_for, make_app
+from serve_testkit import FAST, WARN, client_for, make_app, passed_doctor
 
 from ditq.serve.access import default_allowed_hosts, exposure_warning, hostname
 
@@ -169,8 +169,8 @@ def test_a_load_failure_message_that_begins_with_an_empty_line_is_still_its_firs
 
     messages: list[str] = []
     state = ServerState(
-        WARN, failing_load, lambda _a: None, "/m", on_load_failure=lambda m, _o: messages.append(m)
-    )  # type: ignore[arg-type,return-value]
+        WARN, failing_load, passed_doctor, "/m", on_load_failure=lambda m, _o: messages.append(m)
+    )
     state.start()
     assert state.wait_loaded(30)
     assert messages == [
