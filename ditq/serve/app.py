@@ -37,6 +37,7 @@ from ditq.serve.images import collapse_reasons, encode_image
 from ditq.serve.intake import Reference, check_uploads
 from ditq.serve.metrics import endpoint_label
 from ditq.serve.parsing import parse_form, parse_json
+from ditq.serve.request_fields import ignored_fields
 from ditq.serve.schemas import (
     ImageData,
     ImageRequest,
@@ -165,7 +166,10 @@ def _finish(
             if state.config.on_collapse == "error":
                 raise errors.non_finite_output(detail)
             warnings.append(f"non_finite_output: {detail}")
-    encoded = [encode_image(image, body.output_format, body.background) for image in result.images]
+    encoded = [
+        encode_image(image, body.output_format, body.background, body.output_compression)
+        for image in result.images
+    ]
     encode_s = time.perf_counter() - started
     width, height = result.images[0].size
     metrics = StageMetrics.from_result(
@@ -181,6 +185,8 @@ def _finish(
         ),
     )
     state.metrics.observe_peak_memory(result.peak_memory_bytes)
+    ignored = ignored_fields(body)
+    state.metrics.count_ignored(ignored)
     if state.cost_model is not None and state.adapter is not None:  # every served request is a measurement
         state.cost_model.observe(request_cost(generation, len(job.references), state.adapter), result)
     return ImageResponse(
@@ -196,6 +202,7 @@ def _finish(
         ),
         metrics=metrics,
         warnings=warnings,
+        ignored_fields=ignored,
     )
 
 

@@ -35,10 +35,13 @@ def _over_white(image: Image.Image) -> Image.Image:
     return Image.alpha_composite(background, rgba).convert("RGB")
 
 
-def encode_image(image: Image.Image, output_format: str, background: str) -> bytes:
+def encode_image(
+    image: Image.Image, output_format: str, background: str, output_compression: int | None = None
+) -> bytes:
     """Encode one image. background: 'opaque' flattens over white, 'transparent' keeps an alpha
     channel (adding an opaque one if there is none), 'auto' keeps what the pipeline produced where the
-    format can hold it (jpeg cannot hold alpha: flattened over white)."""
+    format can hold it (jpeg cannot hold alpha: flattened over white). ``output_compression`` (0-100, OpenAI's
+    field) is the jpeg or webp encoder's quality; png is lossless and has none."""
     has_alpha = "A" in image.getbands() or "transparency" in image.info
     if background == "opaque" or (has_alpha and output_format == "jpeg"):
         image = _over_white(image) if has_alpha else image.convert("RGB")
@@ -46,6 +49,9 @@ def encode_image(image: Image.Image, output_format: str, background: str) -> byt
         image = image.convert("RGBA")
     elif image.mode not in ("RGB", "RGBA", "L", "LA"):
         image = image.convert("RGBA" if has_alpha else "RGB")
+    options = dict(_SAVE_OPTIONS[output_format])
+    if output_compression is not None and "quality" in options:
+        options["quality"] = output_compression
     buffer = io.BytesIO()
-    image.save(buffer, **_SAVE_OPTIONS[output_format])  # type: ignore[arg-type]
+    image.save(buffer, **options)  # type: ignore[arg-type]
     return buffer.getvalue()

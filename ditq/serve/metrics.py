@@ -2,8 +2,8 @@
 
 Request counts and latencies are recorded by the HTTP layer; queue depth, drops and out-of-memory
 counts are read from the worker at scrape time, so there is one source for each number. Label values come
-from fixed sets only (``ENDPOINTS``, HTTP status codes): a request's own path never reaches the text, so
-neither a forged line nor one series per path can.
+from fixed sets only (``ENDPOINTS``, HTTP status codes, the request fields' table): a request's own path or
+field names never reach the text, so neither a forged line nor one series per path can.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from ditq.serve.request_fields import REQUEST_FIELDS
 
 __all__ = [
     "ENDPOINTS",
@@ -78,6 +80,7 @@ class ServerMetrics:
         self.requests: dict[tuple[str, int], int] = {}  # (endpoint, status) -> count
         self.latency: dict[str, _Histogram] = {}  # endpoint -> histogram of seconds
         self.collapsed_outputs = 0
+        self.ignored_fields: dict[str, int] = {}  # field -> answered requests that gave it to no effect
         self.peak_accelerator_memory_bytes: int | None = None
         self.gauges: list[Gauge] = []
 
@@ -93,6 +96,14 @@ class ServerMetrics:
             return
         with self._lock:
             self.peak_accelerator_memory_bytes = max(self.peak_accelerator_memory_bytes or 0, peak_bytes)
+
+    def count_ignored(self, names: list[str]) -> None:
+        unknown = [name for name in names if name not in REQUEST_FIELDS]
+        if unknown:
+            raise ValueError(f"metrics: label outside the fixed set ({unknown[0]!r})")
+        with self._lock:
+            for name in names:
+                self.ignored_fields[name] = self.ignored_fields.get(name, 0) + 1
 
     def count_collapsed(self) -> None:
         with self._lock:
@@ -130,6 +141,13 @@ class ServerMetrics:
                 "counter",
             )
             lines.append(f"ditq_collapsed_outputs_total {self.collapsed_outputs}")
+            header(
+                "ditq_ignored_fields_total",
+                "Answered requests that gave an OpenAI field the server accepts and ignores, by field.",
+                "counter",
+            )
+            for name, count in sorted(self.ignored_fields.items()):
+                lines.append(f'ditq_ignored_fields_total{{field="{name}"}} {count}')
             if self.peak_accelerator_memory_bytes is not None:
                 header(
                     "ditq_peak_accelerator_memory_bytes",

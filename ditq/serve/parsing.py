@@ -4,7 +4,8 @@ Every failure is a 4xx :class:`APIError`: 415 for another content type, 400 nami
 (pydantic's first error, strict for JSON, whose values carry their types; a form's booleans are 'true' or
 'false'; JSON that Python will not read: an integer of more than 4300 digits, nesting
 deeper than the interpreter's recursion limit; starlette's multipart limits, a multipart body that ends
-before its closing boundary, a file where text belongs and the reverse).
+before its closing boundary, a file where text belongs and the reverse; a field the endpoint does not take or
+the server refuses, by :mod:`ditq.serve.request_fields`). A JSON null is an omitted field, as OpenAI reads it.
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from ditq.jsonfile import JsonRefused, loads
 from ditq.serve.errors import APIError, bad_field, unsupported_media_type
 from ditq.serve.intake import Upload
+from ditq.serve.request_fields import REQUEST_FIELDS, check_fields, refusal
 from ditq.serve.schemas import ImageRequest
 
 __all__ = ["parse_form", "parse_json"]
 
 _INT_DIGITS = 4300  # Python's own limit; below it the schema names the field an oversized integer came in
-_IMAGE_FIELDS = ("image", "image[]")
-_MASK_FIELDS = ("mask", "mask[]")
 _BOOLEAN_FIELDS = frozenset(
     name for name, field in ImageRequest.model_fields.items() if field.annotation is bool
 )
@@ -60,10 +60,13 @@ async def parse_json(request: Request) -> ImageRequest:
         raise bad_field("body", str(error)[:200]) from None
     if not isinstance(payload, dict):
         raise bad_field("body", "expected a JSON object")
+    given = {name: value for name, value in payload.items() if value is not None}
     try:  # strict: JSON has its own types, so true is no 1, "2" no 2, 1e18 no integer, "yes" no boolean
-        return ImageRequest.model_validate(payload, strict=True)
+        body = ImageRequest.model_validate(given, strict=True)
     except ValidationError as error:
         raise _validation_error(error) from None
+    check_fields(body, "generations")
+    return body
 
 
 class _EndCheckingParser(MultiPartParser):
@@ -100,17 +103,17 @@ async def parse_form(request: Request, max_images: int) -> tuple[ImageRequest, l
     fields: dict[str, str] = {}
     uploads: list[Upload] = []
     for key, value in form.multi_items():
+        name = key.partition("[")[0]  # 'image[]' is 'image'; 'svg[model]' is part of 'svg'
+        field = REQUEST_FIELDS.get(name)
+        if field is not None and field.treatment == "refused" and name != key:
+            raise refusal(name)
         if isinstance(value, UploadFile):
-            if key in _MASK_FIELDS:
-                raise bad_field(
-                    "mask",
-                    "the served pipeline takes no mask (inpainting is not supported)",
-                    code="unsupported_parameter",
-                )
-            if key not in _IMAGE_FIELDS:
+            if field is None or not field.upload:
                 raise bad_field(key, "unexpected file; images go in 'image' or 'image[]'")
+            if field.treatment == "refused":
+                raise refusal(name)
             uploads.append(Upload(key, value.filename or "", await value.read()))
-        elif key in _IMAGE_FIELDS or key in _MASK_FIELDS:
+        elif field is not None and field.upload:
             raise bad_field(key, "must be a file upload, not a text field")
         elif key in fields:
             raise bad_field(key, "given more than once")
@@ -121,6 +124,8 @@ async def parse_form(request: Request, max_images: int) -> tuple[ImageRequest, l
         if name in _BOOLEAN_FIELDS and value.strip().lower() not in ("true", "false"):
             raise bad_field(name, f"expected 'true' or 'false', got '{value[:40]}'")
     try:
-        return ImageRequest.model_validate(fields), uploads
+        body = ImageRequest.model_validate(fields)
     except ValidationError as error:
         raise _validation_error(error) from None
+    check_fields(body, "edits")
+    return body, uploads

@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from ditq.runtime.adapter import GenerationResult
 
 __all__ = [
-    "EXTENSION_FIELDS",
     "ImageData",
     "ImageRequest",
     "ImageResponse",
@@ -24,13 +23,13 @@ __all__ = [
     "StageMetrics",
 ]
 
-# Fields outside OpenAI's schema that vLLM-Omni accepts; each must be taken by the served pipeline
-# (PipelineAdapter.supports) or the request fails naming it.
-EXTENSION_FIELDS = ("negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale")
-
 
 class ImageRequest(BaseModel):
-    """Body of POST /v1/images/generations (JSON) and the form fields of /v1/images/edits."""
+    """Body of POST /v1/images/generations (JSON) and the form fields of /v1/images/edits.
+
+    What the server does with each field, and which endpoint takes it, is :mod:`ditq.serve.request_fields`'s
+    table; here are the types and OpenAI's value sets.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -40,8 +39,22 @@ class ImageRequest(BaseModel):
     size: str = "auto"  # "WxH" or "auto" (the pipeline's default size)
     response_format: str = "b64_json"  # only b64_json: the server keeps no files to link to
     output_format: Literal["png", "jpeg", "webp"] = "png"
+    output_compression: int | None = Field(None, ge=0, le=100)  # jpeg and webp: the encoder's quality
     background: Literal["transparent", "opaque", "auto"] = "auto"
+    # accepted and ignored
+    quality: Literal["auto", "low", "medium", "high", "xhigh", "max", "standard", "hd"] = "auto"
+    complexity: Literal["low", "medium", "high"] | None = None
+    style: Literal["vivid", "natural"] | None = None
+    input_fidelity: Literal["high", "low"] | None = None
+    moderation: Literal["low", "auto"] = "auto"
     user: str | None = None
+    safety_identifier: str | None = None
+    # refused unless they ask for nothing (stream false, partial_images 0)
+    stream: bool = False
+    partial_images: int = Field(0, ge=0, le=3)
+    frame_count: int | None = None
+    frame_duration_ms: int | None = None
+    svg: dict[str, object] | None = None
     # vLLM-Omni extensions
     seed: int | None = None  # 0 is a valid seed; None draws one
     num_inference_steps: int | None = None
@@ -136,6 +149,7 @@ class ImageResponse(BaseModel):
     usage: ImageUsage
     metrics: StageMetrics
     warnings: list[str] = Field(default_factory=list)
+    ignored_fields: list[str] = Field(default_factory=list)  # given, accepted, and without effect (in order)
 
 
 class ModelCard(BaseModel):

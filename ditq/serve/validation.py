@@ -13,7 +13,8 @@ from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter, parse_size
 from ditq.serve.config import ServeConfig
 from ditq.serve.errors import APIError, bad_field, model_not_found
-from ditq.serve.schemas import EXTENSION_FIELDS, ImageRequest
+from ditq.serve.request_fields import PIPELINE_FIELDS
+from ditq.serve.schemas import ImageRequest
 
 __all__ = ["check_size", "to_generation_request"]
 
@@ -63,6 +64,7 @@ def to_generation_request(
     _check_length("prompt", body.prompt, config.max_prompt_chars)
     _check_length("negative_prompt", body.negative_prompt, config.max_prompt_chars)
     _check_length("user", body.user, config.max_user_chars)
+    _check_length("safety_identifier", body.safety_identifier, config.max_user_chars)
     if body.response_format != "b64_json":
         raise bad_field(
             "response_format",
@@ -75,7 +77,7 @@ def to_generation_request(
     _check_range("guidance_scale", body.guidance_scale, 0.0, config.max_scale)
     _check_range("true_cfg_scale", body.true_cfg_scale, 0.0, config.max_scale)
     _check_range("seed", body.seed, 0, _SEED_LIMIT - 1)
-    for name in EXTENSION_FIELDS:
+    for name in PIPELINE_FIELDS:
         if getattr(body, name) is not None and not adapter.supports(name):
             raise APIError(
                 400,

@@ -87,6 +87,21 @@ BAD_JSON = [
     ({"prompt": "a cat", "guidance_scale": True}, "guidance_scale", "invalid_value"),
     ({"prompt": "a cat", "return_stage_metrics": "yes"}, "return_stage_metrics", "invalid_value"),
     ({"prompt": "a cat", "return_stage_metrics": 1}, "return_stage_metrics", "invalid_value"),
+    # OpenAI's fields the server ignores still have their values checked (issue 29)
+    ({"prompt": "a cat", "quality": "ultra"}, "quality", "invalid_value"),
+    ({"prompt": "a cat", "style": 3}, "style", "invalid_value"),
+    ({"prompt": "a cat", "moderation": "none"}, "moderation", "invalid_value"),
+    ({"prompt": "a cat", "safety_identifier": "s" * 257}, "safety_identifier", "invalid_value"),
+    ({"prompt": "a cat", "output_compression": 101}, "output_compression", "invalid_value"),
+    ({"prompt": "a cat", "partial_images": 4}, "partial_images", "invalid_value"),
+    ({"prompt": "a cat", "stream": "yes"}, "stream", "invalid_value"),
+    ({"prompt": "a cat", "input_fidelity": "high"}, "input_fidelity", "unknown_parameter"),  # edits only
+    # ... and those asking for what is not made are refused (issue 29)
+    ({"prompt": "a cat", "stream": True}, "stream", "unsupported_parameter"),
+    ({"prompt": "a cat", "partial_images": 2}, "partial_images", "unsupported_parameter"),
+    ({"prompt": "a cat", "frame_count": 4}, "frame_count", "unsupported_parameter"),
+    ({"prompt": "a cat", "frame_duration_ms": 100}, "frame_duration_ms", "unsupported_parameter"),
+    ({"prompt": "a cat", "svg": {"model": "x"}}, "svg", "unsupported_parameter"),
 ]
 
 
@@ -218,9 +233,29 @@ def test_a_form_boolean_is_true_or_false(client: Any, value: str) -> None:
     assert_error(error, 400, "invalid_value", "return_stage_metrics")
 
 
-def test_mask_is_refused_by_name(client: Any) -> None:
-    files = [("image", ("a.png", png_bytes(), "image/png")), ("mask", ("m.png", png_bytes(), "image/png"))]
-    assert_error(edit(client, files), 400, "unsupported_parameter", "mask")
+@pytest.mark.parametrize("field", ["mask", "mask[]", "markup"])
+def test_mask_and_markup_are_refused_by_name(client: Any, field: str) -> None:
+    files = [("image", ("a.png", png_bytes(), "image/png")), (field, ("m.png", png_bytes(), "image/png"))]
+    assert_error(edit(client, files), 400, "unsupported_parameter", field.removesuffix("[]"))
+
+
+# (form fields, param named, code): the edits form's side of issue 29
+BAD_FORM = [
+    ({"stream": "true"}, "stream", "unsupported_parameter"),
+    ({"partial_images": "1"}, "partial_images", "unsupported_parameter"),
+    ({"svg[model]": "x"}, "svg", "unsupported_parameter"),  # the client's form of a nested object
+    ({"style": "vivid"}, "style", "unknown_parameter"),  # generations only
+    ({"quality": "best"}, "quality", "invalid_value"),
+    ({"input_fidelity": "exact"}, "input_fidelity", "invalid_value"),
+]
+
+
+@pytest.mark.parametrize(("fields", "param", "code"), BAD_FORM, ids=[f"{f}" for f, _, _ in BAD_FORM])
+def test_invalid_or_refused_form_field_is_400_naming_it(
+    client: Any, fields: dict[str, str], param: str, code: str
+) -> None:
+    files = [("image", ("a.png", png_bytes(), "image/png"))]
+    assert_error(edit(client, files, **fields), 400, code, param)
 
 
 def test_form_field_out_of_range_is_400(client: Any) -> None:

@@ -9,6 +9,7 @@ import io
 import json
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -112,6 +113,93 @@ def test_errors_reach_the_client_as_openai_errors(client: openai.OpenAI) -> None
     with pytest.raises(openai.BadRequestError) as caught:
         client.images.generate(model="tiny", prompt="x", size="33x33", extra_body=EXTRA)
     assert caught.value.code == "invalid_value" and caught.value.param == "size"
+
+
+def test_fields_that_cannot_change_the_image_are_accepted_and_recorded(
+    client: openai.OpenAI, server: LiveServer
+) -> None:
+    """Issue 29: quality, style, user... were 400 unknown fields. Now the image is the one asked for without them,
+    and the response and /metrics name them."""
+    plain = client.images.generate(
+        model="tiny", prompt="a kite", size="32x32", extra_body={"seed": 3, **EXTRA}
+    )
+    asked = client.images.generate(
+        model="tiny",
+        prompt="a kite",
+        size="32x32",
+        quality="high",
+        style="vivid",
+        moderation="low",
+        user="x",
+        extra_body={"seed": 3, **EXTRA},
+    )
+    assert asked.data is not None and plain.data is not None
+    assert asked.data[0].b64_json == plain.data[0].b64_json
+    assert asked.model_dump()["ignored_fields"] == ["quality", "style", "moderation", "user"]
+    assert plain.model_dump()["ignored_fields"] == []
+    edited = client.images.edit(
+        model="tiny",
+        image=("a.png", png_bytes(), "image/png"),
+        prompt="make it dusk",
+        size="32x32",
+        quality="low",
+        input_fidelity="high",
+        safety_identifier="hashed-id",
+        extra_body=EXTRA,
+    )
+    assert edited.model_dump()["ignored_fields"] == ["quality", "input_fidelity", "safety_identifier"]
+    text = httpx.get(f"{server.base_url}/metrics").text
+    assert 'ditq_ignored_fields_total{field="input_fidelity"} 1' in text
+
+
+def test_null_is_an_omitted_field(client: openai.OpenAI) -> None:
+    """OpenAI's fields are optional, and clients send null for "not set"; n null was a 400."""
+    result = client.images.generate(
+        model="tiny", prompt="a kite", n=None, quality=None, stream=None, size="32x32", extra_body=EXTRA
+    )
+    assert result.data is not None and len(result.data) == 1
+    assert result.model_dump()["ignored_fields"] == []
+
+
+def test_output_compression_is_the_jpeg_quality_and_ignored_for_png(client: openai.OpenAI) -> None:
+    def one(output_format: str, compression: int) -> tuple[int, list[str]]:
+        result = client.images.generate(
+            model="tiny",
+            prompt="a kite",
+            size="64x64",
+            output_format=output_format,  # type: ignore[arg-type]
+            output_compression=compression,
+            extra_body={"seed": 5, **EXTRA},
+        )
+        assert result.data is not None and result.data[0].b64_json is not None
+        return len(base64.b64decode(result.data[0].b64_json)), result.model_dump()["ignored_fields"]
+
+    assert one("jpeg", 5)[0] < one("jpeg", 95)[0]
+    assert one("png", 5) == (one("png", 95)[0], ["output_compression"])
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fields", "param"),
+    [
+        ("generate", {"stream": True}, "stream"),
+        ("generate", {"partial_images": 2}, "partial_images"),
+        ("edit", {"mask": ("m.png", png_bytes(), "image/png")}, "mask"),
+        ("edit", {"stream": True}, "stream"),
+    ],
+)
+def test_fields_asking_for_what_is_not_made_are_refused_naming_them(
+    client: openai.OpenAI, endpoint: str, fields: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        if endpoint == "generate":
+            client.images.generate(model="tiny", prompt="a kite", size="32x32", extra_body=EXTRA, **fields)
+        else:
+            image = ("a.png", png_bytes(), "image/png")
+            client.images.edit(
+                model="tiny", image=image, prompt="x", size="32x32", extra_body=EXTRA, **fields
+            )
+    assert caught.value.status_code == 400
+    assert caught.value.code == "unsupported_parameter" and caught.value.param == param
 
 
 def test_health_and_metrics_over_http(server: LiveServer) -> None:
