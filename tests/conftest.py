@@ -60,6 +60,20 @@ def mixed_artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     return source, out, plan
 
 
+@pytest.fixture(scope="session")
+def demo_artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny demo pipeline (seed 0, float32) as ``source`` and quantized with each scheme (``w8a8``, ``w8a16``,
+    ``fp8``: one artifact each). Shared: copy one before changing it."""
+    from ditq.demo import build_tiny_pipeline
+
+    root = tmp_path_factory.mktemp("demo-artifacts")
+    build_tiny_pipeline(seed=0).save_pretrained(str(root / "source"))
+    dirs = {"source": root / "source"}
+    for scheme in ("w8a8", "w8a16", "fp8"):
+        dirs[scheme] = ditq.quantize(root / "source", root / scheme, scheme).path
+    return dirs
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests marked slow run first, in their order, so that under ``-n 2`` (``make test``) the two workers
     start on the long ones side by side instead of leaving one of them for last."""

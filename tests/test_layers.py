@@ -36,7 +36,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("report", ("ditq.report",)),
     ("plan", ("ditq.plan",)),
     ("sweep", ("ditq.sweep",)),
-    ("commands", ("ditq.commands", "ditq.cli", "ditq")),  # the command line, and the package's public face
+    # the command line, and the package's public faces (``import ditq``; ``import ditq.diffusers`` for diffusers)
+    ("commands", ("ditq.commands", "ditq.cli", "ditq", "ditq.diffusers")),
 )
 
 

@@ -1,9 +1,9 @@
 """The bundled demo model: a miniature Qwen-Image-2.1 DiT that draws shapes, trained by `ditq.demo.train`.
 
 `load_demo_pipeline(directory)` loads a saved demo pipeline (diffusers layout). `DiffusionPipeline.from_pretrained`
-cannot resolve a pipeline class outside the diffusers namespace, so use this function or
+resolves a pipeline class in the diffusers namespace only, so use this function,
 `DitqDemoPipeline.from_pretrained(directory)` (importing `ditq.demo` first, so that diffusers finds the text
-encoder's module).
+encoder's module), or `import ditq.diffusers` first, which registers the class there (and loads artifacts).
 """
 
 from __future__ import annotations

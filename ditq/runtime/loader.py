@@ -15,7 +15,7 @@ declares unused (a text encoder's output head) are left out of every component
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -53,9 +53,12 @@ from ditq.schemes import Scheme
 
 __all__ = [
     "KernelChooser",
+    "check_complete",
     "check_component_sizes",
+    "check_tensor_places",
     "component_entries",
     "component_weight_files",
+    "file_entries",
     "is_quantized_component",
     "load_component",
     "load_pipeline",
@@ -149,13 +152,37 @@ def refuse_unconfigured_quantized(component_dir: Path, variant: str | None) -> N
 
 def component_entries(component_dir: Path, variant: str | None) -> dict[str, TensorEntry]:
     """Tensor name -> its safetensors entry, over every weight file of the component (of ``variant``)."""
+    return file_entries(component_weight_files(component_dir, variant))
+
+
+def file_entries(paths: Iterable[Path]) -> dict[str, TensorEntry]:
+    """Tensor name -> its safetensors entry, over the weight files ``paths`` (headers only); a tensor in two files
+    is an InputError naming both."""
     entries: dict[str, TensorEntry] = {}
-    for path in component_weight_files(component_dir, variant):
+    for path in paths:
         for name, entry in read_header(path).entries.items():
             if name in entries:
                 raise InputError(f"{path}: tensor {name} also in {entries[name].path.name}")
             entries[name] = entry
     return entries
+
+
+def check_tensor_places(model: torch.nn.Module, entries: Mapping[str, TensorEntry]) -> None:
+    """Every stored tensor has its place in ``model`` (built, its quantized Linears swapped): else an InputError
+    naming the file and the tensor."""
+    expected = set(model.state_dict(keep_vars=True))
+    for name in entries:
+        if name not in expected:
+            raise InputError(f"{entries[name].path}: tensor {name!r} has no place in {type(model).__name__}")
+
+
+def check_complete(component_dir: Path, missing: Iterable[str]) -> None:
+    """No tensor of the model is ``missing`` from the component's weight files: else an InputError naming the first."""
+    names = sorted(missing)
+    if names:
+        raise InputError(
+            f"{component_dir}: tensor {names[0]!r} is missing from the weight files ({len(names)} missing; incomplete artifact)"
+        )
 
 
 def stored_layer_schemes(
@@ -193,20 +220,13 @@ def _load_quantized(
     drop_unused_modules(model, component_dir.name, unused)
     entries = {n: e for n, e in entries.items() if not any(n.startswith(f"{m}.") for m in unused)}
     schemes = swap_quantized_linears(model, entries, qconfig, component_dir, dtype)
-    expected = set(model.state_dict(keep_vars=True))
-    for name in entries:
-        if name not in expected:
-            raise InputError(f"{entries[name].path}: tensor {name!r} has no place in {type(model).__name__}")
+    check_tensor_places(model, entries)
     for entry in sorted(entries.values(), key=lambda e: (str(e.path), e.begin)):
         assign_tensor(model, entry.name, read_entry(entry), entry, device, dtype)
     tie_weights = getattr(model, "tie_weights", None)
     if callable(tie_weights):
         tie_weights()
-    missing = sorted(n for n, t in model.state_dict(keep_vars=True).items() if t.is_meta)
-    if missing:
-        raise InputError(
-            f"{component_dir}: tensor {missing[0]!r} is missing from the weight files ({len(missing)} missing; incomplete artifact)"
-        )
+    check_complete(component_dir, (n for n, t in model.state_dict(keep_vars=True).items() if t.is_meta))
     model.to(device)  # buffers built on the host (e.g. rotary tables)
     model.ditq_quantization_config = qconfig  # type: ignore[assignment]
     counts: dict[str, int] = {}

@@ -1,0 +1,49 @@
+"""``import ditq.diffusers``: diffusers' own ``from_pretrained`` loads ditq (compressed-tensors) artifacts.
+
+    import ditq.diffusers  # noqa: F401
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained("artifacts/qwen-image-fp8", torch_dtype=torch.bfloat16)
+
+diffusers discovers no quantization backend from outside its package (no entry point, no public registration
+call): ``DiffusersAutoQuantizer`` looks ``quant_method`` up in two module-level dicts of
+``diffusers.quantizers.auto``, and ``DiffusionPipeline.from_pretrained`` looks a pipeline's ``_class_name`` up in
+the ``diffusers`` namespace alone. ``register`` is therefore a monkeypatch of diffusers' private registry, kept
+here and nowhere else; it adds, idempotently:
+
+- ``AUTO_QUANTIZATION_CONFIG_MAPPING`` and ``AUTO_QUANTIZER_MAPPING``: ``compressed-tensors`` (both spellings) ->
+  ``CompressedTensorsConfig`` and ``CompressedTensorsQuantizer`` (``ditq.runtime.diffusers_quantizer``);
+- the ``diffusers`` namespace: ditq's own pipeline class, ``DitqDemoPipeline``, which the demo model's
+  ``model_index.json`` names (``DitqDemoPipeline.from_pretrained`` needs no registration).
+
+What diffusers would need to host such a backend without this module is in docs/diffusers.md.
+"""
+
+from __future__ import annotations
+
+import diffusers
+from diffusers.quantizers import auto
+
+from ditq.demo.pipeline import DitqDemoPipeline
+from ditq.runtime.diffusers_quantizer import (
+    QUANT_METHODS,
+    CompressedTensorsConfig,
+    CompressedTensorsQuantizer,
+)
+
+__all__ = ["CompressedTensorsConfig", "CompressedTensorsQuantizer", "register"]
+
+# ditq's pipeline classes, which model_index.json files name by class alone
+PIPELINE_CLASSES: tuple[type, ...] = (DitqDemoPipeline,)
+
+
+def register() -> None:
+    """Put the compressed-tensors backend and ditq's pipeline classes where diffusers looks them up."""
+    for method in QUANT_METHODS:
+        auto.AUTO_QUANTIZATION_CONFIG_MAPPING[method] = CompressedTensorsConfig
+        auto.AUTO_QUANTIZER_MAPPING[method] = CompressedTensorsQuantizer
+    for cls in PIPELINE_CLASSES:
+        setattr(diffusers, cls.__name__, cls)
+
+
+register()
