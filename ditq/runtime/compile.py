@@ -99,7 +99,9 @@ def compile_pipeline(pipeline: Any, backend: str, component: str = "transformer"
     )
     blocks = repeated_blocks(module)
     if blocks:
-        for block in blocks:  # diffusers' compile_repeated_blocks, with slices as index tensors (_call_compiled)
+        for (
+            block
+        ) in blocks:  # diffusers' compile_repeated_blocks, with slices as index tensors (_call_compiled)
             compiled = torch.compile(block._call_impl, backend=backend, dynamic=True)  # one code: one cache
             block._compiled_call_impl = functools.partial(_call_compiled, compiled)
         kinds = sorted({type(b).__name__ for b in blocks})
