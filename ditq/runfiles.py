@@ -242,6 +242,8 @@ class CompiledFacts(BaseModel):
     module: str = "transformer"
     how: str = ""
     warmup_seconds: float | None = None  # the first call at each calibrated shape: compilation and warm-up
+    warmup_graphs: int | None = None  # graphs compiled during the warm-up
+    graphs_since_warmup: int | None = None  # graphs compiled after it: requests that paid a compilation
 
 
 class ServerHealth(BaseModel):

@@ -27,15 +27,16 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 import torch.fx.experimental._config as fx_config
+from torch._dynamo.utils import counters
 
 from ditq.errors import InputError
 
-__all__ = ["COMPILE_BACKENDS", "CompileFacts", "compile_pipeline", "repeated_blocks"]
+__all__ = ["COMPILE_BACKENDS", "CompileFacts", "compile_pipeline", "compiled_graphs", "repeated_blocks"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +56,27 @@ class CompileFacts:
     module: str  # the component compiled (``transformer``)
     how: str  # "repeated blocks (N x Class)" or "whole module"
     warmup_seconds: float | None = None  # the first call at each warmed-up shape: compilation and warm-up
+    warmup_graphs: int | None = None  # graphs dynamo compiled during the warm-up
+    # dynamo's graph count (process-wide) once warmed up: what /health's graphs_since_warmup counts from
+    graphs_at_warmup_end: int | None = field(default=None, repr=False)
+
+    def warmed_up(self, seconds: float, graphs_at_start: int) -> None:
+        """Record a finished warm-up that began when dynamo had compiled ``graphs_at_start`` graphs."""
+        self.warmup_seconds = round(seconds, 3)
+        self.graphs_at_warmup_end = compiled_graphs()
+        self.warmup_graphs = self.graphs_at_warmup_end - graphs_at_start
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        facts = asdict(self)
+        at_end = facts.pop("graphs_at_warmup_end")
+        # graphs compiled since the warm-up: a request that paid a compilation (0 is the goal)
+        facts["graphs_since_warmup"] = None if at_end is None else compiled_graphs() - at_end
+        return facts
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process."""
+    return int(counters["stats"]["unique_graphs"])
 
 
 def repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:

@@ -49,6 +49,7 @@ import torch
 from PIL import Image
 
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
+from ditq.runtime.compile import compiled_graphs
 from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory, return_free_host_memory
 from ditq.serve.metrics import resident_memory_bytes
 
@@ -440,6 +441,7 @@ def calibrate(
     compiled = getattr(adapter.pipeline, "ditq_compile", None)
     warming = 0.0  # under --compile: the first call at each shape, which compiles; not held against the limit
     warm: set[tuple[int, int, int]] = set()
+    graphs_at_start = compiled_graphs()
 
     def warm_up(shape: tuple[int, int, int]) -> None:
         nonlocal warming
@@ -485,7 +487,7 @@ def calibrate(
             break
         warm.clear()  # a new placement: compiled code may differ (streamed weights), warm every shape again
     if compiled is not None:
-        compiled.warmup_seconds = round(warming, 3)
+        compiled.warmed_up(warming, graphs_at_start)
         logger.info("compiled with %s: %d shape(s) warmed up in %.1f s", compiled.backend, len(warm), warming)
     model = CostModel(
         device=str(device),

@@ -24,6 +24,7 @@ from ditq.doctor import kernel_chooser
 from ditq.fsutil import atomic_write_bytes
 from ditq.progress import progress_bar
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
+from ditq.runtime.compile import compiled_graphs
 from ditq.runtime.loader import pipeline_summary
 from ditq.serve.startup import load_adapter
 
@@ -118,10 +119,10 @@ def generate(
     load_seconds = time.perf_counter() - start
     compiled = getattr(pipeline, "ditq_compile", None)
     if compiled is not None:  # the first call at a shape compiles: not the request's own time
-        begun = time.perf_counter()
+        begun, graphs = time.perf_counter(), compiled_graphs()
         warm_steps = min(2, request.num_inference_steps or adapter.default_steps)
         _run(adapter, dataclasses.replace(request, num_inference_steps=warm_steps, should_stop=None))
-        compiled.warmup_seconds = round(time.perf_counter() - begun, 3)
+        compiled.warmed_up(time.perf_counter() - begun, graphs)
     load_peak = int(torch.cuda.max_memory_allocated(torch_device)) if torch_device.type == "cuda" else None
     quantized, kernels = pipeline_summary(pipeline)
     total = request.num_inference_steps or adapter.default_steps

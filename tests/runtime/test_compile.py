@@ -3,6 +3,7 @@ shape it calibrates before measuring it (no measured call compiles)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -86,8 +87,18 @@ def test_a_compiled_server_warms_up_each_shape_before_measuring_it() -> None:
         calls = [graphs for called, graphs in adapter.calls if called == shape]
         assert len(calls) == 2, shape  # warmed up, then measured
         assert calls[-1] == 0, shape  # the measured call compiled nothing
-    assert sum(graphs for _, graphs in adapter.calls) > 0
+    compiled = sum(graphs for _, graphs in adapter.calls)
+    assert compiled > 0
     assert facts.warmup_seconds is not None and facts.warmup_seconds > 0
+    health = facts.to_json()  # as /health shows it
+    assert (health["warmup_graphs"], health["graphs_since_warmup"]) == (compiled, 0)
+    adapter(
+        dataclasses.replace(_request(), width=48, height=48, prompt="a size and a prompt never calibrated")
+    )
+    assert adapter.calls[-1][1] == 0 and facts.to_json()["graphs_since_warmup"] == 0  # dynamic shapes
+    torch._dynamo.reset()  # dynamo forgets its graphs: the next request compiles, and /health counts it
+    adapter(_request())
+    assert facts.to_json()["graphs_since_warmup"] == adapter.calls[-1][1] > 0
 
 
 def test_an_eager_server_measures_each_shape_once_after_one_warm_up() -> None:
