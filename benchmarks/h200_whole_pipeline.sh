@@ -27,6 +27,7 @@
 #            time it, so that the GPU tests may run beside it (TESTS_BESIDE=build) and be joined (join) first
 #   whole    the same on the whole device (no --max-memory, --offload none) for each of $WHOLE (default fp8): the
 #            s/image the budgets are held against, from the same run; bf16+compile, fp8+compile: ditq serve --compile
+#   clear    remove the artifacts the quantize stage made (ditbench writes its own; the disk holds two)
 #   prune    remove the 24 GiB sweep's artifacts other than fp8's (the disk holds the model and two artifacts, barely)
 # The run lives in $RUN (default /root/ditq-whole); results go to $OUT (default ./h200-out).
 set -o pipefail
@@ -128,6 +129,10 @@ run_stages() {
       quantize)
         for scheme in $QUANTIZE; do echo "$scheme: $(artifact_for "$scheme")"; done
         ;;
+      clear)
+        rm -rf "$RUN/artifacts" && echo "removed $RUN/artifacts"  # room for ditbench's own artifacts
+        df -h "$RUN" | tail -1
+        ;;
       prune)
         for dir in "$RUN"/sweep-24gib/*/artifact; do
           case "$dir" in */fp8/artifact) ;; *) rm -rf "$dir" && echo "removed $dir" ;; esac
@@ -171,11 +176,11 @@ gpu_tests() {
 # +kv-int8 (--kv-cache int8) and +compile (--compile); what a user runs by hand: ditq serve under the budget with
 # --offload auto, then ditq probe against it.
 serve_probe() {
-  local entry=$1 budget=$2 scheme=${1%%+*} extra=() model dir port=8941 option
+  local entry=$1 budget=$2 scheme=${1%%+*} extra=() model dir port=8941 option logs=
   for option in $(echo "${entry#"$scheme"}" | tr '+' ' '); do
     case "$option" in
       kv-*) extra+=(--kv-cache "${option#kv-}") ;;
-      compile) extra+=(--compile) ;;
+      compile) extra+=(--compile); logs=recompiles ;;
       *) echo "unknown option $option in $entry"; return ;;
     esac
   done
@@ -185,7 +190,7 @@ serve_probe() {
   rm -rf "$dir" && mkdir -p "$dir"
   local placing=(--max-memory "$budget" --offload auto)
   [ "$budget" = whole ] && placing=(--offload none)
-  python3 -m ditq.cli serve "$model" --device cuda:0 "${placing[@]}" --port $port \
+  TORCH_LOGS=$logs python3 -m ditq.cli serve "$model" --device cuda:0 "${placing[@]}" --port $port \
     --on-collapse warn "${extra[@]}" >"$dir/serve.log" 2>&1 &
   local pid=$!
   if python3 -c "import sys; from ditq.sweep.health import wait_healthy; r = wait_healthy('http://127.0.0.1:$port', 600); \
@@ -195,6 +200,7 @@ serve_probe() {
       --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" --out "$dir/run" --seeds "$SEEDS" \
       --steps "$STEPS" --server-pid $pid --no-progress >"$dir/probe.log" 2>&1
     echo "$entry at $budget: probe exit $?"
+    curl -s "http://127.0.0.1:$port/health" >"$dir/health_after.json"  # graphs compiled while serving, say
   else
     echo "$entry at $budget: the server never became healthy"
   fi
