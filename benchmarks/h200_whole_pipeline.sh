@@ -12,7 +12,8 @@
 #   tiny     the chain on the GPU at the tiny preset: ditq sweep --schemes fp8 --offload auto --max-memory 4GiB
 #   doctor   ditq doctor on every Linear geometry of the full-size transformer and text encoder
 #   ditbench benchmarks/dit_bench.py: the full-size DiT's denoising loop, BF16 / ditq (fused and unfused) / torchao,
-#            eager and compiled, in one process under a wall-clock budget (DITBENCH_BUDGET_S)
+#            eager and compiled, in one process under a wall-clock budget (DITBENCH_BUDGET_S; DITBENCH_ARGS: more
+#            options, --variants say)
 #   build    the full-size pipeline with random weights (tools/full_size_pipeline.py)
 #   sweep24  ditq sweep --schemes $SCHEMES --max-memory 24GiB --offload auto (quantize auto: transformer and text
 #            encoder), 0-4 references at 1024x1024
@@ -100,8 +101,9 @@ run_stages() {
           --exclude='sweep-24gib/report/grids' --exclude='sweep-24gib/report/report.html' sweep-24gib sweep-24gib.log
         ;;
       ditbench)
+        # shellcheck disable=SC2086
         timeout "${DITBENCH_S:-600}" python3 benchmarks/dit_bench.py --out "$RUN/dit_bench.json" \
-          --budget-s "${DITBENCH_BUDGET_S:-420}" --loop-steps 9 >"$RUN/dit_bench.log" 2>&1
+          --budget-s "${DITBENCH_BUDGET_S:-420}" --loop-steps 9 $DITBENCH_ARGS >"$RUN/dit_bench.log" 2>&1
         echo "exit $?"
         tail -40 "$RUN/dit_bench.log"
         ;;
@@ -212,7 +214,7 @@ serve_probe() {
 }
 
 COLLECT="run.log gpu_tests.log dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
-EXPORTS="TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+EXPORTS="DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"
