@@ -103,6 +103,8 @@ def banding_score(array: np.ndarray) -> float:
 def structure_metrics(array: np.ndarray) -> dict[str, Any]:
     """The structure numbers of one image; keys are names in ``METRICS``."""
     array = _channels(array)
+    if array.dtype == np.uint8:
+        return _structure_metrics_uint8(array)
     values = array.astype(np.float64)
     non_finite = bool(not np.isfinite(values).all())
     values = np.nan_to_num(values, nan=0.0, posinf=255.0, neginf=0.0)
@@ -127,6 +129,51 @@ def structure_metrics(array: np.ndarray) -> dict[str, Any]:
         "non_finite": non_finite,
         "flat": all(s < _FLAT_STD for s in rgb_std),
     }
+
+
+def _structure_metrics_uint8(array: np.ndarray) -> dict[str, Any]:
+    """``structure_metrics`` of an 8-bit image in integer arithmetic: the same numbers (sums and sums of squares are
+    exact), about three times faster than through float64 copies; a served 1024x1024 image is checked for collapse
+    before it is returned, so this is on every request's path."""
+    n = array.shape[0] * array.shape[1]
+    n_colour = min(3, array.shape[2])
+    rgb = array[..., :n_colour]
+    if array.shape[2] == 4:
+        alpha = array[..., 3]
+        opaque = int(np.count_nonzero(alpha == 255)) / n
+        translucent = (n - opaque * n - int(np.count_nonzero(alpha == 0))) / n
+        alpha_mean = int(alpha.sum(dtype=np.int64)) / n
+    else:
+        opaque, translucent, alpha_mean = 1.0, 0.0, 255.0
+    rgb_std = []
+    for i in range(n_colour):
+        channel = rgb[..., i]
+        total, squares = int(channel.sum(dtype=np.int64)), int(np.square(channel, dtype=np.int64).sum())
+        rgb_std.append(math.sqrt(max(0, n * squares - total * total)) / n)  # exact up to the square root
+    clipped = int(np.count_nonzero((rgb == 0) | (rgb == 255))) / rgb.size
+    return {
+        "opaque_fraction": round(opaque, 4),
+        "translucent_fraction": round(translucent, 4),
+        "alpha_mean": round(alpha_mean, 1),
+        "rgb_std": [round(s, 1) for s in rgb_std],
+        "rgb_std_mean": round(sum(rgb_std) / len(rgb_std), 2),
+        "banding_score": round(_banding_score_uint8(rgb), 4),
+        "clipped_fraction": round(clipped, 4),
+        "non_finite": False,
+        "flat": all(s < _FLAT_STD for s in rgb_std),
+    }
+
+
+def _banding_score_uint8(rgb: np.ndarray) -> float:
+    """``banding_score`` over the channel sum (3x the mean: the ratio is the same) in integers."""
+    if rgb.shape[0] < 2 or rgb.shape[1] < 2:
+        return 0.0
+    luma = rgb.sum(axis=2, dtype=np.int32)
+    rows, columns = luma.shape
+    vertical = int(np.abs(np.diff(luma, axis=0)).sum(dtype=np.int64)) / ((rows - 1) * columns)
+    horizontal = int(np.abs(np.diff(luma, axis=1)).sum(dtype=np.int64)) / (rows * (columns - 1))
+    total = vertical + horizontal
+    return 0.0 if total == 0.0 else (vertical - horizontal) / total
 
 
 def structure_metrics_png(data: bytes) -> dict[str, Any]:

@@ -66,3 +66,27 @@ def test_every_metric_declares_its_direction() -> None:
     assert METRICS["banding_score"].higher_is_better is False
     assert METRICS["lpips"].higher_is_better is False
     assert not math.isnan(banding_score(np.zeros((1, 5, 3))))
+
+
+def _images() -> list[np.ndarray]:
+    rng = np.random.default_rng(5)
+    masked = rng.integers(0, 256, (40, 40, 4), dtype=np.uint8)
+    masked[..., 3] = rng.choice(np.array([0, 128, 255], dtype=np.uint8), (40, 40))
+    ramp = np.linspace(0, 255, 96)
+    return [
+        rng.integers(0, 256, (64, 48, 4), dtype=np.uint8),
+        rng.integers(0, 256, (64, 48, 3), dtype=np.uint8),
+        rng.integers(250, 256, (33, 17, 1), dtype=np.uint8),
+        np.full((8, 8, 3), 7, dtype=np.uint8),
+        np.zeros((1, 5, 3), dtype=np.uint8),
+        masked,
+        np.stack([np.add.outer(ramp, ramp) / 2] * 3, axis=-1).astype(np.uint8),
+        np.repeat(rng.integers(0, 256, (32, 1, 3), dtype=np.uint8), 32, axis=1),  # horizontal stripes
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_images())))
+def test_an_8_bit_image_gets_the_numbers_of_its_float_copy(index: int) -> None:
+    """8-bit images (every served and probed one) take an integer path; its numbers are the float64 path's."""
+    image = _images()[index]
+    assert structure_metrics(image) == structure_metrics(image.astype(np.float64))
