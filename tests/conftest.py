@@ -17,6 +17,7 @@ import pytest
 from tiny_models import make_model_dir, plan_file
 
 import ditq
+from ditq.demo import build_tiny_pipeline
 from ditq.plan import write_plan
 
 
@@ -58,6 +59,16 @@ def mixed_artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     out = folder / "artifact"
     ditq.quantize(source, out, plan=plan)
     return source, out, plan
+
+
+@pytest.fixture(scope="session")
+def demo_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny demo pipeline (a miniature Qwen-Image-2.1) saved as ``source`` and quantized to ``w8a8``. Shared:
+    copy it before changing it."""
+    root = tmp_path_factory.mktemp("demo")
+    build_tiny_pipeline(seed=0).save_pretrained(str(root / "source"))
+    ditq.quantize(root / "source", root / "w8a8", "w8a8")
+    return {"source": root / "source", "w8a8": root / "w8a8"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -48,6 +48,7 @@ __all__ = [
     "QWENIMAGE21_CP_PLAN",
     "ContextParallelAttnProcessor",
     "block_causal_mask",
+    "decode_mask",
     "enable_context_parallel",
     "gather_tokens",
     "shard_bounds",
@@ -147,7 +148,7 @@ class ContextParallelAttnProcessor(QwenImage21AttnProcessor):
             assert layer_cache is not None
             cached_key, cached_value = layer_cache.get()  # this rank's share of the prefix
             key, value = torch.cat([cached_key, key], dim=1), torch.cat([cached_value, value], dim=1)
-            mask = None if attention_mask is None else _decode_mask(attention_mask, length, world)
+            mask = None if attention_mask is None else decode_mask(attention_mask, length, world)
         else:
             prefix_len = segments[-1][1] if segments else 0
             if kv_cache_mode == "extract" and layer_cache is not None and cache_write_slice is not None:
@@ -166,7 +167,7 @@ class ContextParallelAttnProcessor(QwenImage21AttnProcessor):
         return attn.to_out[1](hidden)
 
 
-def _decode_mask(attention_mask: torch.Tensor, target_len: int, world: int) -> torch.Tensor:
+def decode_mask(attention_mask: torch.Tensor, target_len: int, world: int) -> torch.Tensor:
     """The decode's padding mask (B, 1, 1, prefix + target) in the order Ulysses gathers the keys: rank by rank, its
     prefix share (cut from the prefill's joint sequence, where the prefix leads) then its target share."""
     prefix_len = attention_mask.shape[-1] - target_len

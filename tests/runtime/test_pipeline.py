@@ -15,7 +15,6 @@ import torch
 
 import ditq
 from ditq.cli import main
-from ditq.demo import build_tiny_pipeline
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.loader import load_pipeline
 from ditq.runtime.modules import quantized_linears
@@ -23,14 +22,6 @@ from runtime.artifacts import write_random_artifact
 
 # Peak resident memory added while loading a pipeline under model offload, over the artifact's bytes.
 HOST_LOAD_BOUND = 1.2
-
-
-@pytest.fixture(scope="module")
-def demo_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("demo")
-    build_tiny_pipeline(seed=0).save_pretrained(str(root / "source"))
-    ditq.quantize(root / "source", root / "w8a8", "w8a8")
-    return {"source": root / "source", "w8a8": root / "w8a8"}
 
 
 def _pixels(pipeline: object, seed: int = 0) -> np.ndarray:
