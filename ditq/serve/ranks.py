@@ -152,10 +152,10 @@ def follow(settings: RankSettings, rank: int, rendezvous: str, pipe: Any) -> Non
         if request is None:
             break
         try:
-            adapter(dataclasses.replace(request, should_stop=lambda: _agree_to_stop(control, None)))
-            pipe.send(("done", _peak_memory_bytes(settings.devices[rank])))
+            result = adapter(dataclasses.replace(request, should_stop=lambda: _agree_to_stop(control, None)))
+            pipe.send(("done", (result.peak_memory_bytes, _peak_memory_bytes(settings.devices[rank]))))
         except GenerationCancelled:
-            pipe.send(("stopped", _peak_memory_bytes(settings.devices[rank])))
+            pipe.send(("stopped", (None, _peak_memory_bytes(settings.devices[rank]))))
         except Exception as error:
             logger.exception("generation failed")
             pipe.send(("failed", _first_line(error)))
@@ -169,7 +169,7 @@ class _Follower:
     process: Any  # torch.multiprocessing's SpawnProcess
     pipe: Any  # rank 0's end
     device: str
-    peak_memory_bytes: int | None = None
+    peak_memory_bytes: int | None = None  # of its process so far
     kernel_paths: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
@@ -244,14 +244,18 @@ class RankGroup:
             except OSError as error:
                 raise self.lose(f"rank {follower.rank} cannot be reached ({error})") from None
 
-    def settle(self, expected: str) -> None:
-        """Every follower's answer to the generation just run by rank 0, which ended ``expected`` (done, stopped)."""
+    def settle(self, expected: str) -> list[int | None]:
+        """Every follower's answer to the generation just run by rank 0, which ended ``expected`` (done, stopped):
+        their peaks for it, by rank (None on the CPU)."""
         self.peak_memory_bytes = _peak_memory_bytes(self.settings.devices[0])
+        peaks: list[int | None] = []
         for follower in self.followers:
             kind, detail = self._receive(follower, COLLECTIVE_TIMEOUT_S)
             if kind != expected:  # failed, lost, or out of step with rank 0
                 raise self.lose(f"rank {follower.rank} {kind} where rank 0 {expected}: {detail}")
-            follower.peak_memory_bytes = detail
+            request_peak, follower.peak_memory_bytes = detail
+            peaks.append(request_peak)
+        return peaks
 
     def lose(self, reason: str) -> RankLost:
         """Mark the group lost (the first reason stays), stop the followers; returns the error to raise."""
@@ -356,5 +360,5 @@ class RankedAdapter(PipelineAdapter):
             raise
         except Exception as error:
             raise self.ranks.lose(f"rank 0's generation failed ({_first_line(error)})") from error
-        self.ranks.settle("done")
-        return result
+        peaks = self.ranks.settle("done")
+        return dataclasses.replace(result, rank_peak_memory_bytes=[result.peak_memory_bytes, *peaks])

@@ -112,6 +112,7 @@ def test_a_parallel_server_serves_w8a8_then_answers_503_once_a_rank_dies_mid_req
             served = client.post("/v1/images/edits", data={**FIELDS, "model": "tiny"}, files=files)
             assert served.status_code == 200, served.text
             assert np.abs(_image(served) - expected).max() <= 1
+            assert served.json()["metrics"]["rank_peak_memory_mb"] == [None, None]  # per rank; CUDA only
             parallel = health["parallel"]
             assert (parallel["mode"], parallel["degree"], parallel["backend"]) == ("cp", 2, "gloo")
             assert parallel["devices"] == ["cpu", "cpu"] and health["quantized"]["transformer"]["w8a8"] > 0
