@@ -130,11 +130,9 @@ def follow(settings: RankSettings, rank: int, rendezvous: str, pipe: Any) -> Non
     """A follower's life (the child process's target): load, say ready, run what rank 0 sends until told to stop.
     A failure is sent to rank 0 and ends the process: its group cannot go on without it in step."""
     logging.basicConfig(level=settings.log_level, format=f"%(levelname)s rank {rank} %(name)s: %(message)s")
-    for stop_signal in (
-        signal.SIGINT,
-        signal.SIGTERM,
-    ):  # a Ctrl-C reaches the whole process group: rank 0 drains
-        signal.signal(stop_signal, signal.SIG_IGN)  # first, then ends this process by closing its pipe
+    # A Ctrl-C or SIGTERM reaches the whole process group: rank 0 drains first, then ends this process (its pipe).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         adapter, control = _load_rank(settings, rank, rendezvous, kernel_chooser(settings.skip_doctor))
     except Exception as error:
@@ -143,7 +141,7 @@ def follow(settings: RankSettings, rank: int, rendezvous: str, pipe: Any) -> Non
         raise SystemExit(1) from None
     from ditq.runtime.loader import pipeline_summary
 
-    pipe.send(("ready", {"pid": os.getpid(), "kernel_paths": pipeline_summary(adapter.pipeline)[1]}))
+    pipe.send(("ready", {"kernel_paths": pipeline_summary(adapter.pipeline)[1]}))
     while True:
         try:
             request = pipe.recv()
@@ -184,13 +182,18 @@ class RankGroup:
         self.followers: list[_Follower] = []
         self.lost: str | None = None  # why the group cannot serve any more; None while it can
         self.peak_memory_bytes: int | None = None  # rank 0's
-        self._folder = Path(tempfile.mkdtemp(prefix="ditq-ranks-"))
-        self._rendezvous = f"file://{self._folder / 'rendezvous'}"
+        self._folder: Path | None = None  # the rendezvous file's, from launch on
         self._closing = False
         self._lock = threading.Lock()
         self._watchdog = threading.Thread(target=self._watch, name="rank-watchdog", daemon=True)
 
+    @property
+    def _rendezvous(self) -> str:
+        assert self._folder is not None, "launch() first"
+        return f"file://{self._folder / 'rendezvous'}"
+
     def launch(self) -> None:
+        self._folder = Path(tempfile.mkdtemp(prefix="ditq-ranks-"))
         context = torch_mp.get_context("spawn")
         for rank in range(1, self.settings.spec.degree):
             mine, theirs = context.Pipe()
@@ -298,7 +301,8 @@ class RankGroup:
                 follower.process.join(timeout_s)
         if dist.is_initialized():
             dist.destroy_process_group()
-        shutil.rmtree(self._folder, ignore_errors=True)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     def to_json(self) -> dict[str, Any]:
         """/health's ``parallel``: the mode and degree, the backend, and each rank's device, process and peak."""
