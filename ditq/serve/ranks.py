@@ -274,7 +274,7 @@ class RankGroup:
             )
             for follower in self.followers:
                 if follower.process.is_alive():
-                    follower.process.terminate()
+                    follower.process.kill()  # SIGKILL: a follower ignores SIGTERM (see follow)
         return RankLost(self.lost or reason)
 
     def _watch(self) -> None:
@@ -297,9 +297,11 @@ class RankGroup:
         for follower in self.followers:
             follower.process.join(timeout_s)
             if follower.process.is_alive():
-                follower.process.terminate()
+                follower.process.kill()  # SIGKILL: a follower ignores SIGTERM (see follow)
                 follower.process.join(timeout_s)
-        if dist.is_initialized():
+        # A lost NCCL group may still hold rank 0's worker in a collective, and destroying it under that thread can
+        # wait for the collective's timeout; the process is ending anyway. Gloo's collectives fail at once.
+        if dist.is_initialized() and (self.lost is None or self.settings.backend == "gloo"):
             dist.destroy_process_group()
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)

@@ -299,7 +299,7 @@ def _exit_during_startup(state: ServerState, ranks: RankGroup | None) -> NoRetur
     )
     if ranks is not None:
         for follower in ranks.followers:
-            follower.process.terminate()
+            follower.process.kill()  # SIGKILL: a follower ignores SIGTERM (see follow)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

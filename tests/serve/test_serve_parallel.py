@@ -60,6 +60,10 @@ def test_two_ranks_draw_what_one_process_draws_and_stop_at_the_same_step(demo_di
     try:
         expected = _one_process(demo_dirs["source"])  # while the follower loads
         adapter = group.join(chooser=None)
+        tokens: list[tuple[int, int]] = []  # (this rank's, the whole sequence's) at the output projection
+        adapter.pipeline.transformer.proj_out.register_forward_hook(
+            lambda _module, args, output: tokens.append((args[0].shape[1], output.shape[1]))
+        )
         drawn = _pixels(adapter(_request()).images[0])
         steps: list[int] = []
 
@@ -74,6 +78,7 @@ def test_two_ranks_draw_what_one_process_draws_and_stop_at_the_same_step(demo_di
         facts = group.to_json()
     finally:
         group.close()
+    assert tokens and all(whole // 2 <= mine < whole for mine, whole in tokens), tokens  # each rank held a half
     assert np.abs(drawn - expected).max() <= 1, "context parallel drew another image than one process"
     assert np.array_equal(again, drawn)
     assert facts["lost"] is None
