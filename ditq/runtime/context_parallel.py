@@ -95,9 +95,11 @@ class ContextParallelAttnProcessor(QwenImage21AttnProcessor):
     """``QwenImage21AttnProcessor`` on this rank's tokens, through diffusers' Ulysses attention.
 
     One instance serves every attention module of the transformer, so the prefill mask is built once per forward (the
-    model hands every block the same ``segments`` list)."""
+    model hands every block the same ``segments`` list) and let go after it (``forget``, a hook on the transformer):
+    at 1024x1024 with four references it is about 20 000^2 booleans."""
 
-    _attention_backend = AttentionBackendName.NATIVE  # type: ignore[assignment]  # SDPA takes the dense mask; flash paths take none
+    # SDPA takes the dense mask, flash paths none
+    _attention_backend = AttentionBackendName.NATIVE  # type: ignore[assignment]
     _parallel_config = None  # set by ``enable_parallelism``
 
     def __init__(self) -> None:
@@ -122,6 +124,9 @@ class ContextParallelAttnProcessor(QwenImage21AttnProcessor):
         assert self._mask is not None
         return self._mask
 
+    def forget(self, *_hook_args: Any) -> None:
+        self._mask_key, self._mask = None, None
+
     def __call__(
         self,
         attn: QwenImage21Attention,
@@ -136,9 +141,8 @@ class ContextParallelAttnProcessor(QwenImage21AttnProcessor):
     ) -> torch.Tensor:
         assert rotary_emb is not None, "Qwen-Image-2.1 always hands its blocks the rotary table"
         rank, world = self._rank()
-        length = rotary_emb.shape[
-            0
-        ]  # the whole sequence of this call: prefill's joint one, or decode's target
+        # the whole sequence of this call: the prefill's joint one, or the decode's target
+        length = rotary_emb.shape[0]
         start, end = shard_bounds(length, world)[rank]
         attn = fused_attention_view(attn, hidden_states)
         query, key, value, _ = _qwenimage21_prepare_qkv(
@@ -211,6 +215,7 @@ def enable_context_parallel(transformer: torch.nn.Module, degree: int) -> None:
         transformer.enable_parallelism(config=config, cp_plan=QWENIMAGE21_CP_PLAN)  # type: ignore[operator]
     group = config._flattened_mesh.get_group()
     transformer.proj_out.register_forward_hook(gather_tokens(group))  # type: ignore[union-attr]
+    transformer.register_forward_hook(processor.forget)
 
 
 @contextmanager
