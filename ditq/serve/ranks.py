@@ -32,6 +32,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -53,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 COLLECTIVE_TIMEOUT_S = 120.0  # the longest any rank waits in one collective (joining the group included)
 _STOP_REASONS = ("client_gone", "timeout", "draining", "out_of_memory")
+_EXIT_SEEN_S = 1.0  # how long a follower whose sockets closed may take to be seen exited
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,6 +279,18 @@ class RankGroup:
                     follower.process.kill()  # SIGKILL: a follower ignores SIGTERM (see follow)
         return RankLost(self.lost or reason)
 
+    def blame(self, error: BaseException) -> str:
+        """Why rank 0's generation failed with ``error``: a follower that exited (the collective rank 0 waited in
+        broke because of it; the kernel closes its sockets a moment before its exit can be seen), else rank 0."""
+        deadline = time.monotonic() + _EXIT_SEEN_S
+        while True:
+            for follower in self.followers:
+                if not follower.process.is_alive():
+                    return f"rank {follower.rank} (pid {follower.process.pid}) {_ended(follower.process.exitcode)}"
+            if time.monotonic() > deadline:
+                return f"rank 0's generation failed ({_first_line(error)})"
+            time.sleep(0.05)
+
     def _watch(self) -> None:
         alive = {follower.process.sentinel: follower for follower in self.followers}
         while alive and not self._closing:
@@ -365,6 +379,6 @@ class RankedAdapter(PipelineAdapter):
             self.ranks.settle("stopped")
             raise
         except Exception as error:
-            raise self.ranks.lose(f"rank 0's generation failed ({_first_line(error)})") from error
+            raise self.ranks.lose(self.ranks.blame(error)) from error
         peaks = self.ranks.settle("done")
         return dataclasses.replace(result, rank_peak_memory_bytes=[result.peak_memory_bytes, *peaks])
