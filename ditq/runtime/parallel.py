@@ -25,6 +25,7 @@ import torch
 
 from ditq.checkpoint.layout import component_class, load_component_config, read_model_index
 from ditq.errors import InputError
+from ditq.runtime.classes import import_class
 
 __all__ = [
     "PARALLEL_MODES",
@@ -82,7 +83,7 @@ def check_parallel(model_dir: Path, spec: ParallelSpec, device: torch.device) ->
     index = read_model_index(model_dir)
     if "transformer" not in index:
         raise InputError(f"--parallel {spec}: {model_dir} has no transformer to make parallel")
-    class_name = component_class(index, "transformer")[1]
+    library, class_name = component_class(index, "transformer")
     if spec.mode == "cp" and class_name not in PARALLEL_MODES["cp"]:
         raise InputError(
             f"--parallel {spec}: ditq has a context-parallel plan for {', '.join(PARALLEL_MODES['cp'])} only, "
@@ -98,6 +99,11 @@ def check_parallel(model_dir: Path, spec: ParallelSpec, device: torch.device) ->
             raise InputError(
                 f"--parallel {spec}: diffusers' tensor parallelism runs on CUDA only, not on {device.type}"
             )
+        if (
+            getattr(import_class(library, class_name, f"{model_dir}/model_index.json"), "_tp_plan", None)
+            is None
+        ):
+            raise InputError(f"--parallel {spec}: diffusers has no tensor-parallel plan for {class_name}")
         if is_quantized_component(model_dir, "transformer") is not None:
             raise InputError(
                 f"--parallel {spec}: diffusers' tensor parallelism shards nn.Linear weights, and the transformer's "
