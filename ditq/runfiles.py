@@ -72,10 +72,12 @@ __all__ = [
     "MemoryCapFacts",
     "MemoryDescription",
     "MemorySource",
+    "ParallelFacts",
     "ParityDecision",
     "ParityResult",
     "PlacementFacts",
     "ProbeRecord",
+    "RankFacts",
     "RunCounts",
     "RunDescription",
     "RunFile",
@@ -169,6 +171,7 @@ class ProbeRecord(_File):
     size: str  # "WxH"
     endpoint: str | None  # a server's base URL, "in-process"; None: the seed's record
     offload: str | None = None  # the server's offload mode where its /health said (absent before 372e5b4)
+    parallel: str | None = None  # the server's --parallel (cp=2) where its /health said; None: one device
     invocation: int | None = None  # the run's invocation (server start) that sent it (absent before 372e5b4)
     t_start: Measured | None  # unix seconds; None: the seed's record
     t_end: Measured | None
@@ -246,6 +249,37 @@ class CompiledFacts(BaseModel):
     graphs_since_warmup: int | None = None  # graphs compiled after it: requests that paid a compilation
 
 
+class RankFacts(BaseModel):
+    """One rank of a parallel server as /health shows it (``ditq.serve.ranks.RankGroup.to_json``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    rank: int
+    device: str
+    pid: int | None = None
+    alive: bool = True
+    peak_memory_bytes: int | None = (
+        None  # of its process so far: the CUDA allocator's, or resident on the CPU
+    )
+
+
+class ParallelFacts(BaseModel):
+    """``--parallel`` as /health shows it: the mode and degree, the backend, every rank's device and peak."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    mode: str  # cp | tp
+    degree: int
+    backend: str | None = None  # nccl | gloo
+    devices: list[str] = []
+    ranks: list[RankFacts] = []
+    lost: str | None = None  # why the ranks serve no more (the server is degraded)
+
+    @property
+    def label(self) -> str:
+        return f"{self.mode}={self.degree}"
+
+
 class ServerHealth(BaseModel):
     """What ditq serve says on GET /health once ready. Fields it may add later are ignored, not refused: the
     server describes itself, and a report of older runs must still read."""
@@ -275,6 +309,7 @@ class ServerHealth(BaseModel):
     kv_cache: str | None = None  # serve --kv-cache: the prefix KV cache's precision; None: the model's own
     calibration_seconds: float | None = None  # measuring the cost model at start-up
     compile: CompiledFacts | None = None  # serve --compile; None: eager
+    parallel: ParallelFacts | None = None  # serve --parallel; None: one device
 
     @property
     def cuda_index(self) -> int | None:

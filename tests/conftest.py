@@ -17,6 +17,7 @@ import pytest
 from tiny_models import make_model_dir, plan_file
 
 import ditq
+from ditq.demo import build_tiny_pipeline
 from ditq.plan import write_plan
 
 
@@ -64,7 +65,6 @@ def mixed_artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
 def demo_artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny demo pipeline (seed 0, float32) as ``source`` and quantized with each scheme (``w8a8``, ``w8a16``,
     ``fp8``: one artifact each). Shared: copy one before changing it."""
-    from ditq.demo import build_tiny_pipeline
 
     root = tmp_path_factory.mktemp("demo-artifacts")
     build_tiny_pipeline(seed=0).save_pretrained(str(root / "source"))

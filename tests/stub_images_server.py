@@ -40,6 +40,7 @@ class StubState:
     hold: threading.Event | None = None  # when given, every request waits until it is set
     requests: list[dict[str, Any]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)  # every path asked for, /health and unknown ones included
+    health: dict[str, Any] | None = None  # GET /health's body, as ditq serve would say it (None: 404)
 
 
 def healthy_image(seed: int, width: int, height: int, salt: int = 0) -> Image.Image:
@@ -111,6 +112,12 @@ def make_app(state: StubState) -> FastAPI:
                 "metrics": {"peak_memory_mb": 1000.0 + n_images},
             }
         )
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state.health is None:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return JSONResponse(state.health)
 
     @app.post("/v1/images/generations")
     async def generations(request: Request) -> JSONResponse:

@@ -15,6 +15,7 @@ from ditq.commands import (
 )
 from ditq.devices import add_device_arguments
 from ditq.errors import InputError
+from ditq.runtime.parallel import parse_parallel
 from ditq.serve import ServeConfig, serve
 from ditq.serve.access import default_allowed_hosts
 from ditq.serve.config import api_key_problem
@@ -83,6 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_attention_argument(parser)
     add_kv_cache_argument(parser)
     add_compile_argument(parser)
+    parser.add_argument(
+        "--parallel",
+        metavar="cp=N|tp=N",
+        help="serve over N devices, one process each, through diffusers' parallelism: cp (context parallel: each "
+        "rank takes a share of the tokens) or tp (tensor parallel: a share of each weight; CUDA, source precision)",
+    )
     parser.add_argument(
         "--max-queue",
         type=int,
@@ -162,6 +169,7 @@ def api_key(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    parallel = None if args.parallel is None else parse_parallel(args.parallel)
     model = None if args.path is None else resolve_model(args.path, args.variant)
     origin = None if model is None else hub_origin(model)
     name = args.served_model_name or (
@@ -202,5 +210,6 @@ def run(args: argparse.Namespace) -> int:
         compile=compile_backend(args),
         limits=limits,
         drain_timeout_s=args.drain_timeout,
+        parallel=parallel,
     )
     return 0

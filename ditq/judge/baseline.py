@@ -92,6 +92,7 @@ class AdapterExecutor:
         self.steps = steps
         self.true_cfg_scale = true_cfg_scale
         self.offload: str | None = offload
+        self.parallel: str | None = None  # one process, one device
 
     def __call__(self, fixture: Fixture, seed: int) -> Reply:
         from PIL import Image

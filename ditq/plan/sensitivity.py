@@ -161,6 +161,7 @@ class _RecordingExecutor:
     def __init__(self, inner: AdapterExecutor, bench: Workbench) -> None:
         self.inner, self.bench = inner, bench
         self.offload = inner.offload
+        self.parallel = inner.parallel
 
     def __call__(self, fixture: Fixture, seed: int) -> Reply:
         recording = seed in self.bench.proxy_seeds

@@ -110,6 +110,9 @@ class Executor(Protocol):
     @property
     def offload(self) -> str | None: ...  # the serving side's offload mode, where known
 
+    @property
+    def parallel(self) -> str | None: ...  # the serving side's --parallel (cp=2); None: one device
+
     def __call__(self, fixture: Fixture, seed: int) -> Reply: ...
 
 
@@ -205,6 +208,7 @@ class HttpExecutor:
         self.options = options
         facts = server.facts
         self.offload = None if facts is None else facts.offload
+        self.parallel = None if facts is None or facts.parallel is None else facts.parallel.label
         headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else None
         self.client = httpx.Client(
             timeout=httpx.Timeout(options.timeout_s, connect=min(30.0, options.timeout_s)), headers=headers
@@ -395,6 +399,7 @@ class _Matrix:
             size=fixture.size,
             endpoint=executor.endpoint,
             offload=executor.offload,
+            parallel=executor.parallel,
             invocation=self.invocations[-1].index,
             t_start=t_start,
             t_end=t_end,

@@ -77,6 +77,7 @@ def _reference_profile(row: CapacityRow) -> ReferenceProfile:
         served=row.served,
         out_of_memory=row.out_of_memory,
         offload=",".join(row.offload) or None,
+        parallel=",".join(row.parallel) or None,
         seconds_per_image=row.wall_mean_s,
         seconds_median=row.wall_median_s,
         seconds_min=row.wall_min_s,

@@ -17,9 +17,11 @@ __all__ = [
     "CapacityRow",
     "FidelitySummary",
     "capacity_matrix",
+    "devices_used",
     "fidelity_by_fixture",
     "max_references_served",
     "served_offloads",
+    "served_parallel",
     "timed_walls",
 ]
 
@@ -33,6 +35,9 @@ class CapacityRow:
     out_of_memory: int
     failed: int  # other failures (timeouts, 5xx, refused connections)
     offload: tuple[str, ...]  # the offload modes its served requests were served at (empty: not known)
+    parallel: tuple[
+        str, ...
+    ]  # the --parallel settings (cp=2) its served requests were served at (empty: one device)
     wall_mean_s: float | None  # over warm served requests (see timed_walls)
     wall_median_s: float | None
     wall_min_s: float | None
@@ -92,6 +97,16 @@ def served_offloads(records: list[Record]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(r.offload for r in ordered if r.offload))
 
 
+def served_parallel(records: list[Record]) -> tuple[str, ...]:
+    """The --parallel settings (cp=2) the served ``records`` were served at, in the order first used."""
+    return tuple(dict.fromkeys(r.parallel for r in records if r.ok and r.parallel))
+
+
+def devices_used(records: list[Record]) -> int:
+    """The most devices any served request of ``records`` was generated on (one without --parallel)."""
+    return max((r.devices for r in records if r.ok), default=1)
+
+
 def _row(
     n_references: int, records: list[Record], gate: list[GateRow] | None, fidelity: list[FidelityRow] | None
 ) -> CapacityRow:
@@ -114,6 +129,7 @@ def _row(
         out_of_memory=oom,
         failed=len(records) - len(served) - oom,
         offload=served_offloads(records),
+        parallel=served_parallel(records),
         wall_mean_s=_mean(walls),
         wall_median_s=_median(walls),
         wall_min_s=min(walls) if walls else None,

@@ -87,6 +87,7 @@ class Record:
     out_of_memory: bool  # the server said the request ran out of accelerator memory
     size: str | None = None  # "WxH"
     offload: str | None = None  # the serving server's offload mode (none | model | block), where it said
+    parallel: str | None = None  # the serving server's --parallel (cp=2), where it said; None: one device
     invocation: int | None = None  # which probe invocation (server start) of the run sent it
     endpoint: str | None = None  # the server it went to (an invocation may drain through several)
     t_start: float | None = None  # unix seconds
@@ -106,6 +107,11 @@ class Record:
     @property
     def ok(self) -> bool:
         return self.success
+
+    @property
+    def devices(self) -> int:
+        """The devices the server generated on: its --parallel degree (cp=2 -> 2), else one."""
+        return int(self.parallel.split("=")[1]) if self.parallel else 1
 
     @property
     def shape(self) -> tuple[int, str | None]:
@@ -315,6 +321,7 @@ def _record_from(raw: ProbeRecord) -> Record:
         out_of_memory=is_out_of_memory(raw),
         size=raw.size,
         offload=raw.offload,
+        parallel=raw.parallel,
         invocation=raw.invocation,
         endpoint=raw.endpoint,
         t_start=raw.t_start,

@@ -6,7 +6,9 @@ the intervals behind it.
   the headline's. An UNDECIDED answer that more seeds can decide carries the command that adds them.
 - **faster**: per reference count both served, the ratio of mean warm wall times (candidate / baseline) with
   its interval: faster when it lies below 1 - tolerance, slower above 1 + tolerance, the same within both.
-  YES when faster at every count; NO when slower or the same at one; UNDECIDED otherwise.
+  YES when faster at every count; NO when slower or the same at one; UNDECIDED otherwise. Like is compared with
+  like: where the two were served on different numbers of devices (``--parallel``), each wall time is multiplied by
+  its server's devices first, so the ratio is of device-seconds per image (per-device throughput), and says so.
 - **smaller**: the quantized components' weight bytes against the source's, and the run's peak memory against
   the baseline's; both measured once, so no interval. YES when the weights are smaller and the peak is not
   larger; NO when either is larger; UNDECIDED when the weights are not known.
@@ -15,9 +17,10 @@ the intervals behind it.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Literal
 
 from ditq.judge.stats import ratio_interval, samples_to_settle, speed_decision
-from ditq.report.capacity import timed_walls
+from ditq.report.capacity import devices_used, timed_walls
 from ditq.report.model import Candidate
 from ditq.report.schema import (
     Answer,
@@ -124,12 +127,16 @@ def _ratio_text(entry: IntervalEntry) -> str:
 
 def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> ObjectiveAnswer:
     intervals: list[IntervalEntry] = []
+    devices = (1, 1)
     if candidate.run is not None and baseline.run is not None:
+        devices = (devices_used(candidate.run.records), devices_used(baseline.run.records))
         for k in candidate.run.reference_counts:
             ours, _ = timed_walls([r for r in candidate.run.records_with(k) if r.ok])
             theirs, _ = timed_walls([r for r in baseline.run.records_with(k) if r.ok])
             if ours and theirs:
-                intervals.append(_speed_interval(k, ours, theirs, rules.slower_tolerance))
+                if devices[0] != devices[1]:  # device-seconds: per-device throughput, like with like
+                    ours, theirs = [w * devices[0] for w in ours], [w * devices[1] for w in theirs]
+                intervals.append(_speed_interval(k, ours, theirs, rules.slower_tolerance, devices))
     if not intervals:
         reason = Reason(
             "no_speed_comparison", f"No reference count was served by both it and {baseline.name}."
@@ -145,8 +152,14 @@ def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules)
         chosen = [e for e in intervals if e.decision == decision]
         if chosen:
             counts = ", ".join(e.subject.split()[0] for e in chosen)
+            measured = (
+                "seconds per image"
+                if devices[0] == devices[1]
+                else f"device-seconds per image (seconds x {devices[0]} device(s) for it, x {devices[1]} for "
+                f"{baseline.name}: per-device throughput)"
+            )
             message = (
-                f"{words} {baseline.name} at {counts} reference(s): seconds per image "
+                f"{words} {baseline.name} at {counts} reference(s): {measured} "
                 f"{_ratio_text(chosen[0])} of {baseline.name}'s at {chosen[0].subject} "
                 f"(tolerance {rules.slower_tolerance:.0%})"
             )
@@ -161,20 +174,25 @@ def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules)
     return ObjectiveAnswer(answer=answer, reasons=_entries(reasons), intervals=intervals)
 
 
-def _speed_interval(k: int, ours: list[float], theirs: list[float], tolerance: float) -> IntervalEntry:
+def _speed_interval(
+    k: int, ours: list[float], theirs: list[float], tolerance: float, devices: tuple[int, int] = (1, 1)
+) -> IntervalEntry:
     subject = f"{k} reference{'' if k == 1 else 's'}"
+    measure: Literal["time_ratio", "device_time_ratio"] = (
+        "time_ratio" if devices[0] == devices[1] else "device_time_ratio"
+    )
     threshold = f"1 +/- {tolerance:g}"
     if min(len(ours), len(theirs)) < 2:
         estimate = (sum(ours) / len(ours)) / (sum(theirs) / len(theirs))
         return IntervalEntry(
-            subject=subject, measure="time_ratio", estimate=round(estimate, 4), low=None, high=None,
+            subject=subject, measure=measure, estimate=round(estimate, 4), low=None, high=None,
             confidence=None, n=min(len(ours), len(theirs)), method="measured once", threshold=threshold,
             decision="undecided", samples_to_settle=None,
         )  # fmt: skip
     interval = ratio_interval(ours, theirs)
     return IntervalEntry(
         subject=subject,
-        measure="time_ratio",
+        measure=measure,
         estimate=round(interval.estimate, 4),
         low=round(interval.low, 4),
         high=round(interval.high, 4),

@@ -93,6 +93,10 @@ class ReferenceProfile(_Strict):
     offload: str | None = Field(
         description="offload mode(s) its served requests were served at, comma-joined; null: not known"
     )
+    parallel: str | None = Field(
+        None,
+        description="the --parallel setting(s) its served requests were served at (cp=2); null: one device",
+    )
     seconds_per_image: float | None = Field(
         description="mean wall time of warm served requests: a server's first request of each shape (reference "
         "count, size) is cold and left out, unless the shape had no other request"
@@ -142,11 +146,18 @@ class IntervalEntry(_Strict):
         description="what is compared: a fixture id, '2 references', 'weights', 'peak memory'"
     )
     measure: Literal[
-        "psnr_minus_reference_db", "psnr_db", "ssim", "time_ratio", "weight_ratio", "peak_memory_ratio"
+        "psnr_minus_reference_db",
+        "psnr_db",
+        "ssim",
+        "time_ratio",
+        "device_time_ratio",
+        "weight_ratio",
+        "peak_memory_ratio",
     ] = Field(
         description="psnr_minus_reference_db: the candidate's PSNR against the baseline minus the reference "
         "pair's (or the stated band's), mean over seeds (the parity standard); psnr_db, ssim: the mean over seeds "
-        "against the baseline (the lossless standard); the ratios: candidate / baseline"
+        "against the baseline (the lossless standard); the ratios: candidate / baseline; device_time_ratio: of "
+        "seconds per image times the devices each generated on, where their device counts differ"
     )
     estimate: float | None
     low: float | None = Field(description="the interval's low end; null: no interval (measured once)")

@@ -80,6 +80,7 @@ def capacity_table(matrix: list[CapacityRow]) -> Table:
             str(row.n_references),
             ", ".join(row.fixtures),
             ", ".join(row.offload) or "n/a",
+            ", ".join(row.parallel) or "1 device",
             _served(row),
             *_wall(row),
             _first(row),
@@ -94,6 +95,7 @@ def capacity_table(matrix: list[CapacityRow]) -> Table:
         "Refs",
         "Fixtures",
         "Offload",
+        "Parallel",
         "Served",
         "s/image mean",
         "s/image median",
@@ -112,7 +114,11 @@ def _summary_cell(row: CapacityRow | None) -> str:
         return "—"
     if row.served == 0:
         return "OOM" if row.out_of_memory else "failed"
-    facts = [", ".join(row.offload), f"{_num(row.wall_median_s)} s", _gib(row.peak_memory_bytes)]
+    facts = [
+        ", ".join((*row.offload, *row.parallel)),
+        f"{_num(row.wall_median_s)} s",
+        _gib(row.peak_memory_bytes),
+    ]
     text = ", ".join(fact for fact in facts if fact)
     if not row.fully_served:
         missing = f"{row.out_of_memory} OOM" if row.out_of_memory else f"{row.failed} failed"

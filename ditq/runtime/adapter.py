@@ -96,6 +96,8 @@ class GenerationResult:
     # other; ``ditq.runtime.stage_clock``) and what was allocated when the call began; None on the CPU
     stage_peak_memory_bytes: dict[str, int] | None = None
     memory_at_start_bytes: int | None = None
+    # a parallel server's call (``ditq.serve.ranks``): each rank's peak for it, rank 0 first (None on the CPU)
+    rank_peak_memory_bytes: list[int | None] | None = None
 
 
 class PipelineAdapter:

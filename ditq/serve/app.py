@@ -47,9 +47,17 @@ from ditq.serve.schemas import (
     ModelList,
     StageMetrics,
 )
-from ditq.serve.state import DoctorOutcome, ServerState
+from ditq.serve.state import DoctorOutcome, Ranks, ServerState
 from ditq.serve.validation import to_generation_request
-from ditq.serve.worker import Cancelled, GenerationWorker, Job, OutOfMemory, QueueClosed, QueueFull
+from ditq.serve.worker import (
+    Cancelled,
+    GenerationWorker,
+    Job,
+    OutOfMemory,
+    QueueClosed,
+    QueueFull,
+    RankLost,
+)
 
 __all__ = ["create_app"]
 
@@ -117,6 +125,10 @@ async def _wait(
     step if running)."""
     future = asyncio.wrap_future(job.future)
     while not future.done():
+        if (
+            state.lost is not None
+        ):  # a rank is gone: the others may wait on it until their collective times out
+            raise errors.degraded(state.lost)
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             worker.cancel(job, "timeout")
@@ -137,6 +149,8 @@ async def _wait(
         raise answer from None
     except OutOfMemory as error:
         raise errors.out_of_memory(str(error)) from None
+    except RankLost as error:
+        raise errors.degraded(str(error)) from None
     except InputError as error:
         raise _input_error(error) from None
     except Exception:
@@ -267,14 +281,16 @@ def create_app(
     drain_timeout_s: float | None = None,
     facts: dict[str, Any] | None = None,
     calibrate: Callable[[PipelineAdapter], CostModel] | None = None,
+    ranks: Ranks | None = None,
 ) -> FastAPI:
     """An app that loads its model in the background at start-up (``load``, ``doctor``, then ``calibrate``:
     the cost model requests are admitted by; without it, only the fixed limits apply).
 
     ``facts`` (device, offload, memory budget...) are shown by /health with the load time and kernel paths.
-    ``model_root`` goes to the log only; responses name the model by ``config.served_model_name``.
+    ``model_root`` goes to the log only; responses name the model by ``config.served_model_name``. ``ranks``: a
+    parallel server's other ranks (``ditq.serve.ranks``), whose loss makes every answer 503 ``degraded``.
     """
-    state = ServerState(config, load, doctor, model_root, on_load_failure, facts, calibrate)
+    state = ServerState(config, load, doctor, model_root, on_load_failure, facts, calibrate, ranks)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

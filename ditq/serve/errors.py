@@ -174,6 +174,17 @@ def draining(detail: str = "takes no new requests") -> APIError:
     )
 
 
+def degraded(detail: str) -> APIError:
+    """A parallel server whose ranks are no longer in step (``ditq.serve.ranks``): nothing is served until it
+    restarts."""
+    return APIError(
+        503,
+        f"the server lost one of its parallel ranks ({detail}) and serves nothing until it restarts",
+        type="server_error",
+        code="degraded",
+    )
+
+
 def out_of_memory(detail: str) -> APIError:
     return APIError(
         503,

@@ -99,6 +99,9 @@ class StageMetrics(BaseModel):
     # What the server's cost model predicted for this request before it ran (peak allocated MiB); None where it
     # has no prediction (no cost model, or a CPU server).
     predicted_peak_memory_mb: float | None = None
+    # A parallel server's (``--parallel``): each rank's peak accelerator memory for this request, rank 0 first
+    # (``peak_memory_mb`` is rank 0's); None on the CPU, absent on one device.
+    rank_peak_memory_mb: list[float | None] | None = None
 
     @classmethod
     def from_result(
@@ -137,6 +140,11 @@ class StageMetrics(BaseModel):
                 else None
             ),
             predicted_peak_memory_mb=None if predicted_peak_bytes is None else predicted_peak_bytes / 1024**2,
+            rank_peak_memory_mb=(
+                None
+                if result.rank_peak_memory_bytes is None
+                else [None if peak is None else peak / 1024**2 for peak in result.rank_peak_memory_bytes]
+            ),
         )
 
 

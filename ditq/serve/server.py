@@ -21,6 +21,7 @@ from typing import NoReturn
 
 import torch
 import uvicorn
+from fastapi import FastAPI
 
 from ditq.devices import default_dtype, resolve_device, resolve_dtype, resolve_offload
 from ditq.doctor import kernel_chooser
@@ -32,15 +33,17 @@ from ditq.errors import (
     StartupError,
 )
 from ditq.runtime.adapter import PipelineAdapter
+from ditq.runtime.parallel import ParallelSpec, check_parallel, rank_devices
 from ditq.serve.access import exposure_warning
 from ditq.serve.app import create_app
 from ditq.serve.config import ServeConfig
 from ditq.serve.connections import ConnectionLimits, uvicorn_config
 from ditq.serve.cost import CostModel, calibrate
+from ditq.serve.ranks import RankGroup, RankSettings
 from ditq.serve.startup import apply_memory_cap, load_adapter, make_doctor
 from ditq.serve.state import OVERDUE_GRACE_S, ServerState
 
-__all__ = ["DrainingServer", "serve"]
+__all__ = ["DrainingServer", "serve", "serving_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +113,7 @@ def serve(
     attention: str | None = None,
     kv_cache: str | None = None,
     compile: str | None = None,
+    parallel: ParallelSpec | None = None,
 ) -> None:
     """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model).
 
@@ -117,7 +121,8 @@ def serve(
         float32 on the CPU, bfloat16 on CUDA, as ``ditq generate``); ``variant`` as
         ``ditq.runtime.loader.load_pipeline`` reads it; ``attention`` ("int8" | "fp8", default off) as
         ``ditq.serve.startup.load_adapter`` installs it; ``compile`` (a torch.compile backend) compiles the transformer,
-    and calibration runs each shape once to compile and warm it up before measuring it.
+    and calibration runs each shape once to compile and warm it up before measuring it. ``parallel`` (cp=N, tp=N)
+    serves over N ranks, one device each, this process being rank 0 (``ditq.serve.ranks``).
 
         Raises OutOfMemoryError (exit code 3) when the model does not fit in the accelerator memory it may use.
     """
@@ -125,55 +130,24 @@ def serve(
         from ditq.demo import default_model_dir
 
         model_dir = default_model_dir()
-    if not (model_dir / "model_index.json").is_file():
-        raise InputError(f"{model_dir}: no model_index.json (not a diffusers model directory)")
     if (warning := exposure_warning(host, config.api_key, config.allowed_hosts)) is not None:
         logger.warning(warning)
-    dtype = dtype or default_dtype(resolve_device(device))
-    compute_dtype = resolve_dtype(dtype, resolve_device(device))
-    offload = resolve_offload(offload)
-    cap = apply_memory_cap(max_memory, device)
-    device = cap.device if cap is not None else str(resolve_device(device))
-    failures: list[tuple[str, bool]] = []
-    facts = {
-        "device": device,
-        "offload": offload,
-        "dtype": dtype,
-        "max_memory": cap.to_json() if cap is not None else None,
-        **({"variant": variant} if variant is not None else {}),
-    }
-
-    def measure_costs(adapter: PipelineAdapter) -> CostModel:
-        return calibrate(
-            adapter,
-            torch.device(device),
-            config.max_pixels,
-            config.request_timeout_s,
-            cap.allocator_bytes if cap is not None else None,
-        )
-
-    chooser = kernel_chooser(skip_doctor)
-    app = create_app(
+    app, ranks = serving_app(
+        model_dir,
         config,
-        load=lambda: load_adapter(
-            model_dir,
-            device,
-            offload,
-            compute_dtype,
-            chooser,
-            variant,
-            attention,
-            memory_budget_bytes=cap.allocator_bytes if cap is not None else None,
-            kv_cache=kv_cache,
-            compile=compile,
-        ),
-        doctor=make_doctor(chooser),
-        model_root=str(model_dir),
-        drain_timeout_s=_WORKER_JOIN_S,
-        facts=facts,
-        calibrate=measure_costs,
+        device,
+        offload,
+        dtype,
+        max_memory,
+        skip_doctor,
+        variant,
+        attention,
+        kv_cache,
+        compile,
+        parallel,
     )
     state: ServerState = app.state.serve
+    failures: list[tuple[str, bool]] = []
     listening = _listen(host, port)  # before the model loads: a taken port is one line and its own exit code
     uvicorn_settings = uvicorn_config(
         app, limits or ConnectionLimits(), host=host, port=port, log_level="info"
@@ -186,15 +160,134 @@ def serve(
 
     state.on_load_failure = stop_on_failure
     logger.info("serving %s as '%s' on http://%s:%d", model_dir, config.served_model_name, host, port)
-    server.run(sockets=[listening])
+    if ranks is not None:
+        ranks.launch()
+    try:
+        server.run(sockets=[listening])
+    finally:
+        if ranks is not None and state.wait_loaded(0):
+            ranks.close()
     if failures:
         message, out_of_memory = failures[-1]
         raise OutOfMemoryError(message) if out_of_memory else DitqError(message)
     if not state.wait_loaded(0):
-        _exit_during_startup(state)
+        _exit_during_startup(state, ranks)
 
 
-def _exit_during_startup(state: ServerState) -> NoReturn:
+def serving_app(
+    model_dir: Path,
+    config: ServeConfig,
+    device: str = "auto",
+    offload: str = "none",
+    dtype: str | None = None,
+    max_memory: str | None = None,
+    skip_doctor: bool = False,
+    variant: str | None = None,
+    attention: str | None = None,
+    kv_cache: str | None = None,
+    compile: str | None = None,
+    parallel: ParallelSpec | None = None,
+) -> tuple[FastAPI, RankGroup | None]:
+    """The app ``serve`` runs (its options as ``serve`` reads them), and with ``parallel`` the group of ranks it
+    serves over, not yet launched (``RankGroup.launch``: the followers start loading; the app's start-up loads rank
+    0 and waits for them)."""
+    if not (model_dir / "model_index.json").is_file():
+        raise InputError(f"{model_dir}: no model_index.json (not a diffusers model directory)")
+    dtype = dtype or default_dtype(resolve_device(device))
+    compute_dtype = resolve_dtype(dtype, resolve_device(device))
+    offload = resolve_offload(offload)
+    ranks: RankGroup | None = None
+    if parallel is not None:
+        devices = _parallel_devices(model_dir, parallel, device, offload, max_memory, attention, compile)
+        device = devices[0]
+        settings = RankSettings(
+            model_dir,
+            parallel,
+            tuple(devices),
+            compute_dtype,
+            skip_doctor,
+            variant,
+            kv_cache,
+            logger.getEffectiveLevel(),
+        )
+        ranks = RankGroup(settings)
+    cap = apply_memory_cap(max_memory, device)
+    device = cap.device if cap is not None else str(resolve_device(device))
+    facts = {
+        "device": device,
+        "offload": offload,
+        "dtype": dtype,
+        "max_memory": cap.to_json() if cap is not None else None,
+        **({"variant": variant} if variant is not None else {}),
+        **({"parallel": ranks} if ranks is not None else {}),  # shown as it is at each /health
+    }
+
+    def measure_costs(adapter: PipelineAdapter) -> CostModel:
+        return calibrate(
+            adapter,
+            torch.device(device),
+            config.max_pixels,
+            config.request_timeout_s,
+            cap.allocator_bytes if cap is not None else None,
+        )
+
+    chooser = kernel_chooser(skip_doctor)
+
+    def load() -> PipelineAdapter:
+        if ranks is not None:
+            return ranks.join(chooser)
+        return load_adapter(
+            model_dir,
+            device,
+            offload,
+            compute_dtype,
+            chooser,
+            variant,
+            attention,
+            memory_budget_bytes=cap.allocator_bytes if cap is not None else None,
+            kv_cache=kv_cache,
+            compile=compile,
+        )
+
+    app = create_app(
+        config,
+        load=load,
+        doctor=make_doctor(chooser),
+        model_root=str(model_dir),
+        drain_timeout_s=_WORKER_JOIN_S,
+        facts=facts,
+        calibrate=measure_costs,
+        ranks=ranks,
+    )
+    return app, ranks
+
+
+def _parallel_devices(
+    model_dir: Path,
+    spec: ParallelSpec,
+    device: str,
+    offload: str,
+    max_memory: str | None,
+    attention: str | None,
+    compile: str | None,
+) -> list[str]:
+    """Each rank's device for ``--parallel``; an option it cannot serve with is refused in one line naming both."""
+    for flag, value in (
+        ("--offload", None if offload == "none" else offload),
+        ("--max-memory", max_memory),
+        ("--attention", attention),
+        ("--compile", compile),
+    ):
+        if value is not None:
+            raise InputError(
+                f"--parallel {spec} with {flag} {value}: not supported (every rank holds a whole device)"
+            )
+    resolved = resolve_device(device)
+    check_parallel(model_dir, spec, resolved)
+    return rank_devices(spec, resolved)
+
+
+def _exit_during_startup(state: ServerState, ranks: RankGroup | None) -> NoReturn:
     """A stop signal came while the model was loading, being checked or calibrated. That work runs in torch in
     the loader thread and cannot be interrupted; a normal interpreter exit would tear torch's native thread
     pools down under it (SIGABRT: "terminate called without an active exception"). So the process ends now,
@@ -204,6 +297,9 @@ def _exit_during_startup(state: ServerState) -> NoReturn:
         state.config.served_model_name,
         state.startup_step,
     )
+    if ranks is not None:
+        for follower in ranks.followers:
+            follower.process.kill()  # SIGKILL: a follower ignores SIGTERM (see follow)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -2,7 +2,8 @@
 
 Ready is reported as one of three states: ``ready`` (idle), ``busy`` (generating or requests queued; still
 200) and ``degraded`` (503: a generation was asked to stop, by its deadline or its client, and is still
-running ``OVERDUE_GRACE_S`` later, so the worker is wedged until it ends).
+running ``OVERDUE_GRACE_S`` later, so the worker is wedged until it ends; or a parallel server lost a rank,
+``ditq.serve.ranks``, and serves nothing until it restarts).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from ditq.errors import DitqError
 from ditq.runtime.adapter import PipelineAdapter
@@ -25,7 +26,7 @@ from ditq.serve.metrics import ServerMetrics, resident_memory_bytes
 from ditq.serve.worker import GenerationWorker
 from ditq.signatures import load_rules
 
-__all__ = ["OVERDUE_GRACE_S", "DoctorOutcome", "Phase", "ServerState"]
+__all__ = ["OVERDUE_GRACE_S", "DoctorOutcome", "Phase", "Ranks", "ServerState"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,13 @@ class DoctorOutcome:
         return self.status != "failed"
 
 
+class Ranks(Protocol):
+    """A parallel server's ranks (``ditq.serve.ranks.RankGroup``) as the lifecycle reads them."""
+
+    @property
+    def lost(self) -> str | None: ...  # why the ranks can serve no more; None while they can
+
+
 class ServerState:
     """Owns the adapter and the worker once loading finished; the HTTP layer only asks it questions."""
 
@@ -57,8 +65,10 @@ class ServerState:
         on_load_failure: Callable[[str, bool], None] | None = None,
         facts: dict[str, Any] | None = None,
         calibrate: Callable[[PipelineAdapter], CostModel] | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
         self.config = config
+        self.ranks = ranks
         # What /health tells a client about this server beyond its phase: device, offload, memory budget
         # (set by the caller), then load time and kernel paths (set once loaded).
         self.facts: dict[str, Any] = dict(facts or {})
@@ -236,11 +246,18 @@ class ServerState:
                     status = "degraded" if overdue_s is not None and overdue_s > OVERDUE_GRACE_S else "busy"
             elif self.phase == "ready" and body["queue_depth"]:
                 status = "busy"
+        if self.lost is not None and status in ("ready", "busy", "loading"):
+            status, body["error"] = "degraded", f"parallel ranks lost: {self.lost}"
         if self.doctor_outcome is not None:
             body["doctor"] = {"status": self.doctor_outcome.status, "summary": self.doctor_outcome.summary}
         if self.failure is not None:
             body["error"] = self.failure
         return (200 if status in ("ready", "busy") else 503), {"status": status, **body}
+
+    @property
+    def lost(self) -> str | None:
+        """Why a parallel server's ranks can serve no more (None: they can, or the server is not parallel)."""
+        return None if self.ranks is None else self.ranks.lost
 
     @property
     def drained(self) -> bool:
@@ -270,6 +287,8 @@ class ServerState:
 
     def require_ready(self) -> GenerationWorker:
         """The worker, or the 503 that says why requests are not taken now."""
+        if self.lost is not None and self.phase in ("loading", "ready"):
+            raise errors.degraded(self.lost)
         if self.phase == "ready" and self.worker is not None:
             return self.worker
         if self.phase == "loading":

@@ -30,6 +30,7 @@ __all__ = [
     "OutOfMemory",
     "QueueClosed",
     "QueueFull",
+    "RankLost",
     "StopReason",
     "is_out_of_memory",
 ]
@@ -51,6 +52,11 @@ class QueueClosed(Exception):
 
 class OutOfMemory(Exception):
     """The accelerator ran out of memory during a generation; memory has been freed since."""
+
+
+class RankLost(Exception):
+    """A parallel server's ranks are no longer in step (one exited, or a generation failed on one of them); the
+    message says which rank and why (``ditq.serve.ranks``)."""
 
 
 class Cancelled(Exception):

@@ -189,3 +189,21 @@ def test_a_fixture_id_or_reference_that_names_another_folder_is_one_line_and_not
             assert "is not a plain name" in capsys.readouterr().err
             assert not out.exists() and not outside.exists()
         assert server.state.requests == []  # nothing was sent, so nothing was uploaded
+
+
+def test_records_of_a_parallel_server_say_its_setting_and_run_json_its_ranks(
+    tmp_path: Path, fixture_set
+) -> None:
+    """What ``ditq serve --parallel cp=2`` says on /health (devices, degree, each rank's peak) reaches RUN.json's
+    servers, and its setting every record."""
+    ranks = [{"rank": r, "device": f"cuda:{r}", "pid": 100 + r, "peak_memory_bytes": 2**30} for r in range(2)]
+    parallel = {"mode": "cp", "degree": 2, "backend": "nccl", "devices": ["cuda:0", "cuda:1"], "ranks": ranks}
+    with StubServer(StubState(health={"status": "ready", "device": "cuda:0", "parallel": parallel})) as stub:
+        probe_run(stub.url, fixture_set, tmp_path / "run", [1])
+    run = read_run_file(tmp_path / "run")
+    assert run is not None
+    (server,) = run.invocations[0].servers
+    assert server.facts is not None and server.facts.parallel is not None
+    assert (server.facts.parallel.label, server.facts.parallel.ranks[1].peak_memory_bytes) == ("cp=2", 2**30)
+    records = read_records(tmp_path / "run")
+    assert records and {r.parallel for r in records} == {"cp=2"}

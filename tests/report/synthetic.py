@@ -76,6 +76,7 @@ class RunSpec:
     memory_mib: tuple[float, ...] = ()  # a vram.csv series, one sample a second
     gate: bool = True
     compare: bool = True
+    parallel: str | None = None  # the server's --parallel (cp=2); None: one device
 
 
 def run_file(kind: str, invocations: list[Invocation], memory: MemoryDescription | None = None) -> RunFile:
@@ -172,7 +173,7 @@ def write_run(root: Path, spec: RunSpec, baseline: Path | None = None) -> Path:
                     "wall_s": spec.wall_by_refs[refs] + 0.1 * index,
                     **_image(run, fixture_id, seed, pixels),
                 }
-            records.append(record(fixture_id, seed, **fields))
+            records.append(record(fixture_id, seed, parallel=spec.parallel, **fields))
     write_records(run, records)
     if spec.memory_mib:
         # the probe's sampler format: one row per device and sample; device 1 stays idle

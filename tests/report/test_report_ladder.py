@@ -128,7 +128,7 @@ def test_cold_requests_are_shown_apart_from_the_mean_and_median(sweep):
     assert (one.wall_first_s, one.includes_cold, one.offload) == (9.0, False, ("model",))
     assert (two.wall_mean_s, two.wall_median_s, two.wall_first_s, two.offload) == (5.0, 4.0, 12.0, ("block",))
     row = capacity_table([one]).rows[0]
-    assert row[2:8] == ("model", "4/4", "3.00", "2.00", "1.00–6.00", "9.00")
+    assert row[2:9] == ("model", "1 device", "4/4", "3.00", "2.00", "1.00–6.00", "9.00")
 
 
 def test_a_shape_without_a_warm_request_is_timed_by_its_cold_one_and_says_so(tmp_path):
@@ -138,7 +138,7 @@ def test_a_shape_without_a_warm_request_is_timed_by_its_cold_one_and_says_so(tmp
     one, two = capacity_matrix(run)
     assert (one.wall_mean_s, one.wall_median_s, one.wall_first_s, one.includes_cold) == (5.0, 5.0, 5.0, True)
     assert (two.wall_mean_s, two.wall_median_s, two.includes_cold) == (1.5, 1.5, False)
-    assert capacity_table([one]).rows[0][7] == "5.00 (also in the statistics: a shape had no warm request)"
+    assert capacity_table([one]).rows[0][8] == "5.00 (also in the statistics: a shape had no warm request)"
 
 
 def test_peak_memory_is_the_server_process_not_the_whole_device(sweep):

@@ -259,3 +259,19 @@ def test_an_incomplete_run_is_never_a_yes(tmp_path, runs):
     assert verdict["verdict"] != "YES" and verdict["reasons"][0]["code"] == "incomplete_run"
     missing = f"1 of 8 planned requests have no record (first: {lost['fixture_id']} s{lost['seed']})"
     assert missing in verdict["reasons"][0]["message"]
+
+
+def test_a_candidate_served_on_two_devices_is_compared_per_device(tmp_path: Path) -> None:
+    """0.7x the baseline's seconds on two devices is 1.4x its device-seconds: slower per device, and said so."""
+    walls = {k: 2.0 + 0.5 * k for k in range(1, 5)}
+    baseline = write_run(tmp_path, RunSpec("bf16", "baseline", walls))
+    cp2 = write_run(
+        tmp_path, RunSpec("w8a8-cp2", "healthy", {k: v * 0.7 for k, v in walls.items()}, parallel="cp=2")
+    )
+    (a,) = assess(load_candidate(baseline), [load_candidate(cp2)], "ditq report").assessments
+    faster = a.objectives.faster
+    assert faster.answer == "NO" and {e.measure for e in faster.intervals} == {"device_time_ratio"}
+    assert all(e.estimate is not None and 1.35 < e.estimate < 1.45 for e in faster.intervals)
+    assert "device-seconds per image (seconds x 2 device(s) for it, x 1 for bf16" in faster.reasons[0].message
+    assert [row.parallel for row in a.matrix] == [("cp=2",)] * 4
+    assert {p.parallel for p in a.profile.by_references} == {"cp=2"}

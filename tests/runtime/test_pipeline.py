@@ -15,7 +15,6 @@ import torch
 
 import ditq
 from ditq.cli import main
-from ditq.demo import build_tiny_pipeline
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.loader import load_pipeline
 from ditq.runtime.modules import quantized_linears
@@ -25,23 +24,15 @@ from runtime.artifacts import write_random_artifact
 HOST_LOAD_BOUND = 1.2
 
 
-@pytest.fixture(scope="module")
-def demo_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("demo")
-    build_tiny_pipeline(seed=0).save_pretrained(str(root / "source"))
-    ditq.quantize(root / "source", root / "w8a8", "w8a8")
-    return {"source": root / "source", "w8a8": root / "w8a8"}
-
-
 def _pixels(pipeline: object, seed: int = 0) -> np.ndarray:
     request = GenerationRequest(prompt="a red circle", seed=seed, num_inference_steps=2, width=32, height=32)
     return np.asarray(PipelineAdapter(pipeline)(request).images[0], dtype=np.int16)
 
 
-def test_offload_modes_give_the_same_image(demo_dirs: dict[str, Path]) -> None:
+def test_offload_modes_give_the_same_image(demo_artifacts: dict[str, Path]) -> None:
     images = {}
     for mode in ("none", "model", "block"):
-        pipeline = load_pipeline(demo_dirs["w8a8"], device="cpu", offload=mode)
+        pipeline = load_pipeline(demo_artifacts["w8a8"], device="cpu", offload=mode)
         layers = quantized_linears(pipeline.transformer)
         assert layers and all(layer.prepared for layer in layers.values())  # repacked before any hook
         images[mode] = _pixels(pipeline)
@@ -49,17 +40,17 @@ def test_offload_modes_give_the_same_image(demo_dirs: dict[str, Path]) -> None:
     assert np.array_equal(images["none"], images["block"])
 
 
-def test_auto_offload_keeps_what_runs_most_and_streams_the_rest(demo_dirs: dict[str, Path]) -> None:
+def test_auto_offload_keeps_what_runs_most_and_streams_the_rest(demo_artifacts: dict[str, Path]) -> None:
     """--offload auto under a budget that holds the transformer only: the text encoder (run once a request) streams
     its blocks (on the CPU the hooks move nothing), the image is the resident pipeline's, and each demotion takes
     the next step until nothing is left to move. (Not bit for bit: with hooks on its layers, torch's
     TransformerEncoderLayer leaves its fused fast path for the plain one, which rounds differently.)"""
     from ditq.runtime.offload import module_bytes
 
-    resident = load_pipeline(demo_dirs["w8a8"], device="cpu")
+    resident = load_pipeline(demo_artifacts["w8a8"], device="cpu")
     expected = _pixels(resident)
     budget = module_bytes(resident.transformer) + 1024
-    pipeline = load_pipeline(demo_dirs["w8a8"], device="cpu", offload="auto", memory_budget_bytes=budget)
+    pipeline = load_pipeline(demo_artifacts["w8a8"], device="cpu", offload="auto", memory_budget_bytes=budget)
     placement = pipeline.ditq_placement
     assert (placement.resident, placement.streamed) == (["transformer"], ["text_encoder"])
     assert placement.sizes["transformer"] == module_bytes(resident.transformer)
@@ -70,17 +61,19 @@ def test_auto_offload_keeps_what_runs_most_and_streams_the_rest(demo_dirs: dict[
     assert np.abs(_pixels(pipeline) - expected).mean() < 1.0
     assert placement.demote(pipeline) is None
     everything = load_pipeline(
-        demo_dirs["w8a8"], device="cpu", offload="auto"
+        demo_artifacts["w8a8"], device="cpu", offload="auto"
     )  # no budget on the CPU: all stay
     assert everything.ditq_placement.streamed == []
 
 
-def test_an_8bit_prefix_kv_cache_holds_the_references_in_half_the_bytes(demo_dirs: dict[str, Path]) -> None:
+def test_an_8bit_prefix_kv_cache_holds_the_references_in_half_the_bytes(
+    demo_artifacts: dict[str, Path],
+) -> None:
     from PIL import Image
 
     from ditq.runtime.kv_cache import QuantizedKVLayerCache, install_kv_cache
 
-    pipeline = load_pipeline(demo_dirs["source"], device="cpu")
+    pipeline = load_pipeline(demo_artifacts["source"], device="cpu")
     references = [Image.new("RGB", (32, 32), (200, 40 * i, 30)) for i in range(4)]
     request = GenerationRequest(prompt="a red circle", images=references, seed=0, num_inference_steps=3, width=32, height=32)  # fmt: skip
     caches: list[object] = []
@@ -113,19 +106,19 @@ def test_an_8bit_prefix_kv_cache_holds_the_references_in_half_the_bytes(demo_dir
             pipeline.transformer.register_to_config(causal_condition=True)
 
 
-def test_quantized_pipeline_stays_close_to_source(demo_dirs: dict[str, Path]) -> None:
-    source = _pixels(load_pipeline(demo_dirs["source"], device="cpu"))
-    quantized = _pixels(load_pipeline(demo_dirs["w8a8"], device="cpu"))
+def test_quantized_pipeline_stays_close_to_source(demo_artifacts: dict[str, Path]) -> None:
+    source = _pixels(load_pipeline(demo_artifacts["source"], device="cpu"))
+    quantized = _pixels(load_pipeline(demo_artifacts["w8a8"], device="cpu"))
     assert source.shape == quantized.shape
     # Untrained weights, two steps: the images agree to a few grey levels on average, not bit for bit.
     difference = np.abs(source - quantized).mean()
     assert 0.0 < difference < 8.0, difference
 
 
-def test_a_component_without_its_folder_is_one_line(demo_dirs: dict[str, Path], tmp_path: Path) -> None:
+def test_a_component_without_its_folder_is_one_line(demo_artifacts: dict[str, Path], tmp_path: Path) -> None:
 
     broken = tmp_path / "broken"
-    shutil.copytree(demo_dirs["source"], broken)
+    shutil.copytree(demo_artifacts["source"], broken)
     shutil.rmtree(broken / "text_encoder")
     with pytest.raises(
         ditq.errors.InputError,
@@ -134,18 +127,18 @@ def test_a_component_without_its_folder_is_one_line(demo_dirs: dict[str, Path], 
         load_pipeline(broken, device="cpu")
 
 
-def test_unknown_offload_mode_is_refused(demo_dirs: dict[str, Path]) -> None:
+def test_unknown_offload_mode_is_refused(demo_artifacts: dict[str, Path]) -> None:
     with pytest.raises(ditq.errors.InputError, match="offload 'disk': not an offload mode"):
-        load_pipeline(demo_dirs["w8a8"], offload="disk")
+        load_pipeline(demo_artifacts["w8a8"], offload="disk")
 
 
 def test_generate_command_prints_stages_and_writes_the_image(
-    demo_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    demo_artifacts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "image.png"
     argv = [
         "generate",
-        str(demo_dirs["w8a8"]),
+        str(demo_artifacts["w8a8"]),
         "--prompt",
         "a blue square",
         "--seed",
@@ -181,9 +174,9 @@ def test_generate_command_prints_stages_and_writes_the_image(
     ],
 )
 def test_generate_command_refuses_bad_input(
-    demo_dirs: dict[str, Path], extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    demo_artifacts: dict[str, Path], extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["generate", str(demo_dirs["w8a8"]), "--prompt", "p", "--steps", "1", *extra])
+    code = main(["generate", str(demo_artifacts["w8a8"]), "--prompt", "p", "--steps", "1", *extra])
     assert code == 2
     assert message in capsys.readouterr().err
 
@@ -227,7 +220,9 @@ _MEASURE = textwrap.dedent(
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="needs /proc (Linux)")
-def test_host_memory_while_loading_under_model_offload(demo_dirs: dict[str, Path], tmp_path: Path) -> None:
+def test_host_memory_while_loading_under_model_offload(
+    demo_artifacts: dict[str, Path], tmp_path: Path
+) -> None:
     from diffusers import QwenImage21Transformer2DModel
 
     config = dict(
@@ -245,13 +240,13 @@ def test_host_memory_while_loading_under_model_offload(demo_dirs: dict[str, Path
             return QwenImage21Transformer2DModel(**config)
 
     artifact = write_random_artifact(
-        tmp_path / "big", on_meta, config, "w8a8", siblings_from=demo_dirs["w8a8"]
+        tmp_path / "big", on_meta, config, "w8a8", siblings_from=demo_artifacts["w8a8"]
     )
     artifact_bytes = sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())
     assert artifact_bytes > 100 * 2**20  # large enough that the interpreter's noise does not matter
 
     done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(demo_dirs["w8a8"]), str(artifact)],
+        [sys.executable, "-c", _MEASURE, str(demo_artifacts["w8a8"]), str(artifact)],
         capture_output=True,
         text=True,
         check=True,
@@ -287,9 +282,9 @@ def test_generate_without_a_path_uses_the_bundled_demo(
 
 
 def test_generate_skip_doctor_warns(
-    demo_dirs: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    demo_artifacts: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    argv = ["generate", str(demo_dirs["w8a8"]), "--prompt", "p", "--steps", "1", "--skip-doctor"]
+    argv = ["generate", str(demo_artifacts["w8a8"]), "--prompt", "p", "--steps", "1", "--skip-doctor"]
     argv += ["--on-collapse", "warn"]  # the untrained pipeline's image is mostly transparent
     with caplog.at_level("WARNING"):
         assert main([*argv, "--out", str(tmp_path / "x.png")]) == 0
@@ -297,7 +292,7 @@ def test_generate_skip_doctor_warns(
 
 
 def test_generate_refuses_a_collapsed_image_as_serve_does(
-    demo_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    demo_artifacts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Issue 28, item 8: an all-transparent image was written with exit 0. The untrained pipeline draws a mostly
     transparent one: the gate's transparent signature, which ditq serve refuses to return. generate refuses it
@@ -305,7 +300,7 @@ def test_generate_refuses_a_collapsed_image_as_serve_does(
     out = tmp_path / "x.png"
     argv = [
         "generate",
-        str(demo_dirs["w8a8"]),
+        str(demo_artifacts["w8a8"]),
         "--prompt",
         "p",
         "--steps",

@@ -57,6 +57,29 @@ def test_bad_connection_and_access_options_are_usage_errors(
     assert named in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--parallel", "cp=1"], "--parallel 'cp=1': expected cp=N or tp=N with N at least 2"),
+        (["--parallel", "cp=2", "--offload", "model"], "--parallel cp=2 with --offload model: not supported"),
+        (
+            ["--parallel", "cp=2", "--attention", "int8"],
+            "--parallel cp=2 with --attention int8: not supported",
+        ),
+        (
+            ["--parallel", "tp=2", "--device", "cpu"],
+            "--parallel tp=2: diffusers' tensor parallelism runs on CUDA only",
+        ),
+    ],
+)
+def test_a_parallel_server_it_cannot_start_is_one_line_before_any_process_starts(
+    demo_artifacts: dict[str, Path], capsys: pytest.CaptureFixture[str], extra: list[str], named: str
+) -> None:
+    assert main(["serve", str(demo_artifacts["source"]), "--port", str(free_port()), *extra]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert named in line
+
+
 def test_the_api_key_may_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 

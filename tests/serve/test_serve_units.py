@@ -189,6 +189,7 @@ def test_stage_metrics_from_one_generation_in_milliseconds() -> None:
         "stage_peak_memory_mb": None,  # CUDA's, and only with return_stage_metrics
         "memory_at_start_mb": None,
         "predicted_peak_memory_mb": None,  # no cost model here
+        "rank_peak_memory_mb": None,  # one device
     }
     no_steps = GenerationResult(result.images, result.timings, [], None)
     in_process = StageMetrics.from_result(
