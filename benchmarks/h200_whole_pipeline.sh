@@ -192,11 +192,16 @@ serve_probe() {
   rm -rf "$dir" && mkdir -p "$dir"
   local placing=(--max-memory "$budget" --offload auto)
   [ "$budget" = whole ] && placing=(--offload none)
-  TORCH_LOGS=$logs python3 -m ditq.cli serve "$model" --device cuda:0 "${placing[@]}" --port $port \
+  # (an empty TORCH_LOGS stops `import torch`: set only where there is something to log)
+  env ${logs:+TORCH_LOGS=$logs} python3 -m ditq.cli serve "$model" --device cuda:0 "${placing[@]}" --port $port \
     --on-collapse warn "${extra[@]}" >"$dir/serve.log" 2>&1 &
   local pid=$!
-  if python3 -c "import sys; from ditq.sweep.health import wait_healthy; r = wait_healthy('http://127.0.0.1:$port', 600); \
-      sys.exit(print(r) or 1) if r else None"; then
+  local waited=0  # until /health answers 200, the server exits (a failed start) or 600 s pass
+  until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
+    kill -0 $pid 2>/dev/null && [ $waited -lt 600 ] || break
+    sleep 2 && waited=$((waited + 2))
+  done
+  if curl -sf "http://127.0.0.1:$port/health" >/dev/null; then
     curl -s "http://127.0.0.1:$port/health" >"$dir/health.json"
     timeout "${PROBE_S:-400}" python3 -m ditq.cli probe --endpoint "http://127.0.0.1:$port" \
       --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" --out "$dir/run" --seeds "$SEEDS" \
