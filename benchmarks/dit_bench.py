@@ -24,6 +24,8 @@ goes through the real loader (artifact written, ``ditq.load_component`` + repack
 on the same target Linears; they run compiled only, with the inductor settings torchao's configs set
 (``set_inductor_config=True``, its default), which are restored for every other variant. Compilation uses
 static shapes (``automatic_dynamic_shapes`` off): each reference count and step kind gets its own graph.
+``--compile-shapes served`` compiles as ``ditq serve --compile`` does instead (``ditq.runtime.compile.compile_blocks``:
+dynamic shapes, one graph per path, every variant alike).
 
 On an H200, in one call (about 8 minutes; the budget keeps it inside):
 
@@ -78,7 +80,7 @@ from ditq.checkpoint.qconfig import quantization_config, with_quantization_confi
 from ditq.doctor import VerifiedChooser, kernel_chooser  # noqa: E402
 from ditq.numerics import quantize_weight, relative_l2  # noqa: E402
 from ditq.quantize.targets import plan_targets  # noqa: E402
-from ditq.runtime.compile import repeated_blocks  # noqa: E402
+from ditq.runtime.compile import compile_blocks, repeated_blocks  # noqa: E402
 from ditq.runtime.fuse import fuse_projections  # noqa: E402
 from ditq.runtime.loader import load_component, parameters_on_meta, prepare_quantized  # noqa: E402
 from ditq.runtime.modules import linear_from_stored, quantized_linears  # noqa: E402
@@ -298,8 +300,9 @@ class RegionalCompilation:
     would count as another backend and compile again).
     """
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str, served: bool) -> None:
         self.backend = backend
+        self.served = served  # ditq serve's compilation (dynamic shapes) instead of diffusers' static one
         self.calls: dict[int, list[Any]] = {}
 
     def set_mode(self, model: torch.nn.Module, mode: str, fullgraph: bool) -> None:
@@ -308,7 +311,10 @@ class RegionalCompilation:
             for block in blocks:
                 block._compiled_call_impl = None
         elif id(model) not in self.calls:
-            model.compile_repeated_blocks(fullgraph=fullgraph, backend=self.backend)  # type: ignore[operator]
+            if self.served:
+                compile_blocks(blocks, self.backend, fullgraph)
+            else:
+                model.compile_repeated_blocks(fullgraph=fullgraph, backend=self.backend)  # type: ignore[operator]
             self.calls[id(model)] = [block._compiled_call_impl for block in blocks]
         else:
             for block, call in zip(blocks, self.calls[id(model)], strict=True):
@@ -512,6 +518,13 @@ def main() -> int:
         help="torch.compile's backend (default: inductor on CUDA; eager elsewhere: dynamo traces every variant "
         "(graph breaks, recompiles), no code is generated)",
     )
+    parser.add_argument(
+        "--compile-shapes",
+        choices=("static", "served"),
+        default="static",
+        help="compiled rows: static (a graph per shape, diffusers' regional compilation) or served (what ditq serve "
+        "--compile runs: dynamic shapes, one graph per path; ditq.runtime.compile.compile_blocks) (default: static)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "dit_bench.json")
     parser.add_argument(
         "--artifact-dir", type=Path, help="where to write the load test's artifact (temp dir)"
@@ -537,7 +550,8 @@ def main() -> int:
     backend = args.compile_backend or ("inductor" if device.type == "cuda" else "eager")
     overrides, text, grid = PRESETS[args.preset]
     config = dict(overrides)  # the class defaults, but for the dry-run preset
-    torch._dynamo.config.automatic_dynamic_shapes = False  # one static graph per shape
+    served = args.compile_shapes == "served"
+    torch._dynamo.config.automatic_dynamic_shapes = served  # static: one graph per shape
     torch._dynamo.config.recompile_limit = (
         256  # variants x step kinds x reference counts share one code object
     )
@@ -561,7 +575,9 @@ def main() -> int:
             "scheduler": "FlowMatchEulerDiscreteScheduler, full_size_pipeline.SCHEDULER_CONFIG",
         },
         "compile": {
-            "how": "diffusers compile_repeated_blocks (regional), static shapes",
+            "how": "ditq serve's: ditq.runtime.compile.compile_blocks (regional), dynamic shapes"
+            if served
+            else "diffusers compile_repeated_blocks (regional), static shapes",
             "backend": backend,
             "fullgraph": "True for BF16 and ditq; False for torchao",
         },
@@ -585,7 +601,7 @@ def main() -> int:
     cases: dict[int, LoopCase] = {}
     torchao_inductor: dict[str, bytes] = {}
     bf16_latents: dict[int, torch.Tensor] = {}
-    compilation = RegionalCompilation(backend)
+    compilation = RegionalCompilation(backend, served)
 
     def case(references: int) -> LoopCase:
         if references not in cases:

@@ -36,7 +36,14 @@ from torch._dynamo.utils import counters
 
 from ditq.errors import InputError
 
-__all__ = ["COMPILE_BACKENDS", "CompileFacts", "compile_pipeline", "compiled_graphs", "repeated_blocks"]
+__all__ = [
+    "COMPILE_BACKENDS",
+    "CompileFacts",
+    "compile_blocks",
+    "compile_pipeline",
+    "compiled_graphs",
+    "repeated_blocks",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +105,25 @@ def _call_compiled(compiled: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     return compiled(*args, **kwargs)
 
 
+def _serving_settings() -> None:
+    """Dynamo's process-wide settings for serving: no duck shaping, and room for every path's graph."""
+    fx_config.use_duck_shape = False
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
+    torch._dynamo.config.accumulated_recompile_limit = max(
+        torch._dynamo.config.accumulated_recompile_limit, 16 * _RECOMPILE_LIMIT
+    )
+
+
+def compile_blocks(blocks: list[torch.nn.Module], backend: str, fullgraph: bool = False) -> None:
+    """Compile ``blocks`` as a server does: diffusers' ``compile_repeated_blocks`` (every block one code object, so
+    one cache), with dynamic shapes and slices as index tensors (``_call_compiled``). ``benchmarks/dit_bench.py``
+    times the served path through it."""
+    _serving_settings()
+    for block in blocks:
+        compiled = torch.compile(block._call_impl, backend=backend, dynamic=True, fullgraph=fullgraph)
+        block._compiled_call_impl = functools.partial(_call_compiled, compiled)
+
+
 def compile_pipeline(pipeline: Any, backend: str, component: str = "transformer") -> CompileFacts:
     """Compile ``pipeline``'s ``component`` (its repeated blocks where it declares them) with ``backend``.
 
@@ -111,18 +137,10 @@ def compile_pipeline(pipeline: Any, backend: str, component: str = "transformer"
     module = getattr(pipeline, component, None)
     if not isinstance(module, torch.nn.Module):
         raise InputError(f"--compile: the pipeline has no '{component}' module to compile", field="compile")
-    fx_config.use_duck_shape = False  # process-wide, as dynamo's own limits below
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
-    torch._dynamo.config.accumulated_recompile_limit = max(
-        torch._dynamo.config.accumulated_recompile_limit, 16 * _RECOMPILE_LIMIT
-    )
+    _serving_settings()
     blocks = repeated_blocks(module)
     if blocks:
-        for (
-            block
-        ) in blocks:  # diffusers' compile_repeated_blocks, with slices as index tensors (_call_compiled)
-            compiled = torch.compile(block._call_impl, backend=backend, dynamic=True)  # one code: one cache
-            block._compiled_call_impl = functools.partial(_call_compiled, compiled)
+        compile_blocks(blocks, backend)
         kinds = sorted({type(b).__name__ for b in blocks})
         how = f"repeated blocks ({len(blocks)} x {', '.join(kinds)})"
     else:

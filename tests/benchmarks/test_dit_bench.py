@@ -169,3 +169,22 @@ def test_kernel_categories_name_what_each_kernel_computes() -> None:
     assert (
         dit_loop.kernel_category("void at::native::vectorized_elementwise_kernel<4, ...>") == dit_loop.OTHER
     )
+
+
+@pytest.mark.slow
+def test_served_compile_shapes_run_one_graph_per_path(tmp_path: Path) -> None:
+    """--compile-shapes served compiles as ditq serve does (dynamic shapes): after the first reference count, each
+    further one compiles only its prefix step's graph, and the cached steps reuse theirs."""
+    out = tmp_path / "dit_bench.json"
+    command = [sys.executable, str(BENCHMARKS / "dit_bench.py"), "--preset", "tiny", "--device", "cpu",
+               "--loop-steps", "1", "--variants", "fp8", "--modes", "compiled", "--compile-shapes", "served"]  # fmt: skip
+    subprocess.run(
+        [*command, "--out", str(out)], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600
+    )
+    result = json.loads(out.read_text())
+    assert "dynamic shapes" in result["compile"]["how"]
+    rows = {r["references"]: r for r in result["rows"] if r["variant"] == "fp8"}
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    assert all(row["graph_breaks"] == 0 and row["loop_ms"] > 0 for row in rows.values())
+    assert rows[0]["dynamo_graphs"] > 1  # the first row: the prefix and the cached step
+    assert [rows[k]["dynamo_graphs"] for k in (1, 2, 3, 4)] == [1, 1, 1, 1]  # each count's prefix step only
