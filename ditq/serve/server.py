@@ -298,8 +298,7 @@ def _exit_during_startup(state: ServerState, ranks: RankGroup | None) -> NoRetur
         state.startup_step,
     )
     if ranks is not None:
-        for follower in ranks.followers:
-            follower.process.kill()  # SIGKILL: a follower ignores SIGTERM (see follow)
+        ranks.abandon()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
