@@ -15,12 +15,12 @@
 #            then ditq probe over $FIXTURES x $SEEDS at $STEPS steps
 #   report   gate and compare every run against bf16 at cp=1, then ditq report --objective speed: the capacity
 #            table's Parallel column, and "faster" in device-seconds per image where the GPU counts differ
-# The run lives in $RUN (default /root/ditq-parallel); results go to $OUT (default
+# The run lives in $RUN (default $HOME/ditq-parallel); results go to $OUT (default
 # benchmarks/results/h200-parallel). Every run's s/image is per image on N GPUs; the report states per-GPU
 # throughput beside it.
 set -o pipefail
 OUT=${OUT:-benchmarks/results/h200-parallel}
-RUN=${RUN:-/root/ditq-parallel}
+RUN=${RUN:-$HOME/ditq-parallel}
 STAGES=${STAGES:-tests build quantize serve report}
 MODELS=${MODELS:-bf16 fp8}
 DEGREES=${DEGREES:-1 2 4}

@@ -118,14 +118,28 @@ def structure_metrics(array: np.ndarray) -> dict[str, Any]:
     else:
         opaque, translucent, alpha_mean = 1.0, 0.0, 255.0
     rgb_std = [float(rgb[..., i].std()) for i in range(n_colour)]
+    clipped = float(((rgb <= 0.0) | (rgb >= 255.0)).mean())
+    return _rounded(opaque, translucent, alpha_mean, rgb_std, banding_score(values), clipped, non_finite)
+
+
+def _rounded(
+    opaque: float,
+    translucent: float,
+    alpha_mean: float,
+    rgb_std: list[float],
+    banding: float,
+    clipped: float,
+    non_finite: bool,
+) -> dict[str, Any]:
+    """The structure numbers as ``structure_metrics`` reports them (either path), rounded."""
     return {
         "opaque_fraction": round(opaque, 4),
         "translucent_fraction": round(translucent, 4),
         "alpha_mean": round(alpha_mean, 1),
         "rgb_std": [round(s, 1) for s in rgb_std],
         "rgb_std_mean": round(sum(rgb_std) / len(rgb_std), 2),
-        "banding_score": round(banding_score(values), 4),
-        "clipped_fraction": round(float(((rgb <= 0.0) | (rgb >= 255.0)).mean()), 4),
+        "banding_score": round(banding, 4),
+        "clipped_fraction": round(clipped, 4),
         "non_finite": non_finite,
         "flat": all(s < _FLAT_STD for s in rgb_std),
     }
@@ -140,8 +154,8 @@ def _structure_metrics_uint8(array: np.ndarray) -> dict[str, Any]:
     rgb = array[..., :n_colour]
     if array.shape[2] == 4:
         alpha = array[..., 3]
-        opaque = int(np.count_nonzero(alpha == 255)) / n
-        translucent = (n - opaque * n - int(np.count_nonzero(alpha == 0))) / n
+        n_opaque, n_clear = int(np.count_nonzero(alpha == 255)), int(np.count_nonzero(alpha == 0))
+        opaque, translucent = n_opaque / n, (n - n_opaque - n_clear) / n
         alpha_mean = int(alpha.sum(dtype=np.int64)) / n
     else:
         opaque, translucent, alpha_mean = 1.0, 0.0, 255.0
@@ -149,19 +163,10 @@ def _structure_metrics_uint8(array: np.ndarray) -> dict[str, Any]:
     for i in range(n_colour):
         channel = rgb[..., i]
         total, squares = int(channel.sum(dtype=np.int64)), int(np.square(channel, dtype=np.int64).sum())
-        rgb_std.append(math.sqrt(max(0, n * squares - total * total)) / n)  # exact up to the square root
+        # n * sum(x^2) - sum(x)^2 = n^2 * variance, exact (never negative) in Python's integers
+        rgb_std.append(math.sqrt(n * squares - total * total) / n)
     clipped = int(np.count_nonzero((rgb == 0) | (rgb == 255))) / rgb.size
-    return {
-        "opaque_fraction": round(opaque, 4),
-        "translucent_fraction": round(translucent, 4),
-        "alpha_mean": round(alpha_mean, 1),
-        "rgb_std": [round(s, 1) for s in rgb_std],
-        "rgb_std_mean": round(sum(rgb_std) / len(rgb_std), 2),
-        "banding_score": round(_banding_score_uint8(rgb), 4),
-        "clipped_fraction": round(clipped, 4),
-        "non_finite": False,
-        "flat": all(s < _FLAT_STD for s in rgb_std),
-    }
+    return _rounded(opaque, translucent, alpha_mean, rgb_std, _banding_score_uint8(rgb), clipped, False)
 
 
 def _banding_score_uint8(rgb: np.ndarray) -> float:

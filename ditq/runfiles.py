@@ -258,9 +258,8 @@ class RankFacts(BaseModel):
     device: str
     pid: int | None = None
     alive: bool = True
-    peak_memory_bytes: int | None = (
-        None  # of its process so far: the CUDA allocator's, or resident on the CPU
-    )
+    # of its process so far: the CUDA allocator's, or resident on the CPU
+    peak_memory_bytes: int | None = None
 
 
 class ParallelFacts(BaseModel):

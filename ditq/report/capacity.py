@@ -35,9 +35,8 @@ class CapacityRow:
     out_of_memory: int
     failed: int  # other failures (timeouts, 5xx, refused connections)
     offload: tuple[str, ...]  # the offload modes its served requests were served at (empty: not known)
-    parallel: tuple[
-        str, ...
-    ]  # the --parallel settings (cp=2) its served requests were served at (empty: one device)
+    # the --parallel settings (cp=2) its served requests were served at (empty: one device)
+    parallel: tuple[str, ...]
     wall_mean_s: float | None  # over warm served requests (see timed_walls)
     wall_median_s: float | None
     wall_min_s: float | None

@@ -175,7 +175,7 @@ def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules)
 
 
 def _speed_interval(
-    k: int, ours: list[float], theirs: list[float], tolerance: float, devices: tuple[int, int] = (1, 1)
+    k: int, ours: list[float], theirs: list[float], tolerance: float, devices: tuple[int, int]
 ) -> IntervalEntry:
     subject = f"{k} reference{'' if k == 1 else 's'}"
     measure: Literal["time_ratio", "device_time_ratio"] = (

@@ -97,11 +97,14 @@ def _call_compiled(compiled: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     """A compiled block's call (``nn.Module._compiled_call_impl``). A ``slice`` among its keyword arguments goes in
     as the index tensor of the same positions: dynamo keeps a slice's bounds as constants (a graph for every prompt
     length), where a tensor's length is a dynamic size. Indexing by it copies what slicing would view, the same
-    values."""
+    values. Assumes bounded, non-negative slices (diffusers passes ``slice(0, prefix_len)``): ``arange`` refuses an
+    open end."""
     slices = {name: v for name, v in kwargs.items() if isinstance(v, slice)}
     if slices:
         device = next(v.device for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
-        kwargs |= {name: torch.arange(*v.indices(2**62), device=device) for name, v in slices.items()}
+        kwargs |= {
+            name: torch.arange(v.start or 0, v.stop, v.step or 1, device=device) for name, v in slices.items()
+        }
     return compiled(*args, **kwargs)
 
 

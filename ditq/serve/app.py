@@ -125,9 +125,8 @@ async def _wait(
     step if running)."""
     future = asyncio.wrap_future(job.future)
     while not future.done():
-        if (
-            state.lost is not None
-        ):  # a rank is gone: the others may wait on it until their collective times out
+        # a rank is gone: the others may wait on it until their collective times out
+        if state.lost is not None:
             raise errors.degraded(state.lost)
         remaining = deadline - time.perf_counter()
         if remaining <= 0:

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 import torch.distributed as dist
@@ -46,14 +46,14 @@ from ditq.doctor import VerifiedChooser, kernel_chooser
 from ditq.errors import StartupError
 from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.parallel import ParallelSpec, apply_parallelism
-from ditq.serve.worker import RankLost
+from ditq.serve.worker import RankLost, StopReason
 
 __all__ = ["COLLECTIVE_TIMEOUT_S", "RankGroup", "RankSettings", "RankedAdapter"]
 
 logger = logging.getLogger(__name__)
 
 COLLECTIVE_TIMEOUT_S = 120.0  # the longest any rank waits in one collective (joining the group included)
-_STOP_REASONS = ("client_gone", "timeout", "draining", "out_of_memory")
+_STOP_REASONS: tuple[str, ...] = get_args(StopReason)  # broadcast as 1 + its index; 0: go on
 _EXIT_SEEN_S = 1.0  # how long a follower whose sockets closed may take to be seen exited
 
 
@@ -219,7 +219,13 @@ class RankGroup:
 
     def join(self, chooser: VerifiedChooser | None) -> RankedAdapter:
         """Rank 0's pipeline, once every rank has loaded its own; a follower that fails to load is a StartupError."""
-        adapter, control = _load_rank(self.settings, 0, self._rendezvous, chooser)
+        try:
+            adapter, control = _load_rank(self.settings, 0, self._rendezvous, chooser)
+        except Exception as error:
+            if self.lost is None:
+                raise
+            # a follower that exited before joining left rank 0 waiting for it until the join timed out
+            raise StartupError(f"--parallel {self.settings.spec}: {self.lost}") from error
         for follower in self.followers:
             kind, detail = self._receive(follower, COLLECTIVE_TIMEOUT_S)
             if kind != "ready":
@@ -274,10 +280,20 @@ class RankGroup:
                 self.settings.spec,
                 reason,
             )
-            for follower in self.followers:
-                if follower.process.is_alive():
-                    follower.process.kill()  # SIGKILL: a follower ignores SIGTERM (see follow)
+            self._kill_followers()
         return RankLost(self.lost or reason)
+
+    def _kill_followers(self) -> None:
+        for follower in self.followers:
+            if follower.process.is_alive():
+                follower.process.kill()  # SIGKILL: a follower ignores SIGTERM (see follow)
+
+    def abandon(self) -> None:
+        """End the followers at once and remove the rendezvous: rank 0 is exiting mid-start-up (no group to leave)."""
+        self._closing = True
+        self._kill_followers()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     def blame(self, error: BaseException) -> str:
         """Why rank 0's generation failed with ``error``: a follower that exited (the collective rank 0 waited in
@@ -310,9 +326,9 @@ class RankGroup:
                 follower.pipe.send(None)
         for follower in self.followers:
             follower.process.join(timeout_s)
-            if follower.process.is_alive():
-                follower.process.kill()  # SIGKILL: a follower ignores SIGTERM (see follow)
-                follower.process.join(timeout_s)
+        self._kill_followers()
+        for follower in self.followers:
+            follower.process.join(timeout_s)
         # A lost NCCL group may still hold rank 0's worker in a collective, and destroying it under that thread can
         # wait for the collective's timeout; the process is ending anyway. Gloo's collectives fail at once.
         if dist.is_initialized() and (self.lost is None or self.settings.backend == "gloo"):

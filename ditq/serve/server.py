@@ -165,13 +165,19 @@ def serve(
     try:
         server.run(sockets=[listening])
     finally:
-        if ranks is not None and state.wait_loaded(0):
+        # a failed load has reported itself (its thread ends a moment later); otherwise the thread may still load
+        loading = not failures and not state.wait_loaded(0)
+        # A follower ignores SIGTERM, and the interpreter's exit joins its children: a follower left running
+        # would hang this process's exit. So the group is closed, or its followers killed where rank 0 still loads.
+        if ranks is not None and loading:
+            ranks.abandon()
+        elif ranks is not None:
             ranks.close()
+    if loading:
+        _exit_during_startup(state)
     if failures:
         message, out_of_memory = failures[-1]
         raise OutOfMemoryError(message) if out_of_memory else DitqError(message)
-    if not state.wait_loaded(0):
-        _exit_during_startup(state, ranks)
 
 
 def serving_app(
@@ -287,7 +293,7 @@ def _parallel_devices(
     return rank_devices(spec, resolved)
 
 
-def _exit_during_startup(state: ServerState, ranks: RankGroup | None) -> NoReturn:
+def _exit_during_startup(state: ServerState) -> NoReturn:
     """A stop signal came while the model was loading, being checked or calibrated. That work runs in torch in
     the loader thread and cannot be interrupted; a normal interpreter exit would tear torch's native thread
     pools down under it (SIGABRT: "terminate called without an active exception"). So the process ends now,
@@ -297,9 +303,6 @@ def _exit_during_startup(state: ServerState, ranks: RankGroup | None) -> NoRetur
         state.config.served_model_name,
         state.startup_step,
     )
-    if ranks is not None:
-        for follower in ranks.followers:
-            follower.process.kill()  # SIGKILL: a follower ignores SIGTERM (see follow)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

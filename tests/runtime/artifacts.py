@@ -24,7 +24,13 @@ from ditq.checkpoint.codecs import codec_for
 from ditq.numerics import quantize_weight
 from ditq.schemes import Scheme, get_scheme
 
-__all__ = ["quantization_config", "target_linears", "write_artifact", "write_random_artifact"]
+__all__ = [
+    "quantization_config",
+    "target_linears",
+    "write_artifact",
+    "write_large_qwen_artifact",
+    "write_random_artifact",
+]
 
 _BLOCK = re.compile(r"blocks\.\d+\.")
 _BOUNDARY = re.compile(r"(^|\.)(norm\w*|\w*mod\w*|adaLN\w*)(\.|$)")
@@ -199,3 +205,26 @@ def write_random_artifact(
 
     _write(out_dir, "transformer", config, tensors(), shard_bytes)
     return out_dir
+
+
+def write_large_qwen_artifact(out_dir: Path, num_layers: int, siblings_from: Path) -> Path:
+    """A w8a8 Qwen-Image-2.1 artifact of ``num_layers`` full-width blocks (16 heads of 64) holding random tensors,
+    the other components copied from ``siblings_from``: about 17 MiB a block, large enough that an interpreter's
+    own memory noise does not matter to a measurement of its loading."""
+    from diffusers import QwenImage21Transformer2DModel
+
+    config: dict[str, Any] = dict(
+        num_layers=num_layers,
+        num_attention_heads=16,
+        attention_head_dim=64,
+        context_in_dim=1024,
+        in_channels=64,
+        out_channels=64,
+        axes_dims_rope=(16, 24, 24),
+    )
+
+    def on_meta() -> torch.nn.Module:
+        with torch.device("meta"):
+            return QwenImage21Transformer2DModel(**config)
+
+    return write_random_artifact(out_dir, on_meta, config, "w8a8", siblings_from=siblings_from)

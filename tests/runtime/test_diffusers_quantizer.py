@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,8 @@ import ditq.diffusers
 from ditq.errors import InputError
 from ditq.runtime.loader import load_component, load_pipeline, stored_layer_schemes
 from ditq.runtime.modules import quantized_linears
-from runtime.artifacts import write_random_artifact
+from runtime.artifacts import write_large_qwen_artifact
+from runtime.host_memory import measure
 
 SCHEMES = ("w8a8", "w8a16", "fp8")
 WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"
@@ -85,11 +84,7 @@ def test_a_transformer_from_pretrained_holds_the_stored_tensors_and_nothing_else
     )
     for layer in layers.values():
         held = {name for name, _ in layer.named_parameters()} | {name for name, _ in layer.named_buffers()}
-        assert held == {
-            "weight_packed",
-            "weight_scale",
-            "weight_shape",
-        }  # (the demo's block Linears: no bias)
+        assert held == {"weight_packed", "weight_scale", "weight_shape"}  # the demo's block Linears: no bias
     stored = load_file(str(artifact / WEIGHTS))
     state = model.state_dict()
     assert state.keys() == stored.keys()
@@ -105,12 +100,6 @@ _IMPORT_AND_MEASURE = textwrap.dedent(
     import json, sys
     import torch
     from diffusers import QwenImage21Transformer2DModel as Transformer
-
-    def status(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-        raise KeyError(key)
 
     try:
         Transformer.from_pretrained(sys.argv[1], subfolder="transformer")
@@ -138,33 +127,10 @@ def test_stock_diffusers_refuses_until_import_and_then_loads_without_a_source_pr
     """In a fresh interpreter: diffusers alone refuses the artifact; after ``import ditq.diffusers`` it loads a
     w8a8 transformer of 69 MiB within 1.2 times its bytes, every page read. Three quarters of it are int8 weights:
     a bfloat16 copy of them would add 1.5 times its bytes."""
-    config = dict(
-        num_layers=4,
-        num_attention_heads=16,
-        attention_head_dim=64,
-        context_in_dim=1024,
-        in_channels=64,
-        out_channels=64,
-        axes_dims_rope=(16, 24, 24),
-    )
-
-    def on_meta() -> torch.nn.Module:
-        with torch.device("meta"):
-            return QwenImage21Transformer2DModel(**config)
-
-    big = write_random_artifact(
-        tmp_path / "big", on_meta, config, "w8a8", siblings_from=demo_artifacts["w8a8"]
-    )
+    big = write_large_qwen_artifact(tmp_path / "big", 4, siblings_from=demo_artifacts["w8a8"])
     size = sum(p.stat().st_size for p in (big / "transformer").iterdir() if p.suffix == ".safetensors")
     assert size > 64 * 2**20  # large enough that the interpreter's noise does not matter
-    done = subprocess.run(
-        [sys.executable, "-c", _IMPORT_AND_MEASURE, str(demo_artifacts["w8a8"]), str(big)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    )
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    measured = measure(_IMPORT_AND_MEASURE, str(demo_artifacts["w8a8"]), str(big))
     assert measured["before"].startswith("Unknown quantization type, got compressed-tensors")
     assert measured["layer"] == "W8A8Linear"
     assert 0.8 * size < measured["added"] <= 1.2 * size, measured["added"] / size

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -18,7 +15,8 @@ from ditq.cli import main
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.loader import load_pipeline
 from ditq.runtime.modules import quantized_linears
-from runtime.artifacts import write_random_artifact
+from runtime.artifacts import write_large_qwen_artifact
+from runtime.host_memory import measure
 
 # Peak resident memory added while loading a pipeline under model offload, over the artifact's bytes.
 HOST_LOAD_BOUND = 1.2
@@ -186,12 +184,6 @@ _MEASURE = textwrap.dedent(
     import json, sys, threading
     from ditq.runtime.loader import load_pipeline
 
-    def status(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-        raise KeyError(key)
-
     # bfloat16, the stored precision: on the CPU the default is float32, which would double the bytes of the
     # layers kept in source precision and measure the upcast, not the loading
     load_pipeline(sys.argv[1], device="cpu", offload="model", dtype="bfloat16")  # warm-up: imports, lazy set-up
@@ -223,36 +215,11 @@ _MEASURE = textwrap.dedent(
 def test_host_memory_while_loading_under_model_offload(
     demo_artifacts: dict[str, Path], tmp_path: Path
 ) -> None:
-    from diffusers import QwenImage21Transformer2DModel
-
-    config = dict(
-        num_layers=8,
-        num_attention_heads=16,
-        attention_head_dim=64,
-        context_in_dim=1024,
-        in_channels=64,
-        out_channels=64,
-        axes_dims_rope=(16, 24, 24),
-    )
-
-    def on_meta() -> torch.nn.Module:
-        with torch.device("meta"):
-            return QwenImage21Transformer2DModel(**config)
-
-    artifact = write_random_artifact(
-        tmp_path / "big", on_meta, config, "w8a8", siblings_from=demo_artifacts["w8a8"]
-    )
+    artifact = write_large_qwen_artifact(tmp_path / "big", 8, siblings_from=demo_artifacts["w8a8"])
     artifact_bytes = sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())
     assert artifact_bytes > 100 * 2**20  # large enough that the interpreter's noise does not matter
 
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(demo_artifacts["w8a8"]), str(artifact)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    )
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    measured = measure(_MEASURE, str(demo_artifacts["w8a8"]), str(artifact))
     added = measured["peak"] - measured["base"]
     # Loaded means held: the weights are resident (a lower bound keeps the measurement honest)...
     assert added > 0.8 * artifact_bytes, (added, artifact_bytes)

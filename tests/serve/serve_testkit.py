@@ -5,11 +5,14 @@ from __future__ import annotations
 import functools
 import io
 import socket
+import subprocess
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,6 +59,23 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serve_process(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
+    """``ditq serve ARGS`` in a child process on a free loopback port: the process, its base URL and the path of
+    its log (stdout and stderr); sent SIGTERM on leaving, if still running."""
+    port = free_port()
+    log_path = tmp_path / f"serve-{port}.log"
+    argv = [sys.executable, "-m", "ditq.cli", "serve", "--port", str(port), *args]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            yield process, f"http://127.0.0.1:{port}", log_path
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(60)
 
 
 class GatedAdapter:

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import gc
 import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-from serve_testkit import free_port
+from serve_testkit import serve_process
 
 from ditq.demo import default_model_dir
 from ditq.doctor import kernel_chooser
@@ -59,20 +57,8 @@ def _allocator_peaks() -> tuple[int, int]:
     return peaks[0], peaks[1]
 
 
-@contextmanager
-def _server(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
-    port = free_port()
-    log_path = tmp_path / f"serve-{port}.log"
-    log = open(log_path, "w")  # noqa: SIM115 - closed below
-    argv = [sys.executable, "-m", "ditq.cli", "serve", "--port", str(port), "--device", "cuda:0", *args]
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
-    try:
-        yield process, f"http://127.0.0.1:{port}", log_path
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            process.wait(60)
-        log.close()
+def _server(tmp_path: Path, *args: str) -> AbstractContextManager[tuple[subprocess.Popen[str], str, Path]]:
+    return serve_process(tmp_path, "--device", "cuda:0", *args)
 
 
 def _process_mib(pid: int) -> float | None:

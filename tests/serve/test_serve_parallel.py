@@ -80,9 +80,8 @@ def test_two_ranks_draw_what_one_process_draws_and_stop_at_the_same_step(
         facts = group.to_json()
     finally:
         group.close()
-    assert tokens and all(whole // 2 <= mine < whole for mine, whole in tokens), (
-        tokens
-    )  # each rank held a half
+    # each rank held a half of the sequence
+    assert tokens and all(whole // 2 <= mine < whole for mine, whole in tokens), tokens
     assert np.abs(drawn - expected).max() <= 1, "context parallel drew another image than one process"
     assert np.array_equal(again, drawn)
     assert facts["lost"] is None

@@ -12,8 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from serve_testkit import free_port
+from serve_testkit import serve_process
 
 import ditq
 from ditq.demo import default_model_dir
@@ -48,31 +47,10 @@ def fp8_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@contextmanager
-def _server(tmp_path: Path, model: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
-    port = free_port()
-    log_path = tmp_path / f"serve-{port}.log"
-    log = open(log_path, "w")  # noqa: SIM115 - closed below
-    argv = [
-        sys.executable,
-        "-m",
-        "ditq.cli",
-        "serve",
-        str(model),
-        "--port",
-        str(port),
-        "--device",
-        "cuda",
-        *args,
-    ]
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
-    try:
-        yield process, f"http://127.0.0.1:{port}", log_path
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            process.wait(60)
-        log.close()
+def _server(
+    tmp_path: Path, model: Path, *args: str
+) -> AbstractContextManager[tuple[subprocess.Popen[str], str, Path]]:
+    return serve_process(tmp_path, str(model), "--device", "cuda", *args)
 
 
 def _one_device(model: Path) -> np.ndarray:
