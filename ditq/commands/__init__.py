@@ -21,12 +21,15 @@ def add_variant_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_attention_argument(parser: argparse.ArgumentParser) -> None:
-    """``--attention int8|fp8`` (default off), as ``ditq.doctor.attention.install_quantized_attention`` reads it."""
+    """``--attention int8|fp8|auto`` (default off), as ``ditq.doctor.attention.install_quantized_attention`` reads
+    it."""
     parser.add_argument(
         "--attention",
-        choices=ATTENTION_CHOICES,
+        choices=(*ATTENTION_CHOICES, "auto"),
         help="quantized attention (opt-in): 8-bit Q.K^T with smoothed keys and per-token scales, float32 "
-        "softmax, P.V in the compute dtype, through the doctor-chosen path (default: the model's own attention)",
+        "softmax, P.V in the compute dtype, through the doctor-chosen path; auto: int8 only where it is faster "
+        "than the model's own attention at the served shapes on this device, timed at start-up (default: the "
+        "model's own attention)",
     )
 
 

@@ -17,8 +17,10 @@ A path whose check raises, gives NaN/inf or misses a bound is refused with the f
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,12 +43,19 @@ __all__ = [
     "ANALYTIC_BOUND",
     "ATTENTION_BOUNDS",
     "ATTENTION_SHAPE",
+    "AUTO_KIND",
+    "AUTO_SHAPES",
     "MATCH_BOUND",
     "AttentionChoice",
+    "AttentionTiming",
+    "AutoAttention",
     "check_attention_path",
     "choose_attention_kernel",
+    "choose_auto_attention",
+    "install_auto_attention",
     "install_quantized_attention",
     "run_attention_doctor",
+    "time_attention",
 ]
 
 log = logging.getLogger(__name__)
@@ -233,11 +242,107 @@ def run_attention_doctor(
     ]
 
 
-def install_quantized_attention(
-    pipeline: Any, kind: str, device: torch.device, dtype: torch.dtype, verify: bool = True
-) -> AttentionChoice:
-    """Choose a ``kind`` path for the transformer's attention on ``device`` in ``dtype`` (the doctor's check
-    unless ``verify`` is False) and install it on every attention module; returns the choice."""
+# --attention auto: the kind considered (int8 stays inside the parity band on the demo model; fp8 Q.K^T falls
+# 9.5 dB outside it: docs/results.md, "Quantized attention") and the served shapes it must be faster at:
+# (queries, keys) of Qwen-Image-2.1 at 1024x1024 (4096 image tokens and about 256 text tokens), with no
+# references and at a 4-reference cached step. On a CPU a sixteenth of them bounds the start-up's cost.
+AUTO_KIND = "int8"
+AUTO_SHAPES = {"cuda": ((4352, 4352), (4096, 20736)), "cpu": ((272, 272), (256, 1296))}
+
+
+@dataclass(frozen=True)
+class AttentionTiming:
+    """One served shape, timed both ways on this device: the quantized path against SDPA (the model's own)."""
+
+    queries: int
+    keys: int
+    path_ms: float
+    sdpa_ms: float
+
+    def describe(self) -> str:
+        return f"{self.path_ms:.3g} ms vs SDPA {self.sdpa_ms:.3g} ms at {self.queries}x{self.keys} tokens"
+
+
+@dataclass(frozen=True)
+class AutoAttention:
+    """``--attention auto``'s decision: ``choice`` where the verified path was faster at every served shape,
+    None where the model keeps its own attention; ``timings`` is the evidence either way."""
+
+    choice: AttentionChoice | None
+    timings: tuple[AttentionTiming, ...]
+    why_not: str = ""  # where choice is None and nothing was timed: the doctor's refusal
+
+    def summary(self) -> str:
+        measured = "; ".join(t.describe() for t in self.timings)
+        if self.choice is not None:
+            return f"auto: {self.choice.summary()}, faster ({measured})"
+        return f"auto: the model's own attention ({self.why_not or f'{AUTO_KIND} not faster: {measured}'})"
+
+
+def _median_ms(call: Callable[[], Any], device: torch.device, repeats: int = 3) -> float:
+    """Median wall time of ``call`` after one warm-up, the device synchronised around each."""
+    call()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        begun = time.perf_counter()
+        call()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - begun) * 1000)
+    return sorted(times)[len(times) // 2]
+
+
+def _quantized_attention(
+    path: AttentionPath, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    return path.attend(path.quantize(q, k, path.kind), v, None, None, q.shape[-1] ** -0.5)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+
+
+def time_attention(
+    path: AttentionPath, device: torch.device, dtype: torch.dtype, heads: int, head_dim: int
+) -> tuple[AttentionTiming, ...]:
+    """``path`` (quantizing Q and K, then attending) against SDPA at ``AUTO_SHAPES`` on ``device``, seeded
+    inputs in ``dtype``, (B, S, H, D) as the model holds them."""
+    g = torch.Generator().manual_seed(0)
+    timings = []
+    for queries, keys in AUTO_SHAPES["cuda" if device.type == "cuda" else "cpu"]:
+        q = torch.randn(1, queries, heads, head_dim, generator=g).to(device, dtype)
+        k, v = (torch.randn(1, keys, heads, head_dim, generator=g).to(device, dtype) for _ in range(2))
+        quantized = functools.partial(_quantized_attention, path, q, k, v)
+        sdpa = functools.partial(_sdpa, q, k, v)
+        timings.append(
+            AttentionTiming(queries, keys, _median_ms(quantized, device), _median_ms(sdpa, device))
+        )
+    return tuple(timings)
+
+
+def choose_auto_attention(
+    device: torch.device,
+    dtype: torch.dtype,
+    heads: int,
+    head_dim: int,
+    verify: bool = True,
+    timer: Callable[..., tuple[AttentionTiming, ...]] = time_attention,
+) -> AutoAttention:
+    """The doctor's ``AUTO_KIND`` path where it passes and is faster than SDPA at every served shape on this
+    device; otherwise None and the model's own attention (never slower than not asking)."""
+    try:
+        choice = choose_attention_kernel(AUTO_KIND, device, dtype, head_dim, verify=verify)
+    except DitqError as error:  # no path, or none passed: the model's own attention, and why
+        return AutoAttention(None, (), why_not=str(error))
+    timings = timer(choice.path, device, dtype, heads, head_dim)
+    faster = all(t.path_ms < t.sdpa_ms for t in timings)
+    return AutoAttention(choice if faster else None, timings)
+
+
+def _attention_modules(pipeline: Any, kind: str) -> list[Any]:
+    """The transformer's Qwen-Image-2.1 attention modules; a one-line error where it has none."""
     from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21Attention
 
     transformer = getattr(pipeline, "transformer", None)
@@ -252,11 +357,38 @@ def install_quantized_attention(
             f"(QwenImage21Attention); this pipeline's transformer is {type(transformer).__name__}",
             field="attention",
         )
-    head_dim = modules[0].inner_dim // modules[0].heads
-    choice = choose_attention_kernel(kind, device, dtype, head_dim, verify=verify)
+    return modules
+
+
+def _install(modules: list[Any], path: AttentionPath) -> None:
     from ditq.runtime.attention import QuantizedAttnProcessor
 
-    processor = QuantizedAttnProcessor(choice.path)
+    processor = QuantizedAttnProcessor(path)
     for module in modules:
-        module.set_processor(processor)  # type: ignore[arg-type]  # diffusers lists its own classes only
+        module.set_processor(processor)  # diffusers lists its own classes only
+
+
+def install_quantized_attention(
+    pipeline: Any, kind: str, device: torch.device, dtype: torch.dtype, verify: bool = True
+) -> AttentionChoice:
+    """Choose a ``kind`` path for the transformer's attention on ``device`` in ``dtype`` (the doctor's check
+    unless ``verify`` is False) and install it on every attention module; returns the choice."""
+    modules = _attention_modules(pipeline, kind)
+    head_dim = modules[0].inner_dim // modules[0].heads
+    choice = choose_attention_kernel(kind, device, dtype, head_dim, verify=verify)
+    _install(modules, choice.path)
     return choice
+
+
+def install_auto_attention(
+    pipeline: Any, device: torch.device, dtype: torch.dtype, verify: bool = True
+) -> AutoAttention:
+    """``--attention auto``: install the path ``choose_auto_attention`` finds faster, or leave the model's own
+    attention; returns the decision with its timings."""
+    modules = _attention_modules(pipeline, "auto")
+    decision = choose_auto_attention(
+        device, dtype, modules[0].heads, modules[0].inner_dim // modules[0].heads, verify=verify
+    )
+    if decision.choice is not None:
+        _install(modules, decision.choice.path)
+    return decision

@@ -121,7 +121,8 @@ def load_adapter(
     (``ditq.doctor.kernel_chooser``): a path that fails its check is refused and the next one is used, as
     ``ditq generate`` does; None (--skip-doctor) takes the registry's first candidate unverified.
     ``attention`` ("int8" | "fp8"): the transformer's attention through a quantized-attention path chosen the
-    same way (``ditq.runtime.attention``); its choice is a load fact (/health's ``attention``).
+    same way (``ditq.runtime.attention``); "auto": int8 only where it is faster than the model's own attention
+    (``ditq.doctor.attention.choose_auto_attention``). The choice is a load fact (/health's ``attention``).
     ``memory_budget_bytes`` (the allocator's cap) is what ``--offload auto`` places the weights within;
     ``kv_cache`` ("int8" | "fp8") keeps the prefix KV cache in 8 bits. The placement, the modules left unused
     and the KV cache's precision are load facts too, and so is ``compile``'s (``ditq.runtime.compile``).
@@ -151,10 +152,13 @@ def load_adapter(
     if chooser is not None:  # part of the load time: the doctor's checks, kernel compilation included
         adapter.load_facts["kernel_choice_seconds"] = round(chooser.seconds, 3)
     if attention is not None:
-        from ditq.doctor.attention import install_quantized_attention
+        from ditq.doctor.attention import install_auto_attention, install_quantized_attention
 
-        choice = install_quantized_attention(
-            pipeline, attention, torch.device(device), dtype, verify=chooser is not None
+        verify = chooser is not None
+        choice = (
+            install_auto_attention(pipeline, torch.device(device), dtype, verify)
+            if attention == "auto"
+            else install_quantized_attention(pipeline, attention, torch.device(device), dtype, verify)
         )
         adapter.load_facts["attention"] = choice.summary()
     return adapter

@@ -12,8 +12,12 @@ from ditq.cli import main
 from ditq.doctor.attention import (
     ANALYTIC_BOUND,
     ATTENTION_BOUNDS,
+    AUTO_SHAPES,
+    AttentionTiming,
     check_attention_path,
     choose_attention_kernel,
+    choose_auto_attention,
+    time_attention,
 )
 from ditq.errors import DitqError, InputError
 from ditq.kernels.attention import (
@@ -125,3 +129,45 @@ def test_cli_checks_attention_paths_too(capsys: pytest.CaptureFixture[str]) -> N
         main([*args, "--attention", "int4"])
     assert exit_info.value.code == 2
     assert "argument --attention: invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def _timer(path_ms: tuple[float, float]):  # type: ignore[no-untyped-def]
+    """A timer giving ``path_ms`` at the two served shapes against SDPA's 10 ms, recording what it was asked."""
+    asked: list[tuple[str, int, int]] = []
+
+    def timer(path, device, dtype, heads, head_dim):  # type: ignore[no-untyped-def]
+        asked.append((path.name, heads, head_dim))
+        return tuple(
+            AttentionTiming(q, k, ms, 10.0) for (q, k), ms in zip(AUTO_SHAPES["cpu"], path_ms, strict=True)
+        )
+
+    timer.asked = asked  # type: ignore[attr-defined]
+    return timer
+
+
+def test_auto_takes_the_verified_int8_path_only_where_it_is_faster_at_every_served_shape() -> None:
+    cpu = torch.device("cpu")
+    faster = _timer((4.0, 9.0))
+    decision = choose_auto_attention(cpu, torch.bfloat16, heads=2, head_dim=32, timer=faster)
+    assert decision.choice is not None and decision.choice.path.name == "cpu-reference-attention-int8"
+    assert faster.asked == [("cpu-reference-attention-int8", 2, 32)]  # type: ignore[attr-defined]
+    assert decision.summary().startswith(
+        "auto: cpu-reference-attention-int8 (int8 Q.K^T), faster (4 ms vs SDPA"
+    )
+    slower_once = choose_auto_attention(cpu, torch.bfloat16, 2, 32, timer=_timer((4.0, 11.0)))
+    assert slower_once.choice is None and "int8 not faster: 4 ms vs SDPA 10 ms" in slower_once.summary()
+
+
+@pytest.mark.usefixtures("broken")
+def test_auto_keeps_the_models_attention_where_no_path_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_ATTENTION_DISABLE, "cpu-reference-attention-int8")
+    decision = choose_auto_attention(torch.device("cpu"), torch.bfloat16, 2, 32, timer=_timer((1.0, 1.0)))
+    assert decision.choice is None and decision.timings == ()
+    assert "no int8 attention path passed the doctor" in decision.summary()
+
+
+def test_the_timer_runs_both_ways_at_the_served_shapes() -> None:
+    path = get_attention_kernel("cpu-reference-attention-int8")
+    timings = time_attention(path, torch.device("cpu"), torch.float32, heads=2, head_dim=32)
+    assert [(t.queries, t.keys) for t in timings] == list(AUTO_SHAPES["cpu"])
+    assert all(t.path_ms > 0 and t.sdpa_ms > 0 for t in timings)

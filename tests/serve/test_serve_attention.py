@@ -49,6 +49,21 @@ def test_serve_runs_the_chosen_quantized_attention_and_says_so() -> None:
     assert psnr > 30.0, psnr
 
 
+def test_serve_attention_auto_says_what_it_timed_and_serves_that_way() -> None:
+    """--attention auto times the doctor's int8 path against the model's own attention at start-up and says both
+    in /health; the server then draws as the path it kept (stock attention: the stock image, bit for bit)."""
+    health, image = _serve_one("auto")
+    assert health["status"] == "ready" and health["attention"].startswith("auto: ")
+    assert health["attention"].count("vs SDPA") == 2  # both served shapes, timed both ways
+    _, stock = _serve_one(None)
+    if health["attention"].startswith("auto: the model's own attention"):
+        assert np.array_equal(image, stock)
+    else:
+        assert health["attention"].startswith("auto: cpu-reference-attention-int8") and not np.array_equal(
+            image, stock
+        )
+
+
 def test_the_sweep_gives_attention_to_the_candidates_only(tmp_path: Path) -> None:
     model = default_model_dir()
     options = SweepOptions(
