@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictInt, ValidationError, field_validator
 
 from ditq import jsonfile
 from ditq.errors import InputError
@@ -163,10 +163,11 @@ class ProbeRecord(_File):
     """One request of the matrix: one line of records.jsonl. Times and sizes are finite and not negative, also in
     the server's own metrics."""
 
+    # integers are integers: a record's "200" or 1.0 is refused, not read as a number
     fixture_id: str
-    seed: int
-    n_references: int = Field(ge=0)
-    steps: int = Field(ge=0)
+    seed: StrictInt
+    n_references: StrictInt = Field(ge=0)
+    steps: StrictInt = Field(ge=0)
     true_cfg_scale: float = Field(allow_inf_nan=False)
     size: str  # "WxH"
     endpoint: str | None  # a server's base URL, "in-process"; None: the seed's record
@@ -176,8 +177,8 @@ class ProbeRecord(_File):
     t_start: Measured | None  # unix seconds; None: the seed's record
     t_end: Measured | None
     wall_s: Measured
-    http: int | None  # None: no HTTP answer (in process, a timeout, a refused connection)
-    bytes: int | None
+    http: StrictInt | None  # None: no HTTP answer (in process, a timeout, a refused connection)
+    bytes: StrictInt | None
     sha256: str | None
     structure: Structure | None
     usage: dict[str, Any] | None  # the response's usage, in the server's words

@@ -247,6 +247,8 @@ def test_a_malformed_sweep_file_is_one_line_naming_file_and_field(tmp_path: Path
         ('"metrics": {"stage_peak_memory_mb": {"decoding": NaN}}', "metrics.stage_peak_memory_mb.decoding"),
         ('"metrics": {"denoise_step_latency_ms": [120.0, -1.0]}', "metrics.denoise_step_latency_ms"),
         ('"seed": 1, "seed": 2', "key 'seed' given twice"),
+        ('"http": "200"', "http"),  # a number's text is not the number: integers are read strictly
+        ('"seed": 1.0', "seed"),
     ],
 )
 def test_a_record_with_a_negative_or_non_finite_figure_or_a_repeated_key_is_refused_on_read(
