@@ -98,13 +98,20 @@ def _call_compiled(compiled: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     as the index tensor of the same positions: dynamo keeps a slice's bounds as constants (a graph for every prompt
     length), where a tensor's length is a dynamic size. Indexing by it copies what slicing would view, the same
     values. Assumes bounded, non-negative slices (diffusers passes ``slice(0, prefix_len)``): ``arange`` refuses an
-    open end."""
+    open end.
+
+    The hidden states reach the compiled code at storage offset 0: the first block's are a view into the joint
+    sequence, the others' fresh tensors, and dynamo specialises an offset of 0 apart from any other, so the cached
+    step would compile twice. The copy is the image tokens' once per step."""
     slices = {name: v for name, v in kwargs.items() if isinstance(v, slice)}
     if slices:
         device = next(v.device for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
         kwargs |= {
             name: torch.arange(v.start or 0, v.stop, v.step or 1, device=device) for name, v in slices.items()
         }
+    hidden = kwargs.get("hidden_states")
+    if isinstance(hidden, torch.Tensor) and hidden.storage_offset():
+        kwargs["hidden_states"] = hidden.clone()
     return compiled(*args, **kwargs)
 
 

@@ -424,8 +424,12 @@ def test_a_compiled_pipeline_serves_any_prompt_length_and_reference_layout_from_
     torch._dynamo.reset()
     compile_pipeline(compiled, "eager")
     square = [Image.open(p) for p in fixture.reference_paths]
+    start = counters["stats"]["unique_graphs"]
     draw(compiled, fixture.prompt, square)  # the first call at 2 references compiles its paths
     before = counters["stats"]["unique_graphs"]
+    # two paths, two graphs: the prefix step and the cached steps (every block's, the first block's hidden states
+    # included although they are a view into the joint sequence)
+    assert before - start == 2
     longer = fixture.prompt + " Keep the light soft and the shadows long."
     picture = draw(compiled, longer, wide)
     assert counters["stats"]["unique_graphs"] == before, (
