@@ -365,7 +365,7 @@ def _install(modules: list[Any], path: AttentionPath) -> None:
 
     processor = QuantizedAttnProcessor(path)
     for module in modules:
-        module.set_processor(processor)  # diffusers lists its own classes only
+        module.set_processor(processor)
 
 
 def install_quantized_attention(
