@@ -13,6 +13,7 @@ __all__ = [
     "InputError",
     "OutOfMemoryError",
     "StartupError",
+    "error_line",
 ]
 
 EXIT_OK = 0
@@ -56,3 +57,10 @@ class StartupError(DitqError):
     that a caller does not read it as "does not fit" (exit code 3) and retry with more offload."""
 
     exit_code = EXIT_STARTUP
+
+
+def error_line(error: BaseException) -> str:
+    """The first line of ``error``'s message that says something, "" where none does: how an error that is not
+    ditq's own (a message over several lines, or one that begins with an empty line, as transformers' ImportErrors
+    do) is reported in one line."""
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), "")

@@ -341,8 +341,9 @@ def choose_auto_attention(
     return AutoAttention(choice if faster else None, timings)
 
 
-def _attention_modules(pipeline: Any, kind: str) -> list[Any]:
-    """The transformer's Qwen-Image-2.1 attention modules; a one-line error where it has none."""
+def _attention_modules(pipeline: Any, kind: str) -> tuple[list[Any], int, int]:
+    """The transformer's Qwen-Image-2.1 attention modules, their head count and head dim; a one-line error where
+    it has none."""
     from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21Attention
 
     transformer = getattr(pipeline, "transformer", None)
@@ -357,7 +358,7 @@ def _attention_modules(pipeline: Any, kind: str) -> list[Any]:
             f"(QwenImage21Attention); this pipeline's transformer is {type(transformer).__name__}",
             field="attention",
         )
-    return modules
+    return modules, modules[0].heads, modules[0].inner_dim // modules[0].heads
 
 
 def _install(modules: list[Any], path: AttentionPath) -> None:
@@ -373,8 +374,7 @@ def install_quantized_attention(
 ) -> AttentionChoice:
     """Choose a ``kind`` path for the transformer's attention on ``device`` in ``dtype`` (the doctor's check
     unless ``verify`` is False) and install it on every attention module; returns the choice."""
-    modules = _attention_modules(pipeline, kind)
-    head_dim = modules[0].inner_dim // modules[0].heads
+    modules, _, head_dim = _attention_modules(pipeline, kind)
     choice = choose_attention_kernel(kind, device, dtype, head_dim, verify=verify)
     _install(modules, choice.path)
     return choice
@@ -385,10 +385,8 @@ def install_auto_attention(
 ) -> AutoAttention:
     """``--attention auto``: install the path ``choose_auto_attention`` finds faster, or leave the model's own
     attention; returns the decision with its timings."""
-    modules = _attention_modules(pipeline, "auto")
-    decision = choose_auto_attention(
-        device, dtype, modules[0].heads, modules[0].inner_dim // modules[0].heads, verify=verify
-    )
+    modules, heads, head_dim = _attention_modules(pipeline, "auto")
+    decision = choose_auto_attention(device, dtype, heads, head_dim, verify=verify)
     if decision.choice is not None:
         _install(modules, decision.choice.path)
     return decision

@@ -147,13 +147,13 @@ def compile_pipeline(pipeline: Any, backend: str, component: str = "transformer"
     module = getattr(pipeline, component, None)
     if not isinstance(module, torch.nn.Module):
         raise InputError(f"--compile: the pipeline has no '{component}' module to compile", field="compile")
-    _serving_settings()
     blocks = repeated_blocks(module)
     if blocks:
         compile_blocks(blocks, backend)
         kinds = sorted({type(b).__name__ for b in blocks})
         how = f"repeated blocks ({len(blocks)} x {', '.join(kinds)})"
     else:
+        _serving_settings()
         module.compile(backend=backend, dynamic=True)
         how = "whole module"
     facts = CompileFacts(backend, component, how)

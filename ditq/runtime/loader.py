@@ -39,7 +39,7 @@ from ditq.checkpoint.layout import (
 )
 from ditq.checkpoint.safetensors_io import TensorEntry, read_entry, read_header
 from ditq.devices import resolve_device, resolve_dtype, resolve_offload
-from ditq.errors import InputError
+from ditq.errors import InputError, error_line
 from ditq.kernels.registry import KernelPath
 from ditq.runtime.classes import import_class, pipeline_class
 from ditq.runtime.fill import assign_tensor
@@ -435,7 +435,7 @@ def load_pipeline(
             )
         except ValueError as error:  # diffusers' refusal of an entry it cannot build (a bare string, a class
             # without from_pretrained): the model's fault, said in one line
-            first = str(error).splitlines()[0] if str(error) else type(error).__name__
+            first = error_line(error) or type(error).__name__
             raise InputError(
                 f"{model_dir / 'model_index.json'}: diffusers cannot build {cls.__name__} from it: {first}"
             ) from error

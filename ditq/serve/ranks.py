@@ -43,7 +43,7 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
 from ditq.doctor import VerifiedChooser, kernel_chooser
-from ditq.errors import StartupError
+from ditq.errors import StartupError, error_line
 from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.parallel import ParallelSpec, apply_parallelism
 from ditq.serve.worker import RankLost, StopReason
@@ -83,7 +83,7 @@ def _peak_memory_bytes(device: str) -> int:
 
 
 def _first_line(error: BaseException) -> str:
-    text = str(error).splitlines()[0] if str(error) else ""
+    text = error_line(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ditq.errors import DitqError
+from ditq.errors import DitqError, error_line
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.runtime.memory import is_out_of_memory
 from ditq.serve import errors
@@ -143,10 +143,7 @@ class ServerState:
                 logger.error("loading %s failed: %s", self.model_root, error)
             else:
                 logger.exception("loading %s failed", self.model_root)
-            # the first line that says something (transformers' ImportErrors begin with an empty one)
-            first_line = next(
-                (line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__
-            )
+            first_line = error_line(error) or type(error).__name__
             out_of_memory = is_out_of_memory(error)
             what = "ran out of accelerator memory" if out_of_memory else "failed"
             # /health says what failed without the message, which may name local paths; the log and the

@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ditq.errors import error_line
 from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory, return_free_host_memory
 from ditq.serve.intake import Reference, decode_references
@@ -248,9 +249,7 @@ class GenerationWorker:
                     job.future.set_exception(error)
                 elif is_out_of_memory(error):
                     out_of_memory = True
-                    logger.error(
-                        "out of accelerator memory: %s", str(error).splitlines()[0] if str(error) else ""
-                    )
+                    logger.error("out of accelerator memory: %s", error_line(error))
                     job.future.set_exception(OutOfMemory("out of accelerator memory"))
                 else:
                     job.future.set_exception(error)
