@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -171,20 +172,20 @@ def test_kernel_categories_name_what_each_kernel_computes() -> None:
     )
 
 
-@pytest.mark.slow
-def test_served_compile_shapes_run_one_graph_per_path(tmp_path: Path) -> None:
-    """--compile-shapes served compiles as ditq serve does (dynamic shapes): after the first reference count, each
-    further one compiles only its prefix step's graph, and the cached steps reuse theirs."""
-    out = tmp_path / "dit_bench.json"
-    command = [sys.executable, str(BENCHMARKS / "dit_bench.py"), "--preset", "tiny", "--device", "cpu",
-               "--loop-steps", "1", "--variants", "fp8", "--modes", "compiled", "--compile-shapes", "served"]  # fmt: skip
-    subprocess.run(
-        [*command, "--out", str(out)], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600
-    )
-    result = json.loads(out.read_text())
-    assert "dynamic shapes" in result["compile"]["how"]
-    rows = {r["references"]: r for r in result["rows"] if r["variant"] == "fp8"}
-    assert sorted(rows) == [0, 1, 2, 3, 4]
-    assert all(row["graph_breaks"] == 0 and row["loop_ms"] > 0 for row in rows.values())
-    assert rows[0]["dynamo_graphs"] > 1  # the first row: the prefix and the cached step
-    assert [rows[k]["dynamo_graphs"] for k in (1, 2, 3, 4)] == [1, 1, 1, 1]  # each count's prefix step only
+def test_served_compile_shapes_compile_the_blocks_as_ditq_serve_does() -> None:
+    """--compile-shapes served: the compiled rows' blocks call through ditq serve's compilation (compile_blocks:
+    dynamic shapes, slices as index tensors), and eager rows through none; what that compilation does is tested
+    on the tiny Qwen-Image-2.1 (tests/tools/test_full_size_pipeline.py)."""
+    import dit_bench
+
+    from ditq.runtime.compile import _call_compiled
+
+    transformer = QwenImage21Transformer2DModel.from_config(TINY)
+    compilation = dit_bench.RegionalCompilation("eager", served=True)
+    compilation.set_mode(transformer, "compiled", fullgraph=True)
+    calls = [block._compiled_call_impl for block in transformer.transformer_blocks]
+    assert all(isinstance(call, functools.partial) and call.func is _call_compiled for call in calls)
+    compilation.set_mode(transformer, "eager", fullgraph=True)
+    assert all(block._compiled_call_impl is None for block in transformer.transformer_blocks)
+    compilation.set_mode(transformer, "compiled", fullgraph=True)  # switching back reuses the same wrappers
+    assert [block._compiled_call_impl for block in transformer.transformer_blocks] == calls
