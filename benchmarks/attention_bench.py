@@ -74,6 +74,18 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: object | N
         return F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
 
 
+def _tuned(path_name: str) -> dict[str, str]:
+    """The Triton autotuner's choice for the kernel a path last ran (none for other paths)."""
+    if not path_name.startswith("triton-"):
+        return {}
+    from ditq.kernels._triton import attention
+
+    kernel = (
+        attention._attention_pv8_kernel if path_name.endswith("int8-fp8") else attention._attention_kernel
+    )
+    return {"triton_config": str(getattr(kernel, "best_config", None))}
+
+
 def _step_rows(refs: int, text: int, heads: int, head_dim: int, kinds: list[str]) -> list[dict[str, object]]:
     from torch.nn.attention import SDPBackend
 
@@ -109,7 +121,7 @@ def _step_rows(refs: int, text: int, heads: int, head_dim: int, kinds: list[str]
                 )
                 rows.append({**base, "path": path.name, "kind": kind, "chosen": path.name == chosen,
                              "total_ms": total_ms, "attend_ms": attend_ms, "tflops": flops / attend_ms / 1e9,
-                             "rel_l2_vs_fp32": _rel_l2(out, reference)})  # fmt: skip
+                             "rel_l2_vs_fp32": _rel_l2(out, reference), **_tuned(path.name)})  # fmt: skip
             except Exception as error:
                 rows.append(
                     {
@@ -160,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--text-tokens", type=int, default=256, help="prompt tokens in the prefix (default 256)"
     )
-    parser.add_argument("--kinds", nargs="+", default=["int8", "fp8"], choices=["int8", "fp8"])
+    parser.add_argument(
+        "--kinds", nargs="+", default=["int8", "fp8", "int8-fp8"], choices=["int8", "fp8", "int8-fp8"]
+    )
     parser.add_argument(
         "--steps", type=int, default=50, help="denoising steps for the per-image guide (default 50)"
     )
@@ -206,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=1) + "\n")
     flash = {r["refs"]: r["total_ms"] for r in rows if r["path"] == "sdpa-bf16-flash" and "total_ms" in r}
+    cudnn = {r["refs"]: r["total_ms"] for r in rows if r["path"] == "sdpa-bf16-cudnn" and "total_ms" in r}
     print(
-        f"{'refs':>4} {'path':<30} {'total ms':>9} {'attend ms':>9} {'x flash':>7} {'rel-L2':>8} {'s/image':>8}"
+        f"{'refs':>4} {'path':<30} {'total ms':>9} {'attend ms':>9} {'x flash':>7} {'x cudnn':>7} {'TFLOPS':>7} "
+        f"{'rel-L2':>8} {'s/image':>8}"
     )
     for r in rows:
         if "error" in r:
@@ -217,9 +233,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['refs']:>4} {r['path']:<30} {r['total_ms']:>9.3f}")
             continue
         ratio = r["total_ms"] / flash[r["refs"]] if r["refs"] in flash else float("nan")
+        to_cudnn = r["total_ms"] / cudnn[r["refs"]] if r["refs"] in cudnn else float("nan")
         per_image = r["total_ms"] * layers * args.steps / 1000
         print(f"{r['refs']:>4} {r['path']:<30} {r['total_ms']:>9.3f} {r['attend_ms']:>9.3f} {ratio:>7.2f} "
-              f"{r['rel_l2_vs_fp32']:>8.4f} {per_image:>8.2f}")  # fmt: skip
+              f"{to_cudnn:>7.2f} {r['tflops']:>7.0f} {r['rel_l2_vs_fp32']:>8.4f} {per_image:>8.2f}")  # fmt: skip
     print(f"wrote {args.out} in {time.time() - started:.0f}s")
     return 0
 

@@ -9,7 +9,8 @@ it, PSNR and SSIM per fixture of
 - ``bf16``: the same model in bfloat16, stock attention: the parity band's pair (two acceptable BF16-class runs;
   ``benchmarks/results/demo_parity.json`` measures it over HTTP at 54.2 dB);
 - ``fp32+int8`` / ``fp32+fp8``: float32 with quantized attention (only the attention's error);
-- ``bf16+int8`` / ``bf16+fp8``: bfloat16 with quantized attention (what a GPU runs).
+- ``bf16+int8`` / ``bf16+fp8``: bfloat16 with quantized attention (what a GPU runs);
+- ``fp32+int8-fp8`` / ``bf16+int8-fp8``: the same with int8 Q . K^T and e4m3 P . V.
 
 A quantized run is inside the band when its overall mean PSNR is at least the bf16 run's; the JSON says by how
 much each is above or below. Images compared as ``ditq compare`` does (RGBA when both carry alpha).
@@ -36,6 +37,8 @@ RUNS = {  # name -> (dtype, attention kind or None)
     "fp32+fp8": (torch.float32, "fp8"),
     "bf16+int8": (torch.bfloat16, "int8"),
     "bf16+fp8": (torch.bfloat16, "fp8"),
+    "fp32+int8-fp8": (torch.float32, "int8-fp8"),
+    "bf16+int8-fp8": (torch.bfloat16, "int8-fp8"),
 }
 
 

@@ -19,6 +19,7 @@ from ditq.schemes import Scheme
 __all__ = [
     "FP8_MAX",
     "INT8_MAX",
+    "TINY",
     "dequantize_weight",
     "pack_int8_to_int32",
     "quantize_activation_per_token",
@@ -31,7 +32,7 @@ __all__ = [
 
 INT8_MAX = 127.0
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448.0
-_TINY = 1e-12
+TINY = 1e-12  # the smallest amax a scale is taken from (an all-zero row quantizes to zeros)
 
 
 def _grouped(weight: torch.Tensor, group_size: int | None) -> torch.Tensor:
@@ -54,7 +55,7 @@ def quantize_weight(weight: torch.Tensor, scheme: Scheme) -> tuple[torch.Tensor,
     if weight.ndim != 2:
         raise ValueError(f"expected a 2-D weight, got shape {tuple(weight.shape)}")
     w = _grouped(weight.to(torch.float32), scheme.group_size)
-    scale = w.abs().amax(dim=2, keepdim=True).clamp_min(_TINY) / scheme.weight_qmax
+    scale = w.abs().amax(dim=2, keepdim=True).clamp_min(TINY) / scheme.weight_qmax
     scaled = w / scale
     if scheme.weight_type == "int":
         q = scaled.round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
@@ -81,7 +82,7 @@ def quantize_activation_per_token(x: torch.Tensor, kind: str) -> tuple[torch.Ten
     """
     xf = x.to(torch.float32)
     qmax = INT8_MAX if kind == "int8" else FP8_MAX
-    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_min(_TINY) / qmax
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_min(TINY) / qmax
     scaled = xf / scale
     if kind == "int8":
         return scaled.round_().clamp_(-128.0, 127.0).to(torch.int8), scale

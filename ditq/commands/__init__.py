@@ -6,7 +6,11 @@ import argparse
 
 __all__ = ["ATTENTION_CHOICES", "add_attention_argument", "add_kv_cache_argument", "add_variant_argument"]
 
-ATTENTION_CHOICES = ("int8", "fp8")
+ATTENTION_CHOICES = (
+    "int8",
+    "fp8",
+    "int8-fp8",
+)  # ditq.kernels.attention.ATTENTION_KINDS, without importing torch
 
 
 def add_variant_argument(parser: argparse.ArgumentParser) -> None:
@@ -21,15 +25,15 @@ def add_variant_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_attention_argument(parser: argparse.ArgumentParser) -> None:
-    """``--attention int8|fp8|auto`` (default off), as ``ditq.doctor.attention``'s ``install_quantized_attention``
+    """``--attention int8|fp8|int8-fp8|auto`` (default off), as ``ditq.doctor.attention``'s ``install_quantized_attention``
     and ``install_auto_attention`` read it."""
     parser.add_argument(
         "--attention",
         choices=(*ATTENTION_CHOICES, "auto"),
         help="quantized attention (opt-in): 8-bit Q.K^T with smoothed keys and per-token scales, float32 "
-        "softmax, P.V in the compute dtype, through the doctor-chosen path; auto: int8 only where it is faster "
-        "than the model's own attention at the served shapes on this device, timed at start-up (default: the "
-        "model's own attention)",
+        "softmax, P.V in the compute dtype (int8-fp8: P.V in e4m3 too, V per channel), through the "
+        "doctor-chosen path; auto: the fastest of int8-fp8 and int8, only where it is faster than the model's own "
+        "attention at the served shapes on this device, timed at start-up (default: the model's own attention)",
     )
 
 

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         choices=ATTENTION_CHOICES,
         metavar="KIND",
-        help="also check the quantized-attention paths of these kinds (int8, fp8) for this device",
+        help="also check the quantized-attention paths of these kinds (int8, fp8, int8-fp8) for this device",
     )
     parser.add_argument(
         "--head-dim",

@@ -107,7 +107,7 @@ def test_tiny_dry_run_fills_every_loop_row(tmp_path: Path) -> None:
                     assert row["graph_breaks"] == 0
     assert rows[("bf16", "eager", 4)]["loop_vs_bf16_same_mode"] == 1.0
     # quantized attention over the quantized models, through the path the doctor chose (the CPU reference here)
-    for variant, kind in (("fp8+attn-fp8", "fp8"), ("w8a8+attn-int8", "int8")):
+    for variant, kind in (("fp8+attn-int8-fp8", "int8-fp8"), ("w8a8+attn-int8", "int8")):
         for mode in ("eager", "compiled"):
             for references in (0, 4):
                 row = rows[(variant, mode, references)]

@@ -1,5 +1,8 @@
 """Quantized attention through Triton: the ``reference`` module's arithmetic, fused FlashAttention-style.
 
+Two kernels: ``attend`` (kinds int8 and fp8: 8-bit Q . K^T, P . V in V's dtype) and ``attend_pv8`` (kind
+int8-fp8: int8 Q . K^T, then P and V in e4m3 for P . V, both on the tensor cores' 8-bit rate).
+
 ``quantize_qk``: one pass per tensor, rows of D values (one per (batch, token, head)): keys minus their
 precomputed float32 sequence mean (smoothing), then per-row symmetric int8 | fp8 e4m3 with ditq.numerics'
 conventions (scale = max(amax, 1e-12) / qmax, IEEE division, round-half-even for int8).
@@ -21,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ditq.kernels.attention.reference import QuantizedQK
+from ditq.kernels.attention.reference import QK_DTYPE, QuantizedQK
 
-__all__ = ["attend", "quantize_qk"]
+__all__ = ["attend", "attend_pv8", "quantize_qk", "quantize_value"]
 
 _LOG2_E = 1.4426950408889634
 
@@ -102,8 +105,8 @@ def _quantize_rows(
 def quantize_qk(query: torch.Tensor, key: torch.Tensor, kind: str) -> QuantizedQK:
     """Per-token quantized queries and smoothed keys, as ``reference.quantize_qk_reference`` computes them."""
     key_mean = key.to(torch.float32).mean(dim=1)  # (B, H, D)
-    q, q_scale = _quantize_rows(query, kind, None)
-    k, k_scale = _quantize_rows(key, kind, key_mean)
+    q, q_scale = _quantize_rows(query, QK_DTYPE[kind], None)
+    k, k_scale = _quantize_rows(key, QK_DTYPE[kind], key_mean)
     return QuantizedQK(kind, q, q_scale, k, k_scale)
 
 
@@ -279,6 +282,217 @@ def attend(
         heads, seq_q, seq_kv, 0 if causal_offset is None else causal_offset, sm_scale * _LOG2_E, size_class,
         HEAD_DIM=head_dim,
         IS_FP8=qk.kind == "fp8",
+        HAS_KEY_VALID=valid is not None,
+        IS_CAUSAL=causal_offset is not None,
+    )  # fmt: skip
+    return out
+
+
+# --- int8-fp8: int8 Q . K^T, e4m3 P . V (SageAttention2's split) ----------------------------------------------
+
+
+@triton.jit
+def _quantize_value_kernel(
+    v_ptr, scale_ptr, out_ptr,
+    stride_vb, stride_vs, stride_vh,
+    heads, seq_len, out_stride_bh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    # v (B, S, H, D), D contiguous; scale (B, H, D) float32; out (B, H, D, S_pad) e4m3, the keys contiguous
+    pid_s = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    b = (batch_head // heads).to(tl.int64)
+    h = (batch_head % heads).to(tl.int64)
+    offs_s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_range = offs_s < seq_len
+    x = tl.load(v_ptr + b * stride_vb + h * stride_vh + offs_s[:, None] * stride_vs + offs_d[None, :],
+                mask=in_range[:, None], other=0.0).to(tl.float32)  # fmt: skip
+    scale = tl.load(scale_ptr + batch_head * HEAD_DIM + offs_d)
+    y = tl.div_rn(x, scale[None, :])
+    q = tl.minimum(tl.maximum(y, -448.0), 448.0).to(tl.float8e4nv)
+    out = out_ptr + batch_head.to(tl.int64) * out_stride_bh + offs_d[None, :] * (out_stride_bh // HEAD_DIM)
+    tl.store(out + offs_s[:, None], q, mask=in_range[:, None])
+
+
+def quantize_value(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """V (B, S, H, D) per channel to e4m3 as ``reference.quantize_value_reference`` computes it, stored for the
+    P . V product: (v_q (B, H, D, S_pad) with the keys contiguous, S_pad a multiple of 16; scale (B, H, D)
+    float32)."""
+    batch, seq_len, heads, head_dim = value.shape
+    if value.stride(-1) != 1:
+        raise ValueError(f"value: the head dim must be contiguous, strides {tuple(value.stride())}")
+    amax = torch.linalg.vector_norm(value, ord=float("inf"), dim=1, dtype=torch.float32)  # (B, H, D)
+    # a tensor divisor: torch on CUDA divides by a Python scalar as a multiply by its reciprocal, not IEEE division
+    scale = (amax.clamp_min(1e-12) / torch.full_like(amax, 448.0)).contiguous()
+    seq_pad = triton.cdiv(seq_len, 16) * 16
+    out = torch.empty((batch, heads, head_dim, seq_pad), dtype=torch.float8_e4m3fn, device=value.device)
+    block_s = 64
+    _quantize_value_kernel[(triton.cdiv(seq_len, block_s), batch * heads)](
+        value, scale, out,
+        value.stride(0), value.stride(1), value.stride(2),
+        heads, seq_len, head_dim * seq_pad,
+        HEAD_DIM=head_dim, BLOCK_S=block_s, num_warps=4,
+    )  # fmt: skip
+    return out, scale
+
+
+@triton.jit
+def _attend_tile_pv8(
+    acc, m_i, l_i, q, q_coef,
+    k_tile_ptr, k_scale_ptr, vt_tile_ptr, valid_ptr,
+    start_n, offs_m, seq_kv, causal_offset,
+    stride_kn, stride_ksn, stride_vtd, stride_valid_n,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    CHECK_BOUNDS: tl.constexpr,
+    HAS_KEY_VALID: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+):  # fmt: skip
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    if CHECK_BOUNDS:
+        in_range = offs_n < seq_kv
+        k = tl.load(
+            k_tile_ptr + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_range[:, None], other=0
+        )
+        k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn, mask=in_range, other=0.0)
+        v = tl.load(vt_tile_ptr + offs_n[:, None] + offs_d[None, :] * stride_vtd, mask=in_range[:, None],
+                    other=0.0)  # fmt: skip
+    else:
+        k = tl.load(k_tile_ptr + offs_n[:, None] * stride_kn + offs_d[None, :])
+        k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn)
+        v = tl.load(vt_tile_ptr + offs_n[:, None] + offs_d[None, :] * stride_vtd)
+    # scores over the row's own coefficient (q_scale x sm_scale x log2 e, > 0): one multiply per score here, and
+    # the coefficient and the running max meet in one fused multiply-add below
+    s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * k_scale[None, :]
+    if CHECK_BOUNDS or HAS_KEY_VALID or IS_CAUSAL:
+        allowed = offs_n[None, :] < seq_kv
+        if HAS_KEY_VALID:
+            key_ok = tl.load(valid_ptr + offs_n * stride_valid_n, mask=offs_n < seq_kv, other=0)
+            allowed = allowed & (key_ok[None, :] != 0)
+        if IS_CAUSAL:
+            allowed = allowed & (offs_n[None, :] <= causal_offset + offs_m[:, None])
+        s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * q_coef)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no allowed key yet
+    alpha = tl.math.exp2(m_i - m_safe)
+    # 448 P: log2(448) added to the exponent; the sum carries the same factor, so it cancels in O = acc / l
+    p = tl.math.exp2(s * q_coef[:, None] - (m_safe - 8.807354922057604)[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    pv = tl.dot(p.to(tl.float8e4nv), v)  # one tile's sum in float32, then added: no long fp8 accumulation
+    acc = acc * alpha[:, None] + pv
+    return acc, m_new, l_i
+
+
+_PV8_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+    for bm, bn, w, s in (
+        (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 4),
+    )
+]  # fmt: skip
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _PV8_CONFIGS = [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3)]
+elif os.environ.get("DITQ_TRITON_AUTOTUNE", "1") == "0":
+    _PV8_CONFIGS = _PV8_CONFIGS[:1]
+
+
+@triton.autotune(configs=_PV8_CONFIGS, key=["HEAD_DIM", "size_class"])
+@triton.jit
+def _attention_pv8_kernel(
+    q_ptr, q_scale_ptr, k_ptr, k_scale_ptr, vt_ptr, v_scale_ptr, valid_ptr, out_ptr,
+    stride_qb, stride_qm, stride_qh,
+    stride_qsb, stride_qsm, stride_qsh,
+    stride_kb, stride_kn, stride_kh,
+    stride_ksb, stride_ksn, stride_ksh,
+    stride_vtbh, stride_vtd,
+    stride_valid_b, stride_valid_n,
+    stride_ob, stride_om, stride_oh,
+    heads, seq_q, seq_kv, causal_offset, qk_scale, size_class,
+    HEAD_DIM: tl.constexpr,
+    HAS_KEY_VALID: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    b = (batch_head // heads).to(tl.int64)
+    h = (batch_head % heads).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows_ok = offs_m < seq_q
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=rows_ok[:, None], other=0)  # fmt: skip
+    q_coef = tl.load(
+        q_scale_ptr + b * stride_qsb + h * stride_qsh + offs_m * stride_qsm, mask=rows_ok, other=1.0
+    )
+    q_coef = q_coef * qk_scale
+    k_tile_ptr = k_ptr + b * stride_kb + h * stride_kh
+    k_scale_ptr = k_scale_ptr + b * stride_ksb + h * stride_ksh
+    vt_tile_ptr = vt_ptr + batch_head.to(tl.int64) * stride_vtbh
+    valid_ptr = valid_ptr + b * stride_valid_b
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    hi = seq_kv
+    if IS_CAUSAL:
+        hi = tl.minimum(seq_kv, causal_offset + (pid_m + 1) * BLOCK_M)
+    full_tiles_end = (hi // BLOCK_N) * BLOCK_N
+    for start_n in range(0, full_tiles_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile_pv8(
+            acc, m_i, l_i, q, q_coef, k_tile_ptr, k_scale_ptr, vt_tile_ptr, valid_ptr, start_n, offs_m, seq_kv,
+            causal_offset, stride_kn, stride_ksn, stride_vtd, stride_valid_n,
+            BLOCK_N, HEAD_DIM, False, HAS_KEY_VALID, IS_CAUSAL,
+        )  # fmt: skip
+    if full_tiles_end < hi:
+        acc, m_i, l_i = _attend_tile_pv8(
+            acc, m_i, l_i, q, q_coef, k_tile_ptr, k_scale_ptr, vt_tile_ptr, valid_ptr, full_tiles_end, offs_m,
+            seq_kv, causal_offset, stride_kn, stride_ksn, stride_vtd, stride_valid_n,
+            BLOCK_N, HEAD_DIM, True, HAS_KEY_VALID, IS_CAUSAL,
+        )  # fmt: skip
+    v_scale = tl.load(v_scale_ptr + batch_head * HEAD_DIM + offs_d)
+    out = acc * v_scale[None, :] / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no allowed key: zeros
+    out_ptrs = out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=rows_ok[:, None])
+
+
+def attend_pv8(
+    qk: QuantizedQK,
+    value: torch.Tensor,
+    key_valid: torch.Tensor | None,
+    causal_offset: int | None,
+    sm_scale: float,
+) -> torch.Tensor:
+    """int8-fp8 attention: int8 Q . K^T (qk, kind int8-fp8), V quantized per channel here, e4m3 P . V ->
+    (B, S_q, H, D) in value's dtype."""
+    batch, seq_q, heads, head_dim = qk.query.shape
+    seq_kv = qk.key.shape[1]
+    for name, t in (("query", qk.query), ("key", qk.key)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: the head dim must be contiguous, strides {tuple(t.stride())}")
+    value_t, value_scale = quantize_value(value[:, :seq_kv])
+    out = torch.empty((batch, seq_q, heads, head_dim), dtype=value.dtype, device=value.device)
+    valid = None if key_valid is None else key_valid[:, :seq_kv].to(torch.uint8).contiguous()
+    valid_strides = (0, 0) if valid is None else (valid.stride(0), valid.stride(1))
+    size_class = int(math.log2(max(1, seq_q * seq_kv)) // 4)
+
+    def grid(meta: dict) -> tuple[int, int]:
+        return (triton.cdiv(seq_q, meta["BLOCK_M"]), batch * heads)
+
+    _attention_pv8_kernel[grid](
+        qk.query, qk.query_scale, qk.key, qk.key_scale, value_t, value_scale, out if valid is None else valid, out,
+        qk.query.stride(0), qk.query.stride(1), qk.query.stride(2),
+        qk.query_scale.stride(0), qk.query_scale.stride(1), qk.query_scale.stride(2),
+        qk.key.stride(0), qk.key.stride(1), qk.key.stride(2),
+        qk.key_scale.stride(0), qk.key_scale.stride(1), qk.key_scale.stride(2),
+        value_t.stride(1), value_t.stride(2),
+        *valid_strides,
+        out.stride(0), out.stride(1), out.stride(2),
+        heads, seq_q, seq_kv, 0 if causal_offset is None else causal_offset, sm_scale * _LOG2_E, size_class,
+        HEAD_DIM=head_dim,
         HAS_KEY_VALID=valid is not None,
         IS_CAUSAL=causal_offset is not None,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""Quantized attention (8-bit Q . K^T): the arithmetic (``reference``), one registry of paths (``registry``)
+"""Quantized attention (8-bit Q . K^T, and P . V for int8-fp8): the arithmetic (``reference``), one registry of paths (``registry``)
 and the paths themselves (``paths``; importing this package registers them)."""
 
 from __future__ import annotations
@@ -6,9 +6,12 @@ from __future__ import annotations
 from ditq.kernels.attention import paths
 from ditq.kernels.attention.reference import (
     ATTENTION_KINDS,
+    FP8_PV_KINDS,
+    QK_DTYPE,
     QuantizedQK,
     attend_reference,
     quantize_qk_reference,
+    quantize_value_reference,
     quantized_attention_reference,
 )
 from ditq.kernels.attention.registry import (
@@ -26,6 +29,8 @@ __all__ = [
     "ATTENTION_KINDS",
     "ENV_ATTENTION_DISABLE",
     "ENV_ATTENTION_FORCE",
+    "FP8_PV_KINDS",
+    "QK_DTYPE",
     "AttentionPath",
     "QuantizedQK",
     "all_attention_kernels",
@@ -34,6 +39,7 @@ __all__ = [
     "get_attention_kernel",
     "paths",
     "quantize_qk_reference",
+    "quantize_value_reference",
     "quantized_attention_reference",
     "register_attention_kernel",
     "unregister_attention_kernel",

@@ -7,6 +7,7 @@ import torch
 
 from ditq.kernels.attention.reference import (
     ATTENTION_KINDS,
+    FP8_PV_KINDS,
     QuantizedQK,
     attend_reference,
     quantize_qk_reference,
@@ -15,10 +16,10 @@ from ditq.kernels.attention.registry import register_attention_kernel
 from ditq.kernels.cuda_common import cuda_available, triton_available
 from ditq.kernels.registry import HALF_ACTIVATIONS
 
-__all__ = ["attend_triton", "quantize_triton"]
+__all__ = ["attend_triton", "attend_triton_pv8", "quantize_triton"]
 
 _TORCH_DESCRIPTION = (
-    "The reference arithmetic in torch ops: float32 scores and softmax in query chunks, P . V in V's dtype."
+    "The reference arithmetic in torch ops: float32 scores and softmax in query chunks, then P . V."
 )
 
 
@@ -35,14 +36,27 @@ def attend_triton(
     causal_offset: int | None,
     sm_scale: float,
 ) -> torch.Tensor:
-    """Fused Triton kernel: 8-bit Q . K^T, online float32 softmax, P . V in V's dtype."""
+    """Fused Triton kernel: 8-bit Q . K^T, online float32 softmax, P . V in V's dtype (e4m3 for int8-fp8)."""
     from ditq.kernels._triton.attention import attend
 
     return attend(qk, value, key_valid, causal_offset, sm_scale)
 
 
-# Tensor-core int8 needs sm_80, e4m3 sm_89.
-_TRITON_CAPABILITY = {"int8": (8, 0), "fp8": (8, 9)}
+def attend_triton_pv8(
+    qk: QuantizedQK,
+    value: torch.Tensor,
+    key_valid: torch.Tensor | None,
+    causal_offset: int | None,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Fused Triton kernel: int8 Q . K^T, online float32 softmax, e4m3 P . V (V quantized per channel)."""
+    from ditq.kernels._triton.attention import attend_pv8
+
+    return attend_pv8(qk, value, key_valid, causal_offset, sm_scale)
+
+
+# Tensor-core int8 needs sm_80, e4m3 sm_89 (int8-fp8 uses both).
+_TRITON_CAPABILITY = {"int8": (8, 0), "fp8": (8, 9), "int8-fp8": (8, 9)}
 
 for _kind in ATTENTION_KINDS:
     register_attention_kernel(
@@ -72,4 +86,4 @@ for _kind in ATTENTION_KINDS:
         dtypes=HALF_ACTIVATIONS,
         head_dims=frozenset({32, 64, 128}),
         available=triton_available,
-    )(attend_triton)
+    )(attend_triton_pv8 if _kind in FP8_PV_KINDS else attend_triton)

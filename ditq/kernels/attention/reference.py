@@ -12,6 +12,11 @@ Layout (B, S, H, D), as diffusers' attention processors hand it over.
 4. P = softmax(S) in float32; a row with no allowed key gives zeros.
 5. O = P . V with P rounded to V's dtype (bf16 on the GPU), accumulated in float32, cast to V's dtype.
 
+Kind ``int8-fp8`` (SageAttention2's split) quantizes P . V too: Q . K^T as ``int8``, then V per channel (one
+float32 scale per (batch, head, dim) over the keys of the call) and P unnormalized (exp(S - row max), at most 1)
+times 448, both e4m3; O = (P_q . V_q) * scale_v / sum(448 * P) with the sum over P before its rounding, so
+the 448 cancels and only the rounding remains.
+
 Masks are the two that Qwen-Image-2.1's attention uses: ``key_valid`` (B, S_kv) bool (padded prompt tokens are
 False) and ``causal_offset`` c (query row i may see keys j <= c + i: a text segment of the block-causal prefix
 that starts at c attends to everything before it and causally within itself).
@@ -24,18 +29,23 @@ from dataclasses import dataclass
 
 import torch
 
-from ditq.numerics import quantize_activation_per_token, smooth_keys
+from ditq.numerics import FP8_MAX, TINY, quantize_activation_per_token, smooth_keys
 
 __all__ = [
     "ATTENTION_KINDS",
+    "FP8_PV_KINDS",
+    "QK_DTYPE",
     "QuantizedQK",
     "allowed_keys",
     "attend_reference",
     "quantize_qk_reference",
+    "quantize_value_reference",
     "quantized_attention_reference",
 ]
 
-ATTENTION_KINDS = ("int8", "fp8")
+ATTENTION_KINDS = ("int8", "fp8", "int8-fp8")
+QK_DTYPE = {"int8": "int8", "fp8": "fp8", "int8-fp8": "int8"}  # kind -> the 8-bit dtype of Q . K^T
+FP8_PV_KINDS = frozenset({"int8-fp8"})  # kinds whose P . V is e4m3 too
 _SCORES_PER_CHUNK = 2**26  # float32 scores held at once (256 MiB), so long sequences run in query chunks
 
 
@@ -66,9 +76,17 @@ def quantize_qk_reference(query: torch.Tensor, key: torch.Tensor, kind: str) -> 
     """Steps 1-2: per-token quantized queries and smoothed keys (B, S, H, D)."""
     if kind not in ATTENTION_KINDS:
         raise ValueError(f"unknown attention kind {kind!r} (known: {', '.join(ATTENTION_KINDS)})")
-    q, q_scale = quantize_activation_per_token(query, kind)
-    k, k_scale = quantize_activation_per_token(smooth_keys(key), kind)
+    q, q_scale = quantize_activation_per_token(query, QK_DTYPE[kind])
+    k, k_scale = quantize_activation_per_token(smooth_keys(key), QK_DTYPE[kind])
     return QuantizedQK(kind, q, q_scale, k, k_scale)
+
+
+def quantize_value_reference(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """V (B, S, H, D) per channel to e4m3: (v_q (B, S, H, D) float8_e4m3fn, scale (B, 1, H, D) float32), scale =
+    max(amax over S, 1e-12) / 448 (``ditq.numerics``' conventions)."""
+    v = value.to(torch.float32)
+    scale = v.abs().amax(dim=1, keepdim=True).clamp_min(TINY) / FP8_MAX
+    return (v / scale).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 
 def allowed_keys(
@@ -106,7 +124,13 @@ def attend_reference(
     # (B, H, S, D) float32; int8 and e4m3 values are exact in float32, and int8 dot products (< 2**24) too.
     key = qk.key.to(torch.float32).transpose(1, 2)
     key_scale = qk.key_scale.transpose(1, 2).squeeze(-1)  # (B, H, S_kv)
-    v = value.to(torch.float32).transpose(1, 2)
+    fp8_pv = qk.kind in FP8_PV_KINDS
+    if fp8_pv:
+        v_q, v_scale = quantize_value_reference(value)
+        v = v_q.to(torch.float32).transpose(1, 2)
+        v_scale = v_scale.transpose(1, 2)  # (B, H, 1, D)
+    else:
+        v = value.to(torch.float32).transpose(1, 2)
     out = torch.empty(batch, heads, seq_q, head_dim, dtype=torch.float32, device=value.device)
     chunk = max(1, _SCORES_PER_CHUNK // max(1, batch * heads * seq_kv))
     for start in range(0, seq_q, chunk):
@@ -117,6 +141,13 @@ def attend_reference(
         mask = allowed_keys(key_valid, causal_offset, rows, seq_kv, value.device)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
+        if fp8_pv:  # P unnormalized x 448 in e4m3, normalized after P . V by the sum before rounding
+            p = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).nan_to_num_(0.0) * FP8_MAX
+            p_q = p.to(torch.float8_e4m3fn).to(torch.float32)
+            total = p.sum(dim=-1, keepdim=True)
+            pv = (p_q @ v) * v_scale / torch.where(total == 0, 1.0, total)
+            out[:, :, rows.start : rows.stop] = pv
+            continue
         p = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # a row with no allowed key: zeros
         out[:, :, rows.start : rows.stop] = p.to(value.dtype).to(torch.float32) @ v
     return out.transpose(1, 2).to(value.dtype)
