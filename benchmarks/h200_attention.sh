@@ -5,12 +5,13 @@
 #   tests   the attention GPU tests (tests/kernels/test_attention_gpu.py and the numerics' CUDA cases; one Triton
 #           configuration, no tuning)
 #   doctor  ditq doctor --attention for every kind on cuda (JSON)
+#   tune    benchmarks/attention_tune.py: the int8-fp8 kernel's launch configurations at the served shapes
 #   bench   benchmarks/attention_bench.py (BENCH_ARGS: default --refs 0 4 --prefill): the step's and the
 #           prefill's attention at 1024x1024, BF16 SDPA (flash, cuDNN) against each kind's paths
 # Results and logs go to $OUT (default ./h200-out).
 set -o pipefail
 OUT=${OUT:-h200-out}
-STAGES=${STAGES:-tests doctor bench}
+STAGES=${STAGES:-tests doctor tune bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
@@ -27,6 +28,11 @@ for stage in $STAGES; do
       timeout "${DOCTOR_S:-120}" python3 -m ditq.cli doctor --device cuda --attention int8 fp8 int8-fp8 \
         --kernels cpu-reference-w8a8 --json "$OUT/doctor_attention.json" >"$OUT/doctor_attention.log" 2>&1
       echo "doctor: exit $?"; grep -E "attention" "$OUT/doctor_attention.log" | tail -8
+      ;;
+    tune)
+      timeout "${TUNE_S:-300}" python3 benchmarks/attention_tune.py --out "$OUT/attention_tune.json" \
+        >"$OUT/attention_tune.log" 2>&1
+      echo "tune: exit $?"; grep -v "done at" "$OUT/attention_tune.log" | cut -c1-160 | tail -34
       ;;
     bench)
       # shellcheck disable=SC2086

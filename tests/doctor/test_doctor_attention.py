@@ -131,39 +131,58 @@ def test_cli_checks_attention_paths_too(capsys: pytest.CaptureFixture[str]) -> N
     assert "argument --attention: invalid choice: 'int4'" in capsys.readouterr().err
 
 
-def _timer(path_ms: tuple[float, float]):  # type: ignore[no-untyped-def]
-    """A timer giving ``path_ms`` at the two served shapes against SDPA's 10 ms, recording what it was asked."""
+def _timer(path_ms: dict[str, tuple[float, float]]):  # type: ignore[no-untyped-def]
+    """A timer giving each kind's ``path_ms`` at the two served shapes against SDPA's 10 ms, recording what it was
+    asked."""
     asked: list[tuple[str, int, int]] = []
 
     def timer(path, device, dtype, heads, head_dim):  # type: ignore[no-untyped-def]
         asked.append((path.name, heads, head_dim))
         return tuple(
-            AttentionTiming(q, k, ms, 10.0) for (q, k), ms in zip(AUTO_SHAPES["cpu"], path_ms, strict=True)
+            AttentionTiming(q, k, ms, 10.0)
+            for (q, k), ms in zip(AUTO_SHAPES["cpu"], path_ms[path.kind], strict=True)
         )
 
     timer.asked = asked  # type: ignore[attr-defined]
     return timer
 
 
-def test_auto_takes_the_verified_int8_path_only_where_it_is_faster_at_every_served_shape() -> None:
+def test_auto_takes_the_most_faithful_verified_kind_that_is_faster_at_every_served_shape() -> None:
     cpu = torch.device("cpu")
-    faster = _timer((4.0, 9.0))
-    decision = choose_auto_attention(cpu, torch.bfloat16, heads=2, head_dim=32, timer=faster)
+    int8_faster = _timer({"int8": (4.0, 9.0), "int8-fp8": (2.0, 5.0)})
+    decision = choose_auto_attention(cpu, torch.bfloat16, heads=2, head_dim=32, timer=int8_faster)
     assert decision.choice is not None and decision.choice.path.name == "cpu-reference-attention-int8"
-    assert faster.asked == [("cpu-reference-attention-int8", 2, 32)]  # type: ignore[attr-defined]
+    assert int8_faster.asked == [("cpu-reference-attention-int8", 2, 32)]  # type: ignore[attr-defined]
     assert decision.summary().startswith(
         "auto: cpu-reference-attention-int8 (int8 Q.K^T), faster (4 ms vs SDPA"
     )
-    slower_once = choose_auto_attention(cpu, torch.bfloat16, 2, 32, timer=_timer((4.0, 11.0)))
-    assert slower_once.choice is None and "int8 not faster: 4 ms vs SDPA 10 ms" in slower_once.summary()
+    # int8 slower at one shape: int8-fp8, faster at both, is taken, and the summary says why int8 was not
+    only_int8_fp8 = _timer({"int8": (4.0, 11.0), "int8-fp8": (2.0, 5.0)})
+    decision = choose_auto_attention(cpu, torch.bfloat16, 2, 32, timer=only_int8_fp8)
+    assert decision.choice is not None and decision.choice.kind == "int8-fp8"
+    assert [name for name, _, _ in only_int8_fp8.asked] == [  # type: ignore[attr-defined]
+        "cpu-reference-attention-int8",
+        "cpu-reference-attention-int8-fp8",
+    ]
+    assert "; int8 not faster: 4 ms vs SDPA 10 ms" in decision.summary()
+    neither = choose_auto_attention(cpu, torch.bfloat16, 2, 32, timer=_timer({"int8": (4.0, 11.0),
+                                                                              "int8-fp8": (12.0, 5.0)}))  # fmt: skip
+    assert neither.choice is None
+    assert neither.summary() == (
+        "auto: the model's own attention (int8 not faster: 4 ms vs SDPA 10 ms at 272x272 tokens; 11 ms vs SDPA 10 "
+        "ms at 256x1296 tokens; int8-fp8 not faster: 12 ms vs SDPA 10 ms at 272x272 tokens; 5 ms vs SDPA 10 ms at "
+        "256x1296 tokens)"
+    )
 
 
 @pytest.mark.usefixtures("broken")
 def test_auto_keeps_the_models_attention_where_no_path_passes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_ATTENTION_DISABLE, "cpu-reference-attention-int8")
-    decision = choose_auto_attention(torch.device("cpu"), torch.bfloat16, 2, 32, timer=_timer((1.0, 1.0)))
-    assert decision.choice is None and decision.timings == ()
-    assert "no int8 attention path passed the doctor" in decision.summary()
+    monkeypatch.setenv(ENV_ATTENTION_DISABLE, "cpu-reference-attention-int8,cpu-reference-attention-int8-fp8")
+    timer = _timer({"int8": (1.0, 1.0), "int8-fp8": (1.0, 1.0)})
+    decision = choose_auto_attention(torch.device("cpu"), torch.bfloat16, 2, 32, timer=timer)
+    assert decision.choice is None and decision.timings == {} and timer.asked == []  # type: ignore[attr-defined]
+    assert "int8: no int8 attention path passed the doctor" in decision.summary()
+    assert "int8-fp8: no int8-fp8 attention path" in decision.summary()
 
 
 def test_the_timer_runs_both_ways_at_the_served_shapes() -> None:

@@ -29,8 +29,8 @@ CASES = [
 ]
 SDPA_BOUNDS = {"int8": 0.02, "fp8": 0.08, "int8-fp8": 0.08}  # as the doctor's
 # Against the reference arithmetic: bf16 rounding of P (unnormalized here) and of the output; int8-fp8 rounds P to
-# e4m3 against the running row maximum where the reference has the final one (the doctor's MATCH_BOUND)
-MATCH_BOUNDS = {"int8": 5e-3, "fp8": 5e-3, "int8-fp8": 1e-2}
+# e4m3 against the running row maximum where the reference has the final one (the doctor's MATCH_BOUNDS)
+MATCH_BOUNDS = {"int8": 5e-3, "fp8": 5e-3, "int8-fp8": 0.03}
 KINDS = ["int8", "fp8", "int8-fp8"]
 
 
@@ -76,7 +76,7 @@ def test_triton_quantization_is_the_reference_bit_for_bit(kind: str) -> None:
     # The reference arithmetic on the CPU: torch on CUDA divides by a Python scalar as a multiply by its
     # reciprocal (one bit off IEEE division), so ``scale = amax / qmax`` computed there is not the kernel's
     # div_rn. The keys' mean is the path's own (on the GPU: a float32 sum's order differs from the CPU's).
-    smoothed = k.float() - k.float().mean(dim=1, keepdim=True)
+    smoothed = k.float() - k.mean(dim=1, dtype=torch.float32, keepdim=True)
     want = {
         "query": quantize_activation_per_token(q.cpu(), QK_DTYPE[kind]),
         "key": quantize_activation_per_token(smoothed.cpu(), QK_DTYPE[kind]),

@@ -152,7 +152,7 @@ def test_path_masks_follow_the_block_causal_layout(path: AttentionPath) -> None:
         assert relative_l2(got.cpu(), oracle) < SDPA_BOUNDS[path.kind]
     # The path agrees with the reference arithmetic far more closely than either with SDPA.
     reference = attend_reference(quantize_qk_reference(qd.cpu(), kd.cpu(), path.kind), v.to(dtype), key_valid)
-    assert relative_l2(target.cpu(), reference) < 5e-3
+    assert relative_l2(target.cpu(), reference) < (0.03 if path.kind in FP8_PV_KINDS else 5e-3)
 
 
 def test_values_quantize_per_channel_to_e4m3_with_each_channel_amax_at_448() -> None:

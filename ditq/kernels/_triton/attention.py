@@ -104,7 +104,7 @@ def _quantize_rows(
 
 def quantize_qk(query: torch.Tensor, key: torch.Tensor, kind: str) -> QuantizedQK:
     """Per-token quantized queries and smoothed keys, as ``reference.quantize_qk_reference`` computes them."""
-    key_mean = key.to(torch.float32).mean(dim=1)  # (B, H, D)
+    key_mean = key.mean(dim=1, dtype=torch.float32)  # (B, H, D), without a float32 copy of the keys
     q, q_scale = _quantize_rows(query, QK_DTYPE[kind], None)
     k, k_scale = _quantize_rows(key, QK_DTYPE[kind], key_mean)
     return QuantizedQK(kind, q, q_scale, k, k_scale)
@@ -349,6 +349,7 @@ def _attend_tile_pv8(
     CHECK_BOUNDS: tl.constexpr,
     HAS_KEY_VALID: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
+    BITS_I2F: tl.constexpr,
 ):  # fmt: skip
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -366,7 +367,16 @@ def _attend_tile_pv8(
         v = tl.load(vt_tile_ptr + offs_n[:, None] + offs_d[None, :] * stride_vtd)
     # scores over the row's own coefficient (q_scale x sm_scale x log2 e, > 0): one multiply per score here, and
     # the coefficient and the running max meet in one fused multiply-add below
-    s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * k_scale[None, :]
+    s = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
+    if BITS_I2F:
+        # int32 -> float32 through the bits, off the slow conversion unit: |s| <= D * 128 * 128 <= 2**21 (D <= 128),
+        # so 1.5 * 2**23 + s is a float32 whose bits are those of 1.5 * 2**23 plus s, exactly. Its scaling and the
+        # subtraction of 1.5 * 2**23 meet in one fused multiply-add (an error of about one unit of s).
+        s = tl.fma(
+            (s + 0x4B400000).to(tl.float32, bitcast=True), k_scale[None, :], -12582912.0 * k_scale[None, :]
+        )
+    else:
+        s = s.to(tl.float32) * k_scale[None, :]
     if CHECK_BOUNDS or HAS_KEY_VALID or IS_CAUSAL:
         allowed = offs_n[None, :] < seq_kv
         if HAS_KEY_VALID:
@@ -415,6 +425,8 @@ def _attention_pv8_kernel(
     IS_CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BITS_I2F: tl.constexpr = True,
+    WARP_SPECIALIZE: tl.constexpr = False,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     batch_head = tl.program_id(1)
@@ -441,17 +453,17 @@ def _attention_pv8_kernel(
     if IS_CAUSAL:
         hi = tl.minimum(seq_kv, causal_offset + (pid_m + 1) * BLOCK_M)
     full_tiles_end = (hi // BLOCK_N) * BLOCK_N
-    for start_n in range(0, full_tiles_end, BLOCK_N):
+    for start_n in tl.range(0, full_tiles_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         acc, m_i, l_i = _attend_tile_pv8(
             acc, m_i, l_i, q, q_coef, k_tile_ptr, k_scale_ptr, vt_tile_ptr, valid_ptr, start_n, offs_m, seq_kv,
             causal_offset, stride_kn, stride_ksn, stride_vtd, stride_valid_n,
-            BLOCK_N, HEAD_DIM, False, HAS_KEY_VALID, IS_CAUSAL,
+            BLOCK_N, HEAD_DIM, False, HAS_KEY_VALID, IS_CAUSAL, BITS_I2F,
         )  # fmt: skip
     if full_tiles_end < hi:
         acc, m_i, l_i = _attend_tile_pv8(
             acc, m_i, l_i, q, q_coef, k_tile_ptr, k_scale_ptr, vt_tile_ptr, valid_ptr, full_tiles_end, offs_m,
             seq_kv, causal_offset, stride_kn, stride_ksn, stride_vtd, stride_valid_n,
-            BLOCK_N, HEAD_DIM, True, HAS_KEY_VALID, IS_CAUSAL,
+            BLOCK_N, HEAD_DIM, True, HAS_KEY_VALID, IS_CAUSAL, BITS_I2F,
         )  # fmt: skip
     v_scale = tl.load(v_scale_ptr + batch_head * HEAD_DIM + offs_d)
     out = acc * v_scale[None, :] / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no allowed key: zeros
@@ -465,9 +477,11 @@ def attend_pv8(
     key_valid: torch.Tensor | None,
     causal_offset: int | None,
     sm_scale: float,
+    config: dict[str, object] | None = None,
 ) -> torch.Tensor:
     """int8-fp8 attention: int8 Q . K^T (qk, kind int8-fp8), V quantized per channel here, e4m3 P . V ->
-    (B, S_q, H, D) in value's dtype."""
+    (B, S_q, H, D) in value's dtype. ``config`` (benchmarks/attention_tune.py): one launch configuration (BLOCK_M,
+    BLOCK_N, num_warps, num_stages and the kernel's switches) instead of the tuned ones."""
     batch, seq_q, heads, head_dim = qk.query.shape
     seq_kv = qk.key.shape[1]
     for name, t in (("query", qk.query), ("key", qk.key)):
@@ -482,7 +496,8 @@ def attend_pv8(
     def grid(meta: dict) -> tuple[int, int]:
         return (triton.cdiv(seq_q, meta["BLOCK_M"]), batch * heads)
 
-    _attention_pv8_kernel[grid](
+    kernel = _attention_pv8_kernel if config is None else _attention_pv8_kernel.fn
+    kernel[grid](
         qk.query, qk.query_scale, qk.key, qk.key_scale, value_t, value_scale, out if valid is None else valid, out,
         qk.query.stride(0), qk.query.stride(1), qk.query.stride(2),
         qk.query_scale.stride(0), qk.query_scale.stride(1), qk.query_scale.stride(2),
@@ -495,5 +510,6 @@ def attend_pv8(
         HEAD_DIM=head_dim,
         HAS_KEY_VALID=valid is not None,
         IS_CAUSAL=causal_offset is not None,
+        **(config or {}),
     )  # fmt: skip
     return out

@@ -1,0 +1,115 @@
+"""Launch configurations of the int8-fp8 attention kernel at the served shapes, each checked and timed.
+
+    python3 benchmarks/attention_tune.py --out attention_tune.json
+
+At the two shapes ``--attention auto`` times (``ditq.doctor.attention.AUTO_SHAPES``: 4352 queries over 4352 keys,
+and a 4-reference cached step's 4096 over 20736; Qwen-Image-2.1's 32 heads x 128), inputs drawn as
+``attention_bench.py`` draws them: every variant (block sizes, warps, pipeline stages, and the kernel's switches:
+``BITS_I2F``, the int32 scores made float through their bits; ``WARP_SPECIALIZE``, Triton's warp-specialised loop)
+runs once against the reference arithmetic on the same quantized inputs (relative L2, the doctor's match bound for
+the kind) and is then timed (median of ``triton.testing.do_bench``), V's quantization included as served. BF16 SDPA
+through cuDNN is timed beside them. A variant that fails to compile or to match is recorded with why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_bench import _inputs, _rel_l2, _sdpa
+from kernels_bench import median_ms
+
+MATCH_BOUND = 0.03  # the doctor's for int8-fp8
+HEADS, HEAD_DIM = 32, 128
+
+
+def _variants() -> list[dict[str, object]]:
+    grid = [(128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4),
+            (128, 64, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 3)]  # fmt: skip
+    variants: list[dict[str, object]] = [
+        {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "BITS_I2F": True}
+        for bm, bn, w, st in grid
+    ]
+    for bm, bn, w, st in ((128, 128, 8, 3), (64, 128, 4, 3)):
+        variants.append({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "BITS_I2F": False})
+    for bm, bn, w, st in ((128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 4, 3)):
+        variants.append({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "BITS_I2F": True,
+                         "WARP_SPECIALIZE": True})  # fmt: skip
+    return variants
+
+
+def _shape_rows(queries: int, keys: int) -> list[dict[str, object]]:
+    from torch.nn.attention import SDPBackend
+
+    from ditq.kernels._triton.attention import attend_pv8
+    from ditq.kernels.attention import attend_reference, get_attention_kernel
+
+    path = get_attention_kernel("triton-attention-int8-fp8")
+    q, k, v = _inputs(queries, keys, HEADS, HEAD_DIM, seed=keys)
+    flops = 4 * queries * keys * HEADS * HEAD_DIM
+    cudnn_ms = median_ms(lambda: _sdpa(q, k, v, SDPBackend.CUDNN_ATTENTION))
+    qk = path.quantize(q, k, path.kind)
+    reference = attend_reference(qk, v, None, None, HEAD_DIM**-0.5)
+    base = {"queries": queries, "keys": keys}
+    rows: list[dict[str, object]] = [
+        {**base, "variant": "sdpa-bf16-cudnn", "ms": cudnn_ms, "tflops": flops / cudnn_ms / 1e9}
+    ]
+    quantize_ms = median_ms(lambda: path.quantize(q, k, path.kind))
+    rows.append({**base, "variant": "quantize Q and K", "ms": quantize_ms})
+    for config in _variants():
+        name = " ".join(f"{key}={value}" for key, value in config.items())
+        try:
+            out = attend_pv8(qk, v, None, None, HEAD_DIM**-0.5, config=config)
+            error = _rel_l2(out, reference)
+            if not error <= MATCH_BOUND:
+                rows.append({**base, "variant": name, "config": config, "error": f"rel-L2 {error:.3g}"})
+                continue
+            ms = median_ms(lambda c=config: attend_pv8(qk, v, None, None, HEAD_DIM**-0.5, config=c))
+        except Exception as failure:  # a variant this compiler cannot build is recorded
+            rows.append({**base, "variant": name, "config": config, "error": repr(failure)[:300]})
+            continue
+        rows.append({**base, "variant": name, "config": config, "ms": ms, "tflops": flops / ms / 1e9,
+                     "x_cudnn": ms / cudnn_ms, "total_x_cudnn": (ms + quantize_ms) / cudnn_ms,
+                     "rel_l2_vs_reference": error})  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("attention_tune: needs a CUDA device", file=sys.stderr)
+        return 2
+    from ditq.doctor.attention import AUTO_SHAPES
+
+    started = time.time()
+    rows: list[dict[str, object]] = []
+    for queries, keys in AUTO_SHAPES["cuda"]:
+        rows += _shape_rows(queries, keys)
+        print(f"{queries}x{keys} done at {time.time() - started:.0f}s", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"command": " ".join(["python3", *sys.argv]), "gpu": torch.cuda.get_device_name(),
+               "seconds": round(time.time() - started, 1), "rows": rows}  # fmt: skip
+    args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    for r in rows:
+        shape = f"{r['queries']}x{r['keys']}"
+        if "error" in r:
+            print(f"{shape:>11} {r['variant']:<75} error: {r['error']}"[:200])
+        else:
+            extra = (
+                f" {r['x_cudnn']:.2f}x cudnn, with Q/K {r['total_x_cudnn']:.2f}x" if "x_cudnn" in r else ""
+            )
+            flops_text = f" {r['tflops']:6.0f} TFLOPS" if "tflops" in r else ""
+            print(f"{shape:>11} {r['variant']:<75} {r['ms']:7.3f} ms{flops_text}{extra}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
