@@ -4,8 +4,8 @@
 
 At the two shapes ``--attention auto`` times (``ditq.doctor.attention.AUTO_SHAPES``: 4352 queries over 4352 keys,
 and a 4-reference cached step's 4096 over 20736; Qwen-Image-2.1's 32 heads x 128), inputs drawn as
-``attention_bench.py`` draws them: every variant (block sizes, warps, pipeline stages, and the kernel's switches:
-``BITS_I2F``, the int32 scores made float through their bits; ``WARP_SPECIALIZE``, Triton's warp-specialised loop)
+``attention_bench.py`` draws them: every variant (the kernel reading its tiles through pointers or through TMA
+descriptors; block sizes, warps, pipeline stages)
 runs once against the reference arithmetic on the same quantized inputs (relative L2, the doctor's match bound for
 the kind) and is then timed (median of ``triton.testing.do_bench``), V's quantization included as served. BF16 SDPA
 through cuDNN is timed beside them. A variant that fails to compile or to match is recorded with why.
@@ -29,25 +29,29 @@ MATCH_BOUND = 0.03  # the doctor's for int8-fp8
 HEADS, HEAD_DIM = 32, 128
 
 
-def _variants() -> list[dict[str, object]]:
-    grid = [(128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4),
-            (128, 64, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 3)]  # fmt: skip
-    variants: list[dict[str, object]] = [
-        {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "BITS_I2F": True}
+def _variants() -> list[tuple[bool, dict[str, object]]]:
+    """(through TMA descriptors, launch configuration) pairs."""
+    pointer = [
+        (64, 128, 4, 3),
+        (64, 128, 4, 2),
+        (128, 128, 8, 3),
+        (64, 256, 4, 2),
+        (64, 256, 8, 2),
+        (64, 64, 4, 3),
+    ]
+    tma = [(64, 128, 4, 2), (64, 128, 4, 3), (64, 128, 4, 4), (128, 128, 8, 2), (128, 128, 8, 3), (64, 256, 4, 2),
+           (64, 256, 8, 3), (128, 64, 4, 3)]  # fmt: skip
+    return [
+        (through, {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st})
+        for through, grid in ((False, pointer), (True, tma))
         for bm, bn, w, st in grid
     ]
-    for bm, bn, w, st in ((128, 128, 8, 3), (64, 128, 4, 3)):
-        variants.append({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "BITS_I2F": False})
-    for bm, bn, w, st in ((128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 4, 3)):
-        variants.append({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "BITS_I2F": True,
-                         "WARP_SPECIALIZE": True})  # fmt: skip
-    return variants
 
 
 def _shape_rows(queries: int, keys: int) -> list[dict[str, object]]:
     from torch.nn.attention import SDPBackend
 
-    from ditq.kernels._triton.attention import attend_pv8
+    from ditq.kernels._triton.attention import attend_pv8, quantize_value
     from ditq.kernels.attention import attend_reference, get_attention_kernel
 
     path = get_attention_kernel("triton-attention-int8-fp8")
@@ -62,15 +66,24 @@ def _shape_rows(queries: int, keys: int) -> list[dict[str, object]]:
     ]
     quantize_ms = median_ms(lambda: path.quantize(q, k, path.kind))
     rows.append({**base, "variant": "quantize Q and K", "ms": quantize_ms})
-    for config in _variants():
-        name = " ".join(f"{key}={value}" for key, value in config.items())
+    rows.append(
+        {
+            **base,
+            "variant": "quantize V (inside each variant's time)",
+            "ms": median_ms(lambda: quantize_value(v)),
+        }
+    )
+    for tma, config in _variants():
+        name = ("tma " if tma else "pointers ") + " ".join(f"{key}={value}" for key, value in config.items())
         try:
-            out = attend_pv8(qk, v, None, None, HEAD_DIM**-0.5, config=config)
+            out = attend_pv8(qk, v, None, None, HEAD_DIM**-0.5, config=config, tma=tma)
             error = _rel_l2(out, reference)
             if not error <= MATCH_BOUND:
                 rows.append({**base, "variant": name, "config": config, "error": f"rel-L2 {error:.3g}"})
                 continue
-            ms = median_ms(lambda c=config: attend_pv8(qk, v, None, None, HEAD_DIM**-0.5, config=c))
+            ms = median_ms(
+                lambda c=config, t=tma: attend_pv8(qk, v, None, None, HEAD_DIM**-0.5, config=c, tma=t)
+            )
         except Exception as failure:  # a variant this compiler cannot build is recorded
             rows.append({**base, "variant": name, "config": config, "error": repr(failure)[:300]})
             continue

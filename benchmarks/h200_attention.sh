@@ -4,6 +4,7 @@
 # Stages (STAGES picks a subset, in this order; each has its own time limit):
 #   tests   the attention GPU tests (tests/kernels/test_attention_gpu.py and the numerics' CUDA cases; one Triton
 #           configuration, no tuning)
+#   diffusers  the diffusers quantizer's CUDA test (tests/runtime/test_diffusers_quantizer.py; not by default)
 #   doctor  ditq doctor --attention for every kind on cuda (JSON)
 #   tune    benchmarks/attention_tune.py: the int8-fp8 kernel's launch configurations at the served shapes
 #   bench   benchmarks/attention_bench.py (BENCH_ARGS: default --refs 0 4 --prefill): the step's and the
@@ -23,6 +24,11 @@ for stage in $STAGES; do
       DITQ_TRITON_AUTOTUNE=0 timeout "${TESTS_S:-240}" python3 -m pytest -q --noconftest -p no:cacheprovider -m gpu \
         tests/kernels/test_attention_gpu.py tests/kernels/test_attention_numerics.py >"$OUT/attention_gpu_tests.log" 2>&1
       tail -4 "$OUT/attention_gpu_tests.log"
+      ;;
+    diffusers)
+      timeout "${DIFFUSERS_S:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_diffusers_quantizer.py \
+        >"$OUT/diffusers_gpu_tests.log" 2>&1
+      tail -4 "$OUT/diffusers_gpu_tests.log"
       ;;
     doctor)
       timeout "${DOCTOR_S:-120}" python3 -m ditq.cli doctor --device cuda --attention int8 fp8 int8-fp8 \

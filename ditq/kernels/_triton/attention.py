@@ -339,6 +339,32 @@ def quantize_value(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
+def _pv8_update(acc, m_i, l_i, s, q_coef, v):  # fmt: skip
+    """One key tile's online-softmax step: s (BLOCK_M, BLOCK_N) float32 scores over the row's coefficient (masked
+    keys -inf), v (BLOCK_N, D) e4m3 with the keys contiguous."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * q_coef)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no allowed key yet
+    alpha = tl.math.exp2(m_i - m_safe)
+    # 448 P: log2(448) added to the exponent; the sum carries the same factor, so it cancels in O = acc / l
+    p = tl.math.exp2(s * q_coef[:, None] - (m_safe - 8.807354922057604)[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    pv = tl.dot(p.to(tl.float8e4nv), v)  # one tile's sum in float32, then added: no long fp8 accumulation
+    return acc * alpha[:, None] + pv, m_new, l_i
+
+
+@triton.jit
+def _pv8_mask(s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n,
+              HAS_KEY_VALID: tl.constexpr, IS_CAUSAL: tl.constexpr):  # fmt: skip
+    allowed = offs_n[None, :] < seq_kv
+    if HAS_KEY_VALID:
+        key_ok = tl.load(valid_ptr + offs_n * stride_valid_n, mask=offs_n < seq_kv, other=0)
+        allowed = allowed & (key_ok[None, :] != 0)
+    if IS_CAUSAL:
+        allowed = allowed & (offs_n[None, :] <= causal_offset + offs_m[:, None])
+    return tl.where(allowed, s, float("-inf"))
+
+
+@triton.jit
 def _attend_tile_pv8(
     acc, m_i, l_i, q, q_coef,
     k_tile_ptr, k_scale_ptr, vt_tile_ptr, valid_ptr,
@@ -349,7 +375,6 @@ def _attend_tile_pv8(
     CHECK_BOUNDS: tl.constexpr,
     HAS_KEY_VALID: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
-    BITS_I2F: tl.constexpr,
 ):  # fmt: skip
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -365,43 +390,20 @@ def _attend_tile_pv8(
         k = tl.load(k_tile_ptr + offs_n[:, None] * stride_kn + offs_d[None, :])
         k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn)
         v = tl.load(vt_tile_ptr + offs_n[:, None] + offs_d[None, :] * stride_vtd)
-    # scores over the row's own coefficient (q_scale x sm_scale x log2 e, > 0): one multiply per score here, and
-    # the coefficient and the running max meet in one fused multiply-add below
-    s = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
-    if BITS_I2F:
-        # int32 -> float32 through the bits, off the slow conversion unit: |s| <= D * 128 * 128 <= 2**21 (D <= 128),
-        # so 1.5 * 2**23 + s is a float32 whose bits are those of 1.5 * 2**23 plus s, exactly. Its scaling and the
-        # subtraction of 1.5 * 2**23 meet in one fused multiply-add (an error of about one unit of s).
-        s = tl.fma(
-            (s + 0x4B400000).to(tl.float32, bitcast=True), k_scale[None, :], -12582912.0 * k_scale[None, :]
-        )
-    else:
-        s = s.to(tl.float32) * k_scale[None, :]
+    # scores over the row's own coefficient (q_scale x sm_scale x log2 e, > 0): one multiply per score here; the
+    # coefficient and the running max meet in one fused multiply-add in _pv8_update
+    s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * k_scale[None, :]
     if CHECK_BOUNDS or HAS_KEY_VALID or IS_CAUSAL:
-        allowed = offs_n[None, :] < seq_kv
-        if HAS_KEY_VALID:
-            key_ok = tl.load(valid_ptr + offs_n * stride_valid_n, mask=offs_n < seq_kv, other=0)
-            allowed = allowed & (key_ok[None, :] != 0)
-        if IS_CAUSAL:
-            allowed = allowed & (offs_n[None, :] <= causal_offset + offs_m[:, None])
-        s = tl.where(allowed, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1) * q_coef)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no allowed key yet
-    alpha = tl.math.exp2(m_i - m_safe)
-    # 448 P: log2(448) added to the exponent; the sum carries the same factor, so it cancels in O = acc / l
-    p = tl.math.exp2(s * q_coef[:, None] - (m_safe - 8.807354922057604)[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    pv = tl.dot(p.to(tl.float8e4nv), v)  # one tile's sum in float32, then added: no long fp8 accumulation
-    acc = acc * alpha[:, None] + pv
-    return acc, m_new, l_i
+        s = _pv8_mask(
+            s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID, IS_CAUSAL
+        )
+    return _pv8_update(acc, m_i, l_i, s, q_coef, v)
 
 
 _PV8_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-    for bm, bn, w, s in (
-        (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 4),
-    )
-]  # fmt: skip
+    for bm, bn, w, s in ((64, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3))
+]  # the best two of attention_tune.py's grid on an H200, and two smaller
 if os.environ.get("TRITON_INTERPRET") == "1":
     _PV8_CONFIGS = [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3)]
 elif os.environ.get("DITQ_TRITON_AUTOTUNE", "1") == "0":
@@ -425,8 +427,6 @@ def _attention_pv8_kernel(
     IS_CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BITS_I2F: tl.constexpr = True,
-    WARP_SPECIALIZE: tl.constexpr = False,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     batch_head = tl.program_id(1)
@@ -453,21 +453,102 @@ def _attention_pv8_kernel(
     if IS_CAUSAL:
         hi = tl.minimum(seq_kv, causal_offset + (pid_m + 1) * BLOCK_M)
     full_tiles_end = (hi // BLOCK_N) * BLOCK_N
-    for start_n in tl.range(0, full_tiles_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in range(0, full_tiles_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile_pv8(
             acc, m_i, l_i, q, q_coef, k_tile_ptr, k_scale_ptr, vt_tile_ptr, valid_ptr, start_n, offs_m, seq_kv,
             causal_offset, stride_kn, stride_ksn, stride_vtd, stride_valid_n,
-            BLOCK_N, HEAD_DIM, False, HAS_KEY_VALID, IS_CAUSAL, BITS_I2F,
+            BLOCK_N, HEAD_DIM, False, HAS_KEY_VALID, IS_CAUSAL,
         )  # fmt: skip
     if full_tiles_end < hi:
         acc, m_i, l_i = _attend_tile_pv8(
             acc, m_i, l_i, q, q_coef, k_tile_ptr, k_scale_ptr, vt_tile_ptr, valid_ptr, full_tiles_end, offs_m,
             seq_kv, causal_offset, stride_kn, stride_ksn, stride_vtd, stride_valid_n,
-            BLOCK_N, HEAD_DIM, True, HAS_KEY_VALID, IS_CAUSAL, BITS_I2F,
+            BLOCK_N, HEAD_DIM, True, HAS_KEY_VALID, IS_CAUSAL,
         )  # fmt: skip
     v_scale = tl.load(v_scale_ptr + batch_head * HEAD_DIM + offs_d)
     out = acc * v_scale[None, :] / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no allowed key: zeros
     out_ptrs = out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=rows_ok[:, None])
+
+
+def _tma_block_shapes(nargs: dict) -> None:
+    """The TMA kernel's descriptors take the configuration's tile shapes (an autotuner pre-hook)."""
+    block_m, block_n, head_dim = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["HEAD_DIM"]
+    nargs["desc_q"].block_shape = [1, block_m, head_dim]
+    nargs["desc_k"].block_shape = [1, block_n, head_dim]
+    nargs["desc_v"].block_shape = [1, head_dim, block_n]
+
+
+_PV8_TMA_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=_tma_block_shapes)
+    for bm, bn, w, s in ((64, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3))
+]
+if os.environ.get("DITQ_TRITON_AUTOTUNE", "1") == "0":
+    _PV8_TMA_CONFIGS = _PV8_TMA_CONFIGS[:1]
+
+
+@triton.autotune(configs=_PV8_TMA_CONFIGS, key=["HEAD_DIM", "size_class"])
+@triton.jit
+def _attention_pv8_tma_kernel(
+    desc_q, q_scale_ptr, desc_k, k_scale_ptr, desc_v, v_scale_ptr, valid_ptr, out_ptr,
+    stride_qsb, stride_qsm, stride_qsh,
+    stride_ksb, stride_ksn, stride_ksh,
+    stride_valid_b, stride_valid_n,
+    stride_ob, stride_om, stride_oh,
+    heads, seq_q, seq_kv, causal_offset, qk_scale, size_class,
+    HEAD_DIM: tl.constexpr,
+    HAS_KEY_VALID: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # Q (B, S_q, H*D) and K (B, S_kv, H*D) int8 and V (B*H, D, S_pad) e4m3 through TMA descriptors: tiles past a
+    # tensor's end arrive as zeros (and the bounds mask makes their scores -inf)
+    pid_m = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    b = batch_head // heads
+    h = batch_head % heads
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows_ok = offs_m < seq_q
+    q = desc_q.load([b, pid_m * BLOCK_M, h * HEAD_DIM]).reshape(BLOCK_M, HEAD_DIM)
+    b64 = b.to(tl.int64)
+    q_coef = tl.load(q_scale_ptr + b64 * stride_qsb + h * stride_qsh + offs_m * stride_qsm, mask=rows_ok,
+                     other=1.0)  # fmt: skip
+    q_coef = q_coef * qk_scale
+    k_scale_ptr = k_scale_ptr + b64 * stride_ksb + h * stride_ksh
+    valid_ptr = valid_ptr + b64 * stride_valid_b
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    hi = seq_kv
+    if IS_CAUSAL:
+        hi = tl.minimum(seq_kv, causal_offset + (pid_m + 1) * BLOCK_M)
+    full_tiles_end = (hi // BLOCK_N) * BLOCK_N
+    for start_n in range(0, full_tiles_end, BLOCK_N):
+        k = desc_k.load([b, start_n, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn)
+        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * k_scale[None, :]
+        if HAS_KEY_VALID or IS_CAUSAL:
+            s = _pv8_mask(s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID,
+                          IS_CAUSAL)  # fmt: skip
+        v = tl.trans(desc_v.load([batch_head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N))
+        acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v)
+    if full_tiles_end < hi:
+        k = desc_k.load([b, full_tiles_end, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
+        offs_n = full_tiles_end + tl.arange(0, BLOCK_N)
+        k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn, mask=offs_n < seq_kv, other=0.0)
+        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * k_scale[None, :]
+        s = _pv8_mask(
+            s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID, IS_CAUSAL
+        )
+        v = tl.trans(desc_v.load([batch_head, 0, full_tiles_end]).reshape(HEAD_DIM, BLOCK_N))
+        acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v)
+    v_scale = tl.load(v_scale_ptr + batch_head * HEAD_DIM + offs_d)
+    out = acc * v_scale[None, :] / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no allowed key: zeros
+    out_ptrs = out_ptr + b64 * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=rows_ok[:, None])
 
 
@@ -478,24 +559,51 @@ def attend_pv8(
     causal_offset: int | None,
     sm_scale: float,
     config: dict[str, object] | None = None,
+    tma: bool = False,
 ) -> torch.Tensor:
     """int8-fp8 attention: int8 Q . K^T (qk, kind int8-fp8), V quantized per channel here, e4m3 P . V ->
-    (B, S_q, H, D) in value's dtype. ``config`` (benchmarks/attention_tune.py): one launch configuration (BLOCK_M,
-    BLOCK_N, num_warps, num_stages and the kernel's switches) instead of the tuned ones."""
+    (B, S_q, H, D) in value's dtype. ``tma``: the kernel that reads its tiles through TMA descriptors. ``config``
+    (benchmarks/attention_tune.py): one launch configuration (BLOCK_M, BLOCK_N, num_warps, num_stages) instead of
+    the tuned ones."""
     batch, seq_q, heads, head_dim = qk.query.shape
     seq_kv = qk.key.shape[1]
     for name, t in (("query", qk.query), ("key", qk.key)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name}: the head dim must be contiguous, strides {tuple(t.stride())}")
+        if t.stride(-1) != 1 or t.stride(-2) != head_dim:
+            raise ValueError(f"{name}: each token's heads must be contiguous, strides {tuple(t.stride())}")
     value_t, value_scale = quantize_value(value[:, :seq_kv])
     out = torch.empty((batch, seq_q, heads, head_dim), dtype=value.dtype, device=value.device)
     valid = None if key_valid is None else key_valid[:, :seq_kv].to(torch.uint8).contiguous()
     valid_strides = (0, 0) if valid is None else (valid.stride(0), valid.stride(1))
     size_class = int(math.log2(max(1, seq_q * seq_kv)) // 4)
+    common = (
+        *valid_strides, out.stride(0), out.stride(1), out.stride(2),
+        heads, seq_q, seq_kv, 0 if causal_offset is None else causal_offset, sm_scale * _LOG2_E, size_class,
+    )  # fmt: skip
+    flags = {"HEAD_DIM": head_dim, "HAS_KEY_VALID": valid is not None, "IS_CAUSAL": causal_offset is not None}
 
     def grid(meta: dict) -> tuple[int, int]:
         return (triton.cdiv(seq_q, meta["BLOCK_M"]), batch * heads)
 
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        # V's rows end at seq_kv, not at their padding (which is never written): keys past it arrive as zeros
+        q3, k3, v3 = qk.query.flatten(2), qk.key.flatten(2), value_t.flatten(0, 1)[..., :seq_kv]
+        block_m, block_n = (64, 128) if config is None else (config["BLOCK_M"], config["BLOCK_N"])
+        descriptors = [
+            TensorDescriptor(t, list(t.shape), list(t.stride()), block)
+            for t, block in ((q3, [1, block_m, head_dim]), (k3, [1, block_n, head_dim]),
+                             (v3, [1, head_dim, block_n]))
+        ]  # fmt: skip
+        kernel = _attention_pv8_tma_kernel if config is None else _attention_pv8_tma_kernel.fn
+        kernel[grid](
+            descriptors[0], qk.query_scale, descriptors[1], qk.key_scale, descriptors[2], value_scale,
+            out if valid is None else valid, out,
+            qk.query_scale.stride(0), qk.query_scale.stride(1), qk.query_scale.stride(2),
+            qk.key_scale.stride(0), qk.key_scale.stride(1), qk.key_scale.stride(2),
+            *common, **flags, **(config or {}),
+        )  # fmt: skip
+        return out
     kernel = _attention_pv8_kernel if config is None else _attention_pv8_kernel.fn
     kernel[grid](
         qk.query, qk.query_scale, qk.key, qk.key_scale, value_t, value_scale, out if valid is None else valid, out,
@@ -504,12 +612,6 @@ def attend_pv8(
         qk.key.stride(0), qk.key.stride(1), qk.key.stride(2),
         qk.key_scale.stride(0), qk.key_scale.stride(1), qk.key_scale.stride(2),
         value_t.stride(1), value_t.stride(2),
-        *valid_strides,
-        out.stride(0), out.stride(1), out.stride(2),
-        heads, seq_q, seq_kv, 0 if causal_offset is None else causal_offset, sm_scale * _LOG2_E, size_class,
-        HEAD_DIM=head_dim,
-        HAS_KEY_VALID=valid is not None,
-        IS_CAUSAL=causal_offset is not None,
-        **(config or {}),
+        *common, **flags, **(config or {}),
     )  # fmt: skip
     return out
