@@ -25,8 +25,8 @@ def add_variant_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_attention_argument(parser: argparse.ArgumentParser) -> None:
-    """``--attention int8|fp8|int8-fp8|auto`` (default off), as ``ditq.doctor.attention``'s ``install_quantized_attention``
-    and ``install_auto_attention`` read it."""
+    """``--attention int8|fp8|int8-fp8|auto`` (default off), as ``ditq.doctor.attention``'s
+    ``install_quantized_attention`` and ``install_auto_attention`` read it."""
     parser.add_argument(
         "--attention",
         choices=(*ATTENTION_CHOICES, "auto"),

@@ -1,5 +1,5 @@
-"""Quantized attention on a loaded pipeline (``--attention int8|fp8``): one processor per Qwen-Image-2.1 attention
-module, running the doctor-chosen path (``ditq.doctor.attention.choose_attention_kernel``).
+"""Quantized attention on a loaded pipeline (``--attention int8|fp8|int8-fp8``): one processor per Qwen-Image-2.1
+attention module, running the doctor-chosen path (``ditq.doctor.attention.choose_attention_kernel``).
 
 ``QuantizedAttnProcessor`` computes what diffusers' ``QwenImage21AttnProcessor`` computes, with its attention
 calls replaced: the same Q/K/V projection, norms, RoPE and KV-cache bookkeeping

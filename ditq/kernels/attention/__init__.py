@@ -1,5 +1,5 @@
-"""Quantized attention (8-bit Q . K^T, and P . V for int8-fp8): the arithmetic (``reference``), one registry of paths (``registry``)
-and the paths themselves (``paths``; importing this package registers them)."""
+"""Quantized attention (8-bit Q . K^T, and P . V for int8-fp8): the arithmetic (``reference``), one registry of
+paths (``registry``) and the paths themselves (``paths``; importing this package registers them)."""
 
 from __future__ import annotations
 
