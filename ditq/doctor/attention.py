@@ -36,6 +36,7 @@ from ditq.kernels.attention import (
     all_attention_kernels,
     attend_reference,
     candidate_attention_paths,
+    dequantized_values,
     quantize_qk_reference,
     quantize_value_reference,
 )
@@ -156,8 +157,7 @@ def _dtype_checks(
                       key_valid.to(device), None, head_dim**-0.5).float().cpu()  # fmt: skip
     weights = key_valid.to(torch.float32)[:, :, None, None]
     if path.kind in FP8_PV_KINDS:  # P . V in e4m3: the mean of the values as they were rounded
-        v_q, v_scale = quantize_value_reference(v)
-        v = v_q.to(torch.float32) * v_scale
+        v = dequantized_values(*quantize_value_reference(v))
     mean_v = (v.float() * weights).sum(dim=1, keepdim=True) / weights.sum(dim=1, keepdim=True)
     checks.append(_check("output", f"{where} (uniform keys)", "analytic", name,
                          relative_l2(out, mean_v.expand_as(out)), ANALYTIC_BOUND))  # fmt: skip

@@ -89,16 +89,39 @@ def test_triton_quantization_is_the_reference_bit_for_bit(kind: str) -> None:
 
 
 def test_triton_value_quantization_is_the_reference_bit_for_bit() -> None:
-    """int8-fp8's V, stored with the keys contiguous for the P . V product (rows padded to 16 keys)."""
+    """int8-fp8's V, stored with the keys contiguous for the P . V product (rows padded to 16 keys), one scale per
+    channel and block of VALUE_BLOCK keys."""
     from ditq.kernels._triton.attention import quantize_value
 
     _, _, v = _inputs(2, 8, 999, 3, 128, seed=8)
+    v[:, 300:310] *= 40  # one block of larger values
     got, got_scale = quantize_value(v[:, 5:])  # a token slice, as the text segments pass it
     want, want_scale = quantize_value_reference(v[:, 5:].cpu())
-    assert got.shape == (2, 3, 128, 1008) and got_scale.shape == (2, 3, 128)
-    assert torch.equal(got_scale.cpu(), want_scale[:, 0])
+    assert got.shape == (2, 3, 128, 1008) and got_scale.shape == (2, 3, 8, 128)
+    assert torch.equal(got_scale.cpu(), want_scale.permute(0, 2, 1, 3))
     stored = got[..., :994].permute(0, 3, 1, 2).cpu()  # (B, S, H, D) as the reference holds it
     assert torch.equal(stored.view(torch.uint8), want.view(torch.uint8))
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("case", CASES[1:3], ids=lambda c: f"B{c[0]}xQ{c[1]}xK{c[2]}xH{c[3]}xD{c[4]}")
+def test_both_int8_fp8_kernels_match_the_reference(tma: bool, case: tuple) -> None:  # type: ignore[type-arg]
+    """The path runs one of the two int8-fp8 kernels (TMA descriptors on sm_90+); both keep the arithmetic, with
+    padded keys and a causal text segment."""
+    from ditq.kernels._triton.attention import attend_pv8
+
+    if tma and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA descriptors need sm_90")
+    batch, rows, keys, heads, head_dim, causal, _ = case
+    q, k, v = _inputs(batch, rows, keys, heads, head_dim, seed=rows + 1)
+    key_valid = torch.ones(batch, keys, dtype=torch.bool, device="cuda")
+    key_valid[-1, keys // 3 : keys // 3 + 17] = False
+    qk = get_attention_kernel("triton-attention-int8-fp8").quantize(q, k, "int8-fp8")
+    out = attend_pv8(qk, v, key_valid, causal, head_dim**-0.5, tma=tma)
+    reference = attend_reference(
+        quantize_qk_reference(q, k, "int8-fp8"), v, key_valid, causal, head_dim**-0.5
+    )
+    assert torch.isfinite(out).all() and relative_l2(out, reference) < MATCH_BOUNDS["int8-fp8"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
