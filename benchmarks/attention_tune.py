@@ -31,16 +31,10 @@ HEADS, HEAD_DIM = 32, 128
 
 def _variants() -> list[tuple[bool, dict[str, object]]]:
     """(through TMA descriptors, launch configuration) pairs."""
-    pointer = [
-        (64, 128, 4, 3),
-        (64, 128, 4, 2),
-        (128, 128, 8, 3),
-        (64, 256, 4, 2),
-        (64, 256, 8, 2),
-        (64, 64, 4, 3),
-    ]
-    tma = [(64, 128, 4, 2), (64, 128, 4, 3), (64, 128, 4, 4), (128, 128, 8, 2), (128, 128, 8, 3), (64, 256, 4, 2),
-           (64, 256, 8, 3), (128, 64, 4, 3)]  # fmt: skip
+    # the grid of the H200 runs, cut to the configurations within 1.3x of the best there (BLOCK_N must divide the
+    # 128 keys of one block of V's scales)
+    pointer = [(64, 128, 4, 3), (128, 128, 8, 3)]
+    tma = [(64, 128, 4, 3), (64, 128, 4, 2), (128, 128, 8, 3), (64, 64, 4, 3)]
     return [
         (through, {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st})
         for through, grid in ((False, pointer), (True, tma))
