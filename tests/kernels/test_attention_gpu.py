@@ -103,27 +103,6 @@ def test_triton_value_quantization_is_the_reference_bit_for_bit() -> None:
     assert torch.equal(stored.view(torch.uint8), want.view(torch.uint8))
 
 
-@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
-@pytest.mark.parametrize("case", CASES[1:3], ids=lambda c: f"B{c[0]}xQ{c[1]}xK{c[2]}xH{c[3]}xD{c[4]}")
-def test_both_int8_fp8_kernels_match_the_reference(tma: bool, case: tuple) -> None:  # type: ignore[type-arg]
-    """The path runs one of the two int8-fp8 kernels (TMA descriptors on sm_90+); both keep the arithmetic, with
-    padded keys and a causal text segment."""
-    from ditq.kernels._triton.attention import attend_pv8
-
-    if tma and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("TMA descriptors need sm_90")
-    batch, rows, keys, heads, head_dim, causal, _ = case
-    q, k, v = _inputs(batch, rows, keys, heads, head_dim, seed=rows + 1)
-    key_valid = torch.ones(batch, keys, dtype=torch.bool, device="cuda")
-    key_valid[-1, keys // 3 : keys // 3 + 17] = False
-    qk = get_attention_kernel("triton-attention-int8-fp8").quantize(q, k, "int8-fp8")
-    out = attend_pv8(qk, v, key_valid, causal, head_dim**-0.5, tma=tma)
-    reference = attend_reference(
-        quantize_qk_reference(q, k, "int8-fp8"), v, key_valid, causal, head_dim**-0.5
-    )
-    assert torch.isfinite(out).all() and relative_l2(out, reference) < MATCH_BOUNDS["int8-fp8"]
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_doctor_passes_the_triton_path(kind: str) -> None:
     from ditq.doctor.attention import check_attention_path

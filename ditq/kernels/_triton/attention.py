@@ -1,7 +1,8 @@
 """Quantized attention through Triton: the ``reference`` module's arithmetic, fused FlashAttention-style.
 
 Two kernels: ``attend`` (kinds int8 and fp8: 8-bit Q . K^T, P . V in V's dtype) and ``attend_pv8`` (kind
-int8-fp8: int8 Q . K^T, then P and V in e4m3 for P . V, both on the tensor cores' 8-bit rate).
+int8-fp8: int8 Q . K^T, then P and V in e4m3 for P . V, both on the tensor cores' 8-bit rate; its tiles read through
+TMA descriptors, sm_90 and later: 4-7 % faster than pointer loads on an H200, where both were measured).
 
 ``quantize_qk``: one pass per tensor, rows of D values (one per (batch, token, head)): keys minus their
 precomputed float32 sequence mean (smoothing), then per-row symmetric int8 | fp8 e4m3 with ditq.numerics'
@@ -364,49 +365,20 @@ def _pv8_mask(s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_
     return tl.where(allowed, s, float("-inf"))
 
 
-@triton.jit
-def _attend_tile_pv8(
-    acc, m_i, l_i, q, q_coef,
-    k_tile_ptr, k_scale_ptr, vt_tile_ptr, v_scale_ptr, valid_ptr,
-    start_n, offs_m, seq_kv, causal_offset,
-    stride_kn, stride_ksn, stride_vtd, stride_valid_n,
-    BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    CHECK_BOUNDS: tl.constexpr,
-    HAS_KEY_VALID: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
-):  # fmt: skip
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    if CHECK_BOUNDS:
-        in_range = offs_n < seq_kv
-        k = tl.load(
-            k_tile_ptr + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_range[:, None], other=0
-        )
-        k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn, mask=in_range, other=0.0)
-        v = tl.load(vt_tile_ptr + offs_n[:, None] + offs_d[None, :] * stride_vtd, mask=in_range[:, None],
-                    other=0.0)  # fmt: skip
-    else:
-        k = tl.load(k_tile_ptr + offs_n[:, None] * stride_kn + offs_d[None, :])
-        k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn)
-        v = tl.load(vt_tile_ptr + offs_n[:, None] + offs_d[None, :] * stride_vtd)
-    # scores over the row's own coefficient (q_scale x sm_scale x log2 e, > 0): one multiply per score here; the
-    # coefficient and the running max meet in one fused multiply-add in _pv8_update
-    s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * k_scale[None, :]
-    if CHECK_BOUNDS or HAS_KEY_VALID or IS_CAUSAL:
-        s = _pv8_mask(
-            s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID, IS_CAUSAL
-        )
-    v_scale = tl.load(v_scale_ptr + (start_n // VALUE_BLOCK) * HEAD_DIM + offs_d)
-    return _pv8_update(acc, m_i, l_i, s, q_coef, v, v_scale)
+def _tma_block_shapes(nargs: dict) -> None:
+    """The kernel's TMA descriptors take the configuration's tile shapes (an autotuner pre-hook)."""
+    block_m, block_n, head_dim = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["HEAD_DIM"]
+    nargs["desc_q"].block_shape = [1, block_m, head_dim]
+    nargs["desc_k"].block_shape = [1, block_n, head_dim]
+    nargs["desc_v"].block_shape = [1, head_dim, block_n]
 
 
 _PV8_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=_tma_block_shapes)
     for bm, bn, w, s in ((64, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3))
-]  # the best two of attention_tune.py's grid on an H200, and two smaller
+]  # attention_tune.py's best on an H200 first (benchmarks/results/raw/attention_int8_fp8/)
 if os.environ.get("TRITON_INTERPRET") == "1":
-    _PV8_CONFIGS = [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3)]
+    _PV8_CONFIGS = _PV8_CONFIGS[3:]
 elif os.environ.get("DITQ_TRITON_AUTOTUNE", "1") == "0":
     _PV8_CONFIGS = _PV8_CONFIGS[:1]
 
@@ -414,86 +386,6 @@ elif os.environ.get("DITQ_TRITON_AUTOTUNE", "1") == "0":
 @triton.autotune(configs=_PV8_CONFIGS, key=["HEAD_DIM", "size_class"])
 @triton.jit
 def _attention_pv8_kernel(
-    q_ptr, q_scale_ptr, k_ptr, k_scale_ptr, vt_ptr, v_scale_ptr, valid_ptr, out_ptr,
-    stride_qb, stride_qm, stride_qh,
-    stride_qsb, stride_qsm, stride_qsh,
-    stride_kb, stride_kn, stride_kh,
-    stride_ksb, stride_ksn, stride_ksh,
-    stride_vtbh, stride_vtd,
-    stride_valid_b, stride_valid_n,
-    stride_ob, stride_om, stride_oh,
-    heads, seq_q, seq_kv, causal_offset, qk_scale, size_class,
-    HEAD_DIM: tl.constexpr,
-    HAS_KEY_VALID: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    pid_m = tl.program_id(0)
-    batch_head = tl.program_id(1)
-    b = (batch_head // heads).to(tl.int64)
-    h = (batch_head % heads).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    rows_ok = offs_m < seq_q
-    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=rows_ok[:, None], other=0)  # fmt: skip
-    q_coef = tl.load(
-        q_scale_ptr + b * stride_qsb + h * stride_qsh + offs_m * stride_qsm, mask=rows_ok, other=1.0
-    )
-    q_coef = q_coef * qk_scale
-    k_tile_ptr = k_ptr + b * stride_kb + h * stride_kh
-    k_scale_ptr = k_scale_ptr + b * stride_ksb + h * stride_ksh
-    tl.static_assert(VALUE_BLOCK % BLOCK_N == 0)  # each key tile within one block of V's scales
-    vt_tile_ptr = vt_ptr + batch_head.to(tl.int64) * stride_vtbh
-    v_scale_ptr = v_scale_ptr + batch_head.to(tl.int64) * tl.cdiv(seq_kv, VALUE_BLOCK) * HEAD_DIM
-    valid_ptr = valid_ptr + b * stride_valid_b
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    hi = seq_kv
-    if IS_CAUSAL:
-        hi = tl.minimum(seq_kv, causal_offset + (pid_m + 1) * BLOCK_M)
-    full_tiles_end = (hi // BLOCK_N) * BLOCK_N
-    for start_n in range(0, full_tiles_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile_pv8(
-            acc, m_i, l_i, q, q_coef, k_tile_ptr, k_scale_ptr, vt_tile_ptr, v_scale_ptr, valid_ptr, start_n, offs_m,
-            seq_kv,
-            causal_offset, stride_kn, stride_ksn, stride_vtd, stride_valid_n,
-            BLOCK_N, HEAD_DIM, False, HAS_KEY_VALID, IS_CAUSAL,
-        )  # fmt: skip
-    if full_tiles_end < hi:
-        acc, m_i, l_i = _attend_tile_pv8(
-            acc, m_i, l_i, q, q_coef, k_tile_ptr, k_scale_ptr, vt_tile_ptr, v_scale_ptr, valid_ptr, full_tiles_end,
-            offs_m,
-            seq_kv, causal_offset, stride_kn, stride_ksn, stride_vtd, stride_valid_n,
-            BLOCK_N, HEAD_DIM, True, HAS_KEY_VALID, IS_CAUSAL,
-        )  # fmt: skip
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no allowed key: zeros
-    out_ptrs = out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=rows_ok[:, None])
-
-
-def _tma_block_shapes(nargs: dict) -> None:
-    """The TMA kernel's descriptors take the configuration's tile shapes (an autotuner pre-hook)."""
-    block_m, block_n, head_dim = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["HEAD_DIM"]
-    nargs["desc_q"].block_shape = [1, block_m, head_dim]
-    nargs["desc_k"].block_shape = [1, block_n, head_dim]
-    nargs["desc_v"].block_shape = [1, head_dim, block_n]
-
-
-_PV8_TMA_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=_tma_block_shapes)
-    for bm, bn, w, s in ((64, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3))
-]
-if os.environ.get("DITQ_TRITON_AUTOTUNE", "1") == "0":
-    _PV8_TMA_CONFIGS = _PV8_TMA_CONFIGS[:1]
-
-
-@triton.autotune(configs=_PV8_TMA_CONFIGS, key=["HEAD_DIM", "size_class"])
-@triton.jit
-def _attention_pv8_tma_kernel(
     desc_q, q_scale_ptr, desc_k, k_scale_ptr, desc_v, v_scale_ptr, valid_ptr, out_ptr,
     stride_qsb, stride_qsm, stride_qsh,
     stride_ksb, stride_ksn, stride_ksh,
@@ -566,12 +458,13 @@ def attend_pv8(
     causal_offset: int | None,
     sm_scale: float,
     config: dict[str, object] | None = None,
-    tma: bool = False,
 ) -> torch.Tensor:
-    """int8-fp8 attention: int8 Q . K^T (qk, kind int8-fp8), V quantized here (per channel and key block), e4m3 P . V ->
-    (B, S_q, H, D) in value's dtype. ``tma``: the kernel that reads its tiles through TMA descriptors. ``config``
+    """int8-fp8 attention: int8 Q . K^T (qk, kind int8-fp8), V quantized here (per channel and key block), e4m3
+    P . V -> (B, S_q, H, D) in value's dtype; the tiles read through TMA descriptors (sm_90 and later). ``config``
     (benchmarks/attention_tune.py): one launch configuration (BLOCK_M, BLOCK_N, num_warps, num_stages) instead of
     the tuned ones."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
     batch, seq_q, heads, head_dim = qk.query.shape
     seq_kv = qk.key.shape[1]
     for name, t in (("query", qk.query), ("key", qk.key)):
@@ -582,43 +475,29 @@ def attend_pv8(
     valid = None if key_valid is None else key_valid[:, :seq_kv].to(torch.uint8).contiguous()
     valid_strides = (0, 0) if valid is None else (valid.stride(0), valid.stride(1))
     size_class = int(math.log2(max(1, seq_q * seq_kv)) // 4)
-    common = (
-        *valid_strides, out.stride(0), out.stride(1), out.stride(2),
-        heads, seq_q, seq_kv, 0 if causal_offset is None else causal_offset, sm_scale * _LOG2_E, size_class,
-    )  # fmt: skip
-    flags = {"HEAD_DIM": head_dim, "HAS_KEY_VALID": valid is not None, "IS_CAUSAL": causal_offset is not None}
+    # V's rows end at seq_kv, not at their padding (which is never written): keys past it arrive as zeros
+    q3, k3, v3 = qk.query.flatten(2), qk.key.flatten(2), value_t.flatten(0, 1)[..., :seq_kv]
+    block_m, block_n = (64, 128) if config is None else (config["BLOCK_M"], config["BLOCK_N"])
+    descriptors = [
+        TensorDescriptor(t, list(t.shape), list(t.stride()), block)
+        for t, block in (
+            (q3, [1, block_m, head_dim]),
+            (k3, [1, block_n, head_dim]),
+            (v3, [1, head_dim, block_n]),
+        )
+    ]  # the autotuner's pre-hook sets each configuration's tile shapes
 
     def grid(meta: dict) -> tuple[int, int]:
         return (triton.cdiv(seq_q, meta["BLOCK_M"]), batch * heads)
 
-    if tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        # V's rows end at seq_kv, not at their padding (which is never written): keys past it arrive as zeros
-        q3, k3, v3 = qk.query.flatten(2), qk.key.flatten(2), value_t.flatten(0, 1)[..., :seq_kv]
-        block_m, block_n = (64, 128) if config is None else (config["BLOCK_M"], config["BLOCK_N"])
-        descriptors = [
-            TensorDescriptor(t, list(t.shape), list(t.stride()), block)
-            for t, block in ((q3, [1, block_m, head_dim]), (k3, [1, block_n, head_dim]),
-                             (v3, [1, head_dim, block_n]))
-        ]  # fmt: skip
-        kernel = _attention_pv8_tma_kernel if config is None else _attention_pv8_tma_kernel.fn
-        kernel[grid](
-            descriptors[0], qk.query_scale, descriptors[1], qk.key_scale, descriptors[2], value_scale,
-            out if valid is None else valid, out,
-            qk.query_scale.stride(0), qk.query_scale.stride(1), qk.query_scale.stride(2),
-            qk.key_scale.stride(0), qk.key_scale.stride(1), qk.key_scale.stride(2),
-            *common, **flags, **(config or {}),
-        )  # fmt: skip
-        return out
     kernel = _attention_pv8_kernel if config is None else _attention_pv8_kernel.fn
     kernel[grid](
-        qk.query, qk.query_scale, qk.key, qk.key_scale, value_t, value_scale, out if valid is None else valid, out,
-        qk.query.stride(0), qk.query.stride(1), qk.query.stride(2),
+        descriptors[0], qk.query_scale, descriptors[1], qk.key_scale, descriptors[2], value_scale,
+        out if valid is None else valid, out,
         qk.query_scale.stride(0), qk.query_scale.stride(1), qk.query_scale.stride(2),
-        qk.key.stride(0), qk.key.stride(1), qk.key.stride(2),
         qk.key_scale.stride(0), qk.key_scale.stride(1), qk.key_scale.stride(2),
-        value_t.stride(1), value_t.stride(2),
-        *common, **flags, **(config or {}),
+        *valid_strides, out.stride(0), out.stride(1), out.stride(2),
+        heads, seq_q, seq_kv, 0 if causal_offset is None else causal_offset, sm_scale * _LOG2_E, size_class,
+        HEAD_DIM=head_dim, HAS_KEY_VALID=valid is not None, IS_CAUSAL=causal_offset is not None, **(config or {}),
     )  # fmt: skip
     return out
