@@ -61,13 +61,11 @@ def _shape_rows(queries: int, keys: int) -> list[dict[str, object]]:
     ]
     quantize_ms = median_ms(lambda: path.quantize(q, k, path.kind))
     rows.append({**base, "variant": "quantize Q and K", "ms": quantize_ms})
-    rows.append(
-        {
-            **base,
-            "variant": "quantize V (inside each variant's time)",
-            "ms": median_ms(lambda: quantize_value(v)),
-        }
-    )
+    for warps in (4, 8):
+        ms = median_ms(lambda w=warps: quantize_value(v, num_warps=w))
+        rows.append(
+            {**base, "variant": f"quantize V, {warps} warps (4 inside each variant's time)", "ms": ms}
+        )
     for config in _variants():
         name = " ".join(f"{key}={value}" for key, value in config.items())
         try:

@@ -30,6 +30,7 @@ from ditq.kernels.attention.reference import QK_DTYPE, VALUE_BLOCK, QuantizedQK
 __all__ = ["attend", "attend_pv8", "quantize_qk", "quantize_value"]
 
 _LOG2_E = 1.4426950408889634
+_VALUE_BLOCK = tl.constexpr(VALUE_BLOCK)  # a Triton kernel reads globals only as constexpr
 
 
 @triton.jit
@@ -319,7 +320,7 @@ def _quantize_value_kernel(
     tl.store(out + offs_s[:, None], q, mask=in_range[:, None])
 
 
-def quantize_value(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_value(value: torch.Tensor, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """V (B, S, H, D) per channel and block of VALUE_BLOCK keys to e4m3 as ``reference.quantize_value_reference``
     computes it, in one pass, stored for the P . V product: (v_q (B, H, D, S_pad) with the keys contiguous, S_pad a
     multiple of 16; scale (B, H, blocks, D) float32)."""
@@ -334,7 +335,7 @@ def quantize_value(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         value, scale, out,
         value.stride(0), value.stride(1), value.stride(2),
         heads, seq_len, head_dim * seq_pad,
-        HEAD_DIM=head_dim, BLOCK_S=VALUE_BLOCK, num_warps=8,
+        HEAD_DIM=head_dim, BLOCK_S=VALUE_BLOCK, num_warps=num_warps,
     )  # fmt: skip
     return out, scale
 
@@ -413,8 +414,8 @@ def _attention_pv8_kernel(
                      other=1.0)  # fmt: skip
     q_coef = q_coef * qk_scale
     k_scale_ptr = k_scale_ptr + b64 * stride_ksb + h * stride_ksh
-    tl.static_assert(VALUE_BLOCK % BLOCK_N == 0)  # each key tile within one block of V's scales
-    v_scale_ptr = v_scale_ptr + batch_head.to(tl.int64) * tl.cdiv(seq_kv, VALUE_BLOCK) * HEAD_DIM
+    tl.static_assert(_VALUE_BLOCK % BLOCK_N == 0)  # each key tile within one block of V's scales
+    v_scale_ptr = v_scale_ptr + batch_head.to(tl.int64) * tl.cdiv(seq_kv, _VALUE_BLOCK) * HEAD_DIM
     valid_ptr = valid_ptr + b64 * stride_valid_b
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -433,7 +434,7 @@ def _attention_pv8_kernel(
             s = _pv8_mask(s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID,
                           IS_CAUSAL)  # fmt: skip
         v = tl.trans(desc_v.load([batch_head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N))
-        v_scale = tl.load(v_scale_ptr + (start_n // VALUE_BLOCK) * HEAD_DIM + offs_d)
+        v_scale = tl.load(v_scale_ptr + (start_n // _VALUE_BLOCK) * HEAD_DIM + offs_d)
         acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v, v_scale)
     if full_tiles_end < hi:
         k = desc_k.load([b, full_tiles_end, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
@@ -444,7 +445,7 @@ def _attention_pv8_kernel(
             s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID, IS_CAUSAL
         )
         v = tl.trans(desc_v.load([batch_head, 0, full_tiles_end]).reshape(HEAD_DIM, BLOCK_N))
-        v_scale = tl.load(v_scale_ptr + (full_tiles_end // VALUE_BLOCK) * HEAD_DIM + offs_d)
+        v_scale = tl.load(v_scale_ptr + (full_tiles_end // _VALUE_BLOCK) * HEAD_DIM + offs_d)
         acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v, v_scale)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no allowed key: zeros
     out_ptrs = out_ptr + b64 * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
