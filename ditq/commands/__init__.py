@@ -31,7 +31,7 @@ def add_attention_argument(parser: argparse.ArgumentParser) -> None:
         "--attention",
         choices=(*ATTENTION_CHOICES, "auto"),
         help="quantized attention (opt-in): 8-bit Q.K^T with smoothed keys and per-token scales, float32 "
-        "softmax, P.V in the compute dtype (int8-fp8: P.V in e4m3 too, V per channel and block of keys), through the "
+        "softmax, P.V in the compute dtype (int8-fp8: P.V in e4m3 too, V per channel), through the "
         "doctor-chosen path; auto: the fastest of int8-fp8 and int8, only where it is faster than the model's own "
         "attention at the served shapes on this device, timed at start-up (default: the model's own attention)",
     )

@@ -90,15 +90,14 @@ def test_triton_quantization_is_the_reference_bit_for_bit(kind: str) -> None:
 
 def test_triton_value_quantization_is_the_reference_bit_for_bit() -> None:
     """int8-fp8's V, stored with the keys contiguous for the P . V product (rows padded to 16 keys), one scale per
-    channel and block of VALUE_BLOCK keys."""
+    channel."""
     from ditq.kernels._triton.attention import quantize_value
 
     _, _, v = _inputs(2, 8, 999, 3, 128, seed=8)
-    v[:, 300:310] *= 40  # one block of larger values
     got, got_scale = quantize_value(v[:, 5:])  # a token slice, as the text segments pass it
     want, want_scale = quantize_value_reference(v[:, 5:].cpu())
-    assert got.shape == (2, 3, 128, 1008) and got_scale.shape == (2, 3, 8, 128)
-    assert torch.equal(got_scale.cpu(), want_scale.permute(0, 2, 1, 3))
+    assert got.shape == (2, 3, 128, 1008) and got_scale.shape == (2, 3, 128)
+    assert torch.equal(got_scale.cpu(), want_scale[:, 0])
     stored = got[..., :994].permute(0, 3, 1, 2).cpu()  # (B, S, H, D) as the reference holds it
     assert torch.equal(stored.view(torch.uint8), want.view(torch.uint8))
 

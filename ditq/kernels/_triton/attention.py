@@ -25,12 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ditq.kernels.attention.reference import QK_DTYPE, VALUE_BLOCK, QuantizedQK
+from ditq.kernels.attention.reference import QK_DTYPE, QuantizedQK
 
 __all__ = ["attend", "attend_pv8", "quantize_qk", "quantize_value"]
 
 _LOG2_E = 1.4426950408889634
-_VALUE_BLOCK = tl.constexpr(VALUE_BLOCK)  # a Triton kernel reads globals only as constexpr
 
 
 @triton.jit
@@ -301,8 +300,7 @@ def _quantize_value_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):  # fmt: skip
-    # one block of BLOCK_S (= VALUE_BLOCK) keys of one (batch, head), in one pass: v (B, S, H, D), D contiguous ->
-    # scale (B*H, blocks, D) float32 and out (B*H, D, S_pad) e4m3, the keys contiguous
+    # v (B, S, H, D), D contiguous; scale (B, H, D) float32; out (B, H, D, S_pad) e4m3, the keys contiguous
     pid_s = tl.program_id(0)
     batch_head = tl.program_id(1)
     b = (batch_head // heads).to(tl.int64)
@@ -312,38 +310,39 @@ def _quantize_value_kernel(
     in_range = offs_s < seq_len
     x = tl.load(v_ptr + b * stride_vb + h * stride_vh + offs_s[:, None] * stride_vs + offs_d[None, :],
                 mask=in_range[:, None], other=0.0).to(tl.float32)  # fmt: skip
-    scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12), 448.0)
-    tl.store(scale_ptr + (batch_head.to(tl.int64) * tl.num_programs(0) + pid_s) * HEAD_DIM + offs_d, scale)
+    scale = tl.load(scale_ptr + batch_head * HEAD_DIM + offs_d)
     y = tl.div_rn(x, scale[None, :])
     q = tl.minimum(tl.maximum(y, -448.0), 448.0).to(tl.float8e4nv)
     out = out_ptr + batch_head.to(tl.int64) * out_stride_bh + offs_d[None, :] * (out_stride_bh // HEAD_DIM)
     tl.store(out + offs_s[:, None], q, mask=in_range[:, None])
 
 
-def quantize_value(value: torch.Tensor, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """V (B, S, H, D) per channel and block of VALUE_BLOCK keys to e4m3 as ``reference.quantize_value_reference``
-    computes it, in one pass, stored for the P . V product: (v_q (B, H, D, S_pad) with the keys contiguous, S_pad a
-    multiple of 16; scale (B, H, blocks, D) float32)."""
+def quantize_value(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """V (B, S, H, D) per channel to e4m3 as ``reference.quantize_value_reference`` computes it, stored for the
+    P . V product: (v_q (B, H, D, S_pad) with the keys contiguous, S_pad a multiple of 16; scale (B, H, D)
+    float32)."""
     batch, seq_len, heads, head_dim = value.shape
     if value.stride(-1) != 1:
         raise ValueError(f"value: the head dim must be contiguous, strides {tuple(value.stride())}")
-    blocks = triton.cdiv(seq_len, VALUE_BLOCK)
-    scale = torch.empty((batch, heads, blocks, head_dim), dtype=torch.float32, device=value.device)
+    amax = torch.linalg.vector_norm(value, ord=float("inf"), dim=1, dtype=torch.float32)  # (B, H, D)
+    # a tensor divisor: torch on CUDA divides by a Python scalar as a multiply by its reciprocal, not IEEE division
+    scale = (amax.clamp_min(1e-12) / torch.full_like(amax, 448.0)).contiguous()
     seq_pad = triton.cdiv(seq_len, 16) * 16
     out = torch.empty((batch, heads, head_dim, seq_pad), dtype=torch.float8_e4m3fn, device=value.device)
-    _quantize_value_kernel[(blocks, batch * heads)](
+    block_s = 64
+    _quantize_value_kernel[(triton.cdiv(seq_len, block_s), batch * heads)](
         value, scale, out,
         value.stride(0), value.stride(1), value.stride(2),
         heads, seq_len, head_dim * seq_pad,
-        HEAD_DIM=head_dim, BLOCK_S=VALUE_BLOCK, num_warps=num_warps,
+        HEAD_DIM=head_dim, BLOCK_S=block_s, num_warps=4,
     )  # fmt: skip
     return out, scale
 
 
 @triton.jit
-def _pv8_update(acc, m_i, l_i, s, q_coef, v, v_scale):  # fmt: skip
+def _pv8_update(acc, m_i, l_i, s, q_coef, v):  # fmt: skip
     """One key tile's online-softmax step: s (BLOCK_M, BLOCK_N) float32 scores over the row's coefficient (masked
-    keys -inf), v (BLOCK_N, D) e4m3 with the keys contiguous, v_scale (D,) its block's scales."""
+    keys -inf), v (BLOCK_N, D) e4m3 with the keys contiguous (V's scales are applied once, after the last tile)."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1) * q_coef)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no allowed key yet
     alpha = tl.math.exp2(m_i - m_safe)
@@ -351,7 +350,7 @@ def _pv8_update(acc, m_i, l_i, s, q_coef, v, v_scale):  # fmt: skip
     p = tl.math.exp2(s * q_coef[:, None] - (m_safe - 8.807354922057604)[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     pv = tl.dot(p.to(tl.float8e4nv), v)  # one tile's sum in float32, then added: no long fp8 accumulation
-    return acc * alpha[:, None] + pv * v_scale[None, :], m_new, l_i
+    return acc * alpha[:, None] + pv, m_new, l_i
 
 
 @triton.jit
@@ -414,8 +413,6 @@ def _attention_pv8_kernel(
                      other=1.0)  # fmt: skip
     q_coef = q_coef * qk_scale
     k_scale_ptr = k_scale_ptr + b64 * stride_ksb + h * stride_ksh
-    tl.static_assert(_VALUE_BLOCK % BLOCK_N == 0)  # each key tile within one block of V's scales
-    v_scale_ptr = v_scale_ptr + batch_head.to(tl.int64) * tl.cdiv(seq_kv, _VALUE_BLOCK) * HEAD_DIM
     valid_ptr = valid_ptr + b64 * stride_valid_b
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -434,8 +431,7 @@ def _attention_pv8_kernel(
             s = _pv8_mask(s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID,
                           IS_CAUSAL)  # fmt: skip
         v = tl.trans(desc_v.load([batch_head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N))
-        v_scale = tl.load(v_scale_ptr + (start_n // _VALUE_BLOCK) * HEAD_DIM + offs_d)
-        acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v, v_scale)
+        acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v)
     if full_tiles_end < hi:
         k = desc_k.load([b, full_tiles_end, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
         offs_n = full_tiles_end + tl.arange(0, BLOCK_N)
@@ -445,9 +441,9 @@ def _attention_pv8_kernel(
             s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID, IS_CAUSAL
         )
         v = tl.trans(desc_v.load([batch_head, 0, full_tiles_end]).reshape(HEAD_DIM, BLOCK_N))
-        v_scale = tl.load(v_scale_ptr + (full_tiles_end // _VALUE_BLOCK) * HEAD_DIM + offs_d)
-        acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v, v_scale)
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no allowed key: zeros
+        acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v)
+    v_scale = tl.load(v_scale_ptr + batch_head * HEAD_DIM + offs_d)
+    out = acc * v_scale[None, :] / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no allowed key: zeros
     out_ptrs = out_ptr + b64 * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=rows_ok[:, None])
 
@@ -460,7 +456,7 @@ def attend_pv8(
     sm_scale: float,
     config: dict[str, object] | None = None,
 ) -> torch.Tensor:
-    """int8-fp8 attention: int8 Q . K^T (qk, kind int8-fp8), V quantized here (per channel and key block), e4m3
+    """int8-fp8 attention: int8 Q . K^T (qk, kind int8-fp8), V quantized here (per channel), e4m3
     P . V -> (B, S_q, H, D) in value's dtype; the tiles read through TMA descriptors (sm_90 and later). ``config``
     (benchmarks/attention_tune.py): one launch configuration (BLOCK_M, BLOCK_N, num_warps, num_stages) instead of
     the tuned ones."""

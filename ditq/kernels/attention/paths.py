@@ -49,7 +49,7 @@ def attend_triton_pv8(
     causal_offset: int | None,
     sm_scale: float,
 ) -> torch.Tensor:
-    """Fused Triton kernel: int8 Q . K^T, online float32 softmax, e4m3 P . V (V per channel and key block), tiles
+    """Fused Triton kernel: int8 Q . K^T, online float32 softmax, e4m3 P . V (V per channel), tiles
     read through TMA descriptors."""
     from ditq.kernels._triton.attention import attend_pv8
 
