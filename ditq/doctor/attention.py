@@ -252,7 +252,7 @@ def run_attention_doctor(
 
 
 # --attention auto: the kinds considered, most faithful first (on the demo model, bf16: int8 0.8 dB under the parity
-# band, int8-fp8 3.7 dB; fp8 Q.K^T 9.5 dB, never offered: docs/results.md, "Quantized attention"), and the served
+# band, int8-fp8 4.2 dB; fp8 Q.K^T 9.5 dB, never offered: docs/results.md, "Quantized attention"), and the served
 # shapes a kind must be faster at: (queries, keys) of Qwen-Image-2.1 at 1024x1024 (4096 image tokens and about 256
 # text tokens), with no references and at a 4-reference cached step. On a CPU a sixteenth of them bounds the
 # start-up's cost.
