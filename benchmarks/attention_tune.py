@@ -5,7 +5,7 @@
 At the two shapes ``--attention auto`` times (``ditq.doctor.attention.AUTO_SHAPES``: 4352 queries over 4352 keys,
 and a 4-reference cached step's 4096 over 20736; Qwen-Image-2.1's 32 heads x 128), inputs drawn as
 ``attention_bench.py`` draws them: every launch configuration (block sizes, warps, pipeline stages; runs 1-3 also
-compared a kernel reading its tiles through pointers, 4-7 % slower, since removed)
+compared a kernel reading its tiles through pointers, 3-5 % slower, since removed)
 runs once against the reference arithmetic on the same quantized inputs (relative L2, the doctor's match bound for
 the kind) and is then timed (median of ``triton.testing.do_bench``), V's quantization included as served. BF16 SDPA
 through cuDNN is timed beside them. A variant that fails to compile or to match is recorded with why.

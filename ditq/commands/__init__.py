@@ -6,11 +6,8 @@ import argparse
 
 __all__ = ["ATTENTION_CHOICES", "add_attention_argument", "add_kv_cache_argument", "add_variant_argument"]
 
-ATTENTION_CHOICES = (
-    "int8",
-    "fp8",
-    "int8-fp8",
-)  # ditq.kernels.attention.ATTENTION_KINDS, without importing torch
+# ditq.kernels.attention.ATTENTION_KINDS, without importing torch
+ATTENTION_CHOICES = ("int8", "fp8", "int8-fp8")
 
 
 def add_variant_argument(parser: argparse.ArgumentParser) -> None:
@@ -32,8 +29,9 @@ def add_attention_argument(parser: argparse.ArgumentParser) -> None:
         choices=(*ATTENTION_CHOICES, "auto"),
         help="quantized attention (opt-in): 8-bit Q.K^T with smoothed keys and per-token scales, float32 "
         "softmax, P.V in the compute dtype (int8-fp8: P.V in e4m3 too, V per channel), through the "
-        "doctor-chosen path; auto: the fastest of int8-fp8 and int8, only where it is faster than the model's own "
-        "attention at the served shapes on this device, timed at start-up (default: the model's own attention)",
+        "doctor-chosen path; auto: int8, else int8-fp8 (the more faithful first), whichever is first faster than the "
+        "model's own attention at the served shapes on this device, timed at start-up (default: the model's own "
+        "attention)",
     )
 
 

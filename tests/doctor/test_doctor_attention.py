@@ -190,3 +190,10 @@ def test_the_timer_runs_both_ways_at_the_served_shapes() -> None:
     timings = time_attention(path, torch.device("cpu"), torch.float32, heads=2, head_dim=32)
     assert [(t.queries, t.keys) for t in timings] == list(AUTO_SHAPES["cpu"])
     assert all(t.path_ms > 0 and t.sdpa_ms > 0 for t in timings)
+
+
+def test_the_command_line_offers_every_attention_kind() -> None:
+    from ditq.commands import ATTENTION_CHOICES
+    from ditq.kernels.attention import ATTENTION_KINDS
+
+    assert ATTENTION_CHOICES == ATTENTION_KINDS  # kept apart so that parsing arguments needs no torch
