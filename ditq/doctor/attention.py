@@ -326,11 +326,15 @@ def time_attention(
 ) -> tuple[AttentionTiming, ...]:
     """``path`` (quantizing Q and K, then attending) against SDPA at ``AUTO_SHAPES`` on ``device``, seeded
     inputs in ``dtype``, (B, S, H, D) as the model holds them."""
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(device=device).manual_seed(
+        0
+    )  # drawn where they are used: each kind auto tries draws them
     timings = []
     for queries, keys in AUTO_SHAPES["cuda" if device.type == "cuda" else "cpu"]:
-        q = torch.randn(1, queries, heads, head_dim, generator=g).to(device, dtype)
-        k, v = (torch.randn(1, keys, heads, head_dim, generator=g).to(device, dtype) for _ in range(2))
+        q = torch.randn(1, queries, heads, head_dim, generator=g, device=device, dtype=dtype)
+        k, v = (
+            torch.randn(1, keys, heads, head_dim, generator=g, device=device, dtype=dtype) for _ in range(2)
+        )
         quantized = functools.partial(_quantized_attention, path, q, k, v)
         sdpa = functools.partial(_sdpa, q, k, v)
         timings.append(

@@ -16,7 +16,7 @@ from ditq.kernels.attention.registry import register_attention_kernel
 from ditq.kernels.cuda_common import cuda_available, triton_available
 from ditq.kernels.registry import HALF_ACTIVATIONS
 
-__all__ = ["attend_triton", "attend_triton_pv8", "quantize_triton"]
+__all__ = ["attend_triton", "quantize_triton"]
 
 _TORCH_DESCRIPTION = (
     "The reference arithmetic in torch ops: float32 scores and softmax in query chunks, then P . V."
@@ -36,24 +36,20 @@ def attend_triton(
     causal_offset: int | None,
     sm_scale: float,
 ) -> torch.Tensor:
-    """Fused Triton kernel: 8-bit Q . K^T, online float32 softmax, P . V in V's dtype (e4m3 for int8-fp8)."""
-    from ditq.kernels._triton.attention import attend
+    """Fused Triton kernel for the kind of ``qk``: ``attend`` (8-bit Q . K^T, P . V in V's dtype) or, where P . V is
+    8-bit too, ``attend_pv8``."""
+    from ditq.kernels._triton.attention import attend, attend_pv8
 
-    return attend(qk, value, key_valid, causal_offset, sm_scale)
+    kernel = attend_pv8 if qk.kind in FP8_PV_KINDS else attend
+    return kernel(qk, value, key_valid, causal_offset, sm_scale)
 
 
-def attend_triton_pv8(
-    qk: QuantizedQK,
-    value: torch.Tensor,
-    key_valid: torch.Tensor | None,
-    causal_offset: int | None,
-    sm_scale: float,
-) -> torch.Tensor:
-    """Fused Triton kernel: int8 Q . K^T, online float32 softmax, e4m3 P . V (V per channel), tiles
-    read through TMA descriptors."""
-    from ditq.kernels._triton.attention import attend_pv8
-
-    return attend_pv8(qk, value, key_valid, causal_offset, sm_scale)
+_TRITON_DESCRIPTIONS = {
+    "int8": "Fused Triton kernel: 8-bit Q . K^T, online float32 softmax, P . V in V's dtype.",
+    "fp8": "Fused Triton kernel: 8-bit Q . K^T, online float32 softmax, P . V in V's dtype.",
+    "int8-fp8": "Fused Triton kernel: int8 Q . K^T, online float32 softmax, e4m3 P . V (V per channel), tiles read "
+    "through TMA descriptors.",
+}
 
 
 # Tensor-core int8 needs sm_80, e4m3 sm_89; int8-fp8's kernel reads through TMA descriptors, sm_90.
@@ -87,4 +83,5 @@ for _kind in ATTENTION_KINDS:
         dtypes=HALF_ACTIVATIONS,
         head_dims=frozenset({32, 64, 128}),
         available=triton_available,
-    )(attend_triton_pv8 if _kind in FP8_PV_KINDS else attend_triton)
+        description=_TRITON_DESCRIPTIONS[_kind],
+    )(attend_triton)
