@@ -279,6 +279,11 @@ class ParallelFacts(BaseModel):
     def label(self) -> str:
         return f"{self.mode}={self.degree}"
 
+    @staticmethod
+    def degree_of(label: str) -> int:
+        """``label``'s degree (cp=2 -> 2): what a record keeps of the facts."""
+        return int(label.split("=")[1])
+
 
 class ServerHealth(BaseModel):
     """What ditq serve says on GET /health once ready. Fields it may add later are ignored, not refused: the

@@ -88,17 +88,23 @@ def timed_walls(served: list[Record]) -> tuple[list[float], bool]:
     return walls, includes_cold
 
 
+def _first_used(records: list[Record], setting: str) -> tuple[str, ...]:
+    """The values of the served ``records``' ``setting`` attribute, in the order they were first used."""
+    ordered = sorted(
+        (r for r in records if r.ok and getattr(r, setting)),
+        key=lambda r: (r.invocation or 0, r.t_start or 0),
+    )
+    return tuple(dict.fromkeys(getattr(r, setting) for r in ordered))
+
+
 def served_offloads(records: list[Record]) -> tuple[str, ...]:
     """The offload modes the served ``records`` were served at, in the order they were first used."""
-    ordered = sorted(
-        (r for r in records if r.ok and r.offload), key=lambda r: (r.invocation or 0, r.t_start or 0)
-    )
-    return tuple(dict.fromkeys(r.offload for r in ordered if r.offload))
+    return _first_used(records, "offload")
 
 
 def served_parallel(records: list[Record]) -> tuple[str, ...]:
     """The --parallel settings (cp=2) the served ``records`` were served at, in the order first used."""
-    return tuple(dict.fromkeys(r.parallel for r in records if r.ok and r.parallel))
+    return _first_used(records, "parallel")
 
 
 def devices_used(records: list[Record]) -> int:

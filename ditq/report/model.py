@@ -47,6 +47,7 @@ from ditq.runfiles import (
     InProcessOptions,
     Invocation,
     MemoryDescription,
+    ParallelFacts,
     ParityResult,
     ProbeRecord,
     RunFile,
@@ -111,7 +112,7 @@ class Record:
     @property
     def devices(self) -> int:
         """The devices the server generated on: its --parallel degree (cp=2 -> 2), else one."""
-        return int(self.parallel.split("=")[1]) if self.parallel else 1
+        return ParallelFacts.degree_of(self.parallel) if self.parallel else 1
 
     @property
     def shape(self) -> tuple[int, str | None]:

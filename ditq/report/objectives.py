@@ -130,13 +130,18 @@ def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules)
     devices = (1, 1)
     if candidate.run is not None and baseline.run is not None:
         devices = (devices_used(candidate.run.records), devices_used(baseline.run.records))
+    # device-seconds where the two served on different numbers of devices: per-device throughput, like with like
+    measure: Literal["time_ratio", "device_time_ratio"] = (
+        "time_ratio" if devices[0] == devices[1] else "device_time_ratio"
+    )
+    if candidate.run is not None and baseline.run is not None:
         for k in candidate.run.reference_counts:
             ours, _ = timed_walls([r for r in candidate.run.records_with(k) if r.ok])
             theirs, _ = timed_walls([r for r in baseline.run.records_with(k) if r.ok])
             if ours and theirs:
-                if devices[0] != devices[1]:  # device-seconds: per-device throughput, like with like
+                if measure == "device_time_ratio":
                     ours, theirs = [w * devices[0] for w in ours], [w * devices[1] for w in theirs]
-                intervals.append(_speed_interval(k, ours, theirs, rules.slower_tolerance, devices))
+                intervals.append(_speed_interval(k, ours, theirs, rules.slower_tolerance, measure))
     if not intervals:
         reason = Reason(
             "no_speed_comparison", f"No reference count was served by both it and {baseline.name}."
@@ -154,7 +159,7 @@ def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules)
             counts = ", ".join(e.subject.split()[0] for e in chosen)
             measured = (
                 "seconds per image"
-                if devices[0] == devices[1]
+                if measure == "time_ratio"
                 else f"device-seconds per image (seconds x {devices[0]} device(s) for it, x {devices[1]} for "
                 f"{baseline.name}: per-device throughput)"
             )
@@ -175,12 +180,13 @@ def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules)
 
 
 def _speed_interval(
-    k: int, ours: list[float], theirs: list[float], tolerance: float, devices: tuple[int, int]
+    k: int,
+    ours: list[float],
+    theirs: list[float],
+    tolerance: float,
+    measure: Literal["time_ratio", "device_time_ratio"],
 ) -> IntervalEntry:
     subject = f"{k} reference{'' if k == 1 else 's'}"
-    measure: Literal["time_ratio", "device_time_ratio"] = (
-        "time_ratio" if devices[0] == devices[1] else "device_time_ratio"
-    )
     threshold = f"1 +/- {tolerance:g}"
     if min(len(ours), len(theirs)) < 2:
         estimate = (sum(ours) / len(ours)) / (sum(theirs) / len(theirs))

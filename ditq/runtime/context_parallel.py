@@ -26,7 +26,7 @@ step cannot apply a mask over keys it does not hold.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from unittest import mock
@@ -53,6 +53,9 @@ __all__ = [
     "gather_tokens",
     "shard_bounds",
 ]
+
+# a forward without prefix segments: one list, so its mask too is built once
+_NO_SEGMENTS: list[tuple[int, int, bool]] = []
 
 QWENIMAGE21_CP_PLAN: dict[str, Any] = {
     "transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
@@ -94,33 +97,38 @@ def block_causal_mask(
 class ContextParallelAttnProcessor(QwenImage21AttnProcessor):
     """``QwenImage21AttnProcessor`` on this rank's tokens, through diffusers' Ulysses attention.
 
-    One instance serves every attention module of the transformer, so the prefill mask is built once per forward (the
-    model hands every block the same ``segments`` list) and let go after it (``forget``, a hook on the transformer):
-    at 1024x1024 with four references it is about 20 000^2 booleans."""
+    One instance serves every attention module of the transformer, so each forward's mask is built once (the model
+    hands every block the same ``segments`` list, or in cached decode the same ``attention_mask``) and let go after it
+    (``forget``, a hook on the transformer): at 1024x1024 with four references the prefill's is about 20 000^2
+    booleans."""
 
     # SDPA takes the dense mask, flash paths none
     _attention_backend = AttentionBackendName.NATIVE  # type: ignore[assignment]
     _parallel_config = None  # set by ``enable_parallelism``
 
     def __init__(self) -> None:
-        self._mask_key: tuple[Any, Any] | None = None
+        self._mask_key: tuple[Any, ...] | None = None
         self._mask: torch.Tensor | None = None
+        self._rank_world: tuple[Any, int, int] | None = None  # (the parallel config read, rank, degree)
 
     def _rank(self) -> tuple[int, int]:
-        assert self._parallel_config is not None, "enable_parallelism sets the parallel config"
-        group = self._parallel_config.context_parallel_config._flattened_mesh.get_group()
-        return dist.get_rank(group), dist.get_world_size(group)
+        """This rank and the degree, read once per parallel config ``enable_parallelism`` sets."""
+        config = self._parallel_config
+        if self._rank_world is None or self._rank_world[0] is not config:
+            assert config is not None, "enable_parallelism sets the parallel config"
+            group = config.context_parallel_config._flattened_mesh.get_group()
+            self._rank_world = config, dist.get_rank(group), dist.get_world_size(group)
+        return self._rank_world[1], self._rank_world[2]
 
-    def _prefill_mask(
-        self,
-        segments: list[tuple[int, int, bool]],
-        length: int,
-        key_valid: torch.Tensor | None,
-        device: torch.device,
-    ) -> torch.Tensor:
-        if self._mask_key is None or self._mask_key[0] is not segments or self._mask_key[1] is not key_valid:
-            self._mask = block_causal_mask(segments, length, key_valid, device)
-            self._mask_key = (segments, key_valid)
+    def _mask_for(self, key: tuple[Any, ...], build: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """This forward's mask for ``key`` (the objects the model hands every block alike), built on first use."""
+        known = self._mask_key
+        if (
+            known is None
+            or len(known) != len(key)
+            or any(a is not b for a, b in zip(known, key, strict=True))
+        ):
+            self._mask, self._mask_key = build(), key
         assert self._mask is not None
         return self._mask
 
@@ -152,13 +160,20 @@ class ContextParallelAttnProcessor(QwenImage21AttnProcessor):
             assert layer_cache is not None
             cached_key, cached_value = layer_cache.get()  # this rank's share of the prefix
             key, value = torch.cat([cached_key, key], dim=1), torch.cat([cached_value, value], dim=1)
-            mask = None if attention_mask is None else decode_mask(attention_mask, length, world)
+            mask = (
+                None
+                if attention_mask is None
+                else self._mask_for((attention_mask,), lambda: decode_mask(attention_mask, length, world))
+            )
         else:
             prefix_len = segments[-1][1] if segments else 0
             if kv_cache_mode == "extract" and layer_cache is not None and cache_write_slice is not None:
                 mine = max(0, min(end, prefix_len) - start)  # this rank's prefix tokens lead its slice
                 layer_cache.store(key[:, :mine].clone(), value[:, :mine].clone())
-            mask = self._prefill_mask(segments or [], length, key_valid, query.device)
+            joint = _NO_SEGMENTS if segments is None else segments  # one object, so the mask is built once
+            mask = self._mask_for(
+                (joint, key_valid), lambda: block_causal_mask(joint, length, key_valid, query.device)
+            )
         hidden = dispatch_attention_fn(
             query,
             key,

@@ -28,7 +28,6 @@ from ditq.errors import InputError
 from ditq.runtime.classes import import_class
 
 __all__ = [
-    "PARALLEL_MODES",
     "ParallelSpec",
     "apply_parallelism",
     "check_parallel",
@@ -36,8 +35,8 @@ __all__ = [
     "rank_devices",
 ]
 
-# mode -> the transformer classes it serves (cp: those ditq has a plan for)
-PARALLEL_MODES: dict[str, tuple[str, ...]] = {"cp": ("QwenImage21Transformer2DModel",), "tp": ()}
+# the transformer classes ditq has a context-parallel plan for
+_CP_TRANSFORMERS = ("QwenImage21Transformer2DModel",)
 _SPEC = re.compile(r"(cp|tp)=([0-9]{1,3})")
 
 
@@ -84,9 +83,9 @@ def check_parallel(model_dir: Path, spec: ParallelSpec, device: torch.device) ->
     if "transformer" not in index:
         raise InputError(f"--parallel {spec}: {model_dir} has no transformer to make parallel")
     library, class_name = component_class(index, "transformer")
-    if spec.mode == "cp" and class_name not in PARALLEL_MODES["cp"]:
+    if spec.mode == "cp" and class_name not in _CP_TRANSFORMERS:
         raise InputError(
-            f"--parallel {spec}: ditq has a context-parallel plan for {', '.join(PARALLEL_MODES['cp'])} only, "
+            f"--parallel {spec}: ditq has a context-parallel plan for {', '.join(_CP_TRANSFORMERS)} only, "
             f"not {class_name}"
         )
     heads = load_component_config(model_dir / "transformer").get("num_attention_heads")

@@ -35,6 +35,11 @@ def _over_white(image: Image.Image) -> Image.Image:
     return Image.alpha_composite(background, rgba).convert("RGB")
 
 
+def takes_quality(output_format: str) -> bool:
+    """Whether ``output_format``'s encoder takes a quality (``output_compression``); PNG is lossless."""
+    return "quality" in _SAVE_OPTIONS[output_format]
+
+
 def encode_image(
     image: Image.Image, output_format: str, background: str, output_compression: int | None = None
 ) -> bytes:
@@ -50,7 +55,7 @@ def encode_image(
     elif image.mode not in ("RGB", "RGBA", "L", "LA"):
         image = image.convert("RGBA" if has_alpha else "RGB")
     options = dict(_SAVE_OPTIONS[output_format])
-    if output_compression is not None and "quality" in options:
+    if output_compression is not None and takes_quality(output_format):
         options["quality"] = output_compression
     buffer = io.BytesIO()
     image.save(buffer, **options)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ditq.serve import request_fields
 from ditq.serve.request_fields import REQUEST_FIELDS
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Gauge",
     "ServerMetrics",
     "endpoint_label",
+    "peak_resident_memory_bytes",
     "resident_memory_bytes",
 ]
 
@@ -30,7 +32,7 @@ __all__ = [
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 # Path -> the endpoint label; every other path is "other".
-ENDPOINTS = {"/v1/images/generations": "generations", "/v1/images/edits": "edits"}
+ENDPOINTS = {f"/v1/images/{endpoint}": endpoint for endpoint in request_fields.ENDPOINTS}
 
 
 def endpoint_label(path: str) -> str:
@@ -47,7 +49,8 @@ def resident_memory_bytes() -> int | None:
     return pages * resource.getpagesize()
 
 
-def _peak_resident_memory_bytes() -> int:
+def peak_resident_memory_bytes() -> int:
+    """This process's resident high-water mark."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # kilobytes on Linux
 
@@ -167,5 +170,5 @@ class ServerMetrics:
             header("process_resident_memory_bytes", "Resident memory of the server process.", "gauge")
             lines.append(f"process_resident_memory_bytes {resident}")
         header("ditq_peak_resident_memory_bytes", "Peak resident memory of the server process.", "gauge")
-        lines.append(f"ditq_peak_resident_memory_bytes {_peak_resident_memory_bytes()}")
+        lines.append(f"ditq_peak_resident_memory_bytes {peak_resident_memory_bytes()}")
         return "\n".join(lines) + "\n"

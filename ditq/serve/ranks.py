@@ -26,7 +26,6 @@ import dataclasses
 import logging
 import multiprocessing.connection
 import os
-import resource
 import secrets
 import shutil
 import signal
@@ -46,6 +45,7 @@ from ditq.doctor import VerifiedChooser, kernel_chooser
 from ditq.errors import StartupError, error_line
 from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.parallel import ParallelSpec, apply_parallelism
+from ditq.serve.metrics import peak_resident_memory_bytes
 from ditq.serve.worker import RankLost, StopReason
 
 __all__ = ["COLLECTIVE_TIMEOUT_S", "RankGroup", "RankSettings", "RankedAdapter"]
@@ -79,7 +79,7 @@ def _peak_memory_bytes(device: str) -> int:
     """This process's peak on its device so far: the CUDA allocator's, or the resident high-water mark on the CPU."""
     if device.startswith("cuda"):
         return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+    return peak_resident_memory_bytes()
 
 
 def _first_line(error: BaseException) -> str:
@@ -171,6 +171,10 @@ class _Follower:
     device: str
     peak_memory_bytes: int | None = None  # of its process so far
     kernel_paths: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def ended(self) -> str:
+        """How this follower's process ended, as the server's log and 503 say it."""
+        return f"rank {self.rank} (pid {self.process.pid}) {_ended(self.process.exitcode)}"
 
 
 class RankGroup:
@@ -302,7 +306,7 @@ class RankGroup:
         while True:
             for follower in self.followers:
                 if not follower.process.is_alive():
-                    return f"rank {follower.rank} (pid {follower.process.pid}) {_ended(follower.process.exitcode)}"
+                    return follower.ended()
             if time.monotonic() > deadline:
                 return f"rank 0's generation failed ({_first_line(error)})"
             time.sleep(0.05)
@@ -314,9 +318,7 @@ class RankGroup:
                 follower = alive.pop(sentinel)
                 follower.process.join(1.0)  # reaped: its exit code is known
                 if not self._closing:
-                    self.lose(
-                        f"rank {follower.rank} (pid {follower.process.pid}) {_ended(follower.process.exitcode)}"
-                    )
+                    self.lose(follower.ended())
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the followers (those still running finish their loop), leave the group, remove the rendezvous."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ditq.serve.errors import APIError, bad_field
+from ditq.serve.images import takes_quality
 
 if TYPE_CHECKING:
     from ditq.serve.schemas import ImageRequest
@@ -213,7 +214,7 @@ def check_fields(body: ImageRequest, endpoint: Endpoint) -> None:
 
 def ignored_fields(body: ImageRequest) -> list[str]:
     """The fields given that changed nothing, in the table's order: the response records them."""
-    given, lossless = body.model_fields_set, body.output_format == "png"
+    given, lossless = body.model_fields_set, not takes_quality(body.output_format)
     return [
         name
         for name, field in REQUEST_FIELDS.items()

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ditq.kernels.attention.reference import QK_DTYPE, QuantizedQK
+from ditq.numerics import FP8_MAX, TINY
 
 __all__ = ["attend", "attend_pv8", "quantize_qk", "quantize_value"]
 
@@ -326,7 +327,7 @@ def quantize_value(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"value: the head dim must be contiguous, strides {tuple(value.stride())}")
     amax = torch.linalg.vector_norm(value, ord=float("inf"), dim=1, dtype=torch.float32)  # (B, H, D)
     # a tensor divisor: torch on CUDA divides by a Python scalar as a multiply by its reciprocal, not IEEE division
-    scale = (amax.clamp_min(1e-12) / torch.full_like(amax, 448.0)).contiguous()
+    scale = (amax.clamp_min(TINY) / torch.full_like(amax, FP8_MAX)).contiguous()
     seq_pad = triton.cdiv(seq_len, 16) * 16
     out = torch.empty((batch, heads, head_dim, seq_pad), dtype=torch.float8_e4m3fn, device=value.device)
     block_s = 64
