@@ -30,22 +30,43 @@ HEADS, HEAD_DIM = 32, 128
 
 
 def _variants() -> list[dict[str, object]]:
-    """Launch configurations: the grid of the H200 runs cut to those within 1.3x of the best there."""
-    grid = [
-        (64, 128, 4, 3),
-        (64, 128, 4, 2),
-        (64, 128, 4, 4),
-        (128, 128, 8, 3),
-        (128, 128, 8, 2),
-        (64, 64, 4, 3),
+    """Launch configurations (the H200 runs' best three), each with and without the two constexpr switches: P's
+    exponential two per instruction in float16 (EXP16), int32 scores made float through their bits (BITS_I2F)."""
+    grid = [(64, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 2)]
+    return [
+        {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "EXP16": exp16, "BITS_I2F": bits}
+        for bm, bn, w, st in grid
+        for exp16 in (False, True)
+        for bits in (False, True)
     ]
-    return [{"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st} for bm, bn, w, st in grid]
+
+
+# opcode families: special functions and conversions, float arithmetic, integer adds, tensor-core products
+_CONVERSION_OPS = ("MUFU", "I2F", "F2F", "F2FP", "HADD2")
+_SASS_OPS = (*_CONVERSION_OPS, "FMUL", "FFMA", "FADD", "FMNMX", "IADD3", "QGMMA", "IGMMA")
+
+
+def _sass_counts(kernel: object) -> dict[str, int]:
+    """Static instruction counts of a compiled kernel (its whole SASS: the key loop and the last tile), by
+    opcode family: the conversion and special-function work per tile, against the tensor-core instructions."""
+    counts = dict.fromkeys(_SASS_OPS, 0)
+    for line in kernel.asm["sass"].splitlines():  # type: ignore[attr-defined]
+        text = line.split("*/", 1)[-1].strip().lstrip("@!P0123456789T ").split(" ", 1)[0]
+        family = text.split(".", 1)[0]
+        if family in counts:
+            counts[family] += 1
+    return counts
+
+
+def _compiled(kernel_fn: object) -> set[object]:
+    """Every compiled kernel in a Triton JIT function's per-device caches."""
+    return {k for caches in kernel_fn.device_caches.values() for k in caches[0].values()}  # type: ignore[attr-defined]
 
 
 def _shape_rows(queries: int, keys: int) -> list[dict[str, object]]:
     from torch.nn.attention import SDPBackend
 
-    from ditq.kernels._triton.attention import attend_pv8, quantize_value
+    from ditq.kernels._triton.attention import _attention_pv8_kernel, attend_pv8, quantize_value
     from ditq.kernels.attention import attend_reference, get_attention_kernel
 
     path = get_attention_kernel("triton-attention-int8-fp8")
@@ -62,6 +83,7 @@ def _shape_rows(queries: int, keys: int) -> list[dict[str, object]]:
     rows.append({**base, "variant": "quantize Q and K", "ms": quantize_ms})
     ms = median_ms(lambda: quantize_value(v))
     rows.append({**base, "variant": "quantize V (inside each variant's time)", "ms": ms})
+    seen = _compiled(_attention_pv8_kernel.fn)
     for config in _variants():
         name = " ".join(f"{key}={value}" for key, value in config.items())
         try:
@@ -74,19 +96,47 @@ def _shape_rows(queries: int, keys: int) -> list[dict[str, object]]:
         except Exception as failure:  # a variant this compiler cannot build is recorded
             rows.append({**base, "variant": name, "config": config, "error": repr(failure)[:300]})
             continue
+        new_kernels = _compiled(_attention_pv8_kernel.fn) - seen
+        seen |= new_kernels
+        sass: dict[str, object] = {}
+        try:
+            sass = {"sass": _sass_counts(next(iter(new_kernels)))} if len(new_kernels) == 1 else {}
+        except Exception as failure:  # no disassembler on this machine: the timing stands without the counts
+            sass = {"sass_error": repr(failure)[:200]}
         rows.append({**base, "variant": name, "config": config, "ms": ms, "tflops": flops / ms / 1e9,
                      "x_cudnn": ms / cudnn_ms, "total_x_cudnn": (ms + quantize_ms) / cudnn_ms,
-                     "rel_l2_vs_reference": error})  # fmt: skip
+                     "rel_l2_vs_reference": error, **sass})  # fmt: skip
     return rows
+
+
+def _launch_once() -> int:
+    """Each BLOCK_M=64, 3-stage variant once at the 4-reference shape (after one launch that compiles it)."""
+    from ditq.kernels._triton.attention import attend_pv8
+    from ditq.kernels.attention import get_attention_kernel
+
+    path = get_attention_kernel("triton-attention-int8-fp8")
+    q, k, v = _inputs(4096, 20736, HEADS, HEAD_DIM, seed=0)
+    qk = path.quantize(q, k, path.kind)
+    for config in _variants():
+        if config["BLOCK_M"] == 64 and config["num_stages"] == 3:
+            for _ in range(2):
+                attend_pv8(qk, v, None, None, HEAD_DIM**-0.5, config=config)
+            torch.cuda.synchronize()
+            print("launched", config, flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--once", action="store_true",
+                        help="launch each variant once at the 4-reference shape, untimed (for a profiler)")  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("attention_tune: needs a CUDA device", file=sys.stderr)
         return 2
+    if args.once:
+        return _launch_once()
     from ditq.doctor.attention import AUTO_SHAPES
 
     started = time.time()
@@ -101,13 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         shape = f"{r['queries']}x{r['keys']}"
         if "error" in r:
-            print(f"{shape:>11} {r['variant']:<75} error: {r['error']}"[:200])
+            print(f"{shape:>11} {r['variant']:<80} error: {r['error']}"[:200])
         else:
             extra = (
                 f" {r['x_cudnn']:.2f}x cudnn, with Q/K {r['total_x_cudnn']:.2f}x" if "x_cudnn" in r else ""
             )
             flops_text = f" {r['tflops']:6.0f} TFLOPS" if "tflops" in r else ""
-            print(f"{shape:>11} {r['variant']:<75} {r['ms']:7.3f} ms{flops_text}{extra}")
+            print(f"{shape:>11} {r['variant']:<80} {r['ms']:7.3f} ms{flops_text}{extra}")
+            if "sass" in r:
+                print(" " * 12 + " ".join(f"{op} {n}" for op, n in r["sass"].items()))
     return 0
 
 

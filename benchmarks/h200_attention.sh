@@ -4,9 +4,12 @@
 # Stages (STAGES picks a subset, in this order; each has its own time limit):
 #   tests   the attention GPU tests (tests/kernels/test_attention_gpu.py and the numerics' CUDA cases; one Triton
 #           configuration, no tuning)
+#   compile the compiled pipeline through the Triton attention kernels (tests/runtime/test_runtime_gpu.py; not by
+#           default)
 #   diffusers  the diffusers quantizer's CUDA test (tests/runtime/test_diffusers_quantizer.py; not by default)
 #   doctor  ditq doctor --attention for every kind on cuda (JSON)
 #   tune    benchmarks/attention_tune.py: the int8-fp8 kernel's launch configurations at the served shapes
+#   ncu     Nsight Compute over attention_tune.py --once: pipe utilisation per variant (not by default)
 #   bench   benchmarks/attention_bench.py (BENCH_ARGS: default --refs 0 4 --prefill): the step's and the
 #           prefill's attention at 1024x1024, BF16 SDPA (flash, cuDNN) against each kind's paths
 # Results and logs go to $OUT (default ./h200-out).
@@ -25,6 +28,12 @@ for stage in $STAGES; do
         tests/kernels/test_attention_gpu.py tests/kernels/test_attention_numerics.py >"$OUT/attention_gpu_tests.log" 2>&1
       tail -4 "$OUT/attention_gpu_tests.log"
       ;;
+    compile)
+      # serve --compile --attention int8|int8-fp8 on the demo model: inductor's pixels against eager's
+      timeout "${COMPILE_S:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_runtime_gpu.py \
+        -k triton_attention >"$OUT/compile_attention_tests.log" 2>&1
+      tail -4 "$OUT/compile_attention_tests.log"
+      ;;
     diffusers)
       timeout "${DIFFUSERS_S:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_diffusers_quantizer.py \
         >"$OUT/diffusers_gpu_tests.log" 2>&1
@@ -39,6 +48,13 @@ for stage in $STAGES; do
       timeout "${TUNE_S:-300}" python3 benchmarks/attention_tune.py --out "$OUT/attention_tune.json" \
         >"$OUT/attention_tune.log" 2>&1
       echo "tune: exit $?"; grep -v "done at" "$OUT/attention_tune.log" | cut -c1-160 | tail -34
+      ;;
+    ncu)
+      # the profiler's pipe utilisation for the BLOCK_M=64 variants at 4 references (needs hardware counters)
+      timeout "${NCU_S:-240}" ncu --clock-control none -k regex:_attention_pv8 --section ComputeWorkloadAnalysis \
+        --section InstructionStats --section SpeedOfLight python3 benchmarks/attention_tune.py --once --out /dev/null \
+        >"$OUT/attention_ncu.log" 2>&1
+      echo "ncu: exit $?"; grep -E "launched|Pipe|Issue|Throughput|==PROF==|Error" "$OUT/attention_ncu.log" | head -40
       ;;
     bench)
       # shellcheck disable=SC2086

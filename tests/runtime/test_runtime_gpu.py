@@ -137,3 +137,29 @@ def test_fused_projections_draw_the_pixels_of_the_separate_layers_on_cuda(
     # one wider GEMM may tile its reduction otherwise than three narrow ones: equal up to float rounding
     difference = np.abs(_pixels(fused) - separate)
     assert difference.mean() < 0.5 and difference.max() <= 8, (difference.mean(), difference.max())
+
+
+@pytest.mark.parametrize("kind", ["int8", "int8-fp8"])
+def test_compiled_blocks_run_the_triton_attention_kernels_to_the_pixels_of_eager_on_cuda(kind: str) -> None:
+    """serve --compile --attention KIND: inductor traces the processor's Triton launches (int8-fp8's through TMA
+    descriptors) and draws what the eager pipeline with the same kernel draws."""
+    from ditq.demo import default_model_dir
+    from ditq.doctor.attention import install_quantized_attention
+
+    if kind == "int8-fp8" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the int8-fp8 Triton kernel needs sm_90")
+
+    def pipeline(compile: str | None) -> object:
+        loaded = load_pipeline(default_model_dir(), device="cuda", compile=compile)
+        choice = install_quantized_attention(loaded, kind, torch.device("cuda"), torch.bfloat16)
+        assert choice.path.name == f"triton-attention-{kind}", choice.summary()
+        return loaded
+
+    eager = _pixels(pipeline(None))
+    torch._dynamo.reset()
+    compiled_pipeline = pipeline("inductor")
+    counters = torch._dynamo.utils.counters["stats"]
+    graphs = int(counters["unique_graphs"])
+    compiled = _pixels(compiled_pipeline)
+    assert int(counters["unique_graphs"]) > graphs  # it ran through compiled code
+    assert np.abs(compiled - eager).mean() < 1.0, np.abs(compiled - eager).mean()

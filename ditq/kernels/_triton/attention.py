@@ -341,15 +341,39 @@ def quantize_value(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
-def _pv8_update(acc, m_i, l_i, s, q_coef, v):  # fmt: skip
+def _exp2_f16x2(x):
+    """2**x in float16, two values per instruction (``ex2.approx.f16x2``, relative error under 2**-9.9): half the
+    special-function unit's work of float32 ``exp2``, for P that is rounded to e4m3 (2**-4) next."""
+    return tl.inline_asm_elementwise(
+        "ex2.approx.f16x2 $0, $1;", "=r,r", [x.to(tl.float16)], dtype=tl.float16, is_pure=True, pack=2
+    )
+
+
+@triton.jit
+def _int_scores(s, k_scale, BITS_I2F: tl.constexpr):
+    """int32 scores (BLOCK_M, BLOCK_N) as float32 times each key's scale."""
+    if BITS_I2F:
+        # through the bits, off the conversion unit: |s| <= D * 128 * 128 <= 2**21 (D <= 128), so the float32 whose
+        # bits are those of 1.5 * 2**23 plus s is 1.5 * 2**23 + s exactly, and the subtraction is exact too
+        return ((s + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0) * k_scale[None, :]
+    return s.to(tl.float32) * k_scale[None, :]
+
+
+@triton.jit
+def _pv8_update(acc, m_i, l_i, s, q_coef, v, EXP16: tl.constexpr):  # fmt: skip
     """One key tile's online-softmax step: s (BLOCK_M, BLOCK_N) float32 scores over the row's coefficient (masked
     keys -inf), v (BLOCK_N, D) e4m3 with the keys contiguous (V's scales are applied once, after the last tile)."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1) * q_coef)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no allowed key yet
     alpha = tl.math.exp2(m_i - m_safe)
     # 448 P: log2(448) added to the exponent; the sum carries the same factor, so it cancels in O = acc / l
-    p = tl.math.exp2(s * q_coef[:, None] - (m_safe - 8.807354922057604)[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    x = s * q_coef[:, None] - (m_safe - 8.807354922057604)[:, None]
+    if EXP16:
+        p = _exp2_f16x2(x)
+        l_i = l_i * alpha + tl.sum(p.to(tl.float32), axis=1)
+    else:
+        p = tl.math.exp2(x)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
     pv = tl.dot(p.to(tl.float8e4nv), v)  # one tile's sum in float32, then added: no long fp8 accumulation
     return acc * alpha[:, None] + pv, m_new, l_i
 
@@ -398,6 +422,8 @@ def _attention_pv8_kernel(
     IS_CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    EXP16: tl.constexpr = False,
+    BITS_I2F: tl.constexpr = False,
 ):  # fmt: skip
     # Q (B, S_q, H*D) and K (B, S_kv, H*D) int8 and V (B*H, D, S_pad) e4m3 through TMA descriptors: tiles past a
     # tensor's end arrive as zeros (and the bounds mask makes their scores -inf)
@@ -427,22 +453,22 @@ def _attention_pv8_kernel(
         k = desc_k.load([b, start_n, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn)
-        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * k_scale[None, :]
+        s = _int_scores(tl.dot(q, tl.trans(k), out_dtype=tl.int32), k_scale, BITS_I2F)
         if HAS_KEY_VALID or IS_CAUSAL:
             s = _pv8_mask(s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID,
                           IS_CAUSAL)  # fmt: skip
         v = tl.trans(desc_v.load([batch_head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N))
-        acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v)
+        acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v, EXP16)
     if full_tiles_end < hi:
         k = desc_k.load([b, full_tiles_end, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
         offs_n = full_tiles_end + tl.arange(0, BLOCK_N)
         k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn, mask=offs_n < seq_kv, other=0.0)
-        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * k_scale[None, :]
+        s = _int_scores(tl.dot(q, tl.trans(k), out_dtype=tl.int32), k_scale, BITS_I2F)
         s = _pv8_mask(
             s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID, IS_CAUSAL
         )
         v = tl.trans(desc_v.load([batch_head, 0, full_tiles_end]).reshape(HEAD_DIM, BLOCK_N))
-        acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v)
+        acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v, EXP16)
     v_scale = tl.load(v_scale_ptr + batch_head * HEAD_DIM + offs_d)
     out = acc * v_scale[None, :] / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no allowed key: zeros
     out_ptrs = out_ptr + b64 * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
