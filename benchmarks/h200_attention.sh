@@ -9,7 +9,7 @@
 #   diffusers  the diffusers quantizer's CUDA test (tests/runtime/test_diffusers_quantizer.py; not by default)
 #   doctor  ditq doctor --attention for every kind on cuda (JSON)
 #   tune    benchmarks/attention_tune.py: the int8-fp8 kernel's launch configurations at the served shapes
-#   ncu     Nsight Compute over attention_tune.py --once: pipe utilisation per variant (not by default)
+#   ncu     Nsight Compute over attention_tune.py --once: pipes, occupancy, stalls per variant (not by default)
 #   bench   benchmarks/attention_bench.py (BENCH_ARGS: default --refs 0 4 --prefill): the step's and the
 #           prefill's attention at 1024x1024, BF16 SDPA (flash, cuDNN) against each kind's paths
 # Results and logs go to $OUT (default ./h200-out).
@@ -50,11 +50,12 @@ for stage in $STAGES; do
       echo "tune: exit $?"; grep -v "done at" "$OUT/attention_tune.log" | cut -c1-160 | tail -34
       ;;
     ncu)
-      # the profiler's pipe utilisation for the BLOCK_M=64 variants at 4 references (needs hardware counters)
+      # the profiler's pipe utilisation, occupancy and stalls for the BLOCK_M=64 variants at 4 references (needs hardware counters)
       timeout "${NCU_S:-240}" ncu --clock-control none -k regex:_attention_pv8 --section ComputeWorkloadAnalysis \
-        --section InstructionStats --section SpeedOfLight python3 benchmarks/attention_tune.py --once --out /dev/null \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats python3 benchmarks/attention_tune.py --once --out /dev/null \
         >"$OUT/attention_ncu.log" 2>&1
-      echo "ncu: exit $?"; grep -E "launched|Pipe|Issue|Throughput|==PROF==|Error" "$OUT/attention_ncu.log" | head -40
+      echo "ncu: exit $?"; grep -E "launched|Duration|highest-utilized|Issue Slots|Achieved Occupancy|Warp Cycles Per Issued|Error" \
+        "$OUT/attention_ncu.log" | head -60
       ;;
     bench)
       # shellcheck disable=SC2086

@@ -24,6 +24,7 @@ from ditq.numerics import quantize_activation_per_token
 __all__ = [
     "cuda_available",
     "cuda_op",
+    "direct",
     "flatten_rows",
     "matmul_quantized_rows",
     "matmul_rows",
@@ -58,7 +59,7 @@ def cuda_op(name: str, fn: Callable[..., torch.Tensor]) -> Any:
     return op
 
 
-def _direct(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def direct(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """The op under torch.compile; its function otherwise (the same arithmetic without the dispatch)."""
     if torch.compiler.is_compiling():
         return op
@@ -75,7 +76,7 @@ def matmul_rows(
     op: Callable[..., torch.Tensor], x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """x (..., K) through a row op (x (M, K), weight, weight_scale, bias) -> (M, N), reshaped to (..., N)."""
-    y = _direct(op)(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
+    y = direct(op)(flatten_rows(x), prepared["weight"], prepared["weight_scale"], bias)
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
@@ -86,7 +87,7 @@ def matmul_quantized_rows(
     (x_q (M, K), x_scale (M,), weight, weight_scale, bias, out_dtype) -> (M, N), reshaped to (..., N)."""
     rows = flatten_rows(x)
     x_q, x_scale = quantize_rows(rows, kind)  # (M, K) 8-bit, (M, 1) float32
-    y = _direct(op)(x_q, x_scale.reshape(-1), prepared["weight"], prepared["weight_scale"], bias, rows.dtype)
+    y = direct(op)(x_q, x_scale.reshape(-1), prepared["weight"], prepared["weight_scale"], bias, rows.dtype)
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 

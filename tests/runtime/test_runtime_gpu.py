@@ -141,25 +141,30 @@ def test_fused_projections_draw_the_pixels_of_the_separate_layers_on_cuda(
 
 @pytest.mark.parametrize("kind", ["int8", "int8-fp8"])
 def test_compiled_blocks_run_the_triton_attention_kernels_to_the_pixels_of_eager_on_cuda(kind: str) -> None:
-    """serve --compile --attention KIND: inductor traces the processor's Triton launches (int8-fp8's through TMA
-    descriptors) and draws what the eager pipeline with the same kernel draws."""
+    """serve --compile --attention KIND: inductor keeps each attention call one op (int8-fp8's TMA descriptors broke
+    the graph, and inductor built the int8 kernel with a float64 scale) and draws what the eager pipeline with the
+    same kernel draws, up to float reordering: no further from it than the quantized attention is from BF16's."""
     from ditq.demo import default_model_dir
     from ditq.doctor.attention import install_quantized_attention
 
     if kind == "int8-fp8" and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the int8-fp8 Triton kernel needs sm_90")
 
-    def pipeline(compile: str | None) -> object:
-        loaded = load_pipeline(default_model_dir(), device="cuda", compile=compile)
-        choice = install_quantized_attention(loaded, kind, torch.device("cuda"), torch.bfloat16)
+    def install(pipeline: object) -> object:
+        choice = install_quantized_attention(pipeline, kind, torch.device("cuda"), torch.bfloat16)
         assert choice.path.name == f"triton-attention-{kind}", choice.summary()
-        return loaded
+        return pipeline
 
-    eager = _pixels(pipeline(None))
+    eager_pipeline = load_pipeline(default_model_dir(), device="cuda")
+    bf16 = _pixels(eager_pipeline)
+    eager = _pixels(install(eager_pipeline))
     torch._dynamo.reset()
-    compiled_pipeline = pipeline("inductor")
-    counters = torch._dynamo.utils.counters["stats"]
-    graphs = int(counters["unique_graphs"])
+    compiled_pipeline = install(load_pipeline(default_model_dir(), device="cuda", compile="inductor"))
+    counters = torch._dynamo.utils.counters
+    graphs, breaks = int(counters["stats"]["unique_graphs"]), sum(counters["graph_break"].values())
     compiled = _pixels(compiled_pipeline)
-    assert int(counters["unique_graphs"]) > graphs  # it ran through compiled code
-    assert np.abs(compiled - eager).mean() < 1.0, np.abs(compiled - eager).mean()
+    assert int(counters["stats"]["unique_graphs"]) > graphs  # it ran through compiled code
+    assert sum(counters["graph_break"].values()) == breaks, dict(counters["graph_break"])
+    quantization = np.abs(eager - bf16).mean()
+    difference = np.abs(compiled - eager).mean()
+    assert difference < max(1.0, quantization), (difference, quantization)

@@ -220,7 +220,7 @@ def _attention_kernel(
     q_scale = tl.load(
         q_scale_ptr + b * stride_qsb + h * stride_qsh + offs_m * stride_qsm, mask=rows_ok, other=0.0
     )
-    q_scale = q_scale * qk_scale
+    q_scale = (q_scale * qk_scale).to(tl.float32)  # float32, also where a caller passes the scale as float64
     k_tile_ptr = k_ptr + b * stride_kb + h * stride_kh
     k_scale_ptr = k_scale_ptr + b * stride_ksb + h * stride_ksh
     v_tile_ptr = v_ptr + b * stride_vb + h * stride_vh
@@ -350,16 +350,6 @@ def _exp2_f16x2(x):
 
 
 @triton.jit
-def _int_scores(s, k_scale, BITS_I2F: tl.constexpr):
-    """int32 scores (BLOCK_M, BLOCK_N) as float32 times each key's scale."""
-    if BITS_I2F:
-        # through the bits, off the conversion unit: |s| <= D * 128 * 128 <= 2**21 (D <= 128), so the float32 whose
-        # bits are those of 1.5 * 2**23 plus s is 1.5 * 2**23 + s exactly, and the subtraction is exact too
-        return ((s + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0) * k_scale[None, :]
-    return s.to(tl.float32) * k_scale[None, :]
-
-
-@triton.jit
 def _pv8_update(acc, m_i, l_i, s, q_coef, v, EXP16: tl.constexpr):  # fmt: skip
     """One key tile's online-softmax step: s (BLOCK_M, BLOCK_N) float32 scores over the row's coefficient (masked
     keys -inf), v (BLOCK_N, D) e4m3 with the keys contiguous (V's scales are applied once, after the last tile)."""
@@ -388,6 +378,24 @@ def _pv8_mask(s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_
     if IS_CAUSAL:
         allowed = allowed & (offs_n[None, :] <= causal_offset + offs_m[:, None])
     return tl.where(allowed, s, float("-inf"))
+
+
+@triton.jit
+def _pv8_tile(acc, m_i, l_i, s_int, start_n, q_coef, offs_m, k_scale_ptr, stride_ksn, desc_v, batch_head, seq_kv,
+              causal_offset, valid_ptr, stride_valid_n, CHECK_BOUNDS: tl.constexpr, HAS_KEY_VALID: tl.constexpr,
+              IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, EXP16: tl.constexpr):  # fmt: skip
+    """The key tile at ``start_n`` given its int32 scores: each key's scale, the mask, V's tile, the softmax step."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if CHECK_BOUNDS:
+        k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn, mask=offs_n < seq_kv, other=0.0)
+    else:
+        k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn)
+    s = s_int.to(tl.float32) * k_scale[None, :]
+    if CHECK_BOUNDS or HAS_KEY_VALID or IS_CAUSAL:
+        s = _pv8_mask(s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID,
+                      IS_CAUSAL)  # fmt: skip
+    v = tl.trans(desc_v.load([batch_head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N))
+    return _pv8_update(acc, m_i, l_i, s, q_coef, v, EXP16)
 
 
 def _tma_block_shapes(nargs: dict) -> None:
@@ -423,7 +431,7 @@ def _attention_pv8_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EXP16: tl.constexpr = False,
-    BITS_I2F: tl.constexpr = False,
+    OVERLAP: tl.constexpr = False,
 ):  # fmt: skip
     # Q (B, S_q, H*D) and K (B, S_kv, H*D) int8 and V (B*H, D, S_pad) e4m3 through TMA descriptors: tiles past a
     # tensor's end arrive as zeros (and the bounds mask makes their scores -inf)
@@ -438,7 +446,7 @@ def _attention_pv8_kernel(
     b64 = b.to(tl.int64)
     q_coef = tl.load(q_scale_ptr + b64 * stride_qsb + h * stride_qsh + offs_m * stride_qsm, mask=rows_ok,
                      other=1.0)  # fmt: skip
-    q_coef = q_coef * qk_scale
+    q_coef = (q_coef * qk_scale).to(tl.float32)
     k_scale_ptr = k_scale_ptr + b64 * stride_ksb + h * stride_ksh
     valid_ptr = valid_ptr + b64 * stride_valid_b
 
@@ -449,26 +457,41 @@ def _attention_pv8_kernel(
     if IS_CAUSAL:
         hi = tl.minimum(seq_kv, causal_offset + (pid_m + 1) * BLOCK_M)
     full_tiles_end = (hi // BLOCK_N) * BLOCK_N
-    for start_n in range(0, full_tiles_end, BLOCK_N):
-        k = desc_k.load([b, start_n, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn)
-        s = _int_scores(tl.dot(q, tl.trans(k), out_dtype=tl.int32), k_scale, BITS_I2F)
-        if HAS_KEY_VALID or IS_CAUSAL:
-            s = _pv8_mask(s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID,
-                          IS_CAUSAL)  # fmt: skip
-        v = tl.trans(desc_v.load([batch_head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N))
-        acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v, EXP16)
+    if OVERLAP:
+        # each tile's Q . K^T issued before the previous tile's softmax and P . V, so that the tensor cores work
+        # while the softmax runs (FlashAttention-3's overlap within a warpgroup)
+        if full_tiles_end > 0:
+            s_int = tl.dot(q, tl.trans(desc_k.load([b, 0, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)),
+                           out_dtype=tl.int32)  # fmt: skip
+            for start_n in range(BLOCK_N, full_tiles_end, BLOCK_N):
+                k = desc_k.load([b, start_n, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
+                s_next = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
+                acc, m_i, l_i = _pv8_tile(
+                    acc, m_i, l_i, s_int, start_n - BLOCK_N, q_coef, offs_m, k_scale_ptr, stride_ksn, desc_v,
+                    batch_head, seq_kv, causal_offset, valid_ptr, stride_valid_n,
+                    False, HAS_KEY_VALID, IS_CAUSAL, BLOCK_N, HEAD_DIM, EXP16,
+                )  # fmt: skip
+                s_int = s_next
+            acc, m_i, l_i = _pv8_tile(
+                acc, m_i, l_i, s_int, full_tiles_end - BLOCK_N, q_coef, offs_m, k_scale_ptr, stride_ksn, desc_v,
+                batch_head, seq_kv, causal_offset, valid_ptr, stride_valid_n,
+                False, HAS_KEY_VALID, IS_CAUSAL, BLOCK_N, HEAD_DIM, EXP16,
+            )  # fmt: skip
+    else:
+        for start_n in range(0, full_tiles_end, BLOCK_N):
+            k = desc_k.load([b, start_n, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
+            acc, m_i, l_i = _pv8_tile(
+                acc, m_i, l_i, tl.dot(q, tl.trans(k), out_dtype=tl.int32), start_n, q_coef, offs_m, k_scale_ptr,
+                stride_ksn, desc_v, batch_head, seq_kv, causal_offset, valid_ptr, stride_valid_n,
+                False, HAS_KEY_VALID, IS_CAUSAL, BLOCK_N, HEAD_DIM, EXP16,
+            )  # fmt: skip
     if full_tiles_end < hi:
         k = desc_k.load([b, full_tiles_end, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
-        offs_n = full_tiles_end + tl.arange(0, BLOCK_N)
-        k_scale = tl.load(k_scale_ptr + offs_n * stride_ksn, mask=offs_n < seq_kv, other=0.0)
-        s = _int_scores(tl.dot(q, tl.trans(k), out_dtype=tl.int32), k_scale, BITS_I2F)
-        s = _pv8_mask(
-            s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID, IS_CAUSAL
-        )
-        v = tl.trans(desc_v.load([batch_head, 0, full_tiles_end]).reshape(HEAD_DIM, BLOCK_N))
-        acc, m_i, l_i = _pv8_update(acc, m_i, l_i, s, q_coef, v, EXP16)
+        acc, m_i, l_i = _pv8_tile(
+            acc, m_i, l_i, tl.dot(q, tl.trans(k), out_dtype=tl.int32), full_tiles_end, q_coef, offs_m, k_scale_ptr,
+            stride_ksn, desc_v, batch_head, seq_kv, causal_offset, valid_ptr, stride_valid_n,
+            True, HAS_KEY_VALID, IS_CAUSAL, BLOCK_N, HEAD_DIM, EXP16,
+        )  # fmt: skip
     v_scale = tl.load(v_scale_ptr + batch_head * HEAD_DIM + offs_d)
     out = acc * v_scale[None, :] / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no allowed key: zeros
     out_ptrs = out_ptr + b64 * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]

@@ -13,7 +13,7 @@ from ditq.kernels.attention.reference import (
     quantize_qk_reference,
 )
 from ditq.kernels.attention.registry import register_attention_kernel
-from ditq.kernels.cuda_common import cuda_available, triton_available
+from ditq.kernels.cuda_common import cuda_available, cuda_op, direct, triton_available
 from ditq.kernels.registry import HALF_ACTIVATIONS
 
 __all__ = ["attend_triton", "quantize_triton"]
@@ -29,6 +29,38 @@ def quantize_triton(query: torch.Tensor, key: torch.Tensor, kind: str) -> Quanti
     return quantize_qk(query, key, kind)
 
 
+def _attend_kernel(
+    query: torch.Tensor,
+    query_scale: torch.Tensor,
+    key: torch.Tensor,
+    key_scale: torch.Tensor,
+    value: torch.Tensor,
+    key_valid: torch.Tensor | None,
+    causal_offset: int | None,
+    sm_scale: float,
+    kind: str,
+) -> torch.Tensor:
+    from ditq.kernels._triton.attention import attend, attend_pv8
+
+    kernel = attend_pv8 if kind in FP8_PV_KINDS else attend
+    return kernel(
+        QuantizedQK(kind, query, query_scale, key, key_scale), value, key_valid, causal_offset, sm_scale
+    )
+
+
+# One custom op, so that torch.compile keeps each attention call as one opaque call: left to trace the launch,
+# dynamo graph-breaks at the TMA descriptors' host-side construction, and inductor compiled the int8 kernel with
+# the float scale as float64 (a compile error). Eager calls skip the op's dispatch (``direct``).
+_attend_op = cuda_op("ditq::attend_quantized", _attend_kernel)
+
+
+@_attend_op.register_fake
+def _attend_fake(query: torch.Tensor, query_scale: torch.Tensor, key: torch.Tensor, key_scale: torch.Tensor,
+                 value: torch.Tensor, key_valid: torch.Tensor | None, causal_offset: int | None, sm_scale: float,
+                 kind: str) -> torch.Tensor:  # fmt: skip
+    return query.new_empty(query.shape, dtype=value.dtype)
+
+
 def attend_triton(
     qk: QuantizedQK,
     value: torch.Tensor,
@@ -38,10 +70,9 @@ def attend_triton(
 ) -> torch.Tensor:
     """Fused Triton kernel for the kind of ``qk``: ``attend`` (8-bit Q . K^T, P . V in V's dtype) or, where P . V is
     8-bit too, ``attend_pv8``."""
-    from ditq.kernels._triton.attention import attend, attend_pv8
-
-    kernel = attend_pv8 if qk.kind in FP8_PV_KINDS else attend
-    return kernel(qk, value, key_valid, causal_offset, sm_scale)
+    return direct(_attend_op)(
+        qk.query, qk.query_scale, qk.key, qk.key_scale, value, key_valid, causal_offset, sm_scale, qk.kind
+    )
 
 
 _TRITON_DESCRIPTIONS = {
