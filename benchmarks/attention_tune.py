@@ -5,7 +5,8 @@
 At the two shapes ``--attention auto`` times (``ditq.doctor.attention.AUTO_SHAPES``: 4352 queries over 4352 keys,
 and a 4-reference cached step's 4096 over 20736; Qwen-Image-2.1's 32 heads x 128), inputs drawn as
 ``attention_bench.py`` draws them: every launch configuration (block sizes, warps, pipeline stages; runs 1-3 also
-compared a kernel reading its tiles through pointers, 3-5 % slower, since removed)
+compared a kernel reading its tiles through pointers, 3-5 % slower, and runs 6-7 kernel switches that were slower
+too, each since removed: benchmarks/results/raw/attention_int8_fp8/README.md)
 runs once against the reference arithmetic on the same quantized inputs (relative L2, the doctor's match bound for
 the kind) and is then timed (median of ``triton.testing.do_bench``), V's quantization included as served. BF16 SDPA
 through cuDNN is timed beside them. A variant that fails to compile or to match is recorded with why.
@@ -30,16 +31,9 @@ HEADS, HEAD_DIM = 32, 128
 
 
 def _variants() -> list[dict[str, object]]:
-    """Launch configurations (the H200 runs' best three), each as it ships, with each key tile's Q . K^T issued
-    before the previous tile's softmax (OVERLAP), and that with P's exponential two per instruction in float16
-    (EXP16)."""
+    """Launch configurations: the H200 runs' best three (block sizes, warps, pipeline stages)."""
     grid = [(64, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 2)]
-    switches = [{}, {"OVERLAP": True}, {"OVERLAP": True, "EXP16": True}]
-    return [
-        {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, **flags}
-        for bm, bn, w, st in grid
-        for flags in switches
-    ]
+    return [{"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st} for bm, bn, w, st in grid]
 
 
 # opcode families: special functions and conversions, float arithmetic, integer adds, tensor-core products
@@ -114,7 +108,7 @@ def _shape_rows(queries: int, keys: int) -> list[dict[str, object]]:
 
 
 def _launch_once() -> int:
-    """Each BLOCK_M=64, 3-stage variant once at the 4-reference shape (after one launch that compiles it)."""
+    """Each BLOCK_M=64 variant once at the 4-reference shape (after one launch that compiles it)."""
     from ditq.kernels._triton.attention import attend_pv8
     from ditq.kernels.attention import get_attention_kernel
 
@@ -122,7 +116,7 @@ def _launch_once() -> int:
     q, k, v = _inputs(4096, 20736, HEADS, HEAD_DIM, seed=0)
     qk = path.quantize(q, k, path.kind)
     for config in _variants():
-        if config["BLOCK_M"] == 64 and config["num_stages"] == 3:
+        if config["BLOCK_M"] == 64:
             for _ in range(2):
                 attend_pv8(qk, v, None, None, HEAD_DIM**-0.5, config=config)
             torch.cuda.synchronize()

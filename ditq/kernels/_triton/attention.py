@@ -341,29 +341,15 @@ def quantize_value(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
-def _exp2_f16x2(x):
-    """2**x in float16, two values per instruction (``ex2.approx.f16x2``, relative error under 2**-9.9): half the
-    special-function unit's work of float32 ``exp2``, for P that is rounded to e4m3 (2**-4) next."""
-    return tl.inline_asm_elementwise(
-        "ex2.approx.f16x2 $0, $1;", "=r,r", [x.to(tl.float16)], dtype=tl.float16, is_pure=True, pack=2
-    )
-
-
-@triton.jit
-def _pv8_update(acc, m_i, l_i, s, q_coef, v, EXP16: tl.constexpr):  # fmt: skip
+def _pv8_update(acc, m_i, l_i, s, q_coef, v):  # fmt: skip
     """One key tile's online-softmax step: s (BLOCK_M, BLOCK_N) float32 scores over the row's coefficient (masked
     keys -inf), v (BLOCK_N, D) e4m3 with the keys contiguous (V's scales are applied once, after the last tile)."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1) * q_coef)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no allowed key yet
     alpha = tl.math.exp2(m_i - m_safe)
     # 448 P: log2(448) added to the exponent; the sum carries the same factor, so it cancels in O = acc / l
-    x = s * q_coef[:, None] - (m_safe - 8.807354922057604)[:, None]
-    if EXP16:
-        p = _exp2_f16x2(x)
-        l_i = l_i * alpha + tl.sum(p.to(tl.float32), axis=1)
-    else:
-        p = tl.math.exp2(x)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+    p = tl.math.exp2(s * q_coef[:, None] - (m_safe - 8.807354922057604)[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
     pv = tl.dot(p.to(tl.float8e4nv), v)  # one tile's sum in float32, then added: no long fp8 accumulation
     return acc * alpha[:, None] + pv, m_new, l_i
 
@@ -383,7 +369,7 @@ def _pv8_mask(s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_
 @triton.jit
 def _pv8_tile(acc, m_i, l_i, s_int, start_n, q_coef, offs_m, k_scale_ptr, stride_ksn, desc_v, batch_head, seq_kv,
               causal_offset, valid_ptr, stride_valid_n, CHECK_BOUNDS: tl.constexpr, HAS_KEY_VALID: tl.constexpr,
-              IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, EXP16: tl.constexpr):  # fmt: skip
+              IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
     """The key tile at ``start_n`` given its int32 scores: each key's scale, the mask, V's tile, the softmax step."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if CHECK_BOUNDS:
@@ -395,7 +381,7 @@ def _pv8_tile(acc, m_i, l_i, s_int, start_n, q_coef, offs_m, k_scale_ptr, stride
         s = _pv8_mask(s, offs_m, offs_n, seq_kv, causal_offset, valid_ptr, stride_valid_n, HAS_KEY_VALID,
                       IS_CAUSAL)  # fmt: skip
     v = tl.trans(desc_v.load([batch_head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N))
-    return _pv8_update(acc, m_i, l_i, s, q_coef, v, EXP16)
+    return _pv8_update(acc, m_i, l_i, s, q_coef, v)
 
 
 def _tma_block_shapes(nargs: dict) -> None:
@@ -430,8 +416,6 @@ def _attention_pv8_kernel(
     IS_CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    EXP16: tl.constexpr = False,
-    OVERLAP: tl.constexpr = False,
 ):  # fmt: skip
     # Q (B, S_q, H*D) and K (B, S_kv, H*D) int8 and V (B*H, D, S_pad) e4m3 through TMA descriptors: tiles past a
     # tensor's end arrive as zeros (and the bounds mask makes their scores -inf)
@@ -457,40 +441,19 @@ def _attention_pv8_kernel(
     if IS_CAUSAL:
         hi = tl.minimum(seq_kv, causal_offset + (pid_m + 1) * BLOCK_M)
     full_tiles_end = (hi // BLOCK_N) * BLOCK_N
-    if OVERLAP:
-        # each tile's Q . K^T issued before the previous tile's softmax and P . V, so that the tensor cores work
-        # while the softmax runs (FlashAttention-3's overlap within a warpgroup)
-        if full_tiles_end > 0:
-            s_int = tl.dot(q, tl.trans(desc_k.load([b, 0, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)),
-                           out_dtype=tl.int32)  # fmt: skip
-            for start_n in range(BLOCK_N, full_tiles_end, BLOCK_N):
-                k = desc_k.load([b, start_n, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
-                s_next = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
-                acc, m_i, l_i = _pv8_tile(
-                    acc, m_i, l_i, s_int, start_n - BLOCK_N, q_coef, offs_m, k_scale_ptr, stride_ksn, desc_v,
-                    batch_head, seq_kv, causal_offset, valid_ptr, stride_valid_n,
-                    False, HAS_KEY_VALID, IS_CAUSAL, BLOCK_N, HEAD_DIM, EXP16,
-                )  # fmt: skip
-                s_int = s_next
-            acc, m_i, l_i = _pv8_tile(
-                acc, m_i, l_i, s_int, full_tiles_end - BLOCK_N, q_coef, offs_m, k_scale_ptr, stride_ksn, desc_v,
-                batch_head, seq_kv, causal_offset, valid_ptr, stride_valid_n,
-                False, HAS_KEY_VALID, IS_CAUSAL, BLOCK_N, HEAD_DIM, EXP16,
-            )  # fmt: skip
-    else:
-        for start_n in range(0, full_tiles_end, BLOCK_N):
-            k = desc_k.load([b, start_n, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
-            acc, m_i, l_i = _pv8_tile(
-                acc, m_i, l_i, tl.dot(q, tl.trans(k), out_dtype=tl.int32), start_n, q_coef, offs_m, k_scale_ptr,
-                stride_ksn, desc_v, batch_head, seq_kv, causal_offset, valid_ptr, stride_valid_n,
-                False, HAS_KEY_VALID, IS_CAUSAL, BLOCK_N, HEAD_DIM, EXP16,
-            )  # fmt: skip
+    for start_n in range(0, full_tiles_end, BLOCK_N):
+        k = desc_k.load([b, start_n, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
+        acc, m_i, l_i = _pv8_tile(
+            acc, m_i, l_i, tl.dot(q, tl.trans(k), out_dtype=tl.int32), start_n, q_coef, offs_m, k_scale_ptr,
+            stride_ksn, desc_v, batch_head, seq_kv, causal_offset, valid_ptr, stride_valid_n,
+            False, HAS_KEY_VALID, IS_CAUSAL, BLOCK_N, HEAD_DIM,
+        )  # fmt: skip
     if full_tiles_end < hi:
         k = desc_k.load([b, full_tiles_end, h * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
         acc, m_i, l_i = _pv8_tile(
             acc, m_i, l_i, tl.dot(q, tl.trans(k), out_dtype=tl.int32), full_tiles_end, q_coef, offs_m, k_scale_ptr,
             stride_ksn, desc_v, batch_head, seq_kv, causal_offset, valid_ptr, stride_valid_n,
-            True, HAS_KEY_VALID, IS_CAUSAL, BLOCK_N, HEAD_DIM, EXP16,
+            True, HAS_KEY_VALID, IS_CAUSAL, BLOCK_N, HEAD_DIM,
         )  # fmt: skip
     v_scale = tl.load(v_scale_ptr + batch_head * HEAD_DIM + offs_d)
     out = acc * v_scale[None, :] / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no allowed key: zeros
