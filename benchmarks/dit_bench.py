@@ -586,6 +586,9 @@ def main() -> int:
         "layer_errors": {},
         "skipped": [],
         "unavailable": {},
+        # true only in the last write, once every planned step ran, failed or was skipped (each listed): a file a
+        # killed run left says false, and its missing rows are listed nowhere else
+        "finished": False,
         "goals": {name: {"ratio_max": bar, "strict": strict} for name, (_, _, bar, strict) in GOALS.items()},
     }
     rows: list[dict[str, Any]] = result["rows"]
@@ -796,6 +799,7 @@ def main() -> int:
             gc.collect()
         save(result, rows, bf16_bytes, args.out)  # after every step: a run cut short still leaves its numbers
 
+    result["finished"] = True
     save(result, rows, bf16_bytes, args.out)
     print_table(rows, result)
     return 0

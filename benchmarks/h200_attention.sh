@@ -50,10 +50,11 @@ for stage in $STAGES; do
       echo "tune: exit $?"; grep -v "done at" "$OUT/attention_tune.log" | cut -c1-160 | tail -34
       ;;
     ncu)
-      # the profiler's pipe utilisation, occupancy and stalls for the BLOCK_M=64 variants at 4 references (needs hardware counters)
+      # the profiler's pipe utilisation, occupancy and stalls for the BLOCK_M=64 variants at 4 references (it needs
+      # the GPU's hardware counters; where they cannot be read, ncu says so in its log)
       timeout "${NCU_S:-240}" ncu --clock-control none -k regex:_attention_pv8 --section ComputeWorkloadAnalysis \
-        --section SpeedOfLight --section Occupancy --section WarpStateStats python3 benchmarks/attention_tune.py --once --out /dev/null \
-        >"$OUT/attention_ncu.log" 2>&1
+        --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        python3 benchmarks/attention_tune.py --once --out /dev/null >"$OUT/attention_ncu.log" 2>&1
       echo "ncu: exit $?"; grep -E "launched|Duration|highest-utilized|Issue Slots|Achieved Occupancy|Warp Cycles Per Issued|Error" \
         "$OUT/attention_ncu.log" | head -60
       ;;

@@ -2,9 +2,11 @@
 
 Nothing is buffered here: each chunk is counted as the app reads it. A declared Content-Length over the limit
 is answered 413 before a byte is read; a body that grows past it stops the app's read with 413, and a body
-that has not fully arrived ``body_timeout_s`` after its headers stops it with 408. Both close the connection,
-as does any answer sent before the body was read to its end (a 404 to a slow body would otherwise keep
-receiving it). JSON bodies get ``max_json_body_bytes`` (prompts are small), every other body
+that has not fully arrived ``body_timeout_s`` after its headers stops it with 408. Both close the connection.
+An answer the app gives before reading the body (a 404, a 503 while loading) waits until the rest of the body is
+read, within the same limit and deadline: a connection closed on unread bytes is reset, and the reset can reach
+the client before the answer. Where the rest does not come, the answer closes the connection (a 404 to a slow body
+would otherwise keep receiving it). JSON bodies get ``max_json_body_bytes`` (prompts are small), every other body
 ``max_body_bytes``. After a body of more than ``TRIM_AFTER_BYTES`` the heap's free pages go back to the OS.
 """
 
@@ -79,12 +81,25 @@ class BodyLimitMiddleware:
                 complete = not message.get("more_body", False)
             return message
 
+        async def drain() -> None:
+            """Read what is left of the body, within the limit and the deadline, before an answer the app gave
+            without it (a 503 while loading, say): a connection closed on unread bytes is reset, and the reset can
+            reach the client before the answer does, which it then never reads."""
+            try:
+                while not complete and (await guarded_receive())["type"] != "http.disconnect":
+                    pass
+            except APIError:  # over the limit or past the deadline: the answer goes out, the rest unread
+                pass
+
         async def watched_send(message: Message) -> None:
             nonlocal responded
             if message["type"] == "http.response.start" and not complete:
-                headers = list(message.get("headers", []))
-                if not any(name.lower() == b"connection" for name, _ in headers):
-                    message = {**message, "headers": [*headers, (b"connection", b"close")]}
+                await drain()
+                # the rest did not come in time or in bounds: the connection cannot be reused
+                if not complete:
+                    headers = list(message.get("headers", []))
+                    if not any(name.lower() == b"connection" for name, _ in headers):
+                        message = {**message, "headers": [*headers, (b"connection", b"close")]}
             responded = True
             await send(message)
 

@@ -89,6 +89,7 @@ def test_tiny_dry_run_fills_every_loop_row(tmp_path: Path) -> None:
     ]
     subprocess.run([*command, "--out", str(out)], check=True, env=env, timeout=600)
     result = json.loads(out.read_text())
+    assert result["finished"] is True  # every step was planned, run or listed; a killed run's file says false
     # where torchao imports on a CPU, its float8 config refuses the device (it needs CUDA sm_89+): an error, recorded
     assert [name for name in result.get("errors", {}) if not name.startswith("torchao-")] == []
     rows = {(r["variant"], r["mode"], r["references"]): r for r in result["rows"]}

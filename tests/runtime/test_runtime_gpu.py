@@ -143,8 +143,8 @@ def test_fused_projections_draw_the_pixels_of_the_separate_layers_on_cuda(
 def test_compiled_blocks_run_the_triton_attention_kernels_to_the_pixels_of_eager_on_cuda(kind: str) -> None:
     """serve --compile --attention KIND: inductor keeps each attention call one op (int8-fp8's TMA descriptors broke
     the graph, and inductor built the int8 kernel with a float64 scale) and draws what the eager pipeline with the
-    same kernel draws, up to float reordering, which 8-bit rounding amplifies: within twice what the quantized attention changes against
-    BF16's (at least one level)."""
+    same kernel draws, up to float reordering, which 8-bit rounding amplifies: within twice what the quantized
+    attention changes against BF16's (at least one level)."""
     from ditq.demo import default_model_dir
     from ditq.doctor.attention import install_quantized_attention
 

@@ -178,3 +178,53 @@ def test_a_forged_path_is_counted_as_other_and_never_written_into_metrics() -> N
         assert "99999" not in metrics and "ditq_out_of_memory_total 0" in metrics
         assert 'ditq_requests_total{endpoint="other",status="413"} 200' in metrics
         assert len(metrics) < 10_000
+
+
+def _response(sock: socket.socket) -> bytes:
+    """One whole HTTP response (headers, then the Content-Length bytes); a reset is a failure, not an end."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(v)
+        for k, v in (line.split(b":", 1) for line in head.split(b"\r\n")[1:])
+        if k.lower() == b"content-length"
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def test_an_early_answer_waits_for_the_rest_of_the_body_so_that_no_reset_loses_it() -> None:
+    """A 503 given before the body was read (here: the model still loading) went out at once and closed the
+    connection on the unread body; such a connection is reset, and the reset could reach the client before the
+    answer (a client saw 'connection reset by peer' in place of a parallel server's 503)."""
+    loaded = threading.Event()
+
+    def slow_load() -> object:
+        loaded.wait(60)
+        return tiny_adapter()
+
+    body = b'{"prompt": "a red circle", "size": "64x64"}'
+    try:
+        with LiveServer(make_app(CONFIG, load=slow_load)) as server, connect(server) as sock:
+            sock.sendall(post_head("/v1/images/generations", "application/json", len(body)) + body[:7])
+            sock.settimeout(0.5)
+            with pytest.raises(
+                TimeoutError
+            ):  # no answer while the body is still coming (its deadline is 1 s)
+                sock.recv(1)
+            sock.sendall(body[7:])
+            sock.settimeout(10)
+            answer = _response(sock)
+            assert answer.startswith(b"HTTP/1.1 503") and b"model_loading" in answer, answer[:300]
+            assert b"connection: close" not in answer.lower()  # the body was read: the connection is reusable
+            sock.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            assert _response(sock).startswith(b"HTTP/1.1 503")  # loading, on the same connection
+    finally:
+        loaded.set()
