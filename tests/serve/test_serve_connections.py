@@ -215,9 +215,8 @@ def test_an_early_answer_waits_for_the_rest_of_the_body_so_that_no_reset_loses_i
         with LiveServer(make_app(CONFIG, load=slow_load)) as server, connect(server) as sock:
             sock.sendall(post_head("/v1/images/generations", "application/json", len(body)) + body[:7])
             sock.settimeout(0.5)
-            with pytest.raises(
-                TimeoutError
-            ):  # no answer while the body is still coming (its deadline is 1 s)
+            # no answer while the body is still coming (its deadline is 1 s)
+            with pytest.raises(TimeoutError):
                 sock.recv(1)
             sock.sendall(body[7:])
             sock.settimeout(10)
