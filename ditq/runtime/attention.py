@@ -21,12 +21,12 @@ from typing import Any
 import torch
 from diffusers.models.transformers.transformer_qwenimage21 import (
     QwenImage21Attention,
-    QwenImage21AttnProcessor,
     _qwenimage21_prepare_qkv,
 )
 
 from ditq.kernels.attention import AttentionPath
 from ditq.runtime.fuse import fused_attention_view
+from ditq.runtime.prefill import TabulatedPrefillProcessor
 
 __all__ = ["QuantizedAttnProcessor", "quantized_segment_attention"]
 
@@ -68,13 +68,20 @@ def _key_valid(attention_mask: Any) -> torch.Tensor | None:
     return attention_mask[:, 0, 0]
 
 
-class QuantizedAttnProcessor(QwenImage21AttnProcessor):
-    """``QwenImage21AttnProcessor`` with its attention calls through a quantized-attention path."""
+class QuantizedAttnProcessor(TabulatedPrefillProcessor):
+    """``QwenImage21AttnProcessor`` with its attention calls through a quantized-attention path (a compiled
+    block's prefill through ``ditq.runtime.prefill.prefill_attention``, with this path)."""
 
     def __init__(self, path: AttentionPath) -> None:
         self.path = path
+        self.attention_path = path.name
 
     def __call__(
+        self, attn: QwenImage21Attention, hidden_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
+        return super().__call__(fused_attention_view(attn, hidden_states), hidden_states, *args, **kwargs)
+
+    def attend(
         self,
         attn: QwenImage21Attention,
         hidden_states: torch.Tensor,
@@ -86,7 +93,6 @@ class QuantizedAttnProcessor(QwenImage21AttnProcessor):
         segments: list[tuple[int, int, bool]] | None = None,
         key_valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        attn = fused_attention_view(attn, hidden_states)
         query, key, value, _ = _qwenimage21_prepare_qkv(
             attn, hidden_states, rotary_emb, layer_cache, kv_cache_mode, cache_write_slice
         )

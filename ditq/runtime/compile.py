@@ -35,6 +35,7 @@ import torch.fx.experimental._config as fx_config
 from torch._dynamo.utils import counters
 
 from ditq.errors import InputError
+from ditq.runtime.prefill import segment_table, tabulate_prefill, takes_segment_table
 
 __all__ = [
     "COMPILE_BACKENDS",
@@ -93,7 +94,7 @@ def repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in module.modules() if type(m).__name__ in names]
 
 
-def _call_compiled(compiled: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def _call_compiled(compiled: Callable[..., Any], block: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """A compiled block's call (``nn.Module._compiled_call_impl``). A ``slice`` among its keyword arguments goes in
     as the index tensor of the same positions: dynamo keeps a slice's bounds as constants (a graph for every prompt
     length), where a tensor's length is a dynamic size. Indexing by it copies what slicing would view, the same
@@ -102,7 +103,15 @@ def _call_compiled(compiled: Callable[..., Any], *args: Any, **kwargs: Any) -> A
 
     The hidden states reach the compiled code at storage offset 0: the first block's are a view into the joint
     sequence, the others' fresh tensors, and dynamo specialises an offset of 0 apart from any other, so the cached
-    step would compile twice. The copy is the image tokens' once per step."""
+    step would compile twice. The copy is the image tokens' once per step.
+
+    The prefix segments go in as a table (``ditq.runtime.prefill``) where the block's attention processor takes
+    one: dynamo would unroll the list's loop and guard on its length, a prefix graph per reference count."""
+    segments = kwargs.get("segments")
+    if isinstance(segments, list) and takes_segment_table(
+        getattr(getattr(block, "attn", None), "processor", None)
+    ):
+        kwargs["segments"] = segment_table(segments)
     slices = {name: v for name, v in kwargs.items() if isinstance(v, slice)}
     if slices:
         device = next(v.device for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
@@ -130,8 +139,9 @@ def compile_blocks(blocks: list[torch.nn.Module], backend: str, fullgraph: bool 
     times the served path through it."""
     _serving_settings()
     for block in blocks:
+        tabulate_prefill(block)
         compiled = torch.compile(block._call_impl, backend=backend, dynamic=True, fullgraph=fullgraph)
-        block._compiled_call_impl = functools.partial(_call_compiled, compiled)
+        block._compiled_call_impl = functools.partial(_call_compiled, compiled, block)
 
 
 def compile_pipeline(pipeline: Any, backend: str, component: str = "transformer") -> CompileFacts:

@@ -43,6 +43,7 @@ from diffusers.models.transformers.transformer_qwenimage21 import (
 
 from ditq.checkpoint.codecs import SCALE
 from ditq.runtime.modules import QuantizedLinear, linear_from_stored
+from ditq.runtime.prefill import TabulatedPrefillProcessor
 
 __all__ = [
     "FusedQKVAttnProcessor",
@@ -130,8 +131,9 @@ def fused_attention_view(attn: Any, hidden_states: torch.Tensor) -> Any:
     return _ProjectedAttention(attn, hidden_states)
 
 
-class FusedQKVAttnProcessor(QwenImage21AttnProcessor):
-    """diffusers' ``QwenImage21AttnProcessor`` over one fused query/key/value projection."""
+class FusedQKVAttnProcessor(TabulatedPrefillProcessor):
+    """diffusers' ``QwenImage21AttnProcessor`` over one fused query/key/value projection (a compiled block's
+    prefill through ``ditq.runtime.prefill.prefill_attention``)."""
 
     def __call__(
         self, attn: QwenImage21Attention, hidden_states: torch.Tensor, *args: Any, **kwargs: Any

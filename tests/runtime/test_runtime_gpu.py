@@ -119,6 +119,8 @@ def test_inductor_compiled_pipeline_serves_the_pixels_of_eager_on_cuda(
     adapter = PipelineAdapter(pipeline)
     calibrate(adapter, torch.device("cuda"), max_pixels=64 * 64, time_budget_s=600)
     assert pipeline.ditq_compile.warmup_seconds > 0
+    # 0-4 references at three sizes from two graphs: the cached step's and one prefix step's
+    assert pipeline.ditq_compile.warmup_graphs == 2
     compiled = _pixels(pipeline)
     # inductor fuses and reorders float arithmetic: close to eager, not bit for bit
     assert np.abs(compiled - eager).mean() < 1.0, np.abs(compiled - eager).mean()
@@ -170,3 +172,8 @@ def test_compiled_blocks_run_the_triton_attention_kernels_to_the_pixels_of_eager
     difference = np.abs(compiled - eager).mean()
     # measured on an H200: 1.01 against 0.996 (int8), 1.48 against 1.46 (int8-fp8); a wrong scale or mask is tens
     assert difference < 2 * max(1.0, quantization), (difference, quantization)
+    from ditq.serve.cost import calibrate
+
+    calibrate(PipelineAdapter(compiled_pipeline), torch.device("cuda"), max_pixels=64 * 64, time_budget_s=600)
+    # every reference count (0-4) with the graphs of the first call: the cached step's and one prefix step's
+    assert int(counters["stats"]["unique_graphs"]) - graphs == 2

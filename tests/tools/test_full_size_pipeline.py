@@ -400,9 +400,9 @@ def test_a_compiled_pipeline_serves_any_prompt_length_and_reference_layout_from_
     quantized: Path,
 ) -> None:
     """Under --compile the blocks' graphs are dynamic from the first call: once a path has run (here: 2 references),
-    a request with another prompt length and other reference sizes compiles nothing. Dynamo's default kept sizes,
-    duck-shaped equalities and the prefix boundary (a slice) as constants, and a 4-reference request recompiled
-    for 10-13 s on the H200; the pixels stay the eager pipeline's."""
+    a request with another prompt length, other reference sizes or another number of references compiles nothing.
+    Dynamo's default kept sizes, duck-shaped equalities and the prefix boundary (a slice) as constants, and a
+    4-reference request recompiled for 10-13 s on the H200; the pixels stay the eager pipeline's."""
     from torch._dynamo.utils import counters
 
     from ditq.runtime.compile import compile_pipeline
@@ -412,7 +412,7 @@ def test_a_compiled_pipeline_serves_any_prompt_length_and_reference_layout_from_
     )["edit-2ref"]
     wide = [Image.open(p).resize((SIZE, SIZE // 2)) for p in fixture.reference_paths]
 
-    def draw(pipeline: Any, prompt: str, references: list[Image.Image]) -> np.ndarray:
+    def draw(pipeline: Any, prompt: str, references: list[Image.Image] | None) -> np.ndarray:
         return np.asarray(
             pipeline(prompt=prompt, image=references, width=SIZE, height=SIZE, num_inference_steps=STEPS,
                      output_resolution=SIZE, generator=torch.Generator().manual_seed(0)).images[0]
@@ -436,3 +436,7 @@ def test_a_compiled_pipeline_serves_any_prompt_length_and_reference_layout_from_
         "a new prompt length or reference size compiled again"
     )
     assert np.array_equal(picture, draw(eager, longer, wide))
+    # other reference counts: the same prefix graph (ditq.runtime.prefill)
+    for references in (None, square[:1]):
+        draw(compiled, fixture.prompt, references)
+        assert counters["stats"]["unique_graphs"] == before, f"{references!r:.40} compiled again"
