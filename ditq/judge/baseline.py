@@ -9,7 +9,6 @@ writes ``SEAL.json``: the sha256 of every image, of ``records.jsonl`` and of
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import time
@@ -98,6 +97,7 @@ class AdapterExecutor:
         from PIL import Image
 
         from ditq.runtime.adapter import GenerationRequest
+        from ditq.serve.images import encode_image
 
         t0 = time.perf_counter()
         try:
@@ -117,8 +117,7 @@ class AdapterExecutor:
             )
             result = self.adapter(request)
             encoding = time.perf_counter()
-            buffer = io.BytesIO()
-            result.images[0].save(buffer, format="PNG")
+            encoded = encode_image(result.images[0], "png", "auto")  # as ditq serve encodes its answer
             encode_s = time.perf_counter() - encoding
         except Exception as error:  # one failed generation is a record, not the end of the run
             return Reply(round(time.perf_counter() - t0, 3), None, error=f"{type(error).__name__}: {error}")
@@ -127,7 +126,7 @@ class AdapterExecutor:
         metrics = StageMetrics.from_result(
             result, queue_wait_s=0.0, encode_s=encode_s, steps_asked=self.steps, every_step=True
         ).model_dump(mode="json")
-        return Reply(round(time.perf_counter() - t0, 3), None, buffer.getvalue(), metrics=metrics)
+        return Reply(round(time.perf_counter() - t0, 3), None, encoded, metrics=metrics)
 
 
 def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> ProbeSummary:

@@ -13,7 +13,9 @@ from ditq.signatures import GateRules
 __all__ = ["collapse_reasons", "encode_image"]
 
 _SAVE_OPTIONS: dict[str, dict[str, object]] = {
-    "png": {"format": "PNG"},
+    # zlib's fastest level: the same pixels (PNG is lossless) in about half of PIL's default level 6 time, the
+    # largest part of a 1024x1024 answer's postprocessing (docs/results.md, "Served speed")
+    "png": {"format": "PNG", "compress_level": 1},
     "jpeg": {"format": "JPEG", "quality": 95},
     "webp": {"format": "WEBP", "quality": 95},
 }
