@@ -166,10 +166,11 @@ artifact_for() {
   echo "$RUN/artifacts/$scheme"
 }
 
-# Every GPU-marked test, 4 workers (tests/serve/test_serve_openai_client.py needs the openai client, which the machine
-# lacks; it holds no GPU test).
+# Every GPU-marked test, 4 workers, of $GPU_TESTS (default: every test file; tests/serve/test_serve_openai_client.py
+# needs the openai client, which the machine lacks; it holds no GPU test).
 gpu_tests() {
-  timeout "${TESTS_S:-480}" python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 tests \
+  # shellcheck disable=SC2086
+  timeout "${TESTS_S:-480}" python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 ${GPU_TESTS:-tests} \
     --ignore tests/serve/test_serve_openai_client.py >"$RUN/gpu_tests.log" 2>&1
   echo "gpu tests: exit $?; $(tail -1 "$RUN/gpu_tests.log")"
 }
@@ -219,7 +220,7 @@ serve_probe() {
 }
 
 COLLECT="run.log gpu_tests.log dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
-EXPORTS="DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+EXPORTS="GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"
