@@ -15,7 +15,9 @@ each path first for its exact sizes and again at the first request whose sizes d
   for one symbol; it is turned off;
 - the block's prefix boundary, which diffusers passes as a ``slice`` whose bounds dynamo keeps as constants until
   it has seen a second value (calibration warms its smallest shape up at three prompt lengths for that).
-Its limit on recompilations is raised so that a server never falls back to eager code silently.
+Its limit on recompilations is raised so that a server never falls back to eager code silently. Qwen-Image-2.1's
+prefill attention loops over the prefix's segments, a loop dynamo would unroll (a prefix graph per reference
+count); the segments reach the compiled blocks as a table and the loop runs in one op (``ditq.runtime.prefill``).
 
 ditq's 8-bit kernels are custom ops with shape-only fakes (``ditq.kernels.cuda_common``,
 ``ditq.kernels.reference``), so the compiler keeps each as one call and fuses the activation quantization into
@@ -135,7 +137,8 @@ def _serving_settings() -> None:
 
 def compile_blocks(blocks: list[torch.nn.Module], backend: str, fullgraph: bool = False) -> None:
     """Compile ``blocks`` as a server does: diffusers' ``compile_repeated_blocks`` (every block one code object, so
-    one cache), with dynamic shapes and slices as index tensors (``_call_compiled``). ``benchmarks/dit_bench.py``
+    one cache), with dynamic shapes, slices as index tensors and the prefix segments as a table (``_call_compiled``;
+    the blocks' stock attention processors become ``TabulatedPrefillProcessor``s, which read it). ``benchmarks/dit_bench.py``
     times the served path through it."""
     _serving_settings()
     for block in blocks:
