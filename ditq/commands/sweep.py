@@ -118,6 +118,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "model's own, so the report judges the two together (default: the model's own attention)",
     )
     parser.add_argument(
+        "--parallel",
+        metavar="cp=N",
+        help="every server the sweep starts, the baseline's too, serves over N devices (ditq serve --parallel); "
+        "the report compares device-seconds where a run's device count differs from its baseline's (default: one "
+        "device each)",
+    )
+    parser.add_argument(
         "--kv-cache",
         choices=KV_CACHE_KINDS,
         help="the candidates' servers keep the prefix KV cache in 8 bits (ditq serve --kv-cache); the baseline "
@@ -175,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         attention=args.attention,
         kv_cache=args.kv_cache,
         compile=compile_backend(args),
+        parallel=args.parallel,
         api_key=args.api_key,
     )
     stop_on_sigterm()

@@ -33,6 +33,7 @@ __all__ = [
     "check_parallel",
     "parse_parallel",
     "rank_devices",
+    "refuse_beside_parallel",
 ]
 
 # the transformer classes ditq has a context-parallel plan for
@@ -57,6 +58,23 @@ def parse_parallel(text: str) -> ParallelSpec:
     if match is None or int(match.group(2)) < 2:
         raise InputError(f"--parallel {text!r}: expected cp=N or tp=N with N at least 2 (cp=2, say)")
     return ParallelSpec(match.group(1), int(match.group(2)))  # type: ignore[arg-type]
+
+
+def refuse_beside_parallel(
+    spec: ParallelSpec, offload: str, max_memory: str | None, attention: str | None, compile: str | None
+) -> None:
+    """An option a parallel server cannot serve with, refused in one line naming both (every rank holds a whole
+    device, in the model's own attention, eager)."""
+    for flag, value in (
+        ("--offload", None if offload == "none" else offload),
+        ("--max-memory", max_memory),
+        ("--attention", attention),
+        ("--compile", compile),
+    ):
+        if value is not None:
+            raise InputError(
+                f"--parallel {spec} with {flag} {value}: not supported (every rank holds a whole device)"
+            )
 
 
 def rank_devices(spec: ParallelSpec, device: torch.device) -> list[str]:

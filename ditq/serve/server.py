@@ -33,7 +33,7 @@ from ditq.errors import (
     StartupError,
 )
 from ditq.runtime.adapter import PipelineAdapter
-from ditq.runtime.parallel import ParallelSpec, check_parallel, rank_devices
+from ditq.runtime.parallel import ParallelSpec, check_parallel, rank_devices, refuse_beside_parallel
 from ditq.serve.access import exposure_warning
 from ditq.serve.app import create_app
 from ditq.serve.config import ServeConfig
@@ -278,16 +278,7 @@ def _parallel_devices(
     compile: str | None,
 ) -> list[str]:
     """Each rank's device for ``--parallel``; an option it cannot serve with is refused in one line naming both."""
-    for flag, value in (
-        ("--offload", None if offload == "none" else offload),
-        ("--max-memory", max_memory),
-        ("--attention", attention),
-        ("--compile", compile),
-    ):
-        if value is not None:
-            raise InputError(
-                f"--parallel {spec} with {flag} {value}: not supported (every rank holds a whole device)"
-            )
+    refuse_beside_parallel(spec, offload, max_memory, attention, compile)
     resolved = resolve_device(device)
     check_parallel(model_dir, spec, resolved)
     return rank_devices(spec, resolved)

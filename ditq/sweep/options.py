@@ -8,11 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import torch
+
 from ditq.devices import OFFLOAD_LADDER_AUTO, OFFLOAD_MODES
 from ditq.errors import InputError
 from ditq.judge.compare import MAX_SEEDS
 from ditq.probe.fixtures import DEFAULT_SEEDS, load_fixtures, parse_seeds
 from ditq.quantize.plan_file import PlanFile, read_plan
+from ditq.runtime.parallel import parse_parallel, refuse_beside_parallel
 from ditq.schemes import get_scheme
 
 SCHEME_STAGES = ("quantize", "verify", "doctor", "serve", "probe", "gate", "compare")
@@ -31,7 +34,11 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
     # A collapsed image must come back (with a warning) so the gate can judge it: a 500 instead would
     # hide the very failure the sweep exists to show.
     argv = ditq_argv("serve", model, "--host", "127.0.0.1", "--port", str(port), "--on-collapse", "warn")
-    argv += ["--device", options.device, "--offload", offload]
+    if options.parallel is not None:  # every server alike, the baseline's too: ranks take cuda:0 .. cuda:N-1
+        argv += ["--parallel", options.parallel, "--device", torch.device(options.device).type]
+    else:
+        argv += ["--device", options.device]
+    argv += ["--offload", offload]
     argv += ["--dtype", options.dtype] if options.dtype else []
     argv += ["--variant", options.variant] if options.variant else []
     # quantized attention is the candidates' (the baseline is the model as it ships)
@@ -76,6 +83,7 @@ class SweepOptions:
     attention: str | None = None  # the candidates' servers' --attention (int8 | fp8); None: the model's own
     kv_cache: str | None = None  # the candidates' servers' --kv-cache (int8 | fp8); None: the model's own
     compile: str | None = None  # every server's --compile backend, the baseline's too; None: eager
+    parallel: str | None = None  # every server's --parallel (cp=N), the baseline's too; None: one device each
     # the key every server the sweep starts requires and every probe and baseline sends (--endpoint-for's too);
     # passed through the environment, never on a command line or in a file
     api_key: str | None = field(default=None, repr=False)
@@ -110,6 +118,14 @@ class SweepOptions:
             raise InputError(
                 f"--offload: {','.join(self.offload) or 'nothing'} is not a list of distinct modes "
                 f"from {', '.join(OFFLOAD_MODES)} (e.g. none,model,block)"
+            )
+        if self.parallel is not None:
+            refuse_beside_parallel(
+                parse_parallel(self.parallel),
+                ",".join(self.offload),
+                self.max_memory,
+                self.attention,
+                self.compile,
             )
         for path, what in ((self.model, "model"), (self.fixtures, "--fixtures"), (self.refs, "--refs")):
             if not Path(path).exists():

@@ -1,14 +1,17 @@
-"""The command lines of the servers a sweep starts: what the baseline's shares with the candidates' and what not."""
+"""The command lines of the servers a sweep starts: what the baseline's shares with the candidates' and what not, and
+what a parallel sweep refuses before anything runs."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
 from ditq.demo import default_model_dir, references_dir
 from ditq.demo.settings import demo_fixtures
+from ditq.errors import InputError
 from ditq.sweep import SweepOptions, default_serve_argv
 
 
@@ -53,3 +56,34 @@ def test_the_sweeps_servers_and_probes_get_exactly_the_sweeps_key(monkeypatch: p
         assert os.environ["DITQ_API_KEY"] == "k1"
         assert os.environ["DITQ_PROBE_API_KEY"] == "k1"
     assert os.environ["DITQ_PROBE_API_KEY"] == "another"  # restored
+
+
+def test_a_parallel_sweep_starts_every_server_over_the_ranks(options: SweepOptions) -> None:
+    parallel = dataclasses.replace(options, parallel="cp=2", compile=None, device="cuda:0")
+    for model in (
+        parallel.model,
+        parallel.out / "fp8" / "artifact",
+    ):  # the baseline's server and a candidate's
+        argv = default_serve_argv(model, 8000, parallel, "none")
+        at = argv.index("--parallel")
+        # the ranks take cuda:0 .. cuda:1 themselves: the server is given the device type, not one device
+        assert argv[at + 1 : at + 4] == ["cp=2", "--device", "cuda"] and argv.count("--device") == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        ({"parallel": "cp=1"}, "--parallel 'cp=1': expected cp=N or tp=N with N at least 2"),
+        (
+            {"parallel": "cp=2", "compile": "inductor"},
+            "--parallel cp=2 with --compile inductor: not supported",
+        ),
+        ({"parallel": "cp=2", "offload": ("none", "model")}, "--parallel cp=2 with --offload none,model"),
+        ({"parallel": "cp=2", "max_memory": "24GiB"}, "--parallel cp=2 with --max-memory 24GiB"),
+    ],
+)
+def test_a_parallel_sweep_refuses_what_a_parallel_server_would_before_anything_runs(
+    options: SweepOptions, change: dict[str, object], refused: str
+) -> None:
+    with pytest.raises(InputError, match=re.escape(refused)):
+        dataclasses.replace(options, **{"compile": None, **change})
