@@ -56,17 +56,21 @@ def takes_segment_table(processor: Any) -> bool:
     return isinstance(processor, TabulatedPrefillProcessor)
 
 
-class _Projected(torch.nn.Module):
-    """An attention module whose projections return ``query``, ``key`` and ``value`` (B, S, H, D) as they are,
-    with identity norms and output, so that diffusers' processor runs only its attention calls over them."""
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+class _Projected:
+    """An attention module's stand-in whose projections return ``query``, ``key`` and ``value`` (B, S, H, D) as
+    they are, with identity norms and output, so that diffusers' processor runs only its attention calls."""
+
+    norm_q = norm_k = staticmethod(_identity)
+    to_out = (_identity, _identity)
 
     def __init__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
-        super().__init__()
         self.heads, head_dim = query.shape[2], query.shape[3]
         self.inner_dim = self.heads * head_dim
         self._qkv = (query.flatten(2, 3), key.flatten(2, 3), value.flatten(2, 3))
-        self.norm_q = self.norm_k = torch.nn.Identity()
-        self.to_out = [torch.nn.Identity(), torch.nn.Identity()]
 
     def to_q(self, _hidden: torch.Tensor) -> torch.Tensor:
         return self._qkv[0]
