@@ -44,7 +44,7 @@ Segments = list[tuple[int, int, bool]]
 def segment_table(segments: Segments) -> torch.Tensor:
     """``segments`` as a flat (3 x runs,) int64 tensor on the host: start, end, is_text per run. Flat, so that a
     prompt-only prefix (one run) has a length of 3, not 1, which dynamo would specialise."""
-    return torch.tensor([value for run in segments for value in run], dtype=torch.int64).flatten()
+    return torch.tensor([value for run in segments for value in run], dtype=torch.int64)
 
 
 def segments_of(table: torch.Tensor) -> Segments:
@@ -164,12 +164,10 @@ class TabulatedPrefillProcessor(QwenImage21AttnProcessor):
         return super().__call__(attn, hidden_states, *args)
 
 
-def tabulate_prefill(module: torch.nn.Module) -> int:
+def tabulate_prefill(module: torch.nn.Module) -> None:
     """Give every attention module inside ``module`` that runs diffusers' stock processor a
-    ``TabulatedPrefillProcessor`` (one, shared); returns how many. Other processors are left as they are."""
+    ``TabulatedPrefillProcessor`` (one, shared). Other processors are left as they are."""
     processor = TabulatedPrefillProcessor()
-    attentions = [m for m in module.modules() if isinstance(m, QwenImage21Attention)]
-    stock = [a for a in attentions if type(a.processor) is QwenImage21AttnProcessor]
-    for attention in stock:
-        attention.set_processor(processor)  # type: ignore[arg-type]  # diffusers lists its own classes only
-    return len(stock)
+    for attention in [m for m in module.modules() if isinstance(m, QwenImage21Attention)]:
+        if type(attention.processor) is QwenImage21AttnProcessor:
+            attention.set_processor(processor)
