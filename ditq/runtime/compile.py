@@ -138,8 +138,8 @@ def _serving_settings() -> None:
 def compile_blocks(blocks: list[torch.nn.Module], backend: str, fullgraph: bool = False) -> None:
     """Compile ``blocks`` as a server does: diffusers' ``compile_repeated_blocks`` (every block one code object, so
     one cache), with dynamic shapes, slices as index tensors and the prefix segments as a table (``_call_compiled``;
-    the blocks' stock attention processors become ``TabulatedPrefillProcessor``s, which read it). ``benchmarks/dit_bench.py``
-    times the served path through it."""
+    the blocks' stock attention processors become ``TabulatedPrefillProcessor``s, which read it).
+    ``benchmarks/dit_bench.py`` times the served path through it."""
     _serving_settings()
     for block in blocks:
         tabulate_prefill(block)

@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import torch
-
 from ditq.devices import OFFLOAD_LADDER_AUTO, OFFLOAD_MODES
 from ditq.errors import InputError
 from ditq.judge.compare import MAX_SEEDS
@@ -35,7 +33,7 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
     # hide the very failure the sweep exists to show.
     argv = ditq_argv("serve", model, "--host", "127.0.0.1", "--port", str(port), "--on-collapse", "warn")
     if options.parallel is not None:  # every server alike, the baseline's too: ranks take cuda:0 .. cuda:N-1
-        argv += ["--parallel", options.parallel, "--device", torch.device(options.device).type]
+        argv += ["--parallel", options.parallel, "--device", options.device.partition(":")[0]]
     else:
         argv += ["--device", options.device]
     argv += ["--offload", offload]
