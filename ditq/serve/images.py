@@ -8,13 +8,13 @@ import numpy as np
 from PIL import Image
 
 from ditq.metrics import structure_metrics
+from ditq.serve.png import encode_png
 from ditq.signatures import GateRules
 
 __all__ = ["collapse_reasons", "encode_image"]
 
 _SAVE_OPTIONS: dict[str, dict[str, object]] = {
-    # zlib's fastest level: the same pixels (PNG is lossless) in about half of PIL's default level 6 time, the
-    # largest part of a 1024x1024 answer's postprocessing (docs/results.md, "Served speed")
+    # what PIL writes where ditq's own PNG writer (ditq.serve.png) does not: an image with a palette transparency
     "png": {"format": "PNG", "compress_level": 1},
     "jpeg": {"format": "JPEG", "quality": 95},
     "webp": {"format": "WEBP", "quality": 95},
@@ -56,6 +56,10 @@ def encode_image(
         image = image.convert("RGBA")
     elif image.mode not in ("RGB", "RGBA", "L", "LA"):
         image = image.convert("RGBA" if has_alpha else "RGB")
+    if output_format == "png" and "transparency" not in image.info:
+        # the largest part of a 1024x1024 answer's postprocessing, on several threads (docs/results.md, "Served speed")
+        pixels = np.asarray(image)
+        return encode_png(pixels if pixels.ndim == 3 else pixels[:, :, None])
     options = dict(_SAVE_OPTIONS[output_format])
     if output_compression is not None and takes_quality(output_format):
         options["quality"] = output_compression
