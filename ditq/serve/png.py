@@ -73,7 +73,7 @@ def encode_png(pixels: np.ndarray) -> bytes:
     if height == 0 or width == 0:
         raise ValueError("encode_png takes an image of at least one pixel")
     rows = _filtered_rows(np.ascontiguousarray(pixels))
-    raw = memoryview(rows.reshape(-1))
+    raw = memoryview(rows.reshape(-1).data)
     slices = max(1, min(_workers(), len(raw) // _MIN_SLICE))
     bounds = [len(raw) * i // slices for i in range(slices + 1)]
     parts = [raw[bounds[i] : bounds[i + 1]] for i in range(slices)]
