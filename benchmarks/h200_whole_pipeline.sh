@@ -17,6 +17,10 @@
 #   build    the full-size pipeline with random weights (tools/full_size_pipeline.py)
 #   sweep24  ditq sweep --schemes $SCHEMES --max-memory 24GiB --offload auto (quantize auto: transformer and text
 #            encoder), 0-4 references at 1024x1024
+#   sweepwhole ditq sweep --compile --offload none on the whole device, 0-4 references at 1024x1024, its BF16 baseline
+#            compiled too: first with the first scheme of $SWEEP_WHOLE, then resumed with each further one added (each
+#            invocation's SWEEP_S), its files packed after each, so that a run stopped early keeps a whole report
+#   sdpa     benchmarks/sdpa_first_call.py: the first call at a new attention shape, by SDPA backend
 #   memory   benchmarks/pipeline_memory.py on the whole device: BF16 and the fp8 artifact (the sweep's, else
 #            quantized here), stage by stage, and each
 #            memory reduction against the untouched path
@@ -36,6 +40,7 @@ OUT=${OUT:-h200-out}
 RUN=${RUN:-/root/ditq-whole}
 STAGES=${STAGES:-tests tiny doctor build sweep24 serve24 serve16 memory whole}
 SCHEMES=${SCHEMES:-fp8,w8a8}
+SWEEP_WHOLE=${SWEEP_WHOLE:-fp8 w8a8}
 SERVE24=${SERVE24:-}
 SERVE16=${SERVE16:-fp8 bf16 fp8+kv-int8 w8a8}
 WHOLE=${WHOLE:-fp8}
@@ -99,6 +104,26 @@ run_stages() {
         tail -6 "$RUN/sweep-24gib.log"
         tar czf "$RUN/sweep-24gib.tgz" -C "$RUN" --exclude='sweep-24gib/*/artifact' --exclude='*/images' \
           --exclude='sweep-24gib/report/grids' --exclude='sweep-24gib/report/report.html' sweep-24gib sweep-24gib.log
+        ;;
+      sweepwhole)
+        local schemes=
+        for scheme in $SWEEP_WHOLE; do
+          schemes=${schemes:+$schemes,}$scheme
+          timeout "${SWEEP_S:-1200}" python3 -m ditq.cli sweep "$MODEL" --schemes "$schemes" --compile \
+            --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" --out "$RUN/sweep-whole" \
+            --seeds "$SEEDS" --steps "$STEPS" --device cuda:0 --offload none --health-timeout 900 --no-progress \
+            --note "$NOTE" >"$RUN/sweep-whole-$scheme.log" 2>&1
+          echo "sweep $schemes: exit $?"
+          tail -6 "$RUN/sweep-whole-$scheme.log"
+          tar czf "$RUN/sweep-whole.tgz" -C "$RUN" --exclude='sweep-whole/*/artifact' --exclude='*/images' \
+            --exclude='sweep-whole/report/grids' sweep-whole sweep-whole-*.log
+        done
+        ;;
+      sdpa)
+        timeout "${SDPA_S:-120}" python3 benchmarks/sdpa_first_call.py --out "$RUN/sdpa_first_call.json" \
+          >"$RUN/sdpa_first_call.log" 2>&1
+        echo "exit $?"
+        cat "$RUN/sdpa_first_call.log"
         ;;
       ditbench)
         # shellcheck disable=SC2086
@@ -219,8 +244,8 @@ serve_probe() {
   tar czf "$RUN/serve-${budget,,}.tgz" -C "$RUN" --exclude='*/images' "serve-${budget,,}"
 }
 
-COLLECT="run.log gpu_tests.log dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
-EXPORTS="GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+COLLECT="run.log gpu_tests.log sdpa_first_call.json sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
+EXPORTS="SWEEP_WHOLE SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"
