@@ -248,8 +248,11 @@ async def _generate(request: Request, state: ServerState, edits: bool) -> Respon
     if result is None:
         return Response(status_code=_CLIENT_GONE)
     predicted = None if prediction is None else prediction.memory_bytes
-    response = await anyio.to_thread.run_sync(_finish, body, generation, job, result, state, predicted)
-    return JSONResponse(response.model_dump(exclude_none=True))
+    # the JSON too in the worker thread: megabytes of base64, which the event loop should not wait on
+    answer = await anyio.to_thread.run_sync(
+        lambda: _finish(body, generation, job, result, state, predicted).json_bytes()
+    )
+    return Response(answer, media_type="application/json")
 
 
 def _images_route(state: ServerState, endpoint: str, edits: bool) -> Callable[[Request], Any]:

@@ -6,6 +6,7 @@ settings or on the served pipeline are checked in :mod:`ditq.serve.validation`.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -158,6 +159,22 @@ class ImageResponse(BaseModel):
     metrics: StageMetrics
     warnings: list[str] = Field(default_factory=list)
     ignored_fields: list[str] = Field(default_factory=list)  # given, accepted, and without effect (in order)
+
+    def json_bytes(self) -> bytes:
+        """The body as compact UTF-8 JSON (as starlette's JSONResponse writes it, ``data`` first), each image's
+        base64 joined in as bytes: json.dumps scans every character of a string for escapes, 20-35 ms for one
+        1024x1024 PNG answer's 5.6 MB of base64 on a small CPU, and base64's alphabet holds nothing to escape."""
+        rest = _compact_json(self.model_dump(exclude_none=True, exclude={"data"}))
+        parts = [b'{"data":[']
+        for index, item in enumerate(self.data):
+            fields = _compact_json(item.model_dump(exclude_none=True, exclude={"b64_json"}))
+            parts += [b"," if index else b"", b'{"b64_json":"', item.b64_json.encode("ascii")]
+            parts.append(b'"}' if fields == b"{}" else b'",' + fields[1:])
+        parts += [b"],", rest[1:]]
+        return b"".join(parts)  # one copy of each image's base64
+
+def _compact_json(content: object) -> bytes:
+    return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
 class ModelCard(BaseModel):

@@ -197,3 +197,37 @@ def test_stage_metrics_from_one_generation_in_milliseconds() -> None:
     )
     assert (in_process.num_inference_steps, in_process.denoise_step_latencies_ms) == (8, [])
     assert in_process.peak_memory_mb is None and in_process.denoise_step_latency_ms == 0.0
+
+
+@pytest.mark.parametrize("revised", [None, 'a "quoted" prompt, ünïcode and a \\ backslash'])
+def test_the_answer_body_is_the_json_of_the_response(revised: str | None) -> None:
+    import base64
+    import json
+
+    from ditq.serve.schemas import ImageData, ImageResponse, ImageUsage, StageMetrics
+
+    images = [base64.b64encode(bytes(range(256)) * 3 + bytes(n)).decode("ascii") for n in range(3)]
+    response = ImageResponse(
+        created=1796354797,
+        data=[ImageData(b64_json=image, revised_prompt=revised) for image in images],
+        output_format="png",
+        size="32x48",
+        background="auto",
+        usage=ImageUsage(input_images=2, output_images=3, output_pixels=3 * 32 * 48),
+        metrics=StageMetrics(
+            queue_wait_ms=0.5,
+            text_encoding_ms=1.0,
+            denoising_ms=2.0,
+            denoise_step_latency_ms=1.0,
+            decoding_ms=0.25,
+            postprocess_time_ms=0.125,
+            generation_ms=3.0,
+            peak_memory_mb=None,
+            num_inference_steps=2,
+            image_pixels=32 * 48,
+        ),
+        warnings=['non_finite_output: image 1 of 3: "flat" \u2013 std 0.0'],
+    )
+    body = response.json_bytes()
+    assert json.loads(body) == response.model_dump(exclude_none=True)
+    assert body.decode("utf-8").isprintable() and "\\u2013" not in body.decode("utf-8")  # UTF-8, not escapes
