@@ -173,6 +173,7 @@ class ImageResponse(BaseModel):
         parts += [b"],", rest[1:]]
         return b"".join(parts)  # one copy of each image's base64
 
+
 def _compact_json(content: object) -> bytes:
     return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
