@@ -106,8 +106,15 @@ run_stages() {
           --exclude='sweep-24gib/report/grids' --exclude='sweep-24gib/report/report.html' sweep-24gib sweep-24gib.log
         ;;
       sweepwhole)
-        local schemes=
+        local schemes= free
         for scheme in $SWEEP_WHOLE; do
+          # a scheme's artifact (the transformer and the text encoder) is 17 GB: a machine whose disk filled stopped
+          # answering, and the run was lost with it
+          free=$(df --output=avail -BG "$RUN" | tail -1 | tr -dc 0-9)
+          if [ -n "$schemes" ] && [ "$free" -lt "${SWEEP_FREE_GB:-24}" ]; then
+            echo "sweep: $scheme not added, ${free} GB free on disk (SWEEP_FREE_GB=${SWEEP_FREE_GB:-24})"
+            break
+          fi
           schemes=${schemes:+$schemes,}$scheme
           timeout "${SWEEP_S:-1200}" python3 -m ditq.cli sweep "$MODEL" --schemes "$schemes" --compile \
             --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" --out "$RUN/sweep-whole" \
@@ -115,8 +122,8 @@ run_stages() {
             --note "$NOTE" >"$RUN/sweep-whole-$scheme.log" 2>&1
           echo "sweep $schemes: exit $?"
           tail -6 "$RUN/sweep-whole-$scheme.log"
-          tar czf "$RUN/sweep-whole.tgz" -C "$RUN" --exclude='sweep-whole/*/artifact' --exclude='*/images' \
-            --exclude='sweep-whole/report/grids' sweep-whole sweep-whole-*.log
+          (cd "$RUN" && tar czf sweep-whole.tgz --exclude='sweep-whole/*/artifact' --exclude='*/images' \
+            --exclude='sweep-whole/report/grids' --exclude='sweep-whole/report/report.html' sweep-whole sweep-whole-*.log)
         done
         ;;
       sdpa)
@@ -245,7 +252,7 @@ serve_probe() {
 }
 
 COLLECT="run.log gpu_tests.log sdpa_first_call.json sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
-EXPORTS="SWEEP_WHOLE SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+EXPORTS="SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"

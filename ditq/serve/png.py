@@ -23,7 +23,7 @@ _SUB = 1  # PNG filter type 1
 _MIN_SLICE = 256 * 1024  # bytes of filtered rows below which a slice is not worth a thread
 _LEVEL = 1  # zlib's fastest level, as PIL's compress_level=1
 
-_pool: ThreadPoolExecutor | None = None
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process it was made in, the pool)
 
 
 def _workers() -> int:
@@ -34,10 +34,15 @@ def _workers() -> int:
 
 
 def _executor() -> ThreadPoolExecutor:
+    """The writer's threads; a forked child (a CPU sweep forks its commands) makes its own: a pool's threads do not
+    survive a fork, and work sent to them would wait for ever."""
     global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=min(_workers(), 16), thread_name_prefix="ditq-png")
-    return _pool
+    if _pool is None or _pool[0] != os.getpid():
+        _pool = (
+            os.getpid(),
+            ThreadPoolExecutor(max_workers=min(_workers(), 16), thread_name_prefix="ditq-png"),
+        )
+    return _pool[1]
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:

@@ -93,3 +93,15 @@ def test_a_palette_transparency_still_reaches_the_answer() -> None:
     decoded = Image.open(io.BytesIO(encode_image(image, "png", "auto")))
     assert decoded.info.get("transparency") == (10, 20, 30)
     assert np.array_equal(np.asarray(decoded.convert("RGB")), np.asarray(image))
+
+
+def test_a_forked_child_encodes_with_threads_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+
+    monkeypatch.setattr(png, "_workers", lambda: 2)
+    monkeypatch.setattr(png, "_MIN_SLICE", 1024)
+    pixels = _pixels(64, 64, 3, seed=3)
+    expected = encode_png(pixels)  # the parent's pool now exists
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        assert pool.apply_async(encode_png, (pixels,)).get(timeout=60) == expected
