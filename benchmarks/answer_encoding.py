@@ -26,6 +26,7 @@ import numpy as np
 from PIL import Image
 from starlette.responses import JSONResponse
 
+from ditq.fsutil import atomic_write_json
 from ditq.serve.png import encode_png
 from ditq.serve.schemas import ImageData, ImageResponse, ImageUsage, StageMetrics
 
@@ -121,10 +122,7 @@ def main() -> None:
         "repeats": args.repeats,
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = args.out.with_suffix(".tmp")
-    temporary.write_text(json.dumps(result, indent=1) + "\n")
-    temporary.replace(args.out)
+    atomic_write_json(args.out, result, indent=1)
 
 
 if __name__ == "__main__":

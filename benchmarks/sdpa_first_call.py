@@ -14,7 +14,6 @@ the image and a prompt's keys, and the prompt segment attending to itself.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ditq.fsutil import atomic_write_json
 
 BACKENDS = {
     "default": None,
@@ -96,10 +97,7 @@ def main() -> None:
         "head_dim": HEAD_DIM,
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = args.out.with_suffix(".tmp")
-    temporary.write_text(json.dumps(result, indent=1) + "\n")
-    temporary.replace(args.out)
+    atomic_write_json(args.out, result, indent=1)
 
 
 if __name__ == "__main__":
