@@ -1,9 +1,21 @@
-"""``--compile``: the pipeline's transformer compiled with torch.compile, as it will serve.
+"""``--compile``: the pipeline's transformer and its text encoder's decoder layers compiled with torch.compile,
+as they will serve.
 
-The transformer is the component that runs at every denoising step, so it is the one compiled. Where the model
-declares its repeated blocks (diffusers' ``_repeated_blocks``), each block class is compiled once and every block
-reuses the code (diffusers' regional compilation, ``compile_repeated_blocks``): compiling one 60-block model costs
-what compiling one block does. Elsewhere the whole transformer is compiled.
+The transformer is the component that runs at every denoising step. Where the model declares its repeated blocks
+(diffusers' ``_repeated_blocks``), each block class is compiled once and every block reuses the code (diffusers'
+regional compilation, ``compile_repeated_blocks``): compiling one 60-block model costs what compiling one block
+does. Elsewhere the whole transformer is compiled.
+
+The text encoder runs once a request, at a few hundred tokens, where an 8-bit layer's eager host time (its
+activation quantization and its GEMM launched op by op) exceeds its device time: on the H200 the fp8 encoder took
+84 ms where BF16's took 53 (run 7 of ``benchmarks/results/h200-served-compile``). Its decoder layers (a
+transformers model's ``_no_split_modules`` inside its ``get_decoder()``: Qwen3-VL's language model, not its vision
+tower) are compiled as the transformer's blocks are, so the quantization fuses into the norm before it. The
+vision tower is left eager: its attention splits the patches per image with ``tolist()``, which would tie a graph
+to each reference count and size, and a new reference size would compile during a request. The compiled
+encoder's KV cache is switched off (``use_cache``): a text encoder's pass reads hidden states only, and the cache
+indexes its layers by number, which dynamo would take for a constant (a graph per layer). An encoder that declares
+no repeated layers (ditq's demo encoder) stays eager.
 
 Compilation happens on the first call of each code path (references or none, the prefix step or a cached one),
 so a server runs every path it will accept before it serves (``ditq.serve.cost.calibrate`` runs each calibration
@@ -44,7 +56,9 @@ __all__ = [
     "CompileFacts",
     "compile_blocks",
     "compile_pipeline",
+    "compile_text_encoder",
     "compiled_graphs",
+    "decoder_layers",
     "repeated_blocks",
 ]
 
@@ -63,8 +77,8 @@ class CompileFacts:
     """What ``--compile`` did, as /health and the report show it."""
 
     backend: str
-    module: str  # the component compiled (``transformer``)
-    how: str  # "repeated blocks (N x Class)" or "whole module"
+    module: str  # the components compiled (``transformer`` or ``transformer, text_encoder``)
+    how: str  # "repeated blocks (N x Class)" or "whole module"; per component where several were compiled
     warmup_seconds: float | None = None  # the first call at each warmed-up shape: compilation and warm-up
     warmup_graphs: int | None = None  # graphs dynamo compiled during the warm-up
     # dynamo's graph count (process-wide) once warmed up: what /health's graphs_since_warmup counts from
@@ -94,6 +108,26 @@ def repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     names (none where the model declares none)."""
     names = set(getattr(module, "_repeated_blocks", None) or ())
     return [m for m in module.modules() if type(m).__name__ in names]
+
+
+def decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """A transformers text encoder's repeated layers: instances of the classes its ``_no_split_modules`` names,
+    inside its decoder (``get_decoder()``, Qwen3-VL's language model) where it has one. None where it names none."""
+    names = set(getattr(module, "_no_split_modules", None) or ())
+    if not names:
+        return []
+    get_decoder = getattr(module, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    root = decoder if isinstance(decoder, torch.nn.Module) else module
+    return [m for m in root.modules() if type(m).__name__ in names]
+
+
+def _without_kv_cache(module: torch.nn.Module) -> None:
+    """Switch off the KV cache of every config inside ``module`` (a text encoder's pass reads hidden states)."""
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if config is not None and hasattr(config, "use_cache"):
+            config.use_cache = False
 
 
 def _call_compiled(compiled: Callable[..., Any], block: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -147,8 +181,22 @@ def compile_blocks(blocks: list[torch.nn.Module], backend: str, fullgraph: bool 
         block._compiled_call_impl = functools.partial(_call_compiled, compiled, block)
 
 
-def compile_pipeline(pipeline: Any, backend: str, component: str = "transformer") -> CompileFacts:
-    """Compile ``pipeline``'s ``component`` (its repeated blocks where it declares them) with ``backend``.
+def compile_text_encoder(encoder: torch.nn.Module, backend: str) -> str | None:
+    """Compile ``encoder``'s decoder layers (``decoder_layers``) with its KV cache off; what was compiled
+    ("repeated blocks (N x Class)"), or None where it declares no repeated layers (it stays eager)."""
+    layers = decoder_layers(encoder)
+    if not layers:
+        return None
+    _without_kv_cache(encoder)
+    compile_blocks(layers, backend)
+    return f"repeated blocks ({len(layers)} x {', '.join(sorted({type(b).__name__ for b in layers}))})"
+
+
+def compile_pipeline(
+    pipeline: Any, backend: str, component: str = "transformer", text_encoder: str | None = "text_encoder"
+) -> CompileFacts:
+    """Compile ``pipeline``'s ``component`` (its repeated blocks where it declares them) with ``backend``, and the
+    decoder layers of its ``text_encoder`` where it has one that declares them (None: the transformer only).
 
     Nothing is compiled until the first call; ``CompileFacts.warmup_seconds`` is for the caller to fill in once it
     has run the shapes it will serve. The facts are also kept as the pipeline's ``ditq_compile``."""
@@ -169,6 +217,11 @@ def compile_pipeline(pipeline: Any, backend: str, component: str = "transformer"
         _serving_settings()
         module.compile(backend=backend, dynamic=True)
         how = "whole module"
+    encoder = getattr(pipeline, text_encoder, None) if text_encoder else None
+    encoder_how = compile_text_encoder(encoder, backend) if isinstance(encoder, torch.nn.Module) else None
+    if encoder_how is not None:
+        how = f"{component}: {how}; {text_encoder}: {encoder_how}"
+        component = f"{component}, {text_encoder}"
     facts = CompileFacts(backend, component, how)
     pipeline.ditq_compile = facts  # what serve's calibration and generate warm up, and /health shows
     logger.info("compiling %s with %s: %s (on the first call at each shape)", component, backend, how)

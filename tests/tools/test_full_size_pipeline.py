@@ -422,7 +422,7 @@ def test_a_compiled_pipeline_serves_any_prompt_length_and_reference_layout_from_
         eager = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
         compiled = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
     torch._dynamo.reset()
-    compile_pipeline(compiled, "eager")
+    compile_pipeline(compiled, "eager", text_encoder=None)  # the text encoder's graphs: the test below
     square = [Image.open(p) for p in fixture.reference_paths]
     start = counters["stats"]["unique_graphs"]
     draw(compiled, fixture.prompt, square)  # the first call at 2 references compiles its paths
@@ -440,3 +440,47 @@ def test_a_compiled_pipeline_serves_any_prompt_length_and_reference_layout_from_
     for references in (None, square[:1]):
         draw(compiled, fixture.prompt, references)
         assert counters["stats"]["unique_graphs"] == before, f"{references!r:.40} compiled again"
+
+
+def test_compile_takes_the_text_encoders_decoder_layers_and_leaves_its_vision_tower(
+    source: Path, quantized: Path
+) -> None:
+    """--compile compiles Qwen3-VL's language-model layers (not its vision blocks; here quantized, w8a8) with its
+    KV cache off: the same pixels as eager, with and without references, and no graph for a longer prompt, other
+    reference sizes or per layer."""
+    from ditq.runtime.compile import compile_pipeline, compiled_graphs
+
+    directory = quantized
+    fixture = load_fixtures(source / "fixtures" / "fixtures.json", source / "fixtures" / "refs")["edit-2ref"]
+    references = [Image.open(path) for path in fixture.reference_paths]
+    expected = _generate(directory, fixture.prompt, references)
+    with _loading():
+        pipeline = ditq.load_pipeline(directory, device="cpu", dtype=torch.float32)
+    torch._dynamo.reset()
+    facts = compile_pipeline(pipeline, "aot_eager")
+    encoder = pipeline.text_encoder
+    layers = encoder.model.language_model.layers
+    assert facts.module == "transformer, text_encoder"
+    assert facts.how.endswith(f"text_encoder: repeated blocks ({len(layers)} x Qwen3VLTextDecoderLayer)")
+    assert all(layer._compiled_call_impl is not None for layer in layers)
+    assert all(block._compiled_call_impl is None for block in encoder.model.visual.blocks)
+    assert encoder.model.language_model.config.use_cache is False
+    for count, picture in expected.items():
+        output = pipeline(
+            prompt=fixture.prompt,
+            image=references[:count] or None,
+            width=SIZE,
+            height=SIZE,
+            num_inference_steps=STEPS,
+            output_resolution=SIZE,
+            generator=torch.Generator().manual_seed(0),
+        )
+        assert np.array_equal(np.asarray(output.images[0]), np.asarray(picture)), count
+    graphs = compiled_graphs()
+    longer = fixture.prompt + " on a long wooden table by a window, late in the day"
+    wide = [picture.resize((SIZE, SIZE // 2)) for picture in references]
+    with torch.no_grad():  # as the pipeline's call runs (grad mode is part of a graph's guards)
+        for images in (None, wide[:1]):
+            pipeline.encode_prompt(longer, image=images, device="cpu")
+    # the prompt's length and the references' tokens are dynamic sizes; the layer index is not read
+    assert compiled_graphs() == graphs
