@@ -20,6 +20,8 @@
 #   sweepwhole ditq sweep --compile --offload none on the whole device, 0-4 references at 1024x1024, its BF16 baseline
 #            compiled too: first with the first scheme of $SWEEP_WHOLE, then resumed with each further one added (each
 #            invocation's SWEEP_S), its files packed after each, so that a run stopped early keeps a whole report
+#   tebench  benchmarks/text_encoder_bench.py: the text encoder's encode_prompt per fixture, BF16 and $TEBENCH_SCHEMES
+#            (default fp8), eager and with its decoder layers compiled
 #   sdpa     benchmarks/sdpa_first_call.py: the first call at a new attention shape, by SDPA backend
 #   memory   benchmarks/pipeline_memory.py on the whole device: BF16 and the fp8 artifact (the sweep's, else
 #            quantized here), stage by stage, and each
@@ -125,6 +127,13 @@ run_stages() {
           (cd "$RUN" && tar czf sweep-whole.tgz --exclude='sweep-whole/*/artifact' --exclude='*/images' \
             --exclude='sweep-whole/report/grids' --exclude='sweep-whole/report/report.html' sweep-whole sweep-whole-*.log)
         done
+        ;;
+      tebench)
+        timeout "${TEBENCH_S:-480}" python3 benchmarks/text_encoder_bench.py --model "$MODEL" \
+          --schemes "bf16,${TEBENCH_SCHEMES:-fp8}" --repeats 3 --out "$RUN/text_encoder_bench.json" \
+          >"$RUN/text_encoder_bench.log" 2>&1
+        echo "exit $?"
+        grep -v -i warn "$RUN/text_encoder_bench.log" | tail -20
         ;;
       sdpa)
         timeout "${SDPA_S:-120}" python3 benchmarks/sdpa_first_call.py --out "$RUN/sdpa_first_call.json" \
@@ -251,7 +260,7 @@ serve_probe() {
   tar czf "$RUN/serve-${budget,,}.tgz" -C "$RUN" --exclude='*/images' "serve-${budget,,}"
 }
 
-COLLECT="run.log gpu_tests.log sdpa_first_call.json sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
+COLLECT="run.log gpu_tests.log sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
 EXPORTS="SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh

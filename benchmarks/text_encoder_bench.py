@@ -7,8 +7,9 @@ an 8-bit layer's eager host time, its activation quantization and GEMM launched 
 and the quantized encoder ran slower than BF16's. For each scheme (``bf16``: the model's own encoder; a scheme: the
 encoder quantized in memory with ``ditq.quantize_``, each geometry's kernel the registry's first, as the loader
 chooses without a doctor), this times the pipeline's own ``encode_prompt`` on each fixture (its prompt, its
-references resized as the pipeline resizes them), eager and then compiled as ``ditq serve --compile`` compiles it
-(``ditq.runtime.compile.compile_text_encoder``: the language model's decoder layers): the first call (eager: its
+references resized as the pipeline resizes them), eager and then compiled by
+``ditq.runtime.compile.compile_text_encoder`` (the language model's decoder layers; not yet part of ``--compile``,
+which waits on this benchmark's first GPU run): the first call (eager: its
 warm-up; compiled: its compilation) and the median of the calls after it, wall time with the device synchronised.
 It also counts the graphs compiled once every fixture had run once (0: no request would compile).
 """
@@ -88,7 +89,8 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     fixtures = load_fixtures(
-        args.fixtures or args.model / "fixtures" / "fixtures.json", args.refs or args.model / "fixtures" / "refs"
+        args.fixtures or args.model / "fixtures" / "fixtures.json",
+        args.refs or args.model / "fixtures" / "refs",
     )
     pipeline = ditq.load_pipeline(args.model, device=device)
     cases = {
@@ -111,7 +113,9 @@ def main() -> None:
         how = compile_text_encoder(encoder, args.backend)
         compiled = measure(pipeline, cases, args.repeats, device)
         results[scheme] = {"eager": eager, "compiled": compiled, "compiled_how": how}
-        print(f"{scheme}: compiled {how}; first calls and medians ({time.perf_counter() - begun:.1f} s compiled)")
+        print(
+            f"{scheme}: compiled {how}; first calls and medians ({time.perf_counter() - begun:.1f} s compiled)"
+        )
         for name in cases:
             e, c = eager[name], compiled[name]
             print(

@@ -422,7 +422,7 @@ def test_a_compiled_pipeline_serves_any_prompt_length_and_reference_layout_from_
         eager = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
         compiled = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
     torch._dynamo.reset()
-    compile_pipeline(compiled, "eager", text_encoder=None)  # the text encoder's graphs: the test below
+    compile_pipeline(compiled, "eager")  # the transformer only, as --compile does
     square = [Image.open(p) for p in fixture.reference_paths]
     start = counters["stats"]["unique_graphs"]
     draw(compiled, fixture.prompt, square)  # the first call at 2 references compiles its paths
@@ -457,7 +457,7 @@ def test_compile_takes_the_text_encoders_decoder_layers_and_leaves_its_vision_to
     with _loading():
         pipeline = ditq.load_pipeline(directory, device="cpu", dtype=torch.float32)
     torch._dynamo.reset()
-    facts = compile_pipeline(pipeline, "aot_eager")
+    facts = compile_pipeline(pipeline, "aot_eager", text_encoder="text_encoder")
     encoder = pipeline.text_encoder
     layers = encoder.model.language_model.layers
     assert facts.module == "transformer, text_encoder"
