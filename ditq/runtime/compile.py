@@ -104,23 +104,32 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def _declared(
+    module: torch.nn.Module, attribute: str, root: torch.nn.Module | None = None
+) -> list[torch.nn.Module]:
+    """Instances inside ``root`` (default ``module``) of the classes ``module``'s ``attribute`` names."""
+    names = set(getattr(module, attribute, None) or ())
+    found = (root if root is not None else module).modules()
+    return [m for m in found if type(m).__name__ in names] if names else []
+
+
+def _blocks_text(blocks: list[torch.nn.Module]) -> str:
+    """'repeated blocks (N x Class)', as /health and the report show what was compiled."""
+    return f"repeated blocks ({len(blocks)} x {', '.join(sorted({type(b).__name__ for b in blocks}))})"
+
+
 def repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks diffusers' ``compile_repeated_blocks`` compiles: instances of the classes ``_repeated_blocks``
     names (none where the model declares none)."""
-    names = set(getattr(module, "_repeated_blocks", None) or ())
-    return [m for m in module.modules() if type(m).__name__ in names]
+    return _declared(module, "_repeated_blocks")
 
 
 def decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
     """A transformers text encoder's repeated layers: instances of the classes its ``_no_split_modules`` names,
     inside its decoder (``get_decoder()``, Qwen3-VL's language model) where it has one. None where it names none."""
-    names = set(getattr(module, "_no_split_modules", None) or ())
-    if not names:
-        return []
     get_decoder = getattr(module, "get_decoder", None)
     decoder = get_decoder() if callable(get_decoder) else None
-    root = decoder if isinstance(decoder, torch.nn.Module) else module
-    return [m for m in root.modules() if type(m).__name__ in names]
+    return _declared(module, "_no_split_modules", decoder if isinstance(decoder, torch.nn.Module) else None)
 
 
 def _without_kv_cache(module: torch.nn.Module) -> None:
@@ -190,7 +199,7 @@ def compile_text_encoder(encoder: torch.nn.Module, backend: str) -> str | None:
         return None
     _without_kv_cache(encoder)
     compile_blocks(layers, backend)
-    return f"repeated blocks ({len(layers)} x {', '.join(sorted({type(b).__name__ for b in layers}))})"
+    return _blocks_text(layers)
 
 
 def compile_pipeline(
@@ -213,8 +222,7 @@ def compile_pipeline(
     blocks = repeated_blocks(module)
     if blocks:
         compile_blocks(blocks, backend)
-        kinds = sorted({type(b).__name__ for b in blocks})
-        how = f"repeated blocks ({len(blocks)} x {', '.join(kinds)})"
+        how = _blocks_text(blocks)
     else:
         _serving_settings()
         module.compile(backend=backend, dynamic=True)
