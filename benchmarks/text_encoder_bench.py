@@ -8,8 +8,8 @@ and the quantized encoder ran slower than BF16's. For each scheme (``bf16``: the
 encoder quantized in memory with ``ditq.quantize_``, each geometry's kernel the registry's first, as the loader
 chooses without a doctor), this times the pipeline's own ``encode_prompt`` on each fixture (its prompt, its
 references resized as the pipeline resizes them), eager and then compiled by
-``ditq.runtime.compile.compile_text_encoder`` (the language model's decoder layers; not yet part of ``--compile``,
-which waits on this benchmark's first GPU run): the first call (eager: its
+``ditq.runtime.compile.compile_text_encoder`` (the language model's decoder layers, as ``--compile`` compiles
+them): the first call (eager: its
 warm-up; compiled: its compilation) and the median of the calls after it, wall time with the device synchronised.
 It also counts the graphs compiled once every fixture had run once (0: no request would compile).
 """

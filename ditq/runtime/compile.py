@@ -5,18 +5,18 @@ the model declares its repeated blocks (diffusers' ``_repeated_blocks``), each b
 every block reuses the code (diffusers' regional compilation, ``compile_repeated_blocks``): compiling one 60-block
 model costs what compiling one block does. Elsewhere the whole transformer is compiled.
 
-The text encoder can be compiled too (``compile_pipeline(..., text_encoder="text_encoder")``,
-``compile_text_encoder``); ``--compile`` does not do it yet, as that path has not run on a GPU. The encoder runs
-once a request, at a few hundred tokens, where an 8-bit layer's eager host time (its activation quantization and
-its GEMM launched op by op) exceeds its device time: on the H200 the fp8 encoder took 84 ms where BF16's took 53
-(run 7 of ``benchmarks/results/h200-served-compile``). Its decoder layers (a transformers model's
-``_no_split_modules`` inside its ``get_decoder()``: Qwen3-VL's language model, not its vision tower) are compiled
-as the transformer's blocks are, so the quantization can fuse into the norm before it. The vision tower is left
-eager: its attention splits the patches per image with ``tolist()``, which would tie a graph to each reference
-count and size, and a new reference size would compile during a request. The compiled encoder's KV cache is
-switched off (``use_cache``): a text encoder's pass reads hidden states only, and the cache indexes its layers by
-number, which dynamo would take for a constant (a graph per layer). An encoder that declares no repeated layers
-(ditq's demo encoder) stays eager. ``benchmarks/text_encoder_bench.py`` times it, eager against compiled.
+``--compile`` also compiles the text encoder's decoder layers (``compile_pipeline(..., text_encoder=...)``,
+``compile_text_encoder``). The encoder runs once a request, at a few hundred tokens, where an 8-bit layer's eager
+host time (its activation quantization and its GEMM launched op by op) exceeds its device time: on the H200 the
+eager fp8 encoder took 84 ms where BF16's took 53 (run 7 of ``benchmarks/results/h200-served-compile``). Its
+decoder layers (a transformers model's ``_no_split_modules`` inside its ``get_decoder()``: Qwen3-VL's language
+model, not its vision tower) are compiled as the transformer's blocks are, so the quantization can fuse into the
+norm before it. The vision tower is left eager: its attention splits the patches per image with ``tolist()``, which
+would tie a graph to each reference count and size, and a new reference size would compile during a request. The
+compiled encoder's KV cache is switched off (``use_cache``): a text encoder's pass reads hidden states only, and the
+cache indexes its layers by number, which dynamo would take for a constant (a graph per layer). An encoder that
+declares no repeated layers (ditq's demo encoder) stays eager. ``benchmarks/text_encoder_bench.py`` times it, eager
+against compiled.
 
 Compilation happens on the first call of each code path (references or none, the prefix step or a cached one),
 so a server runs every path it will accept before it serves (``ditq.serve.cost.calibrate`` runs each calibration
@@ -206,8 +206,8 @@ def compile_pipeline(
     pipeline: Any, backend: str, component: str = "transformer", text_encoder: str | None = None
 ) -> CompileFacts:
     """Compile ``pipeline``'s ``component`` (its repeated blocks where it declares them) with ``backend``, and the
-    decoder layers of the component named ``text_encoder`` where it declares them (None, ``--compile``'s: the
-    transformer only).
+    decoder layers of the component named ``text_encoder`` where it declares them (None: the transformer only;
+    ``--compile`` names ``text_encoder``).
 
     Nothing is compiled until the first call; ``CompileFacts.warmup_seconds`` is for the caller to fill in once it
     has run the shapes it will serve. The facts are also kept as the pipeline's ``ditq_compile``."""

@@ -461,7 +461,7 @@ def load_pipeline(
     if compile is not None:
         from ditq.runtime.compile import compile_pipeline
 
-        compile_pipeline(pipeline, compile)
+        compile_pipeline(pipeline, compile, text_encoder="text_encoder")
     return pipeline
 
 

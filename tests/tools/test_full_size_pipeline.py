@@ -427,7 +427,7 @@ def test_a_compiled_pipeline_serves_any_prompt_length_and_reference_layout_from_
         eager = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
         compiled = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
     torch._dynamo.reset()
-    compile_pipeline(compiled, "eager")  # the transformer only, as --compile does
+    compile_pipeline(compiled, "eager")  # the transformer only (its text encoder: the tests below)
     square = [Image.open(p) for p in fixture.reference_paths]
     start = counters["stats"]["unique_graphs"]
     draw(compiled, fixture.prompt, square)  # the first call at 2 references compiles its paths
@@ -453,16 +453,16 @@ def test_compile_takes_the_text_encoders_decoder_layers_and_leaves_its_vision_to
     """--compile compiles Qwen3-VL's language-model layers (not its vision blocks; here quantized, w8a8) with its
     KV cache off: the same pixels as eager, with and without references, and no graph for a longer prompt, other
     reference sizes or per layer."""
-    from ditq.runtime.compile import compile_pipeline, compiled_graphs
+    from ditq.runtime.compile import compiled_graphs
 
     directory = quantized
     fixture = load_fixtures(source / "fixtures" / "fixtures.json", source / "fixtures" / "refs")["edit-2ref"]
     references = [Image.open(path) for path in fixture.reference_paths]
     expected = _generate(directory, fixture.prompt, references)
-    with _loading():
-        pipeline = ditq.load_pipeline(directory, device="cpu", dtype=torch.float32)
     torch._dynamo.reset()
-    facts = compile_pipeline(pipeline, "aot_eager", text_encoder="text_encoder")
+    with _loading():  # as --compile --compile-backend aot_eager loads it
+        pipeline = ditq.load_pipeline(directory, device="cpu", dtype=torch.float32, compile="aot_eager")
+    facts = pipeline.ditq_compile
     encoder = pipeline.text_encoder
     layers = encoder.model.language_model.layers
     assert facts.module == "transformer, text_encoder"
@@ -479,4 +479,36 @@ def test_compile_takes_the_text_encoders_decoder_layers_and_leaves_its_vision_to
         for images in (None, wide[:1]):
             pipeline.encode_prompt(longer, image=images, device="cpu")
     # the prompt's length and the references' tokens are dynamic sizes; the layer index is not read
+    assert compiled_graphs() == graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_inductor_compiles_the_quantized_text_encoder_on_cuda_to_the_pixels_of_eager(
+    source: Path, quantized: Path
+) -> None:
+    """load_pipeline(compile="inductor"), as --compile loads: the text encoder's decoder layers compiled by inductor
+    with ditq's 8-bit kernels on the GPU draw the eager pixels, and a longer prompt or other reference sizes
+    compile no graph in the encoder."""
+    from ditq.runtime.compile import compiled_graphs
+
+    fixture = load_fixtures(source / "fixtures" / "fixtures.json", source / "fixtures" / "refs")["edit-2ref"]
+    references = [Image.open(path) for path in fixture.reference_paths]
+    with _loading():
+        eager = ditq.load_pipeline(quantized, device="cuda")
+        expected = _draw(eager, fixture.prompt, references)
+        del eager
+        torch._dynamo.reset()
+        pipeline = ditq.load_pipeline(quantized, device="cuda", compile="inductor")
+    assert pipeline.ditq_compile.module == "transformer, text_encoder"
+    for count, picture in _draw(pipeline, fixture.prompt, references).items():
+        # inductor fuses and reorders float arithmetic: close to eager, not bit for bit
+        difference = np.abs(np.asarray(picture, dtype=np.float64) - np.asarray(expected[count], dtype=np.float64))
+        assert difference.mean() < 1.0, (count, difference.mean())
+    graphs = compiled_graphs()
+    longer = fixture.prompt + " on a long wooden table by a window, late in the day"
+    wide = [picture.resize((SIZE, SIZE // 2)) for picture in references]
+    with torch.no_grad():
+        for images in (None, wide[:1]):
+            pipeline.encode_prompt(longer, image=images, device="cuda")
     assert compiled_graphs() == graphs
