@@ -98,6 +98,25 @@ def main() -> None:
         for name, f in fixtures.items()
     }
     results: dict[str, Any] = {}
+
+    def write() -> None:  # after each scheme: a run cut short keeps the schemes it finished
+        atomic_write_json(
+            args.out,
+            {
+                "command": "python benchmarks/text_encoder_bench.py --model MODEL --out FILE "
+                f"--schemes {args.schemes} --repeats {args.repeats} --backend {args.backend}",
+                "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                "torch": torch.__version__,
+                "fixtures": {name: len(f.references) for name, f in fixtures.items()},
+                "fields": {
+                    "first_ms": "the first call at the fixture: eager, its warm-up; compiled, its compilation",
+                    "median_ms": "median of the calls after it (wall, device synchronised)",
+                    "graphs_after_first_calls": "graphs compiled once each fixture had run once",
+                },
+                "results": results,
+            },
+        )
+
     for scheme in args.schemes.split(","):
         torch._dynamo.reset()
         if scheme == "bf16":
@@ -123,22 +142,7 @@ def main() -> None:
                 f"{c['median_ms']:8.2f} ms (first {c['first_ms']:9.2f}): {c['median_ms'] / e['median_ms']:.3f}x"
             )
         print(f"  graphs after every fixture's first call: {compiled['graphs_after_first_calls']}")
-    atomic_write_json(
-        args.out,
-        {
-            "command": "python benchmarks/text_encoder_bench.py --model MODEL --out FILE "
-            f"--schemes {args.schemes} --repeats {args.repeats} --backend {args.backend}",
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "torch": torch.__version__,
-            "fixtures": {name: len(f.references) for name, f in fixtures.items()},
-            "fields": {
-                "first_ms": "the first call at the fixture: eager, its warm-up; compiled, its compilation",
-                "median_ms": "median of the calls after it (wall, device synchronised)",
-                "graphs_after_first_calls": "graphs compiled once each fixture had run once",
-            },
-            "results": results,
-        },
-    )
+        write()
 
 
 if __name__ == "__main__":
