@@ -395,8 +395,8 @@ def load_pipeline(
     when they run (diffusers' model CPU offload); "block": the transformer's blocks stream to ``device`` one by
     one (diffusers' block-level group offload). ``kv_cache`` ("int8" | "fp8") keeps the transformer's prefix KV
     cache in 8 bits (``ditq.runtime.kv_cache``). ``compile`` (a torch.compile backend: "inductor", say) compiles
-    the transformer's repeated blocks on their first call (``ditq.runtime.compile``), recorded as the pipeline's
-    ``ditq_compile``. With ``fuse``, quantized projections that read one input (query/key/value, gate/up) run as
+    the transformer's repeated blocks on their first call (``ditq.runtime.compile``), and the text encoder's decoder
+    layers where the text encoder is quantized, recorded as the pipeline's ``ditq_compile``. With ``fuse``, quantized projections that read one input (query/key/value, gate/up) run as
     one GEMM each (``ditq.runtime.fuse``; exact per output channel). Off by default: on an H200 the fused fp8 loop
     ran 5 % slower than the separate layers (benchmarks/results/dit_bench_fused_eager_7d332ce.json).
     """
