@@ -7,9 +7,10 @@ model costs what compiling one block does. Elsewhere the whole transformer is co
 
 ``--compile`` also compiles the text encoder's decoder layers where the text encoder is quantized
 (``compile_pipeline(..., text_encoder=...)``, ``compile_text_encoder``; the loader passes it only then: on an H100
-a BF16 encoder's compiled layers ran 1.6-2.3x slower than its eager ones, the fp8 encoder's 0.52-0.97x, run 8). The encoder runs once a request, at a few hundred tokens, where an 8-bit layer's eager
-host time (its activation quantization and its GEMM launched op by op) exceeds its device time: on the H200 the
-eager fp8 encoder took 84 ms where BF16's took 53 (run 7 of ``benchmarks/results/h200-served-compile``). Its
+a BF16 encoder's compiled layers ran 1.6-2.3x slower than its eager ones, the fp8 encoder's 0.52-0.97x, run 8).
+The encoder runs once a request, at a few hundred tokens, where an 8-bit layer's eager host time (its activation
+quantization and its GEMM launched op by op) exceeds its device time: on the H200 the eager fp8 encoder took 84 ms
+where BF16's took 53 (run 7 of ``benchmarks/results/h200-served-compile``). Its
 decoder layers (a transformers model's ``_no_split_modules`` inside its ``get_decoder()``: Qwen3-VL's language
 model, not its vision tower) are compiled as the transformer's blocks are, so the quantization can fuse into the
 norm before it. The vision tower is left eager: its attention splits the patches per image with ``tolist()``, which

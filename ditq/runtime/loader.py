@@ -396,9 +396,10 @@ def load_pipeline(
     one (diffusers' block-level group offload). ``kv_cache`` ("int8" | "fp8") keeps the transformer's prefix KV
     cache in 8 bits (``ditq.runtime.kv_cache``). ``compile`` (a torch.compile backend: "inductor", say) compiles
     the transformer's repeated blocks on their first call (``ditq.runtime.compile``), and the text encoder's decoder
-    layers where the text encoder is quantized, recorded as the pipeline's ``ditq_compile``. With ``fuse``, quantized projections that read one input (query/key/value, gate/up) run as
-    one GEMM each (``ditq.runtime.fuse``; exact per output channel). Off by default: on an H200 the fused fp8 loop
-    ran 5 % slower than the separate layers (benchmarks/results/dit_bench_fused_eager_7d332ce.json).
+    layers where the text encoder is quantized, recorded as the pipeline's ``ditq_compile``. With ``fuse``,
+    quantized projections that read one input (query/key/value, gate/up) run as one GEMM each
+    (``ditq.runtime.fuse``; exact per output channel). Off by default: on an H200 the fused fp8 loop ran 5 % slower
+    than the separate layers (benchmarks/results/dit_bench_fused_eager_7d332ce.json).
     """
     offload = resolve_offload(offload, option="offload")
     model_dir = resolve_model(model_dir, variant, local_files_only)
@@ -461,8 +462,7 @@ def load_pipeline(
     if compile is not None:
         from ditq.runtime.compile import compile_pipeline
 
-        # the text encoder where it is quantized: compiling removes its 8-bit layers' eager host time, while a
-        # BF16 encoder's compiled layers ran 1.6-2.3x slower than eager (docs/results.md, "Served speed")
+        # the text encoder only where it is quantized (why: ditq.runtime.compile)
         compile_pipeline(
             pipeline, compile, text_encoder="text_encoder" if "text_encoder" in quantized else None
         )
