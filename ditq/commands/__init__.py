@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["ATTENTION_CHOICES", "add_attention_argument", "add_kv_cache_argument", "add_variant_argument"]
+__all__ = [
+    "ACCUMULATE_CHOICES",
+    "ATTENTION_CHOICES",
+    "add_accumulate_argument",
+    "add_attention_argument",
+    "add_kv_cache_argument",
+    "add_variant_argument",
+]
 
-# ditq.kernels.attention.ATTENTION_KINDS, without importing torch
-ATTENTION_CHOICES = ("int8", "fp8", "int8-fp8")
+# ditq.kernels.attention.ATTENTION_KINDS and ditq.kernels.registry.ACCUMULATE_MODES, without importing torch
+ATTENTION_CHOICES = ("int8", "fp8", "int8-fp8", "fp8-fp8")
+ACCUMULATE_CHOICES = ("exact", "fast")
 
 
 def add_variant_argument(parser: argparse.ArgumentParser) -> None:
@@ -28,10 +36,23 @@ def add_attention_argument(parser: argparse.ArgumentParser) -> None:
         "--attention",
         choices=(*ATTENTION_CHOICES, "auto"),
         help="quantized attention (opt-in): 8-bit Q.K^T with smoothed keys and per-token scales, float32 "
-        "softmax, P.V in the compute dtype (int8-fp8: P.V in e4m3 too, V per channel), through the "
-        "doctor-chosen path; auto: int8, else int8-fp8 (the more faithful first), whichever is first faster than the "
-        "model's own attention at the served shapes on this device, timed at start-up (default: the model's own "
-        "attention)",
+        "softmax, P.V in the compute dtype (int8-fp8: P.V in e4m3 too, V per channel; fp8-fp8: e4m3 Q.K^T, P.V "
+        "and output with one scale per tensor, cuDNN's fp8 flash attention on sm_90 with pip install "
+        "'ditq[cudnn]'), through the doctor-chosen path; auto: int8, else int8-fp8, else fp8-fp8 (the more "
+        "faithful first), whichever is first faster than the model's own attention at the served shapes on this "
+        "device, timed at start-up (default: the model's own attention)",
+    )
+
+
+def add_accumulate_argument(parser: argparse.ArgumentParser) -> None:
+    """``--accumulate exact|fast`` (default exact), as ``ditq.doctor.kernel_chooser`` reads it."""
+    parser.add_argument(
+        "--accumulate",
+        choices=ACCUMULATE_CHOICES,
+        default="exact",
+        help="fp8 GEMMs' accumulation: exact (full float32 accumulation), or fast (Hopper's fast accumulation, "
+        "offered only where the kernel doctor measures its error within a quarter of the scheme's own "
+        "quantization error at each layer's shape; never without the doctor) (default: %(default)s)",
     )
 
 

@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         plan=args.plan or (None if args.no_plan else demo.plan_path()),
         compile=compile_backend(args),
+        accumulate=args.accumulate,
     )
     stop_on_sigterm()
     result = run_sweep(options)

@@ -11,6 +11,7 @@ from PIL import Image
 
 from ditq.checkpoint.hub import resolve_model
 from ditq.commands import (
+    add_accumulate_argument,
     add_attention_argument,
     add_compile_argument,
     add_kv_cache_argument,
@@ -59,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_attention_argument(parser)
     add_kv_cache_argument(parser)
     add_compile_argument(parser)
+    add_accumulate_argument(parser)
     parser.add_argument(
         "--on-collapse",
         choices=("error", "warn"),
@@ -173,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         attention=args.attention,
         kv_cache=args.kv_cache,
         compile=compile_backend(args),
+        accumulate=args.accumulate,
     )
     _print_report(report)
     _check_collapse(report.result.images, args.on_collapse)

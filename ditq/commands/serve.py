@@ -7,6 +7,7 @@ import os
 
 from ditq.checkpoint.hub import hub_origin, resolve_model
 from ditq.commands import (
+    add_accumulate_argument,
     add_attention_argument,
     add_compile_argument,
     add_kv_cache_argument,
@@ -84,6 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_attention_argument(parser)
     add_kv_cache_argument(parser)
     add_compile_argument(parser)
+    add_accumulate_argument(parser)
     parser.add_argument(
         "--parallel",
         metavar="cp=N|tp=N",
@@ -211,5 +213,6 @@ def run(args: argparse.Namespace) -> int:
         limits=limits,
         drain_timeout_s=args.drain_timeout,
         parallel=parallel,
+        accumulate=args.accumulate,
     )
     return 0

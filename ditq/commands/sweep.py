@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 from ditq.checkpoint.hub import resolve_model
-from ditq.commands import ATTENTION_CHOICES, add_compile_argument, compile_backend
+from ditq.commands import ATTENTION_CHOICES, add_accumulate_argument, add_compile_argument, compile_backend
 from ditq.commands.probe import add_api_key_argument
 from ditq.commands.report import add_objective_argument, print_summary
 from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device
@@ -80,6 +80,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, device: str) -> None:
         "through the same chain beside the uniform schemes",
     )
     add_compile_argument(parser)  # every server, the baseline's too
+    add_accumulate_argument(parser)  # the candidates' servers (the baseline has no fp8 GEMM)
     parser.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for /health")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines")
 
@@ -182,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         attention=args.attention,
         kv_cache=args.kv_cache,
         compile=compile_backend(args),
+        accumulate=args.accumulate,
         parallel=args.parallel,
         api_key=args.api_key,
     )

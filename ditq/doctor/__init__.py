@@ -43,13 +43,24 @@ from ditq.doctor.cases import (
     default_cases,
     synthetic_case,
 )
-from ditq.doctor.checks import CHECK_DTYPES, REL_L2_BOUND, ROWS, STEPS, check_path
+from ditq.doctor.checks import (
+    CHECK_DTYPES,
+    FAST_ANALYTIC_TOLERANCE,
+    FAST_FRACTION,
+    REL_L2_BOUND,
+    ROWS,
+    STEPS,
+    check_path,
+    scheme_error,
+)
 from ditq.doctor.chooser import STARTUP_ROWS, KernelChoice, VerifiedChooser, choose_kernel, kernel_chooser
 from ditq.doctor.report import repro_command, table, write_report
 from ditq.doctor.run import check_paths, run_doctor, select_paths
 
 __all__ = [
     "CHECK_DTYPES",
+    "FAST_ANALYTIC_TOLERANCE",
+    "FAST_FRACTION",
     "REL_L2_BOUND",
     "ROWS",
     "SEED_GEOMETRIES",
@@ -70,6 +81,7 @@ __all__ = [
     "kernel_chooser",
     "repro_command",
     "run_doctor",
+    "scheme_error",
     "select_paths",
     "synthetic_case",
     "table",

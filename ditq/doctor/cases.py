@@ -21,6 +21,7 @@ __all__ = [
     "analytic_case",
     "default_cases",
     "synthetic_case",
+    "synthetic_weights",
 ]
 
 
@@ -68,12 +69,18 @@ class WeightCase:
 CaseMaker = Callable[[Scheme, Geometry], list[WeightCase]]
 
 
-def synthetic_case(scheme: Scheme, geometry: Geometry, seed: int = 0) -> WeightCase:
-    """Random weights quantized by ditq's quantizer, plus a random bias (checkpoint-independent)."""
+def synthetic_weights(geometry: Geometry, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The synthetic case's unquantized layer: (weight (out, in), bias (out,)) float32, seeded."""
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(geometry.out_features, geometry.in_features, generator=generator) * 0.02
-    q, scale = quantize_weight(weight, scheme.with_group_size(geometry.group_size))
     bias = torch.randn(geometry.out_features, generator=generator) * 0.1
+    return weight, bias
+
+
+def synthetic_case(scheme: Scheme, geometry: Geometry, seed: int = 0) -> WeightCase:
+    """Random weights quantized by ditq's quantizer, plus a random bias (checkpoint-independent)."""
+    weight, bias = synthetic_weights(geometry, seed)
+    q, scale = quantize_weight(weight, scheme.with_group_size(geometry.group_size))
     return WeightCase("synthetic", codec_for(scheme).encode(q, scale), bias)
 
 

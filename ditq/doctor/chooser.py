@@ -13,7 +13,7 @@ import torch
 
 from ditq.doctor.cases import Geometry
 from ditq.doctor.run import check_paths
-from ditq.errors import DitqError
+from ditq.errors import DitqError, InputError
 from ditq.kernels.registry import KernelPath, candidate_paths
 from ditq.schemes import Scheme
 
@@ -43,6 +43,7 @@ def choose_kernel(
     out_features: int,
     group_size: int | None = None,
     rows: int = STARTUP_ROWS,
+    accumulate: str = "exact",
 ) -> KernelChoice:
     """The one kernel-choice policy: the first candidate path (registry order, DITQ_KERNELS /
     DITQ_DISABLE_KERNELS honoured) that passes the doctor's fast subset on this device.
@@ -51,12 +52,13 @@ def choose_kernel(
     tokens; verdicts cached per (device, driver, library versions, path, geometry). A failing
     path is refused with a warning naming its report directory, and the next candidate is tried;
     when none passes, DitqError names every report. Callers that accept --skip-doctor skip this
-    call and log that as a warning themselves (``kernel_chooser``).
+    call and log that as a warning themselves (``kernel_chooser``). ``accumulate`` "fast" offers the
+    fast-accumulating paths too, ahead of the exact ones (``ditq.kernels.registry.candidate_paths``).
     """
     device = torch.device(device)
     geometry = Geometry(in_features, out_features, group_size=group_size)
     refused: list[tuple[str, str | None]] = []
-    for path in candidate_paths(scheme, device, dtype, in_features, out_features):
+    for path in candidate_paths(scheme, device, dtype, in_features, out_features, accumulate):
         (result,) = check_paths([path], [geometry], device, rows=rows, dtypes=(dtype,), use_cache=True)
         if result.verdict == "PASS":
             if refused:
@@ -77,15 +79,16 @@ class VerifiedChooser:
     geometry before the repack. It records what it chose and the time it took: the checks compile (and
     autotune) kernels, which a server's start-up time shows apart from reading weights."""
 
-    def __init__(self) -> None:
+    def __init__(self, accumulate: str = "exact") -> None:
         self.seconds = 0.0
         self.choices: list[KernelChoice] = []
+        self.accumulate = accumulate
 
     def __call__(self, layer: Any, device: torch.device, dtype: torch.dtype) -> KernelPath:
         started = time.perf_counter()
         try:
             choice = choose_kernel(layer.scheme, device, dtype, layer.in_features, layer.out_features,
-                                   group_size=layer.group_size)  # fmt: skip
+                                   group_size=layer.group_size, accumulate=self.accumulate)  # fmt: skip
         finally:
             self.seconds += time.perf_counter() - started
         self.choices.append(choice)
@@ -96,15 +99,22 @@ class VerifiedChooser:
         and those refused on the way."""
         names = sorted({c.path.name for c in self.choices})
         line = f"{layers} quantized layers, {len(self.choices)} geometries, verified paths: {', '.join(names) or 'none'}"
+        line += "; accumulation: fast where verified" if self.accumulate == "fast" else ""
         refused = sorted({name for c in self.choices for name in c.refused})
         return line + (f"; refused: {', '.join(refused)}" if refused else "")
 
 
-def kernel_chooser(skip_doctor: bool) -> VerifiedChooser | None:
+def kernel_chooser(skip_doctor: bool, accumulate: str = "exact") -> VerifiedChooser | None:
     """The loader's chooser for ``ditq generate``, ``ditq serve`` and the benchmarks alike: the doctor-verified
     path, chosen before the repack so a refused path can still be replaced; None (the registry's first
-    candidate, unverified, logged as a warning) with ``--skip-doctor``."""
+    candidate, unverified, logged as a warning) with ``--skip-doctor``. ``accumulate`` "fast" lets the doctor
+    choose fast-accumulating paths where they pass; it needs the doctor, whose measurement is its only licence."""
+    if skip_doctor and accumulate == "fast":
+        raise InputError(
+            "--accumulate fast: fast accumulation serves only where the kernel doctor measured it; drop --skip-doctor",
+            field="accumulate",
+        )
     if skip_doctor:
         log.warning("--skip-doctor: kernel paths run without verification on this device")
         return None
-    return VerifiedChooser()
+    return VerifiedChooser(accumulate)

@@ -3,9 +3,13 @@ weight scale applied by cuBLAS. No custom op: ``torch._scaled_mm`` is an aten op
 call, and the activation quantization before it (``cuda_common.quantize_rows``) is visible to the compiler, which
 fuses it into the activation's producer. Rowwise scaling writes bfloat16 only, so the path takes bfloat16
 activations only: a float16 output cast from it would hold bfloat16's precision (the doctor's analytic case at
-K = 4304 came back 4320 in float16 on an H200, where float16 holds 4304). Accumulation is full precision: cuBLAS's fast accumulation
-(use_fast_accum=True) measured 2 % low on the all-ones K=4096 case and 0.51 % rel-L2 at K=12288 on
-an H200, so it is not offered.
+K = 4304 came back 4320 in float16 on an H200, where float16 holds 4304).
+
+Two paths: ``scaled-mm-fp8`` accumulates in full precision; ``scaled-mm-fp8-fast`` uses cuBLAS's fast accumulation
+(``use_fast_accum=True``, as torchao's float8 rowwise does by default), which Hopper's fp8 tensor cores run with a
+narrower accumulator: 2 % low on the all-ones K=4096 case and 0.51 % rel-L2 at K=12288 on random data (an H200),
+well under the fp8 scheme's own quantization error. It is a candidate only with ``--accumulate fast``, and the doctor
+bounds it by that error (``ditq.doctor.checks``), not by the exact paths' rounding bound.
 """
 
 from __future__ import annotations
@@ -60,3 +64,9 @@ _REQUIREMENTS = {
 def matmul_exact_accum(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """cuBLAS rowwise torch._scaled_mm, full-precision accumulation."""
     return _matmul(x, prepared, bias, fast_accum=False)
+
+
+@register_kernel(name="scaled-mm-fp8-fast", priority=95, accumulate="fast", **_REQUIREMENTS)  # type: ignore[arg-type]
+def matmul_fast_accum(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """cuBLAS rowwise torch._scaled_mm, fast accumulation (--accumulate fast)."""
+    return _matmul(x, prepared, bias, fast_accum=True)

@@ -26,6 +26,7 @@ from ditq.errors import InputError
 from ditq.schemes import SCHEMES, Scheme, get_scheme
 
 __all__ = [
+    "ACCUMULATE_MODES",
     "ENV_DISABLE",
     "ENV_FORCE",
     "FLOAT_ACTIVATIONS",
@@ -54,6 +55,10 @@ StoredWeight = Mapping[str, torch.Tensor]
 Prepared = dict[str, torch.Tensor]
 PrepareFn = Callable[[StoredWeight, torch.device], Prepared]
 MatmulFn = Callable[[torch.Tensor, Prepared, "torch.Tensor | None"], torch.Tensor]
+
+# How a path accumulates: "exact" (float32, or int32 for int8: what the reference computes), or "fast" (Hopper's
+# fp8 fast accumulation, offered only with --accumulate fast and bounded by the scheme's own error: ditq.doctor.checks)
+ACCUMULATE_MODES = ("exact", "fast")
 
 FLOAT_ACTIVATIONS = frozenset({torch.bfloat16, torch.float16, torch.float32})
 HALF_ACTIVATIONS = frozenset({torch.bfloat16, torch.float16})
@@ -160,6 +165,7 @@ class KernelPath:
     matmul: MatmulFn
     available: Callable[[], str | None] = field(default=always_available)
     description: str = ""
+    accumulate: str = "exact"  # one of ACCUMULATE_MODES
 
     def supports(
         self,
@@ -197,12 +203,16 @@ def register_kernel(
     alignment: int = 1,
     available: Callable[[], str | None] = always_available,
     description: str = "",
+    accumulate: str = "exact",
 ) -> Callable[[MatmulFn], MatmulFn]:
     """Decorator: register the decorated matmul as kernel path ``name``; returns the function unchanged.
 
     ``scheme`` is a ``Scheme`` or its name or alias ("w8a16", "int8dq"...); anything else is an InputError in one
-    line. Higher ``priority`` is preferred."""
+    line. Higher ``priority`` is preferred. ``accumulate`` ("exact" | "fast") says how it accumulates: a fast path
+    is a candidate only where fast accumulation was asked for (``candidate_paths``)."""
     preset = _scheme_of(scheme, f"kernel path {name!r}")  # chosen by scheme, whatever a layer's group size
+    if accumulate not in ACCUMULATE_MODES:
+        raise InputError(f"kernel path {name!r}: accumulate {accumulate!r} is not one of {', '.join(ACCUMULATE_MODES)}")
 
     def decorate(matmul: MatmulFn) -> MatmulFn:
         if name in _REGISTRY:
@@ -219,6 +229,7 @@ def register_kernel(
             matmul=matmul,
             available=available,
             description=description or first_line(matmul.__doc__),
+            accumulate=accumulate,
         )
         return matmul
 
@@ -259,10 +270,18 @@ def candidate_paths(
     activation_dtype: torch.dtype,
     in_features: int,
     out_features: int,
+    accumulate: str = "exact",
 ) -> list[KernelPath]:
-    """Paths able to run this layer, most preferred first (env DITQ_KERNELS / DITQ_DISABLE_KERNELS honoured)."""
+    """Paths able to run this layer, most preferred first (env DITQ_KERNELS / DITQ_DISABLE_KERNELS honoured);
+    fast-accumulating paths only where ``accumulate`` is "fast"."""
+    if accumulate not in ACCUMULATE_MODES:
+        raise InputError(f"--accumulate {accumulate!r}: choose from {', '.join(ACCUMULATE_MODES)}")
     device = torch.device(device)
-    ranked = {p.name: p for p in all_kernels() if p.scheme.name == scheme.name}
+    ranked = {
+        p.name: p
+        for p in all_kernels()
+        if p.scheme.name == scheme.name and (p.accumulate == "exact" or accumulate == "fast")
+    }
     return honour_env_lists(
         ranked,
         _REGISTRY,

@@ -386,6 +386,7 @@ def servers_table(candidate: Candidate) -> Table:
                 _num(health.ready_seconds if health else None, 1, " s"),
                 _kernels(health.kernel_paths)
                 + (f"; attention {health.attention}" if health.attention else "")
+                + ("; fast accumulation" if health.accumulate == "fast" else "")
                 if health
                 else "n/a",
                 format_budget(health.max_memory) if health else "n/a",

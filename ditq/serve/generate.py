@@ -79,6 +79,7 @@ def generate(
     kv_cache: str | None = None,
     progress: bool = True,
     compile: str | None = None,
+    accumulate: str = "exact",
 ) -> GenerationReport:
     """Load ``model_dir`` (None: the bundled demo model) and run one request; nothing is written.
 
@@ -86,7 +87,8 @@ def generate(
     float32 on the CPU, bfloat16 on CUDA).
 
     Each quantized layer runs the first kernel path the kernel doctor verifies on this device
-    (``ditq.doctor.choose_kernel``); ``skip_doctor`` takes the registry's first candidate unverified.
+    (``ditq.doctor.choose_kernel``); ``skip_doctor`` takes the registry's first candidate unverified; ``accumulate``
+    "fast" lets it choose fast-accumulating fp8 paths where they pass.
     ``variant`` as ``ditq.runtime.loader.load_pipeline`` reads it. ``attention`` ("int8" | "fp8") runs the
     transformer's attention through a doctor-chosen quantized-attention path (``ditq.runtime.attention``);
     ``kv_cache`` ("int8" | "fp8") keeps its prefix KV cache in 8 bits (``ditq.runtime.kv_cache``). Under
@@ -109,7 +111,7 @@ def generate(
         str(torch_device),
         offload,
         compute_dtype,
-        kernel_chooser(skip_doctor),
+        kernel_chooser(skip_doctor, accumulate),
         variant,
         attention,
         kv_cache=kv_cache,

@@ -68,6 +68,7 @@ class RankSettings:
     skip_doctor: bool = False
     variant: str | None = None
     kv_cache: str | None = None
+    accumulate: str = "exact"
     log_level: int = logging.INFO
 
     @property
@@ -136,7 +137,7 @@ def follow(settings: RankSettings, rank: int, rendezvous: str, pipe: Any) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        adapter, control = _load_rank(settings, rank, rendezvous, kernel_chooser(settings.skip_doctor))
+        adapter, control = _load_rank(settings, rank, rendezvous, kernel_chooser(settings.skip_doctor, settings.accumulate))
     except Exception as error:
         logger.exception("loading failed")
         pipe.send(("failed", _first_line(error)))

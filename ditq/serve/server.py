@@ -114,6 +114,7 @@ def serve(
     kv_cache: str | None = None,
     compile: str | None = None,
     parallel: ParallelSpec | None = None,
+    accumulate: str = "exact",
 ) -> None:
     """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model).
 
@@ -121,7 +122,8 @@ def serve(
         float32 on the CPU, bfloat16 on CUDA, as ``ditq generate``); ``variant`` as
         ``ditq.runtime.loader.load_pipeline`` reads it; ``attention`` ("int8" | "fp8", default off) as
         ``ditq.serve.startup.load_adapter`` installs it; ``compile`` (a torch.compile backend) compiles the transformer,
-    and calibration runs each shape once to compile and warm it up before measuring it. ``parallel`` (cp=N, tp=N)
+    and calibration runs each shape once to compile and warm it up before measuring it. ``accumulate`` "fast"
+    lets the kernel doctor choose fast-accumulating fp8 paths where they pass (``ditq.doctor.kernel_chooser``). ``parallel`` (cp=N, tp=N)
     serves over N ranks, one device each, this process being rank 0 (``ditq.serve.ranks``).
 
         Raises OutOfMemoryError (exit code 3) when the model does not fit in the accelerator memory it may use.
@@ -145,6 +147,7 @@ def serve(
         kv_cache,
         compile,
         parallel,
+        accumulate,
     )
     state: ServerState = app.state.serve
     failures: list[tuple[str, bool]] = []
@@ -193,6 +196,7 @@ def serving_app(
     kv_cache: str | None = None,
     compile: str | None = None,
     parallel: ParallelSpec | None = None,
+    accumulate: str = "exact",
 ) -> tuple[FastAPI, RankGroup | None]:
     """The app ``serve`` runs (its options as ``serve`` reads them), and with ``parallel`` the group of ranks it
     serves over, not yet launched (``RankGroup.launch``: the followers start loading; the app's start-up loads rank
@@ -214,6 +218,7 @@ def serving_app(
             skip_doctor,
             variant,
             kv_cache,
+            accumulate,
             logger.getEffectiveLevel(),
         )
         ranks = RankGroup(settings)
@@ -237,7 +242,7 @@ def serving_app(
             cap.allocator_bytes if cap is not None else None,
         )
 
-    chooser = kernel_chooser(skip_doctor)
+    chooser = kernel_chooser(skip_doctor, accumulate)
 
     def load() -> PipelineAdapter:
         if ranks is not None:

@@ -151,6 +151,7 @@ def load_adapter(
     adapter.load_facts["compile"] = getattr(pipeline, "ditq_compile", None)  # its warm-up is filled in later
     if chooser is not None:  # part of the load time: the doctor's checks, kernel compilation included
         adapter.load_facts["kernel_choice_seconds"] = round(chooser.seconds, 3)
+    adapter.load_facts["accumulate"] = chooser.accumulate if chooser is not None else "exact"
     if attention is not None:
         from ditq.doctor.attention import install_auto_attention, install_quantized_attention
 

@@ -42,6 +42,7 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
     # quantized attention is the candidates' (the baseline is the model as it ships)
     argv += ["--attention", options.attention] if options.attention and model != options.model else []
     argv += ["--kv-cache", options.kv_cache] if options.kv_cache and model != options.model else []
+    argv += ["--accumulate", options.accumulate] if options.accumulate != "exact" and model != options.model else []
     # compiled or not, every server alike (the baseline's too): speeds compare like with like
     argv += ["--compile", "--compile-backend", options.compile] if options.compile else []
     return argv + (["--max-memory", options.max_memory] if options.max_memory else [])
@@ -81,6 +82,7 @@ class SweepOptions:
     attention: str | None = None  # the candidates' servers' --attention (int8 | fp8); None: the model's own
     kv_cache: str | None = None  # the candidates' servers' --kv-cache (int8 | fp8); None: the model's own
     compile: str | None = None  # every server's --compile backend, the baseline's too; None: eager
+    accumulate: str = "exact"  # the candidates' servers' --accumulate (exact | fast)
     parallel: str | None = None  # every server's --parallel (cp=N), the baseline's too; None: one device each
     # the key every server the sweep starts requires and every probe and baseline sends (--endpoint-for's too);
     # passed through the environment, never on a command line or in a file

@@ -153,6 +153,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         plan=None if options.plan is None else str(options.plan),
         attention=options.attention,
         kv_cache=options.kv_cache,
+        accumulate=options.accumulate,
         compile=options.compile,
         pid=os.getpid(),
     )

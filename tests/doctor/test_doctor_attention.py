@@ -10,7 +10,7 @@ import torch
 
 from ditq.cli import main
 from ditq.doctor.attention import (
-    ANALYTIC_BOUND,
+    ANALYTIC_BOUNDS,
     ATTENTION_BOUNDS,
     AUTO_SHAPES,
     AttentionTiming,
@@ -63,17 +63,18 @@ def broken() -> Iterator[None]:
         unregister_attention_kernel(name)
 
 
-@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("kind", ["int8", "fp8", "fp8-fp8"])
 def test_cpu_reference_paths_pass_with_their_numbers(kind: str) -> None:
     result = check_attention_path(get_attention_kernel(f"cpu-reference-attention-{kind}"), "cpu", head_dim=64)
     assert result.verdict == "PASS", result.reason
     assert {c.step for c in result.checks} == {"finite", "output", "match"}
     assert {c.weights for c in result.checks} == {"synthetic", "analytic"}
-    # Measured: int8 8.7e-3, fp8 3.6e-2 against float32 SDPA; the reference matches itself exactly.
+    # Measured: int8 8.7e-3, fp8 3.6e-2, fp8-fp8 5.7e-2 against float32 SDPA; the reference matches itself exactly.
     assert result.worst_rel_l2 is not None and 0.001 < result.worst_rel_l2 < ATTENTION_BOUNDS[kind]
     assert all(c.value == 0.0 for c in result.checks if c.step == "match")
     analytic = [c.value for c in result.checks if c.weights == "analytic"]
-    assert len(analytic) == 2 and all(v is not None and v < ANALYTIC_BOUND for v in analytic)
+    # uniform keys with the padding mask and without, in bfloat16 and float16
+    assert len(analytic) == 4 and all(v is not None and v < ANALYTIC_BOUNDS[kind] for v in analytic)
 
 
 @pytest.mark.usefixtures("broken")
@@ -132,15 +133,15 @@ def test_cli_checks_attention_paths_too(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def _timer(path_ms: dict[str, tuple[float, float]]):  # type: ignore[no-untyped-def]
-    """A timer giving each kind's ``path_ms`` at the two served shapes against SDPA's 10 ms, recording what it was
-    asked."""
+    """A timer giving each kind's ``path_ms`` (20 ms where not given) at the two served shapes against SDPA's
+    10 ms, recording what it was asked."""
     asked: list[tuple[str, int, int]] = []
 
     def timer(path, device, dtype, heads, head_dim):  # type: ignore[no-untyped-def]
         asked.append((path.name, heads, head_dim))
         return tuple(
             AttentionTiming(q, k, ms, 10.0)
-            for (q, k), ms in zip(AUTO_SHAPES["cpu"], path_ms[path.kind], strict=True)
+            for (q, k), ms in zip(AUTO_SHAPES["cpu"], path_ms.get(path.kind, (20.0, 20.0)), strict=True)
         )
 
     timer.asked = asked  # type: ignore[attr-defined]
@@ -171,13 +172,21 @@ def test_auto_takes_the_most_faithful_verified_kind_that_is_faster_at_every_serv
     assert neither.summary() == (
         "auto: the model's own attention (int8 not faster: 4 ms vs SDPA 10 ms at 272x272 tokens; 11 ms vs SDPA 10 "
         "ms at 256x1296 tokens; int8-fp8 not faster: 12 ms vs SDPA 10 ms at 272x272 tokens; 5 ms vs SDPA 10 ms at "
+        "256x1296 tokens; fp8-fp8 not faster: 20 ms vs SDPA 10 ms at 272x272 tokens; 20 ms vs SDPA 10 ms at "
         "256x1296 tokens)"
     )
+    # fp8-fp8, the least faithful kind, only where the two before it are not faster
+    only_fp8_fp8 = _timer({"int8": (4.0, 11.0), "int8-fp8": (12.0, 5.0), "fp8-fp8": (3.0, 4.0)})
+    decision = choose_auto_attention(cpu, torch.bfloat16, 2, 32, timer=only_fp8_fp8)
+    assert decision.choice is not None and decision.choice.path.name == "cpu-reference-attention-fp8-fp8"
 
 
 @pytest.mark.usefixtures("broken")
 def test_auto_keeps_the_models_attention_where_no_path_passes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_ATTENTION_DISABLE, "cpu-reference-attention-int8,cpu-reference-attention-int8-fp8")
+    monkeypatch.setenv(
+        ENV_ATTENTION_DISABLE,
+        "cpu-reference-attention-int8,cpu-reference-attention-int8-fp8,cpu-reference-attention-fp8-fp8",
+    )
     timer = _timer({"int8": (1.0, 1.0), "int8-fp8": (1.0, 1.0)})
     decision = choose_auto_attention(torch.device("cpu"), torch.bfloat16, 2, 32, timer=timer)
     assert decision.choice is None and decision.timings == {} and timer.asked == []  # type: ignore[attr-defined]

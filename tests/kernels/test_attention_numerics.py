@@ -27,6 +27,7 @@ from ditq.kernels.attention import (
 )
 from ditq.kernels.attention.reference import (
     FP8_PV_KINDS,
+    PER_TENSOR_KINDS,
     QK_DTYPE,
     dequantized_values,
     quantize_value_reference,
@@ -35,7 +36,7 @@ from ditq.numerics import quantize_activation_per_token, relative_l2, smooth_key
 
 # Against float64 SDPA of the unquantized inputs, standard-normal Q/K/V at head dim 64 (measured 0.009 int8,
 # 0.037 fp8 e4m3 and 0.036 int8-fp8 at 512 tokens): about 1.6x the measurement.
-SDPA_BOUNDS = {"int8": 0.015, "fp8": 0.06, "int8-fp8": 0.06}
+SDPA_BOUNDS = {"int8": 0.015, "fp8": 0.06, "int8-fp8": 0.06, "fp8-fp8": 0.08}
 
 
 def _qkv(
@@ -74,16 +75,26 @@ def test_scores_are_the_hand_quantized_products(kind: str) -> None:
     score computed here from per-token quantization and the smoothed keys."""
     q, k, v = _qkv(seed=2, seq=2, heads=1, head_dim=16)
     out = quantized_attention_reference(q, k, v, kind)
-    q_q, q_s = quantize_activation_per_token(q, QK_DTYPE[kind])
-    k_q, k_s = quantize_activation_per_token(k - k.mean(dim=1, keepdim=True), QK_DTYPE[kind])
+    per_tensor = kind in PER_TENSOR_KINDS  # one scale for each tensor: amax over everything
+    dims = (1, 2, 3) if per_tensor else (-1,)
+    qmax = 127 if QK_DTYPE[kind] == "int8" else 448
+    smoothed = k - k.mean(dim=1, keepdim=True)
+    q_s, k_s = (x.abs().amax(dim=dims, keepdim=True) / qmax for x in (q, smoothed))
+    if per_tensor:
+        q_q, k_q = ((x / s).to(torch.float8_e4m3fn) for x, s in ((q, q_s), (smoothed, k_s)))
+    else:
+        (q_q, q_s), (k_q, k_s) = (quantize_activation_per_token(x, QK_DTYPE[kind]) for x in (q, smoothed))
     scores = torch.einsum("bqhd,bkhd->bhqk", q_q.double() * q_s, k_q.double() * k_s) / math.sqrt(16)
-    if kind in FP8_PV_KINDS:  # 448 x exp(S - row max) and V per channel, both rounded to e4m3
+    if kind in FP8_PV_KINDS:  # 448 x exp(S - row max) and V per channel (per tensor), both rounded to e4m3
         p = (scores - scores.amax(-1, keepdim=True)).exp() * 448
-        v_scale = v.abs().amax(dim=1, keepdim=True) / 448
+        v_scale = v.abs().amax(dim=(1, 2, 3) if per_tensor else 1, keepdim=True) / 448
         p_q, v_q = (x.float().to(torch.float8_e4m3fn).double() for x in (p, v / v_scale))
         expected = torch.einsum("bhqk,bkhd->bqhd", p_q, v_q * v_scale) / p.sum(-1).transpose(1, 2)[..., None]
     else:
         expected = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v.double())
+    if per_tensor:  # the output in e4m3 too, at twice V's scale
+        o_scale = 2 * v_scale
+        expected = (expected / o_scale).float().to(torch.float8_e4m3fn).double() * o_scale
     assert relative_l2(out, expected) < 1e-6
 
 

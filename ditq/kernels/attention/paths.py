@@ -1,5 +1,6 @@
 """The registered quantized-attention paths: the reference arithmetic on the CPU and, as the CUDA fallback, on
-the GPU; the fused Triton kernel (``ditq.kernels._triton.attention``) on CUDA."""
+the GPU; the fused Triton kernel (``ditq.kernels._triton.attention``) on CUDA for the kinds it computes; cuDNN's fp8
+flash attention (``ditq.kernels.attention.cudnn``) for ``fp8-fp8``."""
 
 from __future__ import annotations
 
@@ -104,6 +105,8 @@ for _kind in ATTENTION_KINDS:
         available=cuda_available,
         description=_TORCH_DESCRIPTION,
     )(attend_reference)
+    if _kind not in _TRITON_CAPABILITY:
+        continue
     register_attention_kernel(
         name=f"triton-attention-{_kind}",
         kind=_kind,
