@@ -312,7 +312,9 @@ class ServerHealth(BaseModel):
         str, int
     ] = {}  # component.module -> bytes left out of the loaded model (the manifest's unused)
     kv_cache: str | None = None  # serve --kv-cache: the prefix KV cache's precision; None: the model's own
-    accumulate: str | None = None  # serve --accumulate: exact | fast (fp8 GEMMs' accumulation); None: older servers
+    accumulate: str | None = (
+        None  # serve --accumulate: exact | fast (fp8 GEMMs' accumulation); None: older servers
+    )
     calibration_seconds: float | None = None  # measuring the cost model at start-up
     compile: CompiledFacts | None = None  # serve --compile; None: eager
     parallel: ParallelFacts | None = None  # serve --parallel; None: one device

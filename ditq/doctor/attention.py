@@ -165,7 +165,11 @@ def _dtype_checks(
     # Uniform keys: every score of a row equal, so the output is the mean of the valid values.
     uniform_qk = path.quantize(q.to(device), k[:, :1].expand_as(k).contiguous().to(device), path.kind)
     # P . V in e4m3: the mean of the values as they were rounded
-    rounded = dequantized_values(*quantize_value_reference(v, path.kind)) if path.kind in FP8_PV_KINDS else v.float()
+    rounded = (
+        dequantized_values(*quantize_value_reference(v, path.kind))
+        if path.kind in FP8_PV_KINDS
+        else v.float()
+    )
     for label, valid in (("uniform keys", key_valid), ("uniform keys, unmasked", None)):
         out = path.attend(uniform_qk, v.to(device), None if valid is None else valid.to(device), None,
                           head_dim**-0.5).float().cpu()  # fmt: skip

@@ -194,9 +194,7 @@ def _analytic_fast_output(
     """The analytic answer ``in_features`` for a fast-accumulating path: the largest relative distance of an
     output from it, within ``FAST_ANALYTIC_TOLERANCE``."""
     deviation = (
-        float("inf")
-        if non_finite
-        else float((out.to(torch.float64) - in_features).abs().max()) / in_features
+        float("inf") if non_finite else float((out.to(torch.float64) - in_features).abs().max()) / in_features
     )
     ok = deviation <= FAST_ANALYTIC_TOLERANCE
     message = (

@@ -212,7 +212,9 @@ def register_kernel(
     is a candidate only where fast accumulation was asked for (``candidate_paths``)."""
     preset = _scheme_of(scheme, f"kernel path {name!r}")  # chosen by scheme, whatever a layer's group size
     if accumulate not in ACCUMULATE_MODES:
-        raise InputError(f"kernel path {name!r}: accumulate {accumulate!r} is not one of {', '.join(ACCUMULATE_MODES)}")
+        raise InputError(
+            f"kernel path {name!r}: accumulate {accumulate!r} is not one of {', '.join(ACCUMULATE_MODES)}"
+        )
 
     def decorate(matmul: MatmulFn) -> MatmulFn:
         if name in _REGISTRY:

@@ -137,7 +137,9 @@ def follow(settings: RankSettings, rank: int, rendezvous: str, pipe: Any) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        adapter, control = _load_rank(settings, rank, rendezvous, kernel_chooser(settings.skip_doctor, settings.accumulate))
+        adapter, control = _load_rank(
+            settings, rank, rendezvous, kernel_chooser(settings.skip_doctor, settings.accumulate)
+        )
     except Exception as error:
         logger.exception("loading failed")
         pipe.send(("failed", _first_line(error)))

@@ -42,7 +42,11 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
     # quantized attention is the candidates' (the baseline is the model as it ships)
     argv += ["--attention", options.attention] if options.attention and model != options.model else []
     argv += ["--kv-cache", options.kv_cache] if options.kv_cache and model != options.model else []
-    argv += ["--accumulate", options.accumulate] if options.accumulate != "exact" and model != options.model else []
+    argv += (
+        ["--accumulate", options.accumulate]
+        if options.accumulate != "exact" and model != options.model
+        else []
+    )
     # compiled or not, every server alike (the baseline's too): speeds compare like with like
     argv += ["--compile", "--compile-backend", options.compile] if options.compile else []
     return argv + (["--max-memory", options.max_memory] if options.max_memory else [])

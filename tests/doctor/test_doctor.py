@@ -417,6 +417,6 @@ def test_fast_paths_are_candidates_only_when_asked_for_and_never_without_the_doc
     finally:
         unregister_kernel("test-fast-w8a8")
     assert "test-fast-w8a8" not in exact and fast[0] == "test-fast-w8a8" and fast[1:] == exact
-    with pytest.raises(InputError, match="--accumulate fast: .*drop --skip-doctor"):
+    with pytest.raises(InputError, match=r"--accumulate fast: .*drop --skip-doctor"):
         kernel_chooser(skip_doctor=True, accumulate="fast")
     assert kernel_chooser(skip_doctor=False, accumulate="fast").accumulate == "fast"  # type: ignore[union-attr]

@@ -59,7 +59,9 @@ def cudnn_available() -> str | None:
 
         version = int(cudnn.backend_version())
     except Exception as error:  # a frontend that cannot find or load cuDNN's library
-        return f"cuDNN's library cannot be loaded by nvidia-cudnn-frontend: {str(error).splitlines()[0][:120]}"
+        return (
+            f"cuDNN's library cannot be loaded by nvidia-cudnn-frontend: {str(error).splitlines()[0][:120]}"
+        )
     if version < _MIN_BACKEND:
         return f"cuDNN {version} is older than 9.1, which fp8 attention needs"
     return None
@@ -118,7 +120,9 @@ def _build(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sm_scale
 
     e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     handle = _handle(query.device)
-    graph = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle)
+    graph = cudnn.pygraph(
+        io_data_type=e4m3, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle
+    )
     tensors = {name: _bhsd(graph, name, x, e4m3) for name, x in (("q", query), ("k", key), ("v", value))}
     for name in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"):
         tensors[name] = graph.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=fp32)
@@ -129,7 +133,9 @@ def _build(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sm_scale
         is_inference=True, attn_scale=sm_scale, use_causal_mask=False, name="sdpa_fp8",
     )  # fmt: skip
     batch, seq, heads, dim = query.shape
-    out.set_output(True).set_dim([batch, heads, seq, dim]).set_stride([seq * heads * dim, dim, heads * dim, 1])
+    out.set_output(True).set_dim([batch, heads, seq, dim]).set_stride(
+        [seq * heads * dim, dim, heads * dim, 1]
+    )
     out.set_data_type(e4m3)
     for amax in (amax_s, amax_o):
         amax.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(fp32)

@@ -113,7 +113,9 @@ def quantize_qk_reference(query: torch.Tensor, key: torch.Tensor, kind: str) -> 
     return QuantizedQK(kind, q, q_scale, k, k_scale)
 
 
-def quantize_value_reference(value: torch.Tensor, kind: str = "int8-fp8") -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_value_reference(
+    value: torch.Tensor, kind: str = "int8-fp8"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """V (B, S, H, D) per channel to e4m3: (v_q (B, S, H, D) float8_e4m3fn, scale (B, 1, H, D) float32), scale =
     max(amax over S, 1e-12) / 448 (``ditq.numerics``' conventions); for a kind of ``PER_TENSOR_KINDS`` one scale
     for the tensor, (1, 1, 1, 1)."""
