@@ -9,8 +9,10 @@ calls (``--prefill``). Rows:
 
 - ``sdpa-bf16-flash`` / ``sdpa-bf16-cudnn``: torch SDPA on bf16 (FlashAttention / cuDNN backends; the
   padding mask, where there is one, is folded in by slicing it off: the rows use no mask);
-- each quantized-attention path the registry offers for the kind (Triton, the torch fallback), quantization of
-  Q and K included (``total``) and the attention alone (``attend``).
+- each quantized-attention path the registry offers for the kind (Triton, cuDNN's fp8 for fp8-fp8, the torch
+  fallback), quantization of Q and K included (``total``) and the attention alone (``attend``); for the fused
+  paths also ``total_compiled_ms``: quantization and attention under torch.compile (inductor), as a compiled
+  server runs them, the quantization fused by the compiler.
 
 Errors are relative L2 against float32 SDPA of the same (unquantized) inputs. Q/K/V are drawn to look like a
 DiT's after RMSNorm and RoPE: standard normal, keys with a shared per-channel offset (what smoothing removes),
@@ -86,6 +88,23 @@ def _tuned(path_name: str) -> dict[str, str]:
     return {"triton_config": str(getattr(kernel, "best_config", None))}
 
 
+def _compiled(path: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, float]:
+    """Quantization and attention under torch.compile (inductor, dynamic shapes as a server compiles), for the
+    fused paths (not the torch fallback, whose float32 scores inductor would materialise)."""
+    if path.name.startswith("cuda-torch-"):  # type: ignore[attr-defined]
+        return {}
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return path.attend(path.quantize(q, k, path.kind), v, None, None, q.shape[-1] ** -0.5)  # type: ignore[attr-defined]
+
+    try:
+        compiled = torch.compile(attention, dynamic=True)
+        compiled(q, k, v)
+        return {"total_compiled_ms": median_ms(lambda: compiled(q, k, v))}
+    except Exception as error:  # recorded beside the eager numbers, not in their place
+        return {"compiled_error": f"{type(error).__name__}: {error}"[:300]}  # type: ignore[dict-item]
+
+
 def _step_rows(refs: int, text: int, heads: int, head_dim: int, kinds: list[str]) -> list[dict[str, object]]:
     from torch.nn.attention import SDPBackend
 
@@ -121,7 +140,8 @@ def _step_rows(refs: int, text: int, heads: int, head_dim: int, kinds: list[str]
                 )
                 rows.append({**base, "path": path.name, "kind": kind, "chosen": path.name == chosen,
                              "total_ms": total_ms, "attend_ms": attend_ms, "tflops": flops / attend_ms / 1e9,
-                             "rel_l2_vs_fp32": _rel_l2(out, reference), **_tuned(path.name)})  # fmt: skip
+                             "rel_l2_vs_fp32": _rel_l2(out, reference), **_tuned(path.name),
+                             **_compiled(path, q, k, v)})  # fmt: skip
             except Exception as error:
                 rows.append(
                     {
@@ -173,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         "--text-tokens", type=int, default=256, help="prompt tokens in the prefix (default 256)"
     )
     parser.add_argument(
-        "--kinds", nargs="+", default=["int8", "fp8", "int8-fp8"], choices=["int8", "fp8", "int8-fp8"]
+        "--kinds",
+        nargs="+",
+        default=["int8", "fp8", "int8-fp8", "fp8-fp8"],
+        choices=["int8", "fp8", "int8-fp8", "fp8-fp8"],
     )
     parser.add_argument(
         "--steps", type=int, default=50, help="denoising steps for the per-image guide (default 50)"
@@ -223,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     cudnn = {r["refs"]: r["total_ms"] for r in rows if r["path"] == "sdpa-bf16-cudnn" and "total_ms" in r}
     print(
         f"{'refs':>4} {'path':<30} {'total ms':>9} {'attend ms':>9} {'x flash':>7} {'x cudnn':>7} {'TFLOPS':>7} "
-        f"{'rel-L2':>8} {'s/image':>8}"
+        f"{'rel-L2':>8} {'s/image':>8} {'compiled':>8} {'c x cudnn':>9}"
     )
     for r in rows:
         if "error" in r:
@@ -235,8 +258,11 @@ def main(argv: list[str] | None = None) -> int:
         ratio = r["total_ms"] / flash[r["refs"]] if r["refs"] in flash else float("nan")
         to_cudnn = r["total_ms"] / cudnn[r["refs"]] if r["refs"] in cudnn else float("nan")
         per_image = r["total_ms"] * layers * args.steps / 1000
+        compiled = r.get("total_compiled_ms", float("nan"))
+        c_cudnn = compiled / cudnn[r["refs"]] if r["refs"] in cudnn else float("nan")
         print(f"{r['refs']:>4} {r['path']:<30} {r['total_ms']:>9.3f} {r['attend_ms']:>9.3f} {ratio:>7.2f} "
-              f"{to_cudnn:>7.2f} {r['tflops']:>7.0f} {r['rel_l2_vs_fp32']:>8.4f} {per_image:>8.2f}")  # fmt: skip
+              f"{to_cudnn:>7.2f} {r['tflops']:>7.0f} {r['rel_l2_vs_fp32']:>8.4f} {per_image:>8.2f} "
+              f"{compiled:>8.3f} {c_cudnn:>9.3f}")  # fmt: skip
     print(f"wrote {args.out} in {time.time() - started:.0f}s")
     return 0
 

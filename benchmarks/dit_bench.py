@@ -108,12 +108,16 @@ SCHEMES = ("w8a8", "fp8", "w8a16")
 # the same schemes with their projections fused (``ditq.runtime.fuse``; ``load_pipeline(fuse=True)``), to show what
 # the fusion gives
 FUSED = {"w8a8-fused": "w8a8", "fp8-fused": "fp8"}
+# the fp8 scheme with fast accumulation (``--accumulate fast``: scaled-mm-fp8-fast where the doctor passes it)
+FAST = {"fp8-fast": "fp8"}
 # variant -> (the variant whose model it runs, its attention): ditq's quantized attention (``--attention``, the
 # doctor-chosen path, installed for the row and removed after it) over a quantized model, and BF16 through
 # PyTorch's cuDNN SDPA backend (eager only: the backend is chosen when a graph is traced) for comparison with
 # the default SDPA backend every other row uses.
 ATTENTION_VARIANTS: dict[str, tuple[str, str]] = {
     "fp8+attn-int8-fp8": ("fp8", "int8-fp8"),
+    "fp8+attn-fp8-fp8": ("fp8", "fp8-fp8"),  # cuDNN's fp8 flash attention
+    "fp8-fast+attn-fp8-fp8": ("fp8-fast", "fp8-fp8"),
     "w8a8+attn-int8": ("w8a8", "int8"),
     "bf16+sdpa-cudnn": ("bf16", "sdpa-cudnn"),
 }
@@ -135,6 +139,33 @@ GOALS: dict[str, tuple[tuple[str, str], tuple[str, str], float, bool]] = {
         ("bf16", "compiled"),
         0.75,
         False,
+    ),
+}
+# Issue 43's goals, judged at every reference count: (numerator, denominator, ratio at most, field)
+STEP_GOALS: dict[str, tuple[tuple[str, str], tuple[str, str], float, str]] = {
+    "fp8_fast_attn_fp8_fp8_cached_step_vs_bf16_compiled": (
+        ("fp8-fast+attn-fp8-fp8", "compiled"),
+        ("bf16", "compiled"),
+        0.65,
+        "cached_step_ms",
+    ),
+    "fp8_attn_fp8_fp8_cached_step_vs_bf16_compiled": (
+        ("fp8+attn-fp8-fp8", "compiled"),
+        ("bf16", "compiled"),
+        0.65,
+        "cached_step_ms",
+    ),
+    "fp8_fast_attn_fp8_fp8_loop_vs_torchao_fp8row_compiled": (
+        ("fp8-fast+attn-fp8-fp8", "compiled"),
+        ("torchao-fp8row", "compiled"),
+        1.0,
+        "loop_ms",
+    ),
+    "fp8_fast_loop_vs_torchao_fp8row_compiled": (
+        ("fp8-fast", "compiled"),
+        ("torchao-fp8row", "compiled"),
+        1.0,
+        "loop_ms",
     ),
 }
 INFORMATION = {  # ratios reported beside the goals, with no bar
@@ -659,7 +690,7 @@ def main() -> int:
             "dynamo_graphs": graphs_after - graphs,
             "graph_breaks": breaks_after - breaks,
         }
-        if base in SCHEMES or base in FUSED:
+        if base in SCHEMES or base in FUSED or base in FAST:
             row["kernels"] = kernel_counts(model)
         if attention is not None:
             row["attention_path"] = path
@@ -690,9 +721,10 @@ def main() -> int:
 
     def in_memory(scheme: str) -> None:
         models[scheme] = quantized_copy(
-            bf16, config, FUSED.get(scheme, scheme), targets, fuse=scheme in FUSED
+            bf16, config, FUSED.get(scheme, FAST.get(scheme, scheme)), targets, fuse=scheme in FUSED
         )
-        prepare_quantized(models[scheme], device, torch.bfloat16, chooser)
+        fast = None if chooser is None else VerifiedChooser("fast")
+        prepare_quantized(models[scheme], device, torch.bfloat16, fast if scheme in FAST else chooser)
 
     def release(variant: str) -> None:  # a comparison's model, dropped once its rows ran
         models.pop(variant, None)
@@ -713,7 +745,9 @@ def main() -> int:
         return f"{variant} {mode} loop r{references}", seconds, lambda: loop_row(variant, mode, references)
 
     ends, middle = (0, 4), (1, 2, 3)
-    attention_variants = [v for v in ATTENTION_VARIANTS if device.type == "cuda" or v != "bf16+sdpa-cudnn"]
+    # the earlier comparisons' attention rows here; cuDNN's fp8 attention's rows with the fast variant's, below
+    attention_variants = [v for v in ("fp8+attn-int8-fp8", "w8a8+attn-int8", "bf16+sdpa-cudnn")
+                          if device.type == "cuda" or v != "bf16+sdpa-cudnn"]  # fmt: skip
     if "bf16+sdpa-cudnn" not in attention_variants:
         result["skipped"].append("bf16+sdpa-cudnn: cuDNN attention needs CUDA")
     plan: list[tuple[str, float, Callable[[], None]]] = [
@@ -743,6 +777,13 @@ def main() -> int:
             *(row(variant, "compiled", r) for r in ends),
             (f"{variant} layer errors", 3 * scale, functools.partial(layer_error, variant)),
         ]
+    # issue 43's rows, every reference count on the GPU; the CPU dry run's at 0 and 4 only (its time)
+    fast_refs = REFERENCES if args.preset == "full" else ends
+    plan += [
+        ("fp8-fast quantize", 2 * scale, lambda: in_memory("fp8-fast")),
+        *(row(variant, mode, r) for variant in ("fp8-fast", "fp8+attn-fp8-fp8", "fp8-fast+attn-fp8-fp8")
+          for mode in ("compiled", "eager") for r in fast_refs),
+    ]  # fmt: skip
     for variant in FUSED:
         plan += [
             (f"{variant} quantize", 2 * scale, functools.partial(in_memory, variant)),
@@ -852,6 +893,14 @@ def summarize(rows: list[dict[str, Any]], bf16_bytes: int, load: dict[str, Any])
         }
     for name, (numerator, denominator) in INFORMATION.items():
         summary[name] = ratios(numerator, denominator)
+    for name, (numerator, denominator, bar, field) in STEP_GOALS.items():
+        by_references = {}
+        for references in REFERENCES:
+            ours, base = find(rows, *numerator, references), find(rows, *denominator, references)
+            if ours is not None and base is not None:
+                by_references[f"r{references}"] = round(ours[field] / base[field], 3)
+        summary[name] = {"field": field, "ratio_max": bar, "by_references": by_references,
+                         "met": {r: v <= bar for r, v in by_references.items()}}  # fmt: skip
     for scheme in (*SCHEMES, "torchao-int8dyn", "torchao-fp8row"):
         weights = [row["weight_bytes"] for row in rows if row["variant"] == scheme and "weight_bytes" in row]
         if weights:

@@ -154,3 +154,13 @@ def atomic_directory(final: Path, force: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def user_cache_dir() -> Path:
+    """ditq's cache folder (the doctor's verdicts, compiled code): $DITQ_CACHE_DIR, else $XDG_CACHE_HOME/ditq, else
+    ~/.cache/ditq."""
+    override = os.environ.get("DITQ_CACHE_DIR")
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ditq"

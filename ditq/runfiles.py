@@ -248,6 +248,8 @@ class CompiledFacts(BaseModel):
     warmup_seconds: float | None = None  # the first call at each calibrated shape: compilation and warm-up
     warmup_graphs: int | None = None  # graphs compiled during the warm-up
     graphs_since_warmup: int | None = None  # graphs compiled after it: requests that paid a compilation
+    cache_hits: int | None = None  # warm-up graphs whose code came from the compile cache (a warm start)
+    cache_misses: int | None = None  # warm-up graphs compiled anew (a cold start)
 
 
 class RankFacts(BaseModel):

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # One OpenMP thread per process, set before torch loads: make test runs two workers on two cores, and each sweep
 # test's servers and commands compute beside them. With OpenMP's default (a thread per core) the processes' threads
 # spun waiting for each other: a 21 s test took 197 s beside a sweep. The models here are too small to gain from
 # threads. The workers and every process they start inherit this.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# ditq's cache folder (the doctor's verdicts, compiled code) for this run alone, never the user's
+if "DITQ_CACHE_DIR" not in os.environ:
+    os.environ["DITQ_CACHE_DIR"] = tempfile.mkdtemp(prefix="ditq-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["DITQ_CACHE_DIR"], ignore_errors=True)
 
 from collections.abc import Callable
 from pathlib import Path

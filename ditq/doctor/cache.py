@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 
 import ditq
 from ditq.doctor.cases import Geometry
+from ditq.fsutil import user_cache_dir
 from ditq.kernels.registry import KernelPath
 from ditq.runfiles import DoctorEnvironment, DoctorPath, read_model, write_model
 
@@ -64,12 +64,8 @@ def environment(device: torch.device | str) -> DoctorEnvironment:
 
 
 def cache_dir() -> Path:
-    """Where verdicts are cached: $DITQ_CACHE_DIR, else the user cache directory."""
-    override = os.environ.get("DITQ_CACHE_DIR")
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ditq"
+    """Where verdicts are cached: ditq's cache folder ($DITQ_CACHE_DIR, else the user cache directory)."""
+    return user_cache_dir()
 
 
 def cache_entry(

@@ -365,7 +365,8 @@ def compiled_text(health: ServerHealth) -> str:
         return "no (eager)"
     warmup = f", warm-up {facts.warmup_seconds:.1f} s" if facts.warmup_seconds is not None else ""
     if facts.warmup_graphs is not None:
-        warmup += f" ({facts.warmup_graphs} graphs)"
+        cached = f", {facts.cache_hits} from the compile cache" if facts.cache_hits else ""
+        warmup += f" ({facts.warmup_graphs} graphs{cached})"
     if facts.graphs_since_warmup:  # requests that paid a compilation
         warmup += f"; {facts.graphs_since_warmup} graphs compiled while serving"
     return f"{facts.backend}, {facts.how}{warmup}"

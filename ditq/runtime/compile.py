@@ -34,6 +34,12 @@ Its limit on recompilations is raised so that a server never falls back to eager
 prefill attention loops over the prefix's segments, a loop dynamo would unroll (a prefix graph per reference
 count); the segments reach the compiled blocks as a table and the loop runs in one op (``ditq.runtime.prefill``).
 
+The compiled code is kept across restarts in ditq's cache folder (``compile_cache``: inductor's FX graph, AOTAutograd
+and autotuning caches, and the Triton kernels under them, in ``$DITQ_CACHE_DIR/inductor``, else
+``~/.cache/ditq/inductor``; a ``TORCHINDUCTOR_CACHE_DIR`` the environment sets is kept). A server started again at the
+same shapes traces its graphs again but takes their code from the cache; ``CompileFacts`` counts the graphs served
+from it (``cache_hits``) and compiled anew (``cache_misses``), so /health says whether a start was cold or warm.
+
 ditq's 8-bit kernels are custom ops with shape-only fakes (``ditq.kernels.cuda_common``,
 ``ditq.kernels.reference``), so the compiler keeps each as one call and fuses the activation quantization into
 the op that produced its input.
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -52,12 +59,14 @@ import torch.fx.experimental._config as fx_config
 from torch._dynamo.utils import counters
 
 from ditq.errors import InputError
+from ditq.fsutil import user_cache_dir
 from ditq.runtime.prefill import segment_table, tabulate_prefill, takes_segment_table
 
 __all__ = [
     "COMPILE_BACKENDS",
     "CompileFacts",
     "compile_blocks",
+    "compile_cache",
     "compile_pipeline",
     "compile_text_encoder",
     "compiled_graphs",
@@ -84,18 +93,26 @@ class CompileFacts:
     how: str  # "repeated blocks (N x Class)" or "whole module"; per component where several were compiled
     warmup_seconds: float | None = None  # the first call at each warmed-up shape: compilation and warm-up
     warmup_graphs: int | None = None  # graphs dynamo compiled during the warm-up
+    cache: str | None = None  # the folder of the compiled code kept across restarts (``compile_cache``)
+    cache_hits: int | None = None  # graphs of the warm-up whose code came from that cache
+    cache_misses: int | None = None  # graphs of the warm-up compiled anew (and stored there)
     # dynamo's graph count (process-wide) once warmed up: what /health's graphs_since_warmup counts from
     graphs_at_warmup_end: int | None = field(default=None, repr=False)
+    _cache_at_start: tuple[int, int] = field(default=(0, 0), repr=False)
 
     def warmed_up(self, seconds: float, graphs_at_start: int) -> None:
-        """Record a finished warm-up that began when dynamo had compiled ``graphs_at_start`` graphs."""
+        """Record a finished warm-up that began when dynamo had compiled ``graphs_at_start`` graphs (the cache's
+        counts since this value was made)."""
         self.warmup_seconds = round(seconds, 3)
         self.graphs_at_warmup_end = compiled_graphs()
         self.warmup_graphs = self.graphs_at_warmup_end - graphs_at_start
+        hits, misses = _cache_counts()
+        self.cache_hits, self.cache_misses = hits - self._cache_at_start[0], misses - self._cache_at_start[1]
 
     def to_json(self) -> dict[str, Any]:
         facts = asdict(self)
         at_end = facts.pop("graphs_at_warmup_end")
+        facts.pop("_cache_at_start")
         # graphs compiled since the warm-up: a request that paid a compilation (0 is the goal)
         facts["graphs_since_warmup"] = None if at_end is None else compiled_graphs() - at_end
         return facts
@@ -104,6 +121,25 @@ class CompileFacts:
 def compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process."""
     return int(counters["stats"]["unique_graphs"])
+
+
+def _cache_counts() -> tuple[int, int]:
+    """(hits, misses) of inductor's FX graph cache in this process."""
+    return int(counters["inductor"]["fxgraph_cache_hit"]), int(counters["inductor"]["fxgraph_cache_miss"])
+
+
+def compile_cache() -> str:
+    """Keep inductor's compiled code in ditq's cache folder (``$DITQ_CACHE_DIR/inductor``, else
+    ``~/.cache/ditq/inductor``) unless the environment names a ``TORCHINDUCTOR_CACHE_DIR`` of its own; its FX graph
+    and AOTAutograd caches on. Returns the folder."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(user_cache_dir() / "inductor")
+    torch._inductor.config.fx_graph_cache = True
+    torch._functorch.config.enable_autograd_cache = True
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
 def _declared(
@@ -234,7 +270,7 @@ def compile_pipeline(
     if encoder_how is not None:
         how = f"{component}: {how}; {text_encoder}: {encoder_how}"
         component = f"{component}, {text_encoder}"
-    facts = CompileFacts(backend, component, how)
+    facts = CompileFacts(backend, component, how, cache=compile_cache(), _cache_at_start=_cache_counts())
     pipeline.ditq_compile = facts  # what serve's calibration and generate warm up, and /health shows
     logger.info("compiling %s with %s: %s (on the first call at each shape)", component, backend, how)
     return facts

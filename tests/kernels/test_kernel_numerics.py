@@ -35,7 +35,9 @@ def _param(path: KernelPath) -> object:
     return pytest.param(path, id=path.name, marks=marks)
 
 
-PATHS = [_param(p) for p in all_kernels() if not p.name.startswith("test-")]
+# the exact paths: a fast-accumulating one is held to the doctor's evidence-derived bound instead
+# (tests/kernels/test_fast_accumulation_gpu.py)
+PATHS = [_param(p) for p in all_kernels() if not p.name.startswith("test-") and p.accumulate == "exact"]
 
 
 def _runnable(path: KernelPath, dtype: torch.dtype, k: int, n: int) -> torch.device:
