@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole Qwen-Image-2.1 pipeline under 24 GiB and 16 GiB on an H200, every serving component quantized, detached so
-# that it may outlast one shell command. From the repository root, with the machine's python3 (the wheels it lacks
+# The whole Qwen-Image-2.1 pipeline under 24 GiB and 16 GiB on an H200 (or an H100: name the card with every result),
+# every serving component quantized, detached so that it may outlast one shell command. From the repository root, with the machine's python3 (the wheels it lacks
 # on PYTHONPATH):
 #   bash benchmarks/h200_whole_pipeline.sh launch      # start the stages below in the background
 #   bash benchmarks/h200_whole_pipeline.sh wait [S]    # follow the log for up to S seconds, or until the run ends
@@ -20,6 +20,8 @@
 #   sweepwhole ditq sweep --compile --offload none on the whole device, 0-4 references at 1024x1024, its BF16 baseline
 #            compiled too: first with the first scheme of $SWEEP_WHOLE, then resumed with each further one added (each
 #            invocation's SWEEP_S), its files packed after each, so that a run stopped early keeps a whole report
+#   attnbench benchmarks/attention_bench.py at the served shapes, 0-4 references: BF16 SDPA (flash, cuDNN) against
+#            the paths of $ATTN_KINDS (default fp8-fp8: cuDNN's fp8 attention), eager and compiled
 #   tebench  benchmarks/text_encoder_bench.py: the text encoder's encode_prompt per fixture, BF16 and $TEBENCH_SCHEMES
 #            (default fp8), eager and with its decoder layers compiled
 #   sdpa     benchmarks/sdpa_first_call.py: the first call at a new attention shape, by SDPA backend
@@ -33,7 +35,9 @@
 #   quantize quantize each of $QUANTIZE (components auto, on the GPU) unless the sweep did: before the stages that
 #            time it, so that the GPU tests may run beside it (TESTS_BESIDE=build) and be joined (join) first
 #   whole    the same on the whole device (no --max-memory, --offload none) for each of $WHOLE (default fp8): the
-#            s/image the budgets are held against, from the same run; bf16+compile, fp8+compile: ditq serve --compile
+#            s/image the budgets are held against, from the same run; bf16+compile, fp8+compile: ditq serve --compile;
+#            +fast: --accumulate fast; +attn-KIND: --attention KIND; +again: the same server started a second time
+#            (compiled code from the cache the first start filled: the warm start)
 #   clear    remove the artifacts the quantize stage made (ditbench writes its own; the disk holds two)
 #   prune    remove the 24 GiB sweep's artifacts other than fp8's (the disk holds the model and two artifacts, barely)
 # The run lives in $RUN (default /root/ditq-whole); results go to $OUT (default ./h200-out).
@@ -128,6 +132,13 @@ run_stages() {
             --exclude='sweep-whole/report/grids' --exclude='sweep-whole/report/report.html' sweep-whole sweep-whole-*.log)
         done
         ;;
+      attnbench)
+        # shellcheck disable=SC2086
+        timeout "${ATTNBENCH_S:-300}" python3 benchmarks/attention_bench.py --kinds ${ATTN_KINDS:-fp8-fp8} \
+          --out "$RUN/attention_bench.json" >"$RUN/attention_bench.log" 2>&1
+        echo "exit $?"
+        grep -v -i warn "$RUN/attention_bench.log" | tail -24
+        ;;
       tebench)
         timeout "${TEBENCH_S:-480}" python3 benchmarks/text_encoder_bench.py --model "$MODEL" \
           --schemes "bf16,${TEBENCH_SCHEMES:-fp8}" --repeats 3 --out "$RUN/text_encoder_bench.json" \
@@ -211,7 +222,7 @@ artifact_for() {
 # needs the openai client, which the machine lacks; it holds no GPU test).
 gpu_tests() {
   # shellcheck disable=SC2086
-  timeout "${TESTS_S:-480}" python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 ${GPU_TESTS:-tests} \
+  timeout "${TESTS_S:-480}" python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 ${GPU_TESTS_ARGS:-} ${GPU_TESTS:-tests} \
     --ignore tests/serve/test_serve_openai_client.py >"$RUN/gpu_tests.log" 2>&1
   echo "gpu tests: exit $?; $(tail -1 "$RUN/gpu_tests.log")"
 }
@@ -225,6 +236,9 @@ serve_probe() {
     case "$option" in
       kv-*) extra+=(--kv-cache "${option#kv-}") ;;
       compile) extra+=(--compile); logs=recompiles ;;
+      fast) extra+=(--accumulate fast) ;;
+      attn-*) extra+=(--attention "${option#attn-}") ;;
+      again) ;;  # the same server again: dir and options as given, the compile cache as the first start left it
       *) echo "unknown option $option in $entry"; return ;;
     esac
   done
@@ -260,8 +274,8 @@ serve_probe() {
   tar czf "$RUN/serve-${budget,,}.tgz" -C "$RUN" --exclude='*/images' "serve-${budget,,}"
 }
 
-COLLECT="run.log gpu_tests.log sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
-EXPORTS="SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+COLLECT="run.log gpu_tests.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
+EXPORTS="ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"

@@ -141,7 +141,7 @@ def test_fused_projections_draw_the_pixels_of_the_separate_layers_on_cuda(
     assert difference.mean() < 0.5 and difference.max() <= 8, (difference.mean(), difference.max())
 
 
-@pytest.mark.parametrize("kind", ["int8", "int8-fp8"])
+@pytest.mark.parametrize("kind", ["int8", "int8-fp8", "fp8-fp8"])
 def test_compiled_blocks_run_the_triton_attention_kernels_to_the_pixels_of_eager_on_cuda(kind: str) -> None:
     """serve --compile --attention KIND: inductor keeps each attention call one op (int8-fp8's TMA descriptors broke
     the graph, and inductor built the int8 kernel with a float64 scale) and draws what the eager pipeline with the
@@ -152,10 +152,18 @@ def test_compiled_blocks_run_the_triton_attention_kernels_to_the_pixels_of_eager
 
     if kind == "int8-fp8" and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the int8-fp8 Triton kernel needs sm_90")
+    fused = (
+        "cudnn-attention-fp8-fp8" if kind == "fp8-fp8" else f"triton-attention-{kind}"
+    )  # cuDNN's for fp8-fp8
+    from ditq.kernels.attention import get_attention_kernel
+
+    ok, why = get_attention_kernel(fused).supports(torch.device("cuda"), torch.bfloat16, 64)
+    if not ok:
+        pytest.skip(why)
 
     def install(pipeline: object) -> object:
         choice = install_quantized_attention(pipeline, kind, torch.device("cuda"), torch.bfloat16)
-        assert choice.path.name == f"triton-attention-{kind}", choice.summary()
+        assert choice.path.name == fused, choice.summary()
         return pipeline
 
     eager_pipeline = load_pipeline(default_model_dir(), device="cuda")
