@@ -4,6 +4,7 @@
 # they define run_stages (which ends by touching "$RUN/finished"), RUN, OUT, COLLECT (the files to copy) and
 # EXPORTS (the variables run_stages reads):
 #   launch      start run_stages in the background, in its own process session, so it outlasts the shell
+#   resume      the same over the run folder as it is (what earlier stages made stays), its log run-resumed.log
 #   wait [S]    follow the log for up to S seconds (default 540), or until the run ends
 #   collect     copy the COLLECT files of $RUN to $OUT
 detached_main() {
@@ -16,10 +17,18 @@ detached_main() {
       setsid nohup bash -c run_stages >"$RUN/run.log" 2>&1 </dev/null &
       echo "launched: $STAGES"
       ;;
+    resume)
+      export -f run_stages
+      # shellcheck disable=SC2086
+      export RUN STAGES $EXPORTS
+      rm -f "$RUN/finished"
+      setsid nohup bash -c run_stages >"$RUN/run-resumed.log" 2>&1 </dev/null &
+      echo "resumed: $STAGES"
+      ;;
     wait)
       local deadline=$((SECONDS + ${2:-540}))
       while [ ! -f "$RUN/finished" ] && [ $SECONDS -lt $deadline ]; do sleep 5; done
-      cat "$RUN/run.log"
+      cat "$RUN/run.log" "$RUN/run-resumed.log" 2>/dev/null
       ;;
     collect)
       mkdir -p "$OUT"

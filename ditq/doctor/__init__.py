@@ -45,7 +45,7 @@ from ditq.doctor.cases import (
 )
 from ditq.doctor.checks import (
     CHECK_DTYPES,
-    FAST_ANALYTIC_TOLERANCE,
+    FAST_ANALYTIC_PER_TERM,
     FAST_FRACTION,
     REL_L2_BOUND,
     ROWS,
@@ -59,7 +59,7 @@ from ditq.doctor.run import check_paths, run_doctor, select_paths
 
 __all__ = [
     "CHECK_DTYPES",
-    "FAST_ANALYTIC_TOLERANCE",
+    "FAST_ANALYTIC_PER_TERM",
     "FAST_FRACTION",
     "REL_L2_BOUND",
     "ROWS",

@@ -8,9 +8,11 @@ A path that accumulates fast (``KernelPath.accumulate``: Hopper's fp8 fast accum
 instead: its relative L2 against the reference within ``FAST_FRACTION`` of the scheme's own quantization error at
 that geometry (``scheme_error``: the reference's output against the unquantized layer's, on the synthetic case's
 weights and inputs), so that it adds at most about 3 % to the error the scheme already makes (sqrt(1 + 1/16)); and on
-the analytic weights within ``FAST_ANALYTIC_TOLERANCE`` of ``in_features``, relative: half an e4m3 step, which a
-narrower accumulator meets (2 % low at K=4096 on an H200) and a broken kernel (NaN, a wrong scale, a collapse)
-does not. The image-level verdict then decides whether it may serve.
+the analytic weights (all-ones products, every partial sum positive: the worst case for a narrow accumulator) below
+``in_features`` by at most ``FAST_ANALYTIC_PER_TERM`` x K of it, and never above it (but for the output dtype's
+rounding): an accumulator that keeps fewer bits only drops low bits. Measured on an H100: 1.95 % low at K=4096 and
+20.3 % low at K=12288 (the bound: 12.5 % and 37.5 %). A NaN, a collapse to zero, a wrong scale (2x high, or low by
+more than the bound) still fail. The image-level verdict then decides whether it may serve.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ditq.schemes import Scheme
 __all__ = [
     "CHECKS_VERSION",
     "CHECK_DTYPES",
-    "FAST_ANALYTIC_TOLERANCE",
+    "FAST_ANALYTIC_PER_TERM",
     "FAST_FRACTION",
     "REL_L2_BOUND",
     "ROWS",
@@ -50,7 +52,7 @@ __all__ = [
 CHECKS_VERSION = 3
 REL_L2_BOUND = 0.005
 FAST_FRACTION = 0.25
-FAST_ANALYTIC_TOLERANCE = 2**-4
+FAST_ANALYTIC_PER_TERM = 2**-15
 ROWS = 512  # M: tokens per check
 CHECK_DTYPES = (torch.bfloat16, torch.float16)
 STEPS = ("load", "scales", "finite", "output")
@@ -191,17 +193,22 @@ def _output_checks(
 def _analytic_fast_output(
     out: torch.Tensor, in_features: int, non_finite: int
 ) -> tuple[str, bool, str, float | None, float | None]:
-    """The analytic answer ``in_features`` for a fast-accumulating path: the largest relative distance of an
-    output from it, within ``FAST_ANALYTIC_TOLERANCE``."""
-    deviation = (
-        float("inf") if non_finite else float((out.to(torch.float64) - in_features).abs().max()) / in_features
-    )
-    ok = deviation <= FAST_ANALYTIC_TOLERANCE
+    """The analytic answer ``in_features`` for a fast-accumulating path: every output at most ``in_features`` as the
+    output dtype holds it (a narrower accumulator only drops bits), and below it by at most
+    ``FAST_ANALYTIC_PER_TERM`` x K, relative; the check's value is the largest relative shortfall."""
+    tolerance = FAST_ANALYTIC_PER_TERM * in_features
+    high = representable_neighbours(float(in_features), out.dtype)[1]
+    values = out.to(torch.float64)
+    above = non_finite > 0 or bool((values > high).any())
+    shortfall = float("inf") if non_finite else float((in_features - values).clamp_min(0).max()) / in_features
+    ok = not above and shortfall <= tolerance
     message = (
-        f"max |out - {in_features}| / {in_features} = {deviation:.3g} ({'<=' if ok else '>'} "
-        f"{FAST_ANALYTIC_TOLERANCE:g}, half an e4m3 step: fast accumulation)"
+        f"an output above {in_features}: not an accumulator dropping bits"
+        if above and not non_finite
+        else f"max ({in_features} - out) / {in_features} = {shortfall:.3g} ({'<=' if ok else '>'} {tolerance:.3g}, "
+        f"K x 2**-15: fast accumulation)"
     )
-    return "output", ok, message, deviation, FAST_ANALYTIC_TOLERANCE
+    return "output", ok, message, shortfall, tolerance
 
 
 def _analytic_output(

@@ -47,24 +47,23 @@ def test_fast_accumulation_error_is_a_small_part_of_the_schemes_own(geometry: tu
     assert errors["scaled-mm-fp8-fast"] <= doctor.FAST_FRACTION * own
 
 
-def test_fast_accumulation_on_the_analytic_case_is_within_half_an_e4m3_step() -> None:
+@pytest.mark.parametrize("k", [4096, 12288])
+def test_fast_accumulation_on_the_analytic_case_only_drops_bits(k: int) -> None:
     fast = _fast()
-    stored = {key: t.cuda() for key, t in analytic_stored(FP8, 256, 4096).items()}
-    out = fast.matmul(
-        torch.ones(8, 4096, dtype=torch.bfloat16, device="cuda"), fast.prepare(stored, "cuda"), None
-    )
-    deviation = float((out.double() - 4096).abs().max()) / 4096
-    print(f"analytic K=4096: max relative deviation {deviation:.4f}")
-    assert deviation <= doctor.FAST_ANALYTIC_TOLERANCE
+    stored = {key: t.cuda() for key, t in analytic_stored(FP8, 256, k).items()}
+    out = fast.matmul(torch.ones(8, k, dtype=torch.bfloat16, device="cuda"), fast.prepare(stored, "cuda"), None)
+    shortfall = float((k - out.double()).max()) / k
+    print(f"analytic K={k}: largest relative shortfall {shortfall:.4f}, outputs {out.unique()[:4].tolist()}")
+    assert float(out.double().max()) <= k and 0 <= shortfall <= doctor.FAST_ANALYTIC_PER_TERM * k
 
 
 def test_the_doctor_and_the_chooser_take_fast_accumulation_only_when_asked() -> None:
     _fast()
-    geometry = doctor.Geometry(3072, 12288)
+    geometry = doctor.Geometry(12288, 3072)  # the MLP's down projection, K = 12288
     (result,) = doctor.check_paths([get_kernel("scaled-mm-fp8-fast")], [geometry], torch.device("cuda"),
                                    dtypes=(torch.bfloat16,), use_cache=False)  # fmt: skip
     print(result.reason, result.worst_rel_l2, result.bound)
     assert result.verdict == "PASS" and result.bound is not None and result.bound > doctor.REL_L2_BOUND
-    exact = doctor.choose_kernel(FP8, "cuda", torch.bfloat16, 3072, 12288)
-    fast = doctor.choose_kernel(FP8, "cuda", torch.bfloat16, 3072, 12288, accumulate="fast")
+    exact = doctor.choose_kernel(FP8, "cuda", torch.bfloat16, 12288, 3072)
+    fast = doctor.choose_kernel(FP8, "cuda", torch.bfloat16, 12288, 3072, accumulate="fast")
     assert exact.path.accumulate == "exact" and fast.path.name == "scaled-mm-fp8-fast"
