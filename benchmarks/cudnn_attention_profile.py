@@ -13,7 +13,6 @@ dequantization), eager and compiled. Times are medians of triton.testing.do_benc
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -57,40 +56,16 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     from ditq.kernels.attention import get_attention_kernel
-    from ditq.kernels.attention.cudnn import _sdpa_fp8
-    from ditq.kernels.attention.reference import quantize_per_tensor
 
     path = get_attention_kernel("cudnn-attention-fp8-fp8")
     ok, why = path.supports(torch.device("cuda"), torch.bfloat16, HEAD_DIM)
     if not ok:
         print(f"cudnn_attention_profile: {why}", file=sys.stderr)
         return 2
-    rows: dict[str, list[dict[str, object]]] = {}
-    for label, keys in SHAPES.items():
-        print(label, flush=True)
-        g = torch.Generator(device="cuda").manual_seed(keys)
-        q = torch.randn(1, QUERIES, HEADS, HEAD_DIM, generator=g, device="cuda").bfloat16()
-        k, v = (torch.randn(1, keys, HEADS, HEAD_DIM, generator=g, device="cuda").bfloat16() for _ in range(2))
-        (q8, qs), (k8, ks), (v8, vs) = (quantize_per_tensor(x) for x in (q, k, v))
-        o_scale = (2 * vs).reciprocal()
-        scale = HEAD_DIM**-0.5
-        bhsd = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q8, k8, v8)]
-
-        def whole() -> torch.Tensor:
-            return path.attend(path.quantize(q, k, path.kind), v, None, None, scale)
-
-        compiled = torch.compile(whole)
-        found = [
-            _row("sdpa bf16 (cuDNN backend)", lambda q=q, k=k, v=v: _sdpa(q, k, v)),
-            _row("cuDNN fp8 op, quantized inputs, BSHD", lambda: _sdpa_fp8(q8, qs, k8, ks, v8, vs, o_scale, scale)),
-            _row("cuDNN fp8 op, quantized inputs, BHSD", lambda: _sdpa_fp8(*_interleave(bhsd, (qs, ks, vs)), o_scale,
-                                                                           scale)),  # fmt: skip
-            _row("quantize Q, K, V (eager)", lambda: (path.quantize(q, k, path.kind), quantize_per_tensor(v))),
-            _row("path: quantize + attend, eager", whole),
-            _row("path: quantize + attend, compiled", compiled),
-        ]
-        rows[label] = found
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    rows = {label: _shape_rows(path, keys) for label, keys in SHAPES.items()}
+    commit = (
+        subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    )
     payload = {"command": " ".join(["python3", *sys.argv]), "git_commit": commit, "gpu": torch.cuda.get_device_name(),
                "torch": torch.__version__, "shapes": {k: [QUERIES, v, HEADS, HEAD_DIM] for k, v in SHAPES.items()},
                "rows": rows}  # fmt: skip
@@ -98,6 +73,36 @@ def main() -> int:
 
     atomic_write_json(args.out, payload)
     return 0
+
+
+def _shape_rows(path: object, keys: int) -> list[dict[str, object]]:
+    """Every row at one key count."""
+    from ditq.kernels.attention.cudnn import _sdpa_fp8
+    from ditq.kernels.attention.reference import quantize_per_tensor
+
+    print(f"{keys} keys", flush=True)
+    g = torch.Generator(device="cuda").manual_seed(keys)
+    q = torch.randn(1, QUERIES, HEADS, HEAD_DIM, generator=g, device="cuda").bfloat16()
+    k, v = (torch.randn(1, keys, HEADS, HEAD_DIM, generator=g, device="cuda").bfloat16() for _ in range(2))
+    (q8, qs), (k8, ks), (v8, vs) = (quantize_per_tensor(x) for x in (q, k, v))
+    o_scale = (2 * vs).reciprocal()
+    scale = HEAD_DIM**-0.5
+    bhsd = _interleave([x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q8, k8, v8)], (qs, ks, vs))
+
+    def whole() -> torch.Tensor:
+        return path.attend(path.quantize(q, k, path.kind), v, None, None, scale)  # type: ignore[attr-defined]
+
+    compiled = torch.compile(whole)
+    return [
+        _row("sdpa bf16 (cuDNN backend)", lambda: _sdpa(q, k, v)),
+        _row(
+            "cuDNN fp8 op, quantized inputs, BSHD", lambda: _sdpa_fp8(q8, qs, k8, ks, v8, vs, o_scale, scale)
+        ),
+        _row("cuDNN fp8 op, quantized inputs, BHSD", lambda: _sdpa_fp8(*bhsd, o_scale, scale)),
+        _row("quantize Q, K, V (eager)", lambda: (path.quantize(q, k, "fp8-fp8"), quantize_per_tensor(v))),  # type: ignore[attr-defined]
+        _row("path: quantize + attend, eager", whole),
+        _row("path: quantize + attend, compiled", compiled),
+    ]
 
 
 def _interleave(tensors: list[torch.Tensor], scales: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:

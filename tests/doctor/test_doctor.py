@@ -390,7 +390,9 @@ def test_a_fast_accumulating_path_is_bounded_by_the_schemes_error_and_still_caug
     assert result.verdict == verdict, result.reason
     analytic = [c for c in result.checks if c.weights == "analytic" and c.step == "output"]
     if verdict == "PASS":
-        assert all(c.bound == doctor.FAST_ANALYTIC_PER_TERM * 4096 and 0 <= c.value < c.bound for c in analytic)
+        assert all(
+            c.bound == doctor.FAST_ANALYTIC_PER_TERM * 4096 and 0 <= c.value < c.bound for c in analytic
+        )
         assert "fast accumulation" in analytic[0].message
     else:
         assert result.reason.startswith(f"{failing}:"), result.reason

@@ -51,7 +51,9 @@ def test_fast_accumulation_error_is_a_small_part_of_the_schemes_own(geometry: tu
 def test_fast_accumulation_on_the_analytic_case_only_drops_bits(k: int) -> None:
     fast = _fast()
     stored = {key: t.cuda() for key, t in analytic_stored(FP8, 256, k).items()}
-    out = fast.matmul(torch.ones(8, k, dtype=torch.bfloat16, device="cuda"), fast.prepare(stored, "cuda"), None)
+    out = fast.matmul(
+        torch.ones(8, k, dtype=torch.bfloat16, device="cuda"), fast.prepare(stored, "cuda"), None
+    )
     shortfall = float((k - out.double()).max()) / k
     print(f"analytic K={k}: largest relative shortfall {shortfall:.4f}, outputs {out.unique()[:4].tolist()}")
     assert float(out.double().max()) <= k and 0 <= shortfall <= doctor.FAST_ANALYTIC_PER_TERM * k
