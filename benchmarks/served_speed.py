@@ -22,12 +22,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ditq.fsutil import atomic_write_json  # noqa: E402
+from ditq.fsutil import atomic_write_json
 
 
 def _server(folder: Path) -> dict[str, Any]:
     health = json.loads((folder / "health.json").read_text())
-    records = [json.loads(line) for line in (folder / "run" / "records.jsonl").read_text().splitlines() if line]
+    records = [
+        json.loads(line) for line in (folder / "run" / "records.jsonl").read_text().splitlines() if line
+    ]
     by_refs: dict[int, list[dict[str, Any]]] = {}
     for record in records:
         by_refs.setdefault(record["n_references"], []).append(record)
