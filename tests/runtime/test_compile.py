@@ -107,3 +107,22 @@ def test_an_eager_server_measures_each_shape_once_after_one_warm_up() -> None:
     calibrate(adapter, torch.device("cpu"), max_pixels=32 * 32, time_budget_s=600)
     shapes = calibration_shapes(adapter, 32 * 32)
     assert len(adapter.calls) == len(shapes) + 1
+
+
+def test_compiled_code_is_kept_in_ditqs_cache_folder_unless_the_environment_names_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from ditq.runtime.compile import compile_cache
+
+    monkeypatch.setenv("DITQ_CACHE_DIR", str(tmp_path / "ditq"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what inductor sets once it has run
+    assert compile_cache() == str(tmp_path / "ditq" / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # a user's own is kept
+    assert compile_cache() == str(tmp_path / "mine")
+    facts = compile_pipeline(tiny_adapter().pipeline, "eager")
+    assert facts.cache == str(tmp_path / "mine")
+    facts.warmed_up(1.5, graphs_at_start=0)
+    shown = facts.to_json()
+    assert shown["cache_hits"] == 0 and shown["cache_misses"] == 0 and "_cache_at_start" not in shown

@@ -305,3 +305,14 @@ def test_sigterm_while_the_model_loads_exits_with_its_own_code_not_an_abort() ->
         rest,
     )
     assert "terminate called" not in rest
+
+
+def test_fast_accumulation_without_the_doctor_is_refused_before_the_server_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 43: fast accumulation is chosen by the doctor's measurement; with --skip-doctor there is none."""
+    assert main(["serve", "--accumulate", "fast", "--skip-doctor", "--port", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "ditq serve: error: --accumulate fast: fast accumulation serves only where the kernel doctor measured it; "
+        "drop --skip-doctor"
+    ]

@@ -37,6 +37,14 @@ def test_every_server_compiles_alike_and_only_candidates_take_the_8_bit_cache(op
     assert "--kv-cache" not in baseline and candidate[candidate.index("--kv-cache") + 1] == "int8"
 
 
+def test_only_candidates_accumulate_fast_and_an_exact_sweep_says_nothing(options: SweepOptions) -> None:
+    fast = dataclasses.replace(options, accumulate="fast")
+    baseline = default_serve_argv(fast.model, 8000, fast, "none")
+    candidate = default_serve_argv(fast.out / "fp8" / "artifact", 8001, fast, "none")
+    assert "--accumulate" not in baseline and candidate[candidate.index("--accumulate") + 1] == "fast"
+    assert "--accumulate" not in default_serve_argv(options.out / "fp8" / "artifact", 8001, options, "none")
+
+
 def test_an_eager_sweep_starts_eager_servers(options: SweepOptions) -> None:
     eager = dataclasses.replace(options, compile=None)
     assert "--compile" not in default_serve_argv(eager.model, 8000, eager, "none")
