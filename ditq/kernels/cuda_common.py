@@ -51,10 +51,10 @@ def triton_available() -> str | None:
 _EAGER_FUNCTIONS: dict[int, Callable[..., torch.Tensor]] = {}
 
 
-def cuda_op(name: str, fn: Callable[..., torch.Tensor]) -> Any:
-    """``fn`` as the CUDA custom op ``name`` (no mutation); the row helpers below call ``fn`` itself outside
-    torch.compile."""
-    op = torch.library.custom_op(name, mutates_args=(), device_types="cuda")(fn)
+def cuda_op(name: str, fn: Callable[..., torch.Tensor], device_types: str | None = "cuda") -> Any:
+    """``fn`` as the custom op ``name`` (no mutation) for ``device_types`` (None: every device); the row helpers
+    below call ``fn`` itself outside torch.compile."""
+    op = torch.library.custom_op(name, mutates_args=(), device_types=device_types)(fn)
     _EAGER_FUNCTIONS[id(op)] = fn
     return op
 

@@ -126,3 +126,44 @@ def test_generate_command_takes_the_option(tmp_path: Path, capsys: pytest.Captur
         plain = torch.from_numpy(np.asarray(image, dtype=np.float32))
     # The bundled demo model, 2 steps at 64x64: 8-bit pixels within a few levels of the plain image.
     assert (quantized - plain).abs().mean() < 3.0
+
+
+@pytest.fixture
+def cudnn_wrapper_on_cpu() -> Iterator[str]:
+    """cuDNN's fp8-fp8 path as a CPU path: its wrapper (quantizing V, the ops, the output's scale, the masked calls'
+    route) with the op's CPU kernel, the same arithmetic in torch ops."""
+    from ditq.kernels.attention.cudnn import attend_cudnn
+    from ditq.kernels.attention.reference import quantize_qk_reference
+
+    register_attention_kernel(name="test-cudnn-wrapper", kind="fp8-fp8", device_type="cpu", priority=500,
+                              quantize=quantize_qk_reference)(attend_cudnn)  # fmt: skip
+    yield "test-cudnn-wrapper"
+    unregister_attention_kernel("test-cudnn-wrapper")
+
+
+@pytest.mark.slow
+def test_the_cudnn_paths_wrapper_compiles_to_two_graphs_and_draws_the_reference_arithmetics_pixels(
+    cudnn_wrapper_on_cpu: str,
+) -> None:
+    """Issue 43: the fp8-fp8 path compiled as a server compiles it. Its masked calls (here every decode call: the
+    demo's prompts come padded) once went through the reference's loop over query chunks, which tied a graph to
+    each sequence length: 8 graphs where the other paths compile 2. They are one op now."""
+    from torch._dynamo.utils import counters
+
+    from ditq.demo import default_model_dir
+    from ditq.runtime.adapter import PipelineAdapter
+    from ditq.runtime.loader import load_pipeline
+    from ditq.serve.cost import calibrate
+
+    eager = load_pipeline(default_model_dir(), device="cpu")
+    reference = install_quantized_attention(eager, "fp8-fp8", torch.device("cpu"), torch.float32)
+    assert reference.path.name == cudnn_wrapper_on_cpu
+    expected = _generate(eager, height=64, width=64)
+    torch._dynamo.reset()
+    compiled = load_pipeline(default_model_dir(), device="cpu", compile="aot_eager")
+    install_quantized_attention(compiled, "fp8-fp8", torch.device("cpu"), torch.float32)
+    graphs, breaks = int(counters["stats"]["unique_graphs"]), sum(counters["graph_break"].values())
+    calibrate(PipelineAdapter(compiled), torch.device("cpu"), max_pixels=64 * 64, time_budget_s=600)
+    assert int(counters["stats"]["unique_graphs"]) - graphs == 2
+    assert sum(counters["graph_break"].values()) == breaks
+    assert relative_l2(_generate(compiled, height=64, width=64), expected) < 1e-3

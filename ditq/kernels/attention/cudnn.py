@@ -178,30 +178,31 @@ def _sdpa_fp8(
     sm_scale: float,
 ) -> torch.Tensor:
     """(B, S_q, H, D), (B, S_kv, H, D) x2 e4m3 with their (1, 1, 1, 1) float32 descales, the output's scale ->
-    the output (B, S_q, H, D) e4m3 (times ``output_scale``); where cuDNN declined the shape, the same arithmetic
-    in torch ops."""
-    import cudnn
-
-    plan = _plan(query, key, value, sm_scale)
+    the output (B, S_q, H, D) e4m3 (times ``output_scale``); where cuDNN declined the shape, or off CUDA, the same
+    arithmetic in torch ops."""
+    plan = _plan(query, key, value, sm_scale) if query.is_cuda else None
     if plan is None:
         qk = QuantizedQK("fp8-fp8", query, query_descale, key, key_descale)
         # V as its e4m3 values: quantized again per tensor, it rounds to the same values at the same scale
         out = attend_reference(qk, value.to(torch.float32) * value_descale, None, None, sm_scale)
-        return (out * output_scale).to(torch.float8_e4m3fn)
+        return (out * output_scale).to(torch.float8_e4m3fn).contiguous()  # the fake's layout
     out = torch.empty(query.shape, dtype=torch.float8_e4m3fn, device=query.device)
     descale_s, scale_s = _constants(query.device)
     d = plan.descriptors
     pack = {d["q"]: query, d["k"]: key, d["v"]: value, d["descale_q"]: query_descale, d["descale_k"]: key_descale,
             d["descale_v"]: value_descale, d["descale_s"]: descale_s, d["scale_s"]: scale_s,
             d["scale_o"]: output_scale, d["out"]: out, d["amax_s"]: plan.amax[0], d["amax_o"]: plan.amax[1]}  # fmt: skip
+    import cudnn
+
     handle = _handle(query.device)
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(query.device).cuda_stream)
     plan.graph.execute(pack, plan.workspace, handle=handle)
     return out
 
 
-# One custom op: torch.compile keeps the call whole (the graph's host-side execution cannot be traced).
-_sdpa_op = cuda_op("ditq::cudnn_sdpa_fp8", _sdpa_fp8)
+# One custom op: torch.compile keeps the call whole (the graph's host-side execution cannot be traced). On other
+# devices than CUDA it computes the same arithmetic in torch ops, so that the path's wrapper is tested on the CPU.
+_sdpa_op = cuda_op("ditq::cudnn_sdpa_fp8", _sdpa_fp8, device_types=None)
 
 
 @_sdpa_op.register_fake
@@ -209,6 +210,33 @@ def _sdpa_fake(query: torch.Tensor, query_descale: torch.Tensor, key: torch.Tens
                value: torch.Tensor, value_descale: torch.Tensor, output_scale: torch.Tensor,
                sm_scale: float) -> torch.Tensor:  # fmt: skip
     return query.new_empty(query.shape, dtype=torch.float8_e4m3fn)
+
+
+def _masked(
+    query: torch.Tensor,
+    query_descale: torch.Tensor,
+    key: torch.Tensor,
+    key_descale: torch.Tensor,
+    value: torch.Tensor,
+    key_valid: torch.Tensor | None,
+    causal_offset: int | None,
+    sm_scale: float,
+) -> torch.Tensor:
+    """A masked call: the kind's reference arithmetic on the quantized Q and K -> (B, S_q, H, D) in V's dtype."""
+    qk = QuantizedQK("fp8-fp8", query, query_descale, key, key_descale)
+    return attend_reference(qk, value, key_valid, causal_offset, sm_scale).contiguous()  # the fake's layout
+
+
+# Masked calls as one op too: traced, the reference's loop over query chunks would tie a compiled graph to each
+# sequence length (a recompilation per shape).
+_masked_op = cuda_op("ditq::cudnn_sdpa_fp8_masked", _masked, device_types=None)
+
+
+@_masked_op.register_fake
+def _masked_fake(query: torch.Tensor, query_descale: torch.Tensor, key: torch.Tensor, key_descale: torch.Tensor,
+                 value: torch.Tensor, key_valid: torch.Tensor | None, causal_offset: int | None,
+                 sm_scale: float) -> torch.Tensor:  # fmt: skip
+    return value.new_empty(query.shape)
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -225,7 +253,8 @@ def attend_cudnn(
     """cuDNN's fp8 flash attention (sdpa_fp8): e4m3 Q . K^T and P . V, e4m3 output; masked calls and shapes cuDNN
     declines run the same arithmetic in torch ops."""
     if key_valid is not None or causal_offset is not None:
-        return attend_reference(qk, value, key_valid, causal_offset, sm_scale)
+        return direct(_masked_op)(qk.query, qk.query_scale, qk.key, qk.key_scale, value, key_valid, causal_offset,
+                                  float(sm_scale))  # fmt: skip
     v_q, v_scale = quantize_per_tensor(value)
     output_descale = OUTPUT_HEADROOM * v_scale
     out = direct(_sdpa_op)(_last_dim_contiguous(qk.query), qk.query_scale, _last_dim_contiguous(qk.key),
