@@ -9,17 +9,20 @@ the doctor and the sweep read the same words the same way:
   (bfloat16 matmuls there are many times slower) and bfloat16 on an accelerator;
 - offload: where the weights wait while a pipeline runs (``ditq.runtime.offload`` applies it).
 
-Errors are one line naming the option, e.g. ``--device cuda:3: this machine has 1 CUDA device``.
+Errors are one line naming the option, e.g. ``--device cuda:3: this machine has 1 CUDA device``. torch is imported
+when a device or dtype is resolved, not with this module: every command's ``--help`` reads its choices from here.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ditq.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "DEVICE_CHOICES",
@@ -36,12 +39,7 @@ __all__ = [
 
 # What --device accepts (cuda:N for any N below the device count); shown in --help and in errors.
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")
-DTYPES: dict[str, torch.dtype] = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-}
-DTYPE_CHOICES = tuple(DTYPES)
+DTYPE_CHOICES = ("bfloat16", "float16", "float32")  # DTYPES' keys: the compute dtypes, by torch's names
 # The compute dtype when --dtype is not given, per device type.
 _DEFAULT_DTYPES = {"cpu": "float32", "cuda": "bfloat16"}
 # none: every component on the device; auto: placed by how often each runs (the denoiser resident first, the
@@ -54,8 +52,19 @@ OFFLOAD_LADDER_AUTO = ("auto", "block")
 _DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
 
+def __getattr__(name: str) -> Any:
+    """``DTYPES`` (name -> torch.dtype, the names of DTYPE_CHOICES), built on first use: torch loads then."""
+    if name == "DTYPES":
+        import torch
+
+        return {choice: getattr(torch, choice) for choice in DTYPE_CHOICES}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def resolve_device(device: str | torch.device, option: str = "--device") -> torch.device:
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` as a torch.device that exists here."""
+    import torch
+
     text = str(device).strip()
     if not _DEVICE_PATTERN.fullmatch(text):
         raise InputError(f"{option} {text!r}: not a device (choose from {', '.join(DEVICE_CHOICES)})")
@@ -73,6 +82,8 @@ def resolve_device(device: str | torch.device, option: str = "--device") -> torc
 
 def default_dtype(device: str | torch.device) -> str:
     """The compute dtype's name when none is given: float32 on the CPU, bfloat16 on CUDA."""
+    import torch
+
     return _DEFAULT_DTYPES[torch.device(device).type]
 
 
@@ -80,16 +91,19 @@ def resolve_dtype(
     dtype: str | torch.dtype | None, device: str | torch.device, option: str = "--dtype"
 ) -> torch.dtype:
     """A dtype name (or a torch.dtype) as a torch.dtype; None is the default for ``device``'s type."""
+    import torch
+
+    dtypes: dict[str, torch.dtype] = __getattr__("DTYPES")
     if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
+        if dtype not in dtypes.values():
             raise InputError(
                 f"{option} {dtype}: not a compute dtype (choose from {', '.join(DTYPE_CHOICES)})"
             )
         return dtype
     name = default_dtype(device) if dtype is None else dtype
-    if name not in DTYPES:
+    if name not in dtypes:
         raise InputError(f"{option} {name!r}: not a compute dtype (choose from {', '.join(DTYPE_CHOICES)})")
-    return DTYPES[name]
+    return dtypes[name]
 
 
 def resolve_offload(mode: str, option: str = "--offload") -> str:

@@ -27,10 +27,27 @@ __all__ = [
     "open_regular",
     "sha256_file",
     "sweep_stale_temporaries",
+    "user_mode",
 ]
 
 _TMP_MARK = ".ditq-tmp-"
 _LOCK_MARK = ".ditq-lock-"
+
+
+def _read_umask() -> int:
+    """The process's umask (setting it is the only way to read it; done once, at import, before any thread)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
+def user_mode(directory: bool = False) -> int:
+    """The mode ``open`` or ``mkdir`` would give a new file (0o666) or folder (0o777) under the user's umask: what a
+    temporary (made 0o600 or 0o700, private while it is written) becomes once it is the output."""
+    return (0o777 if directory else 0o666) & ~_UMASK
 
 
 def file_kind(mode: int) -> str:
@@ -72,6 +89,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f"{_TMP_MARK}{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, user_mode())
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -143,6 +161,7 @@ def atomic_directory(final: Path, force: bool = False) -> Iterator[Path]:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_MARK}{final.name}.", dir=final.parent))
     try:
+        os.chmod(tmp, user_mode(directory=True))
         yield tmp
         if final.exists():
             old = final.with_name(f"{_TMP_MARK}{final.name}.old")

@@ -121,6 +121,10 @@ _ALIASES: dict[str, str] = {
 }
 
 
+# Names that fit more than one scheme: each is named, none guessed.
+_INT8_BOTH = "w8a16 (int8 weights, activations untouched) or w8a8 (int8 weights and activations)"
+_AMBIGUOUS: dict[str, str] = {"int8": _INT8_BOTH, "w8": _INT8_BOTH, "8bit": _INT8_BOTH + ", or fp8"}
+
 # Names of schemes of another width (NVFP4, MXFP4, W4A16, int4, NF4, GPTQ/AWQ's 4-bit...): refused as what they are,
 # not answered with the nearest 8-bit name.
 _NOT_8_BIT = re.compile(r"fp4|int4|nf4|w4|a4|4bit|mxfp6|fp6|int2|w2|w3|int3|gptq|awq|marlin")
@@ -134,6 +138,8 @@ def get_scheme(name: str, group_size: int | None = None) -> Scheme:
             f"scheme {name!r}: ditq implements 8-bit schemes only ({', '.join(SCHEMES)}); "
             "4-bit and other widths are not supported"
         )
+    if key in _AMBIGUOUS:
+        raise InputError(f"scheme {name!r} fits more than one scheme: {_AMBIGUOUS[key]}; choose one")
     if key not in _ALIASES:
         close = difflib.get_close_matches(key, list(_ALIASES), n=1, cutoff=0.5)
         hint = f"; did you mean {_ALIASES[close[0]]!r}?" if close else ""

@@ -5,7 +5,9 @@ always: a local folder wins over a hub id of the same spelling. A ``str`` that d
 ``org/name`` or ``org/name@revision`` (no ``..``, nothing absolute, the hub's own rules for names) is resolved by
 ``huggingface_hub.snapshot_download`` into the cache that ``HF_HUB_CACHE``, else ``HF_HOME``/hub, names, read from
 the environment at the call (so a setting made after import counts). ``HF_HUB_OFFLINE`` (or ``local_files_only``)
-reads the cache only. Anything else is returned as a path, for the caller's own "not a directory".
+reads the cache only, and a lookup that may go to the network says so first (logged). A missing ``str`` whose first
+component exists here (``artifacts/typo`` beside a folder ``artifacts``) is a mistyped path: refused, never looked
+up. Anything else is returned as a path, for the caller's own "not a directory".
 
 Only what ditq and diffusers read is fetched: ``model_index.json`` and, in each component folder, its JSON
 configs, safetensors weights (the requested variant's and the default ones; without a variant, the default
@@ -18,13 +20,22 @@ The snapshot folder names its repository and commit (``.../models--org--name/sna
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
 
 from ditq.errors import InputError
 
-__all__ = ["hub_cache_dir", "hub_origin", "hub_patterns", "parse_hub_id", "resolve_model"]
+__all__ = [
+    "hub_cache_dir",
+    "hub_origin",
+    "hub_patterns",
+    "parse_hub_id",
+    "refuse_missing_local",
+    "refuse_missing_source",
+    "resolve_model",
+]
 
 _ALLOW_PATTERNS = (
     "model_index.json",
@@ -43,6 +54,7 @@ _VARIANT_PATTERNS = ("*/*.*.safetensors", "*/*.safetensors.index.*.json")
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
 _HUB_ID = re.compile(rf"^(?P<repo>{_NAME}/{_NAME})(?:@(?P<revision>[A-Za-z0-9][A-Za-z0-9._/-]*))?$")
 _SNAPSHOT = re.compile(r"^models--(?P<org>[^/]+?)--(?P<name>[^/]+)$")
+log = logging.getLogger(__name__)
 _ELSEWHERE = "point HF_HOME or HF_HUB_CACHE at a cache that holds it, or give a local path"
 
 
@@ -100,6 +112,7 @@ def resolve_model(spec: str | Path, variant: str | None = None, local_files_only
     """
     if isinstance(spec, Path) or Path(spec).exists() or (parsed := parse_hub_id(spec)) is None:
         return Path(spec)
+    refuse_missing_local(spec)
     repo_id, revision = parsed
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
@@ -112,6 +125,8 @@ def resolve_model(spec: str | Path, variant: str | None = None, local_files_only
 
     cache = hub_cache_dir()
     offline = "local_files_only" if local_files_only else "HF_HUB_OFFLINE" if _offline() else None
+    if offline is None:
+        log.info("%s: not a local directory; fetching it from the hub into %s (network)", spec, cache)
     allow, ignore = hub_patterns(variant)
     try:
         folder = snapshot_download(
@@ -138,6 +153,27 @@ def resolve_model(spec: str | Path, variant: str | None = None, local_files_only
     except HfHubHTTPError as error:
         raise InputError(f"{spec}: the hub answered {error.response.status_code}; {_ELSEWHERE}") from None
     return Path(folder)
+
+
+def refuse_missing_local(spec: str) -> None:
+    """A missing ``spec`` whose first component exists here (``artifacts/typo`` beside a folder ``artifacts``) is a
+    mistyped path, never a hub id: an InputError naming it. (One that starts with ``./``, ``../``, ``/`` or ``~``
+    never reads as a hub id.)"""
+    first = Path(spec).parts[0]
+    if Path(first).exists():
+        raise InputError(
+            f"{spec}: no such directory ({first} exists here, so it is read as a path, not looked up on the hub)"
+        )
+
+
+def refuse_missing_source(spec: str | Path) -> None:
+    """A source that is not a hub id and is not a directory: an InputError naming it, said before anything about
+    the output (the order a user fixes them)."""
+    if isinstance(spec, str) and not Path(spec).exists() and parse_hub_id(spec) is not None:
+        refuse_missing_local(spec)
+        return  # a hub id: resolve_model looks it up
+    if not Path(spec).is_dir():
+        raise InputError(f"{spec}: {'not a directory' if Path(spec).exists() else 'no such directory'}")
 
 
 def _not_cached(spec: str, repo_id: str, revision: str | None, cache: Path, offline: str | None) -> str:

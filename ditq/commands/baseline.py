@@ -9,6 +9,7 @@ from ditq.commands import add_compile_argument, add_variant_argument, compile_ba
 from ditq.commands.probe import add_api_key_argument, add_matrix_arguments
 from ditq.devices import add_device_arguments
 from ditq.judge.baseline import BaselineOptions, make_baseline
+from ditq.probe.fixtures import parse_seeds
 from ditq.probe.records import is_success, latest_by_key, read_records
 from ditq.runfiles import RECORDS_FILE
 
@@ -32,13 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    seeds = parse_seeds(args.seeds)  # before anything runs: a bad --seeds is one line
     summary = make_baseline(
         BaselineOptions(
             model=resolve_model(args.model, args.variant),
             fixtures=args.fixtures,
             refs=args.refs,
             out=args.out,
-            seeds=args.seeds,
+            seeds=seeds,
             only=args.only.split(",") if args.only else None,
             steps=args.steps,
             true_cfg_scale=args.cfg,

@@ -10,7 +10,7 @@ from ditq.commands import compile_backend
 from ditq.commands.sweep import add_sweep_arguments, print_verdicts, stop_on_sigterm
 from ditq.demo.settings import DEMO, demo_fixtures
 from ditq.devices import resolve_device
-from ditq.sweep import SCHEME_STAGES, SweepOptions, run_sweep
+from ditq.sweep import SCHEME_STAGES, SweepOptions, check_seeds, run_sweep
 
 __all__ = ["add_arguments", "run"]
 
@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from ditq import demo
 
     started = time.monotonic()
+    check_seeds(args.seeds or DEMO.seeds, args.max_seeds)  # before the fixtures are written under --out
     options = SweepOptions(
         model=demo.default_model_dir(),
         schemes=DEMO.schemes,

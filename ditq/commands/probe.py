@@ -34,7 +34,7 @@ def add_matrix_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--refs", type=Path, required=True, help="directory of reference images, REF.png")
     parser.add_argument("--out", type=Path, required=True, help="run directory (created; rerun to resume)")
     parser.add_argument(
-        "--seeds", type=parse_seeds, default=parse_seeds(DEFAULT_SEEDS), help="e.g. 2301-2304 or 1,2,5"
+        "--seeds", default=DEFAULT_SEEDS, help=f"e.g. 2301-2304 or 1,2,5 (default {DEFAULT_SEEDS})"
     )
     parser.add_argument("--steps", type=int, default=20, help="num_inference_steps (default 20)")
     parser.add_argument("--cfg", type=float, default=1.0, help="true_cfg_scale (default 1.0)")
@@ -76,13 +76,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    seeds = parse_seeds(args.seeds)  # before anything runs: a bad --seeds is one line
     endpoints = [url for value in args.endpoint for url in value.split(",") if url.strip()]
     summary = run_probe(
         ProbeOptions(
             endpoints=endpoints,
             fixtures=args.fixtures,
             refs=args.refs,
-            seeds=args.seeds,
+            seeds=seeds,
             out=args.out,
             steps=args.steps,
             true_cfg_scale=args.cfg,

@@ -15,7 +15,7 @@ from ditq.judge.compare import MAX_SEEDS
 from ditq.report import ReportResult
 from ditq.runtime.kv_cache import KV_CACHE_KINDS
 from ditq.schemes import get_scheme
-from ditq.sweep import SweepOptions, parse_endpoint_for, parse_offload, run_sweep
+from ditq.sweep import SweepOptions, check_seeds, parse_endpoint_for, parse_offload, run_sweep
 
 __all__ = ["add_arguments", "add_sweep_arguments", "print_verdicts", "run", "stop_on_sigterm"]
 
@@ -154,6 +154,7 @@ def stop_on_sigterm() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_seeds(args.seeds, args.max_seeds)  # before the model is looked for (on the hub, say)
     schemes = tuple(dict.fromkeys(get_scheme(s.strip()).name for s in args.schemes.split(",") if s.strip()))
     options = SweepOptions(
         model=resolve_model(args.model, args.variant),

@@ -36,7 +36,7 @@ from typing import Any
 
 from ditq.checkpoint.codecs import codec_for
 from ditq.checkpoint.component import check_component_classes
-from ditq.checkpoint.hub import hub_origin, resolve_model
+from ditq.checkpoint.hub import hub_origin, refuse_missing_source, resolve_model
 from ditq.checkpoint.layout import (
     MODEL_INDEX,
     check_components_present,
@@ -106,6 +106,15 @@ DEFAULTS: dict[str, Any] = {
 class QuantizeResult:
     path: Path
     manifest: dict[str, Any]
+
+    def __repr__(self) -> str:
+        """One line (the manifest is kilobytes): the path, the scheme and components, the tensors quantized."""
+        options, stats = self.manifest.get("options", {}), self.manifest.get("statistics", {})
+        how = options.get("scheme") or ("plan" if options.get("plan") else None)
+        return (
+            f"QuantizeResult(path={str(self.path)!r}, scheme={how!r}, components={options.get('components')!r}, "
+            f"quantized_tensors={stats.get('quantized_tensors')!r})"
+        )
 
 
 @dataclass(frozen=True)
@@ -557,6 +566,7 @@ def quantize(
     checked = None if plan is None else _checked_plan(plan, scheme, named, targets, ignore, group_size)
     chosen = None if checked is not None else get_scheme(scheme or DEFAULTS["scheme"], group_size)
     output = Path(output).resolve()
+    refuse_missing_source(source)  # the source before the destination: the order a user fixes them
     # Said at once, before the survey (or a download); checked again under the lock.
     if output.exists() and not force:
         raise InputError(f"{output}: already exists (use --force to replace it)")

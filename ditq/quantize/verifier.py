@@ -106,6 +106,14 @@ class VerifyReport:
         checked = [c for c in self.checks if c.applicable]
         return bool(checked) and all(c.ok for c in checked)
 
+    def __repr__(self) -> str:
+        """One line (``table()`` has the checks, ``tensors`` one entry per tensor): the verdict and the counts."""
+        checked = [c for c in self.checks if c.applicable]
+        return (
+            f"VerifyReport(artifact={self.artifact!r}, ok={self.ok}, passed={sum(c.ok for c in checked)}/"
+            f"{len(checked)}, tensors={len(self.tensors)})"
+        )
+
     def add(self, name: str, problems: list[str], passed: str) -> None:
         """Record a check that fails with the first few problems, or passes with ``passed``."""
         detail = passed if not problems else f"{len(problems)} problem(s): " + "; ".join(problems[:5])

@@ -170,7 +170,7 @@ def assess(
         objective=objective,
         standard=rules.standard,
         standards=STANDARD_RULES,
-        recommendation=recommend(assessments, baseline_profile, rules),
+        recommendation=recommend(assessments, baseline_profile, rules, baseline.name),
         note=note,
         memory_budget=", ".join(sorted(budgets)) if budgets else None,
         baseline=BaselineEntry(name=baseline.name, run=str(baseline.run.path), profile=baseline_profile),

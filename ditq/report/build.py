@@ -41,6 +41,10 @@ class ReportResult:
     def verdicts(self) -> dict[str, str]:
         return {c.name: c.verdict for c in self.data.document.candidates}
 
+    def __repr__(self) -> str:
+        """One line (``data`` holds every run): where the report is, and each candidate's verdict."""
+        return f"ReportResult(html={str(self.html)!r}, verdicts={self.verdicts!r})"
+
 
 _REPORT_FILES = ("verdict.json", "REPORT.md", "report.html")
 

@@ -308,8 +308,8 @@ def report_blocks(report: ReportData, charts: dict[str, Path | None], grids: lis
     blocks += [
         Heading(2, f"Comparison with {base.name} and between candidates"),
         _text(
-            "Seconds per image by reference count (mean / median of warm requests); (×N) is the speed-up over "
-            "the baseline at the same count."
+            "Seconds per image by reference count (mean / median of warm requests); (N× the baseline's time) "
+            "is the candidate's mean over the baseline's at the same count: below 1 is faster."
         ),
         comparison_table(report),
         Heading(2, f"{base.name} (baseline)"),

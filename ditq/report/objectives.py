@@ -30,7 +30,7 @@ from ditq.report.schema import (
     ReasonEntry,
     ServingProfile,
 )
-from ditq.report.settle import settle_command
+from ditq.report.settle import settle_command, speed_settle_command
 from ditq.report.verdict import STANDARDS, Reason, VerdictRules, decide, fit_answer
 
 __all__ = ["fidelity_intervals", "fit_by_standard", "objectives", "size_answer", "speed_answer"]
@@ -119,10 +119,19 @@ def fit_by_standard(
     return out
 
 
-def _ratio_text(entry: IntervalEntry) -> str:
+def _ratio_text(entry: IntervalEntry, of: str) -> str:
+    """'0.78× [0.41, 1.50] float32's time (4 requests)': a time ratio, always the candidate's over ``of``'s."""
     if entry.low is None or entry.high is None:
-        return f"{entry.estimate:.2f}x (one request each, no interval)"
-    return f"{entry.estimate:.2f}x [{entry.low:.2f}, {entry.high:.2f}] over {entry.n} requests"
+        return f"{entry.estimate:.2f}× {of} (one request each, no interval)"
+    return f"{entry.estimate:.2f}× [{entry.low:.2f}, {entry.high:.2f}] {of} ({entry.n} requests)"
+
+
+def on_cpu(candidate: Candidate) -> bool:
+    """The candidate's images were made on a CPU: its timings are reference kernels', not a speed measurement."""
+    return candidate.run is not None and (candidate.run.device or "").startswith("cpu")
+
+
+REFERENCE_KERNELS = "reference kernels: not a speed measurement"  # what CPU timings are, said where shown
 
 
 def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> ObjectiveAnswer:
@@ -147,7 +156,18 @@ def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules)
             "no_speed_comparison", f"No reference count was served by both it and {baseline.name}."
         )
         return ObjectiveAnswer(answer="UNDECIDED", reasons=_entries([reason]), intervals=[])
-    reasons = []
+    if on_cpu(candidate) or on_cpu(baseline):
+        first, whose = intervals[0], f"{baseline.name}'s time"
+        reason = Reason(
+            "reference_kernels",
+            f"Timed on a CPU ({REFERENCE_KERNELS}): seconds per image {_ratio_text(first, whose)} at "
+            f"{first.subject}, shown for information only; the same run on a GPU answers it.",
+        )
+        command = speed_settle_command(candidate, baseline, intervals, gpu=True)
+        return ObjectiveAnswer(
+            answer="UNDECIDED", reasons=_entries([reason]), intervals=intervals, settle_command=command
+        )
+    reasons, whose = [], f"{baseline.name}'s"
     for decision, code, words in (
         ("slower", "slower_than_baseline", "Slower than"),
         ("same", "same_speed_as_baseline", "As fast as, not faster than,"),
@@ -165,7 +185,7 @@ def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules)
             )
             message = (
                 f"{words} {baseline.name} at {counts} reference(s): {measured} "
-                f"{_ratio_text(chosen[0])} of {baseline.name}'s at {chosen[0].subject} "
+                f"{_ratio_text(chosen[0], whose)} at {chosen[0].subject} "
                 f"(tolerance {rules.slower_tolerance:.0%})"
             )
             if decision == "undecided":
@@ -176,7 +196,10 @@ def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules)
     answer: Answer = (
         "NO" if decisions & {"slower", "same"} else "UNDECIDED" if "undecided" in decisions else "YES"
     )
-    return ObjectiveAnswer(answer=answer, reasons=_entries(reasons), intervals=intervals)
+    command = speed_settle_command(candidate, baseline, intervals) if answer == "UNDECIDED" else None
+    return ObjectiveAnswer(
+        answer=answer, reasons=_entries(reasons), intervals=intervals, settle_command=command
+    )
 
 
 def _speed_interval(
@@ -240,7 +263,7 @@ def size_answer(profile: ServingProfile, baseline: ServingProfile, baseline_name
     reasons = [
         Reason(
             "smaller_weights" if weights < 1 else "larger_weights",
-            f"Weights {weights:.2f}x of {baseline_name}'s ({profile.weight_bytes} vs {baseline.weight_bytes} bytes).",
+            f"Weights {weights:.2f}× {baseline_name}'s ({profile.weight_bytes} vs {baseline.weight_bytes} bytes).",
         )
     ]
     larger_peak = False
@@ -254,7 +277,7 @@ def size_answer(profile: ServingProfile, baseline: ServingProfile, baseline_name
         )
         if larger_peak:
             reasons.append(
-                Reason("larger_peak_memory", f"Peak memory {peak:.2f}x of {baseline_name}'s, measured once.")
+                Reason("larger_peak_memory", f"Peak memory {peak:.2f}× {baseline_name}'s, measured once.")
             )
     answer: Answer = "YES" if weights < 1 and not larger_peak else "NO"
     return ObjectiveAnswer(answer=answer, reasons=_entries(reasons), intervals=intervals)

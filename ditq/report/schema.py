@@ -61,6 +61,7 @@ ReasonCode = Literal[
     "same_speed_as_baseline",
     "undecided_speed",
     "no_speed_comparison",
+    "reference_kernels",
     "smaller_weights",
     "larger_weights",
     "larger_peak_memory",
@@ -191,7 +192,8 @@ class ObjectiveAnswer(_Strict):
     intervals: list[IntervalEntry]
     settle_command: str | None = Field(
         default=None,
-        description="for an UNDECIDED answer that more seeds can decide: the command that adds them",
+        description="for an UNDECIDED answer: the command that settles it (more seeds, more requests, or the "
+        "same sweep on a GPU for CPU timings); null for a YES or NO",
     )
 
 

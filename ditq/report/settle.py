@@ -1,6 +1,7 @@
-"""The command that settles an UNDECIDED fidelity answer: the same sweep again with ``--seeds auto``, as many
+"""The command that settles an UNDECIDED answer. Fidelity: the same sweep again with ``--seeds auto``, as many
 seeds as the undecided fixtures need (a sweep resumes, so only the new seeds run), or for runs made by hand the
-probes of the baseline and the candidate at those seeds."""
+probes of the baseline and the candidate at those seeds. Speed: more requests the same way, or, for CPU timings
+(reference kernels), the same sweep on a GPU."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ditq.report.model import Candidate, RunData
 from ditq.report.schema import IntervalEntry, StandardName
 from ditq.runfiles import SWEEP_FILE, HttpOptions, SweepFile, read_model
 
-__all__ = ["settle_command"]
+__all__ = ["settle_command", "speed_settle_command"]
 
 _DROP_WITH_VALUE = ("--seeds", "--max-seeds", "--standard")
 
@@ -67,6 +68,41 @@ def _probe(run: RunData, seeds: str) -> str | None:
     argv += ["--fixtures", facts.fixtures_file, "--refs", facts.refs_dir, "--seeds", seeds]
     argv += ["--steps", str(facts.steps), "--cfg", f"{facts.true_cfg_scale:g}", "--out", str(run.path)]
     return shlex.join(argv)
+
+
+def speed_settle_command(
+    candidate: Candidate, baseline: Candidate, intervals: list[IntervalEntry], gpu: bool = False
+) -> str | None:
+    """The command that settles an UNDECIDED speed answer. Timed on a CPU (``gpu``): the same sweep on a GPU
+    (``--device cuda``), since reference kernels' times say nothing of a GPU's. Else more requests: the sweep again
+    (it resumes) with as many seeds as the undecided reference count's interval asks for, spread over the fixtures
+    at that count; or, for runs made by hand, the probes of both at those seeds. None when the runs do not say
+    how they were made, or no number of requests would settle it."""
+    if candidate.run is None or baseline.run is None:
+        return None
+    sweep = _sweep_file(candidate.run)
+    if gpu:
+        if sweep is None:
+            return None
+        return shlex.join([*_without(shlex.split(sweep.command), ("--device",)), "--device", "cuda"])
+    seeds = 0
+    for entry in intervals:
+        if entry.decision != "undecided" or entry.samples_to_settle is None:
+            continue
+        k = int(entry.subject.split()[0])
+        fixtures = len({r.fixture_id for r in candidate.run.records_with(k)}) or 1
+        seeds = max(seeds, -(-entry.samples_to_settle // fixtures))  # requests at count k -> seeds
+    if not seeds:
+        return None
+    first = min(candidate.run.run_file.seeds) if candidate.run.run_file and candidate.run.run_file.seeds else 0
+    text = seeds_text(list(range(first, first + seeds)))
+    if sweep is not None:
+        return shlex.join([*_without(shlex.split(sweep.command), ("--seeds", "--max-seeds")), "--seeds", text])
+    steps = [_probe(baseline.run, text), _probe(candidate.run, text)]
+    if any(step is None for step in steps):
+        return None
+    run, base = shlex.quote(str(candidate.run.path)), shlex.quote(str(baseline.run.path))
+    return " ; ".join([*(s for s in steps if s is not None), f"ditq report {run} --baseline {base}"])
 
 
 def settle_command(

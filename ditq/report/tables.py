@@ -202,12 +202,23 @@ def _interval_cell(entry: IntervalEntry) -> str:
         if entry.low is None or entry.high is None:
             return f"{entry.estimate:{spec}}{unit}"
         return f"{entry.estimate:{spec}} [{entry.low:{spec}}, {entry.high:{spec}}]{unit}"
-    unit = " dB" if entry.measure == "psnr_minus_reference_db" else "x"
-    if entry.low is None or entry.high is None:
-        return f"{entry.estimate:+.2f}{unit}" if unit == " dB" else f"{entry.estimate:.2f}{unit}"
-    if unit == " dB":
+    if entry.measure == "psnr_minus_reference_db":
+        if entry.low is None or entry.high is None:
+            return f"{entry.estimate:+.2f} dB"
         return f"{entry.estimate:+.2f} [{entry.low:+.2f}, {entry.high:+.2f}] dB"
-    return f"{entry.estimate:.2f} [{entry.low:.2f}, {entry.high:.2f}]x"
+    of = _RATIO_OF[entry.measure]  # a ratio: always the candidate's over the baseline's
+    if entry.low is None or entry.high is None:
+        return f"{entry.estimate:.2f}× {of}"
+    return f"{entry.estimate:.2f}× [{entry.low:.2f}, {entry.high:.2f}] {of}"
+
+
+# what a ratio (candidate / baseline) is a multiple of: one wording for one direction, everywhere
+_RATIO_OF = {
+    "time_ratio": "the baseline's time",
+    "device_time_ratio": "the baseline's device-time",
+    "weight_ratio": "the baseline's weights",
+    "peak_memory_ratio": "the baseline's peak",
+}
 
 
 def _n_cell(entry: IntervalEntry) -> str:
@@ -258,14 +269,14 @@ def _cell(row: CapacityRow | None, baseline: CapacityRow | None) -> str:
         return "OOM" if row.out_of_memory else "failed"
     text = f"{row.wall_mean_s:.2f} / {_num(row.wall_median_s)} s"
     if baseline is not None and baseline.wall_mean_s:
-        text += f" (×{baseline.wall_mean_s / row.wall_mean_s:.2f})"
+        text += f" ({row.wall_mean_s / baseline.wall_mean_s:.2f}× the baseline's time)"
     elif baseline is not None and baseline.out_of_memory:
         text += " (baseline OOM)"
     return text
 
 
 def comparison_table(report: ReportData) -> Table:
-    """One row per candidate (BF16 first): seconds per image by reference count, speed-up vs BF16."""
+    """One row per candidate (BF16 first): seconds per image by reference count, as a multiple of BF16's time."""
     counts = report.reference_counts
     base = {row.n_references: row for row in report.baseline_matrix}
     entries: list[tuple[Candidate, list[CapacityRow], str]] = [

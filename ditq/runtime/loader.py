@@ -47,6 +47,7 @@ from ditq.runtime.fuse import fuse_projections, stored_layer_count
 from ditq.runtime.meta import build_empty, parameters_on_meta
 from ditq.runtime.modules import QuantizedLinear, quantized_linears
 from ditq.runtime.offload import apply_offload
+from ditq.runtime.processors import missing_library, processors_without_video
 from ditq.runtime.swap import swap_quantized_linears
 from ditq.runtime.unused import drop_unused as drop_unused_modules
 from ditq.schemes import Scheme
@@ -427,12 +428,15 @@ def load_pipeline(
         raise InputError(f"{model_dir}: no component has {variant} variant weights")
     with _without_diffusers_bars():
         try:
+            # a Qwen-VL processor without torchvision: its image processor and tokenizer, no video processor
+            processors = processors_without_video(model_dir, index, classes)
             pipeline = cls.from_pretrained(  # type: ignore[attr-defined]
                 str(model_dir),
                 dtype=dtype,
                 variant=variant if variant in plain_variants else None,
                 trust_remote_code=False,
                 **quantized,
+                **processors,
             )
         except ValueError as error:  # diffusers' refusal of an entry it cannot build (a bare string, a class
             # without from_pretrained): the model's fault, said in one line
@@ -440,6 +444,8 @@ def load_pipeline(
             raise InputError(
                 f"{model_dir / 'model_index.json'}: diffusers cannot build {cls.__name__} from it: {first}"
             ) from error
+        except ImportError as error:  # a component whose class needs a library not installed (torchvision)
+            raise missing_library(error, model_dir / "model_index.json") from error
     for name, modules in unused.items():
         component = pipeline.components.get(name)
         if (

@@ -23,6 +23,9 @@ from ditq.sweep.health import Server, last_line
 from ditq.sweep.options import ditq_argv
 
 
+BASELINE_LOG = "baseline.log"  # the baseline's probe (``ditq baseline --endpoint``); its servers': serve-baseline*.log
+
+
 class OffloadLadder(SweepCore):
     """The ladder: each offload mode serves what ran out of memory at the one before."""
 
@@ -39,7 +42,8 @@ class OffloadLadder(SweepCore):
         """Serve ``model`` at each offload mode in turn until nothing ran out of memory; probe each server.
 
         Returns every attempt (offload, status, seconds, the server's and the probe's commands, requests
-        still out of memory after it) and why the ladder stopped short (None: it did not).
+        still out of memory after it) and why the ladder stopped short (None: it did not), naming the log that
+        says more: the server's when it did not start, else the probe's.
         """
         attempts: list[Attempt] = []
         for rung, offload in enumerate(self.options.offload):
@@ -56,7 +60,7 @@ class OffloadLadder(SweepCore):
                     self.progress(who, "serve", "out of memory", f"offload {offload}: the model did not load")
                     continue
                 attempts.append(Attempt(**attempt, status="failed"))
-                return attempts, problem
+                return attempts, f"{problem} (log: {log})"
             ready_s = round(time.monotonic() - started, 2)
             self.progress(who, "serve", "ok", f"offload {offload}, {server.url}")
             try:
@@ -78,9 +82,9 @@ class OffloadLadder(SweepCore):
                 )
             )
             if code not in (0, 1):
-                return attempts, f"exit code {code}: {last_line(probe_log)}"
+                return attempts, f"exit code {code}: {last_line(probe_log)} (log: {probe_log})"
             if unfinished is not None:
-                return attempts, f"exit code {code}, {unfinished}: {last_line(probe_log)}"
+                return attempts, f"exit code {code}, {unfinished}: {last_line(probe_log)} (log: {probe_log})"
             if not remaining:
                 break
             self.progress(who, "probe", "out of memory", f"{len(remaining)} requests at offload {offload}")
@@ -155,12 +159,12 @@ class OffloadLadder(SweepCore):
         logs = self.out / "logs"
 
         attempts, failure = self._serve_ladder(
-            self.options.model, self.baseline, logs, "baseline", self._baseline_argv(), logs / "baseline.log"
+            self.options.model, self.baseline, logs, "baseline", self._baseline_argv(), logs / BASELINE_LOG
         )
         write_model(logs / ATTEMPTS_FILE, attempts)
         commands = [c for a in attempts for c in (a.command, a.probe_command) if c]
         write_model(logs / BASELINE_COMMANDS_FILE, CommandList(commands))
         if failure is not None or not seal.is_file():
-            raise DitqError(f"baseline: {failure or 'no sealed baseline'} (log: {logs / 'baseline.log'})")
+            raise DitqError(f"baseline: {failure or f'no sealed baseline (log: {logs / BASELINE_LOG})'}")
         self.progress(self.baseline_name, "baseline", "ok", f"{time.monotonic() - started:.1f} s")
         return True

@@ -17,6 +17,8 @@ from ditq.runtime.parallel import parse_parallel, refuse_beside_parallel
 from ditq.schemes import get_scheme
 
 SCHEME_STAGES = ("quantize", "verify", "doctor", "serve", "probe", "gate", "compare")
+# Every answer is an interval over seeds (fidelity) or over requests (speed): one seed decides nothing.
+MIN_SEEDS = 2
 PLAN_CANDIDATE = "plan"  # the directory (and candidate name) of --plan's mixed-precision candidate
 
 # (model or artifact dir, port, sweep options, offload mode) -> the server's argv; tests swap it for a
@@ -94,6 +96,7 @@ class SweepOptions:
     serve_argv: ServeArgv = default_serve_argv
 
     def __post_init__(self) -> None:
+        check_seeds(self.seeds, self.max_seeds)
         if not self.schemes:
             raise InputError("--schemes: name at least one scheme (w8a16, w8a8, fp8)")
         unknown = set(self.endpoint_for) - set(self.schemes)
@@ -112,11 +115,6 @@ class SweepOptions:
                     "--seeds auto --standard parity: needs a parity band to decide on (--parity-db or "
                     "--parity-in-process)"
                 )
-            start = len(parse_seeds(DEFAULT_SEEDS))
-            if self.max_seeds < start:
-                raise InputError(
-                    f"--max-seeds: at least {start} (the seeds --seeds auto starts from), got {self.max_seeds}"
-                )
         unknown_modes = [m for m in self.offload if m not in OFFLOAD_MODES]
         if not self.offload or unknown_modes or len(set(self.offload)) != len(self.offload):
             raise InputError(
@@ -131,6 +129,7 @@ class SweepOptions:
                 self.attention,
                 self.compile,
             )
+        self._check_budgets()
         for path, what in ((self.model, "model"), (self.fixtures, "--fixtures"), (self.refs, "--refs")):
             if not Path(path).exists():
                 raise InputError(f"{what}: {path} does not exist")
@@ -138,10 +137,41 @@ class SweepOptions:
         if self.plan is not None:
             object.__setattr__(self, "plan_file", read_plan(self.plan))
 
+    def _check_budgets(self) -> None:
+        """Steps, timeouts and --max-memory, as the servers and probes would read them, before any starts."""
+        from ditq.serve.config import parse_memory_size  # ditq serve's parser of --max-memory
+
+        if self.steps is not None and self.steps < 1:
+            raise InputError(f"--steps: at least 1, got {self.steps}")
+        for value, flag in ((self.health_timeout_s, "--health-timeout"), (self.request_timeout_s, "--timeout")):
+            if value is not None and not value > 0:
+                raise InputError(f"{flag}: a positive number of seconds, got {value:g}")
+        if self.max_memory is not None:
+            parse_memory_size(self.max_memory)
+            if not self.device.startswith("cuda"):
+                raise InputError(
+                    f"--max-memory {self.max_memory}: caps accelerator memory; device '{self.device}' has none to cap"
+                )
+
     @property
     def candidates(self) -> tuple[str, ...]:
         """Every candidate's name (its directory): the schemes, then the plan's."""
         return (*self.schemes, *((PLAN_CANDIDATE,) if self.plan is not None else ()))
+
+
+def check_seeds(seeds: str | None, max_seeds: int = MAX_SEEDS) -> list[int]:
+    """``--seeds`` as a sweep reads it (``parse_seeds``, or ``auto``: the default seeds, then more up to
+    ``max_seeds``): the seeds it starts from. Fewer than MIN_SEEDS is refused before anything runs, since no answer
+    could be decided."""
+    start = parse_seeds(DEFAULT_SEEDS if seeds in (None, "auto") else seeds)
+    if seeds == "auto" and max_seeds < len(start):
+        raise InputError(f"--max-seeds: at least {len(start)} (the seeds --seeds auto starts from), got {max_seeds}")
+    if len(start) < MIN_SEEDS:
+        raise InputError(
+            f"--seeds {seeds}: {len(start)} seed cannot decide any answer (each is an interval over seeds, which "
+            f"needs at least {MIN_SEEDS}); give {MIN_SEEDS} or more (2301-2304, say) or auto"
+        )
+    return start
 
 
 def parse_offload(value: str) -> tuple[str, ...]:

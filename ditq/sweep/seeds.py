@@ -15,7 +15,7 @@ from ditq.runfiles import (
 )
 from ditq.sweep.candidate import Candidate, matrix_args, run_logged, seeds_by_fixture, unfinished_run
 from ditq.sweep.health import Server, last_line
-from ditq.sweep.ladder import OffloadLadder
+from ditq.sweep.ladder import BASELINE_LOG, OffloadLadder
 from ditq.sweep.options import ditq_argv
 
 
@@ -90,11 +90,11 @@ class SeedSettling(OffloadLadder):
             logs,
             "baseline",
             self._baseline_argv(seeds, fixture_ids),
-            logs / "baseline.log",
+            logs / BASELINE_LOG,
         )  # ``ditq baseline`` seals the run again over the added records and images
         self._add_baseline_commands([c for a in attempts for c in (a.command, a.probe_command) if c])
         if failure is not None or not (self.baseline / "SEAL.json").is_file():
-            raise DitqError(f"baseline: {failure or 'no sealed baseline'} (log: {logs / 'baseline.log'})")
+            raise DitqError(f"baseline: {failure or f'no sealed baseline (log: {logs / BASELINE_LOG})'}")
         self.progress(self.baseline_name, "baseline", "ok", f"seeds {seeds} for {', '.join(fixture_ids)}")
 
     def _extend_candidate(self, c: Candidate, plan: list[tuple[str, list[str]]], started_with: int) -> None:

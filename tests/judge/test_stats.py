@@ -108,6 +108,20 @@ def test_a_time_ratio_interval_holds_the_true_ratio_about_95_percent_of_the_time
     assert 0.92 <= held / trials <= 0.995, held / trials
 
 
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [([2.0, 12.0], [3.0, 3.4]), ([11.1, 0.9, 30.0], [3.3, 3.4, 3.36]), ([1.0, 1.0], [5.0, 9.0])],
+)
+def test_a_time_ratio_interval_is_positive_however_wide(ours, theirs):
+    """On the linear scale, two or three requests as spread as a CPU's first and warm ones gave a ratio interval
+    that crossed zero (0.78 [-0.19, 1.76]x); on the log scale both ends stay positive, on either side of the
+    estimate."""
+    interval = ratio_interval(ours, theirs)
+    assert 0.0 < interval.low < interval.estimate < interval.high
+    assert interval.estimate == pytest.approx(np.mean(ours) / np.mean(theirs))
+    assert interval.log_scale and interval.method == "unpaired bootstrap, log scale"
+
+
 def test_pairing_removes_the_spread_both_sides_share():
     candidate, reference = paired(-0.5, 6, spread=0.1)
     paired_interval = difference_interval(candidate, reference)
