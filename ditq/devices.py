@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEVICE_CHOICES",
-    "DTYPES",
+    "DTYPES",  # noqa: F822 -- built on first use (``__getattr__``): torch loads then
     "DTYPE_CHOICES",
     "OFFLOAD_LADDER_AUTO",
     "OFFLOAD_MODES",

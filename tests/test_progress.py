@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import ditq
-from ditq.progress import progress_bar
+from ditq.progress import LineProgress, progress_bar
 
 
 class Terminal(io.StringIO):
@@ -60,3 +60,24 @@ def test_generate_draws_one_bar_of_its_denoising_steps_on_a_terminal_only(
     drawn = _stderr_of(lambda: generate(None, request, device="cpu"), monkeypatch, terminal=True)
     assert "denoising" in drawn and "/3 " in drawn and "step/s" in drawn  # a bar of the 3 steps
     assert _stderr_of(lambda: generate(None, request, device="cpu"), monkeypatch, terminal=False) == ""
+
+
+def test_off_a_terminal_long_work_says_a_line_with_its_eta_every_ten_seconds() -> None:
+    """A log gets no bar, and nothing for quick work, but a line every 10 s of a long wait: count, rate, ETA."""
+    now = [0.0]
+    stream = io.StringIO()
+    bar = LineProgress(8, "requests", "img", stream=stream, clock=lambda: now[0])
+    for _ in range(2):  # 2 requests in 4 s: quiet
+        now[0] += 2.0
+        bar.update()
+    assert stream.getvalue() == ""
+    for _ in range(4):  # 6 requests in 12 s: one line, at 10 s
+        now[0] += 2.0
+        bar.update()
+    bar.set_postfix(failed=0)
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert lines == [
+        "requests: 5/8 img, 2.00 s/img, ETA 6 s",
+        "requests: 6/8 img, 2.00 s/img, ETA 4 s, failed 0",
+    ]

@@ -52,7 +52,7 @@ def read_model_index(model_dir: Path) -> dict[str, Any]:
         _check_entry(model_dir / MODEL_INDEX, name, value)
     if not component_names(index):
         raise InputError(
-            f"{model_dir / MODEL_INDEX}: names no component (each is an entry \"name\": [library, class])"
+            f'{model_dir / MODEL_INDEX}: names no component (each is an entry "name": [library, class])'
         )
     return index
 

@@ -67,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     result = run_sweep(options)
     print_verdicts(result)
     print(
-        f"demo: {len(SCHEME_STAGES) * len(options.candidates) + 2 + options.parity_in_process} stages in {time.monotonic() - started:.0f} s"
+        f"demo: {len(SCHEME_STAGES) * len(options.candidates) + 2 + options.parity_in_process} stages (the "
+        f"baseline, {'the reference pair, ' if options.parity_in_process else ''}{len(SCHEME_STAGES)} per candidate, "
+        f"the report) in {time.monotonic() - started:.0f} s"
     )
     return 0

@@ -100,7 +100,7 @@ def run_doctor(
     results = []
     selected = select_paths(device, schemes, kernels)
     log.info("doctor: %d kernel paths to check on %s", len(selected), device)
-    for path in selected:
+    for index, path in enumerate(selected, 1):
         if from_artifact is None:
             path_geometries: Sequence[Geometry] = geometries
             cases = default_cases(weights)
@@ -119,6 +119,13 @@ def run_doctor(
                                  checks=[], report_dir=None, worst_rel_l2=None, bound=REL_L2_BOUND)  # fmt: skip
             results.append(skipped)
             continue
+        log.info(
+            "doctor: path %d of %d, %s, over %d geometries",
+            index,
+            len(selected),
+            path.name,
+            len(path_geometries),
+        )
         results.extend(
             check_paths(
                 [path],

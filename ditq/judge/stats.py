@@ -220,9 +220,7 @@ def ratio_interval(
     )  # fmt: skip
 
 
-def _unpaired_interval(
-    candidate: Sequence[float], reference: Sequence[float], confidence: float
-) -> Interval:
+def _unpaired_interval(candidate: Sequence[float], reference: Sequence[float], confidence: float) -> Interval:
     """mean(candidate) - mean(reference) from independent resamples of each side, at least Welch's t interval
     wide on its standard error (the root of the sum of the means' variances)."""
     ours, theirs = np.asarray(candidate, dtype=np.float64), np.asarray(reference, dtype=np.float64)

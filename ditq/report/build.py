@@ -13,7 +13,7 @@ from ditq.fsutil import atomic_directory
 from ditq.judge.gate import Envelope, build_envelopes, gate_run, load_rules
 from ditq.report.assess import ReportData, assess
 from ditq.report.charts import write_charts
-from ditq.report.grids import write_grids
+from ditq.report.grids import write_grids, write_lead_grid
 from ditq.report.html import render_html
 from ditq.report.markdown import render_markdown
 from ditq.report.model import load_candidate
@@ -154,6 +154,9 @@ def build_report(
         plans = {c.name: c.plan for c in candidates if c.plan is not None}
         charts = {**write_charts(data, tmp / "charts"), **write_plan_charts(plans, tmp / "charts")}
         grids = write_grids(base, candidates, tmp / "grids")
+        lead = next((c for c in candidates if c.name == data.document.recommendation.candidate), None)
+        lead_grid = write_lead_grid(base, lead or next((c for c in candidates if c.run), None), tmp / "grids")
+        grids += [lead_grid] if lead_grid is not None else []
         # NaN or infinity is not JSON: refused here rather than written (the records' figures are finite on read)
         (tmp / "verdict.json").write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
         (tmp / "REPORT.md").write_text(render_markdown(data, charts, grids, tmp))

@@ -1,24 +1,30 @@
 """The report's layout as data: headings, paragraphs, lists, tables and figures, in reading order.
 
 ``markdown.py`` and ``html.py`` render the same blocks, so REPORT.md and report.html always say the same
-things in the same order: the note, the capacity summary, the verdicts, the comparison, the baseline and
-each candidate (facts, reasons, its plan where it has one, capacity matrix, offload ladder, servers, stages,
-image grids), the charts and the provenance.
+things in the same order. The answer comes first: the note, then which candidate to serve, why and how sure, with
+seconds per image by reference count and the worst fixture's grid beside it (the first screen); then the
+verdicts with a line each on how to read them, the other charts; then the details: what was measured against, the
+capacity summary, the comparison, the baseline and each candidate (facts, reasons, its plan where it has one,
+capacity matrix, offload ladder, servers, stages, image grids), and the provenance.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from ditq.report.assess import Assessment, ReportData
-from ditq.report.charts import CHARTS
-from ditq.report.grids import Grid
+from ditq.report.charts import CHARTS, WALL_CHART
+from ditq.report.grids import DIFFERENCE_SCALE, Grid
 from ditq.report.ladder import ladder_outcome, offload_ladder, server_starts
 from ditq.report.model import Candidate
+from ditq.report.objectives import REFERENCE_KERNELS, on_cpu
 from ditq.report.plan import plan_chart_name, plan_sentences, plan_table
+from ditq.report.schema import IntervalEntry
 from ditq.report.stages import prediction_check, stage_memory_table, stage_rows
 from ditq.report.tables import (
     Table,
@@ -26,6 +32,7 @@ from ditq.report.tables import (
     capacity_table,
     comparison_table,
     format_bytes,
+    interval_text,
     ladder_table,
     objectives_table,
     provenance_table,
@@ -35,7 +42,18 @@ from ditq.report.tables import (
 )
 from ditq.runfiles import ServerHealth
 
-__all__ = ["Block", "Bullets", "Figure", "Figures", "Heading", "Paragraph", "Span", "report_blocks"]
+__all__ = [
+    "Block",
+    "Bullets",
+    "Figure",
+    "Figures",
+    "Heading",
+    "Lead",
+    "Paragraph",
+    "Span",
+    "how_sure",
+    "report_blocks",
+]
 
 Style = Literal["", "bold", "code", "italic"]
 Span = tuple[str, Style]
@@ -71,7 +89,16 @@ class Figures:
     figures: tuple[Figure, ...]
 
 
-Block = Heading | Paragraph | Bullets | Table | Figures
+@dataclass(frozen=True)
+class Lead:
+    """The first screen: the answer's text beside its figures (side by side in report.html, one after the other in
+    REPORT.md)."""
+
+    text: tuple[Paragraph | Bullets, ...]
+    figures: tuple[Figure, ...]
+
+
+Block = Heading | Paragraph | Bullets | Table | Figures | Lead
 
 
 def _text(text: str) -> Paragraph:
@@ -212,11 +239,11 @@ def _candidate(
         Figure(
             grid.path,
             f"{grid.candidate} {grid.fixture_id}",
-            f"{grid.fixture_id}: {report.baseline.name} | {grid.candidate} | amplified difference, "
+            f"{grid.fixture_id}: {report.baseline.name} | {grid.candidate} | {DIFFERENCE_SCALE}; "
             f"seeds {', '.join(str(s) for s in grid.seeds)}",
         )
         for grid in grids
-        if grid.candidate == candidate.name
+        if grid.candidate == candidate.name and not grid.lead
     )
     if figures:
         yield Figures(figures)
@@ -249,12 +276,10 @@ def _servers(report: ReportData) -> dict[str, list[ServerHealth | None]]:
     return {c.name: c.run.servers if c.run else [] for c in report.all_candidates}
 
 
-def _head(report: ReportData) -> Iterator[Block]:
+def _context(report: ReportData) -> Paragraph:
+    """What the numbers were measured against: the baseline, the memory budget, compilation, when."""
     document = report.document
-    yield Heading(1, "ditq report")
-    if document.note:
-        yield Paragraph((("Note:", "bold"), (f" {document.note}", "")))
-    yield Paragraph(
+    return Paragraph(
         (
             ("Baseline: ", ""),
             (report.baseline.name, "bold"),
@@ -265,6 +290,9 @@ def _head(report: ReportData) -> Iterator[Block]:
             (f". {compilation_sentence(_servers(report))} Generated {document.generated_utc}.", ""),
         )
     )
+
+
+def _capacity(report: ReportData) -> Iterator[Block]:
     yield Heading(2, "Capacity")
     yield _text(
         "Per reference count: the offload mode the requests were served at, the median seconds per image "
@@ -274,54 +302,103 @@ def _head(report: ReportData) -> Iterator[Block]:
     yield capacity_summary_table(report)
 
 
-# How to read the answers and their intervals (said once, above the verdicts).
+# How to read the answers and their intervals (said once, under the verdicts), a line each.
 READING = (
-    "Each candidate answers three questions apart: fit to serve (no failed stage or doctor check, every request "
-    "served within the memory budget, no collapse, and every fixture's fidelity decided inside a standard), "
-    "faster (at every reference count both served) and smaller (weights, and peak memory no larger). Fit to "
-    "serve is answered under two fidelity standards: visually lossless (each fixture's mean PSNR and mean SSIM "
-    "against the baseline above stated thresholds) and the parity band (as close to the baseline as a second "
-    "acceptable run of the model is, which can be far stricter or far looser than what a viewer sees). The "
-    "verdict column is the objective chosen with --objective, under the standard chosen with --standard. An "
-    "answer is YES or NO only when its intervals decide it; UNDECIDED means the evidence so far cannot tell, "
-    "and the command that settles it is given. An interval [low, high] is a 95% bootstrap interval over seeds: "
-    "for the lossless standard it is the mean PSNR (or SSIM) and a fixture passes when the whole interval lies "
-    "above the threshold; for the parity band it is the candidate's PSNR minus the reference pair's, seed by "
-    "seed, and a fixture is inside when the whole interval lies above the floor (minus the tolerance), outside "
-    "when it lies wholly below; for speed it is the candidate's seconds per image over the baseline's, faster "
-    "when the whole interval lies below 1 minus the tolerance, slower when above 1 plus it."
+    "YES or NO only where a 95% bootstrap interval (over seeds for fidelity, over requests for speed) decides it; "
+    "UNDECIDED says what settles it.",
+    "Fit to serve: no failed stage or doctor check, every request served within the memory budget, no collapse, "
+    "and every fixture's fidelity decided: visually lossless (mean PSNR and SSIM against the baseline above their "
+    "thresholds) or, the stricter or looser parity band, as close as a second acceptable run of the model.",
+    "Faster: the candidate's seconds per image as a multiple of the baseline's (below 1 is faster) at every "
+    "reference count both served, beyond a 5% tolerance. Timed on a CPU: reference kernels, not a speed "
+    "measurement, so not answered. Smaller: fewer weight bytes, and a peak no larger.",
 )
 
 
-def report_blocks(report: ReportData, charts: dict[str, Path | None], grids: list[Grid]) -> list[Block]:
-    base = report.baseline
+def _assessment(report: ReportData, name: str | None) -> Assessment | None:
+    return next((a for a in report.assessments if a.candidate.name == name), None)
+
+
+def how_sure(report: ReportData) -> str:
+    """The answer's certainty in one sentence: for the candidate to serve, how many fixtures and seeds decided it
+    and the closest call; for none, the first candidate's open question."""
+    chosen = _assessment(report, report.document.recommendation.candidate)
+    if chosen is None:
+        undecided = next(
+            (a for a in report.assessments if a.objectives.fit_to_serve.answer == "UNDECIDED"), None
+        )
+        if undecided is None:
+            return "How sure: every candidate was decided unfit by the reasons below."
+        fit = undecided.objectives.fit_to_serve
+        settle = f" To settle it: {fit.settle_command}" if fit.settle_command else ""
+        return f"How sure: {undecided.candidate.name} is UNDECIDED ({fit.reasons[0].message.rstrip('.')}).{settle}"
+    intervals = [e for e in chosen.objectives.fit_to_serve.intervals if e.low is not None]
+    if not intervals:
+        return "How sure: fit to serve on its checks; no fidelity interval was measured."
+    seeds = max(e.n or 0 for e in intervals)
+    closest = min(intervals, key=_margin_db)
+    fixtures = {e.subject.split(" (")[0] for e in intervals}
+    return (
+        f"How sure: each of {len(fixtures)} fixture(s) decided on a 95% interval over up to {seeds} seeds; the "
+        f"closest, {closest.subject}: {interval_text(closest)} against {closest.threshold}."
+    )
+
+
+def _margin_db(entry: IntervalEntry) -> float:
+    """How far an interval's low end clears its threshold ('at least 40 dB', 'at least 0.98', 'floor -1 dB'), in
+    dB for every measure: PSNR's and the parity band's as they are, SSIM's as 10 log10 of the ratio of 1 - SSIM
+    at the threshold to 1 - SSIM at the low end, so that the closest call is found across measures."""
+    numbers = re.findall(r"[-+]?\d+(?:\.\d+)?", entry.threshold)
+    threshold, low = (float(numbers[0]) if numbers else 0.0), entry.low or 0.0
+    if entry.measure == "ssim":
+        return 10 * math.log10(max(1 - threshold, 1e-9) / max(1 - low, 1e-9))
+    return low - threshold
+
+
+def _lead(report: ReportData, charts: dict[str, Path | None], grids: list[Grid]) -> Iterator[Block]:
+    """The first screen: which candidate to serve and why, how sure, the others in a line each; beside them the
+    seconds per image by reference count and the worst fixture's grid."""
     recommendation = report.document.recommendation
-    blocks: list[Block] = [
-        *_head(report),
-        Heading(2, "Which candidate to serve"),
-        Paragraph(((recommendation.why, "bold"),)),
-        Bullets(tuple(((name, "bold"), (f": {why}", "")) for name, why in recommendation.others.items())),
-        Heading(2, "Verdicts"),
-        _text(READING),
-        verdict_table(report),
-    ]
+    text: list[Paragraph | Bullets] = [Paragraph(((recommendation.why, "bold"),)), _text(how_sure(report))]
+    if any(on_cpu(c) for c in report.all_candidates):
+        text.append(Paragraph((("Timed on a CPU: ", "bold"), (f"{REFERENCE_KERNELS}.", ""))))
+    if recommendation.others:
+        text.append(
+            Bullets(tuple(((n, "bold"), (f": {why}", "")) for n, why in recommendation.others.items()))
+        )
+    figures = []
+    chart = charts.get(WALL_CHART)
+    if chart is not None:
+        figures.append(Figure(chart, CHARTS[WALL_CHART][0], None))
+    lead = next((g for g in grids if g.lead), None)
+    if lead is not None:
+        caption = (
+            f"Worst fixture, {lead.fixture_id}, seed {lead.seeds[0]}: {report.baseline.name} | {lead.candidate} | "
+            f"{DIFFERENCE_SCALE}"
+        )
+        figures.append(Figure(lead.path, f"{lead.candidate} {lead.fixture_id}", caption))
+    yield Heading(2, "Which candidate to serve")
+    yield Lead(tuple(text), tuple(figures))
+
+
+def report_blocks(report: ReportData, charts: dict[str, Path | None], grids: list[Grid]) -> list[Block]:
+    """First the answer (``_lead``), then the objectives and the charts, then the details: the capacity, the
+    comparison, the baseline and each candidate, the provenance."""
+    base = report.baseline
+    blocks: list[Block] = [Heading(1, "ditq report")]
+    if report.document.note:
+        blocks.append(Paragraph((("Note:", "bold"), (f" {report.document.note}", ""))))
     blocks += [
-        Heading(2, f"Comparison with {base.name} and between candidates"),
-        _text(
-            "Seconds per image by reference count (mean / median of warm requests); (N× the baseline's time) "
-            "is the candidate's mean over the baseline's at the same count: below 1 is faster."
-        ),
-        comparison_table(report),
-        Heading(2, f"{base.name} (baseline)"),
+        *_lead(report, charts, grids),
+        Heading(2, "Verdicts"),
+        verdict_table(report),
+        Bullets(tuple(((line, ""),) for line in READING)),
+        Heading(2, "Charts"),
     ]
-    facts = _facts(base, None, report)
-    blocks += [_sentence(facts)] if facts else []
-    blocks += [Heading(3, "Capacity matrix"), capacity_table(report.baseline_matrix), *_serving(base)]
-    for a in report.assessments:
-        blocks += _candidate(a, report, grids, charts)
-    blocks.append(Heading(2, "Charts"))
     for name, (title, _) in CHARTS.items():
         path = charts.get(name)
+        if name == WALL_CHART:
+            continue  # on the first screen
         blocks.append(
             Figures((Figure(path, title, None),))
             if path is not None
@@ -334,4 +411,24 @@ def report_blocks(report: ReportData, charts: dict[str, Path | None], grids: lis
                 )
             )
         )
+    blocks += [Heading(2, "Details"), _context(report), *_capacity(report)]
+    blocks += [
+        Heading(2, f"Comparison with {base.name} and between candidates"),
+        _text(
+            "Seconds per image by reference count (mean / median of warm requests); (N× the baseline's time) "
+            "is the candidate's mean over the baseline's at the same count: below 1 is faster."
+            + (
+                f" Timed on a CPU: {REFERENCE_KERNELS}."
+                if any(on_cpu(c) for c in report.all_candidates)
+                else ""
+            )
+        ),
+        comparison_table(report),
+        Heading(2, f"{base.name} (baseline)"),
+    ]
+    facts = _facts(base, None, report)
+    blocks += [_sentence(facts)] if facts else []
+    blocks += [Heading(3, "Capacity matrix"), capacity_table(report.baseline_matrix), *_serving(base)]
+    for a in report.assessments:
+        blocks += _candidate(a, report, grids, charts)
     return [*blocks, Heading(2, "Provenance"), provenance_table(report)]

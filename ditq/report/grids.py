@@ -1,8 +1,10 @@
-"""Image grids: per candidate and fixture, one row per seed: baseline | candidate | amplified difference.
+"""Image grids: per candidate and fixture, one row per seed: baseline | candidate | difference.
 
-Images are composited over white (as compare does when alpha differs) so a collapsed,
-transparent output looks as empty as it is. The difference is the mean absolute RGB
-error, multiplied by ``AMPLIFY`` and coloured with a perceptual colour map.
+Images are composited over white (as compare does when alpha differs) so a collapsed, transparent output looks as
+empty as it is. The difference is the mean absolute RGB error per pixel, on a square-root scale that reaches the
+top of a perceptual colour map at ``FULL_SCALE`` levels of 255 (``DIFFERENCE_SCALE`` says so under every grid): a
+difference of one or two levels, which is what a 45 dB PSNR is, shows as a clear purple, where a linear x4 left it
+black. The first screen's grid (``write_lead_grid``) is one row: the worst seed of the worst fixture.
 """
 
 from __future__ import annotations
@@ -16,9 +18,19 @@ from PIL import Image, ImageDraw
 
 from ditq.report.model import Candidate, RunData
 
-__all__ = ["AMPLIFY", "CELL", "Grid", "difference_heatmap", "write_grids"]
+__all__ = [
+    "CELL",
+    "DIFFERENCE_SCALE",
+    "FULL_SCALE",
+    "Grid",
+    "difference_heatmap",
+    "write_grids",
+    "write_lead_grid",
+]
 
-AMPLIFY = 4.0  # a 16/255 error shows at 64/255 of the colour map
+# |difference| at which the colour map tops out (levels of 255); below it the map follows sqrt(|difference| / this)
+FULL_SCALE = 8.0
+DIFFERENCE_SCALE = f"|difference|: black 0, sqrt scale, yellow at {FULL_SCALE:g}/255 or more"
 CELL = 192  # pixels per grid cell side (small images are scaled up, nearest neighbour)
 _LABEL_H = 18
 _GAP = 4
@@ -30,6 +42,7 @@ class Grid:
     fixture_id: str
     path: Path
     seeds: tuple[int, ...]
+    lead: bool = False  # the first screen's: the worst seed of the worst fixture, one row
 
 
 def _over_white(image: Image.Image) -> np.ndarray:
@@ -39,11 +52,12 @@ def _over_white(image: Image.Image) -> np.ndarray:
 
 
 def difference_heatmap(
-    baseline: Image.Image, candidate: Image.Image, amplify: float = AMPLIFY
+    baseline: Image.Image, candidate: Image.Image, full_scale: float = FULL_SCALE
 ) -> Image.Image:
-    """(H, W) mean |baseline - candidate| over RGB, times ``amplify``, through the inferno map, as RGB."""
+    """(H, W) mean |baseline - candidate| over RGB, as sqrt(error / ``full_scale``) clipped to 1, through the
+    inferno map, as RGB."""
     error = np.abs(_over_white(baseline) - _over_white(candidate)).mean(axis=2)
-    scaled = np.clip(error * amplify / 255.0, 0.0, 1.0)
+    scaled = np.sqrt(np.clip(error / full_scale, 0.0, 1.0))
     colored = colormaps["inferno"](scaled)[..., :3]  # (H, W, 3) float 0..1
     return Image.fromarray((colored * 255.0 + 0.5).astype(np.uint8), "RGB")
 
@@ -145,11 +159,48 @@ def write_grids(baseline: Candidate, candidates: list[Candidate], out_dir: Path)
                 )
                 for seed in seeds
             ]
-            sheet = _compose([baseline.name, candidate.name, f"|difference| x{AMPLIFY:g}"], rows)
+            sheet = _compose([baseline.name, candidate.name, _DIFFERENCE_TITLE], rows)
             path = out_dir / f"{_safe(candidate.name)}--{_safe(fixture_id)}.png"
             sheet.save(path, format="PNG", optimize=True)
             grids.append(Grid(candidate.name, fixture_id, path, tuple(seeds)))
     return grids
+
+
+_DIFFERENCE_TITLE = f"|difference|, sqrt, max {FULL_SCALE:g}/255"
+
+
+def _worst(candidate: Candidate) -> tuple[str, int] | None:
+    """(fixture, seed) of the candidate's lowest PSNR: the fixture whose mean PSNR is lowest, its lowest seed;
+    without compare's numbers, its first request with an image; None without any."""
+    run = candidate.run
+    if run is None or not run.has_images:
+        return None
+    rows = [r for r in run.fidelity or [] if r.psnr_db is not None]
+    if rows:
+        means = {
+            f: np.mean([r.psnr_db for r in rows if r.fixture_id == f]) for f in {r.fixture_id for r in rows}
+        }
+        fixture = min(sorted(means), key=lambda f: means[f])
+        worst = min((r for r in rows if r.fixture_id == fixture), key=lambda r: (r.psnr_db, r.seed))
+        return fixture, worst.seed
+    first = next((r for r in sorted(run.records, key=lambda r: r.key) if run.image(*r.key)), None)
+    return None if first is None else first.key
+
+
+def write_lead_grid(baseline: Candidate, candidate: Candidate | None, out_dir: Path) -> Grid | None:
+    """The first screen's grid: baseline | candidate | difference for the candidate's worst seed of its worst
+    fixture (``_worst``), one row; None where there is nothing to show."""
+    worst = None if candidate is None or baseline.run is None else _worst(candidate)
+    if candidate is None or candidate.run is None or baseline.run is None or worst is None:
+        return None
+    fixture_id, seed = worst
+    failure = _failure_text(candidate, candidate.run, fixture_id, seed)
+    row = _row(baseline.run, candidate.run, fixture_id, seed, failure)
+    sheet = _compose([baseline.name, candidate.name, _DIFFERENCE_TITLE], [(f"seed {seed}", row)])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"lead--{_safe(candidate.name)}--{_safe(fixture_id)}.png"
+    sheet.save(path, format="PNG", optimize=True)
+    return Grid(candidate.name, fixture_id, path, (seed,), lead=True)
 
 
 def _safe(name: str) -> str:

@@ -1,8 +1,10 @@
 """report.html: one self-contained file (styles, script and images inline) that opens offline.
 
 A small inline script marks the document once every image has decoded: ``data-images``
-on <html> becomes "N/M loaded" and ``data-errors`` counts script and resource errors, so
-a headless browser (tests/report/test_browser.py) can check the page without a display.
+on <html> becomes "N/M loaded" and ``data-errors`` counts script and resource errors, and it writes where the first
+screen's answer and its images end (``data-answer-bottom``, ``data-answer-images``) beside the viewport, so a
+headless browser (tests/report/test_report_browser.py) can check the page, and that the answer is above the fold,
+without a display.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import html
 from pathlib import Path
 
 from ditq.report.assess import ReportData
-from ditq.report.document import Block, Bullets, Figures, Heading, Paragraph, Span, report_blocks
+from ditq.report.document import Block, Bullets, Figures, Heading, Lead, Paragraph, Span, report_blocks
 from ditq.report.grids import Grid
 from ditq.report.tables import Table
 
@@ -27,16 +29,24 @@ th{background:#f2f2f5} .YES{color:#0a7a2f;font-weight:700} .NO{color:#b00020;fon
 .UNDECIDED{color:#8a5a00;font-weight:700}
 figure{margin:0.8rem 0} .grids{display:flex;flex-wrap:wrap;gap:0 1.5rem;align-items:flex-start} figcaption{font-size:0.8rem;color:#555} img{max-width:100%;height:auto}
 code{background:#f2f2f5;padding:0 0.2rem}
+.lead{display:flex;gap:1.5rem;align-items:flex-start} .lead-text{flex:1 1 0;min-width:0}
+.lead-figures{flex:0 0 560px} .lead-figures figure{margin:0 0 0.6rem} .lead-text ul{padding-left:1.2rem}
+h1{margin:0 0 0.4rem} .lead-text p,.lead-text li{font-size:0.95rem}
 """
 
 # Runs before anything else: counts errors (resource errors do not bubble, hence capture) and
-# reports, once the page has loaded, how many images decoded to a real size.
+# reports, once the page has loaded, how many images decoded to a real size, the viewport, and how far down the
+# page the first screen's answer (#answer) and each of its images end (CSS pixels from the top).
 CHECK_SCRIPT = """
 (function(){var root=document.documentElement;var errors=0;root.dataset.errors="0";
 window.addEventListener("error",function(){errors+=1;root.dataset.errors=String(errors);},true);
 window.addEventListener("load",function(){var images=Array.prototype.slice.call(document.images);
 var ok=images.filter(function(i){return i.complete&&i.naturalWidth>0;}).length;
-root.dataset.images=ok+"/"+images.length+" loaded";});})();
+root.dataset.images=ok+"/"+images.length+" loaded";
+root.dataset.viewport=window.innerWidth+"x"+window.innerHeight;
+var answer=document.getElementById("answer");if(answer){var end=function(e){
+return Math.round(e.getBoundingClientRect().bottom+window.scrollY);};root.dataset.answerBottom=String(end(answer));
+root.dataset.answerImages=Array.prototype.map.call(answer.querySelectorAll("img"),end).join(",");}});})();
 """
 
 
@@ -93,6 +103,13 @@ def _block(block: Block) -> str:
     if isinstance(block, Figures):
         figures = "".join(_figure(f.path, f.caption or f.title) for f in block.figures)
         return f'<div class="grids">{figures}</div>' if len(block.figures) > 1 else figures
+    if isinstance(block, Lead):  # the first screen: the answer beside its chart and grid
+        text = "".join(_block(part) for part in block.text)
+        figures = "".join(_figure(f.path, f.caption or f.title) for f in block.figures)
+        return (
+            f'<section id="answer" class="lead"><div class="lead-text">{text}</div>'
+            f'<div class="lead-figures">{figures}</div></section>'
+        )
     return table_html(block)
 
 

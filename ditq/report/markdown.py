@@ -11,7 +11,17 @@ import html
 from pathlib import Path
 
 from ditq.report.assess import ReportData
-from ditq.report.document import Block, Bullets, Figures, Heading, Paragraph, Span, report_blocks
+from ditq.report.document import (
+    Block,
+    Bullets,
+    Figure,
+    Figures,
+    Heading,
+    Lead,
+    Paragraph,
+    Span,
+    report_blocks,
+)
 from ditq.report.grids import Grid
 from ditq.report.tables import Table
 
@@ -59,12 +69,20 @@ def _block(block: Block, out_dir: Path) -> str:
     if isinstance(block, Bullets):
         return "\n".join(f"- {_spans(item)}" for item in block.items)
     if isinstance(block, Figures):
+        return _figures(block.figures, out_dir)
+    if isinstance(block, Lead):  # the first screen's text, then its figures
         return "\n\n".join(
-            f"![{_text(f.title)}]({f.path.relative_to(out_dir).as_posix()})"
-            + (f"\n\n*{_text(f.caption)}*" if f.caption else "")
-            for f in block.figures
+            [*(_block(part, out_dir) for part in block.text), _figures(block.figures, out_dir)]
         )
     return table_markdown(block)
+
+
+def _figures(figures: tuple[Figure, ...], out_dir: Path) -> str:
+    return "\n\n".join(
+        f"![{_text(f.title)}]({f.path.relative_to(out_dir).as_posix()})"
+        + (f"\n\n*{_text(f.caption)}*" if f.caption else "")
+        for f in figures
+    )
 
 
 def render_markdown(

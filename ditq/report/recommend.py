@@ -87,7 +87,9 @@ def _facts(a: Assessment, baseline: ServingProfile, baseline_name: str) -> str:
 def _why_not(a: Assessment, chosen: Assessment | None, baseline: ServingProfile, baseline_name: str) -> str:
     fit = a.objectives.fit_to_serve
     if fit.answer == "YES" and chosen is not None:
-        return f"Fit to serve too, ranked after {chosen.candidate.name}: {_facts(a, baseline, baseline_name)}."
+        return (
+            f"Fit to serve too, ranked after {chosen.candidate.name}: {_facts(a, baseline, baseline_name)}."
+        )
     first = fit.reasons[0].message if fit.reasons else "no reason recorded."
     text = f"{fit.answer}: {first}"
     if fit.answer == "UNDECIDED" and fit.settle_command:
@@ -104,7 +106,10 @@ def _decided_by(fit: list[Assessment], baseline: ServingProfile) -> str:
 
 
 def recommend(
-    assessments: list[Assessment], baseline: ServingProfile, rules: VerdictRules, baseline_name: str = "the baseline"
+    assessments: list[Assessment],
+    baseline: ServingProfile,
+    rules: VerdictRules,
+    baseline_name: str = "the baseline",
 ) -> Recommendation:
     """The candidate to serve (None: none is fit), why (the deciding objective, the baseline's time beside the
     candidate's), and why not each other one."""
@@ -116,7 +121,9 @@ def recommend(
         key=lambda a: _rank(a, baseline),
     )
     chosen = fit[0] if fit else None
-    others = {a.candidate.name: _why_not(a, chosen, baseline, baseline_name) for a in assessments if a is not chosen}
+    others = {
+        a.candidate.name: _why_not(a, chosen, baseline, baseline_name) for a in assessments if a is not chosen
+    }
     if chosen is None:
         undecided = [a.candidate.name for a in assessments if a.objectives.fit_to_serve.answer == "UNDECIDED"]
         why = (

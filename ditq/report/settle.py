@@ -94,10 +94,14 @@ def speed_settle_command(
         seeds = max(seeds, -(-entry.samples_to_settle // fixtures))  # requests at count k -> seeds
     if not seeds:
         return None
-    first = min(candidate.run.run_file.seeds) if candidate.run.run_file and candidate.run.run_file.seeds else 0
+    first = (
+        min(candidate.run.run_file.seeds) if candidate.run.run_file and candidate.run.run_file.seeds else 0
+    )
     text = seeds_text(list(range(first, first + seeds)))
     if sweep is not None:
-        return shlex.join([*_without(shlex.split(sweep.command), ("--seeds", "--max-seeds")), "--seeds", text])
+        return shlex.join(
+            [*_without(shlex.split(sweep.command), ("--seeds", "--max-seeds")), "--seeds", text]
+        )
     steps = [_probe(baseline.run, text), _probe(candidate.run, text)]
     if any(step is None for step in steps):
         return None

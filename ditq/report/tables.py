@@ -19,6 +19,7 @@ __all__ = [
     "comparison_table",
     "format_budget",
     "format_bytes",
+    "interval_text",
     "ladder_table",
     "objectives_table",
     "provenance_table",
@@ -194,7 +195,8 @@ def verdict_table(report: ReportData) -> Table:
     return Table(headers, tuple(rows))
 
 
-def _interval_cell(entry: IntervalEntry) -> str:
+def interval_text(entry: IntervalEntry) -> str:
+    """An interval as the tables show it: '45.20 [44.10, 46.30] dB', '0.78× [0.41, 1.50] the baseline's time'."""
     if entry.estimate is None:
         return "n/a"
     if entry.measure in ("psnr_db", "ssim"):  # a level, not a difference or a ratio
@@ -250,7 +252,7 @@ def objectives_table(a: Assessment) -> Table:
                     title,
                     answer.answer,
                     entry.subject,
-                    _interval_cell(entry),
+                    interval_text(entry),
                     _n_cell(entry),
                     entry.threshold,
                     entry.decision,

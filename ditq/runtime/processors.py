@@ -38,22 +38,28 @@ def image_text_processor(cls: type) -> type:
     """``cls`` (a transformers ``ProcessorMixin``) without its video processor: the same name and module, the
     same processing of text and images."""
 
-    class Processor(cls):  # type: ignore[valid-type,misc]
+    class Processor(cls):
         @classmethod
         def get_attributes(klass) -> list[str]:
             return [name for name in super().get_attributes() if name != VIDEO_PROCESSOR]
 
-    Processor.__name__, Processor.__qualname__, Processor.__module__ = cls.__name__, cls.__qualname__, cls.__module__
+    Processor.__name__, Processor.__qualname__, Processor.__module__ = (
+        cls.__name__,
+        cls.__qualname__,
+        cls.__module__,
+    )
     return Processor
 
 
 def _needs_video_processor(cls: type) -> bool:
     from transformers.processing_utils import ProcessorMixin
 
-    return issubclass(cls, ProcessorMixin) and VIDEO_PROCESSOR in cls.get_attributes()
+    return issubclass(cls, ProcessorMixin) and VIDEO_PROCESSOR in cls.get_attributes()  # type: ignore[attr-defined]
 
 
-def processors_without_video(model_dir: Path, index: dict[str, Any], classes: dict[str, type]) -> dict[str, Any]:
+def processors_without_video(
+    model_dir: Path, index: dict[str, Any], classes: dict[str, type]
+) -> dict[str, Any]:
     """Component -> its processor, loaded from ``model_dir`` without a video processor, for each transformers
     processor component that names one, where torchvision is missing; empty where it is installed (diffusers
     loads them as usual). ``classes`` is each component's class (``check_component_classes``)."""

@@ -450,18 +450,31 @@ def calibrate(
         warming += clock() - begun
         warm.add(shape)
 
+    logger.info(
+        "calibrating the cost model: %d request shapes to time (up to %.0f s) before the server is ready",
+        len(shapes),
+        CALIBRATION_LIMIT_S,
+    )
     # first-call costs (and, compiled, the first compilation); eager, every shape is then measured as it first runs
     warm_up(min(shapes, key=lambda s: (s[0] * s[1], s[2])))
     free_accelerator_memory()
     while True:
         measurements: list[Measurement] = []
         demoted = False
-        for width, height, count in shapes:
+        for index, (width, height, count) in enumerate(shapes, 1):
             if measurements and clock() - started - warming > CALIBRATION_LIMIT_S:
                 logger.info(
                     "calibration: %.0f s spent; the shapes left are priced from the fit", clock() - started
                 )
                 break
+            logger.info(
+                "calibration: shape %d of %d, %dx%d with %d references",
+                index,
+                len(shapes),
+                width,
+                height,
+                count,
+            )
             try:
                 if compiled is not None and (width, height, count) not in warm:
                     warm_up((width, height, count))

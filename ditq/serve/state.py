@@ -134,8 +134,12 @@ class ServerState:
     def _load_and_check(self) -> None:
         started = time.perf_counter()
         try:
+            logger.info(
+                "loading %s: reading its weights, choosing each quantized layer's kernel", self.model_root
+            )
             adapter = self._load()
             loaded_s = time.perf_counter() - started
+            logger.info("loaded in %.1f s; the kernel doctor is recording its choices", loaded_s)
             self.startup_step = "checking kernels"
             outcome = self._doctor(adapter)
         except Exception as error:  # reported by /health and the load-failure callback

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shlex
-from collections.abc import Sequence
+import subprocess
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from ditq.errors import InputError
 from ditq.fsutil import sha256_file
 from ditq.probe.fixtures import DEFAULT_SEEDS
 from ditq.probe.records import incomplete, is_out_of_memory, latest_by_key, read_records
@@ -14,10 +17,12 @@ from ditq.quantize.plan_file import KEEP
 from ditq.runfiles import (
     CANDIDATE_FILE,
     RECORDS_FILE,
+    RUN_FILE,
     Attempt,
     CandidateFile,
     DoctorFile,
     DoctorSummary,
+    RunFile,
     StageEntry,
     WeightBytes,
     read_model,
@@ -104,12 +109,45 @@ def plan_label(choices: Any) -> str:
     return "+".join(s for s in (*SCHEMES, KEEP) if s in present)
 
 
-def run_logged(argv: list[str], log: Path) -> int:
-    """``argv`` in a child process (``ditq.sweep.launch``), its output after the command line in ``log``."""
+TICK_S = 10.0  # while a stage runs, a progress line at most this often (none is silent longer)
+
+
+def run_logged(argv: list[str], log: Path, tick: Callable[[], None] | None = None) -> int:
+    """``argv`` in a child process (``ditq.sweep.launch``), its output after the command line in ``log``; while it
+    runs, ``tick`` every TICK_S seconds (a progress line)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as sink:
         sink.write(f"$ {shlex.join(argv)}\n".encode())
-    return launch.start(argv, log).wait()
+    child = launch.start(argv, log)
+    while True:
+        try:
+            return child.wait(timeout=TICK_S)
+        except subprocess.TimeoutExpired:
+            if tick is not None:
+                tick()
+
+
+def probe_news(run_dir: Path) -> str | None:
+    """How far the probe (or baseline) writing ``run_dir`` is: '5/16 requests, 1.9 s each, ETA 21 s', from its
+    RUN.json (the requests this invocation planned) and the records it has appended; None before it has said."""
+    try:
+        invocation = read_model(RunFile, run_dir / RUN_FILE).invocations[-1]
+        lines = (run_dir / RECORDS_FILE).read_text(errors="replace").splitlines()
+    except (OSError, InputError, IndexError):
+        return None
+    walls = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # the line being written
+            continue
+        if isinstance(record, dict) and record.get("invocation") == invocation.index:
+            walls.append(float(record.get("wall_s") or 0.0))
+    done, planned = len(walls), invocation.planned
+    if not done:
+        return f"0/{planned} requests"
+    each = sum(walls) / done
+    return f"{done}/{planned} requests, {each:.1f} s each, ETA {max(planned - done, 0) * each:.0f} s"
 
 
 def matrix_args(options: SweepOptions, seeds: str | None = None) -> list[str]:

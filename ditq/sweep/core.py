@@ -20,26 +20,40 @@ from ditq.runfiles import (
     read_model,
     write_model,
 )
-from ditq.sweep.candidate import Candidate, matrix_args, run_logged
-from ditq.sweep.health import Server, last_line
+from ditq.sweep.candidate import Candidate, matrix_args, probe_news, run_logged
+from ditq.sweep.health import Server, last_line, latest_news
 from ditq.sweep.options import SCHEME_STAGES, SweepOptions, ditq_argv
 
 
 class Progress:
-    """One display for the whole sweep: a line per stage, counted against the total."""
+    """One display for the whole sweep: a line per stage, counted against a total fixed at the start.
 
-    def __init__(self, total: int, enabled: bool, stream: TextIO = sys.stderr) -> None:
-        self.total, self.done, self.enabled, self.stream = total, 0, enabled, stream
+    ``stages`` are the (who, stage) pairs a sweep runs once each: the baseline, the reference pair, every
+    candidate's stages, the report. Each counts the first time it finishes (ok, failed, skipped, not reached); lines
+    beyond them (a server's start, another rung of the offload ladder, seeds added by --seeds auto, a running
+    stage's progress every 10 s) are shown against the same count and never move the total."""
+
+    def __init__(self, stages: Sequence[tuple[str, str]], enabled: bool, stream: TextIO = sys.stderr) -> None:
+        self.stages, self.counted = set(stages), set[tuple[str, str]]()
+        self.total, self.enabled, self.stream = len(self.stages), enabled, stream
         self.started = time.monotonic()
 
     def __call__(self, who: str, stage: str, status: str, detail: str = "") -> None:
-        if status != "running":
-            self.done += 1
-            self.total = max(self.total, self.done)  # --seeds auto adds stages as it goes
+        if status != "running" and (who, stage) in self.stages:
+            self.counted.add((who, stage))
         if self.enabled:
             clock = time.monotonic() - self.started
-            line = f"[{self.done:>2}/{self.total}] {clock:6.0f}s  {who:<9} {stage:<9} {status}"
+            line = f"[{len(self.counted):>2}/{self.total}] {clock:6.0f}s  {who:<9} {stage:<9} {status}"
             print(line + (f": {detail}" if detail else ""), file=self.stream, flush=True)
+
+    def ticker(self, who: str, stage: str, news: Callable[[], str | None]) -> Callable[[], None]:
+        """A tick for a stage that runs long: a 'running' line with what ``news`` says (when it says something)."""
+
+        def tick() -> None:
+            said = news()
+            self(who, stage, "running", said or "")
+
+        return tick
 
 
 class SweepCore:
@@ -51,8 +65,12 @@ class SweepCore:
         # the baseline is BF16 unless the servers compute in another dtype (float32 on a CPU, say)
         dtype = options.dtype or default_dtype(options.device)
         self.baseline_name = "BF16" if dtype == "bfloat16" else dtype
-        runs = 1 + options.parity_in_process
-        self.progress = Progress(runs + len(SCHEME_STAGES) * len(options.candidates) + 1, options.progress)
+        stages = [
+            (self.baseline_name, "baseline"),
+            *([("bfloat16", "pair")] if options.parity_in_process else []),
+        ]
+        stages += [(c, stage) for c in options.candidates for stage in SCHEME_STAGES]
+        self.progress = Progress([*stages, ("all", "report")], options.progress)
 
     def _show(self, c: Candidate, stage: str, status: str, detail: str = "") -> None:
         if status != "running":
@@ -75,7 +93,7 @@ class SweepCore:
         self._show(c, stage, "running")
         log = c.logs / f"{stage}.log"
         started = time.monotonic()
-        code = run_logged(argv, log)
+        code = run_logged(argv, log, self.progress.ticker(c.scheme, stage, lambda: latest_news(log)))
         ok = code in ok_codes and all(p.exists() for p in outputs)
         message = None if ok else f"exit code {code}: {last_line(log)}"
         if ok and (problem := unfinished()) is not None:
@@ -123,7 +141,9 @@ class SweepCore:
         log = self.out / "logs" / "parity-in-process.log"
         argv += ["--device", self.options.device]
         argv += ["--variant", self.options.variant] if self.options.variant else []
-        code = run_logged(argv, log)
+        code = run_logged(
+            argv, log, self.progress.ticker("bfloat16", "pair", lambda: probe_news(self.parity_run))
+        )
         self._add_baseline_commands([shell_command(argv)])
         if code != 0 or not (self.parity_run / "SEAL.json").is_file():
             raise DitqError(f"the reference pair's in-process run failed: exit code {code} (log: {log})")

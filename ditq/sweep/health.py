@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -20,11 +21,17 @@ def wait_healthy(
     timeout_s: float,
     process: subprocess.Popen[bytes] | launch.Child | None = None,
     interval_s: float = 0.5,
+    tick: Callable[[], None] | None = None,
+    tick_s: float = 10.0,
 ) -> str | None:
     """Poll ``url/health`` until it answers 200: None then; otherwise why not (the server `process` exited first,
-    or `timeout_s` ran out)."""
+    or `timeout_s` ran out). Meanwhile ``tick`` every ``tick_s`` seconds (a progress line)."""
     deadline = time.monotonic() + timeout_s
+    next_tick = time.monotonic() + tick_s
     while time.monotonic() < deadline:
+        if tick is not None and time.monotonic() >= next_tick:
+            tick()
+            next_tick = time.monotonic() + tick_s
         if process is not None and (code := process.poll()) is not None:
             return f"the server exited with code {code} before it was healthy"
         try:
@@ -42,6 +49,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def latest_news(log: Path) -> str | None:
+    """The last thing a ditq command logged in ``log`` (its ``LEVEL ditq.module: message`` lines; the HTTP access
+    lines left out), without the prefix: what a server is doing while it loads and calibrates."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    said = [line.split(": ", 1)[1] for line in lines if line.startswith(_LEVELS) and ": " in line]
+    return said[-1][:200] if said else None
+
+
+_LEVELS = ("INFO ditq", "WARNING ditq", "ERROR ditq")
+
+
 def last_line(log: Path) -> str:
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     return lines[-1][:300] if lines else "no output"
@@ -57,9 +78,10 @@ class Server:
         self.log = log
         self.process = launch.start(self.argv, log)
 
-    def wait_healthy(self, timeout_s: float) -> str | None:
-        """None once /health answers 200; otherwise why not (and the server is stopped)."""
-        problem = wait_healthy(self.url, timeout_s, self.process)
+    def wait_healthy(self, timeout_s: float, tick: Callable[[], None] | None = None) -> str | None:
+        """None once /health answers 200; otherwise why not (and the server is stopped). ``tick``: a progress
+        line every 10 s meanwhile."""
+        problem = wait_healthy(self.url, timeout_s, self.process, tick=tick)
         if problem is None:
             return None
         if self.process.poll() is not None:

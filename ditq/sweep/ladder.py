@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import time
 from collections.abc import Callable
@@ -17,13 +18,21 @@ from ditq.runfiles import (
     CommandList,
     write_model,
 )
-from ditq.sweep.candidate import Candidate, matrix_args, out_of_memory_keys, run_logged, unfinished_run
+from ditq.sweep.candidate import (
+    Candidate,
+    matrix_args,
+    out_of_memory_keys,
+    probe_news,
+    run_logged,
+    unfinished_run,
+)
 from ditq.sweep.core import SweepCore
-from ditq.sweep.health import Server, last_line
+from ditq.sweep.health import Server, last_line, latest_news
 from ditq.sweep.options import ditq_argv
 
-
-BASELINE_LOG = "baseline.log"  # the baseline's probe (``ditq baseline --endpoint``); its servers': serve-baseline*.log
+BASELINE_LOG = (
+    "baseline.log"  # the baseline's probe (``ditq baseline --endpoint``); its servers': serve-baseline*.log
+)
 
 
 class OffloadLadder(SweepCore):
@@ -52,7 +61,9 @@ class OffloadLadder(SweepCore):
             log = logs / (f"serve-baseline{suffix}.log" if who == "baseline" else f"serve{suffix}.log")
             server = Server(self.options, model, log, offload)
             attempt: dict[str, Any] = {"offload": offload, "command": shell_command(server.argv)}
-            problem = server.wait_healthy(self.options.health_timeout_s)
+            # while it loads and calibrates: what its log last said
+            news = self.progress.ticker(who, "serve", functools.partial(latest_news, log))
+            problem = server.wait_healthy(self.options.health_timeout_s, news)
             if problem is not None:
                 attempt.update(seconds=round(time.monotonic() - started, 2), message=problem)
                 if server.out_of_memory_at_load:
@@ -65,7 +76,9 @@ class OffloadLadder(SweepCore):
             self.progress(who, "serve", "ok", f"offload {offload}, {server.url}")
             try:
                 argv = probe_argv(server, rung > 0)
-                code = run_logged(argv, probe_log)
+                stage = "baseline" if who == "baseline" else "probe"
+                ticker = self.progress.ticker(who, stage, lambda: probe_news(run_dir))  # requests done, ETA
+                code = run_logged(argv, probe_log, ticker)
             finally:
                 server.stop()
             remaining = out_of_memory_keys(run_dir)

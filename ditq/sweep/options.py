@@ -143,7 +143,10 @@ class SweepOptions:
 
         if self.steps is not None and self.steps < 1:
             raise InputError(f"--steps: at least 1, got {self.steps}")
-        for value, flag in ((self.health_timeout_s, "--health-timeout"), (self.request_timeout_s, "--timeout")):
+        for value, flag in (
+            (self.health_timeout_s, "--health-timeout"),
+            (self.request_timeout_s, "--timeout"),
+        ):
             if value is not None and not value > 0:
                 raise InputError(f"{flag}: a positive number of seconds, got {value:g}")
         if self.max_memory is not None:
@@ -165,7 +168,9 @@ def check_seeds(seeds: str | None, max_seeds: int = MAX_SEEDS) -> list[int]:
     could be decided."""
     start = parse_seeds(DEFAULT_SEEDS if seeds in (None, "auto") else seeds)
     if seeds == "auto" and max_seeds < len(start):
-        raise InputError(f"--max-seeds: at least {len(start)} (the seeds --seeds auto starts from), got {max_seeds}")
+        raise InputError(
+            f"--max-seeds: at least {len(start)} (the seeds --seeds auto starts from), got {max_seeds}"
+        )
     if len(start) < MIN_SEEDS:
         raise InputError(
             f"--seeds {seeds}: {len(start)} seed cannot decide any answer (each is an interval over seeds, which "

@@ -13,7 +13,14 @@ from ditq.runfiles import (
     CompareFile,
     read_model,
 )
-from ditq.sweep.candidate import Candidate, matrix_args, run_logged, seeds_by_fixture, unfinished_run
+from ditq.sweep.candidate import (
+    Candidate,
+    matrix_args,
+    probe_news,
+    run_logged,
+    seeds_by_fixture,
+    unfinished_run,
+)
 from ditq.sweep.health import Server, last_line
 from ditq.sweep.ladder import BASELINE_LOG, OffloadLadder
 from ditq.sweep.options import ditq_argv
@@ -113,7 +120,11 @@ class SeedSettling(OffloadLadder):
             endpoint = self.options.endpoint_for.get(c.scheme)
             if endpoint is not None:
                 argv = ditq_argv("probe", "--endpoint", endpoint, "--out", c.run_dir, *matrix)
-                code = run_logged(argv, c.logs / "probe.log")
+                code = run_logged(
+                    argv,
+                    c.logs / "probe.log",
+                    self.progress.ticker(c.scheme, "probe", lambda: probe_news(c.run_dir)),
+                )
                 c.seed_commands.append(shell_command(argv))
                 failure = None if code in (0, 1) else f"exit code {code}: {last_line(c.logs / 'probe.log')}"
                 failure = failure or unfinished_run(c.run_dir)

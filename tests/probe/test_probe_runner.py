@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,19 @@ def test_records_of_a_parallel_server_say_its_setting_and_run_json_its_ranks(
     assert (server.facts.parallel.label, server.facts.parallel.ranks[1].peak_memory_bytes) == ("cp=2", 2**30)
     records = read_records(tmp_path / "run")
     assert records and {r.parallel for r in records} == {"cp=2"}
+
+
+def test_a_runs_progress_reads_back_as_requests_done_and_an_eta(
+    tmp_path: Path, fixture_set, stub: StubServer
+) -> None:
+    """What a sweep says every 10 s while a probe runs: its invocation's requests done of those planned, and the
+    ETA at their mean time; a second invocation counts its own requests only."""
+    from ditq.sweep.candidate import probe_news
+
+    out = tmp_path / "run"
+    assert probe_news(out) is None  # nothing written yet
+    probe_run(stub.url, fixture_set, out, [1])
+    news = probe_news(out)
+    assert news is not None and re.fullmatch(r"3/3 requests, \d+\.\d s each, ETA 0 s", news), news
+    probe_run(stub.url, fixture_set, out, [1, 2])  # resumes: 3 more planned
+    assert (probe_news(out) or "").startswith("3/3 requests")

@@ -94,6 +94,31 @@ def test_report_renders_with_every_image_loaded_and_no_errors(report, tmp_path):
     print(f"report screenshot: {screenshot}")
 
 
+def test_the_answer_is_on_the_first_screen_at_1400_by_900(report, tmp_path):
+    """A newcomer's window: which candidate to serve, why and how sure, the seconds-per-image chart and the worst
+    fixture's grid all end above the fold."""
+    done = _chromium(report.html, tmp_path / "profile", "--dump-dom", "--window-size=1400,900")
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    facts = dict(re.findall(r'data-(viewport|answer-bottom|answer-images)="([^"]*)"', dom))
+    # the layout's width is the window's; its height does not change the layout (headless chromium leaves part of
+    # the 900 to its window), so "above the fold" is: ending within the top 900 CSS pixels of the page
+    assert facts["viewport"].startswith("1400x")
+    bottoms = [int(b) for b in facts["answer-images"].split(",")]
+    assert len(bottoms) == 2  # the chart and the worst fixture's grid
+    assert 0 < max(bottoms) <= int(facts["answer-bottom"]) <= 900, facts
+    answer = dom[dom.index('id="answer"') :]
+    recommended = report.data.document.recommendation.candidate
+    assert recommended is not None and f"Serve {recommended}" in answer[: answer.index("</section>")]
+    assert "How sure:" in answer[: answer.index("</section>")]
+    artifacts = Path(os.environ.get("DITQ_TEST_ARTIFACTS", tmp_path))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shot = artifacts / "report-first-screen.png"
+    done = _chromium(report.html, tmp_path / "profile2", f"--screenshot={shot}", "--window-size=1400,900")
+    assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
+    print(f"first screen: {shot}")
+
+
 def test_the_check_catches_a_broken_image_and_a_script_error(tmp_path):
     page = tmp_path / "broken.html"
     page.write_text(

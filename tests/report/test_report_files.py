@@ -57,8 +57,9 @@ def test_markdown_links_resolve_and_tables_carry_the_numbers(report):
     text = report.markdown.read_text()
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert links and all((report.out_dir / link).is_file() for link in links)
-    # 3 candidates x 4 fixtures of grids, wall and PSNR charts, and the memory chart (vram.csv exists)
-    assert len(links) == 12 + 3
+    # 3 candidates x 4 fixtures of grids, wall and PSNR charts, the memory chart (vram.csv exists), and the first
+    # screen's grid of the worst fixture
+    assert len(links) == 12 + 3 + 1
     assert "| BF16 |" in text and "OOM" in text
     assert "Out of memory at 4 references (2 of 2 requests)." in text
 
@@ -66,7 +67,7 @@ def test_markdown_links_resolve_and_tables_carry_the_numbers(report):
 def test_html_is_self_contained(report):
     page = report.html.read_text()
     sources = re.findall(r'<img src="([^"]+)"', page)
-    assert len(sources) == 15
+    assert len(sources) == 16
     assert all(src.startswith("data:image/png;base64,") for src in sources)
     assert not re.search(r'(src|href)="(?!data:)', page)  # nothing fetched from disk or network
     assert 'class="NO"' in page and 'class="YES"' in page
@@ -93,6 +94,20 @@ def test_difference_heatmap_is_dark_for_equal_images_and_bright_for_different_on
     differ = np.asarray(difference_heatmap(a, b)).astype(int)
     assert same.shape == (8, 8, 3) and same.sum(axis=2).max() < 30  # inferno starts near black
     assert differ.sum(axis=2).min() > same.sum(axis=2).max() + 200
+
+
+def test_a_45_db_difference_is_visible_in_the_heatmap():
+    """Seeded noise of about 1.4 levels RMS (PSNR 45 dB): under the old linear x4 it showed at about 5/255 of the
+    colour map (black); on the square-root scale it is a clear colour, well above the black of no difference."""
+    rng = np.random.default_rng(0)
+    base = rng.integers(40, 215, (64, 64, 3)).astype(np.float64)
+    noisy = np.clip(base + rng.normal(0.0, 1.43, base.shape).round(), 0, 255)
+    psnr = 10 * np.log10(255.0**2 / np.mean((base - noisy) ** 2))
+    assert 44.0 < psnr < 46.0
+    a, b = (Image.fromarray(x.astype(np.uint8), "RGB") for x in (base, noisy))
+    luminance = np.asarray(difference_heatmap(a, b).convert("L"), dtype=np.float64)
+    black = np.asarray(difference_heatmap(a, a).convert("L"), dtype=np.float64)
+    assert black.max() < 5 and luminance.mean() > 45  # inferno's black, against a visible purple
 
 
 def test_report_command_prints_verdicts_and_the_page(shared_runs, tmp_path, capsys):

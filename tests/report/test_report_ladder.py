@@ -264,7 +264,8 @@ def test_verdict_json_carries_the_new_profile_fields(report):
 def test_note_and_new_sections_render_in_markdown_and_html(report):
     text = report.markdown.read_text()
     assert text.splitlines()[2] == f"**Note:** {NOTE}"
-    assert text.index("## Capacity") < text.index("## Verdicts")
+    # the answer first, then the verdicts, then the details (the capacity summary among them)
+    assert text.index("## Which candidate to serve") < text.index("## Verdicts") < text.index("## Capacity")
     page = report.html.read_text()
     assert f"<p><b>Note:</b> {NOTE}</p>" in page
     for heading in ("Capacity", "Offload ladder", "Servers", "Stages"):

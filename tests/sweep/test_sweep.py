@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -299,6 +300,10 @@ def test_offload_ladder_serves_what_ran_out_of_memory_at_the_next_mode(workspace
         timeout=600,
     )
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    # the ladder's extra rungs and servers are shown against a total fixed at the start, which ends complete
+    counts = [tuple(map(int, m)) for m in re.findall(r"^\[\s*(\d+)/(\d+)\]", sweep.stderr, re.MULTILINE)]
+    assert len({total for _, total in counts}) == 1 and all(done <= total for done, total in counts)
+    assert counts[-1][0] == counts[-1][1] == 1 + 7 + 1  # the baseline, w8a8's seven stages, the report
     out = workspace / "out-ladder"
     candidate = json.loads((out / "w8a8" / "CANDIDATE.json").read_text())
     attempts = [(a["offload"], a["status"], a.get("out_of_memory_after")) for a in candidate["attempts"]]
