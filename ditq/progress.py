@@ -42,9 +42,17 @@ class LineProgress:
 
     def _line(self) -> str:
         elapsed = self.clock() - self.started
-        done = f"{self.n / 2**20:.0f}/{self.total / 2**20:.0f} MiB" if self.unit == "B" else f"{self.n}/{self.total}"
+        done = (
+            f"{self.n / 2**20:.0f}/{self.total / 2**20:.0f} MiB"
+            if self.unit == "B"
+            else f"{self.n}/{self.total}"
+        )
         rate = f", {elapsed / self.n:.2f} s/{self.unit}" if self.n and self.unit != "B" else ""
-        eta = f", ETA {(self.total - self.n) * elapsed / self.n:.0f} s" if self.n and self.total >= self.n else ""
+        eta = (
+            f", ETA {(self.total - self.n) * elapsed / self.n:.0f} s"
+            if self.n and self.total >= self.n
+            else ""
+        )
         return f"{self.desc}: {done} {self.unit}{rate}{eta}{self.postfix}"
 
     def update(self, n: int = 1) -> None:

@@ -44,7 +44,7 @@ def read_json(path: Path) -> dict[str, Any]:
 def read_model_index(model_dir: Path) -> dict[str, Any]:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise InputError(f"{model_dir}: not a directory")
+        raise InputError(f"{model_dir}: {'not a directory' if model_dir.exists() else 'no such directory'}")
     if not (model_dir / MODEL_INDEX).is_file():
         raise InputError(f"{model_dir}: not a diffusers model directory (no {MODEL_INDEX})")
     index = read_json(model_dir / MODEL_INDEX)

@@ -33,7 +33,9 @@ class Progress:
     beyond them (a server's start, another rung of the offload ladder, seeds added by --seeds auto, a running
     stage's progress every 10 s) are shown against the same count and never move the total."""
 
-    def __init__(self, stages: Sequence[tuple[str, str]], enabled: bool, stream: TextIO = sys.stderr) -> None:
+    def __init__(
+        self, stages: Sequence[tuple[str, str]], enabled: bool, stream: TextIO | None = None
+    ) -> None:
         self.stages, self.counted = set(stages), set[tuple[str, str]]()
         self.total, self.enabled, self.stream = len(self.stages), enabled, stream
         self.started = time.monotonic()
@@ -44,7 +46,7 @@ class Progress:
         if self.enabled:
             clock = time.monotonic() - self.started
             line = f"[{len(self.counted):>2}/{self.total}] {clock:6.0f}s  {who:<9} {stage:<9} {status}"
-            print(line + (f": {detail}" if detail else ""), file=self.stream, flush=True)
+            print(line + (f": {detail}" if detail else ""), file=self.stream or sys.stderr, flush=True)
 
     def ticker(self, who: str, stage: str, news: Callable[[], str | None]) -> Callable[[], None]:
         """A tick for a stage that runs long: a 'running' line with what ``news`` says (when it says something)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ditq.checkpoint.layout import check_components_present, read_model_index
 from ditq.devices import OFFLOAD_LADDER_AUTO, OFFLOAD_MODES
 from ditq.errors import InputError
 from ditq.judge.compare import MAX_SEEDS
@@ -51,6 +52,8 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
     )
     # compiled or not, every server alike (the baseline's too): speeds compare like with like
     argv += ["--compile", "--compile-backend", options.compile] if options.compile else []
+    # the largest output the fixtures ask for: each server calibrates the shapes it will be sent, no larger
+    argv += ["--max-pixels", str(options.max_pixels)] if options.max_pixels else []
     return argv + (["--max-memory", options.max_memory] if options.max_memory else [])
 
 
@@ -85,6 +88,8 @@ class SweepOptions:
     plan: Path | None = None  # a PLAN.json (`ditq plan`): one more candidate, quantized with it
     # the PLAN.json read once, here (a bad plan is refused before anything runs); None without --plan
     plan_file: PlanFile | None = field(init=False, default=None, repr=False, compare=False)
+    # the largest width * height a fixture asks for: every server's --max-pixels (read with the fixtures, here)
+    max_pixels: int | None = field(init=False, default=None, repr=False, compare=False)
     attention: str | None = None  # the candidates' servers' --attention (int8 | fp8); None: the model's own
     kv_cache: str | None = None  # the candidates' servers' --kv-cache (int8 | fp8); None: the model's own
     compile: str | None = None  # every server's --compile backend, the baseline's too; None: eager
@@ -133,7 +138,13 @@ class SweepOptions:
         for path, what in ((self.model, "model"), (self.fixtures, "--fixtures"), (self.refs, "--refs")):
             if not Path(path).exists():
                 raise InputError(f"{what}: {path} does not exist")
-        load_fixtures(self.fixtures, self.refs)  # every field and reference checked before a server starts
+        check_components_present(
+            self.model, read_model_index(self.model)
+        )  # a model, before a server loads it
+        fixtures = load_fixtures(
+            self.fixtures, self.refs
+        )  # every field and reference checked before a server starts
+        object.__setattr__(self, "max_pixels", max(f.width * f.height for f in fixtures.values()))
         if self.plan is not None:
             object.__setattr__(self, "plan_file", read_plan(self.plan))
 

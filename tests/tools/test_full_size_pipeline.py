@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -18,6 +18,8 @@ from PIL import Image
 
 import ditq
 from ditq.probe.fixtures import load_fixtures
+from ditq.report import validate_verdict_file
+from ditq.sweep import SCHEME_STAGES
 
 SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "full_size_pipeline.py"
 SIZE = 64  # the tiny preset's fixture size
@@ -36,12 +38,6 @@ def _import_script() -> ModuleType:
 script = _import_script()
 
 
-def _loading() -> AbstractContextManager[Any]:
-    """Where torchvision is missing, Qwen3VLProcessor loads without its video processor (see the script)."""
-    has_torchvision = importlib.util.find_spec("torchvision") is not None
-    return nullcontext() if has_torchvision else script.without_video_processor()
-
-
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny") / "pipeline"
@@ -58,8 +54,7 @@ def quantized(source: Path) -> Path:
 
 def _generate(directory: Path, prompt: str, references: Sequence[Image.Image]) -> dict[int, Image.Image]:
     """Number of references (0 or 2) -> the picture the pipeline in ``directory`` generates with them."""
-    with _loading():
-        pipeline = ditq.load_pipeline(directory, device="cpu", dtype=torch.float32)
+    pipeline = ditq.load_pipeline(directory, device="cpu", dtype=torch.float32)
     return _draw(pipeline, prompt, references)
 
 
@@ -181,9 +176,8 @@ def test_the_text_encoders_head_is_declared_unused_and_never_loaded(
         "reason": "output head: QwenImage21Pipeline reads the text encoder's hidden states, never its logits",
         "params": script.TOKENIZER_VOCAB_SIZE * 64, "bytes": script.TOKENIZER_VOCAB_SIZE * 64 * 2,
     }}}  # fmt: skip
-    with _loading():
-        dropped = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
-        kept = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32, drop_unused=False)
+    dropped = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
+    kept = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32, drop_unused=False)
     assert dropped.ditq_unused == {"text_encoder.lm_head": script.TOKENIZER_VOCAB_SIZE * 64 * 2}
     assert not [n for n, _ in dropped.text_encoder.named_parameters() if n.startswith("lm_head")]
     assert kept.text_encoder.lm_head.weight.shape == (script.TOKENIZER_VOCAB_SIZE, 64)
@@ -206,10 +200,9 @@ def test_doctor_and_generate_run_the_quantized_text_encoder(quantized: Path, tmp
     assert main(["doctor", "--artifact", str(quantized), "--rows", "8"]) == 0
     source_refs = quantized / "fixtures" / "refs"
     out = tmp_path / "edit.png"
-    with _loading():
-        code = main(["generate", str(quantized), "--device", "cpu", "--prompt", "a red star", "--steps", "2",
-                     "--size", f"{SIZE}x{SIZE}", "--image", str(source_refs / "ref-star-red.png"), "--out", str(out),
-                     "--on-collapse", "warn"])  # fmt: skip
+    code = main(["generate", str(quantized), "--device", "cpu", "--prompt", "a red star", "--steps", "2",
+                 "--size", f"{SIZE}x{SIZE}", "--image", str(source_refs / "ref-star-red.png"), "--out", str(out),
+                 "--on-collapse", "warn"])  # fmt: skip
     assert code == 0 and Image.open(out).size == (SIZE, SIZE)
 
 
@@ -230,12 +223,11 @@ def test_auto_offload_streams_the_qwen3_vl_text_encoder_through_its_nested_block
     its vision tower, deepstack mergers and language model, wherever they nest; the picture is the resident one."""
     from ditq.runtime.offload import module_bytes
 
-    with _loading():
-        resident = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
-        budget = module_bytes(resident.transformer) + module_bytes(resident.vae) + 1024
-        streamed = ditq.load_pipeline(
-            quantized, device="cpu", dtype=torch.float32, offload="auto", memory_budget_bytes=budget
-        )
+    resident = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
+    budget = module_bytes(resident.transformer) + module_bytes(resident.vae) + 1024
+    streamed = ditq.load_pipeline(
+        quantized, device="cpu", dtype=torch.float32, offload="auto", memory_budget_bytes=budget
+    )
     placement = streamed.ditq_placement
     assert (placement.resident, placement.streamed) == (["transformer", "vae"], ["text_encoder"])
     hooked = {name for name, m in streamed.text_encoder.named_modules() if m._forward_pre_hooks}
@@ -257,8 +249,7 @@ def test_the_prefix_cache_is_let_go_when_the_vae_begins_decoding(source: Path) -
     from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
     from ditq.runtime.prefix_release import released_at_decode
 
-    with _loading():
-        pipeline = ditq.load_pipeline(source, device="cpu", dtype=torch.float32)
+    pipeline = ditq.load_pipeline(source, device="cpu", dtype=torch.float32)
     fixture = load_fixtures(source / "fixtures" / "fixtures.json", source / "fixtures" / "refs")["edit-2ref"]
     caches: dict[int, Any] = {}
     at_decode: list[tuple[int, int]] = []  # per call: (blocks whose keys are held, their bytes)
@@ -309,10 +300,9 @@ def test_an_auto_placement_tiles_the_vae_only_where_the_vae_ran_out_of_memory(so
     was the VAE's (it frees nothing in the text encoder or the transformer), else the next component streams."""
     from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 
-    with _loading():
-        pipeline = ditq.load_pipeline(
-            source, device="cpu", dtype=torch.float32, offload="auto", memory_budget_bytes=2**40
-        )
+    pipeline = ditq.load_pipeline(
+        source, device="cpu", dtype=torch.float32, offload="auto", memory_budget_bytes=2**40
+    )
     placement = pipeline.ditq_placement
     assert placement.resident == ["transformer", "vae", "text_encoder"] and not placement.vae_tiling
     adapter = PipelineAdapter(pipeline)
@@ -379,8 +369,7 @@ def test_serve_answers_an_edit_with_the_quantized_text_encoder(quantized: Path) 
     config = ServeConfig(served_model_name="tiny", on_collapse="warn")
 
     def load() -> Any:
-        with _loading():
-            return load_adapter(quantized, "cpu", "auto", torch.float32, chooser)
+        return load_adapter(quantized, "cpu", "auto", torch.float32, chooser)
 
     app = create_app(config, load=load, doctor=make_doctor(chooser), model_root="tiny")
     reference = (quantized / "fixtures" / "refs" / "ref-star-red.png").read_bytes()
@@ -423,9 +412,8 @@ def test_a_compiled_pipeline_serves_any_prompt_length_and_reference_layout_from_
                      output_resolution=SIZE, generator=torch.Generator().manual_seed(0)).images[0]
         )  # fmt: skip
 
-    with _loading():
-        eager = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
-        compiled = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
+    eager = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
+    compiled = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
     torch._dynamo.reset()
     compile_pipeline(compiled, "eager")  # the transformer only (its text encoder: the tests below)
     square = [Image.open(p) for p in fixture.reference_paths]
@@ -460,8 +448,8 @@ def test_compile_takes_the_text_encoders_decoder_layers_and_leaves_its_vision_to
     references = [Image.open(path) for path in fixture.reference_paths]
     expected = _generate(directory, fixture.prompt, references)
     torch._dynamo.reset()
-    with _loading():  # as --compile --compile-backend aot_eager loads it
-        pipeline = ditq.load_pipeline(directory, device="cpu", dtype=torch.float32, compile="aot_eager")
+    # as --compile --compile-backend aot_eager loads it
+    pipeline = ditq.load_pipeline(directory, device="cpu", dtype=torch.float32, compile="aot_eager")
     facts = pipeline.ditq_compile
     encoder = pipeline.text_encoder
     layers = encoder.model.language_model.layers
@@ -486,8 +474,7 @@ def test_compile_leaves_a_bf16_text_encoder_eager(source: Path) -> None:
     """--compile on a pipeline whose text encoder is not quantized compiles the transformer only: a BF16
     encoder's compiled layers ran slower than eager on the GPU (docs/results.md, "Served speed")."""
     torch._dynamo.reset()
-    with _loading():
-        pipeline = ditq.load_pipeline(source, device="cpu", dtype=torch.float32, compile="aot_eager")
+    pipeline = ditq.load_pipeline(source, device="cpu", dtype=torch.float32, compile="aot_eager")
     assert pipeline.ditq_compile.module == "transformer"
     layers = pipeline.text_encoder.model.language_model.layers
     assert all(layer._compiled_call_impl is None for layer in layers)
@@ -506,12 +493,11 @@ def test_inductor_compiles_the_quantized_text_encoder_on_cuda_to_the_pixels_of_e
 
     fixture = load_fixtures(source / "fixtures" / "fixtures.json", source / "fixtures" / "refs")["edit-2ref"]
     references = [Image.open(path) for path in fixture.reference_paths]
-    with _loading():
-        eager = ditq.load_pipeline(quantized, device="cuda")
-        expected = _draw(eager, fixture.prompt, references)
-        del eager
-        torch._dynamo.reset()
-        pipeline = ditq.load_pipeline(quantized, device="cuda", compile="inductor")
+    eager = ditq.load_pipeline(quantized, device="cuda")
+    expected = _draw(eager, fixture.prompt, references)
+    del eager
+    torch._dynamo.reset()
+    pipeline = ditq.load_pipeline(quantized, device="cuda", compile="inductor")
     assert pipeline.ditq_compile.module == "transformer, text_encoder"
     for count, picture in _draw(pipeline, fixture.prompt, references).items():
         # inductor fuses and reorders float arithmetic: close to eager, not bit for bit
@@ -526,3 +512,42 @@ def test_inductor_compiles_the_quantized_text_encoder_on_cuda_to_the_pixels_of_e
         for images in (None, wide[:1]):
             pipeline.encode_prompt(longer, image=images, device="cuda")
     assert compiled_graphs() == graphs
+
+
+@pytest.mark.slow
+def test_ditq_sweep_runs_the_tiny_qwen_image_pipeline_on_the_cpu(source: Path, tmp_path: Path) -> None:
+    """The README's main job on the tiny Qwen-Image pipeline, on the CPU, where torchvision is not installed: the
+    Qwen3-VL processor loads from its image processor and tokenizer (the servers calibrate edits with references
+    through it), every stage of the baseline and of w8a8 ends
+    ok, and the report answers, each UNDECIDED answer that a further run can settle with the command for it."""
+    chosen = {
+        k: v
+        for k, v in json.loads((source / "fixtures" / "fixtures.json").read_text()).items()
+        if k == "edit-1ref"
+    }
+    fixtures = tmp_path / "fixtures.json"
+    fixtures.write_text(json.dumps(chosen))
+    out = tmp_path / "sweep"
+    argv = [sys.executable, "-m", "ditq.cli", "sweep", str(source), "--schemes", "w8a8", "--fixtures", str(fixtures),
+            "--refs", str(source / "fixtures" / "refs"), "--seeds", "1-2", "--steps", str(STEPS), "--device", "cpu",
+            "--out", str(out), "--note", "random weights: deviation, not quality"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert importlib.util.find_spec("torchvision") is None  # what this test is for: it ran without it
+    candidate = json.loads((out / "w8a8" / "CANDIDATE.json").read_text())
+    assert {stage: entry["status"] for stage, entry in candidate["stages"].items()} == dict.fromkeys(
+        SCHEME_STAGES, "ok"
+    )
+    document = validate_verdict_file(out / "report" / "verdict.json")
+    (verdict,) = document.candidates
+    answers = [
+        verdict.objectives.faster,
+        verdict.objectives.smaller,
+        *verdict.objectives.fit_by_standard.values(),
+    ]
+    # a baseline whose own images collapse (random weights draw transparent pictures) no further run settles
+    settleable = [a for a in answers if a.answer == "UNDECIDED" and a.reasons[0].code != "baseline_collapsed"]
+    assert verdict.objectives.faster in settleable  # timed on a CPU: the same sweep on a GPU answers it
+    assert all(a.settle_command for a in settleable)
+    assert "--device cuda" in (verdict.objectives.faster.settle_command or "")
+    assert "random weights: deviation, not quality" in (out / "report" / "REPORT.md").read_text()
