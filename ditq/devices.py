@@ -32,6 +32,7 @@ __all__ = [
     "OFFLOAD_MODES",
     "add_device_arguments",
     "default_dtype",
+    "parse_offload",
     "resolve_device",
     "resolve_dtype",
     "resolve_offload",
@@ -104,6 +105,16 @@ def resolve_dtype(
     if name not in dtypes:
         raise InputError(f"{option} {name!r}: not a compute dtype (choose from {', '.join(DTYPE_CHOICES)})")
     return dtypes[name]
+
+
+def parse_offload(value: str) -> tuple[str, ...]:
+    """A sweep's ``--offload``: one mode, a comma list tried in order (a ladder), or ``auto`` (the auto placement,
+    then block); each mode is checked where the ladder is (``ditq.sweep.SweepOptions``)."""
+    return (
+        OFFLOAD_LADDER_AUTO
+        if value.strip() == "auto"
+        else tuple(m.strip() for m in value.split(",") if m.strip())
+    )
 
 
 def resolve_offload(mode: str, option: str = "--offload") -> str:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from ditq.errors import InputError
+
+if (
+    TYPE_CHECKING
+):  # a scheme names its dtype; torch is imported when it is asked for (`--help` needs no torch)
+    import torch
 
 __all__ = [
     "FP8",
@@ -42,7 +45,7 @@ class Scheme:
 
     name: str
     description: str
-    weight_dtype: torch.dtype
+    weight_dtype_name: Literal["int8", "float8_e4m3fn"]  # torch's name of the stored weights' dtype
     weight_type: Literal["int", "float"]
     format: Literal["pack-quantized", "int-quantized", "float-quantized"]
     activations: ActivationKind | None
@@ -55,8 +58,17 @@ class Scheme:
             raise InputError(f"scheme {self.name}: --group-size applies to weight-only w8a16 only")
 
     @property
+    def weight_dtype(self) -> torch.dtype:
+        import torch
+
+        dtype: torch.dtype = getattr(torch, self.weight_dtype_name)
+        return dtype
+
+    @property
     def weight_qmax(self) -> float:
         """Largest representable magnitude of a stored weight value (127 or 448)."""
+        import torch
+
         return 127.0 if self.weight_type == "int" else float(torch.finfo(torch.float8_e4m3fn).max)
 
     @property
@@ -68,7 +80,7 @@ class Scheme:
         return Scheme(
             name=self.name,
             description=self.description,
-            weight_dtype=self.weight_dtype,
+            weight_dtype_name=self.weight_dtype_name,
             weight_type=self.weight_type,
             format=self.format,
             activations=self.activations,
@@ -79,7 +91,7 @@ class Scheme:
 W8A16 = Scheme(
     name="w8a16",
     description="int8 weights, symmetric, per output channel; activations untouched",
-    weight_dtype=torch.int8,
+    weight_dtype_name="int8",
     weight_type="int",
     format="pack-quantized",
     activations=None,
@@ -87,7 +99,7 @@ W8A16 = Scheme(
 W8A8 = Scheme(
     name="w8a8",
     description="int8 weights per output channel + dynamic symmetric per-token int8 activations",
-    weight_dtype=torch.int8,
+    weight_dtype_name="int8",
     weight_type="int",
     format="int-quantized",
     activations="int8",
@@ -95,7 +107,7 @@ W8A8 = Scheme(
 FP8 = Scheme(
     name="fp8",
     description="float8_e4m3fn weights per output channel + dynamic per-token fp8 activations",
-    weight_dtype=torch.float8_e4m3fn,
+    weight_dtype_name="float8_e4m3fn",
     weight_type="float",
     format="float-quantized",
     activations="fp8",

@@ -7,15 +7,28 @@ import argparse
 __all__ = [
     "ACCUMULATE_CHOICES",
     "ATTENTION_CHOICES",
+    "COMPILE_BACKENDS",
+    "KV_CACHE_CHOICES",
+    "MAX_SEEDS",
+    "PLAN_SCHEMES",
+    "SCHEME_NAMES",
+    "TOLERANCE_DB",
     "add_accumulate_argument",
     "add_attention_argument",
     "add_kv_cache_argument",
     "add_variant_argument",
 ]
 
-# ditq.kernels.attention.ATTENTION_KINDS and ditq.kernels.registry.ACCUMULATE_MODES, without importing torch
-ATTENTION_CHOICES = ("int8", "fp8", "int8-fp8", "fp8-fp8")
-ACCUMULATE_CHOICES = ("exact", "fast")
+# What the parsers show, without importing torch (so that `ditq COMMAND --help` answers at once); each equals the
+# value where it is defined, which tests/test_cli_help.py checks.
+ATTENTION_CHOICES = ("int8", "fp8", "int8-fp8", "fp8-fp8")  # ditq.kernels.attention.ATTENTION_KINDS
+ACCUMULATE_CHOICES = ("exact", "fast")  # ditq.kernels.registry.ACCUMULATE_MODES
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # ditq.runtime.compile.COMPILE_BACKENDS
+KV_CACHE_CHOICES = ("int8", "fp8")  # ditq.runtime.kv_cache.KV_CACHE_KINDS
+SCHEME_NAMES = ("w8a16", "w8a8", "fp8")  # ditq.schemes.SCHEMES
+PLAN_SCHEMES = ("fp8", "w8a8", "w8a16")  # ditq.plan.planner.DEFAULT_SCHEMES: fastest first
+MAX_SEEDS = 16  # ditq.judge.compare.MAX_SEEDS
+TOLERANCE_DB = 1.0  # ditq.judge.compare.TOLERANCE_DB
 
 
 def add_variant_argument(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +71,6 @@ def add_accumulate_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_compile_argument(parser: argparse.ArgumentParser) -> None:
     """``--compile`` and ``--compile-backend`` (``ditq.runtime.compile``); ``compile_backend(args)`` reads them."""
-    from ditq.runtime.compile import COMPILE_BACKENDS
-
     parser.add_argument(
         "--compile",
         action="store_true",
@@ -82,11 +93,9 @@ def compile_backend(args: argparse.Namespace) -> str | None:
 
 def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
     """``--kv-cache int8|fp8`` (default off), as ``ditq.runtime.kv_cache.install_kv_cache`` reads it."""
-    from ditq.runtime.kv_cache import KV_CACHE_KINDS
-
     parser.add_argument(
         "--kv-cache",
-        choices=KV_CACHE_KINDS,
+        choices=KV_CACHE_CHOICES,
         help="keep the transformer's prefix KV cache (text and reference tokens) in 8 bits with per-token, per-head "
         "scales: half its memory (opt-in; default: the model's own cache)",
     )

@@ -8,10 +8,7 @@ from ditq.checkpoint.hub import resolve_model
 from ditq.commands import add_compile_argument, add_variant_argument, compile_backend
 from ditq.commands.probe import add_api_key_argument, add_matrix_arguments
 from ditq.devices import add_device_arguments
-from ditq.judge.baseline import BaselineOptions, make_baseline
 from ditq.probe.fixtures import parse_seeds
-from ditq.probe.records import is_success, latest_by_key, read_records
-from ditq.runfiles import RECORDS_FILE
 
 __all__ = ["add_arguments", "run"]
 
@@ -33,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditq.judge.baseline import BaselineOptions, make_baseline
+    from ditq.probe.records import is_success, latest_by_key, read_records
+    from ditq.runfiles import RECORDS_FILE
+
     seeds = parse_seeds(args.seeds)  # before anything runs: a bad --seeds is one line
     summary = make_baseline(
         BaselineOptions(

@@ -10,7 +10,6 @@ from ditq.commands import compile_backend
 from ditq.commands.sweep import add_sweep_arguments, print_verdicts, stop_on_sigterm
 from ditq.demo.settings import DEMO, demo_fixtures
 from ditq.devices import resolve_device
-from ditq.sweep import SCHEME_STAGES, SweepOptions, check_seeds, run_sweep
 
 __all__ = ["add_arguments", "run"]
 
@@ -34,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ditq import demo
+    from ditq.sweep import SCHEME_STAGES, SweepOptions, check_seeds, run_sweep
 
     started = time.monotonic()
     check_seeds(args.seeds or DEMO.seeds, args.max_seeds)  # before the fixtures are written under --out

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ditq.runtime.adapter import parse_size
-
 __all__ = ["add_arguments", "run"]
 
 
@@ -32,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ditq.probe.fixtures_init import init_fixtures
+    from ditq.runtime.adapter import parse_size
 
     width, height = parse_size(args.size, "--size")
     out = args.out or args.folder / "fixtures"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PIL import Image
 
@@ -20,10 +21,9 @@ from ditq.commands import (
 )
 from ditq.devices import add_device_arguments
 from ditq.errors import DitqError, InputError
-from ditq.runtime.adapter import GenerationRequest, parse_size
-from ditq.serve.generate import GenerationReport, generate, save_images
-from ditq.serve.images import collapse_reasons
-from ditq.signatures import load_rules
+
+if TYPE_CHECKING:
+    from ditq.serve.generate import GenerationReport
 
 __all__ = ["add_arguments", "run"]
 
@@ -141,6 +141,9 @@ def _check_collapse(images: list[Image.Image], on_collapse: str) -> None:
     """The collapse signatures ditq serve checks (the gate's rules). With ``on_collapse`` "error" such an image
     is not written and the command fails with the signature and its measured values; "warn" writes it and says
     so."""
+    from ditq.serve.images import collapse_reasons
+    from ditq.signatures import load_rules
+
     rules = load_rules()
     for index, image in enumerate(images):
         reasons = collapse_reasons(image, rules)
@@ -153,6 +156,9 @@ def _check_collapse(images: list[Image.Image], on_collapse: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditq.runtime.adapter import GenerationRequest, parse_size
+    from ditq.serve.generate import generate, save_images
+
     width, height = parse_size(args.size, "--size") if args.size else (None, None)
     request = GenerationRequest(
         prompt=args.prompt,

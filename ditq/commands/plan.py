@@ -6,14 +6,15 @@ import argparse
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ditq.checkpoint.hub import resolve_model
-from ditq.commands import add_variant_argument
+from ditq.commands import MAX_SEEDS, PLAN_SCHEMES, TOLERANCE_DB, add_variant_argument
 from ditq.devices import add_device_arguments
-from ditq.judge.compare import MAX_SEEDS, TOLERANCE_DB
-from ditq.plan.planner import DEFAULT_SCHEMES, PlanOptions, make_plan
 from ditq.probe.fixtures import DEFAULT_SEEDS
-from ditq.quantize.plan_file import PlanFile
+
+if TYPE_CHECKING:
+    from ditq.quantize.plan_file import PlanFile
 
 __all__ = ["add_arguments", "run", "summary"]
 
@@ -33,8 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--refs", type=Path, help="reference image folder (default: the demo's own)")
     parser.add_argument(
         "--schemes",
-        default=",".join(DEFAULT_SCHEMES),
-        help=f"candidate schemes, fastest first (default: {','.join(DEFAULT_SCHEMES)}); a layer gets the first "
+        default=",".join(PLAN_SCHEMES),
+        help=f"candidate schemes, fastest first (default: {','.join(PLAN_SCHEMES)}); a layer gets the first "
         "that keeps the target, else stays in source precision",
     )
     target = parser.add_mutually_exclusive_group()
@@ -149,6 +150,8 @@ def summary(plan: PlanFile, out: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditq.plan.planner import PlanOptions, make_plan
+
     plan = make_plan(
         PlanOptions(
             model=resolve_model(args.model, args.variant),

@@ -6,9 +6,8 @@ import argparse
 from pathlib import Path
 
 from ditq.probe.fixtures import DEFAULT_SEEDS, parse_seeds
-from ditq.probe.records import is_success, latest_by_key, read_records
-from ditq.probe.runner import PROBE_API_KEY_ENV, ProbeOptions, run_probe
-from ditq.runfiles import RECORDS_FILE
+
+PROBE_API_KEY_ENV = "DITQ_PROBE_API_KEY"  # ditq.probe.runner.PROBE_API_KEY_ENV, without httpx for --help
 
 __all__ = ["add_api_key_argument", "add_arguments", "add_matrix_arguments", "run"]
 
@@ -76,6 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditq.probe.records import is_success, latest_by_key, read_records
+    from ditq.probe.runner import ProbeOptions, run_probe
+    from ditq.runfiles import RECORDS_FILE
+
     seeds = parse_seeds(args.seeds)  # before anything runs: a bad --seeds is one line
     endpoints = [url for value in args.endpoint for url in value.split(",") if url.strip()]
     summary = run_probe(

@@ -8,9 +8,8 @@ from pathlib import Path
 
 from ditq.checkpoint.qconfig import CONFIG_FORMS
 from ditq.devices import add_device_arguments
+from ditq.quantize.defaults import AUTO_MIN_SHARE, DEFAULTS
 from ditq.quantize.links import COPY_MAX_BYTES
-from ditq.quantize.quantizer import DEFAULTS, quantize
-from ditq.quantize.targets import AUTO_MIN_SHARE
 from ditq.schemes import SCHEMES
 
 __all__ = ["add_arguments", "run"]
@@ -100,6 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditq.quantize.quantizer import quantize
+
     result = quantize(
         args.source,
         args.output,

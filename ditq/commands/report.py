@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ditq.report import VerdictRules, build_report
-from ditq.report.schema import OBJECTIVES, VerdictDocument
-from ditq.report.verdict import STANDARDS
+from ditq.report.verdict import STANDARDS, VerdictRules
+
+if TYPE_CHECKING:
+    from ditq.report.schema import VerdictDocument
+
+OBJECTIVES = ("fit", "speed", "memory")  # ditq.report.schema.OBJECTIVES' keys, without pydantic for --help
 
 __all__ = ["add_arguments", "add_objective_argument", "print_summary", "run"]
 
@@ -61,7 +65,7 @@ def add_objective_argument(parser: argparse.ArgumentParser) -> None:
     """--objective and --standard: what the headline verdict answers, and the fidelity standard of fit to serve."""
     parser.add_argument(
         "--objective",
-        choices=tuple(OBJECTIVES),
+        choices=OBJECTIVES,
         default=VerdictRules.objective,
         help="what the headline verdict answers: fit (to serve), speed (faster), memory (smaller); all three are "
         "answered either way (default: %(default)s)",
@@ -87,6 +91,7 @@ def print_summary(document: VerdictDocument) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ditq.judge.baseline import require_sealed
+    from ditq.report import build_report
 
     # as gate and compare: a baseline whose records or images changed since it was sealed is refused (its timings
     # and pictures are what every candidate is judged against)

@@ -16,10 +16,7 @@ from ditq.commands import (
 )
 from ditq.devices import add_device_arguments
 from ditq.errors import InputError
-from ditq.runtime.parallel import parse_parallel
-from ditq.serve import ServeConfig, serve
-from ditq.serve.access import default_allowed_hosts
-from ditq.serve.config import api_key_problem
+from ditq.serve.config import ServeConfig, api_key_problem
 from ditq.serve.connections import ConnectionLimits
 
 __all__ = ["API_KEY_ENV", "add_arguments", "api_key", "run"]
@@ -171,6 +168,10 @@ def api_key(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditq.runtime.parallel import parse_parallel
+    from ditq.serve import serve
+    from ditq.serve.access import default_allowed_hosts
+
     parallel = None if args.parallel is None else parse_parallel(args.parallel)
     model = None if args.path is None else resolve_model(args.path, args.variant)
     origin = None if model is None else hub_origin(model)

@@ -5,17 +5,23 @@ from __future__ import annotations
 import argparse
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ditq.checkpoint.hub import resolve_model
-from ditq.commands import ATTENTION_CHOICES, add_accumulate_argument, add_compile_argument, compile_backend
+from ditq.commands import (
+    ATTENTION_CHOICES,
+    KV_CACHE_CHOICES,
+    MAX_SEEDS,
+    add_accumulate_argument,
+    add_compile_argument,
+    compile_backend,
+)
 from ditq.commands.probe import add_api_key_argument
 from ditq.commands.report import add_objective_argument, print_summary
-from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device
-from ditq.judge.compare import MAX_SEEDS
-from ditq.report import ReportResult
-from ditq.runtime.kv_cache import KV_CACHE_KINDS
-from ditq.schemes import get_scheme
-from ditq.sweep import SweepOptions, check_seeds, parse_endpoint_for, parse_offload, run_sweep
+from ditq.devices import DTYPE_CHOICES, add_device_arguments, parse_offload, resolve_device
+
+if TYPE_CHECKING:
+    from ditq.report import ReportResult
 
 __all__ = ["add_arguments", "add_sweep_arguments", "print_verdicts", "run", "stop_on_sigterm"]
 
@@ -127,7 +133,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kv-cache",
-        choices=KV_CACHE_KINDS,
+        choices=KV_CACHE_CHOICES,
         help="the candidates' servers keep the prefix KV cache in 8 bits (ditq serve --kv-cache); the baseline "
         "keeps the model's own (default: the model's own cache)",
     )
@@ -154,6 +160,9 @@ def stop_on_sigterm() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditq.schemes import get_scheme
+    from ditq.sweep import SweepOptions, check_seeds, parse_endpoint_for, run_sweep
+
     check_seeds(args.seeds, args.max_seeds)  # before the model is looked for (on the hub, say)
     schemes = tuple(dict.fromkeys(get_scheme(s.strip()).name for s in args.schemes.split(",") if s.strip()))
     options = SweepOptions(

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ditq.fsutil import atomic_write_json
-from ditq.quantize.verifier import REL_L2_BOUNDS, verify
+from ditq.quantize.defaults import REL_L2_BOUNDS
 
 __all__ = ["add_arguments", "run"]
 
@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditq.quantize.verifier import verify
+
     report = verify(args.artifact, args.source)
     if args.json is not None and str(args.json) == "-":
         print(json.dumps(report.to_json(), indent=1))

@@ -8,13 +8,28 @@ encoder's module), or `import ditq.diffusers` first, which registers the class t
 
 from __future__ import annotations
 
+from importlib import import_module
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from ditq.demo.pipeline import DitqDemoPipeline
-from ditq.demo.presets import TINY, build_pipeline
-from ditq.demo.text_encoder import DemoTextEncoder
+    from ditq.demo.pipeline import DitqDemoPipeline
+    from ditq.demo.text_encoder import DemoTextEncoder
+
+# The classes, imported on first use (diffusers finds the text encoder's here too): the paths below need no torch.
+_LAZY: dict[str, str] = {
+    "DitqDemoPipeline": "ditq.demo.pipeline",
+    "DemoTextEncoder": "ditq.demo.text_encoder",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DemoTextEncoder",
@@ -54,17 +69,24 @@ def references_dir() -> Path:
 
 def build_tiny_pipeline(seed: int = 0) -> DitqDemoPipeline:
     """An untrained, tiny pipeline of the same classes, for fast tests."""
+    from ditq.demo.presets import TINY, build_pipeline
+
     return build_pipeline(TINY, seed=seed)
 
 
 def load_demo_pipeline(
     directory: str | Path | None = None,
     device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
 ) -> DitqDemoPipeline:
-    """Load a demo pipeline saved in diffusers layout (default: the bundled model)."""
+    """Load a demo pipeline saved in diffusers layout (default: the bundled model), in ``dtype`` (default
+    float32)."""
+    import torch
+
+    from ditq.demo.pipeline import DitqDemoPipeline
+
     directory = Path(directory) if directory is not None else default_model_dir()
     if not (directory / "model_index.json").is_file():
         raise FileNotFoundError(f"{directory}: no model_index.json (not a diffusers pipeline directory)")
-    pipeline = DitqDemoPipeline.from_pretrained(directory, dtype=dtype)
+    pipeline = DitqDemoPipeline.from_pretrained(directory, dtype=dtype or torch.float32)
     return pipeline.to(device)

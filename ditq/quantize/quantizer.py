@@ -68,12 +68,12 @@ from ditq.checkpoint.source_tree import scan_tree
 from ditq.devices import resolve_device
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import atomic_directory, atomic_write_json, exclusive_lock, sha256_file
-from ditq.quantize.links import COPY_MAX_BYTES, place_entries
+from ditq.quantize.defaults import AUTO, AUTO_MIN_SHARE, DEFAULTS
+from ditq.quantize.links import place_entries
 from ditq.quantize.plan_apply import apply_plan
 from ditq.quantize.plan_file import KEEP, PlanFile, plan_sha256, read_plan
 from ditq.quantize.rewrite import ComponentResult, StoredLayer, read_component_headers, rewrite_component
 from ditq.quantize.targets import (
-    AUTO_MIN_SHARE,
     MIN_FEATURES,
     TargetPlan,
     build_meta_model,
@@ -86,20 +86,6 @@ from ditq.schemes import SCHEMES, Scheme, get_scheme
 __all__ = ["AUTO", "DEFAULTS", "QuantizeResult", "auto_components", "quantize"]
 
 log = logging.getLogger(__name__)
-
-# The CLI takes its defaults from here, so `ditq quantize` and `ditq.quantize` agree. Without a plan, no scheme
-# means "w8a8" and no components "auto" (every component whose blocks hold a real share of the pipeline's
-# weights: ``AUTO_MIN_SHARE``); with one, its schemes and its component.
-AUTO = "auto"
-DEFAULTS: dict[str, Any] = {
-    "scheme": "w8a8",
-    "components": AUTO,
-    "config_form": "flat",
-    "device": "auto",
-    "max_shard_bytes": 5 * 1024**3,
-    "band_bytes": 1024**2,  # source bytes per band of rows: a band's float32 working set stays in cache
-    "copy_max_bytes": COPY_MAX_BYTES,  # an entry not rewritten is copied up to this size where not linked relatively
-}
 
 
 @dataclass(frozen=True)

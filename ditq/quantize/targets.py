@@ -42,6 +42,7 @@ from ditq.checkpoint.layout import read_json
 from ditq.checkpoint.patterns import compile_pattern
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
+from ditq.quantize.defaults import AUTO_MIN_SHARE
 
 __all__ = [
     "ALIGNMENT",
@@ -60,9 +61,6 @@ ALIGNMENT = 16  # in and out features must be multiples of this for every 8-bit 
 MIN_FEATURES = 32  # smaller Linears gain nothing from 8 bits
 _MODULATION_NAME = re.compile(r"(^|_)(mod|modulation|adaln)(_|\d|$)|norm", re.IGNORECASE)
 _MODULATION_CLASS = re.compile(r"norm|modulation", re.IGNORECASE)
-# `--components auto`: a component is quantized when its target Linears hold at least this share of the pipeline's
-# parameters (Qwen-Image-2.1: transformer 43 %, text encoder 45 %, VAE 0 %; the demo's text encoder 2 %).
-AUTO_MIN_SHARE = 0.05
 
 
 @dataclass(frozen=True)

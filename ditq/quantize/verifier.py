@@ -68,16 +68,13 @@ from ditq.errors import DitqError, InputError
 from ditq.fsutil import open_regular, sha256_file
 from ditq.numerics import relative_l2
 from ditq.progress import progress_bar
+from ditq.quantize.defaults import REL_L2_BOUNDS
 from ditq.quantize.rewrite import read_component_headers
 from ditq.quantize.source_files import files_at, source_rows
 from ditq.quantize.targets import build_meta_model
 
 __all__ = ["REL_L2_BOUNDS", "Check", "VerifyReport", "verify"]
 
-# Largest relative L2 error (||w_q - w|| / ||w||) accepted per quantized tensor, by scheme. Per-channel
-# int8 of a BF16 weight typically lands near 0.01 and e4m3 near 0.025; the bounds leave room for
-# heavy-tailed rows while still catching a wrong scale, layout or transpose (errors of order 1).
-REL_L2_BOUNDS: dict[str, float] = {"w8a16": 0.05, "w8a8": 0.05, "fp8": 0.08}
 # What ditq writes into an artifact besides the model: no source has them.
 _OWN_FILES = {MANIFEST, MANIFEST_SEAL, MANIFEST_KEYED_SEAL, ERRORS_FILE}
 

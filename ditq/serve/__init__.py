@@ -2,9 +2,35 @@
 
 from __future__ import annotations
 
-from ditq.serve.app import create_app
-from ditq.serve.config import ServeConfig, parse_memory_size
-from ditq.serve.server import serve
-from ditq.serve.state import DoctorOutcome
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["DoctorOutcome", "ServeConfig", "create_app", "parse_memory_size", "serve"]
+# Public name -> module that defines it, imported on first use: importing one light submodule (a command's
+# --help reads its choices) does not import its heavy siblings.
+_LAZY: dict[str, str] = {
+    "DoctorOutcome": "ditq.serve.state",
+    "ServeConfig": "ditq.serve.config",
+    "create_app": "ditq.serve.app",
+    "parse_memory_size": "ditq.serve.config",
+    "serve": "ditq.serve.server",
+}
+
+if TYPE_CHECKING:  # the names as their modules define them, for the type checker
+    from ditq.serve.app import create_app
+    from ditq.serve.config import ServeConfig, parse_memory_size
+    from ditq.serve.server import serve
+    from ditq.serve.state import DoctorOutcome
+
+__all__ = [
+    "DoctorOutcome",
+    "ServeConfig",
+    "create_app",
+    "parse_memory_size",
+    "serve",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

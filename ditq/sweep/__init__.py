@@ -10,18 +10,40 @@
 - ``run``: a whole sweep, resumed where it stopped, and its report.
 """
 
-from ditq.sweep.health import wait_healthy
-from ditq.sweep.options import (
-    PLAN_CANDIDATE,
-    SCHEME_STAGES,
-    SweepOptions,
-    check_seeds,
-    default_serve_argv,
-    ditq_argv,
-    parse_endpoint_for,
-    parse_offload,
-)
-from ditq.sweep.run import check_same_model, model_fingerprint, run_sweep
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+# Public name -> module that defines it, imported on first use (``ditq sweep --help`` imports none of them).
+_LAZY: dict[str, str] = {
+    "PLAN_CANDIDATE": "ditq.sweep.options",
+    "SCHEME_STAGES": "ditq.sweep.options",
+    "SweepOptions": "ditq.sweep.options",
+    "check_same_model": "ditq.sweep.run",
+    "check_seeds": "ditq.sweep.options",
+    "default_serve_argv": "ditq.sweep.options",
+    "ditq_argv": "ditq.sweep.options",
+    "model_fingerprint": "ditq.sweep.run",
+    "parse_endpoint_for": "ditq.sweep.options",
+    "parse_offload": "ditq.devices",
+    "run_sweep": "ditq.sweep.run",
+    "wait_healthy": "ditq.sweep.health",
+}
+
+if TYPE_CHECKING:  # the names as their modules define them, for the type checker
+    from ditq.devices import parse_offload
+    from ditq.sweep.health import wait_healthy
+    from ditq.sweep.options import (
+        PLAN_CANDIDATE,
+        SCHEME_STAGES,
+        SweepOptions,
+        check_seeds,
+        default_serve_argv,
+        ditq_argv,
+        parse_endpoint_for,
+    )
+    from ditq.sweep.run import check_same_model, model_fingerprint, run_sweep
 
 __all__ = [
     "PLAN_CANDIDATE",
@@ -37,3 +59,9 @@ __all__ = [
     "run_sweep",
     "wait_healthy",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

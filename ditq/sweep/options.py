@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from ditq.checkpoint.layout import check_components_present, read_model_index
-from ditq.devices import OFFLOAD_LADDER_AUTO, OFFLOAD_MODES
+from ditq.devices import OFFLOAD_MODES
 from ditq.errors import InputError
 from ditq.judge.compare import MAX_SEEDS
 from ditq.probe.fixtures import DEFAULT_SEEDS, load_fixtures, parse_seeds
@@ -188,15 +188,6 @@ def check_seeds(seeds: str | None, max_seeds: int = MAX_SEEDS) -> list[int]:
             f"needs at least {MIN_SEEDS}); give {MIN_SEEDS} or more (2301-2304, say) or auto"
         )
     return start
-
-
-def parse_offload(value: str) -> tuple[str, ...]:
-    """``--offload``: one mode, a comma list tried in order, or ``auto`` (the auto placement, then block)."""
-    return (
-        OFFLOAD_LADDER_AUTO
-        if value.strip() == "auto"
-        else tuple(m.strip() for m in value.split(",") if m.strip())
-    )
 
 
 def parse_endpoint_for(values: Sequence[str]) -> dict[str, str]:

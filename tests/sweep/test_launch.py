@@ -22,7 +22,9 @@ def test_a_forked_command_writes_its_log_and_returns_its_exit_code(
         child = launch.start([sys.executable, "-m", "ditq.cli", "verify", missing.name], log)
         assert isinstance(child, launch.Child) and child.pid != os.getpid()
         assert child.wait(timeout=120) == 2  # ditq's exit code for bad input
-    assert log.read_text().strip().splitlines()[-1] == f"ditq verify: error: {missing.name}: no such directory"
+    assert (
+        log.read_text().strip().splitlines()[-1] == f"ditq verify: error: {missing.name}: no such directory"
+    )
     assert child.poll() == 2
 
 

@@ -551,3 +551,29 @@ def test_ditq_sweep_runs_the_tiny_qwen_image_pipeline_on_the_cpu(source: Path, t
     assert all(a.settle_command for a in settleable)
     assert "--device cuda" in (verdict.objectives.faster.settle_command or "")
     assert "random weights: deviation, not quality" in (out / "report" / "REPORT.md").read_text()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchvision") is not None, reason="torchvision is installed here"
+)
+def test_the_qwen3_vl_processor_loads_without_torchvision_and_a_class_that_needs_it_is_one_line(
+    source: Path,
+) -> None:
+    """The pipeline's processor is transformers' Qwen3VLProcessor, built from its image processor and tokenizer;
+    a class that does need torchvision is refused in one line that says how to install it."""
+    from transformers import Qwen3VLVideoProcessor
+
+    from ditq.runtime.processors import TORCHVISION_HINT, missing_library
+
+    pipeline = ditq.load_pipeline(source, device="cpu", dtype=torch.float32)
+    processor = pipeline.processor
+    assert type(processor).__name__ == "Qwen3VLProcessor" and not hasattr(processor, "video_processor")
+    assert (
+        type(processor.image_processor).__name__ == "Qwen2VLImageProcessorPil"
+    )  # transformers' own fallback
+    with pytest.raises(ImportError) as caught:
+        Qwen3VLVideoProcessor.from_pretrained(str(source / "processor"))
+    where = source / "model_index.json"
+    assert str(missing_library(caught.value, where)) == (
+        f"{where}: Qwen3VLVideoProcessor needs torchvision, which is not installed: {TORCHVISION_HINT}"
+    )

@@ -1,0 +1,34 @@
+"""What the quantize stage assumes unless told, in one light module: ``ditq quantize`` and ``ditq verify`` read their
+defaults from here for ``--help`` without importing torch, and the quantizer and the verifier read the same values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ditq.quantize.links import COPY_MAX_BYTES
+
+__all__ = ["AUTO", "AUTO_MIN_SHARE", "DEFAULTS", "REL_L2_BOUNDS"]
+
+# `--components auto`: a component is quantized when its target Linears hold at least this share of the pipeline's
+# parameters (Qwen-Image-2.1: transformer 43 %, text encoder 45 %, VAE 0 %; the demo's text encoder 2 %).
+AUTO_MIN_SHARE = 0.05
+
+# The CLI takes its defaults from here, so `ditq quantize` and `ditq.quantize` agree. Without a plan, no scheme
+# means "w8a8" and no components "auto" (every component whose blocks hold a real share of the pipeline's
+# weights: ``AUTO_MIN_SHARE``); with one, its schemes and its component.
+AUTO = "auto"
+DEFAULTS: dict[str, Any] = {
+    "scheme": "w8a8",
+    "components": AUTO,
+    "config_form": "flat",
+    "device": "auto",
+    "max_shard_bytes": 5 * 1024**3,
+    "band_bytes": 1024**2,  # source bytes per band of rows: a band's float32 working set stays in cache
+    "copy_max_bytes": COPY_MAX_BYTES,  # an entry not rewritten is copied up to this size where not linked relatively
+}
+
+# Largest relative L2 error (||w_q - w|| / ||w||) accepted per quantized tensor, by scheme. Per-channel
+# int8 of a BF16 weight typically lands near 0.01 and e4m3 near 0.025; the bounds leave room for
+# heavy-tailed rows while still catching a wrong scale, layout or transpose (errors of order 1).
+REL_L2_BOUNDS: dict[str, float] = {"w8a16": 0.05, "w8a8": 0.05, "fp8": 0.08}
