@@ -3,7 +3,7 @@
     import ditq.diffusers  # noqa: F401
     from diffusers import DiffusionPipeline
 
-    pipe = DiffusionPipeline.from_pretrained("artifacts/qwen-image-fp8", torch_dtype=torch.bfloat16)
+    pipe = DiffusionPipeline.from_pretrained("artifacts/qwen-image-fp8", dtype=torch.bfloat16)
 
 diffusers discovers no quantization backend from outside its package (no entry point, no public registration
 call): ``DiffusersAutoQuantizer`` looks ``quant_method`` up in two module-level dicts of

@@ -5,8 +5,11 @@ the intervals behind it.
   fidelity per fixture on its interval), under each fidelity standard (lossless, parity); the rules' standard is
   the headline's. An UNDECIDED answer that more seeds can decide carries the command that adds them.
 - **faster**: per reference count both served, the ratio of mean warm wall times (candidate / baseline) with
-  its interval: faster when it lies below 1 - tolerance, slower above 1 + tolerance, the same within both.
-  YES when faster at every count; NO when slower or the same at one; UNDECIDED otherwise. Like is compared with
+  its interval, taken on the log scale (both ends positive): faster when it lies below 1 - tolerance, slower above
+  1 + tolerance, the same within both. YES when faster at every count; NO when slower or the same at one;
+  UNDECIDED otherwise, with the command that adds the requests it needs. Timed on a CPU, the reference kernels'
+  times are not a speed measurement: UNDECIDED (``reference_kernels``), the ratios shown for information, the
+  command the same sweep on a GPU. Like is compared with
   like: where the two were served on different numbers of devices (``--parallel``), each wall time is multiplied by
   its server's devices first, so the ratio is of device-seconds per image (per-device throughput), and says so.
 - **smaller**: the quantized components' weight bytes against the source's, and the run's peak memory against
@@ -134,29 +137,67 @@ def on_cpu(candidate: Candidate) -> bool:
 REFERENCE_KERNELS = "reference kernels: not a speed measurement"  # what CPU timings are, said where shown
 
 
-def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> ObjectiveAnswer:
-    intervals: list[IntervalEntry] = []
-    devices = (1, 1)
-    if candidate.run is not None and baseline.run is not None:
-        devices = (devices_used(candidate.run.records), devices_used(baseline.run.records))
-    # device-seconds where the two served on different numbers of devices: per-device throughput, like with like
+def _speed_intervals(
+    candidate: Candidate, baseline: Candidate, rules: VerdictRules
+) -> tuple[list[IntervalEntry], tuple[int, int]]:
+    """Per reference count both served, the interval of the candidate's time over the baseline's; and the devices
+    each served on (device-seconds where they differ: per-device throughput, like with like)."""
+    if candidate.run is None or baseline.run is None:
+        return [], (1, 1)
+    devices = (devices_used(candidate.run.records), devices_used(baseline.run.records))
     measure: Literal["time_ratio", "device_time_ratio"] = (
         "time_ratio" if devices[0] == devices[1] else "device_time_ratio"
     )
-    if candidate.run is not None and baseline.run is not None:
-        for k in candidate.run.reference_counts:
-            ours, _ = timed_walls([r for r in candidate.run.records_with(k) if r.ok])
-            theirs, _ = timed_walls([r for r in baseline.run.records_with(k) if r.ok])
-            if ours and theirs:
-                if measure == "device_time_ratio":
-                    ours, theirs = [w * devices[0] for w in ours], [w * devices[1] for w in theirs]
-                intervals.append(_speed_interval(k, ours, theirs, rules.slower_tolerance, measure))
+    intervals = []
+    for k in candidate.run.reference_counts:
+        ours, _ = timed_walls([r for r in candidate.run.records_with(k) if r.ok])
+        theirs, _ = timed_walls([r for r in baseline.run.records_with(k) if r.ok])
+        if ours and theirs:
+            if measure == "device_time_ratio":
+                ours, theirs = [w * devices[0] for w in ours], [w * devices[1] for w in theirs]
+            intervals.append(_speed_interval(k, ours, theirs, rules.slower_tolerance, measure))
+    return intervals, devices
+
+
+def _speed_reasons(
+    intervals: list[IntervalEntry], devices: tuple[int, int], baseline: Candidate, rules: VerdictRules
+) -> list[Reason]:
+    """A sentence per decision that occurs: at which reference counts, and the first one's ratio."""
+    reasons, whose = [], f"{baseline.name}'s"
+    measured = (
+        "seconds per image"
+        if devices[0] == devices[1]
+        else f"device-seconds per image (seconds x {devices[0]} device(s) for it, x {devices[1]} for "
+        f"{baseline.name}: per-device throughput)"
+    )
+    for decision, code, words in (
+        ("slower", "slower_than_baseline", "Slower than"),
+        ("same", "same_speed_as_baseline", "As fast as, not faster than,"),
+        ("undecided", "undecided_speed", "Not enough evidence whether it is faster than"),
+        ("faster", "faster_than_baseline", "Faster than"),
+    ):
+        chosen = [e for e in intervals if e.decision == decision]
+        if chosen:
+            counts = ", ".join(e.subject.split()[0] for e in chosen)
+            message = (
+                f"{words} {baseline.name} at {counts} reference(s): {measured} "
+                f"{_ratio_text(chosen[0], whose)} at {chosen[0].subject} (tolerance {rules.slower_tolerance:.0%})"
+            )
+            if decision == "undecided":
+                settle = chosen[0].samples_to_settle
+                message += f"; about {settle} requests would settle it" if settle else ""
+            reasons.append(Reason(code, message + "."))
+    return reasons
+
+
+def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> ObjectiveAnswer:
+    intervals, devices = _speed_intervals(candidate, baseline, rules)
     if not intervals:
         reason = Reason(
             "no_speed_comparison", f"No reference count was served by both it and {baseline.name}."
         )
         return ObjectiveAnswer(answer="UNDECIDED", reasons=_entries([reason]), intervals=[])
-    if on_cpu(candidate) or on_cpu(baseline):
+    if on_cpu(candidate) or on_cpu(baseline):  # the reference kernels' times: shown, never an answer
         first, whose = intervals[0], f"{baseline.name}'s time"
         reason = Reason(
             "reference_kernels",
@@ -167,36 +208,12 @@ def speed_answer(candidate: Candidate, baseline: Candidate, rules: VerdictRules)
         return ObjectiveAnswer(
             answer="UNDECIDED", reasons=_entries([reason]), intervals=intervals, settle_command=command
         )
-    reasons, whose = [], f"{baseline.name}'s"
-    for decision, code, words in (
-        ("slower", "slower_than_baseline", "Slower than"),
-        ("same", "same_speed_as_baseline", "As fast as, not faster than,"),
-        ("undecided", "undecided_speed", "Not enough evidence whether it is faster than"),
-        ("faster", "faster_than_baseline", "Faster than"),
-    ):
-        chosen = [e for e in intervals if e.decision == decision]
-        if chosen:
-            counts = ", ".join(e.subject.split()[0] for e in chosen)
-            measured = (
-                "seconds per image"
-                if measure == "time_ratio"
-                else f"device-seconds per image (seconds x {devices[0]} device(s) for it, x {devices[1]} for "
-                f"{baseline.name}: per-device throughput)"
-            )
-            message = (
-                f"{words} {baseline.name} at {counts} reference(s): {measured} "
-                f"{_ratio_text(chosen[0], whose)} at {chosen[0].subject} "
-                f"(tolerance {rules.slower_tolerance:.0%})"
-            )
-            if decision == "undecided":
-                settle = chosen[0].samples_to_settle
-                message += f"; about {settle} requests would settle it" if settle else ""
-            reasons.append(Reason(code, message + "."))
     decisions = {e.decision for e in intervals}
     answer: Answer = (
         "NO" if decisions & {"slower", "same"} else "UNDECIDED" if "undecided" in decisions else "YES"
     )
     command = speed_settle_command(candidate, baseline, intervals) if answer == "UNDECIDED" else None
+    reasons = _speed_reasons(intervals, devices, baseline, rules)
     return ObjectiveAnswer(
         answer=answer, reasons=_entries(reasons), intervals=intervals, settle_command=command
     )
