@@ -67,7 +67,7 @@ from ditq.checkpoint.seal import seal_key
 from ditq.checkpoint.source_tree import scan_tree
 from ditq.devices import resolve_device
 from ditq.errors import DitqError, InputError
-from ditq.fsutil import atomic_directory, atomic_write_json, exclusive_lock, sha256_file
+from ditq.fsutil import atomic_directory, atomic_write_json, exclusive_lock, sha256_file, user_mode
 from ditq.quantize.defaults import AUTO, AUTO_MIN_SHARE, DEFAULTS
 from ditq.quantize.links import place_entries
 from ditq.quantize.plan_apply import apply_plan
@@ -387,10 +387,10 @@ def _origin_modes(tmp: Path, source: Path, rewritten: set[str]) -> dict[Path, in
 
 
 def _narrow_permissions(tmp: Path, source: Path, rewritten: set[str]) -> None:
-    """Files 0644 and folders 0755 (temporaries are created private; an artifact is served and shared),
-    but never wider than the source they come from: a 0600 source file stays 0600."""
+    """What the user's umask gives a new file or folder (temporaries are created private; an artifact is served
+    and shared), but never wider than the source it comes from: a 0600 source file stays 0600."""
     for path, origin in _origin_modes(tmp, source, rewritten).items():
-        os.chmod(path, (0o755 if path.is_dir() else 0o644) & stat.S_IMODE(origin))
+        os.chmod(path, user_mode(directory=path.is_dir()) & stat.S_IMODE(origin))
 
 
 def _statistics(results: dict[str, ComponentResult]) -> dict[str, Any]:
