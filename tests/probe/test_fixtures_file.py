@@ -150,6 +150,7 @@ def test_fixtures_init_refuses_in_one_line_and_writes_nothing(
 
 
 def test_the_sweep_refuses_a_bad_fixtures_file_before_any_server_starts(tmp_path: Path) -> None:
+    from ditq.demo import default_model_dir
     from ditq.sweep import SweepOptions
 
     empty = tmp_path / "fixtures.json"
@@ -157,7 +158,11 @@ def test_the_sweep_refuses_a_bad_fixtures_file_before_any_server_starts(tmp_path
     (tmp_path / "refs").mkdir()
     with pytest.raises(InputError, match="expected a non-empty object mapping fixture id to fixture"):
         SweepOptions(
-            model=tmp_path, schemes=("w8a8",), fixtures=empty, refs=tmp_path / "refs", out=tmp_path / "out"
+            model=default_model_dir(),
+            schemes=("w8a8",),
+            fixtures=empty,
+            refs=tmp_path / "refs",
+            out=tmp_path / "out",
         )
     assert not (tmp_path / "out").exists()
 
