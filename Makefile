@@ -37,6 +37,7 @@ test-fast: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/ditq demo --out demo-out
+	@echo "ditq is $(VENV)/bin/ditq (or run: source $(VENV)/bin/activate)"
 
 clean:
 	rm -rf $(VENV) demo-out build *.egg-info

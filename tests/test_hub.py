@@ -161,3 +161,31 @@ def test_only_what_diffusers_reads_is_fetched() -> None:
     allow, ignore = hub_patterns("fp16")
     with_fp16 = set(filter_repo_objects(repo, allow_patterns=allow, ignore_patterns=ignore))
     assert with_fp16 - fetched == {"transformer/diffusion_pytorch_model.fp16.safetensors"}
+
+
+@pytest.mark.parametrize("offline_env", [None, "1"])
+def test_a_lookup_says_it_goes_to_the_network_and_hf_hub_offline_keeps_it_off(
+    offline_env: str | None, tmp_path: Path
+) -> None:
+    """In a process of its own, with the hub's endpoint a closed loopback port (huggingface_hub reads it at import):
+    without HF_HUB_OFFLINE the lookup logs that it fetches from the hub first, then fails in one line; with it, it
+    reads the cache only and says nothing of a fetch."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_HOME=str(tmp_path / "hf-home"), HF_ENDPOINT="http://127.0.0.1:9")
+    if offline_env is not None:
+        env["HF_HUB_OFFLINE"] = offline_env
+    done = subprocess.run(
+        [sys.executable, "-m", "ditq.cli", "quantize", "nobody/absent", "out"], capture_output=True, text=True, env=env,
+        cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    fetching = "nobody/absent: not a local directory; fetching it from the hub into"
+    assert (fetching in done.stderr) == (offline_env is None), done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "ditq quantize: error: nobody/absent: not a local directory, and not in the hub cache"
+    )
