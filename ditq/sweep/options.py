@@ -175,19 +175,26 @@ class SweepOptions:
 
 def check_seeds(seeds: str | None, max_seeds: int = MAX_SEEDS) -> list[int]:
     """``--seeds`` as a sweep reads it (``parse_seeds``, or ``auto``: the default seeds, then more up to
-    ``max_seeds``): the seeds it starts from. Fewer than MIN_SEEDS is refused before anything runs, since no answer
-    could be decided."""
+    ``max_seeds``): the seeds it starts from, refused in one line before anything runs where unreadable."""
     start = parse_seeds(DEFAULT_SEEDS if seeds in (None, "auto") else seeds)
     if seeds == "auto" and max_seeds < len(start):
         raise InputError(
             f"--max-seeds: at least {len(start)} (the seeds --seeds auto starts from), got {max_seeds}"
         )
-    if len(start) < MIN_SEEDS:
-        raise InputError(
-            f"--seeds {seeds}: {len(start)} seed cannot decide any answer (each is an interval over seeds, which "
-            f"needs at least {MIN_SEEDS}); give {MIN_SEEDS} or more (2301-2304, say) or auto"
-        )
     return start
+
+
+def seeds_warning(seeds: str | None) -> str | None:
+    """What a sweep says first when its seeds can decide no answer (one seed: every answer is an interval over
+    seeds or requests, which needs two); None when they can. Such a sweep still measures capacity and memory."""
+    start = check_seeds(seeds)
+    if len(start) >= MIN_SEEDS:
+        return None
+    return (
+        f"--seeds {seeds}: {len(start)} seed decides no fidelity or speed answer (each is an interval over seeds, "
+        f"which needs at least {MIN_SEEDS}), so every one will be UNDECIDED; this sweep measures capacity and "
+        f"memory. Give {MIN_SEEDS} or more (2301-2304, say) or auto to decide them."
+    )
 
 
 def parse_endpoint_for(values: Sequence[str]) -> dict[str, str]:

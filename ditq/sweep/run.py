@@ -23,7 +23,7 @@ from ditq.runfiles import (
 )
 from ditq.sweep import launch
 from ditq.sweep.candidate import Candidate, doctor_summary
-from ditq.sweep.options import SCHEME_STAGES, SweepOptions, ditq_argv
+from ditq.sweep.options import SCHEME_STAGES, SweepOptions, ditq_argv, seeds_warning
 from ditq.sweep.seeds import SeedSettling
 
 
@@ -126,6 +126,8 @@ def _sweep_keys(api_key: str | None) -> Iterator[None]:
 def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult:
     """Run (or resume) the whole sweep and return its report."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /health poll is noise
+    if (warning := seeds_warning(options.seeds)) is not None:  # said first: nothing it runs can decide
+        logging.getLogger(__name__).warning("%s", warning)
     fingerprint = model_fingerprint(options.model)
     check_same_model(options.out, fingerprint)
     options.out.mkdir(parents=True, exist_ok=True)

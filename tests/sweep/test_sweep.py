@@ -326,8 +326,13 @@ def test_offload_ladder_serves_what_ran_out_of_memory_at_the_next_mode(workspace
         assert len(lines) == 6
         for seed in (1, 2):
             assert by_key[("edit-one", seed, "model")]["http"] == 200
-            assert by_key[("edit-two", seed, "model")]["http"] == 503
-            assert by_key[("edit-two", seed, "model")]["error_code"] == "out_of_memory"
+            # out of memory when it ran (503), or refused by the cost model that ran out of memory calibrating it
+            # (413): the servers calibrate the fixtures' own size (--max-pixels), this shape among them
+            refused = (
+                by_key[("edit-two", seed, "model")]["http"],
+                by_key[("edit-two", seed, "model")]["error_code"],
+            )
+            assert refused in ((503, "out_of_memory"), (413, "over_memory_budget"))
             assert by_key[("edit-two", seed, "block")]["http"] == 200
         run_json = json.loads((run / "RUN.json").read_text())
         assert isinstance(run_json["memory"]["pid"], int)  # the sampler was told which process is the server

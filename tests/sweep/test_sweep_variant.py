@@ -5,6 +5,7 @@ runs; without --variant the baseline server could not load the model."""
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from pathlib import Path
 
@@ -20,7 +21,9 @@ from ditq.sweep import SweepOptions, run_sweep
 
 
 @pytest.mark.slow
-def test_sweep_takes_a_variant_only_bf16_source_as_its_baseline(tmp_path: Path) -> None:
+def test_sweep_takes_a_variant_only_bf16_source_as_its_baseline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from ditq.demo import build_tiny_pipeline
 
     with warnings.catch_warnings():
@@ -48,7 +51,10 @@ def test_sweep_takes_a_variant_only_bf16_source_as_its_baseline(tmp_path: Path) 
         health_timeout_s=300,
         progress=False,
     )
-    run_sweep(options, command="ditq sweep (test)")
+    with caplog.at_level(logging.WARNING, logger="ditq.sweep.run"):
+        run_sweep(options, command="ditq sweep (test)")
+    # one seed decides nothing: said first, and the sweep still measures what it can
+    assert caplog.records[0].getMessage().startswith("--seeds 1: 1 seed decides no fidelity or speed answer")
 
     out = tmp_path / "out"
     assert read_model(SweepFile, out / "SWEEP.json").variant == "bf16"
