@@ -33,6 +33,7 @@ def test_the_choices_help_shows_are_the_codes() -> None:
     from ditq.commands.report import OBJECTIVES
     from ditq.judge.compare import MAX_SEEDS, TOLERANCE_DB
     from ditq.kernels.attention import ATTENTION_KINDS
+    from ditq.kernels.registry import ACCUMULATE_MODES
     from ditq.plan.planner import DEFAULT_SCHEMES
     from ditq.probe import runner
     from ditq.report import schema
@@ -41,6 +42,7 @@ def test_the_choices_help_shows_are_the_codes() -> None:
     from ditq.schemes import SCHEMES
 
     assert tuple(ATTENTION_KINDS) == commands.ATTENTION_CHOICES
+    assert tuple(ACCUMULATE_MODES) == commands.ACCUMULATE_CHOICES
     assert commands.COMPILE_BACKENDS == COMPILE_BACKENDS and commands.KV_CACHE_CHOICES == KV_CACHE_KINDS
     assert tuple(SCHEMES) == commands.SCHEME_NAMES and commands.PLAN_SCHEMES == DEFAULT_SCHEMES
     assert (commands.MAX_SEEDS, commands.TOLERANCE_DB) == (MAX_SEEDS, TOLERANCE_DB)
