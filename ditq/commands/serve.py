@@ -114,6 +114,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest width*height of an output image (default: %(default)s)",
     )
     parser.add_argument(
+        "--max-references",
+        type=int,
+        metavar="N",
+        help="the most reference images a request may carry; the cost model is calibrated up to it, no further "
+        "(default: as many as the pipeline takes)",
+    )
+    parser.add_argument(
         "--on-collapse",
         choices=("error", "warn"),
         default=_DEFAULTS.on_collapse,
@@ -184,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout,
         body_timeout_s=args.body_timeout,
         max_pixels=args.max_pixels,
+        max_references=args.max_references,
         max_image_pixels=args.max_image_pixels,
         max_upload_pixels=args.max_upload_pixels,
         on_collapse=args.on_collapse,

@@ -70,6 +70,8 @@ class ServeConfig:
     max_json_body_bytes: int = 1024**2  # a JSON body (generations: prompts of 32000 characters fit); -> 413
     body_timeout_s: float = 60.0  # from the request's headers to the end of its body; -> 408
     max_pixels: int = 2048 * 2048  # width * height of one output image
+    # reference images one request may carry; None: as many as the pipeline takes. Calibration measures no more.
+    max_references: int | None = None
     max_image_pixels: int = 4096 * 4096  # one uploaded image, read from its header before decoding
     max_upload_pixels: int = 2 * 4096 * 4096  # all uploaded images of one request together
     max_n: int = 4  # images per request
@@ -101,6 +103,8 @@ class ServeConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise InputError(f"serve setting {name} must be positive, got {value}")
+        if self.max_references is not None and self.max_references < 0:
+            raise InputError(f"serve setting max_references must be 0 or more, got {self.max_references}")
         # Pillow warns above MAX_IMAGE_PIXELS and refuses above twice that; the server's caps lie below, so
         # the server decides (from the header, before decoding) and Pillow's check is a second line.
         bomb = Image.MAX_IMAGE_PIXELS

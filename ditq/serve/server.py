@@ -245,8 +245,14 @@ def serving_app(
     chooser = kernel_chooser(skip_doctor, accumulate)
 
     def load() -> PipelineAdapter:
-        if ranks is not None:
-            return ranks.join(chooser)
+        adapter = ranks.join(chooser) if ranks is not None else _load_one()
+        if (
+            config.max_references is not None
+        ):  # --max-references: fewer than the pipeline takes, calibrated so
+            adapter.max_reference_images = min(adapter.max_reference_images, config.max_references)
+        return adapter
+
+    def _load_one() -> PipelineAdapter:
         return load_adapter(
             model_dir,
             device,

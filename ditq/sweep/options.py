@@ -52,8 +52,10 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
     )
     # compiled or not, every server alike (the baseline's too): speeds compare like with like
     argv += ["--compile", "--compile-backend", options.compile] if options.compile else []
-    # the largest output the fixtures ask for: each server calibrates the shapes it will be sent, no larger
+    # the largest output and the most references the fixtures ask for: each server calibrates the shapes it will
+    # be sent, no larger
     argv += ["--max-pixels", str(options.max_pixels)] if options.max_pixels else []
+    argv += ["--max-references", str(options.max_references)] if options.max_references is not None else []
     return argv + (["--max-memory", options.max_memory] if options.max_memory else [])
 
 
@@ -88,8 +90,10 @@ class SweepOptions:
     plan: Path | None = None  # a PLAN.json (`ditq plan`): one more candidate, quantized with it
     # the PLAN.json read once, here (a bad plan is refused before anything runs); None without --plan
     plan_file: PlanFile | None = field(init=False, default=None, repr=False, compare=False)
-    # the largest width * height a fixture asks for: every server's --max-pixels (read with the fixtures, here)
+    # the largest width * height, and the most references, a fixture asks for: every server's --max-pixels and
+    # --max-references (read with the fixtures, here)
     max_pixels: int | None = field(init=False, default=None, repr=False, compare=False)
+    max_references: int | None = field(init=False, default=None, repr=False, compare=False)
     attention: str | None = None  # the candidates' servers' --attention (int8 | fp8); None: the model's own
     kv_cache: str | None = None  # the candidates' servers' --kv-cache (int8 | fp8); None: the model's own
     compile: str | None = None  # every server's --compile backend, the baseline's too; None: eager
@@ -145,6 +149,7 @@ class SweepOptions:
             self.fixtures, self.refs
         )  # every field and reference checked before a server starts
         object.__setattr__(self, "max_pixels", max(f.width * f.height for f in fixtures.values()))
+        object.__setattr__(self, "max_references", max(len(f.references) for f in fixtures.values()))
         if self.plan is not None:
             object.__setattr__(self, "plan_file", read_plan(self.plan))
 

@@ -5,13 +5,16 @@ degraded while that happens."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 import torch
+from PIL import Image
 from serve_testkit import (
     FAST,
     WARN,
@@ -359,3 +362,29 @@ def test_on_the_cpu_a_generation_past_the_resident_budget_stops_as_out_of_memory
         assert worker.oom_count == 1
     finally:
         assert worker.close(60)
+
+
+def test_max_references_caps_what_a_request_carries_and_what_calibration_measures(
+    demo_artifacts: dict[str, Path],
+) -> None:
+    """`ditq serve --max-references 1` (a sweep passes its fixtures' most): calibration measures shapes of at most
+    one reference, no further, and a request with two is refused before it runs."""
+    from fastapi.testclient import TestClient
+
+    from ditq.serve import ServeConfig
+    from ditq.serve.server import serving_app
+
+    config = ServeConfig(served_model_name="tiny", on_collapse="warn", max_pixels=32 * 32, max_references=1)
+    app, _ = serving_app(demo_artifacts["w8a8"], config, device="cpu")
+    picture = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 40, 40)).save(picture, format="PNG")
+    files = [("image[]", (f"ref{i}.png", picture.getvalue(), "image/png")) for i in range(2)]
+    with TestClient(app) as client:
+        assert app.state.serve.wait_loaded(300)
+        measured = client.get("/health").json()["cost_model"]["measurements"]
+        assert sorted({m["references"] for m in measured}) == [0, 1]  # the pipeline takes 4
+        two = client.post("/v1/images/edits", data={"prompt": "two", "size": "32x32"}, files=files)
+        fast = {name: str(value) for name, value in FAST.items()}  # form fields are text
+        one = client.post("/v1/images/edits", data={**fast, "prompt": "one"}, files=files[:1])
+    assert two.status_code == 400 and "at most 1" in two.json()["error"]["message"], two.text
+    assert one.status_code == 200, one.text

@@ -517,8 +517,8 @@ def test_inductor_compiles_the_quantized_text_encoder_on_cuda_to_the_pixels_of_e
 @pytest.mark.slow
 def test_ditq_sweep_runs_the_tiny_qwen_image_pipeline_on_the_cpu(source: Path, tmp_path: Path) -> None:
     """The README's main job on the tiny Qwen-Image pipeline, on the CPU, where torchvision is not installed: the
-    Qwen3-VL processor loads from its image processor and tokenizer (the servers calibrate edits with references
-    through it), every stage of the baseline and of w8a8 ends
+    Qwen3-VL processor loads from its image processor and tokenizer (an edit's reference goes through it), every
+    stage of the baseline and of w8a8 ends
     ok, and the report answers, each UNDECIDED answer that a further run can settle with the command for it."""
     chosen = {
         k: v
