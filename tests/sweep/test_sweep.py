@@ -150,6 +150,9 @@ def test_sweep_killed_mid_probe_resumes_and_records_a_server_that_never_started(
     candidate = json.loads((workspace / "out" / "fp8" / "CANDIDATE.json").read_text())
     assert candidate["stages"]["serve"]["status"] == "failed"
     assert "probe" not in candidate["stages"]  # never reached
+    # the failure names the log that says more, and that log exists: the server's own, since it never started
+    logs = re.findall(r"\(log: ([^)]+)\)", candidate["stages"]["serve"]["message"])
+    assert logs == [str(workspace / "out" / "fp8" / "logs" / "serve.log")] and Path(logs[0]).is_file()
 
 
 def test_endpoint_for_is_checked_at_the_edge(tmp_path: Path):
