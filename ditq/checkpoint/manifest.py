@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ditq.checkpoint.layout import read_json
 from ditq.checkpoint.seal import MANIFEST, MANIFEST_KEYED_SEAL, MANIFEST_SEAL, write_seals
-from ditq.checkpoint.source_tree import SourceTree, hub_snapshot
+from ditq.checkpoint.source_tree import SourceTree
 from ditq.errors import InputError
 from ditq.fsutil import atomic_write_json, open_regular, sha256_file
 from ditq.runfiles import parse
@@ -40,7 +40,6 @@ __all__ = [
     "SCHEMA_VERSION",
     "check_manifest",
     "file_records",
-    "hub_revision",
     "library_versions",
     "read_manifest",
     "source_tree_digest",
@@ -62,12 +61,6 @@ def library_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return versions
-
-
-def hub_revision(source: Path) -> str | None:
-    """The commit of a hub snapshot (``.../models--org--name/snapshots/<revision>``), else None."""
-    snapshot = hub_snapshot(source)
-    return None if snapshot is None else snapshot[0]
 
 
 def tree_file_sha256(tree: SourceTree, path: Path, stop: threading.Event | None = None) -> str:

@@ -42,6 +42,7 @@ from ditq.judge.stats import (
     samples_to_settle,
 )
 from ditq.metrics import fidelity_arrays, load_png_array, psnr, ssim
+from ditq.pictures import read_picture_bytes
 from ditq.probe.records import changed_fixtures, find_image, is_success, latest_by_key, read_records
 from ditq.runfiles import (
     RECORDS_FILE,
@@ -231,11 +232,11 @@ def _stats(values: list[float], digits: int) -> FidelityStats:
 def _compare_pair(candidate: Path, reference: Path, scorer: LpipsScorer | None) -> dict[str, Any]:
     """The row's fields: status ok with PSNR, SSIM, the space compared in (and LPIPS), else status error."""
     try:
-        a, a_mode = load_png_array(reference.read_bytes())
+        a, a_mode = load_png_array(read_picture_bytes(reference))
     except Exception as error:  # an unreadable file is a row of its own, not the end of the comparison
         return {"status": "error", "error": f"baseline image cannot be decoded ({type(error).__name__})"}
     try:
-        b, b_mode = load_png_array(candidate.read_bytes())
+        b, b_mode = load_png_array(read_picture_bytes(candidate))
     except Exception as error:
         return {"status": "error", "error": f"image cannot be decoded ({type(error).__name__})"}
     if a.shape[:2] != b.shape[:2]:

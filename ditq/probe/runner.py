@@ -35,7 +35,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from ditq.errors import DitqError, InputError
-from ditq.fsutil import atomic_write_bytes
+from ditq.fsutil import RUN, atomic_write_bytes, check_output
 from ditq.metrics import structure_metrics_png
 from ditq.probe.fixtures import Fixture, fixture_digest, fixture_digests, load_fixtures
 from ditq.probe.memory import MemorySampler
@@ -85,7 +85,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-LOCK_FILE = ".probe.lock"  # in the run directory, held (flock) while a probe writes there
+LOCK_FILE = RUN.bookkeeping[0]  # ".probe.lock" in the run directory, held (flock) while a probe writes there
 
 
 @dataclass(frozen=True)
@@ -544,6 +544,10 @@ def run_matrix(
     Each call is one *invocation* of the run directory, listed in RUN.json with the servers it talked to
     (``servers``: endpoint and what /health said) and stamped on the records it wrote.
     """
+    inputs = [Path(description.fixtures_file), Path(description.refs_dir)]
+    check_output(
+        run, RUN, [*inputs, *([Path(description.model)] if description.model else [])], replace=False
+    )
     run.mkdir(parents=True, exist_ok=True)
     with _exclusive(run):
         previous = read_run_file(run)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ditq.errors import InputError
-from ditq.fsutil import atomic_directory
+from ditq.fsutil import REPORT, atomic_directory, check_output
 from ditq.judge.gate import Envelope, build_envelopes, gate_run, load_rules
 from ditq.report.assess import ReportData, assess
 from ditq.report.charts import write_charts
@@ -40,28 +40,6 @@ class ReportResult:
     @property
     def verdicts(self) -> dict[str, str]:
         return {c.name: c.verdict for c in self.data.document.candidates}
-
-
-_REPORT_FILES = ("verdict.json", "REPORT.md", "report.html")
-
-
-def check_replaceable(out: Path, inputs: Sequence[Path]) -> None:
-    """``out`` may be replaced as a whole: it is none of the ``inputs``, neither holds one nor lies inside one, and
-    where it exists it is an earlier report (or empty); anything else is an InputError naming it."""
-    target = out.resolve()
-    for given in inputs:
-        source = given.resolve()
-        if target == source or source.is_relative_to(target) or target.is_relative_to(source):
-            raise InputError(
-                f"--out {out}: the report would replace it whole, and it holds or is inside {given}"
-            )
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise InputError(f"--out {out}: not a folder the report can replace")
-    if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in _REPORT_FILES):
-        raise InputError(
-            f"--out {out}: a folder that is not a ditq report (no {', '.join(_REPORT_FILES)}); the report replaces "
-            "its folder whole: choose a new one or empty it"
-        )
 
 
 def check_gate_file(
@@ -117,7 +95,8 @@ def build_report(
     out = Path(out)
     if not runs:
         raise InputError("report: name at least one run or candidate directory")
-    check_replaceable(Path(out), [Path(baseline), *map(Path, runs)])
+    inputs = [Path(baseline), *map(Path, runs)]
+    check_output(out, REPORT, inputs)  # replaced whole: only an earlier report, never an input
     attempts = read_model_list(Attempt, baseline_attempts) if baseline_attempts is not None else None
     base = load_candidate(Path(baseline), attempts)
     if base.run is None:
@@ -146,7 +125,7 @@ def build_report(
     data = assess(base, candidates, command or shell_command(), rules, note)
     document = data.document.model_dump(mode="json")
     validate_verdict(document)  # what we write is what the schema promises
-    with atomic_directory(out, force=True) as tmp:
+    with atomic_directory(out, REPORT, inputs, force=True) as tmp:
         plans = {c.name: c.plan for c in candidates if c.plan is not None}
         charts = {**write_charts(data, tmp / "charts"), **write_plan_charts(plans, tmp / "charts")}
         grids = write_grids(base, candidates, tmp / "grids")

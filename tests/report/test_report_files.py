@@ -174,15 +174,13 @@ def test_the_report_never_replaces_its_inputs_or_a_folder_it_did_not_write(share
     baseline = shared_runs["baseline"]
     before = sorted(p.name for p in baseline.iterdir())
     for out in (baseline, baseline.parent, baseline / "report"):
-        with pytest.raises(
-            InputError, match=r"^--out .*: the report would replace it whole, and it holds or is inside"
-        ):
+        with pytest.raises(InputError, match=r"^.*: the output (is|holds|is inside) the input"):
             build_report([shared_runs["w8a8"]], baseline, out)
     assert sorted(p.name for p in baseline.iterdir()) == before
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(InputError, match=r"a folder that is not a ditq report"):
+    with pytest.raises(InputError, match=r"not a report ditq wrote"):
         build_report([shared_runs["w8a8"]], baseline, mine)
     assert (mine / "notes.txt").read_text() == "keep me"
 
