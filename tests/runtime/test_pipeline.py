@@ -168,7 +168,7 @@ def test_generate_command_prints_stages_and_writes_the_image(
     [
         (["--size", "32by32"], "--size: expected WxH"),
         (["--size", "33x32"], "width: 33 is not a positive multiple of"),
-        (["--image", "missing.png"], "missing.png: not a readable image"),
+        (["--image", "missing.png"], "missing.png: no such file"),
     ],
 )
 def test_generate_command_refuses_bad_input(
