@@ -27,7 +27,6 @@ from ditq.devices import default_dtype, resolve_device, resolve_dtype, resolve_o
 from ditq.doctor import kernel_chooser
 from ditq.errors import (
     EXIT_STOPPED_DURING_STARTUP,
-    DitqError,
     InputError,
     OutOfMemoryError,
     StartupError,
@@ -180,7 +179,7 @@ def serve(
         _exit_during_startup(state)
     if failures:
         message, out_of_memory = failures[-1]
-        raise OutOfMemoryError(message) if out_of_memory else DitqError(message)
+        raise OutOfMemoryError(message) if out_of_memory else StartupError(message)
 
 
 def serving_app(
