@@ -21,6 +21,7 @@ every compare; the report's ``--standard`` picks the one its headline uses.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import math
@@ -71,8 +72,10 @@ __all__ = [
     "describe_lossless",
     "describe_parity",
     "format_compare",
+    "identical_images",
     "lpips_scorer",
     "parity_from_pair",
+    "same_bytes_note",
     "seeds_to_add",
     "settle_seeds",
 ]
@@ -229,14 +232,40 @@ def _stats(values: list[float], digits: int) -> FidelityStats:
     )
 
 
-def _compare_pair(candidate: Path, reference: Path, scorer: LpipsScorer | None) -> dict[str, Any]:
-    """The row's fields: status ok with PSNR, SSIM, the space compared in (and LPIPS), else status error."""
+def _recorded_bytes(path: Path, record: ProbeRecord | None) -> bytes | str:
+    """The image file's bytes, or why they are not evidence: unreadable, or not the image its record names (its
+    sha256 differs from the record's: swapped or edited since)."""
     try:
-        a, a_mode = load_png_array(read_picture_bytes(reference))
+        data = read_picture_bytes(path)
     except Exception as error:  # an unreadable file is a row of its own, not the end of the comparison
+        return f"cannot be decoded ({type(error).__name__})"
+    if record is not None and record.sha256 and hashlib.sha256(data).hexdigest() != record.sha256:
+        return "is not the one its record names (sha256 differs)"
+    return data
+
+
+def _compare_pair(
+    candidate: Path,
+    reference: Path,
+    scorer: LpipsScorer | None,
+    records: tuple[ProbeRecord | None, ProbeRecord] | None = None,
+) -> dict[str, Any]:
+    """The row's fields: status ok with PSNR, SSIM, the space compared in (and LPIPS; ``same_bytes`` where the
+    two files are one image byte for byte), else status error. ``records``: (the candidate's, the baseline's)
+    record of the pair, whose sha256 each image must be."""
+    ours, theirs = records or (None, None)
+    reference_data = _recorded_bytes(reference, theirs)
+    if isinstance(reference_data, str):
+        return {"status": "error", "error": f"baseline image {reference_data}"}
+    candidate_data = _recorded_bytes(candidate, ours)
+    if isinstance(candidate_data, str):
+        return {"status": "error", "error": f"image {candidate_data}"}
+    try:
+        a, a_mode = load_png_array(reference_data)
+    except Exception as error:
         return {"status": "error", "error": f"baseline image cannot be decoded ({type(error).__name__})"}
     try:
-        b, b_mode = load_png_array(read_picture_bytes(candidate))
+        b, b_mode = load_png_array(candidate_data)
     except Exception as error:
         return {"status": "error", "error": f"image cannot be decoded ({type(error).__name__})"}
     if a.shape[:2] != b.shape[:2]:
@@ -253,6 +282,8 @@ def _compare_pair(candidate: Path, reference: Path, scorer: LpipsScorer | None) 
     }
     if scorer is not None:
         row["lpips"] = round(scorer(x, y), 5)
+    if candidate_data == reference_data:
+        row["same_bytes"] = True
     return row
 
 
@@ -292,7 +323,7 @@ def _row(run: Path, baseline: Path, record: ProbeRecord, candidate: ProbeRecord 
     elif image is None:
         fields = {"status": "missing"}
     else:
-        fields = _compare_pair(image, reference, scorer)
+        fields = _compare_pair(image, reference, scorer, (candidate, record))
     return CompareRow(
         fixture_id=record.fixture_id, seed=record.seed, n_references=record.n_references, **fields
     )
@@ -484,6 +515,18 @@ def describe_lossless(decision: LosslessDecision) -> str:
     return text
 
 
+def identical_images(result: CompareFile) -> int:
+    """How many of the compared images are the baseline's, byte for byte."""
+    return sum(1 for row in result.rows if row.same_bytes)
+
+
+def same_bytes_note(same: int, compared: int) -> str:
+    return (
+        f"{same} of {compared} compared images are the baseline's, byte for byte: a quantized model does not draw "
+        "that, so the run may hold the baseline's own images"
+    )
+
+
 def format_compare(results: Sequence[CompareFile]) -> str:
     lines = []
     for res in results:
@@ -508,6 +551,8 @@ def format_compare(results: Sequence[CompareFile]) -> str:
                 f"SSIM mean {_fmt(s.mean, '.4f')}{band}"
             )
         lines.append(f"  {res.lpips_note}")
+        if same := identical_images(res):
+            lines.append(f"  note: {same_bytes_note(same, res.overall.ok)}")
         overall = res.overall
         lines.append(
             f"  overall: {overall.ok}/{overall.n} compared, PSNR mean {_fmt(overall.psnr_db.mean, '.2f')} dB"

@@ -23,6 +23,7 @@ import torch
 import uvicorn
 from fastapi import FastAPI
 
+from ditq.checkpoint.seal import MANIFEST
 from ditq.devices import default_dtype, resolve_device, resolve_dtype, resolve_offload
 from ditq.doctor import kernel_chooser
 from ditq.errors import (
@@ -31,6 +32,7 @@ from ditq.errors import (
     OutOfMemoryError,
     StartupError,
 )
+from ditq.fsutil import sha256_file
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.runtime.parallel import ParallelSpec, check_parallel, rank_devices, refuse_beside_parallel
 from ditq.serve.access import exposure_warning
@@ -223,7 +225,10 @@ def serving_app(
         ranks = RankGroup(settings)
     cap = apply_memory_cap(max_memory, device)
     device = cap.device if cap is not None else str(resolve_device(device))
+    manifest = model_dir / MANIFEST
     facts = {
+        # what the probe records in RUN.json, and the report chains to CANDIDATE.json's artifact digest
+        "artifact_digest": sha256_file(manifest) if manifest.is_file() else None,
         "device": device,
         "offload": offload,
         "dtype": dtype,
