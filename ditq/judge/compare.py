@@ -232,16 +232,17 @@ def _stats(values: list[float], digits: int) -> FidelityStats:
     )
 
 
-def _recorded_bytes(path: Path, record: ProbeRecord | None) -> bytes | str:
-    """The image file's bytes, or why they are not evidence: unreadable, or not the image its record names (its
-    sha256 differs from the record's: swapped or edited since)."""
+def _recorded_image(path: Path, record: ProbeRecord | None) -> tuple[bytes, np.ndarray, str] | str:
+    """(bytes, pixels, mode) of the image file, or why it is not evidence: it cannot be read or decoded, or it is
+    not the image its record names (its sha256 differs from the record's: swapped or edited since)."""
     try:
         data = read_picture_bytes(path)
+        pixels, mode = load_png_array(data)
     except Exception as error:  # an unreadable file is a row of its own, not the end of the comparison
         return f"cannot be decoded ({type(error).__name__})"
     if record is not None and record.sha256 and hashlib.sha256(data).hexdigest() != record.sha256:
         return "is not the one its record names (sha256 differs)"
-    return data
+    return data, pixels, mode
 
 
 def _compare_pair(
@@ -254,20 +255,13 @@ def _compare_pair(
     two files are one image byte for byte), else status error. ``records``: (the candidate's, the baseline's)
     record of the pair, whose sha256 each image must be."""
     ours, theirs = records or (None, None)
-    reference_data = _recorded_bytes(reference, theirs)
-    if isinstance(reference_data, str):
-        return {"status": "error", "error": f"baseline image {reference_data}"}
-    candidate_data = _recorded_bytes(candidate, ours)
-    if isinstance(candidate_data, str):
-        return {"status": "error", "error": f"image {candidate_data}"}
-    try:
-        a, a_mode = load_png_array(reference_data)
-    except Exception as error:
-        return {"status": "error", "error": f"baseline image cannot be decoded ({type(error).__name__})"}
-    try:
-        b, b_mode = load_png_array(candidate_data)
-    except Exception as error:
-        return {"status": "error", "error": f"image cannot be decoded ({type(error).__name__})"}
+    reference_image = _recorded_image(reference, theirs)
+    if isinstance(reference_image, str):
+        return {"status": "error", "error": f"baseline image {reference_image}"}
+    candidate_image = _recorded_image(candidate, ours)
+    if isinstance(candidate_image, str):
+        return {"status": "error", "error": f"image {candidate_image}"}
+    (reference_data, a, a_mode), (candidate_data, b, b_mode) = reference_image, candidate_image
     if a.shape[:2] != b.shape[:2]:
         return {
             "status": "error",

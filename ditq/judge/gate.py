@@ -74,13 +74,14 @@ def record_structure(run: Path, record: ProbeRecord) -> tuple[Structure | None, 
     if image is not None:
         try:
             data = read_picture_bytes(image)
-            if record.sha256 and hashlib.sha256(data).hexdigest() != record.sha256:  # swapped or edited since
-                log.warning("%s is not the image its record names (sha256 differs)", image)
-                return None, "image not the recorded one"
-            return Structure.model_validate(structure_metrics_png(data)), "image"
+            structure = Structure.model_validate(structure_metrics_png(data))
         except Exception as error:  # judged as a failure below: no structure
             log.warning("%s cannot be decoded (%s: %s)", image, type(error).__name__, error)
             return None, "undecodable image"
+        if record.sha256 and hashlib.sha256(data).hexdigest() != record.sha256:  # swapped or edited since
+            log.warning("%s is not the image its record names (sha256 differs)", image)
+            return None, "image not the recorded one"
+        return structure, "image"
     recorded = record.structure
     if recorded is None:
         return None, "none"

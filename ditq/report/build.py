@@ -114,7 +114,9 @@ def rederive_compare(run: RunData, baseline: Path) -> None:
     for row in stated.rows:
         fresh = now.get((row.fixture_id, row.seed))
         if fresh is None or _row_text(fresh) != _row_text(row):
-            shown = "no row" if fresh is None else _row_text(fresh)
+            shown = (
+                "no row" if fresh is None else _row_text(fresh) + (f" ({fresh.error})" if fresh.error else "")
+            )
             raise InputError(
                 f"{path}: says {row.fixture_id} seed {row.seed} is {_row_text(row)}, which its images show as "
                 f"{shown} against this baseline: an edited or stale compare.json (run ditq compare again)"
