@@ -70,7 +70,7 @@ from ditq.checkpoint.reference import ReferenceDecoder
 from ditq.checkpoint.safetensors_io import SafetensorsHeader, TensorEntry, read_tensor
 from ditq.checkpoint.seal import SEAL_KEY_ENV, keyed_seal_verdict, manifest_digests, seal_key
 from ditq.errors import DitqError, InputError
-from ditq.fsutil import file_kind, open_regular, sha256_file
+from ditq.fsutil import file_kind, open_regular, read_bounded, sha256_file
 from ditq.numerics import relative_l2
 from ditq.progress import progress_bar
 from ditq.quantize.rewrite import read_component_headers
@@ -145,7 +145,10 @@ def _check_manifest(root: Path, report: VerifyReport) -> dict[str, Any] | None:
     """The plain seal (integrity), the keyed seal (provenance, with ``DITQ_SEAL_KEY``), then the fields."""
     seal, key = root / MANIFEST_SEAL, seal_key()
     actual, mac = manifest_digests(root / MANIFEST, key)
-    sealed = seal.is_file() and seal.read_bytes() == f"{actual}  {MANIFEST}\n".encode()
+    try:  # a seal line is 81 bytes: a larger file, a FIFO or a folder in its place is no seal
+        sealed = read_bounded(seal, 256) == f"{actual}  {MANIFEST}\n".encode()
+    except InputError:
+        sealed = False
     report.add(
         "manifest seal",
         [] if sealed else [f"{MANIFEST} does not match {MANIFEST_SEAL}"],
