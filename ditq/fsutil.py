@@ -168,17 +168,17 @@ class OutputKind:
     (as a regular file) was written by ditq as this kind. ``bookkeeping``: files ditq leaves in one before its
     marker is written (a lock), which do not make a folder someone else's."""
 
-    name: str  # "artifact", "fixtures set", ...
+    name: str  # with its article: "an artifact", "a fixtures set", ...
     markers: tuple[str, ...]
     bookkeeping: tuple[str, ...] = ()
 
 
-ARTIFACT = OutputKind("artifact", ("MANIFEST.json",))  # ditq quantize, ditq.save
-FIXTURES_SET = OutputKind("fixtures set", ("ditq-fixtures.json",))  # ditq fixtures init
-RUN = OutputKind("run directory", ("RUN.json",), (".probe.lock",))  # ditq probe, ditq baseline
-REPORT = OutputKind("report", ("verdict.json", "REPORT.md", "report.html"))  # ditq report
-SWEEP = OutputKind("sweep", ("SWEEP.json",))  # ditq sweep
-DOCTOR_REPORT = OutputKind("doctor report", ("evidence.json",))  # ditq doctor --report
+ARTIFACT = OutputKind("an artifact", ("MANIFEST.json",))  # ditq quantize, ditq.save
+FIXTURES_SET = OutputKind("a fixtures set", ("ditq-fixtures.json",))  # ditq fixtures init
+RUN = OutputKind("a run directory", ("RUN.json",), (".probe.lock",))  # ditq probe, ditq baseline
+REPORT = OutputKind("a report", ("verdict.json", "REPORT.md", "report.html"))  # ditq report
+SWEEP = OutputKind("a sweep", ("SWEEP.json",))  # ditq sweep
+DOCTOR_REPORT = OutputKind("a doctor report", ("evidence.json",))  # ditq doctor --report
 
 
 def _marked(folder: Path, kind: OutputKind) -> bool:
@@ -213,15 +213,15 @@ def check_output(out: Path, kind: OutputKind, inputs: Sequence[Path] = (), *, re
         if relation in ("is", "holds"):
             raise InputError(f"{out}: the output {relation} {what}; choose a folder of its own")
     if replace and out.is_symlink():
-        raise InputError(f"{out}: a link, not a {kind.name} ditq wrote; ditq replaces only its own folders")
+        raise InputError(f"{out}: a link, not {kind.name} ditq wrote; ditq replaces only its own folders")
     if not os.path.lexists(out):
         return
     if not out.is_dir():
-        raise InputError(f"{out}: not a folder (a {kind.name} is one); choose another place")
+        raise InputError(f"{out}: not a folder ({kind.name} is one); choose another place")
     held = [p for p in out.iterdir() if p.name not in kind.bookkeeping and not p.name.startswith(_TMP_MARK)]
     if held and not _marked(out, kind):
         raise InputError(
-            f"{out}: not a {kind.name} ditq wrote (no {' or '.join(kind.markers)}); ditq writes only into its "
+            f"{out}: not {kind.name} ditq wrote (no {' or '.join(kind.markers)}); ditq writes only into its "
             "own folders: choose a new one, or empty it yourself"
         )
 

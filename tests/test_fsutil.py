@@ -174,7 +174,7 @@ def test_force_replaces_a_folder_ditq_wrote_of_the_same_kind_only(tiny: Path, tm
         == 0
     )
     assert (fixtures / FIXTURES_SET.markers[0]).is_file()
-    with pytest.raises(InputError, match=r"not a artifact ditq wrote \(no MANIFEST\.json\)"):
+    with pytest.raises(InputError, match=r"not an artifact ditq wrote \(no MANIFEST\.json\)"):
         ditq.quantize(tiny, fixtures, "w8a8", force=True)  # a fixtures set is not an artifact
     assert (
         main(

@@ -549,7 +549,9 @@ def dry_run(preset: Preset) -> dict[str, dict[str, Any]]:
     return summary
 
 
-PIPELINE = OutputKind("full-size pipeline", ("BUILD.json",))  # what --force may replace: only what this wrote
+PIPELINE = OutputKind(
+    "a full-size pipeline", ("BUILD.json",)
+)  # what --force may replace: only what this wrote
 
 
 def build(
