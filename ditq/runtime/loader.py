@@ -408,9 +408,9 @@ def load_pipeline(
     offload = resolve_offload(offload, option="offload")
     model_dir = resolve_model(model_dir, variant, local_files_only)
     index = read_model_index(model_dir)
-    check_sealed_reads(model_dir)  # an artifact: only what its manifest lists is read
     check_components_present(model_dir, index)
     classes = check_component_classes(model_dir, index)
+    check_sealed_reads(model_dir)  # an artifact: only what its manifest lists is read
     cls = pipeline_class(index, model_dir)
     run_device = resolve_device(device, option="device")
     dtype = resolve_dtype(dtype, run_device, option="dtype")
