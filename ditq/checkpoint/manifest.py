@@ -257,8 +257,8 @@ def read_manifest(root: Path) -> dict[str, Any]:
 
 
 def is_sealed(root: Path) -> bool:
-    """Whether ``root`` carries ditq's manifest or one of its seals (in any form: a FIFO in its place too)."""
-    return any(os.path.lexists(Path(root) / name) for name in _OWN)
+    """Whether ``root`` carries ditq's manifest, in any form (a FIFO or a folder in its place too)."""
+    return os.path.lexists(Path(root) / MANIFEST)
 
 
 def check_sealed_reads(root: Path) -> None:

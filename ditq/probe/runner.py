@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -99,6 +99,7 @@ class Reply:
     metrics: dict[str, Any] | None = None
     error: str | None = None
     error_code: str | None = None
+    waited_s: float = 0.0  # spent waiting for a server that went away, before the request that was answered
 
 
 class Executor(Protocol):
@@ -253,13 +254,14 @@ class HttpExecutor:
             return reply
         gone = self.watch.wait_for_return()
         if gone is None:
+            resent = time.perf_counter()
             try:
                 reply = self._send(fixture, seed)
             except LOST_CONNECTION as error:
                 lost, gone = error, "lost again after the server answered /health"
             else:
                 self.watch.answered()
-                return reply
+                return replace(reply, waited_s=round(resent - t0, 3))
         wall_s = round(time.perf_counter() - t0, 3)  # the wait included
         return Reply(wall_s, None, error=f"{type(lost).__name__}: {lost}; {gone}")
 
@@ -390,6 +392,9 @@ class _Matrix:
         reply = executor(fixture, seed)
         self.sampler.sample_now()
         t_end = round(time.time(), 3)
+        waited: dict[str, Any] = (
+            {"waited_s": reply.waited_s} if reply.waited_s else {}
+        )  # written only where waited
         return ProbeRecord(
             fixture_id=fixture.id,
             seed=seed,
@@ -404,6 +409,7 @@ class _Matrix:
             t_start=t_start,
             t_end=t_end,
             wall_s=reply.wall_s,
+            **waited,
             http=reply.http,
             usage=reply.usage,
             metrics=reply.metrics,

@@ -29,8 +29,8 @@ A compressed-tensors checkpoint that ditq did not write (a diffusers directory w
 llm-compressor's say) gets every check but the manifest's: ``manifest`` and ``files`` are reported as not
 applicable (never as passed), the config is not compared with a manifest, and the rest run as above; its
 ``ignore`` entries match as compressed-tensors matches them (names, ``re:`` patterns, class names). A folder that
-was ditq's (a seal of its manifest is left) or holds a ``MANIFEST.json`` that is not a regular file fails instead,
-and so does every folder without a manifest while ``DITQ_SEAL_KEY`` is set.
+holds a ``MANIFEST.json`` that is not a regular file fails instead, and so does every folder without a manifest
+while ``DITQ_SEAL_KEY`` is set.
 """
 
 from __future__ import annotations
@@ -519,15 +519,12 @@ def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyRepo
 
 
 def _no_manifest(root: Path, key: bytes | None) -> str:
-    """Why an artifact without a readable ``MANIFEST.json`` fails: it was ditq's (a seal is left), or it is one
-    in form only (a FIFO, a folder or a link in its place), or the key is set, which a foreign checkpoint never
-    satisfies."""
+    """Why an artifact without a readable ``MANIFEST.json`` fails: one is there in form only (a FIFO, a folder or
+    a link in its place), or the key is set, which a checkpoint without a keyed manifest never satisfies."""
     path = root / MANIFEST
     if os.path.lexists(path):
         what = "a link" if path.is_symlink() else file_kind(os.stat(path).st_mode)
         return f"{MANIFEST} is {what}, not a regular file: not an artifact ditq wrote whole"
-    if is_sealed(root):
-        return f"no {MANIFEST}, but its seal is there: the manifest of a ditq artifact was removed"
     return (
         f"no {MANIFEST}: with {SEAL_KEY_ENV} set, an artifact without a keyed manifest fails (it is never judged "
         "as a checkpoint ditq did not write)"
