@@ -157,7 +157,7 @@ def exclusive_lock(final: Path, writer: str) -> Iterator[None]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(lock_path)
         os.close(fd)
-        for folder in made:  # the parents made for a writer that failed; a finished one's hold its output
+        for folder in made:  # the parents made for a writer that failed (a finished writer's hold its output)
             with contextlib.suppress(OSError):
                 folder.rmdir()
 
