@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.ditq-installed
 
-.PHONY: demo test test-fast lint typecheck install clean
+.PHONY: demo test test-fast test-attacks lint typecheck install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ test: $(STAMP) lint typecheck
 # The same without the slow-marked end-to-end tests: a quick loop while changing code.
 test-fast: $(STAMP)
 	$(VENV)/bin/pytest -q -n 2 -m "not slow" tests
+
+# The project's adversarial suite: every hostile input of benchmarks/attack_inputs.py through the CLI, each
+# classified clean, weak or defect; fails on any defect. CI runs it after `make test` (10-15 minutes on 2 cores).
+ATTACKS_OUT ?= test-artifacts/attack_inputs.json
+test-attacks: $(STAMP)
+	PYTHONPATH=$(CURDIR) $(PY) benchmarks/attack_inputs.py --fail-on-defects --out $(ATTACKS_OUT)
 
 demo: $(STAMP)
 	$(VENV)/bin/ditq demo --out demo-out

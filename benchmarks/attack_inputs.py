@@ -1,16 +1,26 @@
-"""Hostile inputs through the real `ditq` CLI (issue 28): crafted from the bundled demo model, each run as its own
-subprocess and classified clean, weak or defect.
+"""Hostile inputs through the real `ditq` CLI (issues 28 and 48): crafted from the bundled demo model, each run as
+its own subprocess and classified clean, weak or defect.
 
     PYTHONPATH=$PWD python benchmarks/attack_inputs.py --out benchmarks/results/attack_inputs.json
     PYTHONPATH=$PWD python benchmarks/attack_inputs.py --only paths,evidence --keep    # some groups; keep $TMP
+    make test-attacks                                      # all of them, failing on any defect (what CI runs)
 
-126 cases, two at a time: about 5 minutes on 2 CPU cores (each command spends 3-5 s importing torch).
+The groups of issue 48, by mechanism: ``outputs`` (one rule for replacing an output: --force, the current
+directory, the home folder, a failed write), ``hub`` (confined resolution of a hub id through a hostile cache),
+``seal`` (what loads is what is sealed, keyed or not; keys that are not UTF-8), ``diffusers`` (diffusers' own
+``from_pretrained`` after ``import ditq.diffusers``, run as a person's script), ``pictures`` (one opener; bounded
+text inputs), ``evidence`` (a sweep's candidates chained to their artifacts; forged runs) and ``markdown``
+(REPORT.md cannot be restructured).
+
+About 170 cases, two at a time: 10-15 minutes on 2 CPU cores (each command spends 3-5 s importing torch).
 
 Setup (in this process, once): a copy of the demo model (``source``), its w8a8 artifact made by
-``ditq.quantize`` (``artifact``; ``bare`` is the same without MANIFEST.json), a three-fixture set with two
+``ditq.quantize`` (``artifact``; ``bare`` is the same without MANIFEST.json; ``keyed`` a --copy one sealed with
+DITQ_SEAL_KEY), a three-fixture set with two
 reference PNGs, a sealed baseline made by ``ditq baseline`` in process (2 seeds, 2 steps, 32x48 at most), and a
 candidate run made by ``ditq probe`` against a deterministic stub images server on loopback, judged by
-``ditq gate`` and ``ditq compare``. Each case copies what it needs into its own folder (hard links; every edit
+``ditq gate`` and ``ditq compare``, and a sweep's two candidates over copies of it (``sweep``: CANDIDATE.json and
+its run, each naming its own artifact digest). Each case copies what it needs into its own folder (hard links; every edit
 replaces a file, never writes into one), crafts one hostile change, and runs ``python -m ditq.cli ...`` with
 stdin from /dev/null, its working directory inside the case folder and a time limit.
 
@@ -331,6 +341,10 @@ class Case:
     console: bool = False  # run the installed `ditq` script instead of `python -m ditq.cli`
     cwd: str = ""  # the working directory, inside the case folder
     accepted: tuple[str, str] | None = None  # see classify
+    env: dict[str, str] = field(default_factory=dict)  # set for the command; "$CASE" is the case folder
+    python: str | None = (
+        None  # run ``python -c`` this code with the argv instead of the CLI (a user's script)
+    )
 
 
 CASES: list[Case] = []
@@ -1441,27 +1455,528 @@ def verify_source_genuine(d: Path, env: dict[str, Any]) -> list[str]:
     return _vsource(d)
 
 
+# -- issue 48: one rule for replacing an output ------------------------------------------------------------------
+# Each case's output is a folder of the person's own (or an input): nothing in it may be deleted or changed, so the
+# case's outputs are none but "out" (which none of these writes into).
+
+
+def mine(folder: Path) -> Path:
+    """A folder of a person's own: files ditq did not write."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "notes.txt").write_text("a person's notes")
+    (folder / "keep").mkdir(exist_ok=True)
+    (folder / "keep" / "data.bin").write_bytes(b"\x00\x01")
+    return folder
+
+
+def pictures(
+    folder: Path, picture: bytes | None = None, prompts: str = "one [p]: the picture, but blue\n"
+) -> Path:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if picture is None:
+        Image.new("RGB", (16, 16), "red").save(folder / "p.png")
+    else:
+        (folder / "p.png").write_bytes(picture)
+    (folder / "prompts.txt").write_text(prompts)
+    return folder
+
+
+def fixtures_init(folder: Path, *extra: str) -> list[str]:
+    return ["fixtures", "init", str(folder), "--size", "32x32", *extra]
+
+
+@case("outputs", "source", names=("existing", "ditq wrote"))
+def quantize_force_into_a_folder_of_other_files(d: Path, env: dict[str, Any]) -> list[str]:
+    out = mine(d / "existing")
+    return ["quantize", str(d / "source"), str(out), "--scheme", "w8a8", "--device", "cpu", "--force"]
+
+
+@case("outputs", "source", names=("current directory",), cwd="here")
+def quantize_force_into_the_current_directory(d: Path, env: dict[str, Any]) -> list[str]:
+    mine(d / "here")
+    return ["quantize", str(d / "source"), ".", "--scheme", "w8a8", "--device", "cpu", "--force"]
+
+
+@case("outputs", "source", names=("home folder",), env={"HOME": "$CASE/home"})
+def quantize_force_into_home(d: Path, env: dict[str, Any]) -> list[str]:
+    home = mine(d / "home")
+    (home / "MANIFEST.json").write_text("{}")  # even with ditq's marker: the home folder is never replaced
+    return ["quantize", str(d / "source"), str(home), "--scheme", "w8a8", "--device", "cpu", "--force"]
+
+
+@case("outputs", names=("pics", "the output"))
+def fixtures_init_out_is_its_own_folder(d: Path, env: dict[str, Any]) -> list[str]:
+    return fixtures_init(pictures(d / "pics"), "--out", str(d / "pics"), "--force")
+
+
+@case("outputs", names=("parent", "the output"))
+def fixtures_init_out_holds_its_pictures(d: Path, env: dict[str, Any]) -> list[str]:
+    parent = mine(d / "parent")
+    pictures(parent / "pics")
+    return fixtures_init(parent / "pics", "--out", str(parent), "--force")
+
+
+def _nothing_half_made(d: Path) -> tuple[str, str] | None:
+    if (d / "new").exists():
+        return "defect", "a failed fixtures init left new/ behind"
+    return None
+
+
+@case("outputs", names=("p.png",), check=_nothing_half_made)
+def fixtures_init_failed_leaves_nothing(d: Path, env: dict[str, Any]) -> list[str]:
+    return fixtures_init(pictures(d / "pics", b"not a picture"), "--out", str(d / "new" / "sub" / "fixtures"))
+
+
+@case("outputs", "fixtures", names=("mine", "run directory ditq wrote"))
+def probe_out_a_folder_of_other_files(d: Path, env: dict[str, Any]) -> list[str]:
+    argv = probe(d, env)
+    argv[argv.index("--out") + 1] = str(mine(d / "mine"))
+    return argv
+
+
+# -- issue 48: confined hub resolution ----------------------------------------------------------------------------
+
+HUB_ENV = {"HF_HOME": "$CASE/hf", "HF_HUB_CACHE": "$CASE/hf/hub"}
+COMMIT, OTHER = "0123456789abcdef0123456789abcdef01234567", "fedcba9876543210fedcba9876543210fedcba98"
+
+
+def hub_entry(d: Path, repo: str, commit: str | None = None) -> Path:
+    """The cache entry of ``repo`` under $CASE/hf/hub; with ``commit``, the demo model as its snapshot."""
+    entry = d / "hf" / "hub" / f"models--{repo.replace('/', '--')}"
+    (entry / "refs").mkdir(parents=True)
+    (entry / "snapshots").mkdir()
+    if commit is not None:
+        linked_copy(d / "source", entry / "snapshots" / commit)
+        (entry / "refs" / "main").write_text(commit)
+    return entry
+
+
+def hub_quantize(d: Path, spec: str) -> list[str]:
+    return ["quantize", spec, str(d / "out" / "artifact"), "--scheme", "w8a8", "--device", "cpu"]
+
+
+@case("hub", "source", names=("evil/spoof", "refs/main"), env=HUB_ENV)
+def hub_ref_out_of_the_cache(d: Path, env: dict[str, Any]) -> list[str]:
+    linked_copy(d / "source", d / "outside-model")
+    (hub_entry(d, "evil/spoof") / "refs" / "main").write_text("../../../outside-model")
+    return hub_quantize(d, "evil/spoof")
+
+
+@case("hub", "source", names=("evil/spoof", "refs/main"), env=HUB_ENV)
+def hub_ref_to_another_repository(d: Path, env: dict[str, Any]) -> list[str]:
+    hub_entry(d, "Qwen/Qwen-Image", COMMIT)
+    (hub_entry(d, "evil/spoof") / "refs" / "main").write_text(
+        f"../../models--Qwen--Qwen-Image/snapshots/{COMMIT}"
+    )
+    return hub_quantize(d, "evil/spoof")
+
+
+@case("hub", "source", names=("evil/spoof", "snapshot"), env=HUB_ENV)
+def hub_snapshot_linked_to_another_repository(d: Path, env: dict[str, Any]) -> list[str]:
+    qwen = hub_entry(d, "Qwen/Qwen-Image", COMMIT)
+    spoof = hub_entry(d, "evil/spoof")
+    (spoof / "refs" / "main").write_text(OTHER)
+    (spoof / "snapshots" / OTHER).symlink_to(qwen / "snapshots" / COMMIT)
+    return hub_quantize(d, "evil/spoof")
+
+
+@case("hub", names=("evil/spoof", "FIFO"), env=HUB_ENV, timeout=30)
+def hub_ref_fifo(d: Path, env: dict[str, Any]) -> list[str]:
+    os.mkfifo(hub_entry(d, "evil/spoof") / "refs" / "main")
+    return hub_quantize(d, "evil/spoof")
+
+
+@case("hub", names=("evil/spoof", "refs/main"), env=HUB_ENV)
+def hub_ref_of_64_mib(d: Path, env: dict[str, Any]) -> list[str]:
+    (hub_entry(d, "evil/spoof") / "refs" / "main").write_bytes(b"a" * (64 << 20))
+    return hub_quantize(d, "evil/spoof")
+
+
+@case("hub", names=("good/demo.", "hub id"), env=HUB_ENV)
+def hub_id_with_a_trailing_dot(d: Path, env: dict[str, Any]) -> list[str]:
+    return hub_quantize(d, "good/demo.")
+
+
+@case("hub", names=("good/demo-", "hub id"), env=HUB_ENV)
+def hub_id_with_a_trailing_dash(d: Path, env: dict[str, Any]) -> list[str]:
+    return hub_quantize(d, "good/demo-")
+
+
+def _provenance_is_the_id_asked(d: Path) -> tuple[str, str] | None:
+    manifest = d / "out" / "artifact" / "MANIFEST.json"
+    if not manifest.is_file():
+        return None
+    inputs = read(manifest)["inputs"]
+    if (inputs.get("hub_id"), inputs.get("commit")) != ("acme/demo", COMMIT):
+        return "defect", f"the manifest records {inputs.get('hub_id')} at {inputs.get('commit')}"
+    return None
+
+
+@case("hub", "source", expect="legit", env=HUB_ENV, check=_provenance_is_the_id_asked)
+def hub_genuine_cache_entry(d: Path, env: dict[str, Any]) -> list[str]:
+    hub_entry(d, "acme/demo", COMMIT)
+    return hub_quantize(d, "acme/demo")
+
+
+# -- issue 48: what loads is what is sealed -------------------------------------------------------------------------
+
+SEAL_KEY = "DITQ_SEAL_KEY"
+KEY = "correct horse battery staple"
+KEYED = {SEAL_KEY: KEY}
+TE = "text_encoder"
+
+
+def stray_index_and_shard(d: Path) -> None:
+    """A keyed --copy artifact's text encoder given a linked index and a linked shard out of the artifact."""
+    other = d / "attacker"
+    linked_copy(d / "keyed" / TE, other)
+    shard = next(p for p in other.iterdir() if p.name.endswith(".safetensors"))
+    (other / "index.json").write_text(json.dumps({"weight_map": {"x": "evil.safetensors"}}))
+    (d / "keyed" / TE / "diffusion_pytorch_model.safetensors.index.json").symlink_to(other / "index.json")
+    (d / "keyed" / TE / "evil.safetensors").symlink_to(shard)
+
+
+@case("seal", "keyed", names=("a link the manifest does not record",), env=KEYED)
+def verify_keyed_stray_linked_index(d: Path, env: dict[str, Any]) -> list[str]:
+    stray_index_and_shard(d)
+    return verify(d, "keyed")
+
+
+@case("seal", "keyed", names=("a link the manifest does not record",))
+def verify_unkeyed_stray_linked_index(d: Path, env: dict[str, Any]) -> list[str]:
+    stray_index_and_shard(d)
+    return verify(d, "keyed")
+
+
+@case("seal", "keyed", names=("a link the manifest does not record",))
+def generate_stray_linked_index(d: Path, env: dict[str, Any]) -> list[str]:
+    stray_index_and_shard(d)
+    return gen(d, "keyed")
+
+
+@case("seal", "keyed", names=("extra text_encoder",), env=KEYED)
+def verify_keyed_unlisted_shard(d: Path, env: dict[str, Any]) -> list[str]:
+    shard = next(p for p in (d / "keyed" / TE).iterdir() if p.name.endswith(".safetensors"))
+    shutil.copy(shard, d / "keyed" / TE / "model-00001-of-00001.safetensors")
+    return verify(d, "keyed")
+
+
+def triple_scales(d: Path) -> None:
+    tensors(
+        d / "keyed" / WEIGHTS,
+        lambda v: v.update({k: t * 3 for k, t in v.items() if k.endswith("weight_scale")}),
+    )
+
+
+@case("seal", "keyed", names=("MANIFEST.json",), env=KEYED)
+def verify_keyed_manifest_removed_scales_tripled(d: Path, env: dict[str, Any]) -> list[str]:
+    for name in ("MANIFEST.json", "MANIFEST.json.hmac", "MANIFEST.json.sha256"):
+        (d / "keyed" / name).unlink()
+    triple_scales(d)
+    return verify(d, "keyed")
+
+
+@case("seal", "keyed", names=("MANIFEST.json",), env=KEYED)
+def verify_keyed_manifest_fifo_scales_tripled(d: Path, env: dict[str, Any]) -> list[str]:
+    fifo(d / "keyed" / "MANIFEST.json")
+    (d / "keyed" / "MANIFEST.json.hmac").unlink()
+    triple_scales(d)
+    return verify(d, "keyed")
+
+
+@case("seal", "keyed", names=("MANIFEST.json",), env=KEYED)
+def verify_keyed_manifest_folder_scales_tripled(d: Path, env: dict[str, Any]) -> list[str]:
+    folder(d / "keyed" / "MANIFEST.json")
+    triple_scales(d)
+    return verify(d, "keyed")
+
+
+NOT_UTF8 = {SEAL_KEY: os.fsdecode(b"\xff\xfe not text \x80")}
+
+
+@case("seal", "source", expect="legit", env=NOT_UTF8)
+def quantize_with_a_key_that_is_not_utf8(d: Path, env: dict[str, Any]) -> list[str]:
+    return quantize(d)
+
+
+# -- issue 48: the diffusers backend refuses as the loader does ---------------------------------------------------
+
+DIFFUSERS = """import sys
+import ditq.diffusers
+from diffusers import DiffusionPipeline
+from ditq.errors import DitqError
+try:
+    DiffusionPipeline.from_pretrained(sys.argv[2])
+except DitqError as error:
+    print(f"ditq diffusers: error: {error}", file=sys.stderr)
+    raise SystemExit(2)
+"""
+
+
+def diffusers_load(d: Path, model: str) -> list[str]:
+    """A person's script: ``DiffusionPipeline.from_pretrained(MODEL)`` after ``import ditq.diffusers``, a ditq error
+    printed as the CLI prints one (argv[0], "diffusers", names it for the judged line)."""
+    return ["diffusers", str(d / model)]
+
+
+def qconfig(d: Path, value: Callable[[dict[str, Any]], Any]) -> None:
+    data = read(d / "keyed" / TC)
+    data["quantization_config"] = value(data["quantization_config"])
+    put(d / "keyed" / TC, json.dumps(data))  # not resealed: loading reads names, not digests
+
+
+@case("diffusers", "keyed", expect="legit", python=DIFFUSERS)
+def diffusers_genuine_artifact(d: Path, env: dict[str, Any]) -> list[str]:
+    return diffusers_load(d, "keyed")
+
+
+@case("diffusers", "keyed", names=(TC,), python=DIFFUSERS)
+def diffusers_quant_method_capitalized(d: Path, env: dict[str, Any]) -> list[str]:
+    qconfig(d, lambda q: {**q, "quant_method": "Compressed-Tensors"})
+    return diffusers_load(d, "keyed")
+
+
+@case("diffusers", "keyed", names=(TC,), python=DIFFUSERS)
+def diffusers_quantization_config_a_list(d: Path, env: dict[str, Any]) -> list[str]:
+    qconfig(d, lambda q: [q])
+    return diffusers_load(d, "keyed")
+
+
+@case("diffusers", "keyed", names=(TC,), python=DIFFUSERS)
+def diffusers_config_wrapped_for_another_component(d: Path, env: dict[str, Any]) -> list[str]:
+    qconfig(d, lambda q: {TE: q})
+    return diffusers_load(d, "keyed")
+
+
+@case("diffusers", "keyed", names=(TC, "repeats"), python=DIFFUSERS)
+def diffusers_duplicate_config_group(d: Path, env: dict[str, Any]) -> list[str]:
+    def twice(q: dict[str, Any]) -> dict[str, Any]:
+        q["config_groups"]["group_1"] = q["config_groups"]["group_0"]
+        return q
+
+    qconfig(d, twice)
+    return diffusers_load(d, "keyed")
+
+
+@case("diffusers", "keyed", names=("a link the manifest does not record",), python=DIFFUSERS)
+def diffusers_stray_linked_index(d: Path, env: dict[str, Any]) -> list[str]:
+    stray_index_and_shard(d)
+    return diffusers_load(d, "keyed")
+
+
+# -- issue 48: pictures and text from users ---------------------------------------------------------------------
+
+
+def png_bomb(width: int, height: int, rows: bool) -> bytes:
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    head = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+    body = b""
+    if rows:
+        packer, row = zlib.compressobj(9), b"\x00" * (1 + (width + 7) // 8)
+        body = chunk(b"IDAT", b"".join(packer.compress(row) for _ in range(height)) + packer.flush())
+    return head + body + chunk(b"IEND", b"")
+
+
+EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nnewpath 0 0 moveto 10 10 lineto stroke\nshowpage\n"
+
+
+@case("pictures", names=("p.png",))
+def fixtures_init_png_of_30000_squared(d: Path, env: dict[str, Any]) -> list[str]:
+    return fixtures_init(
+        pictures(d / "pics", png_bomb(30000, 30000, rows=True)), "--out", str(d / "out" / "fx")
+    )
+
+
+@case("pictures", names=("p.png",))
+def fixtures_init_header_of_20000_squared(d: Path, env: dict[str, Any]) -> list[str]:
+    return fixtures_init(
+        pictures(d / "pics", png_bomb(20000, 20000, rows=False)), "--out", str(d / "out" / "fx")
+    )
+
+
+@case("pictures", names=("p.png",))
+def fixtures_init_eps_named_png(d: Path, env: dict[str, Any]) -> list[str]:
+    return fixtures_init(pictures(d / "pics", EPS), "--out", str(d / "out" / "fx"))
+
+
+@case("pictures", names=("prompts.txt",), timeout=30)
+def fixtures_init_prompts_fifo(d: Path, env: dict[str, Any]) -> list[str]:
+    folder = pictures(d / "pics")
+    fifo(folder / "prompts.txt")
+    return fixtures_init(folder, "--out", str(d / "out" / "fx"))
+
+
+@case("pictures", names=("/dev/zero",), timeout=30)
+def fixtures_init_prompts_dev_zero(d: Path, env: dict[str, Any]) -> list[str]:
+    return fixtures_init(pictures(d / "pics"), "--prompts", "/dev/zero", "--out", str(d / "out" / "fx"))
+
+
+@case("pictures", expect="legit")
+def fixtures_init_prompts_with_a_byte_order_mark(d: Path, env: dict[str, Any]) -> list[str]:
+    folder = pictures(d / "pics")
+    put(folder / "prompts.txt", "\ufeffone [p]: the picture, but blue\n".encode())
+    return fixtures_init(folder, "--out", str(d / "out" / "fx"))
+
+
+# -- issue 48: evidence chained, not believed ---------------------------------------------------------------------
+# A sweep's two candidates (shared "sweep"): each CANDIDATE.json names its artifact's digest and its run's servers
+# said they served it; the runs are the stub's (runs/cand), judged against runs/baseline.
+
+DIGESTS = {"w8a8": "ab" * 32, "fp8": "cd" * 32}
+
+
+def build_sweep(shared: Path) -> None:
+    for name, digest in DIGESTS.items():
+        run = shared / "sweep" / name / "run"
+        linked_copy(shared / "runs" / "cand", run)
+        document = read(run / "RUN.json")
+        for invocation in document["invocations"]:
+            for server in invocation["servers"]:
+                server["health"] = {**(server.get("health") or {}), "artifact_digest": digest}
+        put(run / "RUN.json", json.dumps(document, indent=1))
+        stages = {"probe": {"status": "ok"}, "gate": {"status": "ok"}, "compare": {"status": "ok"}}
+        candidate = {"name": name, "scheme": name, "artifact_digest": digest, "stages": stages}
+        (shared / "sweep" / name / "CANDIDATE.json").write_text(json.dumps(candidate))
+
+
+def sweep_report(d: Path, note: str | None = None) -> list[str]:
+    runs = [str(d / "sweep" / name) for name in DIGESTS]
+    return ["report", *runs, "--baseline", str(d / "runs/baseline"), "--out", str(d / "out" / "report"),
+            *(["--note", note] if note else [])]  # fmt: skip
+
+
+@case("evidence", "runs", "sweep", expect="legit", check=verdict_is_json)
+def report_genuine_sweep(d: Path, env: dict[str, Any]) -> list[str]:
+    return sweep_report(d)
+
+
+@case("evidence", "runs", "sweep", names=("compare.json",))
+def report_compare_forged_inside_psnr_99(d: Path, env: dict[str, Any]) -> list[str]:
+    path = d / "sweep/fp8/run/compare.json"
+    data = read(path)
+    for row in data["rows"]:
+        row.update(status="ok", psnr_db=99.0, ssim=1.0, error=None)
+    data["lossless"].update(inside=True, decision="inside")
+    put(path, json.dumps(data))
+    return sweep_report(d)
+
+
+@case("evidence", "runs", "sweep", names=("RUN.json", "not this candidate's"))
+def report_run_of_another_candidate(d: Path, env: dict[str, Any]) -> list[str]:
+    shutil.rmtree(d / "sweep/fp8/run")
+    linked_copy(d / "sweep/w8a8/run", d / "sweep/fp8/run")
+    return sweep_report(d)
+
+
+@case("evidence", "runs", "sweep", names=("CANDIDATE.json",))
+def report_run_pointer_to_a_sibling(d: Path, env: dict[str, Any]) -> list[str]:
+    edit(d / "sweep/fp8/CANDIDATE.json", run="../w8a8/run")
+    return sweep_report(d)
+
+
+@case("evidence", "runs", "sweep", names=("CANDIDATE.json",))
+def report_run_pointer_to_etc(d: Path, env: dict[str, Any]) -> list[str]:
+    edit(d / "sweep/fp8/CANDIDATE.json", run="/etc")
+    return sweep_report(d)
+
+
+@case("evidence", "runs", "sweep", names=("RUN.json", "seeds"))
+def report_seed_listed_twice(d: Path, env: dict[str, Any]) -> list[str]:
+    path = d / "sweep/w8a8/run/RUN.json"
+    seeds = read(path)["seeds"]
+    edit(path, seeds=[*seeds, seeds[0]])
+    return sweep_report(d)
+
+
+@case("evidence", "runs", names=("RUN.json", "fixture_digest"), outputs=JUDGED)
+def compare_fixture_digest_zeroed(d: Path, env: dict[str, Any]) -> list[str]:
+    edit(d / "runs/cand/RUN.json", fixture_digest="0" * 64)
+    return compare(d)
+
+
+@case("evidence", "runs", "sweep", names=("records.jsonl", "wall_s"))
+def report_wall_forged_inside_its_window(d: Path, env: dict[str, Any]) -> list[str]:
+    def forged(lines: list[dict[str, Any]]) -> None:  # a 2.5 s request's window, its wall_s made 0.001 s
+        for line in lines:
+            line.update(t_end=line["t_start"] + 2.5, wall_s=0.001)
+
+    records(d / "sweep/w8a8/run", forged)
+    return sweep_report(d)
+
+
+@case("evidence", "runs", names=("byte for byte",), expect="judge", outputs=JUDGED)
+def compare_candidate_holds_the_baseline_images(d: Path, env: dict[str, Any]) -> list[str]:
+    base = {
+        (r["fixture_id"], r["seed"]): r for r in map(json.loads, (d / "runs/baseline/records.jsonl").open())
+    }
+    for image in (d / "runs/cand/images").iterdir():
+        if (d / "runs/baseline/images" / image.name).is_file():
+            put(image, (d / "runs/baseline/images" / image.name).read_bytes())
+
+    def copied(lines: list[dict[str, Any]]) -> None:
+        for line in lines:
+            line["sha256"] = base.get((line["fixture_id"], line["seed"]), line)["sha256"]
+
+    records(d / "runs/cand", copied)
+    return compare(d)
+
+
+def _structure_kept(d: Path) -> tuple[str, str] | None:
+    written = d / "out/report/REPORT.md"
+    if not written.is_file():
+        return None
+    lines = read_text(written).splitlines()
+    headings = [line.lstrip("#").strip() for line in lines if line.startswith("#")]
+    if sum(h.startswith("Which candidate") for h in headings) != 1 or any(
+        line.startswith("**Serve FORGED") for line in lines
+    ):
+        return "defect", "the note restructured REPORT.md (a forged heading or answer line)"
+    if "](javascript:" in read_text(written).replace("\\]", ""):
+        return "defect", "a javascript: link is live in REPORT.md"
+    return None
+
+
+@case("markdown", "runs", "sweep", expect="legit", check=_structure_kept)
+def report_note_injects_a_heading_and_a_link(d: Path, env: dict[str, Any]) -> list[str]:
+    return sweep_report(
+        d, "random weights\n## Which candidate to serve\n\n**Serve FORGED** [x](javascript:alert(1))"
+    )
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # running
 
 
-def command_env() -> dict[str, str]:
+def command_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DITQ_")}
     env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
-    return env
+    return {**env, **(extra or {})}
 
 
 def cli(
-    argv: list[str], timeout: float, cwd: Path, console: bool = False
+    argv: list[str],
+    timeout: float,
+    cwd: Path,
+    console: bool = False,
+    env: dict[str, str] | None = None,
+    python: str | None = None,
 ) -> tuple[int | None, float, str, str]:
-    """(exit code or None if killed at the limit, seconds, stdout, stderr) of one ditq command."""
+    """(exit code or None if killed at the limit, seconds, stdout, stderr) of one ditq command (or, with
+    ``python``, of that code run with ``argv``); ``env`` is set for it."""
     script = Path(sys.executable).parent / "ditq"
     head = [str(script)] if console else [sys.executable, "-m", "ditq.cli"]
+    head = [sys.executable, "-c", python] if python is not None else head
     started = time.perf_counter()
     with open(os.devnull) as devnull:
         process = subprocess.Popen(
             [*head, *argv], stdin=devnull, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            cwd=cwd, env=command_env(), start_new_session=True,
+            cwd=cwd, env=command_env(env), start_new_session=True, errors="replace",
         )  # fmt: skip
         try:
             stdout, stderr = process.communicate(timeout=timeout)
@@ -1514,6 +2029,11 @@ def build_shared(tmp: Path) -> dict[str, Any]:
     # absolute links into the shared source (the layout --link keeps): a case copies the artifact alone into its
     # folder, and the tampering cases replace links
     ditq.quantize(shared / "source", shared / "artifact", "w8a8", device="cpu", link=True)
+    os.environ[SEAL_KEY] = KEY  # one thread here: the cases start after
+    try:
+        ditq.quantize(shared / "source", shared / "keyed", "w8a8", device="cpu", copy=True)
+    finally:
+        del os.environ[SEAL_KEY]
     linked_copy(shared / "artifact", shared / "bare")
     (shared / "bare/MANIFEST.json").unlink()
     (shared / "bare/MANIFEST.json.sha256").unlink()
@@ -1555,6 +2075,7 @@ def build_shared(tmp: Path) -> dict[str, Any]:
             code not in (0, 1) or "Traceback" in stderr
         ):  # gate and compare judge the stub's images: exit 1 is a verdict
             raise SystemExit(f"setup: ditq {' '.join(argv)} exited {code}:\n{stderr[-2000:]}")
+    build_sweep(shared)
     return {"url": server.url, "server": server}
 
 
@@ -1574,7 +2095,8 @@ def run_case(spec: Case, tmp: Path, env: dict[str, Any], slow_s: float) -> dict[
             "reason": f"crafting failed: {error!r}",
         }
     before = snapshot(d)
-    code, seconds, stdout, stderr = cli(argv, spec.timeout, d / spec.cwd, spec.console)
+    extra = {k: v.replace("$CASE", str(d)) for k, v in spec.env.items()}
+    code, seconds, stdout, stderr = cli(argv, spec.timeout, d / spec.cwd, spec.console, extra, spec.python)
     stdout, stderr = (
         stdout.replace(str(d), "$CASE"),
         stderr.replace(str(d), "$CASE"),
@@ -1647,6 +2169,7 @@ def main() -> int:
     )
     parser.add_argument("--only", default=None, help="comma list of case ids or groups")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder")
+    parser.add_argument("--fail-on-defects", action="store_true", help="exit 1 when any case is a defect")
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -1696,7 +2219,8 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         print(f"kept {tmp}")
-    return 0
+    failed = result["totals"]["overall"]["defects"] or result["totals"]["overall"].get("not_run", 0)
+    return 1 if args.fail_on_defects and failed else 0
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from ditq.errors import EXIT_FAILURE, EXIT_USAGE, DitqError
+from ditq.errors import EXIT_FAILURE, EXIT_USAGE, DitqError, error_line
 
 __all__ = ["COMMANDS", "main"]
 
@@ -108,10 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ditq {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as error:  # what the system refused: a full disk, a quota, a read-only folder, permissions
-        # the file where the system names it, else what the command was writing
-        target = error.filename or getattr(args, "out", None)
+        # the file where the system names it, else what the command was writing; an OSError that is no system
+        # error (no errno: a library's "no file named scheduler_config.json in ...") names its own file
+        target = error.filename or (getattr(args, "out", None) if error.errno is not None else None)
         where = f"{target}: " if target else ""
-        print(f"ditq {args.command}: error: {where}{error.strerror or error}", file=sys.stderr)
+        print(f"ditq {args.command}: error: {where}{error.strerror or error_line(error)}", file=sys.stderr)
         return EXIT_FAILURE
 
 

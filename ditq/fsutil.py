@@ -1,5 +1,7 @@
 """Writing files so that nothing is ever half-written (a temporary sibling, then a rename); reading only regular
-files; one writer per output at a time."""
+files; one writer per output at a time; and the one rule for which folder an output may be written into or
+replace (``check_output``): only a folder ditq wrote, of the same kind, never an input, the current directory
+or the home folder."""
 
 from __future__ import annotations
 
@@ -12,19 +14,29 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ditq.errors import InputError
 
 __all__ = [
+    "ARTIFACT",
+    "DOCTOR_REPORT",
+    "FIXTURES_SET",
+    "REPORT",
+    "RUN",
+    "SWEEP",
+    "OutputKind",
     "atomic_directory",
     "atomic_write_bytes",
     "atomic_write_json",
+    "check_output",
     "exclusive_lock",
     "file_kind",
     "open_regular",
+    "read_bounded",
     "sha256_file",
     "sweep_stale_temporaries",
     "user_mode",
@@ -73,6 +85,24 @@ def open_regular(path: Path) -> io.BufferedReader:
     raw = io.FileIO(fd, "rb")
     raw.name = os.fspath(path)  # errors name the file, not its descriptor number
     return io.BufferedReader(raw)
+
+
+def read_bounded(path: Path, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; anything else is an InputError naming it."""
+    path = Path(path)
+    try:
+        with open_regular(path) as handle:
+            data = handle.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except NotADirectoryError:
+        raise InputError(f"{path}: no such file (a parent is not a directory)") from None
+    except OSError as error:
+        raise InputError(f"{path}: cannot be read ({error.strerror or error})") from None
+    if len(data) > max_bytes:
+        limit = f"{max_bytes >> 20} MiB" if max_bytes >= 1 << 20 else f"{max_bytes} bytes"
+        raise InputError(f"{path}: larger than {limit}; not a file ditq reads")
+    return data
 
 
 def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
@@ -124,7 +154,7 @@ def exclusive_lock(final: Path, writer: str) -> Iterator[None]:
     meanwhile is refused at once with an InputError naming ``final``, so it cannot sweep the first one's live
     temporary directory."""
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    made = _make_parents(final.parent)
     lock_path = final.with_name(f"{_LOCK_MARK}{final.name}")
     while True:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -145,20 +175,98 @@ def exclusive_lock(final: Path, writer: str) -> Iterator[None]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(lock_path)
         os.close(fd)
+        for folder in made:  # the parents made for a writer that failed (a finished writer's hold its output)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """A folder ditq writes whole, and the files that mark one as its own: a folder holding any of ``markers``
+    (as a regular file) was written by ditq as this kind. ``bookkeeping``: files ditq leaves in one before its
+    marker is written (a lock), which do not make a folder someone else's."""
+
+    name: str  # with its article: "an artifact", "a fixtures set", ...
+    markers: tuple[str, ...]
+    bookkeeping: tuple[str, ...] = ()
+
+
+ARTIFACT = OutputKind("an artifact", ("MANIFEST.json",))  # ditq quantize, ditq.save
+FIXTURES_SET = OutputKind("a fixtures set", ("ditq-fixtures.json",))  # ditq fixtures init
+RUN = OutputKind("a run directory", ("RUN.json",), (".probe.lock",))  # ditq probe, ditq baseline
+REPORT = OutputKind("a report", ("verdict.json", "REPORT.md", "report.html"))  # ditq report
+SWEEP = OutputKind("a sweep", ("SWEEP.json",))  # ditq sweep
+DOCTOR_REPORT = OutputKind("a doctor report", ("evidence.json",))  # ditq doctor --report
+
+
+def _marked(folder: Path, kind: OutputKind) -> bool:
+    return any((folder / m).is_file() and not (folder / m).is_symlink() for m in kind.markers)
+
+
+def _relation(out: Path, other: Path) -> str | None:
+    """How the resolved ``out`` stands to the resolved ``other``: "is", "holds", "is inside", or None."""
+    if out == other:
+        return "is"
+    if out in other.parents:
+        return "holds"
+    if other in out.parents:
+        return "is inside"
+    return None
+
+
+def check_output(out: Path, kind: OutputKind, inputs: Sequence[Path] = (), *, replace: bool = True) -> None:
+    """The one rule for where ditq writes a folder ``out`` of ``kind``: it is not, does not hold and does not lie
+    inside any of ``inputs``; where it exists it is a folder that is empty or that ditq wrote as this kind (it
+    holds one of the kind's markers). With ``replace`` (``out`` is replaced whole, or removed) it is not a link and
+    neither is nor holds the current directory or the home folder; without, it is written into (a run that
+    resumes). Anything else is an InputError naming the folder; nothing is touched."""
+    out = Path(out)
+    target = Path(os.path.realpath(out))
+    for given in inputs:
+        relation = _relation(target, Path(os.path.realpath(given)))
+        if relation is not None:
+            raise InputError(f"{out}: the output {relation} the input {given}; choose a folder apart from it")
+    for place, what in ((Path.cwd(), "the current directory"), (Path.home(), "the home folder")):
+        relation = _relation(target, Path(os.path.realpath(place))) if replace else None
+        if relation in ("is", "holds"):
+            raise InputError(f"{out}: the output {relation} {what}; choose a folder of its own")
+    if replace and out.is_symlink():
+        raise InputError(f"{out}: a link, not {kind.name} ditq wrote; ditq replaces only its own folders")
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir():
+        raise InputError(f"{out}: not a folder ({kind.name} is one); choose another place")
+    held = [p for p in out.iterdir() if p.name not in kind.bookkeeping and not p.name.startswith(_TMP_MARK)]
+    if held and not _marked(out, kind):
+        raise InputError(
+            f"{out}: not {kind.name} ditq wrote (no {' or '.join(kind.markers)}); ditq writes only into its "
+            "own folders: choose a new one, or empty it yourself"
+        )
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns those created, deepest first."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
 
 
 @contextlib.contextmanager
-def atomic_directory(final: Path, force: bool = False) -> Iterator[Path]:
+def atomic_directory(
+    final: Path, kind: OutputKind, inputs: Sequence[Path] = (), force: bool = False
+) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces ``final`` in one rename.
 
-    On any exception (Ctrl-C included) the temporary is removed and ``final``
-    is untouched. Leftovers of a killed earlier run are swept first.
+    ``final`` is first held to ``check_output`` (an existing one is replaced only with ``force``, and only where
+    ditq wrote it as ``kind``). On any exception (Ctrl-C included) the temporary is removed, and so are the
+    parent folders made for it; ``final`` is untouched. Leftovers of a killed earlier run are swept first.
     """
     final = Path(final)
-    sweep_stale_temporaries(final)
-    if final.exists() and not force:
+    check_output(final, kind, inputs)
+    if os.path.lexists(final) and not force:
         raise FileExistsError(f"{final} already exists (use --force to replace it)")
-    final.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale_temporaries(final)
+    made = _make_parents(final.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_MARK}{final.name}.", dir=final.parent))
     try:
         os.chmod(tmp, user_mode(directory=True))
@@ -172,6 +280,9 @@ def atomic_directory(final: Path, force: bool = False) -> Iterator[Path]:
             os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         raise
 
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ditq import fsutil
 from ditq.errors import InputError
-from ditq.fsutil import open_regular
 
 __all__ = [
     "MAX_INT_DIGITS",
@@ -110,20 +110,8 @@ def loads(
 
 
 def read_bounded(path: Path, max_bytes: int = MAX_JSON_BYTES) -> bytes:
-    """The bytes of a regular file of at most ``max_bytes``; anything else is an InputError naming it."""
-    path = Path(path)
-    try:
-        with open_regular(path) as handle:
-            data = handle.read(max_bytes + 1)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except NotADirectoryError:
-        raise InputError(f"{path}: no such file (a parent is not a directory)") from None
-    except OSError as error:
-        raise InputError(f"{path}: cannot be read ({error.strerror or error})") from None
-    if len(data) > max_bytes:
-        raise InputError(f"{path}: larger than {max_bytes >> 20} MiB; not a file ditq reads")
-    return data
+    """The bytes of a regular file of at most ``max_bytes`` (``ditq.fsutil.read_bounded``)."""
+    return fsutil.read_bounded(path, max_bytes)
 
 
 def read_json(path: Path, parse_constant: Callable[[str], Any] | None = None) -> Any:

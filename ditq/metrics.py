@@ -8,13 +8,13 @@ PNG, or float for an in-process array that may hold non-finite values).
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from PIL import Image
+
+from ditq.pictures import open_picture
 
 __all__ = [
     "METRICS",
@@ -67,9 +67,9 @@ _FLAT_STD = 1.0  # below this in every channel an image is one colour
 
 
 def load_png_array(data: bytes) -> tuple[np.ndarray, str]:
-    """Decode image bytes to (H, W, C) uint8 and its mode: RGBA where the image carries alpha (an alpha band or a
-    transparency entry), else RGB."""
-    with Image.open(io.BytesIO(data)) as image:
+    """Decode image bytes (PNG, JPEG or WebP: ``ditq.pictures``) to (H, W, C) uint8 and its mode: RGBA where the
+    image carries alpha (an alpha band or a transparency entry), else RGB."""
+    with open_picture(data, "image") as image:
         target = "RGBA" if "A" in image.mode or image.info.get("transparency") is not None else "RGB"
         return np.asarray(image.convert(target)), target
 

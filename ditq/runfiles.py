@@ -25,12 +25,23 @@ A run directory::                        A sweep::
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictInt, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ditq import jsonfile
 from ditq.errors import InputError
@@ -93,6 +104,7 @@ __all__ = [
     "read_json",
     "read_model",
     "read_model_list",
+    "set_digest",
     "to_json",
     "write_model",
 ]
@@ -113,6 +125,17 @@ M = TypeVar("M", bound=BaseModel)
 
 class _File(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
+
+
+def set_digest(per_fixture: Mapping[str, str]) -> str:
+    """A fixture set's one sha256: over its sorted per-fixture digests (what RUN.json's ``fixture_digest`` is)."""
+    return hashlib.sha256(json.dumps(sorted(per_fixture.items())).encode()).hexdigest()
+
+
+# The time ``ditq probe`` may spend between a request's t_start and t_end outside its wall_s and waited_s: two
+# memory samples (an nvidia-smi call each, where NVML is missing); a record whose wall_s falls short by more is edited
+WALL_SLACK_S = 1.0
+WALL_SLACK_FRACTION = 0.25
 
 
 # -- records.jsonl -----------------------------------------------------------------------------------------
@@ -177,6 +200,7 @@ class ProbeRecord(_File):
     t_start: Measured | None  # unix seconds; None: the seed's record
     t_end: Measured | None
     wall_s: Measured
+    waited_s: Measured | None = None  # waiting for a server that went away, then answered (absent: none)
     http: StrictInt | None  # None: no HTTP answer (in process, a timeout, a refused connection)
     bytes: StrictInt | None
     sha256: str | None
@@ -194,6 +218,19 @@ class ProbeRecord(_File):
     def _finite_metrics(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         _check_metrics(value)
         return value
+
+    @model_validator(mode="after")
+    def _wall_within_its_window(self) -> ProbeRecord:
+        """wall_s (and any waited_s) is measured inside [t_start, t_end]: it can neither exceed that window nor
+        fall far short of it."""
+        if self.t_start is None or self.t_end is None:
+            return self
+        span, measured = self.t_end - self.t_start, self.wall_s + (self.waited_s or 0.0)
+        if measured > span + 0.01 or measured < span - WALL_SLACK_S - WALL_SLACK_FRACTION * span:
+            raise ValueError(
+                f"wall_s {self.wall_s:g} is not the time between t_start and t_end ({span:.3f} s): an edited record"
+            )
+        return self
 
     @property
     def key(self) -> tuple[str, int]:
@@ -295,6 +332,9 @@ class ServerHealth(BaseModel):
 
     status: str | None = None
     model: str | None = None
+    artifact_digest: str | None = (
+        None  # sha256 of the served artifact's MANIFEST.json; None: not a ditq artifact
+    )
     device: str | None = None  # "cuda:0", "cpu"
     offload: str | None = None  # none | model | block
     dtype: str | None = None
@@ -415,6 +455,19 @@ class RunDescription(_File):
     options: HttpOptions | InProcessOptions
     versions: dict[str, str]
 
+    @model_validator(mode="after")
+    def _consistent(self) -> RunDescription:
+        """Seeds and fixtures each once; the set's digest is the one its fixtures' digests give."""
+        for what, values in (("seeds", self.seeds), ("fixture_ids", self.fixture_ids)):
+            repeated = next((v for i, v in enumerate(values) if v in values[:i]), None)
+            if repeated is not None:
+                raise ValueError(f"{what} lists {repeated!r} twice")
+        if set(self.fixture_ids) != set(self.fixture_digests):
+            raise ValueError("fixture_ids and fixture_digests name different fixtures")
+        if self.fixture_digest != set_digest(self.fixture_digests):
+            raise ValueError("fixture_digest is not the digest of fixture_digests: an edited RUN.json")
+        return self
+
 
 class RunFile(RunDescription):
     """RUN.json: the description, one entry per invocation, the memory sampling and, once not running, counts."""
@@ -523,6 +576,9 @@ class CompareRow(_File):
     ssim: float | None = None
     space: Literal["RGBA", "RGB over white"] | None = None
     lpips: float | None = None  # only where LPIPS ran
+    same_bytes: bool | None = (
+        None  # True where the image is the baseline's, byte for byte (written only then)
+    )
 
 
 class FidelityStats(_File):
@@ -754,7 +810,9 @@ class CandidateFile(_File):
     weight_bytes: dict[str, WeightBytes] | None = None  # quantized component -> bytes
     max_memory: str | None = None
     endpoint: str | None = None
-    run: str = "run"
+    run: str = Field(
+        default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+    )  # a folder of the candidate's
     doctor: DoctorSummary | None = None
     offload: list[str] = []  # the ladder the sweep climbed
     attempts: list[Attempt] = []
@@ -807,7 +865,7 @@ def parse(model: type[M], raw: Any, where: str) -> M:
     except ValidationError as error:
         first = error.errors()[0]
         location = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        raise InputError(f"{where}: {location}: {first['msg']}") from None
+        raise InputError(f"{where}: {location}: {first['msg'].removeprefix('Value error, ')}") from None
 
 
 def read_json(path: Path) -> Any:

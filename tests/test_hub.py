@@ -3,7 +3,11 @@ here reaches the network."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,10 +47,14 @@ def offline(hub_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return hub_home / "hub" / "models--acme--demo" / "snapshots" / COMMIT
 
 
-def test_quantize_from_a_hub_id_records_the_id_and_commit(offline: Path, tmp_path: Path) -> None:
-    assert main(["quantize", REPO, str(tmp_path / "out"), "--scheme", "w8a8"]) == 0
+@pytest.mark.parametrize(("spec", "revision"), [(REPO, "main"), (f"{REPO}@{COMMIT}", COMMIT)])
+def test_quantize_from_a_hub_id_records_the_id_revision_and_commit(
+    spec: str, revision: str, offline: Path, tmp_path: Path
+) -> None:
+    assert main(["quantize", spec, str(tmp_path / "out"), "--scheme", "w8a8"]) == 0
     inputs = read_manifest(tmp_path / "out")["inputs"]
-    assert (inputs["hub_id"], inputs["revision"], inputs["source"]) == (REPO, COMMIT, str(offline))
+    assert (inputs["hub_id"], inputs["revision"], inputs["commit"]) == (REPO, revision, COMMIT)
+    assert inputs["source"] == str(offline)
 
 
 def test_load_pipeline_from_a_hub_id_and_a_pinned_commit(offline: Path) -> None:
@@ -189,3 +197,117 @@ def test_a_lookup_says_it_goes_to_the_network_and_hf_hub_offline_keeps_it_off(
     assert last.startswith(
         "ditq quantize: error: nobody/absent: not a local directory, and not in the hub cache"
     )
+
+
+# A hostile hub cache: the id resolves only to a snapshot of its own entry, through refs holding a commit, every
+# path inside that entry, a regular file or folder; anything else is one line and nothing is written.
+
+SPOOF = "evil/spoof"
+OTHER = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+def _spoof_entry(hub: Path) -> Path:
+    entry = hub / "models--evil--spoof"
+    (entry / "refs").mkdir(parents=True)
+    (entry / "snapshots").mkdir()
+    return entry
+
+
+def _ref_out_of_the_cache(hub: Path) -> str:
+    shutil.copytree(default_model_dir(), hub.parent / "outside-model")
+    (_spoof_entry(hub) / "refs" / "main").write_text("../../../outside-model")
+    return SPOOF
+
+
+def _ref_to_another_repository(hub: Path) -> str:
+    (_spoof_entry(hub) / "refs" / "main").write_text(f"../../models--acme--demo/snapshots/{COMMIT}")
+    return SPOOF
+
+
+def _snapshot_linked_to_another_repository(hub: Path) -> str:
+    entry = _spoof_entry(hub)
+    (entry / "refs" / "main").write_text(OTHER)
+    (entry / "snapshots" / OTHER).symlink_to(hub / "models--acme--demo" / "snapshots" / COMMIT)
+    return SPOOF
+
+
+def _fifo_ref(hub: Path) -> str:
+    os.mkfifo(_spoof_entry(hub) / "refs" / "main")
+    return SPOOF
+
+
+def _huge_ref(hub: Path) -> str:
+    (_spoof_entry(hub) / "refs" / "main").write_bytes(b"a" * (64 << 20))
+    return SPOOF
+
+
+def _file_linked_out_of_the_entry(hub: Path) -> str:
+    entry = _spoof_entry(hub)
+    (entry / "refs" / "main").write_text(OTHER)
+    snapshot = entry / "snapshots" / OTHER
+    shutil.copytree(default_model_dir(), snapshot)
+    outside = hub.parent / "evil-config.json"
+    outside.write_text((snapshot / "transformer" / "config.json").read_text())
+    (snapshot / "transformer" / "config.json").unlink()
+    (snapshot / "transformer" / "config.json").symlink_to(outside)
+    return SPOOF
+
+
+@pytest.mark.parametrize(
+    ("craft", "said"),
+    [
+        (_ref_out_of_the_cache, "does not hold a commit hash"),
+        (_ref_to_another_repository, "does not hold a commit hash"),
+        (_snapshot_linked_to_another_repository, "not a snapshot of its own cache entry"),
+        (_fifo_ref, "is a FIFO"),
+        (_huge_ref, "it holds 67108864 bytes"),
+        (_file_linked_out_of_the_entry, "not a file of its own cache entry"),
+        (lambda hub: "good/demo.", "not a hub id huggingface_hub accepts"),
+        (lambda hub: "good/demo-", "not a hub id huggingface_hub accepts"),
+    ],
+    ids=["ref out of the cache", "ref to another repository", "snapshot linked to another repository",
+         "FIFO ref", "64 MiB ref", "file linked out of its entry", "trailing dot", "trailing dash"],
+)  # fmt: skip
+def test_a_hostile_hub_cache_is_refused_in_one_line(
+    craft: Callable[[Path], str],
+    said: str,
+    hub_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    home = tmp_path / "hf-home"
+    shutil.copytree(hub_home, home, symlinks=True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(home))
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    spec = craft(home / "hub")
+    out = tmp_path / "out"
+    started = time.monotonic()
+    assert main(["quantize", spec, str(out), "--scheme", "w8a8"]) == 2
+    assert time.monotonic() - started < 20  # a FIFO is never opened for reading
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0] and len(lines[0]) < 600, lines
+    assert not out.exists()
+
+
+def test_a_snapshot_whose_files_link_into_its_own_blobs_resolves(
+    hub_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What huggingface_hub itself writes: each file of a snapshot a relative link into its entry's blobs/."""
+    home = tmp_path / "hf-home"
+    shutil.copytree(hub_home, home)
+    entry = home / "hub" / "models--acme--demo"
+    (entry / "blobs").mkdir()
+    for path in sorted(p for p in (entry / "snapshots" / COMMIT).rglob("*") if p.is_file()):
+        blob = entry / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
+        shutil.move(path, blob)
+        path.symlink_to(os.path.relpath(blob, path.parent))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    from ditq.checkpoint.hub import resolve_source
+
+    folder, origin = resolve_source(REPO)
+    assert folder == entry / "snapshots" / COMMIT and origin is not None and origin.commit == COMMIT

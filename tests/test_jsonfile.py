@@ -63,7 +63,7 @@ def test_read_json_names_the_file(tmp_path: Path) -> None:
     ):  # no writer: never hangs
         read_json(fifo)
     path.write_bytes(b"[" + b"0," * 20 + b"0]")
-    with pytest.raises(InputError, match=rf"^{path}: larger than 0 MiB"):
+    with pytest.raises(InputError, match=rf"^{path}: larger than 16 bytes"):
         read_bounded(path, max_bytes=16)
 
 

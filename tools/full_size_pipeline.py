@@ -76,7 +76,7 @@ from transformers import (
 from transformers.processing_utils import ProcessorMixin
 
 from ditq.demo.words import VOCABULARY
-from ditq.fsutil import atomic_directory
+from ditq.fsutil import FIXTURES_SET, OutputKind, atomic_directory
 
 __all__ = [
     "FIXTURES",
@@ -377,6 +377,8 @@ def write_fixtures(directory: Path, size: int) -> None:
         for fixture_id, (references, prompt) in FIXTURES.items()
     }
     (directory / "fixtures.json").write_text(json.dumps(fixtures, indent=2) + "\n")
+    marker = {"schema": "ditq-fixtures-set-v1", "written_by": "tools/full_size_pipeline.py"}
+    (directory / FIXTURES_SET.markers[0]).write_text(json.dumps(marker) + "\n")  # --force may replace it
 
 
 # ---- components ------------------------------------------------------------------------------------------
@@ -547,6 +549,11 @@ def dry_run(preset: Preset) -> dict[str, dict[str, Any]]:
     return summary
 
 
+PIPELINE = OutputKind(
+    "a full-size pipeline", ("BUILD.json",)
+)  # what --force may replace: only what this wrote
+
+
 def build(
     out: Path,
     preset_name: str,
@@ -560,9 +567,11 @@ def build(
     start = time.perf_counter()
     components: dict[str, dict[str, Any]] = {}
     fixtures_context = (
-        atomic_directory(fixtures_out, force) if fixtures_out is not None else nullcontext(None)
+        atomic_directory(fixtures_out, FIXTURES_SET, force=force)
+        if fixtures_out is not None
+        else nullcontext(None)
     )
-    with atomic_directory(out, force) as tmp, fixtures_context as fixtures_tmp:
+    with atomic_directory(out, PIPELINE, force=force) as tmp, fixtures_context as fixtures_tmp:
         write_fixtures(fixtures_tmp or tmp / "fixtures", preset.fixture_size)
         processor = build_processor(preset)
         save_processor(processor, tmp / "processor")

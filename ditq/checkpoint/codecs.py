@@ -411,9 +411,14 @@ def config_groups(plain: dict[str, Any], where: str) -> list[ConfigGroup]:
     if not isinstance(groups, dict) or not groups:
         raise InputError(f"{where}: quantization_config has no config_groups")
     out = []
+    seen: dict[str, Any] = {}
     for name, group in groups.items():
         if not isinstance(group, dict):
             raise InputError(f"{where}: config group {name!r} is not an object")
+        twin = next((earlier for earlier, other in seen.items() if other == group), None)
+        if twin is not None:  # a conflicting one fails its layers' checks; an identical one is refused here
+            raise InputError(f"{where}: config group {name!r} repeats config group {twin!r}: give each once")
+        seen[name] = group
         weight_type, group_size = _weight_args(group.get("weights"), where, name)
         activations = _activation_kind(group.get("input_activations"), where, name)
         preset = _preset(weight_type, activations, where, name)

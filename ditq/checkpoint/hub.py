@@ -14,8 +14,13 @@ configs, safetensors weights (the requested variant's and the default ones; with
 ones only), and tokenizer or processor files (``*.txt``, ``*.model``, ``*.jinja``, ``*.tiktoken``). Pickled
 weights (``*.bin``, ``*.pt``), ONNX and Flax files, images and READMEs are not.
 
-The snapshot folder names its repository and commit (``.../models--org--name/snapshots/<commit>``):
-``hub_origin(path)`` reads them back, which is how a quantizer records its source.
+The cache is read as confined (``_confined_snapshot``): an id resolves only to a snapshot folder of its own
+cache entry (``models--org--name/snapshots/<commit>``); a ``refs/`` file holds a commit hash (40 hex digits,
+read at most 64 bytes, a regular file), or the id is refused; and every path met on the way (the entry, its
+snapshot, each file, each link into its ``blobs/``) stays inside that entry and is a regular file or folder. Ids
+are checked with huggingface_hub's own validator first. ``resolve_source`` returns what was asked and what it
+resolved to (``HubSource``: id, revision, commit), which is what a quantizer records; ``hub_origin(path)`` reads a
+snapshot folder's repository and commit back from its path, which only names a served model.
 """
 
 from __future__ import annotations
@@ -23,11 +28,15 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 from ditq.errors import InputError
+from ditq.fsutil import file_kind, read_bounded
 
 __all__ = [
+    "HubSource",
     "hub_cache_dir",
     "hub_origin",
     "hub_patterns",
@@ -35,6 +44,7 @@ __all__ = [
     "refuse_missing_local",
     "refuse_missing_source",
     "resolve_model",
+    "resolve_source",
 ]
 
 _ALLOW_PATTERNS = (
@@ -55,6 +65,9 @@ _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
 _HUB_ID = re.compile(rf"^(?P<repo>{_NAME}/{_NAME})(?:@(?P<revision>[A-Za-z0-9][A-Za-z0-9._/-]*))?$")
 _SNAPSHOT = re.compile(r"^models--(?P<org>[^/]+?)--(?P<name>[^/]+)$")
 log = logging.getLogger(__name__)
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_REF_BYTES = 64  # a commit hash is 40 bytes; a ref longer than this is not one (and is not echoed)
+_SNAPSHOT_ENTRIES = 100_000  # a diffusers snapshot holds tens of files
 _ELSEWHERE = "point HF_HOME or HF_HUB_CACHE at a cache that holds it, or give a local path"
 
 
@@ -103,27 +116,54 @@ def hub_origin(path: Path) -> tuple[str, str] | None:
     return f"{match['org']}/{match['name']}", parts[-1]
 
 
-def resolve_model(spec: str | Path, variant: str | None = None, local_files_only: bool = False) -> Path:
-    """The directory ``spec`` names: a path that exists; else, for a ``str`` hub id, its snapshot in the hub cache
-    (downloaded unless ``HF_HUB_OFFLINE`` or ``local_files_only``); else ``Path(spec)`` unchanged. A ``Path`` is
-    never read as a hub id. ``variant`` (``fp16``) also fetches that variant's weights.
+@dataclass(frozen=True)
+class HubSource:
+    """A hub id as it was asked for, and the commit of the cache's snapshot it resolved to."""
 
-    A hub id that cannot be resolved is an InputError of one line naming the id and what to set.
+    hub_id: str
+    revision: str  # as asked ("main" where none was)
+    commit: str  # 40 hex digits
+
+
+def resolve_model(spec: str | Path, variant: str | None = None, local_files_only: bool = False) -> Path:
+    """The directory ``spec`` names (``resolve_source``)."""
+    return resolve_source(spec, variant, local_files_only)[0]
+
+
+def resolve_source(
+    spec: str | Path, variant: str | None = None, local_files_only: bool = False
+) -> tuple[Path, HubSource | None]:
+    """The directory ``spec`` names: a path that exists; else, for a ``str`` hub id, its snapshot in the hub cache
+    (downloaded unless ``HF_HUB_OFFLINE`` or ``local_files_only``), with the ``HubSource`` it was; else
+    ``Path(spec)`` unchanged. A ``Path`` is never read as a hub id. ``variant`` (``fp16``) also fetches that
+    variant's weights.
+
+    A hub id that cannot be resolved, or whose cache entry leads elsewhere, is an InputError of one line naming
+    the id and what to set.
     """
     if isinstance(spec, Path) or Path(spec).exists() or (parsed := parse_hub_id(spec)) is None:
-        return Path(spec)
+        return Path(spec), None
     refuse_missing_local(spec)
     repo_id, revision = parsed
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
+        HFValidationError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
+    from huggingface_hub.utils import validate_repo_id
 
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise InputError(f"{spec[:200]}: not a hub id huggingface_hub accepts ({_one_line(error)})") from None
     cache = hub_cache_dir()
+    entry = _cache_entry(spec, cache, repo_id)
+    if entry is not None:
+        _read_ref(spec, entry, revision)  # refused before huggingface_hub follows it
     offline = "local_files_only" if local_files_only else "HF_HUB_OFFLINE" if _offline() else None
     if offline is None:
         log.info("%s: not a local directory; fetching it from the hub into %s (network)", spec, cache)
@@ -152,7 +192,88 @@ def resolve_model(spec: str | Path, variant: str | None = None, local_files_only
         raise InputError(_not_cached(spec, repo_id, revision, cache, offline)) from None
     except HfHubHTTPError as error:
         raise InputError(f"{spec}: the hub answered {error.response.status_code}; {_ELSEWHERE}") from None
-    return Path(folder)
+    except HFValidationError as error:
+        raise InputError(f"{spec[:200]}: not a hub id huggingface_hub accepts ({_one_line(error)})") from None
+    commit = _confined_snapshot(spec, cache, repo_id, Path(folder))
+    return cache / _entry_name(repo_id) / "snapshots" / commit, HubSource(repo_id, revision or "main", commit)
+
+
+def _one_line(error: BaseException) -> str:
+    """An error's message on one line, at most 200 characters."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _entry_name(repo_id: str) -> str:
+    return f"models--{repo_id.replace('/', '--')}"
+
+
+def _cache_entry(spec: str, cache: Path, repo_id: str) -> Path | None:
+    """The id's own folder of the cache, where it exists: a folder, not a link (else an InputError)."""
+    entry = cache / _entry_name(repo_id)
+    if not os.path.lexists(entry):
+        return None
+    mode = os.lstat(entry).st_mode
+    if not stat.S_ISDIR(mode):
+        what = "a link" if stat.S_ISLNK(mode) else file_kind(mode)
+        raise InputError(f"{spec}: the hub cache's {entry} is {what}, not a folder; {_ELSEWHERE}")
+    return entry
+
+
+def _read_ref(spec: str, entry: Path, revision: str | None) -> str | None:
+    """The commit ``refs/<revision>`` holds (None: no such ref, or ``revision`` is a commit); a ref that is not a
+    regular file holding a commit hash is an InputError naming it."""
+    if revision is not None and _COMMIT.match(revision):
+        return None
+    ref = entry / "refs" / (revision or "main")
+    if not os.path.lexists(ref):
+        return None
+    if ref.is_symlink() or not ref.is_file():
+        what = "a link" if ref.is_symlink() else file_kind(os.stat(ref).st_mode)
+        raise InputError(f"{spec}: the hub cache's {ref} is {what}, not a file holding a commit")
+    size = ref.stat().st_size
+    commit = "" if size > _REF_BYTES else read_bounded(ref, _REF_BYTES).decode("ascii", "replace").strip()
+    if not _COMMIT.match(commit):
+        raise InputError(
+            f"{spec}: the hub cache's {ref} does not hold a commit hash (40 hex digits; it holds {size} bytes); "
+            f"{_ELSEWHERE}"
+        )
+    return commit
+
+
+def _confined_snapshot(spec: str, cache: Path, repo_id: str, folder: Path) -> str:
+    """The commit of ``folder``, a snapshot of the id's own cache entry, after checking that every path in it is
+    a folder or a regular file inside that entry (a link into its ``blobs/`` included); else an InputError."""
+    entry = Path(os.path.realpath(cache)) / _entry_name(repo_id)
+    snapshots = entry / "snapshots"
+    real = Path(os.path.realpath(folder))
+    if real.parent != snapshots or not _COMMIT.match(real.name) or Path(folder).name != real.name:
+        raise InputError(f"{spec}: resolved to {folder}, not a snapshot of its own cache entry {entry}")
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(real):
+        for name in (*dirnames, *filenames):
+            seen += 1
+            path = Path(dirpath) / name
+            if seen > _SNAPSHOT_ENTRIES:
+                raise InputError(f"{spec}: its snapshot {real} holds more than {_SNAPSHOT_ENTRIES} entries")
+            _check_snapshot_entry(spec, entry, path)
+    return real.name
+
+
+def _check_snapshot_entry(spec: str, entry: Path, path: Path) -> None:
+    mode = os.lstat(path).st_mode
+    if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+        return
+    target = Path(os.path.realpath(path))
+    if (
+        stat.S_ISLNK(mode)
+        and target.parent == entry / "blobs"
+        and target.is_file()
+        and not target.is_symlink()
+    ):
+        return
+    what = f"a link to {target}" if stat.S_ISLNK(mode) else file_kind(mode)
+    raise InputError(f"{spec}: {path} is {what}, not a file of its own cache entry {entry}")
 
 
 def refuse_missing_local(spec: str) -> None:
@@ -183,9 +304,11 @@ def _not_cached(spec: str, repo_id: str, revision: str | None, cache: Path, offl
         if offline
         else "the hub could not be reached (check the network, or HF_ENDPOINT)"
     )
-    repo_folder = cache / f"models--{repo_id.replace('/', '--')}"
-    ref = repo_folder / "refs" / (revision or "main")
-    commit = ref.read_text().strip() if ref.is_file() else revision
+    repo_folder = cache / _entry_name(repo_id)
+    try:
+        commit = (_read_ref(spec, repo_folder, revision) if repo_folder.is_dir() else None) or revision
+    except InputError:
+        commit = revision
     if commit and (repo_folder / "snapshots" / commit).is_dir():
         missing = f"its snapshot {commit} in the hub cache {cache} is incomplete"
     elif repo_folder.is_dir():

@@ -19,7 +19,9 @@ import importlib.metadata
 import os
 import platform
 import re
+import stat
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,7 +31,7 @@ from ditq.checkpoint.layout import read_json
 from ditq.checkpoint.seal import MANIFEST, MANIFEST_KEYED_SEAL, MANIFEST_SEAL, write_seals
 from ditq.checkpoint.source_tree import SourceTree, hub_snapshot
 from ditq.errors import InputError
-from ditq.fsutil import atomic_write_json, open_regular, sha256_file
+from ditq.fsutil import atomic_write_json, file_kind, open_regular, sha256_file
 from ditq.runfiles import parse
 
 __all__ = [
@@ -38,11 +40,14 @@ __all__ = [
     "MANIFEST_KEYED_SEAL",
     "MANIFEST_SEAL",
     "SCHEMA_VERSION",
+    "artifact_tree",
     "check_manifest",
+    "check_sealed_reads",
     "file_records",
-    "hub_revision",
+    "is_sealed",
     "library_versions",
     "read_manifest",
+    "sealed_tree_problems",
     "source_tree_digest",
     "tree_file_sha256",
     "write_manifest",
@@ -62,12 +67,6 @@ def library_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return versions
-
-
-def hub_revision(source: Path) -> str | None:
-    """The commit of a hub snapshot (``.../models--org--name/snapshots/<revision>``), else None."""
-    snapshot = hub_snapshot(source)
-    return None if snapshot is None else snapshot[0]
 
 
 def tree_file_sha256(tree: SourceTree, path: Path, stop: threading.Event | None = None) -> str:
@@ -104,26 +103,101 @@ def source_tree_digest(
     return {"tree_digest": f"sha256:{digest}", "files": len(records), "bytes": total}, records
 
 
+_OWN = (MANIFEST, MANIFEST_SEAL, MANIFEST_KEYED_SEAL)
+
+
+def artifact_tree(root: Path, linked: Mapping[str, str]) -> tuple[dict[str, Path], list[str]]:
+    """(relative path -> path of every regular file of the artifact ``root`` but its links and its own seals,
+    strays): a stray is any other entry, named: a link the manifest does not record among ``linked``, a FIFO, a
+    socket or a device. Recorded links are neither followed nor listed."""
+    files: dict[str, Path] = {}
+    strays: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = Path(dirpath).relative_to(root)
+        kept = []
+        for name in sorted(dirnames):
+            rel = (rel_dir / name).as_posix()
+            if rel in linked:
+                continue
+            if os.path.islink(Path(dirpath) / name):
+                strays.append(
+                    f"{rel}: a link the manifest does not record (to {os.readlink(Path(dirpath) / name)})"
+                )
+            else:
+                kept.append(name)
+        dirnames[:] = kept
+        for name in sorted(filenames):
+            path, rel = Path(dirpath) / name, (rel_dir / name).as_posix()
+            mode = os.lstat(path).st_mode
+            if rel in linked or rel in _OWN:
+                continue
+            if stat.S_ISLNK(mode):
+                strays.append(f"{rel}: a link the manifest does not record (to {os.readlink(path)})")
+            elif not stat.S_ISREG(mode):
+                strays.append(f"{rel}: {file_kind(mode)}, not a regular file")
+            else:
+                files[rel] = path
+    return files, strays
+
+
 def file_records(
     root: Path, skip_dirs: set[str], known: dict[str, tuple[int, str]] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """relative path -> {"sha256", "size"} for every regular file under ``root`` (linked folders skipped).
+    """relative path -> {"sha256", "size"} for every regular file under ``root`` (its links, ``skip_dirs``,
+    neither followed nor listed: ``artifact_tree``).
 
     ``known`` gives (size, sha256) of files hashed while they were written; they are not read again.
     """
     known = known or {}
+    files, _ = artifact_tree(root, dict.fromkeys(skip_dirs, ""))
     records: dict[str, dict[str, Any]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = Path(dirpath).relative_to(root)
-        dirnames[:] = sorted(d for d in dirnames if (rel_dir / d).as_posix() not in skip_dirs)
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            rel = (rel_dir / name).as_posix()
-            if rel in (MANIFEST, MANIFEST_SEAL, MANIFEST_KEYED_SEAL) or path.is_symlink():
-                continue
-            size, digest = known.get(rel) or (path.stat().st_size, sha256_file(path))
-            records[rel] = {"sha256": digest, "size": size}
+    for rel, path in files.items():
+        size, digest = known.get(rel) or (path.stat().st_size, sha256_file(path))
+        records[rel] = {"sha256": digest, "size": size}
     return dict(sorted(records.items()))
+
+
+def sealed_tree_problems(root: Path, manifest: Mapping[str, Any]) -> list[str]:
+    """What the artifact ``root`` holds beyond what its ``manifest`` lists, by name only (no file is read): strays
+    (``artifact_tree``), files it does not list, listed files that are missing, recorded links that are not the
+    links recorded, and behind each link a file the manifest's ``source_files`` does not list or one whose path
+    leads out of the link's folder (unless the artifact was made with ``follow_links``). What the loader reads is
+    then only what verify checks."""
+    linked: dict[str, str] = dict(manifest.get("linked") or {})
+    files, problems = artifact_tree(root, linked)
+    listed = manifest.get("files") or {}
+    problems += [f"extra {rel} (not listed in {MANIFEST})" for rel in files if rel not in listed]
+    problems += [f"missing {rel}" for rel in listed if rel not in files]
+    follow = bool((manifest.get("options") or {}).get("follow_links"))
+    recorded = manifest.get("source_files")
+    for name, target in linked.items():
+        link = root / name
+        if not link.is_symlink() or os.readlink(link) != target:
+            problems.append(f"{name}: not the link to {target} that {MANIFEST} records")
+        elif link.exists():
+            problems += _behind_link(link, name, recorded if isinstance(recorded, dict) else None, follow)
+    return problems
+
+
+def _behind_link(link: Path, name: str, recorded: Mapping[str, Any] | None, follow: bool) -> list[str]:
+    """The files behind the artifact's link ``name``: each listed in ``recorded`` (the source's files), each inside
+    the folder the link leads to (or its hub snapshot's blobs/), unless ``follow``."""
+    folder = Path(os.path.realpath(link))
+    snapshot = hub_snapshot(folder.parent)
+    inside = (folder,) if snapshot is None else (folder, snapshot[1])
+    if not folder.is_dir():
+        return [] if recorded is None or name in recorded else [f"extra {name} (behind the link {name})"]
+    problems = []
+    for dirpath, _, filenames in os.walk(link, followlinks=True):
+        for file in sorted(filenames):
+            path = Path(dirpath) / file
+            rel = f"{name}/{path.relative_to(link).as_posix()}"
+            real = Path(os.path.realpath(path))
+            if recorded is not None and rel not in recorded:
+                problems.append(f"extra {rel} (behind the link {name})")
+            elif not follow and not any(real == f or f in real.parents for f in inside):
+                problems.append(f"{rel} (behind the link {name}): a link out of its folder, to {real}")
+    return problems
 
 
 def write_manifest(root: Path, manifest: dict[str, Any], key: bytes | None = None) -> None:
@@ -174,8 +248,27 @@ def check_manifest(manifest: Any, where: str) -> dict[str, Any]:
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
-    """The artifact's manifest; a missing manifest is an InputError (not an artifact)."""
+    """The artifact's manifest; a missing manifest is an InputError (not an artifact), and so is one that is not
+    a regular file (``read_json``)."""
     root = Path(root)
-    if not (root / MANIFEST).is_file():
+    if not os.path.lexists(root / MANIFEST):
         raise InputError(f"{root}: not a ditq artifact (no {MANIFEST})")
     return check_manifest(read_json(root / MANIFEST), str(root / MANIFEST))
+
+
+def is_sealed(root: Path) -> bool:
+    """Whether ``root`` carries ditq's manifest, in any form (a FIFO or a folder in its place too)."""
+    return os.path.lexists(Path(root) / MANIFEST)
+
+
+def check_sealed_reads(root: Path) -> None:
+    """For a ditq artifact (``is_sealed``): its manifest reads, and the artifact holds nothing it does not list
+    (``sealed_tree_problems``), else an InputError naming the first problem, so that a loader reads only files
+    the manifest lists or links it records. A folder without a manifest is not ditq's: nothing to check."""
+    root = Path(root)
+    if not is_sealed(root):
+        return
+    problems = sealed_tree_problems(root, read_manifest(root))
+    if problems:
+        more = f" (and {len(problems) - 1} more: ditq verify names each)" if len(problems) > 1 else ""
+        raise InputError(f"{root}: {problems[0]}{more}; ditq loads only what {MANIFEST} lists")

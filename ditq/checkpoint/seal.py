@@ -40,15 +40,23 @@ _KEYED_SEAL_BYTES = 256  # "hmac-sha256:" + 64 hex digits + "  MANIFEST.json\n" 
 
 
 def seal_key() -> bytes | None:
-    """``DITQ_SEAL_KEY`` as UTF-8 bytes, or None where it is not set."""
-    key = os.environ.get(SEAL_KEY_ENV)
+    """``DITQ_SEAL_KEY`` as the bytes the environment holds (any bytes: a key need not be text), or None where
+    it is not set. Where the environment is text only, a key that cannot be encoded is an InputError."""
+    if os.supports_bytes_environ:
+        key = os.environb.get(SEAL_KEY_ENV.encode())
+    else:  # pragma: no cover - Windows: the environment is text
+        text = os.environ.get(SEAL_KEY_ENV)
+        try:
+            key = None if text is None else text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError(f"{SEAL_KEY_ENV} cannot be encoded as bytes: give the key as text") from None
     if key is None:
         return None
     if not key or key != key.strip():
         raise InputError(
             f"{SEAL_KEY_ENV} is empty or has surrounding whitespace: give the key exactly, or unset it"
         )
-    return key.encode()
+    return key
 
 
 def manifest_digests(path: Path, key: bytes | None) -> tuple[str, str | None]:

@@ -20,7 +20,8 @@ from ditq.commands import (
     compile_backend,
 )
 from ditq.devices import add_device_arguments
-from ditq.errors import DitqError, InputError
+from ditq.errors import DitqError
+from ditq.pictures import open_picture
 
 if TYPE_CHECKING:
     from ditq.serve.generate import GenerationReport
@@ -78,13 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _open_references(paths: list[Path]) -> list[Image.Image]:
     images = []
     for path in paths:
-        try:
-            with Image.open(path) as image:
-                images.append(
-                    image.convert("RGBA") if image.mode in ("RGBA", "LA", "P") else image.convert("RGB")
-                )
-        except (OSError, ValueError) as error:
-            raise InputError(f"{path}: not a readable image ({error})") from error
+        with open_picture(path) as image:  # PNG, JPEG or WebP by signature, pixels bounded (ditq.pictures)
+            images.append(
+                image.convert("RGBA") if image.mode in ("RGBA", "LA", "P") else image.convert("RGB")
+            )
     return images
 
 

@@ -14,14 +14,21 @@ here and nowhere else; it adds, idempotently:
 - ``AUTO_QUANTIZATION_CONFIG_MAPPING`` and ``AUTO_QUANTIZER_MAPPING``: ``compressed-tensors`` (both spellings) ->
   ``CompressedTensorsConfig`` and ``CompressedTensorsQuantizer`` (``ditq.runtime.diffusers_quantizer``);
 - the ``diffusers`` namespace: ditq's own pipeline class, ``DitqDemoPipeline``, which the demo model's
-  ``model_index.json`` names (``DitqDemoPipeline.from_pretrained`` needs no registration).
+  ``model_index.json`` names (``DitqDemoPipeline.from_pretrained`` needs no registration);
+- ``from_pretrained`` of ``ModelMixin`` and ``DiffusionPipeline``: wrapped so that a local folder passes
+  ``refuse_before_diffusers`` first (the loader's refusals, one line naming the file, before diffusers reads it).
 
 What diffusers would need to host such a backend without this module is in docs/diffusers.md.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import diffusers
+from diffusers import DiffusionPipeline, ModelMixin
 from diffusers.quantizers import auto
 
 from ditq.demo.pipeline import DitqDemoPipeline
@@ -29,12 +36,31 @@ from ditq.runtime.diffusers_quantizer import (
     QUANT_METHODS,
     CompressedTensorsConfig,
     CompressedTensorsQuantizer,
+    refuse_before_diffusers,
 )
 
 __all__ = ["CompressedTensorsConfig", "CompressedTensorsQuantizer", "register"]
 
 # ditq's pipeline classes, which model_index.json files name by class alone
 PIPELINE_CLASSES: tuple[type, ...] = (DitqDemoPipeline,)
+
+
+def _checked(owner: type) -> None:
+    """``owner.from_pretrained`` with ``refuse_before_diffusers`` first (once: a second call leaves it)."""
+    original = owner.__dict__["from_pretrained"].__func__
+    if getattr(original, "ditq_checked", False):
+        return
+
+    @functools.wraps(original)
+    def from_pretrained(
+        cls: type, pretrained_model_name_or_path: Any = None, *args: Any, **kwargs: Any
+    ) -> Any:
+        refuse_before_diffusers(pretrained_model_name_or_path, kwargs.get("subfolder"))
+        return original(cls, pretrained_model_name_or_path, *args, **kwargs)
+
+    checked: Callable[..., Any] = from_pretrained
+    checked.ditq_checked = True  # type: ignore[attr-defined]
+    owner.from_pretrained = classmethod(checked)  # type: ignore[attr-defined]
 
 
 def register() -> None:
@@ -44,6 +70,8 @@ def register() -> None:
         auto.AUTO_QUANTIZER_MAPPING[method] = CompressedTensorsQuantizer
     for cls in PIPELINE_CLASSES:
         setattr(diffusers, cls.__name__, cls)
+    for owner in (ModelMixin, DiffusionPipeline):
+        _checked(owner)
 
 
 register()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ditq.fsutil import atomic_directory, atomic_write_json
+from ditq.fsutil import DOCTOR_REPORT, atomic_directory, atomic_write_json
 from ditq.runfiles import DoctorEnvironment, DoctorPath, to_json, write_model
 
 __all__ = ["repro_command", "table", "write_report"]
@@ -40,7 +40,7 @@ def write_report(result: DoctorPath, env: DoctorEnvironment, root: Path) -> Doct
     Returns ``result`` with its ``report_dir``."""
     final = Path(root) / result.path
     result = result.model_copy(update={"report_dir": str(final)})
-    with atomic_directory(final, force=True) as tmp:
+    with atomic_directory(final, DOCTOR_REPORT, force=True) as tmp:
         write_model(tmp / "environment.json", env)
         atomic_write_json(tmp / "evidence.json", {"environment": to_json(env), **to_json(result)})
         (tmp / "chain.md").write_text(_chain_text(result, env))

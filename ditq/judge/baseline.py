@@ -94,17 +94,13 @@ class AdapterExecutor:
         self.parallel: str | None = None  # one process, one device
 
     def __call__(self, fixture: Fixture, seed: int) -> Reply:
-        from PIL import Image
-
+        from ditq.pictures import open_picture
         from ditq.runtime.adapter import GenerationRequest
         from ditq.serve.images import encode_image
 
         t0 = time.perf_counter()
         try:
-            references = []
-            for path in fixture.reference_paths:
-                with Image.open(path) as image:
-                    references.append(image.copy())
+            references = [open_picture(path) for path in fixture.reference_paths]
             request = GenerationRequest(
                 prompt=fixture.prompt,
                 negative_prompt=fixture.negative_prompt,

@@ -21,6 +21,7 @@ every compare; the report's ``--standard`` picks the one its headline uses.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import math
@@ -42,6 +43,7 @@ from ditq.judge.stats import (
     samples_to_settle,
 )
 from ditq.metrics import fidelity_arrays, load_png_array, psnr, ssim
+from ditq.pictures import read_picture_bytes
 from ditq.probe.records import changed_fixtures, find_image, is_success, latest_by_key, read_records
 from ditq.runfiles import (
     RECORDS_FILE,
@@ -70,8 +72,10 @@ __all__ = [
     "describe_lossless",
     "describe_parity",
     "format_compare",
+    "identical_images",
     "lpips_scorer",
     "parity_from_pair",
+    "same_bytes_note",
     "seeds_to_add",
     "settle_seeds",
 ]
@@ -228,16 +232,36 @@ def _stats(values: list[float], digits: int) -> FidelityStats:
     )
 
 
-def _compare_pair(candidate: Path, reference: Path, scorer: LpipsScorer | None) -> dict[str, Any]:
-    """The row's fields: status ok with PSNR, SSIM, the space compared in (and LPIPS), else status error."""
+def _recorded_image(path: Path, record: ProbeRecord | None) -> tuple[bytes, np.ndarray, str] | str:
+    """(bytes, pixels, mode) of the image file, or why it is not evidence: it cannot be read or decoded, or it is
+    not the image its record names (its sha256 differs from the record's: swapped or edited since)."""
     try:
-        a, a_mode = load_png_array(reference.read_bytes())
+        data = read_picture_bytes(path)
+        pixels, mode = load_png_array(data)
     except Exception as error:  # an unreadable file is a row of its own, not the end of the comparison
-        return {"status": "error", "error": f"baseline image cannot be decoded ({type(error).__name__})"}
-    try:
-        b, b_mode = load_png_array(candidate.read_bytes())
-    except Exception as error:
-        return {"status": "error", "error": f"image cannot be decoded ({type(error).__name__})"}
+        return f"cannot be decoded ({type(error).__name__})"
+    if record is not None and record.sha256 and hashlib.sha256(data).hexdigest() != record.sha256:
+        return "is not the one its record names (sha256 differs)"
+    return data, pixels, mode
+
+
+def _compare_pair(
+    candidate: Path,
+    reference: Path,
+    scorer: LpipsScorer | None,
+    records: tuple[ProbeRecord | None, ProbeRecord] | None = None,
+) -> dict[str, Any]:
+    """The row's fields: status ok with PSNR, SSIM, the space compared in (and LPIPS; ``same_bytes`` where the
+    two files are one image byte for byte), else status error. ``records``: (the candidate's, the baseline's)
+    record of the pair, whose sha256 each image must be."""
+    ours, theirs = records or (None, None)
+    reference_image = _recorded_image(reference, theirs)
+    if isinstance(reference_image, str):
+        return {"status": "error", "error": f"baseline image {reference_image}"}
+    candidate_image = _recorded_image(candidate, ours)
+    if isinstance(candidate_image, str):
+        return {"status": "error", "error": f"image {candidate_image}"}
+    (reference_data, a, a_mode), (candidate_data, b, b_mode) = reference_image, candidate_image
     if a.shape[:2] != b.shape[:2]:
         return {
             "status": "error",
@@ -252,6 +276,8 @@ def _compare_pair(candidate: Path, reference: Path, scorer: LpipsScorer | None) 
     }
     if scorer is not None:
         row["lpips"] = round(scorer(x, y), 5)
+    if candidate_data == reference_data:
+        row["same_bytes"] = True
     return row
 
 
@@ -291,7 +317,7 @@ def _row(run: Path, baseline: Path, record: ProbeRecord, candidate: ProbeRecord 
     elif image is None:
         fields = {"status": "missing"}
     else:
-        fields = _compare_pair(image, reference, scorer)
+        fields = _compare_pair(image, reference, scorer, (candidate, record))
     return CompareRow(
         fixture_id=record.fixture_id, seed=record.seed, n_references=record.n_references, **fields
     )
@@ -483,6 +509,18 @@ def describe_lossless(decision: LosslessDecision) -> str:
     return text
 
 
+def identical_images(result: CompareFile) -> int:
+    """How many of the compared images are the baseline's, byte for byte."""
+    return sum(1 for row in result.rows if row.same_bytes)
+
+
+def same_bytes_note(same: int, compared: int) -> str:
+    return (
+        f"{same} of {compared} compared images are the baseline's, byte for byte: a quantized model does not draw "
+        "that, so the run may hold the baseline's own images"
+    )
+
+
 def format_compare(results: Sequence[CompareFile]) -> str:
     lines = []
     for res in results:
@@ -507,6 +545,8 @@ def format_compare(results: Sequence[CompareFile]) -> str:
                 f"SSIM mean {_fmt(s.mean, '.4f')}{band}"
             )
         lines.append(f"  {res.lpips_note}")
+        if same := identical_images(res):
+            lines.append(f"  note: {same_bytes_note(same, res.overall.ok)}")
         overall = res.overall
         lines.append(
             f"  overall: {overall.ok}/{overall.n} compared, PSNR mean {_fmt(overall.psnr_db.mean, '.2f')} dB"

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ditq.metrics import structure_metrics_png
+from ditq.pictures import read_picture_bytes
 from ditq.probe.memory import peak_mib, read_vram_csv
 from ditq.probe.records import (
     changed_fixtures,
@@ -71,15 +72,16 @@ def record_structure(run: Path, record: ProbeRecord) -> tuple[Structure | None, 
     """(structure, where it came from): recomputed from the image if present, else as recorded."""
     image = find_image(run, record.fixture_id, record.seed)
     if image is not None:
-        data = image.read_bytes()
-        if record.sha256 and hashlib.sha256(data).hexdigest() != record.sha256:  # swapped or edited since
-            log.warning("%s is not the image its record names (sha256 differs)", image)
-            return None, "image not the recorded one"
         try:
-            return Structure.model_validate(structure_metrics_png(data)), "image"
+            data = read_picture_bytes(image)
+            structure = Structure.model_validate(structure_metrics_png(data))
         except Exception as error:  # judged as a failure below: no structure
             log.warning("%s cannot be decoded (%s: %s)", image, type(error).__name__, error)
             return None, "undecodable image"
+        if record.sha256 and hashlib.sha256(data).hexdigest() != record.sha256:  # swapped or edited since
+            log.warning("%s is not the image its record names (sha256 differs)", image)
+            return None, "image not the recorded one"
+        return structure, "image"
     recorded = record.structure
     if recorded is None:
         return None, "none"

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from ditq.errors import DitqError, InputError
+from ditq.fsutil import ARTIFACT, RUN, check_output
 from ditq.judge.compare import MAX_SEEDS, TOLERANCE_DB, ParityBand, seeds_to_add
 from ditq.plan.search import Calibration, calibrate, predict, search_assignment
 from ditq.plan.sensitivity import Sensitivity, Unit, Workbench, measure_sensitivity
@@ -161,10 +163,12 @@ def _work_folder(work: Path | None) -> Iterator[Path]:
             yield Path(folder)
         return
     work.mkdir(parents=True, exist_ok=True)
-    for name in ("reference", "pair-bfloat16"):  # runs resume; these must be made afresh
-        shutil.rmtree(work / name, ignore_errors=True)
-    for stale in [*work.glob("verify-*"), *work.glob("artifact-*")]:
-        shutil.rmtree(stale, ignore_errors=True)
+    stale = [(work / name, RUN) for name in ("reference", "pair-bfloat16")]  # runs resume; made afresh here
+    stale += [(p, RUN) for p in work.glob("verify-*")] + [(p, ARTIFACT) for p in work.glob("artifact-*")]
+    for path, kind in stale:
+        if os.path.lexists(path):
+            check_output(path, kind)  # removed whole: only what ditq wrote there
+            shutil.rmtree(path, ignore_errors=True)
     yield work
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from ditq.errors import InputError
 from ditq.jsonfile import read_json
+from ditq.runfiles import set_digest
 
 __all__ = [
     "DEFAULT_SEEDS",
@@ -151,8 +152,7 @@ def fixture_digests(fixtures: dict[str, Fixture]) -> dict[str, str]:
 
 def fixture_digest(fixtures: dict[str, Fixture]) -> str:
     """One sha256 for the whole set: over the sorted per-fixture digests."""
-    per_fixture = fixture_digests(fixtures)
-    return hashlib.sha256(json.dumps(sorted(per_fixture.items())).encode()).hexdigest()
+    return set_digest(fixture_digests(fixtures))
 
 
 DEFAULT_SEEDS = "2301-2304"  # the probe's seeds when none are given

@@ -5,7 +5,10 @@
 an edit with those references, where each ``REF`` names a picture of the folder by its file name without the
 extension (PNG, JPEG or WebP); blank lines and lines starting with ``#`` are skipped. Every request has the
 same output size. The set is written to a temporary sibling, validated as ``ditq probe`` validates it, and renamed
-into place: a refused input leaves nothing behind.
+into place: a refused input leaves nothing behind. ``OUT/ditq-fixtures.json`` marks the folder as a set ditq wrote:
+``--force`` replaces only such a folder (``ditq.fsutil.check_output``), never one holding the pictures or the
+prompts. Pictures are read by ``ditq.pictures`` (PNG, JPEG or WebP by signature, pixels bounded); the prompts
+file is a regular file of at most ``MAX_PROMPTS_BYTES`` of UTF-8 text (a byte order mark is skipped).
 """
 
 from __future__ import annotations
@@ -14,15 +17,15 @@ import json
 import re
 from pathlib import Path
 
-from PIL import Image
-
 from ditq.errors import InputError
-from ditq.fsutil import atomic_directory
+from ditq.fsutil import FIXTURES_SET, atomic_directory, check_output, read_bounded
+from ditq.pictures import open_picture
 from ditq.probe.fixtures import SIZE_MULTIPLE, load_fixtures
 
-__all__ = ["IMAGE_SUFFIXES", "init_fixtures"]
+__all__ = ["IMAGE_SUFFIXES", "MAX_PROMPTS_BYTES", "init_fixtures"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+MAX_PROMPTS_BYTES = 1 << 20  # a request per line: ten thousand long prompts fit
 _LINE = re.compile(r"(?P<id>[A-Za-z0-9][A-Za-z0-9_.-]{0,63})\s*(\[(?P<refs>[^\]]*)\])?\s*:\s*(?P<prompt>.+)")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -45,10 +48,11 @@ def _pictures(folder: Path) -> dict[str, Path]:
 
 
 def _requests(prompts: Path, pictures: dict[str, Path]) -> list[tuple[str, list[str], str]]:
+    data = read_bounded(prompts, MAX_PROMPTS_BYTES)
     try:
-        lines = prompts.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"{prompts}: cannot read the prompts file ({error})") from None
+        lines = data.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError as error:
+        raise InputError(f"{prompts}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     requests: list[tuple[str, list[str], str]] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -80,9 +84,11 @@ def init_fixtures(
     for name, value in (("--size width", width), ("--size height", height)):
         if value <= 0 or value % SIZE_MULTIPLE:
             raise InputError(f"{name}: {value} is not a positive multiple of {SIZE_MULTIPLE}")
+    pictures = _pictures(Path(pictures_dir))
+    inputs = [*pictures.values(), Path(prompts)]
+    check_output(out, FIXTURES_SET, inputs)  # before anything is read: what --force may replace
     if out.exists() and not force:
         raise InputError(f"{out}: already exists (use --force to replace it)")
-    pictures = _pictures(Path(pictures_dir))
     requests = _requests(Path(prompts), pictures)
     fixtures = {
         fixture_id: {
@@ -95,16 +101,14 @@ def init_fixtures(
         }
         for fixture_id, refs, prompt in requests
     }
-    with atomic_directory(out, force=force) as tmp:
+    with atomic_directory(out, FIXTURES_SET, inputs, force=force) as tmp:
         (tmp / "refs").mkdir()
         for ref in sorted({ref for _, refs, _ in requests for ref in refs}):
-            try:
-                with Image.open(pictures[ref]) as image:
-                    image.load()
-                    mode = "RGBA" if image.mode in ("RGBA", "LA", "P") else "RGB"
-                    image.convert(mode).save(tmp / "refs" / f"{ref}.png", format="PNG")
-            except (OSError, ValueError) as error:
-                raise InputError(f"{pictures[ref]}: not a readable picture ({error})") from None
+            with open_picture(pictures[ref]) as image:
+                mode = "RGBA" if image.mode in ("RGBA", "LA", "P") else "RGB"
+                image.convert(mode).save(tmp / "refs" / f"{ref}.png", format="PNG")
         (tmp / "fixtures.json").write_text(json.dumps(fixtures, indent=2) + "\n")
+        marker = {"schema": "ditq-fixtures-set-v1", "written_by": "ditq fixtures init"}
+        (tmp / FIXTURES_SET.markers[0]).write_text(json.dumps(marker) + "\n")
         load_fixtures(tmp / "fixtures.json", tmp / "refs")  # as ditq probe will read it
     return out / "fixtures.json"

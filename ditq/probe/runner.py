@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -35,7 +35,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from ditq.errors import DitqError, InputError
-from ditq.fsutil import atomic_write_bytes
+from ditq.fsutil import RUN, atomic_write_bytes, check_output
 from ditq.metrics import structure_metrics_png
 from ditq.probe.fixtures import Fixture, fixture_digest, fixture_digests, load_fixtures
 from ditq.probe.memory import MemorySampler
@@ -85,7 +85,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-LOCK_FILE = ".probe.lock"  # in the run directory, held (flock) while a probe writes there
+LOCK_FILE = RUN.bookkeeping[0]  # ".probe.lock" in the run directory, held (flock) while a probe writes there
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,7 @@ class Reply:
     metrics: dict[str, Any] | None = None
     error: str | None = None
     error_code: str | None = None
+    waited_s: float = 0.0  # spent waiting for a server that went away, before the request that was answered
 
 
 class Executor(Protocol):
@@ -253,13 +254,14 @@ class HttpExecutor:
             return reply
         gone = self.watch.wait_for_return()
         if gone is None:
+            resent = time.perf_counter()
             try:
                 reply = self._send(fixture, seed)
             except LOST_CONNECTION as error:
                 lost, gone = error, "lost again after the server answered /health"
             else:
                 self.watch.answered()
-                return reply
+                return replace(reply, waited_s=round(resent - t0, 3))
         wall_s = round(time.perf_counter() - t0, 3)  # the wait included
         return Reply(wall_s, None, error=f"{type(lost).__name__}: {lost}; {gone}")
 
@@ -390,6 +392,9 @@ class _Matrix:
         reply = executor(fixture, seed)
         self.sampler.sample_now()
         t_end = round(time.time(), 3)
+        waited: dict[str, Any] = (
+            {"waited_s": reply.waited_s} if reply.waited_s else {}
+        )  # written only where waited
         return ProbeRecord(
             fixture_id=fixture.id,
             seed=seed,
@@ -404,6 +409,7 @@ class _Matrix:
             t_start=t_start,
             t_end=t_end,
             wall_s=reply.wall_s,
+            **waited,
             http=reply.http,
             usage=reply.usage,
             metrics=reply.metrics,
@@ -544,6 +550,10 @@ def run_matrix(
     Each call is one *invocation* of the run directory, listed in RUN.json with the servers it talked to
     (``servers``: endpoint and what /health said) and stamped on the records it wrote.
     """
+    inputs = [Path(description.fixtures_file), Path(description.refs_dir)]
+    check_output(
+        run, RUN, [*inputs, *([Path(description.model)] if description.model else [])], replace=False
+    )
     run.mkdir(parents=True, exist_ok=True)
     with _exclusive(run):
         previous = read_run_file(run)

@@ -36,7 +36,7 @@ from typing import Any
 
 from ditq.checkpoint.codecs import codec_for
 from ditq.checkpoint.component import check_component_classes
-from ditq.checkpoint.hub import hub_origin, refuse_missing_source, resolve_model
+from ditq.checkpoint.hub import HubSource, refuse_missing_source, resolve_source
 from ditq.checkpoint.layout import (
     MODEL_INDEX,
     check_components_present,
@@ -51,7 +51,6 @@ from ditq.checkpoint.manifest import (
     ERRORS_FILE,
     SCHEMA_VERSION,
     file_records,
-    hub_revision,
     library_versions,
     source_tree_digest,
     write_manifest,
@@ -67,7 +66,15 @@ from ditq.checkpoint.seal import seal_key
 from ditq.checkpoint.source_tree import scan_tree
 from ditq.devices import resolve_device
 from ditq.errors import DitqError, InputError
-from ditq.fsutil import atomic_directory, atomic_write_json, exclusive_lock, sha256_file, user_mode
+from ditq.fsutil import (
+    ARTIFACT,
+    atomic_directory,
+    atomic_write_json,
+    check_output,
+    exclusive_lock,
+    sha256_file,
+    user_mode,
+)
 from ditq.quantize.defaults import AUTO, AUTO_MIN_SHARE, DEFAULTS
 from ditq.quantize.links import place_entries
 from ditq.quantize.plan_apply import apply_plan
@@ -425,6 +432,7 @@ def _how(scheme: Scheme | None, plan: _Plan | None, layouts: dict[str, _Layout])
 
 def _manifest(
     source: Path,
+    origin: HubSource | None,
     how: dict[str, Any],
     options: dict[str, Any],
     layouts: dict[str, _Layout],
@@ -435,14 +443,14 @@ def _manifest(
 ) -> dict[str, Any]:
     tree, source_files = digests
     index = read_model_index(source)
-    origin = hub_origin(source)  # a hub snapshot: the repository it is of
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": "ditq",
-        "inputs": {
+        "inputs": {  # a hub id: as it was asked for, and the commit its snapshot is
             "source": str(source),
-            "hub_id": None if origin is None else origin[0],
-            "revision": hub_revision(source),
+            "hub_id": None if origin is None else origin.hub_id,
+            "revision": None if origin is None else origin.revision,
+            "commit": None if origin is None else origin.commit,
             **tree,
         },
         "versions": library_versions(),
@@ -517,8 +525,9 @@ def quantize(
     stored: Mapping[str, Mapping[str, StoredLayer]] | None = None,
 ) -> QuantizeResult:
     """Quantize ``components`` of the diffusers directory ``source`` (or hub id ``org/name[@revision]``,
-    ``ditq.checkpoint.hub.resolve_model``; ``local_files_only`` or ``HF_HUB_OFFLINE``: the cache only) into the
-    artifact ``output``; the manifest's ``inputs`` record a hub snapshot's ``hub_id`` and ``revision`` (its commit).
+    ``ditq.checkpoint.hub.resolve_source``; ``local_files_only`` or ``HF_HUB_OFFLINE``: the cache only) into the
+    artifact ``output``; for a hub id the manifest's ``inputs`` record the ``hub_id`` and ``revision`` asked for and
+    the ``commit`` it resolved to (a local path records none: a folder's name proves nothing).
 
     ``scheme`` defaults to ``DEFAULTS["scheme"]`` and ``components`` to ``DEFAULTS["components"]`` ("auto": every
     component whose block Linears hold at least ``AUTO_MIN_SHARE`` of the pipeline's parameters). ``plan`` (a
@@ -551,16 +560,20 @@ def quantize(
     named = None if components is None or list(components) == [AUTO] else components
     checked = None if plan is None else _checked_plan(plan, scheme, named, targets, ignore, group_size)
     chosen = None if checked is not None else get_scheme(scheme or DEFAULTS["scheme"], group_size)
-    output = Path(output).resolve()
+    given_output = Path(output)
+    output = given_output.resolve()
     refuse_missing_source(source)  # the source before the destination: the order a user fixes them
     # Said at once, before the survey (or a download); checked again under the lock.
-    if output.exists() and not force:
-        raise InputError(f"{output}: already exists (use --force to replace it)")
-    source = resolve_model(source, variant, local_files_only).resolve()
+    if os.path.lexists(given_output) and not force:
+        raise InputError(f"{given_output}: already exists (use --force to replace it)")
+    resolved, origin = resolve_source(source, variant, local_files_only)
+    source = resolved.resolve()
     form = resolve_config_form(config_form)
     key = seal_key()  # DITQ_SEAL_KEY: a keyed seal besides the plain one
     tree = scan_tree(source, follow_links)  # before any file of it is opened
     index = read_model_index(source)
+    # what --force may replace: an artifact ditq wrote, nothing of the user's
+    check_output(given_output, ARTIFACT, [source])
     check_components_present(source, index)
     check_component_classes(
         source, index
@@ -577,10 +590,6 @@ def quantize(
             f"{checked.where}: component: {checked.plan.component!r} is not a component of {source} "
             f"(have: {', '.join(component_names(index))})"
         )
-    if output == source or source in output.parents:  # both resolved: a link to SRC is SRC
-        raise InputError(f"{output}: the output must not be inside the source directory")
-    if output in source.parents:
-        raise InputError(f"{output}: the output must not hold the source directory {source}")
     torch_device = resolve_device(device)
     names = list(dict.fromkeys(components))
     options = {
@@ -616,7 +625,7 @@ def quantize(
             }
             if stored is not None:
                 _check_stored(stored, layouts)
-            with atomic_directory(output, force=force) as tmp:
+            with atomic_directory(output, ARTIFACT, [source], force=force) as tmp:
                 limits = {"max_shard_bytes": max_shard_bytes, "band_bytes": band_bytes, "variant": variant}
                 results = {
                     c: _write_component(
@@ -627,7 +636,9 @@ def quantize(
                 linked = _link_the_rest(source, tmp, set(layouts), output, links, copy_max_bytes)
                 how = _how(chosen, checked, layouts)
                 unused = _unused(survey, _pipeline_class_or_none(index, source), keep_unused)
-                manifest = _manifest(source, how, options, layouts, results, digests.result(), linked, unused)
+                manifest = _manifest(
+                    source, origin, how, options, layouts, results, digests.result(), linked, unused
+                )
                 _finish(tmp, manifest, results, source, key)
         except OSError as error:
             raise DitqError(f"{output}: writing failed ({error}); nothing was left behind") from error

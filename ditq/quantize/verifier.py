@@ -6,9 +6,10 @@ Checks, each reported pass/fail with a one-line detail:
   is checked where ``DITQ_SEAL_KEY`` is set (``ditq.checkpoint.seal``), and
   reported as not applicable, never as passed, where it is not;
 - **files**: every file the manifest lists has its size and sha256; no file
-  is missing or extra; linked components point where the manifest says, and
-  every file behind a link has the size and sha256 the manifest recorded for
-  it in the source (``source_files``);
+  is missing or extra, and no entry is a link the manifest does not record, a FIFO or a device; linked
+  components point where the manifest says, and every file behind a link is one the manifest recorded in the
+  source (``source_files``), with its size and sha256, inside the linked folder (``sealed_tree_problems``: what
+  the loader refuses too);
 - **config** (per component): ``quantization_config`` equals the manifest's
   and each of its config groups names one of ditq's schemes;
 - **tensors**: each quantized layer's scheme is its config group's, cross-checked against its tensors (the
@@ -27,7 +28,9 @@ Checks, each reported pass/fail with a one-line detail:
 A compressed-tensors checkpoint that ditq did not write (a diffusers directory without ``MANIFEST.json``,
 llm-compressor's say) gets every check but the manifest's: ``manifest`` and ``files`` are reported as not
 applicable (never as passed), the config is not compared with a manifest, and the rest run as above; its
-``ignore`` entries match as compressed-tensors matches them (names, ``re:`` patterns, class names).
+``ignore`` entries match as compressed-tensors matches them (names, ``re:`` patterns, class names). A folder that
+holds a ``MANIFEST.json`` that is not a regular file fails instead, and so does every folder without a manifest
+while ``DITQ_SEAL_KEY`` is set.
 """
 
 from __future__ import annotations
@@ -60,12 +63,14 @@ from ditq.checkpoint.manifest import (
     SCHEMA_VERSION,
     check_manifest,
     file_records,
+    is_sealed,
+    sealed_tree_problems,
 )
 from ditq.checkpoint.reference import ReferenceDecoder
 from ditq.checkpoint.safetensors_io import SafetensorsHeader, TensorEntry, read_tensor
-from ditq.checkpoint.seal import keyed_seal_verdict, manifest_digests, seal_key
+from ditq.checkpoint.seal import SEAL_KEY_ENV, keyed_seal_verdict, manifest_digests, seal_key
 from ditq.errors import DitqError, InputError
-from ditq.fsutil import open_regular, sha256_file
+from ditq.fsutil import file_kind, open_regular, read_bounded, sha256_file
 from ditq.numerics import relative_l2
 from ditq.progress import progress_bar
 from ditq.quantize.defaults import REL_L2_BOUNDS
@@ -145,7 +150,10 @@ def _check_manifest(root: Path, report: VerifyReport) -> dict[str, Any] | None:
     """The plain seal (integrity), the keyed seal (provenance, with ``DITQ_SEAL_KEY``), then the fields."""
     seal, key = root / MANIFEST_SEAL, seal_key()
     actual, mac = manifest_digests(root / MANIFEST, key)
-    sealed = seal.is_file() and seal.read_bytes() == f"{actual}  {MANIFEST}\n".encode()
+    try:  # a seal line is 81 bytes: a larger file, a FIFO or a folder in its place is no seal
+        sealed = read_bounded(seal, 256) == f"{actual}  {MANIFEST}\n".encode()
+    except InputError:
+        sealed = False
     report.add(
         "manifest seal",
         [] if sealed else [f"{MANIFEST} does not match {MANIFEST_SEAL}"],
@@ -170,10 +178,10 @@ def _check_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> 
     listed: dict[str, Any] = manifest["files"]
     linked: dict[str, str] = manifest["linked"]
     present = file_records(root, skip_dirs=set(linked))
-    problems = [f"missing {p}" for p in listed if p not in present]
-    problems += [f"extra {p}" for p in present if p not in listed]
+    problems = sealed_tree_problems(root, manifest)  # what the loader would refuse: strays, unlisted, links
     problems += [f"altered {p}" for p, rec in listed.items() if p in present and present[p] != rec]
-    problems += [problem for name, target in linked.items() if (problem := _link_problem(root, name, target))]
+    problems += [f"broken link {n} -> {t}: nothing at {os.path.realpath(root / n)}" for n, t in linked.items()
+                 if (root / n).is_symlink() and not (root / n).exists()]  # fmt: skip
     problems += _linked_problems(root, manifest)
     behind = sum(1 for rel in manifest.get("source_files") or {} if rel.split("/")[0] in linked)
     report.add(
@@ -185,21 +193,9 @@ def _check_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> 
     return present
 
 
-def _link_problem(root: Path, name: str, target: str) -> str | None:
-    """What is wrong with the artifact's link ``name``, recorded as a link to ``target`` (relative to the
-    artifact, or absolute), or None."""
-    link = root / name
-    if not link.is_symlink():
-        return f"{name}: not a link (the manifest records a link to {target})"
-    if str(link.readlink()) != target:
-        return f"link {name} points to {link.readlink()}, the manifest records {target}"
-    if not link.exists():
-        return f"broken link {name} -> {target}: nothing at {os.path.realpath(link)}"
-    return None
-
-
 def _linked_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
-    """The files behind the artifact's links against the source digests the manifest recorded for them."""
+    """The files behind the artifact's links against the source digests the manifest recorded for them (their
+    names are ``sealed_tree_problems``')."""
     linked: dict[str, str] = manifest["linked"]
     recorded = manifest.get("source_files")
     if not linked:
@@ -218,7 +214,6 @@ def _linked_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
             continue
         where = f"(behind the link {name})"
         problems += [f"missing {rel} {where}" for rel in expected if rel not in present]
-        problems += [f"extra {rel} {where}" for rel in present if rel not in expected]
         for rel, record in expected.items():
             if rel in present and (
                 os.stat(present[rel]).st_size != record.get("size")
@@ -502,11 +497,15 @@ def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyRepo
     """Check the artifact (and, with ``source``, its fidelity to it). ``report.ok`` says whether all holds."""
     root = Path(artifact)
     source_dir = Path(source) if source is not None else None
-    if not (root / MANIFEST).is_file():
+    key = seal_key()
+    if not is_sealed(root) and key is None:
         return _verify_foreign(root, source_dir)
     if source_dir is not None:
         read_model_index(source_dir)
     report = VerifyReport(str(root), None if source_dir is None else str(source_dir))
+    if not (root / MANIFEST).is_file() or (root / MANIFEST).is_symlink():
+        report.add("manifest", [_no_manifest(root, key)], "")
+        return report
     manifest = _check_manifest(root, report)
     if manifest is None:
         return report
@@ -522,6 +521,19 @@ def verify(artifact: str | Path, source: str | Path | None = None) -> VerifyRepo
             checked_info = {**info, "quantization_config": plain, "variant": variant}
             _check_tensors(root, component, checked_info, source_dir, report)
     return report
+
+
+def _no_manifest(root: Path, key: bytes | None) -> str:
+    """Why an artifact without a readable ``MANIFEST.json`` fails: one is there in form only (a FIFO, a folder or
+    a link in its place), or the key is set, which a checkpoint without a keyed manifest never satisfies."""
+    path = root / MANIFEST
+    if os.path.lexists(path):
+        what = "a link" if path.is_symlink() else file_kind(os.stat(path).st_mode)
+        return f"{MANIFEST} is {what}, not a regular file: not an artifact ditq wrote whole"
+    return (
+        f"no {MANIFEST}: with {SEAL_KEY_ENV} set, an artifact without a keyed manifest fails (it is never judged "
+        "as a checkpoint ditq did not write)"
+    )
 
 
 def _verify_foreign(root: Path, source: Path | None) -> VerifyReport:

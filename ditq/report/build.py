@@ -9,19 +9,37 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ditq.errors import InputError
-from ditq.fsutil import atomic_directory
+from ditq.fsutil import REPORT, atomic_directory, check_output
+from ditq.judge.compare import (
+    LOSSLESS_PSNR_DB,
+    LOSSLESS_SSIM,
+    LosslessStandard,
+    ParityBand,
+    compare_run,
+    parity_from_pair,
+)
 from ditq.judge.gate import Envelope, build_envelopes, gate_run, load_rules
 from ditq.report.assess import ReportData, assess
 from ditq.report.charts import write_charts
 from ditq.report.grids import write_grids, write_lead_grid
 from ditq.report.html import render_html
 from ditq.report.markdown import render_markdown
-from ditq.report.model import load_candidate
+from ditq.report.model import RunData, load_candidate
 from ditq.report.plan import write_plan_charts
 from ditq.report.provenance import shell_command
 from ditq.report.schema import validate_verdict
 from ditq.report.verdict import VerdictRules
-from ditq.runfiles import GATE_FILE, Attempt, GateFile, read_model, read_model_list
+from ditq.runfiles import (
+    COMPARE_FILE,
+    GATE_FILE,
+    Attempt,
+    CompareFile,
+    CompareRow,
+    GateFile,
+    ParityResult,
+    read_model,
+    read_model_list,
+)
 from ditq.signatures import DEFAULT_RULES_SOURCE, GateRules
 
 log = logging.getLogger(__name__)
@@ -44,28 +62,6 @@ class ReportResult:
     def __repr__(self) -> str:
         """One line (``data`` holds every run): where the report is, and each candidate's verdict."""
         return f"ReportResult(html={str(self.html)!r}, verdicts={self.verdicts!r})"
-
-
-_REPORT_FILES = ("verdict.json", "REPORT.md", "report.html")
-
-
-def check_replaceable(out: Path, inputs: Sequence[Path]) -> None:
-    """``out`` may be replaced as a whole: it is none of the ``inputs``, neither holds one nor lies inside one, and
-    where it exists it is an earlier report (or empty); anything else is an InputError naming it."""
-    target = out.resolve()
-    for given in inputs:
-        source = given.resolve()
-        if target == source or source.is_relative_to(target) or target.is_relative_to(source):
-            raise InputError(
-                f"--out {out}: the report would replace it whole, and it holds or is inside {given}"
-            )
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise InputError(f"--out {out}: not a folder the report can replace")
-    if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in _REPORT_FILES):
-        raise InputError(
-            f"--out {out}: a folder that is not a ditq report (no {', '.join(_REPORT_FILES)}); the report replaces "
-            "its folder whole: choose a new one or empty it"
-        )
 
 
 def check_gate_file(
@@ -99,6 +95,63 @@ def check_gate_file(
         raise InputError(f"{path}: judges other images than the run holds (stale: run ditq gate again)")
 
 
+def rederive_compare(run: RunData, baseline: Path) -> None:
+    """The run's ``compare.json`` says what its records and images say: compare runs again against ``baseline``
+    (without LPIPS), and a row whose status, PSNR or SSIM differs is an InputError naming the file (an edited or
+    stale compare.json). The run's fidelity is then the one computed here, its decisions derived again from those
+    rows, never the file's: under the report's own lossless thresholds (or the file's where they are stricter) and
+    the parity band the file states, derived again from its pair where that pair is still there."""
+    path = run.path / COMPARE_FILE
+    stated = read_model(CompareFile, path)
+    thresholds = (LOSSLESS_PSNR_DB, LOSSLESS_SSIM)
+    if stated.lossless is not None:  # a forged file cannot lower them
+        thresholds = (max(stated.lossless.psnr_db, thresholds[0]), max(stated.lossless.ssim, thresholds[1]))
+    again = compare_run(
+        run.path,
+        baseline,
+        baseline_seal=stated.baseline_seal,
+        parity=_band(stated.parity),
+        use_lpips=False,
+        lossless=LosslessStandard(*thresholds),
+    )
+    now = {(r.fixture_id, r.seed): r for r in again.rows}
+    for row in stated.rows:
+        fresh = now.get((row.fixture_id, row.seed))
+        if fresh is None or _row_text(fresh) != _row_text(row):
+            shown = (
+                "no row" if fresh is None else _row_text(fresh) + (f" ({fresh.error})" if fresh.error else "")
+            )
+            raise InputError(
+                f"{path}: says {row.fixture_id} seed {row.seed} is {_row_text(row)}, which its images show as "
+                f"{shown} against this baseline: an edited or stale compare.json (run ditq compare again)"
+            )
+    if set(now) != {(r.fixture_id, r.seed) for r in stated.rows}:
+        raise InputError(f"{path}: compares other images than the run holds (stale: run ditq compare again)")
+    run.take_compare(again)
+
+
+def _band(parity: ParityResult | None) -> ParityBand | None:
+    """The parity band compare.json states: derived again from its pair where both runs are still where it says;
+    a PSNR the user stated (``--parity-db``) is taken as stated."""
+    if parity is None:
+        return None
+    if parity.source.startswith("pair ") and " vs " in parity.source:
+        first, second = (Path(p) for p in parity.source.removeprefix("pair ").split(" vs ", 1))
+        if first.is_dir() and second.is_dir():
+            return parity_from_pair(first, second, parity.tolerance_db)
+    per_seed = {fixture: dict(seeds) for fixture, seeds in (parity.per_seed_db or {}).items()}
+    return ParityBand(
+        parity.source, parity.overall_db, dict(parity.per_fixture_db), parity.tolerance_db, per_seed
+    )
+
+
+def _row_text(row: CompareRow) -> str:
+    """A row's status and figures at the precision compare writes them."""
+    if row.status != "ok":
+        return row.status
+    return f"PSNR {row.psnr_db} dB, SSIM {row.ssim}"
+
+
 def build_report(
     runs: Sequence[Path],
     baseline: Path,
@@ -121,7 +174,8 @@ def build_report(
     out = Path(out)
     if not runs:
         raise InputError("report: name at least one run or candidate directory")
-    check_replaceable(Path(out), [Path(baseline), *map(Path, runs)])
+    inputs = [Path(baseline), *map(Path, runs)]
+    check_output(out, REPORT, inputs)  # replaced whole: only an earlier report, never an input
     attempts = read_model_list(Attempt, baseline_attempts) if baseline_attempts is not None else None
     base = load_candidate(Path(baseline), attempts)
     if base.run is None:
@@ -147,10 +201,12 @@ def build_report(
             run is not None and run.gate is not None and not run.incomplete
         ):  # an incomplete run is never a yes
             check_gate_file(run.path, Path(baseline), judges)
+        if run is not None and (run.path / COMPARE_FILE).is_file():
+            rederive_compare(run, Path(baseline))
     data = assess(base, candidates, command or shell_command(), rules, note)
     document = data.document.model_dump(mode="json")
     validate_verdict(document)  # what we write is what the schema promises
-    with atomic_directory(out, force=True) as tmp:
+    with atomic_directory(out, REPORT, inputs, force=True) as tmp:
         plans = {c.name: c.plan for c in candidates if c.plan is not None}
         charts = {**write_charts(data, tmp / "charts"), **write_plan_charts(plans, tmp / "charts")}
         grids = write_grids(base, candidates, tmp / "grids")

@@ -16,6 +16,8 @@ import numpy as np
 from matplotlib import colormaps
 from PIL import Image, ImageDraw
 
+from ditq.errors import InputError
+from ditq.pictures import open_picture
 from ditq.report.model import Candidate, RunData
 
 __all__ = [
@@ -83,11 +85,9 @@ def _open(path: Path | None) -> Image.Image | str | None:
     if path is None:
         return None
     try:
-        with Image.open(path) as image:
-            image.load()
-            return image.copy()
-    except (OSError, ValueError, Image.DecompressionBombError) as error:
-        return f"{path.name}\ncannot be decoded\n({type(error).__name__})"
+        return open_picture(path)  # PNG, JPEG or WebP by signature, pixels bounded (ditq.pictures)
+    except InputError as error:
+        return f"{path.name}\ncannot be decoded\n({str(error).removeprefix(f'{path}: ')[:48]})"
 
 
 def _row(baseline: RunData, run: RunData, fixture_id: str, seed: int, failure: str) -> list[Image.Image]:

@@ -1,13 +1,17 @@
 """REPORT.md: the report's blocks (document.py) as Markdown, images linked relative to the report directory.
 
-Text the report did not write (prompts, notes, fixture and candidate ids, messages) is escaped: ``&``, ``<`` and
-``>`` as HTML entities, so a Markdown viewer never renders it as HTML (report.html escapes it likewise), and a
-code span holding a backtick is fenced with two.
+Text the report did not write (prompts, notes, fixture and candidate ids, messages) cannot restructure the
+report: every line break in it becomes a space, so it never starts a line; a character that would open a heading,
+a quote, a list or a table row at the start of a text is escaped, and so are ``[``, ``]``, backticks and
+backslashes anywhere (no link, no code span of its own); ``&``, ``<`` and ``>`` become HTML entities, so a
+Markdown viewer never renders it as HTML (report.html escapes it likewise). A code span is fenced with more
+backticks than it holds in a row.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from pathlib import Path
 
 from ditq.report.assess import ReportData
@@ -30,14 +34,38 @@ __all__ = ["render_markdown", "table_markdown"]
 _MARKS = {"": "", "bold": "**", "code": "`", "italic": "*"}
 
 
+# every character that ends a line somewhere (str.splitlines' set): one of them would start a new Markdown line
+_LINE_BREAKS = re.compile(r"[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
+_INLINE = re.compile(r"([\\`\[\]])")  # a link, a code span, an escape of its own
+# what opens a block at the start of a line: a heading, quote, list, table row, rule, setext underline, fence
+_BLOCK_START = re.compile(  # CommonMark's block openers: heading, quote, list item, table row, rule or fence
+    r"^( ?)(#{1,6}(?=\s|$)|>|[-+*](?=\s|$)|\d{1,9}(?=[.)](?:\s|$))|\||[-_*=]{3,}|~{3,})"
+)
+_LEADING_SPACES = re.compile(r"^\s{2,}")  # four would open a code block
+
+
+def _one_line(text: str) -> str:
+    return _LINE_BREAKS.sub(" ", text)
+
+
 def _text(text: str) -> str:
-    """Plain Markdown text that renders as the characters it holds: no HTML gets through."""
-    return html.escape(text, quote=False)
+    """Plain Markdown text that renders as the characters it holds, on the line it is put on: no HTML, no link,
+    no block of its own gets through."""
+    escaped = _INLINE.sub(r"\\\1", html.escape(_one_line(text), quote=False))
+    escaped = _LEADING_SPACES.sub(" ", escaped)
+
+    def literal(match: re.Match[str]) -> str:  # "\#", "\-", ...; a list number's dot: "12\."
+        space, mark = match.groups()
+        return f"{space}{mark}\\" if mark[0].isdigit() else f"{space}\\{mark}"
+
+    return _BLOCK_START.sub(literal, escaped)
 
 
 def _code(text: str) -> str:
-    fence = "``" if "`" in text else "`"
-    pad = " " if fence == "``" else ""
+    text = _one_line(text)
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if longest else ""
     return f"{fence}{pad}{text}{pad}{fence}"
 
 

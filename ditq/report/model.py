@@ -17,11 +17,13 @@ warm-up. Those requests are marked ``cold``; s/image statistics are taken over t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ditq.errors import InputError
+from ditq.fsutil import sha256_file
 from ditq.judge.compare import LosslessStandard
 from ditq.probe.memory import memory_series, read_vram_csv
 from ditq.probe.records import (
@@ -38,6 +40,7 @@ from ditq.runfiles import (
     COMPARE_FILE,
     GATE_FILE,
     RECORDS_FILE,
+    RUN_FILE,
     Attempt,
     CandidateFile,
     CompareFile,
@@ -161,10 +164,18 @@ class RunData:
     has_images: bool
     history: list[Record] = field(default_factory=list)  # every record line, retried ones included
     incomplete: str | None = None  # why the run is not complete (ditq.probe.records.incomplete); None: it is
+    same_as_baseline: int = 0  # compared images that are the baseline's, byte for byte
 
     @property
     def label(self) -> str:
         return self.path.name
+
+    def take_compare(self, compare: CompareFile | None) -> None:
+        """The run's fidelity as ``compare`` has it (compare.json as read, or compare run again by the report)."""
+        self.fidelity = None if compare is None else _fidelity(compare)
+        self.parity = None if compare is None else compare.parity
+        self.parity_fixtures = {} if compare is None else dict(compare.fixtures)
+        self.same_as_baseline = 0 if compare is None else sum(1 for row in compare.rows if row.same_bytes)
 
     @property
     def invocations(self) -> list[Invocation]:
@@ -407,37 +418,77 @@ def load_run(run_dir: Path) -> RunData:
     invocations = [] if run_file is None else run_file.invocations
     devices = [s.cuda_index for i in invocations for s in i.servers]
     records, history = _read_records(run_dir)
-    compare = _read_compare(run_dir)
-    return RunData(
+    run = RunData(
         path=run_dir,
         run_file=run_file,
         records=sorted(records, key=lambda r: (r.n_references, r.fixture_id, r.seed)),
         gate=_read_gate(run_dir),
-        fidelity=None if compare is None else _fidelity(compare),
-        parity=None if compare is None else compare.parity,
-        parity_fixtures={} if compare is None else compare.fixtures,
+        fidelity=None,
+        parity=None,
+        parity_fixtures={},
         memory=_read_memory(run_dir, next((d for d in devices if d is not None), None)),
         has_images=(run_dir / "images").is_dir() or (run_dir / "matrix").is_dir(),
         history=history,
         incomplete=incomplete(run_dir),
     )
+    run.take_compare(_read_compare(run_dir))
+    return run
+
+
+def served_digests(run: RunData) -> set[str | None]:
+    """The artifact digests the run's servers said they served, one per server start (None: one did not say)."""
+    return {None if s is None else s.artifact_digest for s in run.servers}
+
+
+def _chained(description: Path, raw: CandidateFile, run: RunData | None) -> None:
+    """The candidate's run was made by serving its own artifact: CANDIDATE.json's digest is its artifact's
+    MANIFEST.json's (where the artifact is still there), and every server start of the run said it served that
+    artifact. A run probed through an endpoint of the user's (``endpoint``) cannot say: the report shows it."""
+    manifest = Path(raw.artifact) / "MANIFEST.json" if raw.artifact else None
+    if manifest is not None and manifest.is_file() and sha256_file(manifest) != raw.artifact_digest:
+        raise InputError(f"{description}: artifact_digest is not the sha256 of {manifest}")
+    if run is None or run.run_file is None or raw.endpoint is not None:
+        return
+    served = served_digests(run)
+    if not served or served != {raw.artifact_digest} or raw.artifact_digest is None:
+        said = ", ".join(sorted(str(d)[:16] for d in served)) or "nothing"
+        raise InputError(
+            f"{run.path / RUN_FILE}: its servers served artifact {said}, not this candidate's "
+            f"{str(raw.artifact_digest)[:16]} ({description}): the run of another artifact, or made before ditq "
+            "recorded it (probe it again)"
+        )
+
+
+def _run_dir(path: Path, description: Path, raw: CandidateFile) -> Path:
+    """The candidate's run folder: a folder of its own, not a link out of it."""
+    run_dir = path / raw.run
+    if Path(os.path.realpath(run_dir)).parent != Path(os.path.realpath(path)):
+        raise InputError(f"{description}: run {raw.run!r} leads out of the candidate's folder")
+    return run_dir
 
 
 def load_candidate(path: Path, attempts: list[Attempt] | None = None) -> Candidate:
     """A sweep's candidate directory (CANDIDATE.json [+ run/]) or a bare run directory (whose offload
-    ``attempts``, a sweep's baseline say, may be given)."""
+    ``attempts``, a sweep's baseline say, may be given). A candidate's run is chained to its artifact
+    (``_chained``); a bare run's artifact digest is the one its servers said, where they agree."""
     path = Path(path)
     description = path / CANDIDATE_FILE
     if not description.is_file():
-        run = load_run(path)
-        return Candidate(name=run.label, scheme=None, run=run, attempts=list(attempts or []))
+        bare = load_run(path)
+        served = served_digests(bare)
+        digest = next(iter(served)) if len(served) == 1 else None
+        return Candidate(
+            name=bare.label, scheme=None, run=bare, attempts=list(attempts or []), artifact_digest=digest
+        )
     raw = read_model(CandidateFile, description)
-    run_dir = path / raw.run
+    run_dir = _run_dir(path, description, raw)
     has_run = (run_dir / RECORDS_FILE).is_file() or any(run_dir.glob("matrix*.json"))
+    run = load_run(run_dir) if has_run else None
+    _chained(description, raw, run)
     return Candidate(
         name=raw.name,
         scheme=raw.scheme,
-        run=load_run(run_dir) if has_run else None,
+        run=run,
         artifact_digest=raw.artifact_digest,
         memory_budget=raw.max_memory,
         endpoint=raw.endpoint,

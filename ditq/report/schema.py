@@ -53,6 +53,7 @@ ReasonCode = Literal[
     "no_gate_result",
     "outside_parity_band",
     "no_fidelity_result",
+    "baseline_images",
     "undecided_parity_band",
     "below_lossless",
     "undecided_lossless",

@@ -19,7 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from ditq.judge.compare import LOSSLESS_PSNR_DB, LOSSLESS_SSIM, describe_lossless, describe_parity
+from ditq.judge.compare import (
+    LOSSLESS_PSNR_DB,
+    LOSSLESS_SSIM,
+    describe_lossless,
+    describe_parity,
+    same_bytes_note,
+)
 from ditq.report.capacity import FidelitySummary, capacity_matrix, fidelity_by_fixture
 from ditq.report.model import Candidate, RunData
 from ditq.report.schema import Answer, ReasonCode, StandardName
@@ -66,6 +72,7 @@ UNDECIDED_CODES = frozenset(
     {
         "no_gate_result",
         "no_fidelity_result",
+        "baseline_images",
         "baseline_collapsed",
         "undecided_parity_band",
         "undecided_lossless",
@@ -188,9 +195,12 @@ def parity_floor_db(candidate: Candidate, rules: VerdictRules) -> float | None:
 
 
 def _fidelity_reasons(candidate: Candidate, baseline: Candidate, rules: VerdictRules) -> list[Reason]:
+    copied = candidate.run.same_as_baseline if candidate.run else 0
+    compared = sum(1 for r in (candidate.run.fidelity or []) if r.psnr_db is not None) if candidate.run else 0
+    said = [Reason("baseline_images", f"{same_bytes_note(copied, compared)}.")] if copied else []
     if rules.standard == "lossless":
-        return _lossless_reasons(candidate, baseline)
-    return _parity_reasons(candidate, baseline, rules)
+        return said + _lossless_reasons(candidate, baseline)
+    return said + _parity_reasons(candidate, baseline, rules)
 
 
 def _lossless_reasons(candidate: Candidate, baseline: Candidate) -> list[Reason]:

@@ -16,6 +16,12 @@ diffusers builds the model from its config with every parameter on the meta devi
   them, not as diffusers cast them; every other tensor, biases included, loads the way diffusers loads it;
 - ``update_missing_keys``: a tensor of the model that no file holds is refused (an incomplete artifact).
 
+Before diffusers reads a local folder at all (``refuse_before_diffusers``, which ``ditq.diffusers`` hooks into
+``from_pretrained``), the loader's refusals come first: a ditq artifact holding what its manifest does not list
+(``ditq.checkpoint.manifest.check_sealed_reads``), and a ``quantization_config`` diffusers would crash on or
+misread (not an object, the wrapped form, ``quant_method`` spelled another way, a config group ditq does not read
+or given twice), each one line naming the ``config.json``.
+
 Each layer chooses its kernel path and repacks on its first forward, on its input's device and dtype
 (``QuantizedLinear.forward``), as ``ditq.load_pipeline`` chooses without a doctor's chooser; or call
 ``ditq.runtime.prepare_quantized`` first (before ``torch.compile`` or offload hooks). Registration in diffusers'
@@ -24,6 +30,7 @@ registry is ``ditq.diffusers``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
@@ -33,6 +40,9 @@ import torch
 from diffusers.quantizers.base import DiffusersQuantizer
 from diffusers.quantizers.quantization_config import QuantizationConfigMixin
 
+from ditq.checkpoint.codecs import config_groups
+from ditq.checkpoint.layout import load_component_config
+from ditq.checkpoint.manifest import check_sealed_reads, is_sealed
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
 from ditq.runtime.fill import assign_tensor
@@ -45,6 +55,7 @@ __all__ = [
     "CompressedTensorsConfig",
     "CompressedTensorsMethod",
     "CompressedTensorsQuantizer",
+    "refuse_before_diffusers",
 ]
 
 
@@ -56,6 +67,46 @@ class CompressedTensorsMethod(str, Enum):
 
 # Both spellings a config may carry (``ditq.schemes.normalize_quant_method``).
 QUANT_METHODS = ("compressed-tensors", "compressed_tensors")
+
+
+def refuse_before_diffusers(path: str | os.PathLike[str] | None, subfolder: str | None = None) -> None:
+    """What ``ditq.load_pipeline`` refuses in a local folder ``path`` (``subfolder``: a component's), refused in one
+    line before diffusers reads it; a hub id (no such folder) is diffusers' to fetch."""
+    if path is None or not os.path.isdir(path):
+        return
+    folder = Path(path) / subfolder if subfolder else Path(path)
+    root = next((f for f in (folder, folder.parent) if is_sealed(f)), None)
+    if root is not None:
+        check_sealed_reads(root)
+    if (folder / "config.json").is_file():
+        _check_quantization_config(folder)
+
+
+def _check_quantization_config(folder: Path) -> None:
+    """A ``quantization_config`` that is compressed-tensors', or reads as if it meant to be, is one diffusers can
+    take to this backend: an object, flat, ``quant_method`` spelled as registered, every group one ditq reads."""
+    where = f"{folder / 'config.json'}"
+    raw = load_component_config(folder).get("quantization_config")
+    if raw is None:
+        return
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: quantization_config is a {type(raw).__name__}, not an object")
+    if "quant_method" not in raw:
+        keys = ", ".join(sorted(map(str, raw))[:4]) or "nothing"
+        raise InputError(
+            f"{where}: quantization_config has no quant_method (it holds {keys}): diffusers reads the flat form "
+            "only; ditq.load_pipeline reads the wrapped one too"
+        )
+    method = raw["quant_method"]
+    if not isinstance(method, str):
+        raise InputError(f"{where}: quantization_config.quant_method is not a string")
+    if method in QUANT_METHODS:
+        config_groups(raw, where)
+    elif method.strip().lower().replace("_", "-") == QUANT_METHODS[0]:
+        raise InputError(
+            f"{where}: quant_method {method[:40]!r}: diffusers looks it up as written; spell it "
+            f"{QUANT_METHODS[0]!r}"
+        )
 
 
 class CompressedTensorsConfig(QuantizationConfigMixin):

@@ -7,7 +7,9 @@ component is built from its config with every parameter on the meta device
 scheme's QuantizedLinear (``ditq.runtime.swap``), and the stored tensors are
 read one at a time and assigned in place (``ditq.runtime.fill``): the
 source-precision weights of the quantized layers never exist. Every other
-component loads the way diffusers loads it. Modules the artifact's manifest
+component loads the way diffusers loads it. A ditq artifact is read only as far as its manifest lists it
+(``ditq.checkpoint.manifest.check_sealed_reads``): a file it does not list, a link it does not record, or a file
+behind a link that leads out of the linked folder is refused before anything is built. Modules the artifact's manifest
 declares unused (a text encoder's output head) are left out of every component
 (``ditq.runtime.unused``). Placement while running is ``ditq.runtime.offload``.
 """
@@ -37,6 +39,7 @@ from ditq.checkpoint.layout import (
     variant_of,
     weight_files,
 )
+from ditq.checkpoint.manifest import check_sealed_reads
 from ditq.checkpoint.safetensors_io import TensorEntry, read_entry, read_header
 from ditq.devices import resolve_device, resolve_dtype, resolve_offload
 from ditq.errors import InputError, error_line
@@ -293,6 +296,7 @@ def load_component(
     model_dir = Path(model_dir)
     device = resolve_device(device, option="device")
     dtype = resolve_dtype(dtype, device, option="dtype")
+    check_sealed_reads(model_dir)
     unused = sorted(recorded_unused(model_dir).get(component, {})) if drop_unused else []
     variant = variant if variant is not None else recorded_variant(model_dir)
     index = read_model_index(model_dir)
@@ -407,6 +411,7 @@ def load_pipeline(
     index = read_model_index(model_dir)
     check_components_present(model_dir, index)
     classes = check_component_classes(model_dir, index)
+    check_sealed_reads(model_dir)  # an artifact: only what its manifest lists is read
     cls = pipeline_class(index, model_dir)
     run_device = resolve_device(device, option="device")
     dtype = resolve_dtype(dtype, run_device, option="dtype")

@@ -23,15 +23,16 @@ import torch
 import uvicorn
 from fastapi import FastAPI
 
+from ditq.checkpoint.seal import MANIFEST
 from ditq.devices import default_dtype, resolve_device, resolve_dtype, resolve_offload
 from ditq.doctor import kernel_chooser
 from ditq.errors import (
     EXIT_STOPPED_DURING_STARTUP,
-    DitqError,
     InputError,
     OutOfMemoryError,
     StartupError,
 )
+from ditq.fsutil import sha256_file
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.runtime.parallel import ParallelSpec, check_parallel, rank_devices, refuse_beside_parallel
 from ditq.serve.access import exposure_warning
@@ -180,7 +181,7 @@ def serve(
         _exit_during_startup(state)
     if failures:
         message, out_of_memory = failures[-1]
-        raise OutOfMemoryError(message) if out_of_memory else DitqError(message)
+        raise OutOfMemoryError(message) if out_of_memory else StartupError(message)
 
 
 def serving_app(
@@ -224,7 +225,10 @@ def serving_app(
         ranks = RankGroup(settings)
     cap = apply_memory_cap(max_memory, device)
     device = cap.device if cap is not None else str(resolve_device(device))
+    manifest = model_dir / MANIFEST
     facts = {
+        # what the probe records in RUN.json, and the report chains to CANDIDATE.json's artifact digest
+        "artifact_digest": sha256_file(manifest) if manifest.is_file() else None,
         "device": device,
         "offload": offload,
         "dtype": dtype,

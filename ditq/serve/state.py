@@ -143,11 +143,11 @@ class ServerState:
             self.startup_step = "checking kernels"
             outcome = self._doctor(adapter)
         except Exception as error:  # reported by /health and the load-failure callback
-            if isinstance(error, DitqError):  # bad input (a refused scale, say): its one line, no traceback
-                logger.error("loading %s failed: %s", self.model_root, error)
-            else:
-                logger.exception("loading %s failed", self.model_root)
             first_line = error_line(error) or type(error).__name__
+            # one line in the log whatever failed (bad input, a refused scale, a library's own error); the
+            # traceback only with --verbose
+            logger.error("loading %s failed: %s", self.model_root, first_line)
+            logger.debug("loading %s failed", self.model_root, exc_info=not isinstance(error, DitqError))
             out_of_memory = is_out_of_memory(error)
             what = "ran out of accelerator memory" if out_of_memory else "failed"
             # /health says what failed without the message, which may name local paths; the log and the

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ditq.errors import DitqError
+from ditq.fsutil import RUN, check_output
 from ditq.report.provenance import shell_command
 from ditq.runfiles import (
     ATTEMPTS_FILE,
@@ -112,6 +113,7 @@ class OffloadLadder(SweepCore):
         if c.dirty and c.run_dir.exists():
             # an earlier stage ran again (a new artifact): the old images are not this artifact's, so start
             # over; otherwise an unfinished probe (a killed sweep) resumes where it stopped
+            check_output(c.run_dir, RUN)  # removed whole: only a run ditq wrote
             shutil.rmtree(c.run_dir)
             c.seeds_added, c.seed_commands = {}, []
         endpoint = self.options.endpoint_for.get(c.scheme)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ditq.errors import InputError
-from ditq.fsutil import atomic_write_bytes
+from ditq.fsutil import SWEEP, atomic_write_bytes, check_output
 from ditq.probe.fixtures import seeds_text
 from ditq.probe.runner import PROBE_API_KEY_ENV
 from ditq.quantize.plan_file import PLAN_FILE, plan_bytes
@@ -128,6 +128,8 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /health poll is noise
     if (warning := seeds_warning(options.seeds)) is not None:  # said first: nothing it runs can decide
         logging.getLogger(__name__).warning("%s", warning)
+    inputs = [options.model, options.fixtures, options.refs, *([options.plan] if options.plan else [])]
+    check_output(options.out, SWEEP, inputs, replace=False)  # written into: only an earlier sweep's, or new
     fingerprint = model_fingerprint(options.model)
     check_same_model(options.out, fingerprint)
     options.out.mkdir(parents=True, exist_ok=True)

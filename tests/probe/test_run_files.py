@@ -304,8 +304,9 @@ def test_report_refuses_a_baseline_altered_since_it_was_sealed_as_gate_and_compa
 ) -> None:
     baseline = _copy(judged["baseline"], tmp_path / "baseline")
     lines = _lines(baseline / "records.jsonl")
-    for line in lines:  # a baseline made 50x slower makes every candidate 'faster'
+    for line in lines:  # a baseline made 50x slower makes every candidate 'faster' (its window stretched too)
         line["wall_s"] *= 50
+        line["t_end"] = line["t_start"] + line["wall_s"]
     _write_lines(baseline / "records.jsonl", lines)
     assert _report(judged["run"], baseline, tmp_path / "rep") == 1
     error = capsys.readouterr().err.strip()
@@ -328,10 +329,11 @@ def test_a_report_over_an_image_that_cannot_be_decoded_says_so_in_its_grid_witho
     assert _report(run, judged["baseline"], out) == 2
     error = capsys.readouterr().err
     assert "Traceback" not in error and len(error.strip().splitlines()) == 1
-    assert "gate.json: says" in error and "not the one its record names" in error
+    assert "gate.json: says" in error and "image cannot be decoded" in error
     assert not out.exists()
-    # a run not gated: the report judges what it has, and its grid says the image cannot be read
+    # a run neither gated nor compared: the report judges what it has, and its grid says the image cannot be read
     (run / "gate.json").unlink()
+    (run / "compare.json").unlink()
     assert _report(run, judged["baseline"], out) == 0
     assert "Traceback" not in capsys.readouterr().err
     assert (out / "verdict.json").is_file() and list((out / "grids").glob("*.png"))

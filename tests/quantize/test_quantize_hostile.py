@@ -148,7 +148,8 @@ def test_hub_snapshot_links_into_its_blobs_are_inside(model_dir, tmp_path: Path)
     snapshot = _as_hub_snapshot(model_dir("flux"), tmp_path / "hub")
     out = ditq.quantize(snapshot, tmp_path / "out", "w8a8").path
     manifest = read_manifest(out)
-    assert (manifest["inputs"]["hub_id"], manifest["inputs"]["revision"]) == ("org/tiny", "0123abcd")
+    # a folder given by its path records no hub id: its name proves nothing (only an id resolved by ditq does)
+    assert (manifest["inputs"]["hub_id"], manifest["inputs"]["revision"]) == (None, None)
     config = snapshot / "scheduler" / "scheduler_config.json"
     assert manifest["source_files"]["scheduler/scheduler_config.json"]["sha256"] == config.resolve().name
     assert ditq.verify(out, snapshot).ok
@@ -162,9 +163,9 @@ def test_output_through_a_link_into_the_source_is_refused(model_dir, tmp_path: P
     link = tmp_path / "link-to-source"
     link.symlink_to(source, target_is_directory=True)
     before = sorted(p.name for p in source.iterdir())
-    with pytest.raises(InputError, match="must not be inside the source directory"):
+    with pytest.raises(InputError, match="the output is inside the input"):
         ditq.quantize(source, link / "out", "w8a8")
-    with pytest.raises(InputError, match="must not hold the source directory"):
+    with pytest.raises(InputError, match="the output holds the input"):
         ditq.quantize(source, source.parent, "w8a8", force=True)  # --force would have deleted the source
     assert sorted(p.name for p in source.iterdir()) == before
 

@@ -28,11 +28,13 @@ from ditq.runfiles import (
     ProbeRecord,
     RunFile,
     ServerEntry,
+    set_digest,
     write_model,
 )
 
 FIXTURES = {"fx-one": 1, "fx-two": 2, "fx-three": 3, "fx-four": 4}  # fixture id -> reference count
 SEEDS = (2301, 2302)
+ARTIFACT_DIGEST = "ab" * 32  # what a candidate's CANDIDATE.json names, and its servers say they served
 SIZE = 32
 
 
@@ -89,8 +91,8 @@ def run_file(kind: str, invocations: list[Invocation], memory: MemoryDescription
             "endpoints": ["http://127.0.0.1:9000"],
             "fixtures_file": "fixtures.json",
             "fixture_ids": list(FIXTURES),
-            "fixture_digest": "f" * 64,
-            "fixture_digests": {fixture_id: "f" * 64 for fixture_id in FIXTURES},
+            "fixture_digest": set_digest(dict.fromkeys(FIXTURES, "f" * 64)),
+            "fixture_digests": dict.fromkeys(FIXTURES, "f" * 64),
             "refs_dir": "refs",
             "seeds": list(SEEDS),
             "steps": 4,
@@ -153,7 +155,14 @@ def write_run(root: Path, spec: RunSpec, baseline: Path | None = None) -> Path:
     """A probe run directory; with ``baseline``, judged by ``ditq gate`` and compared by ``ditq compare``."""
     run = root / spec.label
     (run / "images").mkdir(parents=True)
-    write_model(run / "RUN.json", run_file("baseline" if spec.kind == "baseline" else "probe", []))
+    kind = "baseline" if spec.kind == "baseline" else "probe"
+    # one server start; a candidate's server says it served the artifact a CANDIDATE.json names (ARTIFACT_DIGEST)
+    health = {"status": "ready", "artifact_digest": None if kind == "baseline" else ARTIFACT_DIGEST}
+    server = ServerEntry(endpoint="http://127.0.0.1:9000", health=health)
+    start = Invocation(
+        index=0, started_utc="2026-11-30T12:00:00+00:00", planned=0, retry=None, servers=[server]
+    )
+    write_model(run / "RUN.json", run_file(kind, [start]))
     records = []
     for fixture_id, refs in FIXTURES.items():
         for index, seed in enumerate(SEEDS):
@@ -219,10 +228,11 @@ class LadderSpec:
     kernel_paths: dict[str, int] = field(default_factory=lambda: dict(KERNEL_PATHS))
 
 
-def _health(offload: str, kernel_paths: dict[str, int]) -> dict:
+def _health(offload: str, kernel_paths: dict[str, int], digest: str | None = None) -> dict:
     return {
         "status": "ready",
         "model": "artifact",
+        "artifact_digest": digest,
         "device": "cuda:0",
         "offload": offload,
         "dtype": "bfloat16",
@@ -254,7 +264,10 @@ def _ladder_lines(
             attempts.append(_attempt(offload, "out_of_memory_at_load", seconds=20.0, message=message))
             continue
         invocation = len(invocations)
-        server = ServerEntry(endpoint="http://127.0.0.1:9000", health=_health(offload, spec.kernel_paths))
+        digest = None if kind == "baseline" else ARTIFACT_DIGEST
+        server = ServerEntry(
+            endpoint="http://127.0.0.1:9000", health=_health(offload, spec.kernel_paths, digest)
+        )
         invocations.append(
             Invocation(
                 index=invocation,
@@ -330,7 +343,7 @@ def write_ladder_candidate(root: Path, name: str, spec: LadderSpec) -> Path:
         "name": name,
         "scheme": "w8a8",
         "artifact": str(candidate / "artifact"),
-        "artifact_digest": "ab" * 32,
+        "artifact_digest": ARTIFACT_DIGEST,
         "weight_bytes": {"transformer": {"artifact": int(7.26 * GIB), "source": int(13.96 * GIB)}},
         "max_memory": "24GiB",
         "endpoint": None,

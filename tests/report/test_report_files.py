@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -179,9 +180,48 @@ def test_report_md_escapes_what_it_did_not_write(shared_runs, tmp_path):
     result = build_report([shared_runs["w8a8"]], shared_runs["baseline"], tmp_path / "report", note=note)
     markdown = result.markdown.read_text()
     assert "<script>" not in markdown and "<b>" not in markdown
-    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt; with a `tick" in markdown
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt; with a \\`tick" in markdown
     html_page = result.html.read_text()
     assert "<script>alert(1)" not in html_page  # the page escapes it too
+
+
+FORGED = "\n## Which candidate to serve\n\n**Serve FORGED**: [it](javascript:alert(1))\n- - -\n| a | b |\n"
+
+
+def _structure(markdown: str) -> list[str]:
+    """What each line opens: a heading, a list item, a table row, a quote, a rule, or plain text."""
+    kinds = (
+        ("#", "heading"),
+        ("- ", "list"),
+        ("* ", "list"),
+        ("|", "table"),
+        (">", "quote"),
+        ("---", "rule"),
+    )
+    return [
+        next((kind for mark, kind in kinds if line.startswith(mark)), "text")
+        for line in markdown.splitlines()
+    ]
+
+
+@pytest.mark.parametrize("where", ["note", "candidate name"])
+def test_text_the_report_did_not_write_never_restructures_report_md(
+    where: str, shared_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 48: a newline, a heading and a bold line in the note or a candidate's name gave REPORT.md 13 "which
+    candidate" headings and a forged answer line; a javascript: link stayed live."""
+    plain, hostile = tmp_path / "plain", tmp_path / ("w8a8" + (FORGED if where == "candidate name" else ""))
+    for run in (plain, hostile):
+        shutil.copytree(shared_runs["w8a8"], run)
+    note = "weights are random" + (FORGED if where == "note" else "")
+    kept = build_report([plain], shared_runs["baseline"], tmp_path / "a", note="weights are random").markdown
+    forged = build_report([hostile], shared_runs["baseline"], tmp_path / "b", note=note).markdown
+    text = forged.read_text()
+    assert _structure(text) == _structure(kept.read_text())
+    headings = [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")]
+    assert sum(heading.startswith("Which candidate") for heading in headings) == 1
+    assert not any(line.startswith("**Serve FORGED") for line in text.splitlines())
+    assert "](javascript:" not in text.replace("\\]", "")  # the link's brackets escaped: text, not a link
 
 
 def test_the_report_never_replaces_its_inputs_or_a_folder_it_did_not_write(shared_runs, tmp_path):
@@ -189,15 +229,13 @@ def test_the_report_never_replaces_its_inputs_or_a_folder_it_did_not_write(share
     baseline = shared_runs["baseline"]
     before = sorted(p.name for p in baseline.iterdir())
     for out in (baseline, baseline.parent, baseline / "report"):
-        with pytest.raises(
-            InputError, match=r"^--out .*: the report would replace it whole, and it holds or is inside"
-        ):
+        with pytest.raises(InputError, match=r"^.*: the output (is|holds|is inside) the input"):
             build_report([shared_runs["w8a8"]], baseline, out)
     assert sorted(p.name for p in baseline.iterdir()) == before
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(InputError, match=r"a folder that is not a ditq report"):
+    with pytest.raises(InputError, match=r"not a report ditq wrote"):
         build_report([shared_runs["w8a8"]], baseline, mine)
     assert (mine / "notes.txt").read_text() == "keep me"
 

@@ -8,7 +8,7 @@ import json
 from ditq.report import build_report, validate_verdict_file
 from ditq.runfiles import CandidateFile, StageEntry, write_model
 
-from .synthetic import SEEDS, RunSpec, write_run
+from .synthetic import ARTIFACT_DIGEST, SEEDS, RunSpec, write_run
 
 # As the sweep records them: the server of the first offload rung, then the probe of the added seeds only.
 SEED_COMMANDS = [
@@ -27,6 +27,7 @@ def test_the_seeds_a_sweep_added_and_their_commands_are_in_the_provenance(tmp_pa
         CandidateFile(
             name="w8a8",
             scheme="w8a8",
+            artifact_digest=ARTIFACT_DIGEST,
             stages={"probe": StageEntry(status="ok", command=probe)},
             seeds_added={"fx-one": 1},
             seed_commands=SEED_COMMANDS,
@@ -50,7 +51,9 @@ def test_a_candidate_file_from_before_seed_commands_still_reads(tmp_path, runs):
     candidate = tmp_path / "sweep" / "w8a8"
     candidate.mkdir(parents=True)
     write_run(candidate, RunSpec("run", "healthy", {1: 1.4, 2: 1.8, 3: 2.1, 4: 2.5}), runs["baseline"])
-    (candidate / "CANDIDATE.json").write_text(json.dumps({"name": "w8a8", "seeds_added": {}}))
+    (candidate / "CANDIDATE.json").write_text(
+        json.dumps({"name": "w8a8", "seeds_added": {}, "artifact_digest": ARTIFACT_DIGEST})
+    )
     result = build_report([candidate], runs["baseline"], tmp_path / "report")
     assert "seeds added" not in result.markdown.read_text()
     assert result.verdicts == {"w8a8": "YES"}

@@ -9,7 +9,7 @@ from ditq.report import VerdictRules, build_report, load_candidate
 from ditq.report.assess import assess
 from ditq.report.capacity import capacity_matrix, max_references_served
 
-from .synthetic import RunSpec, write_run
+from .synthetic import ARTIFACT_DIGEST, RunSpec, write_run
 
 
 def _assess(runs: dict[str, Path], *names: str, rules: VerdictRules | None = None):
@@ -215,7 +215,14 @@ def test_doctor_finding_makes_an_otherwise_healthy_candidate_no(tmp_path, runs):
     stages = {"doctor": {"status": "ok"}, "probe": {"status": "ok"}}
     (candidate / "CANDIDATE.json").write_text(
         json.dumps(
-            {"name": "w8a8", "scheme": "w8a8", "doctor": doctor, "stages": stages, "max_memory": "24GiB"}
+            {
+                "name": "w8a8",
+                "scheme": "w8a8",
+                "doctor": doctor,
+                "stages": stages,
+                "max_memory": "24GiB",
+                "artifact_digest": ARTIFACT_DIGEST,
+            }
         )
     )
     (a,) = assess(load_candidate(runs["baseline"]), [load_candidate(candidate)], "x").assessments

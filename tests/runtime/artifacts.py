@@ -77,9 +77,15 @@ def quantization_config(scheme: Scheme, ignore: list[str], component: str, form:
 
 
 def _copy_siblings(source_dir: Path, out_dir: Path, component: str) -> None:
+    """Every entry of ``source_dir`` but ``component`` and the manifest's files: they would describe another
+    artifact (the loader refuses an artifact holding what its manifest does not list)."""
     out_dir.mkdir(parents=True)
     for item in source_dir.iterdir():
-        if item.name == component:
+        if (
+            item.name == component
+            or item.name.startswith("MANIFEST.json")
+            or item.name == "tensor_errors.json"
+        ):
             continue
         if item.is_dir():
             shutil.copytree(item, out_dir / item.name)

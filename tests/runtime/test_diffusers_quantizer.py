@@ -258,3 +258,77 @@ def test_on_cuda_the_first_forward_repacks_and_draws_what_load_pipeline_draws(
     assert all(layer.kernel is not None and layer.kernel.device_type == "cuda" for layer in layers.values())
     expected = load_pipeline(demo_artifacts[scheme], device="cuda", dtype=torch.bfloat16)
     assert torch.equal(got, _image(expected).cpu())
+
+
+# Issue 48: every malformed quantization_config is one line naming the file before diffusers' own code sees it,
+# as ditq.load_pipeline refuses it; and an artifact holding what its manifest does not list is refused too.
+
+
+def _group_twice(qconfig: dict[str, Any]) -> dict[str, Any]:
+    groups = qconfig["config_groups"]
+    groups["group_1"] = json.loads(json.dumps(groups["group_0"]))
+    return qconfig
+
+
+MALFORMED = {
+    "quant_method spelled Compressed-Tensors": (
+        lambda q: {**q, "quant_method": "Compressed-Tensors"},
+        "quant_method 'Compressed-Tensors': diffusers looks it up as written",
+    ),
+    "a list": (lambda q: [q], "quantization_config is a list, not an object"),
+    "wrapped for another component": (
+        lambda q: {"text_encoder": q},
+        "has no quant_method (it holds text_encoder)",
+    ),
+    "wrapped for this one": (lambda q: {"transformer": q}, "diffusers reads the flat form only"),
+    "quant_method a number": (lambda q: {**q, "quant_method": 7}, "quant_method is not a string"),
+    "a config group given twice": (_group_twice, "config group 'group_1' repeats config group 'group_0'"),
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_a_malformed_quantization_config_is_one_line_before_diffusers_reads_it(
+    name: str, demo_artifacts: dict[str, Path], tmp_path: Path
+) -> None:
+    change, said = MALFORMED[name]
+    folder = _transformer_copy(demo_artifacts["w8a8"], tmp_path)
+    config_path = folder / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"] = change(config["quantization_config"])
+    config_path.write_text(json.dumps(config))
+    for load in (
+        lambda: QwenImage21Transformer2DModel.from_pretrained(folder, subfolder="transformer"),
+        lambda: QwenImage21Transformer2DModel.from_pretrained(folder / "transformer"),
+    ):
+        with pytest.raises(InputError) as error:
+            load()
+        message = str(error.value)
+        assert message.startswith(f"{config_path}: ") and said in message and "\n" not in message, message
+
+
+def test_a_config_group_given_twice_is_refused_by_the_loader_too() -> None:
+    from ditq.checkpoint.codecs import config_groups
+    from ditq.checkpoint.qconfig import quantization_config
+    from ditq.schemes import get_scheme
+
+    qconfig = _group_twice(quantization_config(get_scheme("w8a8"), ignore=[]))
+    with pytest.raises(
+        InputError, match=r"^t/config\.json: config group 'group_1' repeats config group 'group_0'"
+    ):
+        config_groups(qconfig, "t/config.json")
+
+
+def test_diffusers_loads_only_what_the_manifest_lists(
+    demo_artifacts: dict[str, Path], tmp_path: Path
+) -> None:
+    root = tmp_path / "demo"
+    shutil.copytree(demo_artifacts["source"].parent, root, symlinks=True)  # the artifacts' links are relative
+    artifact = root / "w8a8"
+    stray = artifact / "transformer" / "extra.safetensors"
+    stray.symlink_to(tmp_path / "elsewhere.json")
+    for load in (
+        lambda: DiffusionPipeline.from_pretrained(artifact),
+        lambda: QwenImage21Transformer2DModel.from_pretrained(artifact, subfolder="transformer"),
+    ):
+        with pytest.raises(InputError, match=r"a link the manifest does not record.*ditq loads only what"):
+            load()

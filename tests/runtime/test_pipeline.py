@@ -168,7 +168,7 @@ def test_generate_command_prints_stages_and_writes_the_image(
     [
         (["--size", "32by32"], "--size: expected WxH"),
         (["--size", "33x32"], "width: 33 is not a positive multiple of"),
-        (["--image", "missing.png"], "missing.png: not a readable image"),
+        (["--image", "missing.png"], "missing.png: no such file"),
     ],
 )
 def test_generate_command_refuses_bad_input(
@@ -177,6 +177,21 @@ def test_generate_command_refuses_bad_input(
     code = main(["generate", str(demo_artifacts["w8a8"]), "--prompt", "p", "--steps", "1", *extra])
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_missing_scheduler_config_is_named_not_the_output(
+    demo_artifacts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 48: the error named the --out PNG as the culprit of a scheduler folder without its config."""
+    model = tmp_path / "model"
+    shutil.copytree(demo_artifacts["source"], model)
+    (model / "scheduler" / "scheduler_config.json").unlink()
+    out = tmp_path / "x.png"
+    code = main(
+        ["generate", str(model), "--prompt", "p", "--steps", "1", "--size", "32x32", "--out", str(out)]
+    )
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(error) == 1 and "scheduler_config.json" in error[0] and str(out) not in error[0]
 
 
 _MEASURE = textwrap.dedent(

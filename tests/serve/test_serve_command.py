@@ -121,13 +121,13 @@ def test_a_directory_without_model_index_is_a_usage_error(
     assert "model_index.json" in capsys.readouterr().err
 
 
-def test_a_model_that_fails_to_load_stops_the_server_with_exit_1(
+def test_a_model_that_fails_to_load_stops_the_server_with_exit_4(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / "model_index.json").write_text(
         '{"_class_name": "NoSuchPipeline", "transformer": ["diffusers", "X"]}'
     )
-    assert main(["serve", str(tmp_path), "--port", str(free_port())]) == 1
+    assert main(["serve", str(tmp_path), "--port", str(free_port())]) == 4  # a start-up failure (README)
     assert f"loading {tmp_path} failed" in capsys.readouterr().err
     logged = [r for r in caplog.records if "failed" in r.getMessage()]
     assert logged and not any(
