@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
-
 # ``ditq.quantize`` is the quantize stage's package, which is callable (``ditq.quantize(SRC, OUT, "fp8")``), so that
 # ``ditq.quantize.quantizer`` and every other submodule import as usual; ``verify`` is its function. Both are light.
 from ditq import quantize
+from ditq.lazy import lazy_names
 from ditq.quantize import verify
 
 __version__ = "0.1.0"
@@ -23,10 +21,7 @@ _LAZY: dict[str, str] = {
 __all__ = ["__version__", "load_component", "load_pipeline", "quantize", "quantize_", "save", "verify"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'ditq' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ditq.signatures",
             "ditq.jsonfile",
             "ditq.pictures",
+            "ditq.lazy",
         ),
     ),
     ("checkpoint", ("ditq.checkpoint",)),
@@ -85,6 +86,6 @@ def test_every_module_is_in_a_layer_and_the_top_level_holds_shared_utilities_onl
         _layer(module)
     top = sorted(m for m in modules if m.count(".") == 1 and not (PACKAGE / m.split(".")[1]).is_dir())
     assert top == [
-        "ditq.cli", "ditq.devices", "ditq.errors", "ditq.fsutil", "ditq.jsonfile", "ditq.metrics", "ditq.numerics",
-        "ditq.pictures", "ditq.progress", "ditq.runfiles", "ditq.schemes", "ditq.signatures",
+        "ditq.cli", "ditq.devices", "ditq.errors", "ditq.fsutil", "ditq.jsonfile", "ditq.lazy", "ditq.metrics",
+        "ditq.numerics", "ditq.pictures", "ditq.progress", "ditq.runfiles", "ditq.schemes", "ditq.signatures",
     ]  # fmt: skip

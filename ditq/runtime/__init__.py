@@ -6,9 +6,7 @@ The adapter's names import eagerly (they are light); the loader and modules on f
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
-
+from ditq.lazy import lazy_names
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 
 # Public name -> module that defines it, imported on first use.
@@ -26,7 +24,4 @@ _LAZY: dict[str, str] = {
 __all__ = ["GenerationRequest", "GenerationResult", "PipelineAdapter", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'ditq.runtime' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

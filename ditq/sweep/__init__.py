@@ -12,8 +12,9 @@
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ditq.lazy import lazy_names
 
 # Public name -> module that defines it, imported on first use (``ditq sweep --help`` imports none of them).
 _LAZY: dict[str, str] = {
@@ -61,7 +62,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
