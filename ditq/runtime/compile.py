@@ -69,6 +69,7 @@ __all__ = [
     "compile_cache",
     "compile_pipeline",
     "compile_text_encoder",
+    "compile_vae_decoder",
     "compiled_graphs",
     "decoder_layers",
     "repeated_blocks",
@@ -240,12 +241,31 @@ def compile_text_encoder(encoder: torch.nn.Module, backend: str) -> str | None:
     return _blocks_text(layers)
 
 
+def compile_vae_decoder(vae: Any, backend: str) -> str | None:
+    """Compile ``vae``'s decoder (``vae.decoder``: what ``vae.decode`` runs once per frame, once a request) as one
+    module with dynamic shapes, its convolutions' weights channels-last; what was compiled, or None where the VAE has
+    no decoder module (it stays as it is).
+
+    Eager, the decoder runs its normalisations (in float32), activations and causal paddings op by op around every
+    convolution, each a pass over a full-resolution activation. Compiled, they fuse. Dynamic shapes keep one graph for
+    every image size, but they turn inductor's own choice of channels-last convolutions off (``decide_layout_opt``),
+    so the weights are made channels-last here and cuDNN runs the convolutions NHWC. The pixels differ from the
+    untouched decode's by reordered rounding only (``tests/runtime/test_compile.py`` bounds it)."""
+    decoder = getattr(vae, "decoder", None)
+    if not isinstance(decoder, torch.nn.Module):
+        return None
+    _serving_settings()
+    decoder.to(memory_format=torch.channels_last)
+    decoder.compile(backend=backend, dynamic=True)
+    return f"decoder ({type(decoder).__name__}, channels-last)"
+
+
 def compile_pipeline(
     pipeline: Any, backend: str, component: str = "transformer", text_encoder: str | None = None
 ) -> CompileFacts:
-    """Compile ``pipeline``'s ``component`` (its repeated blocks where it declares them) with ``backend``, and the
+    """Compile ``pipeline``'s ``component`` (its repeated blocks where it declares them) with ``backend``, the
     decoder layers of the component named ``text_encoder`` where it declares them (None: the transformer only;
-    ``--compile`` names ``text_encoder``).
+    ``--compile`` names ``text_encoder``), and the VAE's decoder where the pipeline has one (``compile_vae_decoder``).
 
     Nothing is compiled until the first call; ``CompileFacts.warmup_seconds`` is for the caller to fill in once it
     has run the shapes it will serve. The facts are also kept as the pipeline's ``ditq_compile``."""
@@ -267,9 +287,14 @@ def compile_pipeline(
         how = "whole module"
     encoder = getattr(pipeline, text_encoder, None) if text_encoder else None
     encoder_how = compile_text_encoder(encoder, backend) if isinstance(encoder, torch.nn.Module) else None
+    parts = [(component, how)]
     if encoder_how is not None:
-        how = f"{component}: {how}; {text_encoder}: {encoder_how}"
-        component = f"{component}, {text_encoder}"
+        parts.append((str(text_encoder), encoder_how))
+    if (decoder_how := compile_vae_decoder(getattr(pipeline, "vae", None), backend)) is not None:
+        parts.append(("vae", decoder_how))
+    if len(parts) > 1:
+        how = "; ".join(f"{name}: {text}" for name, text in parts)
+        component = ", ".join(name for name, _ in parts)
     facts = CompileFacts(backend, component, how, cache=compile_cache(), _cache_at_start=_cache_counts())
     pipeline.ditq_compile = facts  # what serve's calibration and generate warm up, and /health shows
     logger.info("compiling %s with %s: %s (on the first call at each shape)", component, backend, how)
