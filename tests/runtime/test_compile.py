@@ -148,19 +148,15 @@ def _pixels(decoded: torch.Tensor) -> torch.Tensor:
     return ((decoded[:, :, 0].float() / 2 + 0.5).clamp(0, 1) * 255).round()
 
 
-def test_the_compiled_channels_last_decoder_draws_the_untouched_decodes_pixels_within_one_level() -> None:
-    """The served decode (``compile_vae_decoder``) against the untouched one at two latent sizes: at most one level
-    of 255 apart anywhere, at most 0.01 level on average, one graph for both sizes. (aot_eager traces as inductor
-    does without generating code, which takes minutes on a small CPU: the difference measured is channels-last
-    convolution's reordered rounding; the GPU benchmark, benchmarks/decode_answer_bench.py, measures inductor's.)"""
+def test_the_compiled_decoder_draws_the_untouched_decodes_pixels_within_one_level() -> None:
+    """The served decode (``compile_vae_decoder``, inductor: the code a server runs, generated for the CPU here)
+    against the untouched one in float32 at two latent sizes: at most one level of 255 apart anywhere, at most 0.01
+    level on average, one graph for both sizes. (In BF16 on an H100 the difference was at most 4 levels, 0.59 on
+    average: benchmarks/decode_answer_bench.py.)"""
     untouched, served = _tiny_vae(), _tiny_vae()
     torch._dynamo.reset()
     before = _graphs()
-    assert compile_vae_decoder(served, "aot_eager") == "decoder (QwenImage21Decoder3d, channels-last)"
-    conv = next(
-        m for m in served.decoder.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3)
-    )
-    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert compile_vae_decoder(served, "inductor") == "decoder (QwenImage21Decoder3d)"
     for seed, (height, width) in ((1, (8, 8)), (2, (6, 10))):
         latents = torch.randn(1, 16, 1, height, width, generator=torch.Generator().manual_seed(seed))
         with torch.inference_mode():
