@@ -20,6 +20,9 @@ cache indexes its layers by number, which dynamo would take for a constant (a gr
 declares no repeated layers (ditq's demo encoder) stays eager. ``benchmarks/text_encoder_bench.py`` times it, eager
 against compiled.
 
+``--compile`` compiles the VAE's decoder as well (``compile_vae_decoder``), once a request but a hundred-odd
+milliseconds of eager elementwise passes around its convolutions at 1024x1024.
+
 Compilation happens on the first call of each code path (references or none, the prefix step or a cached one),
 so a server runs every path it will accept before it serves (``ditq.serve.cost.calibrate`` runs each calibration
 shape once to warm up, then measures it). The blocks are compiled with dynamic shapes from the first call, so one

@@ -148,6 +148,7 @@ def _pixels(decoded: torch.Tensor) -> torch.Tensor:
     return ((decoded[:, :, 0].float() / 2 + 0.5).clamp(0, 1) * 255).round()
 
 
+@pytest.mark.slow  # inductor generates the decoder's code for the CPU: about two minutes on two cores
 def test_the_compiled_decoder_draws_the_untouched_decodes_pixels_within_one_level() -> None:
     """The served decode (``compile_vae_decoder``, inductor: the code a server runs, generated for the CPU here)
     against the untouched one in float32 at two latent sizes: at most one level of 255 apart anywhere, at most 0.01
