@@ -250,10 +250,13 @@ def compile_vae_decoder(vae: Any, backend: str) -> str | None:
 
     Eager, the decoder runs its normalisations (in float32), activations and causal paddings op by op around every
     convolution, each a pass over a full-resolution activation; compiled, they fuse: Qwen-Image-2.1's decode at
-    1024x1024 took 70.8 ms against 121.1 on an H100 (``benchmarks/decode_answer_bench.py``). Dynamic shapes keep one
-    graph for every image size. Channels-last weights were slower there, eager (141.7 ms) and compiled (83.2), so
-    the layout stays. The pixels differ from the untouched decode's by reordered rounding only (at most 4 of 255
-    levels, 0.59 on average, in BF16 on the H100; ``tests/runtime/test_compile.py`` bounds it on the CPU)."""
+    1024x1024 took 84.3 ms against 120.9 on an H100 (``benchmarks/decode_answer_bench.py``,
+    ``benchmarks/results/h100-served-speed/``). Dynamic shapes without duck shaping (``_serving_settings``) keep one
+    graph for every image size; with duck shaping (a square image's sides one symbol) or static shapes it ran in
+    68-70 ms, but a new size compiled again for 20-50 s, which a request would pay. Channels-last weights were slower,
+    eager (141.6 ms) and compiled (83.1), so the layout stays. The pixels differ from the untouched decode's by
+    reordered rounding only (at most 4 of 255 levels, 0.58 on average, in BF16 on the H100;
+    ``tests/runtime/test_compile.py`` bounds it on the CPU)."""
     decoder = getattr(vae, "decoder", None)
     if not isinstance(decoder, torch.nn.Module):
         return None
