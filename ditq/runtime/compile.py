@@ -270,7 +270,8 @@ def compile_pipeline(
 ) -> CompileFacts:
     """Compile ``pipeline``'s ``component`` (its repeated blocks where it declares them) with ``backend``, the
     decoder layers of the component named ``text_encoder`` where it declares them (None: the transformer only;
-    ``--compile`` names ``text_encoder``), and the VAE's decoder where the pipeline has one (``compile_vae_decoder``).
+    ``--compile`` names ``text_encoder``), and the VAE's decoder where the pipeline has one (``compile_vae_decoder``)
+    and is not placed by ``--offload auto``.
 
     Nothing is compiled until the first call; ``CompileFacts.warmup_seconds`` is for the caller to fill in once it
     has run the shapes it will serve. The facts are also kept as the pipeline's ``ditq_compile``."""
@@ -295,7 +296,10 @@ def compile_pipeline(
     parts = [(component, how)]
     if encoder_how is not None:
         parts.append((str(text_encoder), encoder_how))
-    if (decoder_how := compile_vae_decoder(getattr(pipeline, "vae", None), backend)) is not None:
+    # under --offload auto the VAE may stream from host memory, now or after a demotion, through hooks that move its
+    # weights as it runs, which a compiled graph would trace: its decoder stays eager there (not run on a GPU)
+    placed = getattr(pipeline, "ditq_placement", None) is not None
+    if not placed and (decoder_how := compile_vae_decoder(getattr(pipeline, "vae", None), backend)) is not None:
         parts.append(("vae", decoder_how))
     if len(parts) > 1:
         how = "; ".join(f"{name}: {text}" for name, text in parts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -172,3 +173,13 @@ def test_the_compiled_decoder_draws_the_untouched_decodes_pixels_within_one_leve
 def test_a_vae_without_a_decoder_module_stays_as_it_is() -> None:
     assert compile_vae_decoder(None, "aot_eager") is None
     assert compile_vae_decoder(torch.nn.Linear(2, 2), "aot_eager") is None
+
+
+def test_a_pipeline_placed_by_offload_auto_keeps_its_vae_decoder_eager() -> None:
+    """Under --offload auto the VAE may stream through hooks that move its weights: its decoder is not compiled."""
+    placed = SimpleNamespace(transformer=torch.nn.Linear(2, 2), vae=_tiny_vae(), ditq_placement=object())
+    assert compile_pipeline(placed, "eager").module == "transformer"
+    assert placed.vae.decoder._compiled_call_impl is None
+    whole = SimpleNamespace(transformer=torch.nn.Linear(2, 2), vae=_tiny_vae())
+    assert compile_pipeline(whole, "eager").module == "transformer, vae"
+    assert whole.vae.decoder._compiled_call_impl is not None
