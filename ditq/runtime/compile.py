@@ -299,7 +299,10 @@ def compile_pipeline(
     # under --offload auto the VAE may stream from host memory, now or after a demotion, through hooks that move its
     # weights as it runs, which a compiled graph would trace: its decoder stays eager there (not run on a GPU)
     placed = getattr(pipeline, "ditq_placement", None) is not None
-    if not placed and (decoder_how := compile_vae_decoder(getattr(pipeline, "vae", None), backend)) is not None:
+    if (
+        not placed
+        and (decoder_how := compile_vae_decoder(getattr(pipeline, "vae", None), backend)) is not None
+    ):
         parts.append(("vae", decoder_how))
     if len(parts) > 1:
         how = "; ".join(f"{name}: {text}" for name, text in parts)
