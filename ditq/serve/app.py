@@ -33,7 +33,7 @@ from ditq.serve.body_limit import BodyLimitMiddleware
 from ditq.serve.config import ServeConfig
 from ditq.serve.cost import CostModel, Prediction, request_cost
 from ditq.serve.errors import APIError, envelope
-from ditq.serve.images import collapse_reasons, encode_image
+from ditq.serve.images import checked_and_encoded
 from ditq.serve.intake import Reference, check_uploads
 from ditq.serve.metrics import endpoint_label
 from ditq.serve.parsing import parse_form, parse_json
@@ -170,8 +170,10 @@ def _finish(
     the cost model's memory above the resident model, reported as a peak (on top of what the call began with)."""
     started = time.perf_counter()
     warnings: list[str] = []
-    for index, image in enumerate(result.images):
-        reasons = collapse_reasons(image, state.gate_rules)
+    checked, encoded = checked_and_encoded(
+        result.images, state.gate_rules, body.output_format, body.background, body.output_compression
+    )
+    for index, reasons in enumerate(checked):
         if reasons:
             state.metrics.count_collapsed()
             detail = f"image {index + 1} of {len(result.images)}: {'; '.join(reasons)}"
@@ -179,10 +181,6 @@ def _finish(
             if state.config.on_collapse == "error":
                 raise errors.non_finite_output(detail)
             warnings.append(f"non_finite_output: {detail}")
-    encoded = [
-        encode_image(image, body.output_format, body.background, body.output_compression)
-        for image in result.images
-    ]
     encode_s = time.perf_counter() - started
     width, height = result.images[0].size
     metrics = StageMetrics.from_result(

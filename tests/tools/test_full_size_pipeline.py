@@ -421,8 +421,8 @@ def test_a_compiled_pipeline_serves_any_prompt_length_and_reference_layout_from_
     draw(compiled, fixture.prompt, square)  # the first call at 2 references compiles its paths
     before = counters["stats"]["unique_graphs"]
     # two paths, two graphs: the prefix step and the cached steps (every block's, the first block's hidden states
-    # included although they are a view into the joint sequence)
-    assert before - start == 2
+    # included although they are a view into the joint sequence); and the VAE's decoder, one graph
+    assert before - start == 3
     longer = fixture.prompt + " Keep the light soft and the shadows long."
     picture = draw(compiled, longer, wide)
     assert counters["stats"]["unique_graphs"] == before, (
@@ -453,13 +453,17 @@ def test_compile_takes_the_text_encoders_decoder_layers_and_leaves_its_vision_to
     facts = pipeline.ditq_compile
     encoder = pipeline.text_encoder
     layers = encoder.model.language_model.layers
-    assert facts.module == "transformer, text_encoder"
-    assert facts.how.endswith(f"text_encoder: repeated blocks ({len(layers)} x Qwen3VLTextDecoderLayer)")
+    assert facts.module == "transformer, text_encoder, vae"
+    assert f"; text_encoder: repeated blocks ({len(layers)} x Qwen3VLTextDecoderLayer); " in facts.how
+    assert facts.how.endswith("; vae: decoder (QwenImage21Decoder3d)")
     assert all(layer._compiled_call_impl is not None for layer in layers)
     assert all(block._compiled_call_impl is None for block in encoder.model.visual.blocks)
     assert encoder.model.language_model.config.use_cache is False
     for count, picture in _draw(pipeline, fixture.prompt, references).items():
-        assert np.array_equal(np.asarray(picture), np.asarray(expected[count])), count
+        # the traced VAE decoder's decompositions (F.normalize, the upsampling) round differently from eager's:
+        # at most one level of 255 (the decode alone: tests/runtime/test_compile.py)
+        difference = np.abs(np.asarray(picture).astype(np.int16) - np.asarray(expected[count]))
+        assert difference.max() <= 1 and difference.mean() <= 0.01, count
     graphs = compiled_graphs()
     longer = fixture.prompt + " on a long wooden table by a window, late in the day"
     wide = [picture.resize((SIZE, SIZE // 2)) for picture in references]
@@ -471,11 +475,11 @@ def test_compile_takes_the_text_encoders_decoder_layers_and_leaves_its_vision_to
 
 
 def test_compile_leaves_a_bf16_text_encoder_eager(source: Path) -> None:
-    """--compile on a pipeline whose text encoder is not quantized compiles the transformer only: a BF16
-    encoder's compiled layers ran slower than eager on the GPU (docs/results.md, "Served speed")."""
+    """--compile on a pipeline whose text encoder is not quantized compiles the transformer (and the VAE's decoder)
+    only: a BF16 encoder's compiled layers ran slower than eager on the GPU (docs/results.md, "Served speed")."""
     torch._dynamo.reset()
     pipeline = ditq.load_pipeline(source, device="cpu", dtype=torch.float32, compile="aot_eager")
-    assert pipeline.ditq_compile.module == "transformer"
+    assert pipeline.ditq_compile.module == "transformer, vae"
     layers = pipeline.text_encoder.model.language_model.layers
     assert all(layer._compiled_call_impl is None for layer in layers)
     assert all(block._compiled_call_impl is not None for block in pipeline.transformer.transformer_blocks)
@@ -498,7 +502,7 @@ def test_inductor_compiles_the_quantized_text_encoder_on_cuda_to_the_pixels_of_e
     del eager
     torch._dynamo.reset()
     pipeline = ditq.load_pipeline(quantized, device="cuda", compile="inductor")
-    assert pipeline.ditq_compile.module == "transformer, text_encoder"
+    assert pipeline.ditq_compile.module == "transformer, text_encoder, vae"
     for count, picture in _draw(pipeline, fixture.prompt, references).items():
         # inductor fuses and reorders float arithmetic: close to eager, not bit for bit
         difference = np.abs(
