@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ditq.commands import compile_backend
 from ditq.commands.sweep import add_sweep_arguments, print_verdicts, stop_on_sigterm
 from ditq.demo.settings import DEMO, demo_fixtures
 from ditq.devices import resolve_device
 
-__all__ = ["add_arguments", "run"]
+if TYPE_CHECKING:
+    from ditq.sweep import SweepOptions
+
+__all__ = ["add_arguments", "demo_options", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,16 +35,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def demo_options(args: argparse.Namespace) -> SweepOptions:
+    """The sweep ``ditq demo`` runs: the bundled model, fixtures and plan with the demo's defaults."""
     from ditq import demo
-    from ditq.sweep import SCHEME_STAGES, SweepOptions, check_seeds, run_sweep
+    from ditq.sweep import SweepOptions, check_seeds
 
-    started = time.monotonic()
-    check_seeds(args.seeds or DEMO.seeds, args.max_seeds)  # before the fixtures are written under --out
-    options = SweepOptions(
+    check_seeds(args.seeds or DEMO.seeds, args.max_seeds)  # before the fixtures are written
+    return SweepOptions(
         model=demo.default_model_dir(),
         schemes=DEMO.schemes,
-        fixtures=demo_fixtures(args.out),
+        fixtures=demo_fixtures(),
         refs=demo.references_dir(),
         out=args.out,
         seeds=args.seeds or DEMO.seeds,
@@ -63,6 +67,13 @@ def run(args: argparse.Namespace) -> int:
         compile=compile_backend(args),
         accumulate=args.accumulate,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ditq.sweep import SCHEME_STAGES, run_sweep
+
+    started = time.monotonic()
+    options = demo_options(args)
     stop_on_sigterm()
     result = run_sweep(options)
     print_verdicts(result)

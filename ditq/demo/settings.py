@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ditq.fsutil import atomic_write_bytes
+from ditq.fsutil import atomic_write_bytes, user_cache_dir
 from ditq.jsonfile import read_json
 
 __all__ = ["DEMO", "DemoSettings", "demo_fixtures"]
@@ -36,9 +36,13 @@ class DemoSettings:
 DEMO = DemoSettings()
 
 
-def demo_fixtures(out: Path) -> Path:
-    """The bundled fixtures with DEMO.references references, written (unchanged if present) under ``out``."""
+def demo_fixtures(folder: Path | None = None) -> Path:
+    """The bundled fixtures with DEMO.references references, written (unchanged if present) under ``folder``:
+    by default ditq's cache (``user_cache_dir()/demo``), apart from the demo's output, which may not hold its own
+    inputs (``ditq.fsutil.check_output``)."""
     from ditq import demo
+
+    out = folder if folder is not None else user_cache_dir() / "demo"
 
     bundled = read_json(demo.fixtures_path())
     chosen = {k: v for k, v in bundled.items() if len(v.get("references") or []) in DEMO.references}

@@ -83,10 +83,17 @@ def table_markdown(table: Table) -> str:
 
 
 def _spans(spans: tuple[Span, ...]) -> str:
-    return "".join(
-        _code(text) if style == "code" else f"{_MARKS[style]}{_text(text)}{_MARKS[style]}"
-        for text, style in spans
-    )
+    return "".join(_code(text) if style == "code" else _marked(text, _MARKS[style]) for text, style in spans)
+
+
+def _marked(text: str, mark: str) -> str:
+    """``text`` between ``mark``s, its leading and trailing spaces outside them: ``**bold: **`` does not close in
+    CommonMark (a closing mark may not follow a space) and would show its asterisks."""
+    if not mark or not text.strip():
+        return _text(text)
+    core = text.strip()
+    before, after = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()) :]
+    return f"{_text(before)}{mark}{_text(core)}{mark}{_text(after)}"
 
 
 def _block(block: Block, out_dir: Path) -> str:

@@ -29,6 +29,7 @@ _LAZY: dict[str, str] = {
     "parse_endpoint_for": "ditq.sweep.options",
     "parse_offload": "ditq.devices",
     "run_sweep": "ditq.sweep.run",
+    "check_sweep_output": "ditq.sweep.run",
     "wait_healthy": "ditq.sweep.health",
 }
 
@@ -44,7 +45,7 @@ if TYPE_CHECKING:  # the names as their modules define them, for the type checke
         ditq_argv,
         parse_endpoint_for,
     )
-    from ditq.sweep.run import check_same_model, model_fingerprint, run_sweep
+    from ditq.sweep.run import check_same_model, check_sweep_output, model_fingerprint, run_sweep
 
 __all__ = [
     "PLAN_CANDIDATE",
@@ -52,6 +53,7 @@ __all__ = [
     "SweepOptions",
     "check_same_model",
     "check_seeds",
+    "check_sweep_output",
     "default_serve_argv",
     "ditq_argv",
     "model_fingerprint",

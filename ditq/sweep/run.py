@@ -123,13 +123,19 @@ def _sweep_keys(api_key: str | None) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def check_sweep_output(options: SweepOptions) -> None:
+    """The sweep's folder is written into (``ditq.fsutil.check_output``): new, empty or an earlier sweep's, and
+    apart from its inputs (model, fixtures, references, plan); else an InputError naming it."""
+    inputs = [options.model, options.fixtures, options.refs, *([options.plan] if options.plan else [])]
+    check_output(options.out, SWEEP, inputs, replace=False)
+
+
 def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult:
     """Run (or resume) the whole sweep and return its report."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /health poll is noise
     if (warning := seeds_warning(options.seeds)) is not None:  # said first: nothing it runs can decide
         logging.getLogger(__name__).warning("%s", warning)
-    inputs = [options.model, options.fixtures, options.refs, *([options.plan] if options.plan else [])]
-    check_output(options.out, SWEEP, inputs, replace=False)  # written into: only an earlier sweep's, or new
+    check_sweep_output(options)
     fingerprint = model_fingerprint(options.model)
     check_same_model(options.out, fingerprint)
     options.out.mkdir(parents=True, exist_ok=True)

@@ -253,3 +253,13 @@ def test_a_gate_file_edited_to_pass_is_refused(runs, tmp_path):
         InputError, match=r"gate\.json: says .* passed, which its records and images do not show"
     ):
         build_report([runs["fp8"]], runs["baseline"], tmp_path / "report")
+
+
+def test_a_bold_run_ending_in_a_space_closes_in_markdown() -> None:
+    """``**Timed on a CPU: **`` would show its asterisks (a closing mark may not follow a space): the space goes
+    outside the marks, and a line break in one becomes a space."""
+    from ditq.report.document import Paragraph
+    from ditq.report.markdown import _spans
+
+    paragraph = Paragraph((("Timed on a CPU: ", "bold"), ("reference kernels.", ""), ("\n# x ", "italic")))
+    assert _spans(paragraph.spans) == "**Timed on a CPU:** reference kernels. *\\# x* "
