@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import shlex
+import statistics
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -127,15 +129,19 @@ def run_logged(argv: list[str], log: Path, tick: Callable[[], None] | None = Non
                 tick()
 
 
-def probe_news(run_dir: Path) -> str | None:
+def probe_news(run_dir: Path, now: float | None = None) -> str | None:
     """How far the probe (or baseline) writing ``run_dir`` is: '5/16 requests, 1.9 s each, ETA 21 s', from its
-    RUN.json (the requests this invocation planned) and the records it has appended; None before it has said."""
+    RUN.json (the requests this invocation planned) and the records it has appended; None before it has said.
+
+    A request's time is the median of the warm ones (the first of an invocation compiles and warms caches: on a
+    CPU it took many times the rest and made the ETA ten times too long), and the ETA counts down while the next
+    request runs (``now``, Unix seconds; by default the clock), down to the remaining requests after it."""
     try:
         invocation = read_model(RunFile, run_dir / RUN_FILE).invocations[-1]
         lines = (run_dir / RECORDS_FILE).read_text(errors="replace").splitlines()
     except (OSError, InputError, IndexError):
         return None
-    walls = []
+    walls, last_end = [], None
     for line in lines:
         try:
             record = json.loads(line)
@@ -143,11 +149,14 @@ def probe_news(run_dir: Path) -> str | None:
             continue
         if isinstance(record, dict) and record.get("invocation") == invocation.index:
             walls.append(float(record.get("wall_s") or 0.0))
+            last_end = record.get("t_end") if isinstance(record.get("t_end"), (int, float)) else last_end
     done, planned = len(walls), invocation.planned
     if not done:
         return f"0/{planned} requests"
-    each = sum(walls) / done
-    return f"{done}/{planned} requests, {each:.1f} s each, ETA {max(planned - done, 0) * each:.0f} s"
+    each = statistics.median(walls[1:] if done > 1 else walls)
+    running = 0.0 if last_end is None else min(max((now or time.time()) - last_end, 0.0), each)
+    eta = max(max(planned - done, 0) * each - running, 0.0)
+    return f"{done}/{planned} requests, {each:.1f} s each, ETA {eta:.0f} s"
 
 
 def matrix_args(options: SweepOptions, seeds: str | None = None) -> list[str]:

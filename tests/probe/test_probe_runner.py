@@ -222,5 +222,15 @@ def test_a_runs_progress_reads_back_as_requests_done_and_an_eta(
     probe_run(stub.url, fixture_set, out, [1])
     news = probe_news(out)
     assert news is not None and re.fullmatch(r"3/3 requests, \d+\.\d s each, ETA 0 s", news), news
+    # the first request apart, the ETA counts down while the next one runs: 2 of 3 done, the warm one's time each
+    original = (out / "records.jsonl").read_text()
+    records = [json.loads(line) for line in original.splitlines()]
+    records[0]["wall_s"], records[1]["wall_s"] = 100.0, 2.0  # a cold first request, then a warm one
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:2]))
+    end = records[1]["t_end"]
+    assert probe_news(out, now=end) == "2/3 requests, 2.0 s each, ETA 2 s"
+    assert probe_news(out, now=end + 1.5) == "2/3 requests, 2.0 s each, ETA 0 s"  # 0.5 s left: rounds to 0
+    assert probe_news(out, now=end + 60) == "2/3 requests, 2.0 s each, ETA 0 s"  # never below nothing
+    (out / "records.jsonl").write_text(original)  # as the probe wrote it: the resume below checks it
     probe_run(stub.url, fixture_set, out, [1, 2])  # resumes: 3 more planned
     assert (probe_news(out) or "").startswith("3/3 requests")
