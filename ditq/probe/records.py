@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ditq.errors import DitqError, InputError
+from ditq.fsutil import file_kind
 from ditq.jsonfile import JsonRefused, NotJson, loads, read_bounded
 from ditq.runfiles import (
     IMAGES_DIR,
@@ -241,7 +242,7 @@ def incomplete(run: Path) -> str | None:
     run_file = read_run_file(run)
     if run_file is None:
         return None
-    has_records = (Path(run) / RECORDS_FILE).is_file()
+    has_records = _present(Path(run) / RECORDS_FILE, "a records file")
     missing = unrecorded(run_file, read_records(run) if has_records else [])
     planned = len(run_file.fixture_ids) * len(run_file.seeds)
     problems = []
@@ -281,7 +282,18 @@ def find_image(run: Path, fixture_id: str, seed: int) -> Path | None:
 def read_run_file(run: Path) -> RunFile | None:
     """The run directory's RUN.json, or None where it has none (the seed's evidence)."""
     path = Path(run) / RUN_FILE
-    return read_model(RunFile, path) if path.is_file() else None
+    return read_model(RunFile, path) if _present(path, "a run file") else None
+
+
+def _present(path: Path, what: str) -> bool:
+    """Whether ``path`` is a regular file; absent, False; anything else there (a FIFO, a folder, a broken link),
+    never read, is an InputError naming it."""
+    if not os.path.lexists(path):
+        return False
+    if not path.is_file():
+        kind = file_kind(os.stat(path).st_mode) if path.exists() else "a broken link"
+        raise InputError(f"{path}: {kind}, not {what}")
+    return True
 
 
 def changed_fixtures(run: Path, baseline: Path) -> set[str]:

@@ -263,3 +263,19 @@ def test_a_bold_run_ending_in_a_space_closes_in_markdown() -> None:
 
     paragraph = Paragraph((("Timed on a CPU: ", "bold"), ("reference kernels.", ""), ("\n# x ", "italic")))
     assert _spans(paragraph.spans) == "**Timed on a CPU:** reference kernels. *\\# x* "
+
+
+@pytest.mark.parametrize(("name", "what"), [("records.jsonl", "a records file"), ("RUN.json", "a run file")])
+@pytest.mark.parametrize("kind", ["FIFO", "directory"])
+def test_a_run_file_that_is_no_file_is_named(name: str, what: str, kind: str, runs: dict[str, Path]) -> None:
+    """gate, compare and report hold a run to being complete; a records.jsonl or RUN.json that is a FIFO (never
+    opened: it would block) or a folder is named as such, not taken as a run without one."""
+    import os
+
+    from ditq.probe.records import require_complete
+
+    path = runs["w8a8"] / name
+    path.unlink()
+    os.mkfifo(path) if kind == "FIFO" else path.mkdir()
+    with pytest.raises(InputError, match=rf"{re.escape(name)}: a {kind}, not {what}"):
+        require_complete(runs["w8a8"])
