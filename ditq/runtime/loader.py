@@ -297,6 +297,19 @@ def load_component(
     device = resolve_device(device, option="device")
     dtype = resolve_dtype(dtype, device, option="dtype")
     check_sealed_reads(model_dir)
+    return _load_component(model_dir, component, device, dtype, variant, drop_unused)
+
+
+def _load_component(
+    model_dir: Path,
+    component: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    variant: str | None,
+    drop_unused: bool,
+) -> Any:
+    """``load_component`` once ``model_dir`` was checked (``check_sealed_reads``) and the device and dtype resolved:
+    ``load_pipeline`` checks the artifact once for all its components."""
     unused = sorted(recorded_unused(model_dir).get(component, {})) if drop_unused else []
     variant = variant if variant is not None else recorded_variant(model_dir)
     index = read_model_index(model_dir)
@@ -423,7 +436,7 @@ def load_pipeline(
     unused = recorded_unused(model_dir) if drop_unused else {}
     for name in component_names(index):
         if is_quantized_component(model_dir, name) is not None:
-            quantized[name] = load_component(model_dir, name, load_device, dtype, variant, drop_unused)
+            quantized[name] = _load_component(model_dir, name, load_device, dtype, variant, drop_unused)
         elif _has_weight_files(model_dir / name):  # refused here in one line, not deep in diffusers
             refuse_unconfigured_quantized(model_dir / name, variant)
             chosen = variant_of(component_weight_files(model_dir / name, variant)[0].name)
