@@ -250,9 +250,8 @@ def serving_app(
 
     def load() -> PipelineAdapter:
         adapter = ranks.join(chooser) if ranks is not None else _load_one()
-        if (
-            config.max_references is not None
-        ):  # --max-references: fewer than the pipeline takes, calibrated so
+        # --max-references: fewer than the pipeline takes, calibrated so
+        if config.max_references is not None:
             adapter.max_reference_images = min(adapter.max_reference_images, config.max_references)
         return adapter
 
