@@ -189,6 +189,7 @@ FIELDS = {  # what each number of a loop row is
     "loop_ms": "one whole loop (1 prefix + loop_steps cached steps, scheduler steps included), ms",
     "*_vs_bf16_same_mode": "this row's time over BF16's in the same mode at the same reference count (lower is better)",
     "final_latents_rel_l2_vs_bf16_eager": "||latents - latents_bf16_eager|| / ||latents_bf16_eager|| after the loop",
+    "final_latents_rel_l2_vs_bf16_compiled": "the same against BF16 compiled's latents (a run without eager rows)",
     "weight_bytes": "bytes of every tensor the variant holds (shared BF16 tensors counted once)",
     "peak_bytes_alone": "weight_bytes + the timed loops' device-memory peak above what was held before them",
     "warmup_seconds": "the untimed warm-up loop (prefix + one cached step), compilation included",
@@ -634,7 +635,7 @@ def main() -> int:
     pipes: dict[str, Any] = {}
     cases: dict[int, LoopCase] = {}
     torchao_inductor: dict[str, bytes] = {}
-    bf16_latents: dict[int, torch.Tensor] = {}
+    bf16_latents: dict[tuple[str, int], torch.Tensor] = {}
     compilation = RegionalCompilation(backend, served)
 
     def case(references: int) -> LoopCase:
@@ -670,9 +671,9 @@ def main() -> int:
                 compilation.set_mode(model, "eager", fullgraph)
             graphs_after, breaks_after = dynamo_counts()
         latents = timing.latents.float()
-        if (variant, mode) == ("bf16", "eager"):
-            bf16_latents[references] = latents
-        reference = bf16_latents.get(references)
+        if variant == "bf16":
+            bf16_latents[mode, references] = latents
+        reference, compiled_reference = (bf16_latents.get((m, references)) for m in ("eager", "compiled"))
         weight_bytes = tensor_bytes(model)
         row = {
             **key,
@@ -684,6 +685,9 @@ def main() -> int:
             "final_latents_rel_l2_vs_bf16_eager": None
             if reference is None
             else round(relative_l2(latents, reference), 5),
+            "final_latents_rel_l2_vs_bf16_compiled": None
+            if compiled_reference is None
+            else round(relative_l2(latents, compiled_reference), 5),
             "weight_bytes": weight_bytes,
             "peak_bytes_alone": weight_bytes + timing.peak_bytes,
             "warmup_seconds": round(timing.warmup_seconds, 1),
@@ -924,6 +928,8 @@ def print_table(rows: list[dict[str, Any]], result: dict[str, Any]) -> None:
             print(f"{row['variant']:>15} {row['mode']:>8} {row['references']:>4} ERROR {row['error'][:60]}")
             continue
         ratio, error = row["loop_vs_bf16_same_mode"], row["final_latents_rel_l2_vs_bf16_eager"]
+        if error is None:  # a run without eager rows: against BF16 compiled
+            error = row["final_latents_rel_l2_vs_bf16_compiled"]
         print(
             f"{row['variant']:>15} {row['mode']:>8} {row['references']:>4} {row['prefix_step_ms']:>10.2f} "
             f"{row['cached_step_ms']:>10.2f} {row['loop_ms']:>10.2f} {'-' if ratio is None else ratio:>8} "

@@ -19,7 +19,8 @@
 #            encoder), 0-4 references at 1024x1024
 #   sweepwhole ditq sweep --compile --offload none on the whole device, 0-4 references at 1024x1024, its BF16 baseline
 #            compiled too: first with the first scheme of $SWEEP_WHOLE, then resumed with each further one added (each
-#            invocation's SWEEP_S), its files packed after each, so that a run stopped early keeps a whole report
+#            invocation's SWEEP_S), its files packed after each, so that a run stopped early keeps a whole report;
+#            SWEEP_ARGS: more options for every invocation (--accumulate fast, say)
 #   attnbench benchmarks/attention_bench.py at the served shapes, 0-4 references: BF16 SDPA (flash, cuDNN) against
 #            the paths of $ATTN_KINDS (default fp8-fp8: cuDNN's fp8 attention), eager and compiled
 #   decodebench benchmarks/decode_answer_bench.py on the built model's VAE: the decode untouched, channels-last,
@@ -127,7 +128,7 @@ run_stages() {
           timeout "${SWEEP_S:-1200}" python3 -m ditq.cli sweep "$MODEL" --schemes "$schemes" --compile \
             --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" --out "$RUN/sweep-whole" \
             --seeds "$SEEDS" --steps "$STEPS" --device cuda:0 --offload none --health-timeout 900 --no-progress \
-            --note "$NOTE" >"$RUN/sweep-whole-$scheme.log" 2>&1
+            --note "$NOTE" $SWEEP_ARGS >"$RUN/sweep-whole-$scheme.log" 2>&1
           echo "sweep $schemes: exit $?"
           tail -6 "$RUN/sweep-whole-$scheme.log"
           (cd "$RUN" && tar czf sweep-whole.tgz --exclude='sweep-whole/*/artifact' --exclude='*/images' \
@@ -283,7 +284,7 @@ serve_probe() {
 }
 
 COLLECT="run.log gpu_tests.log decode_answer_bench.json decode_answer_bench.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
-EXPORTS="TREE DECODEBENCH_S ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+EXPORTS="TREE SWEEP_ARGS DECODEBENCH_S ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"
