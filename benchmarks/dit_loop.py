@@ -225,7 +225,7 @@ def time_loop(pipe: Any, case: LoopCase, steps: int, repeats: int) -> LoopTiming
 
 def _fused_members(model: torch.nn.Module) -> dict[str, tuple[str, int, int]]:
     """Member Linear's name -> (the fused Linear computing it, first output column, width)
-    (``ditq.runtime.fuse``)."""
+    (``ditq.runtime.models.qwenimage21.fuse``)."""
     found: dict[str, tuple[str, int, int]] = {}
     for name, module in model.named_modules():
         parent, start = name.rpartition(".")[0], 0

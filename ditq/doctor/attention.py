@@ -405,7 +405,7 @@ def _attention_modules(pipeline: Any, kind: str) -> tuple[list[Any], int, int]:
 
 
 def _install(modules: list[Any], path: AttentionPath) -> None:
-    from ditq.runtime.attention import QuantizedAttnProcessor
+    from ditq.runtime.models.qwenimage21.attention import QuantizedAttnProcessor
 
     processor = QuantizedAttnProcessor(path)
     for module in modules:

@@ -35,7 +35,7 @@ each path first for its exact sizes and again at the first request whose sizes d
   it has seen a second value (calibration warms its smallest shape up at three prompt lengths for that).
 Its limit on recompilations is raised so that a server never falls back to eager code silently. Qwen-Image-2.1's
 prefill attention loops over the prefix's segments, a loop dynamo would unroll (a prefix graph per reference
-count); the segments reach the compiled blocks as a table and the loop runs in one op (``ditq.runtime.prefill``).
+count); the segments reach the compiled blocks as a table and the loop runs in one op (``ditq.runtime.models.qwenimage21.prefill``).
 
 The compiled code is kept across restarts in ditq's cache folder (``compile_cache``: inductor's FX graph, AOTAutograd
 and autotuning caches, and the Triton kernels under them, in ``$DITQ_CACHE_DIR/inductor``, else
@@ -63,7 +63,7 @@ from torch._dynamo.utils import counters
 
 from ditq.errors import InputError
 from ditq.fsutil import user_cache_dir
-from ditq.runtime.prefill import segment_table, tabulate_prefill, takes_segment_table
+from ditq.runtime.models.qwenimage21.prefill import segment_table, tabulate_prefill, takes_segment_table
 
 __all__ = [
     "COMPILE_BACKENDS",
@@ -193,7 +193,7 @@ def _call_compiled(compiled: Callable[..., Any], block: torch.nn.Module, *args: 
     sequence, the others' fresh tensors, and dynamo specialises an offset of 0 apart from any other, so the cached
     step would compile twice. The copy is the image tokens' once per step.
 
-    The prefix segments go in as a table (``ditq.runtime.prefill``) where the block's attention processor takes
+    The prefix segments go in as a table (``ditq.runtime.models.qwenimage21.prefill``) where the block's attention processor takes
     one: dynamo would unroll the list's loop and guard on its length, a prefix graph per reference count."""
     segments = kwargs.get("segments")
     if isinstance(segments, list) and takes_segment_table(

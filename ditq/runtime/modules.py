@@ -69,7 +69,7 @@ class QuantizedLinear(torch.nn.Module):
 
     scheme: Scheme
     # the stored Linears this one computes side by side, as (name in their parent, width); empty unless fused
-    # (``ditq.runtime.fuse``)
+    # (``ditq.runtime.models.qwenimage21.fuse``)
     fused_members: tuple[tuple[str, int], ...] = ()
 
     def __init__(

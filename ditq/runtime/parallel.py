@@ -5,7 +5,7 @@ and holds the whole pipeline; only the transformer is parallel, through ``ModelM
 
 - ``cp=N``, context parallel: each rank runs every layer on its share of a sequence's tokens, and attention gathers
   the heads (diffusers' Ulysses attention). Quantized Linears work unchanged, since they only see fewer tokens.
-  Qwen-Image-2.1 only: its plan is ditq's (``ditq.runtime.context_parallel``), diffusers declares none.
+  Qwen-Image-2.1 only: its plan is ditq's (``ditq.runtime.models.qwenimage21.context_parallel``), diffusers declares none.
 - ``tp=N``, tensor parallel: each rank holds 1/N of every block's projections (diffusers' ``_tp_plan``, as
   DTensors), on CUDA, for a transformer in source precision. A quantized one is refused: diffusers shards
   ``nn.Linear`` weights, and ditq's quantized Linears do not shard with their per-channel scales.
@@ -140,7 +140,7 @@ def apply_parallelism(pipeline: Any, spec: ParallelSpec) -> None:
     """``pipeline.transformer`` made parallel over the default process group's ranks (every rank calls this)."""
     transformer = pipeline.transformer
     if spec.mode == "cp":
-        from ditq.runtime.context_parallel import enable_context_parallel
+        from ditq.runtime.models.qwenimage21.context_parallel import enable_context_parallel
 
         enable_context_parallel(transformer, spec.degree)
         return

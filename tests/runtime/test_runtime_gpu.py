@@ -90,7 +90,7 @@ def test_auto_offload_streams_the_text_encoder_from_pinned_memory_on_cuda(artifa
 
 
 def test_each_stage_reports_its_peak_memory_on_cuda(artifacts: dict[str, Path]) -> None:
-    from ditq.runtime.kv_cache import install_kv_cache
+    from ditq.runtime.models.qwenimage21.kv_cache import install_kv_cache
 
     pipeline = load_pipeline(artifacts["fp8"], device="cuda")
     request = GenerationRequest(prompt="a red circle", seed=0, num_inference_steps=3, width=64, height=64)
@@ -130,7 +130,7 @@ def test_inductor_compiled_pipeline_serves_the_pixels_of_eager_on_cuda(
 def test_fused_projections_draw_the_pixels_of_the_separate_layers_on_cuda(
     scheme: str, artifacts: dict[str, Path]
 ) -> None:
-    from ditq.runtime.fuse import stored_layer_count
+    from ditq.runtime.models.qwenimage21.fuse import stored_layer_count
 
     fused = load_pipeline(artifacts[scheme], device="cuda", fuse=True)
     layers = quantized_linears(fused.transformer).values()

@@ -429,7 +429,7 @@ def test_a_compiled_pipeline_serves_any_prompt_length_and_reference_layout_from_
         "a new prompt length or reference size compiled again"
     )
     assert np.array_equal(picture, draw(eager, longer, wide))
-    # other reference counts: the same prefix graph (ditq.runtime.prefill)
+    # other reference counts: the same prefix graph (ditq.runtime.models.qwenimage21.prefill)
     for references in (None, square[:1]):
         draw(compiled, fixture.prompt, references)
         assert counters["stats"]["unique_graphs"] == before, f"{references!r:.40} compiled again"

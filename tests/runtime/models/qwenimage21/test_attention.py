@@ -24,7 +24,7 @@ from ditq.kernels.attention import (
 )
 from ditq.kernels.attention.reference import allowed_keys
 from ditq.numerics import relative_l2
-from ditq.runtime.attention import QuantizedAttnProcessor
+from ditq.runtime.models.qwenimage21.attention import QuantizedAttnProcessor
 
 
 def _float_qk(query: torch.Tensor, key: torch.Tensor, kind: str) -> QuantizedQK:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from diffusers.models.transformers.transformer_qwenimage21 import _qwenimage21_prefix_segments
 
-from ditq.runtime.context_parallel import block_causal_mask, decode_mask, shard_bounds
+from ditq.runtime.models.qwenimage21.context_parallel import block_causal_mask, decode_mask, shard_bounds
 
 
 @pytest.mark.parametrize(("length", "world"), [(9, 2), (10, 2), (11, 4), (3, 4), (64, 8)])

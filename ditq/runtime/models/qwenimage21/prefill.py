@@ -11,7 +11,7 @@ Here the segments reach a compiled block as a table (``segment_table``: a flat i
 length is a dynamic size and whose values dynamo does not guard), and the loop runs inside one op that the
 compiler keeps as one call. The op computes what diffusers' ``QwenImage21AttnProcessor`` computes, by calling it
 over queries, keys and values already projected, normalised and rotated; with a quantized-attention path, what
-``ditq.runtime.attention.quantized_segment_attention`` computes. Only the attention leaves the graph: the
+``ditq.runtime.models.qwenimage21.attention.quantized_segment_attention`` computes. Only the attention leaves the graph: the
 projections, norms, RoPE and the KV cache's bookkeeping around it stay compiled.
 
 Eager code never sees a table: ``ditq.runtime.compile`` makes one for a compiled block only where the block's
@@ -96,7 +96,7 @@ def prefill_attention(
     segments = segments_of(table)
     if path:
         from ditq.kernels.attention import get_attention_kernel
-        from ditq.runtime.attention import quantized_segment_attention
+        from ditq.runtime.models.qwenimage21.attention import quantized_segment_attention
 
         return quantized_segment_attention(get_attention_kernel(path), query, key, value, segments, key_valid)
     projected = _Projected(query, key, value)

@@ -11,9 +11,9 @@ from torch._dynamo.utils import counters
 
 from ditq.demo import build_tiny_pipeline
 from ditq.doctor.attention import install_quantized_attention
-from ditq.runtime.attention import QuantizedAttnProcessor
+from ditq.runtime.models.qwenimage21.attention import QuantizedAttnProcessor
 from ditq.runtime.compile import compile_pipeline
-from ditq.runtime.prefill import TabulatedPrefillProcessor, segment_table, segments_of
+from ditq.runtime.models.qwenimage21.prefill import TabulatedPrefillProcessor, segment_table, segments_of
 
 
 def _sprite(color: tuple[int, int, int]) -> Image.Image:

@@ -25,8 +25,8 @@ from diffusers.models.transformers.transformer_qwenimage21 import (
 )
 
 from ditq.kernels.attention import AttentionPath
-from ditq.runtime.fuse import fused_attention_view
-from ditq.runtime.prefill import TabulatedPrefillProcessor
+from ditq.runtime.models.qwenimage21.fuse import fused_attention_view
+from ditq.runtime.models.qwenimage21.prefill import TabulatedPrefillProcessor
 
 __all__ = ["QuantizedAttnProcessor", "quantized_segment_attention"]
 
@@ -70,7 +70,7 @@ def _key_valid(attention_mask: Any) -> torch.Tensor | None:
 
 class QuantizedAttnProcessor(TabulatedPrefillProcessor):
     """``QwenImage21AttnProcessor`` with its attention calls through a quantized-attention path (a compiled
-    block's prefill through ``ditq.runtime.prefill.prefill_attention``, with this path)."""
+    block's prefill through ``ditq.runtime.models.qwenimage21.prefill.prefill_attention``, with this path)."""
 
     def __init__(self, path: AttentionPath) -> None:
         self.path = path

@@ -43,7 +43,7 @@ from diffusers.models.transformers.transformer_qwenimage21 import (
 
 from ditq.checkpoint.codecs import SCALE
 from ditq.runtime.modules import QuantizedLinear, linear_from_stored
-from ditq.runtime.prefill import TabulatedPrefillProcessor
+from ditq.runtime.models.qwenimage21.prefill import TabulatedPrefillProcessor
 
 __all__ = [
     "FusedQKVAttnProcessor",
@@ -133,7 +133,7 @@ def fused_attention_view(attn: Any, hidden_states: torch.Tensor) -> Any:
 
 class FusedQKVAttnProcessor(TabulatedPrefillProcessor):
     """diffusers' ``QwenImage21AttnProcessor`` over one fused query/key/value projection (a compiled block's
-    prefill through ``ditq.runtime.prefill.prefill_attention``)."""
+    prefill through ``ditq.runtime.models.qwenimage21.prefill.prefill_attention``)."""
 
     def __call__(
         self, attn: QwenImage21Attention, hidden_states: torch.Tensor, *args: Any, **kwargs: Any

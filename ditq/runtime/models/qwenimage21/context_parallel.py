@@ -42,7 +42,7 @@ from diffusers.models.transformers.transformer_qwenimage21 import (
     _qwenimage21_prepare_qkv,
 )
 
-from ditq.runtime.fuse import fused_attention_view
+from ditq.runtime.models.qwenimage21.fuse import fused_attention_view
 
 __all__ = [
     "QWENIMAGE21_CP_PLAN",

@@ -1,0 +1,1 @@
+"""One folder per model family: what ditq adds to one transformer architecture."""
