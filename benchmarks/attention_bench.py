@@ -159,7 +159,7 @@ def _prefill_rows(
 ) -> list[dict[str, object]]:
     """The prefill's calls (text causal, each reference over keys up to its end, the target over everything)."""
     from ditq.kernels.attention import candidate_attention_paths
-    from ditq.runtime.models.qwenimage21.attention import quantized_segment_attention
+    from ditq.runtime.models.qwenimage21.prefill import quantized_segment_attention
 
     seq = text + (refs + 1) * IMAGE_TOKENS
     q, k, v = _inputs(seq, seq, heads, head_dim, seed=100 + refs)

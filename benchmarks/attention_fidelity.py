@@ -45,13 +45,14 @@ RUNS = {  # name -> (dtype, attention kind or None)
 def _images(dtype: torch.dtype, kind: str | None, fixtures: dict) -> dict[tuple[str, int], np.ndarray]:  # type: ignore[type-arg]
     from ditq.demo import load_demo_pipeline
     from ditq.demo.fixtures import reference_image
-    from ditq.doctor.attention import install_quantized_attention
+    from ditq.doctor.attention import attention_chooser
     from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
+    from ditq.runtime.attention import install_attention
 
     pipeline = load_demo_pipeline(dtype=dtype)
     pipeline.set_progress_bar_config(disable=True)
     if kind is not None:
-        install_quantized_attention(pipeline, kind, torch.device("cpu"), dtype)
+        install_attention(pipeline, kind, attention_chooser(kind, torch.device("cpu"), dtype))
     adapter = PipelineAdapter(pipeline)
     out = {}
     for fixture_id, fixture in fixtures.items():

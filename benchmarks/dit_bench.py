@@ -18,7 +18,7 @@ Quantized variants take the Linears the quantizer would (``ditq.quantize.targets
 path ``ditq serve`` would choose (``ditq.doctor.choose_kernel``; ``--skip-doctor``: the registry's first,
 unverified), with their projections apart, as ``ditq.load_pipeline`` loads them by default; ``w8a8-fused`` and
 ``fp8-fused`` run the same schemes with query/key/value and gate/up fused into one GEMM each
-(``ditq.runtime.models.qwenimage21.fuse``, ``load_pipeline(fuse=True)``), at 0 and 4 references, to show what the fusion gives. w8a8
+(``ditq.runtime.fuse``, ``load_pipeline(fuse=True)``), at 0 and 4 references, to show what the fusion gives. w8a8
 goes through the real loader (artifact written, ``ditq.load_component`` + repack: the load row). torchao's variants quantize the same BF16 weights with ``torchao.quantization.quantize_``
 (``Int8DynamicActivationInt8WeightConfig()``, ``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``)
 on the same target Linears; they run compiled only, with the inductor settings torchao's configs set
@@ -81,7 +81,7 @@ from ditq.doctor import VerifiedChooser, kernel_chooser  # noqa: E402
 from ditq.numerics import quantize_weight, relative_l2  # noqa: E402
 from ditq.quantize.targets import plan_targets  # noqa: E402
 from ditq.runtime.compile import compile_blocks, repeated_blocks  # noqa: E402
-from ditq.runtime.models.qwenimage21.fuse import fuse_projections  # noqa: E402
+from ditq.runtime.fuse import fuse_projections  # noqa: E402
 from ditq.runtime.loader import load_component, parameters_on_meta, prepare_quantized  # noqa: E402
 from ditq.runtime.modules import linear_from_stored, quantized_linears  # noqa: E402
 from ditq.schemes import get_scheme  # noqa: E402
@@ -105,7 +105,7 @@ PRESETS: dict[str, tuple[dict[str, Any], int, int]] = {
 }
 REFERENCES = (0, 1, 2, 3, 4)
 SCHEMES = ("w8a8", "fp8", "w8a16")
-# the same schemes with their projections fused (``ditq.runtime.models.qwenimage21.fuse``; ``load_pipeline(fuse=True)``), to show what
+# the same schemes with their projections fused (``ditq.runtime.fuse``; ``load_pipeline(fuse=True)``), to show what
 # the fusion gives
 FUSED = {"w8a8-fused": "w8a8", "fp8-fused": "fp8"}
 # the fp8 scheme with fast accumulation (``--accumulate fast``: scaled-mm-fp8-fast where the doctor passes it)
@@ -367,12 +367,15 @@ def attention_installed(pipe: Any, attention: str | None, verify: bool) -> Itera
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             yield attention
         return
-    from ditq.doctor.attention import install_quantized_attention
+    from ditq.doctor.attention import attention_chooser
+    from ditq.runtime.attention import install_attention
 
     saved = pipe.transformer.attn_processors  # diffusers' own save and restore of every attention processor
     try:
         device = next(pipe.transformer.parameters()).device
-        choice = install_quantized_attention(pipe, attention, device, torch.bfloat16, verify=verify)
+        choice = install_attention(
+            pipe, attention, attention_chooser(attention, device, torch.bfloat16, verify)
+        )
         yield choice.path.name
     finally:
         pipe.transformer.set_attn_processor(saved)

@@ -10,7 +10,7 @@ runs the same requests, and its images are compared with the untouched path's (P
   when the VAE begins decoding (``ditq.runtime.prefix_release``): what the release saves (the images are the same);
 - ``vae-tiling``: the VAE decodes (and encodes) in tiles (diffusers' ``enable_tiling``);
 - ``kv-int8`` / ``kv-fp8``: the prefix KV cache of the text and reference tokens kept in 8 bits
-  (``ditq.runtime.models.qwenimage21.kv_cache``);
+  (``ditq.runtime.kv_cache``);
 - ``keep-unused``: the same artifact with the modules its manifest declares unused loaded and run (a text
   encoder's ``lm_head``): what dropping them saves, in bytes and milliseconds.
 
@@ -135,7 +135,7 @@ def _apply(adapter: PipelineAdapter, variant: str) -> Any:
         adapter.release_prefix_cache = False
         return lambda: setattr(adapter, "release_prefix_cache", True)
     if variant in ("kv-int8", "kv-fp8"):
-        from ditq.runtime.models.qwenimage21.kv_cache import install_kv_cache
+        from ditq.runtime.kv_cache import install_kv_cache
 
         handle = install_kv_cache(pipeline, variant.removeprefix("kv-"))
         return handle.remove

@@ -38,7 +38,7 @@ def test_the_choices_help_shows_are_the_codes() -> None:
     from ditq.probe import runner
     from ditq.report import schema
     from ditq.runtime.compile import COMPILE_BACKENDS
-    from ditq.runtime.models.qwenimage21.kv_cache import KV_CACHE_KINDS
+    from ditq.runtime.kv_cache import KV_CACHE_KINDS
     from ditq.schemes import SCHEMES
 
     assert tuple(ATTENTION_KINDS) == commands.ATTENTION_CHOICES

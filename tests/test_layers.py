@@ -1,5 +1,6 @@
 """ditq's folders are the chain's stages, and no import runs back up them: a module imports only from its own stage
-and the stages below it (function-level imports included). The order, from the bottom:"""
+and the stages below it (function-level imports included). Nor does any chain of imports loop back to where it began,
+within a stage either (``test_no_import_cycle_among_ditq_modules``). The order, from the bottom:"""
 
 from __future__ import annotations
 
@@ -89,3 +90,111 @@ def test_every_module_is_in_a_layer_and_the_top_level_holds_shared_utilities_onl
         "ditq.cli", "ditq.devices", "ditq.errors", "ditq.fsutil", "ditq.jsonfile", "ditq.lazy", "ditq.metrics",
         "ditq.numerics", "ditq.pictures", "ditq.progress", "ditq.runfiles", "ditq.schemes", "ditq.signatures",
     ]  # fmt: skip
+
+
+def _type_checking(node: ast.If) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``): imports for the type checker, never run."""
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _run_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement in ``tree`` that can run: at any depth (inside functions too), less the bodies of
+    ``if TYPE_CHECKING:``."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        if isinstance(node, ast.If) and _type_checking(node):
+            pending.extend(node.orelse)
+        else:
+            pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The ditq modules ``module`` imports when it runs, function-level imports included: for ``from ditq.a import
+    b``, ``ditq.a.b`` where that is a module, else ``ditq.a``. A package's own ``__init__``, which Python runs before
+    any of its modules, is not counted as imported by them."""
+    named: set[str] = set()
+    for node in _run_imports(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            named |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                      for a in node.names}  # fmt: skip
+        elif isinstance(node, ast.Import):
+            named |= {alias.name for alias in node.names}
+    return {name for name in named if name in modules and name != module}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module in ``graph`` (module -> modules it imports), each as
+    one cycle through it (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(sorted(group))
+    return groups
+
+
+def test_no_import_cycle_among_ditq_modules() -> None:
+    modules = _modules()
+    graph = {module: _imports(module, path, modules) for module, path in modules.items()}
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_loop_closed_through_a_function_level_import(tmp_path: Path) -> None:
+    """The loop issue 45 removed (attention -> fuse -> prefill -> attention, the last import inside a function),
+    rebuilt from source text: the finder names its three modules, and nothing once the last import is gone."""
+    sources = {
+        "ditq.x.attention": "from ditq.x.fuse import view\n",
+        "ditq.x.fuse": "from ditq.x import prefill\n",
+        "ditq.x.prefill": "def op():\n    from ditq.x.attention import segment\n",
+        "ditq.x.other": "import ditq.x.fuse\nfrom ditq.x.typed import U\n",
+        "ditq.x.typed": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ditq.x.other import T\n",
+    }
+    paths = {}
+    for name, text in sources.items():
+        paths[name] = tmp_path / f"{name}.py"
+        paths[name].write_text(text)
+    graph = {name: _imports(name, path, paths) for name, path in paths.items()}
+    assert import_cycles(graph) == [["ditq.x.attention", "ditq.x.fuse", "ditq.x.prefill"]]
+    paths["ditq.x.prefill"].write_text("def op():\n    pass\n")
+    graph = {name: _imports(name, path, paths) for name, path in paths.items()}
+    assert import_cycles(graph) == []

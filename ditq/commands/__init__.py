@@ -24,7 +24,7 @@ __all__ = [
 ATTENTION_CHOICES = ("int8", "fp8", "int8-fp8", "fp8-fp8")  # ditq.kernels.attention.ATTENTION_KINDS
 ACCUMULATE_CHOICES = ("exact", "fast")  # ditq.kernels.registry.ACCUMULATE_MODES
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # ditq.runtime.compile.COMPILE_BACKENDS
-KV_CACHE_CHOICES = ("int8", "fp8")  # ditq.runtime.models.qwenimage21.kv_cache.KV_CACHE_KINDS
+KV_CACHE_CHOICES = ("int8", "fp8")  # ditq.runtime.kv_cache.KV_CACHE_KINDS
 SCHEME_NAMES = ("w8a16", "w8a8", "fp8")  # ditq.schemes.SCHEMES
 PLAN_SCHEMES = ("fp8", "w8a8", "w8a16")  # ditq.plan.planner.DEFAULT_SCHEMES: fastest first
 MAX_SEEDS = 16  # ditq.judge.compare.MAX_SEEDS
@@ -43,8 +43,8 @@ def add_variant_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_attention_argument(parser: argparse.ArgumentParser) -> None:
-    """``--attention int8|fp8|int8-fp8|auto`` (default off), as ``ditq.doctor.attention``'s
-    ``install_quantized_attention`` and ``install_auto_attention`` read it."""
+    """``--attention int8|fp8|int8-fp8|auto`` (default off), as ``ditq.doctor.attention.attention_chooser`` and
+    ``ditq.runtime.attention.install_attention`` read it."""
     parser.add_argument(
         "--attention",
         choices=(*ATTENTION_CHOICES, "auto"),
@@ -92,7 +92,7 @@ def compile_backend(args: argparse.Namespace) -> str | None:
 
 
 def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
-    """``--kv-cache int8|fp8`` (default off), as ``ditq.runtime.models.qwenimage21.kv_cache.install_kv_cache`` reads it."""
+    """``--kv-cache int8|fp8`` (default off), as ``ditq.runtime.kv_cache.install_kv_cache`` reads it."""
     parser.add_argument(
         "--kv-cache",
         choices=KV_CACHE_CHOICES,

@@ -1,4 +1,5 @@
-"""The doctor for quantized-attention paths, and the one policy that chooses one before a pipeline uses it.
+"""The doctor for quantized-attention paths, and the one policy that chooses one before a pipeline uses it
+(``attention_chooser``; the runtime installs the choice: ``ditq.runtime.attention.install_attention``).
 
 Cases, per activation dtype the path claims (bfloat16, float16), at ``ATTENTION_SHAPE`` with the head dim asked:
 
@@ -31,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ditq.doctor.checks import CHECK_DTYPES, raised, verdict
-from ditq.errors import DitqError, InputError
+from ditq.errors import DitqError
 from ditq.kernels.attention import (
     FP8_PV_KINDS,
     AttentionPath,
@@ -55,11 +56,10 @@ __all__ = [
     "AttentionChoice",
     "AttentionTiming",
     "AutoAttention",
+    "attention_chooser",
     "check_attention_path",
     "choose_attention_kernel",
     "choose_auto_attention",
-    "install_auto_attention",
-    "install_quantized_attention",
     "run_attention_doctor",
     "time_attention",
 ]
@@ -300,6 +300,11 @@ class AutoAttention:
     timings: dict[str, tuple[AttentionTiming, ...]]
     refused: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def path(self) -> AttentionPath | None:
+        """The path to install, or None: the model keeps its own attention."""
+        return None if self.choice is None else self.choice.path
+
     def summary(self) -> str:
         def measured(kind: str) -> str:
             return "; ".join(t.describe() for t in self.timings[kind])
@@ -384,52 +389,25 @@ def choose_auto_attention(
     return AutoAttention(None, timings, refused)
 
 
-def _attention_modules(pipeline: Any, kind: str) -> tuple[list[Any], int, int]:
-    """The transformer's Qwen-Image-2.1 attention modules, their head count and head dim; a one-line error where
-    it has none."""
-    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21Attention
-
-    transformer = getattr(pipeline, "transformer", None)
-    modules = (
-        []
-        if transformer is None
-        else [m for m in transformer.modules() if isinstance(m, QwenImage21Attention)]
-    )
-    if not modules:
-        raise InputError(
-            f"--attention {kind}: quantized attention supports Qwen-Image-2.1 transformers "
-            f"(QwenImage21Attention); this pipeline's transformer is {type(transformer).__name__}",
-            field="attention",
-        )
-    return modules, modules[0].heads, modules[0].inner_dim // modules[0].heads
+def attention_chooser(
+    kind: str, device: torch.device | str, dtype: torch.dtype, verify: bool = True
+) -> Callable[[int, int], AttentionChoice | AutoAttention]:
+    """``--attention KIND``'s chooser for ``ditq.runtime.attention.install_attention``: (heads, head dim) -> the
+    doctor-chosen ``kind`` path (``choose_attention_kernel``), or for "auto" ``choose_auto_attention``'s decision.
+    ``verify=False`` (--skip-doctor) takes the first candidate unchecked. It chooses; the runtime installs."""
+    device = torch.device(device)
+    if kind == "auto":
+        return functools.partial(_choose_auto, device, dtype, verify)
+    return functools.partial(_choose_kind, kind, device, dtype, verify)
 
 
-def _install(modules: list[Any], path: AttentionPath) -> None:
-    from ditq.runtime.models.qwenimage21.attention import QuantizedAttnProcessor
-
-    processor = QuantizedAttnProcessor(path)
-    for module in modules:
-        module.set_processor(processor)
-
-
-def install_quantized_attention(
-    pipeline: Any, kind: str, device: torch.device, dtype: torch.dtype, verify: bool = True
-) -> AttentionChoice:
-    """Choose a ``kind`` path for the transformer's attention on ``device`` in ``dtype`` (the doctor's check
-    unless ``verify`` is False) and install it on every attention module; returns the choice."""
-    modules, _, head_dim = _attention_modules(pipeline, kind)
-    choice = choose_attention_kernel(kind, device, dtype, head_dim, verify=verify)
-    _install(modules, choice.path)
-    return choice
-
-
-def install_auto_attention(
-    pipeline: Any, device: torch.device, dtype: torch.dtype, verify: bool = True
+def _choose_auto(
+    device: torch.device, dtype: torch.dtype, verify: bool, heads: int, head_dim: int
 ) -> AutoAttention:
-    """``--attention auto``: install the path ``choose_auto_attention`` finds faster, or leave the model's own
-    attention; returns the decision with its timings."""
-    modules, heads, head_dim = _attention_modules(pipeline, "auto")
-    decision = choose_auto_attention(device, dtype, heads, head_dim, verify=verify)
-    if decision.choice is not None:
-        _install(modules, decision.choice.path)
-    return decision
+    return choose_auto_attention(device, dtype, heads, head_dim, verify=verify)
+
+
+def _choose_kind(
+    kind: str, device: torch.device, dtype: torch.dtype, verify: bool, _heads: int, head_dim: int
+) -> AttentionChoice:
+    return choose_attention_kernel(kind, device, dtype, head_dim, verify=verify)

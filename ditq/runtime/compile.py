@@ -35,7 +35,8 @@ each path first for its exact sizes and again at the first request whose sizes d
   it has seen a second value (calibration warms its smallest shape up at three prompt lengths for that).
 Its limit on recompilations is raised so that a server never falls back to eager code silently. Qwen-Image-2.1's
 prefill attention loops over the prefix's segments, a loop dynamo would unroll (a prefix graph per reference
-count); the segments reach the compiled blocks as a table and the loop runs in one op (``ditq.runtime.models.qwenimage21.prefill``).
+count); its model family hands the segments to the compiled blocks as a table and the loop runs in one op
+(``ditq.runtime.models.qwenimage21.prefill``; ``ModelFamily.prepare_compiled_block`` and ``compiled_block_arguments``).
 
 The compiled code is kept across restarts in ditq's cache folder (``compile_cache``: inductor's FX graph, AOTAutograd
 and autotuning caches, and the Triton kernels under them, in ``$DITQ_CACHE_DIR/inductor``, else
@@ -63,7 +64,7 @@ from torch._dynamo.utils import counters
 
 from ditq.errors import InputError
 from ditq.fsutil import user_cache_dir
-from ditq.runtime.models.qwenimage21.prefill import segment_table, tabulate_prefill, takes_segment_table
+from ditq.runtime.models import ModelFamily, model_family
 
 __all__ = [
     "COMPILE_BACKENDS",
@@ -182,7 +183,13 @@ def _without_kv_cache(module: torch.nn.Module) -> None:
             config.use_cache = False
 
 
-def _call_compiled(compiled: Callable[..., Any], block: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+def _call_compiled(
+    compiled: Callable[..., Any],
+    block: torch.nn.Module,
+    family: ModelFamily | None,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
     """A compiled block's call (``nn.Module._compiled_call_impl``). A ``slice`` among its keyword arguments goes in
     as the index tensor of the same positions: dynamo keeps a slice's bounds as constants (a graph for every prompt
     length), where a tensor's length is a dynamic size. Indexing by it copies what slicing would view, the same
@@ -193,13 +200,10 @@ def _call_compiled(compiled: Callable[..., Any], block: torch.nn.Module, *args: 
     sequence, the others' fresh tensors, and dynamo specialises an offset of 0 apart from any other, so the cached
     step would compile twice. The copy is the image tokens' once per step.
 
-    The prefix segments go in as a table (``ditq.runtime.models.qwenimage21.prefill``) where the block's attention processor takes
-    one: dynamo would unroll the list's loop and guard on its length, a prefix graph per reference count."""
-    segments = kwargs.get("segments")
-    if isinstance(segments, list) and takes_segment_table(
-        getattr(getattr(block, "attn", None), "processor", None)
-    ):
-        kwargs["segments"] = segment_table(segments)
+    The block's model family rewrites what else would tie a graph to one call (``compiled_block_arguments``:
+    Qwen-Image-2.1's prefix segments go in as a table, not a list whose length dynamo would guard)."""
+    if family is not None:
+        family.compiled_block_arguments(block, kwargs)
     slices = {name: v for name, v in kwargs.items() if isinstance(v, slice)}
     if slices:
         device = next(v.device for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
@@ -223,14 +227,16 @@ def _serving_settings() -> None:
 
 def compile_blocks(blocks: list[torch.nn.Module], backend: str, fullgraph: bool = False) -> None:
     """Compile ``blocks`` as a server does: diffusers' ``compile_repeated_blocks`` (every block one code object, so
-    one cache), with dynamic shapes, slices as index tensors and the prefix segments as a table (``_call_compiled``;
-    the blocks' stock attention processors become ``TabulatedPrefillProcessor``s, which read it).
+    one cache), with dynamic shapes, slices as index tensors, and each block readied by its model family where it has
+    one (``_call_compiled``; Qwen-Image-2.1's blocks take the prefix segments as a table).
     ``benchmarks/dit_bench.py`` times the served path through it."""
     _serving_settings()
     for block in blocks:
-        tabulate_prefill(block)
+        family = model_family(block)
+        if family is not None:
+            family.prepare_compiled_block(block)
         compiled = torch.compile(block._call_impl, backend=backend, dynamic=True, fullgraph=fullgraph)
-        block._compiled_call_impl = functools.partial(_call_compiled, compiled, block)
+        block._compiled_call_impl = functools.partial(_call_compiled, compiled, block, family)
 
 
 def compile_text_encoder(encoder: torch.nn.Module, backend: str) -> str | None:

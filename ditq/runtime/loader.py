@@ -46,7 +46,7 @@ from ditq.errors import InputError, error_line
 from ditq.kernels.registry import KernelPath
 from ditq.runtime.classes import import_class, pipeline_class
 from ditq.runtime.fill import assign_tensor
-from ditq.runtime.models.qwenimage21.fuse import fuse_projections, stored_layer_count
+from ditq.runtime.fuse import fuse_projections, stored_layer_count
 from ditq.runtime.meta import build_empty, parameters_on_meta
 from ditq.runtime.modules import QuantizedLinear, quantized_linears
 from ditq.runtime.offload import apply_offload
@@ -412,11 +412,11 @@ def load_pipeline(
     pipeline's ``ditq_placement``); "model": components load on the host and move to ``device`` one at a time
     when they run (diffusers' model CPU offload); "block": the transformer's blocks stream to ``device`` one by
     one (diffusers' block-level group offload). ``kv_cache`` ("int8" | "fp8") keeps the transformer's prefix KV
-    cache in 8 bits (``ditq.runtime.models.qwenimage21.kv_cache``). ``compile`` (a torch.compile backend: "inductor", say) compiles
+    cache in 8 bits (``ditq.runtime.kv_cache``). ``compile`` (a torch.compile backend: "inductor", say) compiles
     the transformer's repeated blocks on their first call (``ditq.runtime.compile``), and the text encoder's decoder
     layers where the text encoder is quantized, recorded as the pipeline's ``ditq_compile``. With ``fuse``,
     quantized projections that read one input (query/key/value, gate/up) run as one GEMM each
-    (``ditq.runtime.models.qwenimage21.fuse``; exact per output channel). Off by default: on an H200 the fused fp8 loop ran 5 % slower
+    (``ditq.runtime.fuse``; exact per output channel). Off by default: on an H200 the fused fp8 loop ran 5 % slower
     than the separate layers (benchmarks/results/dit_bench_fused_eager_7d332ce.json).
     """
     offload = resolve_offload(offload, option="offload")
@@ -480,7 +480,7 @@ def load_pipeline(
             prepare_quantized(component, run_device, dtype, chooser)
     apply_offload(pipeline, offload, run_device, memory_budget_bytes)
     if kv_cache is not None:
-        from ditq.runtime.models.qwenimage21.kv_cache import install_kv_cache
+        from ditq.runtime.kv_cache import install_kv_cache
 
         install_kv_cache(pipeline, kv_cache)
     if compile is not None:

@@ -35,9 +35,12 @@ __all__ = [
     "QuantizedLinear",
     "W8A8Linear",
     "W8A16Linear",
+    "fusable",
+    "fuse_linears",
     "linear_from_stored",
     "quantized_linear_class",
     "quantized_linears",
+    "stored_layer_count",
 ]
 
 log = logging.getLogger(__name__)
@@ -69,7 +72,7 @@ class QuantizedLinear(torch.nn.Module):
 
     scheme: Scheme
     # the stored Linears this one computes side by side, as (name in their parent, width); empty unless fused
-    # (``ditq.runtime.models.qwenimage21.fuse``)
+    # (``fuse_linears``)
     fused_members: tuple[tuple[str, int], ...] = ()
 
     def __init__(
@@ -311,3 +314,40 @@ def linear_from_stored(
 def quantized_linears(module: torch.nn.Module) -> dict[str, QuantizedLinear]:
     """Every QuantizedLinear inside ``module``, by qualified name."""
     return {name: m for name, m in module.named_modules() if isinstance(m, QuantizedLinear)}
+
+
+def fusable(members: list[Any]) -> bool:
+    """Whether ``members`` can be stacked into one Linear: quantized alike (one class, scheme, group size, input
+    width and bias presence), unprepared and in the stored form."""
+    if not all(isinstance(m, QuantizedLinear) and not m.prepared for m in members):
+        return False
+    first = members[0]
+    return all(
+        type(m) is type(first)
+        and m.scheme == first.scheme
+        and m.in_features == first.in_features
+        and (m.bias is None) == (first.bias is None)
+        for m in members
+    )
+
+
+def fuse_linears(named: dict[str, QuantizedLinear]) -> QuantizedLinear:
+    """One QuantizedLinear whose output is the members' outputs side by side, in order (their rows stacked, each
+    row with its own scale, so the fusion is exact per output channel). Its ``fused_members`` names them (as their
+    parent named them) with their widths."""
+    members = list(named.values())
+    codec = members[0].codec
+    read = [codec.read(m.stored_tensors()) for m in members]
+    scale_dtype = members[0].stored_tensors()[SCALE].dtype
+    q = torch.cat([values for values, _ in read])
+    scale = torch.cat([s.to(scale_dtype) for _, s in read])
+    biases = [m.bias for m in members]
+    bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
+    fused = linear_from_stored(codec.encode(q, scale), members[0].scheme, bias)
+    fused.fused_members = tuple((name, m.out_features) for name, m in named.items())
+    return fused
+
+
+def stored_layer_count(layer: QuantizedLinear) -> int:
+    """The stored (checkpoint) Linears a loaded one computes: 1, or the members of a fused one."""
+    return len(layer.fused_members) or 1

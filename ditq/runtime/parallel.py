@@ -5,7 +5,8 @@ and holds the whole pipeline; only the transformer is parallel, through ``ModelM
 
 - ``cp=N``, context parallel: each rank runs every layer on its share of a sequence's tokens, and attention gathers
   the heads (diffusers' Ulysses attention). Quantized Linears work unchanged, since they only see fewer tokens.
-  Qwen-Image-2.1 only: its plan is ditq's (``ditq.runtime.models.qwenimage21.context_parallel``), diffusers declares none.
+  Only for a model family whose folder holds a plan (Qwen-Image-2.1's is ditq's,
+  ``ditq.runtime.models.qwenimage21.context_parallel``; diffusers declares none).
 - ``tp=N``, tensor parallel: each rank holds 1/N of every block's projections (diffusers' ``_tp_plan``, as
   DTensors), on CUDA, for a transformer in source precision. A quantized one is refused: diffusers shards
   ``nn.Linear`` weights, and ditq's quantized Linears do not shard with their per-channel scales.
@@ -36,8 +37,6 @@ __all__ = [
     "refuse_beside_parallel",
 ]
 
-# the transformer classes ditq has a context-parallel plan for
-_CP_TRANSFORMERS = ("QwenImage21Transformer2DModel",)
 _SPEC = re.compile(r"(cp|tp)=([0-9]{1,3})")
 
 
@@ -96,15 +95,17 @@ def rank_devices(spec: ParallelSpec, device: torch.device) -> list[str]:
 def check_parallel(model_dir: Path, spec: ParallelSpec, device: torch.device) -> None:
     """What ``spec`` cannot serve of ``model_dir`` on ``device``, refused in one line naming --parallel."""
     from ditq.runtime.loader import is_quantized_component
+    from ditq.runtime.models import FAMILIES, family_named
 
     index = read_model_index(model_dir)
     if "transformer" not in index:
         raise InputError(f"--parallel {spec}: {model_dir} has no transformer to make parallel")
     library, class_name = component_class(index, "transformer")
-    if spec.mode == "cp" and class_name not in _CP_TRANSFORMERS:
+    family = family_named(class_name)
+    if spec.mode == "cp" and (family is None or not family.context_parallel_plan):
+        planned = [name for name, known in FAMILIES.items() if known.context_parallel_plan]
         raise InputError(
-            f"--parallel {spec}: ditq has a context-parallel plan for {', '.join(_CP_TRANSFORMERS)} only, "
-            f"not {class_name}"
+            f"--parallel {spec}: ditq has a context-parallel plan for {', '.join(planned)} only, not {class_name}"
         )
     heads = load_component_config(model_dir / "transformer").get("num_attention_heads")
     if isinstance(heads, int) and not _heads_share_out(heads, spec):
@@ -140,9 +141,11 @@ def apply_parallelism(pipeline: Any, spec: ParallelSpec) -> None:
     """``pipeline.transformer`` made parallel over the default process group's ranks (every rank calls this)."""
     transformer = pipeline.transformer
     if spec.mode == "cp":
-        from ditq.runtime.models.qwenimage21.context_parallel import enable_context_parallel
+        from ditq.runtime.models import model_family
 
-        enable_context_parallel(transformer, spec.degree)
+        family = model_family(transformer)
+        assert family is not None, "check_parallel refuses a transformer without a context-parallel plan"
+        family.enable_context_parallel(transformer, spec.degree)
         return
     from diffusers.models._modeling_parallel import TensorParallelConfig
 

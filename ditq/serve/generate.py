@@ -90,8 +90,8 @@ def generate(
     (``ditq.doctor.choose_kernel``); ``skip_doctor`` takes the registry's first candidate unverified; ``accumulate``
     "fast" lets it choose fast-accumulating fp8 paths where they pass.
     ``variant`` as ``ditq.runtime.loader.load_pipeline`` reads it. ``attention`` ("int8" | "fp8") runs the
-    transformer's attention through a doctor-chosen quantized-attention path (``ditq.runtime.models.qwenimage21.attention``);
-    ``kv_cache`` ("int8" | "fp8") keeps its prefix KV cache in 8 bits (``ditq.runtime.models.qwenimage21.kv_cache``). Under
+    transformer's attention through a doctor-chosen quantized-attention path (``ditq.runtime.attention``);
+    ``kv_cache`` ("int8" | "fp8") keeps its prefix KV cache in 8 bits (``ditq.runtime.kv_cache``). Under
     ``offload="auto"`` a request that runs out of memory moves the placement one step and runs again. ``progress``
     draws a bar of the denoising steps on a terminal (never in a log). ``compile`` (a torch.compile backend)
     compiles the transformer and warms it up with a two-step call at the request's shape first, so the timed

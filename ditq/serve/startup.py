@@ -121,7 +121,7 @@ def load_adapter(
     (``ditq.doctor.kernel_chooser``): a path that fails its check is refused and the next one is used, as
     ``ditq generate`` does; None (--skip-doctor) takes the registry's first candidate unverified.
     ``attention`` ("int8" | "fp8" | "int8-fp8"): the transformer's attention through a quantized-attention path
-    chosen the same way (``ditq.runtime.models.qwenimage21.attention``); "auto": int8, else int8-fp8, only where it is faster than the
+    chosen the same way (``ditq.runtime.attention``); "auto": int8, else int8-fp8, only where it is faster than the
     model's own attention (``ditq.doctor.attention.choose_auto_attention``). The choice is a load fact (/health's ``attention``).
     ``memory_budget_bytes`` (the allocator's cap) is what ``--offload auto`` places the weights within;
     ``kv_cache`` ("int8" | "fp8") keeps the prefix KV cache in 8 bits. The placement, the modules left unused
@@ -153,14 +153,12 @@ def load_adapter(
         adapter.load_facts["kernel_choice_seconds"] = round(chooser.seconds, 3)
     adapter.load_facts["accumulate"] = chooser.accumulate if chooser is not None else "exact"
     if attention is not None:
-        from ditq.doctor.attention import install_auto_attention, install_quantized_attention
+        from ditq.doctor.attention import attention_chooser
+        from ditq.runtime.attention import install_attention
 
         verify = chooser is not None
-        choice = (
-            install_auto_attention(pipeline, torch.device(device), dtype, verify)
-            if attention == "auto"
-            else install_quantized_attention(pipeline, attention, torch.device(device), dtype, verify)
-        )
+        choose = attention_chooser(attention, torch.device(device), dtype, verify)
+        choice = install_attention(pipeline, attention, choose)
         adapter.load_facts["attention"] = choice.summary()
     return adapter
 

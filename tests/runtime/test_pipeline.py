@@ -69,7 +69,8 @@ def test_an_8bit_prefix_kv_cache_holds_the_references_in_half_the_bytes(
 ) -> None:
     from PIL import Image
 
-    from ditq.runtime.models.qwenimage21.kv_cache import QuantizedKVLayerCache, install_kv_cache
+    from ditq.runtime.kv_cache import install_kv_cache
+    from ditq.runtime.models.qwenimage21.kv_cache import QuantizedKVLayerCache
 
     pipeline = load_pipeline(demo_artifacts["source"], device="cpu")
     references = [Image.new("RGB", (32, 32), (200, 40 * i, 30)) for i in range(4)]

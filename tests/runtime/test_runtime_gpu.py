@@ -90,7 +90,7 @@ def test_auto_offload_streams_the_text_encoder_from_pinned_memory_on_cuda(artifa
 
 
 def test_each_stage_reports_its_peak_memory_on_cuda(artifacts: dict[str, Path]) -> None:
-    from ditq.runtime.models.qwenimage21.kv_cache import install_kv_cache
+    from ditq.runtime.kv_cache import install_kv_cache
 
     pipeline = load_pipeline(artifacts["fp8"], device="cuda")
     request = GenerationRequest(prompt="a red circle", seed=0, num_inference_steps=3, width=64, height=64)
@@ -130,7 +130,7 @@ def test_inductor_compiled_pipeline_serves_the_pixels_of_eager_on_cuda(
 def test_fused_projections_draw_the_pixels_of_the_separate_layers_on_cuda(
     scheme: str, artifacts: dict[str, Path]
 ) -> None:
-    from ditq.runtime.models.qwenimage21.fuse import stored_layer_count
+    from ditq.runtime.fuse import stored_layer_count
 
     fused = load_pipeline(artifacts[scheme], device="cuda", fuse=True)
     layers = quantized_linears(fused.transformer).values()
@@ -148,7 +148,8 @@ def test_compiled_blocks_run_the_triton_attention_kernels_to_the_pixels_of_eager
     same kernel draws, up to float reordering, which 8-bit rounding amplifies: within twice what the quantized
     attention changes against BF16's (at least one level)."""
     from ditq.demo import default_model_dir
-    from ditq.doctor.attention import install_quantized_attention
+    from ditq.doctor.attention import attention_chooser
+    from ditq.runtime.attention import install_attention
 
     if kind == "int8-fp8" and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the int8-fp8 Triton kernel needs sm_90")
@@ -162,7 +163,9 @@ def test_compiled_blocks_run_the_triton_attention_kernels_to_the_pixels_of_eager
         pytest.skip(why)
 
     def install(pipeline: object) -> object:
-        choice = install_quantized_attention(pipeline, kind, torch.device("cuda"), torch.bfloat16)
+        choice = install_attention(
+            pipeline, kind, attention_chooser(kind, torch.device("cuda"), torch.bfloat16)
+        )
         assert choice.path.name == fused, choice.summary()
         return pipeline
 

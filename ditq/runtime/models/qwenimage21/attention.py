@@ -26,34 +26,9 @@ from diffusers.models.transformers.transformer_qwenimage21 import (
 
 from ditq.kernels.attention import AttentionPath
 from ditq.runtime.models.qwenimage21.fuse import fused_attention_view
-from ditq.runtime.models.qwenimage21.prefill import TabulatedPrefillProcessor
+from ditq.runtime.models.qwenimage21.prefill import TabulatedPrefillProcessor, quantized_segment_attention
 
-__all__ = ["QuantizedAttnProcessor", "quantized_segment_attention"]
-
-
-def quantized_segment_attention(
-    path: AttentionPath,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    segments: list[tuple[int, int, bool]] | None,
-    key_valid: torch.Tensor | None,
-) -> torch.Tensor:
-    """Qwen-Image-2.1's attention of (B, S, H, D) tensors through ``path``: block-causal over ``segments``
-    (``(start, end, is_text)`` runs of the prefix), or full when None -> (B, S_q, H, D)."""
-    qk = path.quantize(query, key, path.kind)
-    sm_scale = query.shape[-1] ** -0.5
-    if segments is None:
-        return path.attend(qk, value, key_valid, None, sm_scale)
-    outputs = [
-        path.attend(
-            qk.rows(start, end).keys(end), value[:, :end], key_valid, start if is_text else None, sm_scale
-        )
-        for start, end, is_text in segments
-    ]
-    prefix_len = segments[-1][1] if segments else 0
-    outputs.append(path.attend(qk.rows(prefix_len, query.shape[1]), value, key_valid, None, sm_scale))
-    return torch.cat(outputs, dim=1)
+__all__ = ["QuantizedAttnProcessor"]
 
 
 def _key_valid(attention_mask: Any) -> torch.Tensor | None:
@@ -100,3 +75,15 @@ class QuantizedAttnProcessor(TabulatedPrefillProcessor):
         hidden = quantized_segment_attention(self.path, query, key, value, segments, mask)
         hidden = attn.to_out[0](hidden.flatten(2, 3).type_as(query))
         return attn.to_out[1](hidden)
+
+
+def attention_modules(transformer: torch.nn.Module) -> list[QwenImage21Attention]:
+    """Every attention module of ``transformer``."""
+    return [m for m in transformer.modules() if isinstance(m, QwenImage21Attention)]
+
+
+def install_attention(transformer: torch.nn.Module, path: AttentionPath) -> None:
+    """Every attention module of ``transformer`` runs ``path`` from now on (one shared processor)."""
+    processor = QuantizedAttnProcessor(path)
+    for module in attention_modules(transformer):
+        module.set_processor(processor)  # type: ignore[arg-type]

@@ -30,8 +30,6 @@ and in the stored form are fused; anything else is left as it was.
 
 from __future__ import annotations
 
-import ctypes
-import logging
 from typing import Any
 
 import torch
@@ -41,66 +39,16 @@ from diffusers.models.transformers.transformer_qwenimage21 import (
     QwenImage21SwiGLUFeedForward,
 )
 
-from ditq.checkpoint.codecs import SCALE
-from ditq.runtime.modules import QuantizedLinear, linear_from_stored
+from ditq.runtime.memory import return_free_host_memory
 from ditq.runtime.models.qwenimage21.prefill import TabulatedPrefillProcessor
+from ditq.runtime.modules import QuantizedLinear, fusable, fuse_linears
 
 __all__ = [
     "FusedQKVAttnProcessor",
     "FusedSwiGLUFeedForward",
-    "fuse_linears",
     "fuse_projections",
     "fused_attention_view",
-    "stored_layer_count",
 ]
-
-log = logging.getLogger(__name__)
-
-
-def _glibc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim.argtypes = [ctypes.c_size_t]
-    except (OSError, AttributeError):  # not glibc
-        return None
-    return libc
-
-
-_LIBC = _glibc()
-
-
-def _fusable(members: list[Any]) -> bool:
-    if not all(isinstance(m, QuantizedLinear) and not m.prepared for m in members):
-        return False
-    first = members[0]
-    return all(
-        type(m) is type(first)
-        and m.scheme == first.scheme
-        and m.in_features == first.in_features
-        and (m.bias is None) == (first.bias is None)
-        for m in members
-    )
-
-
-def fuse_linears(named: dict[str, QuantizedLinear]) -> QuantizedLinear:
-    """One QuantizedLinear whose output is the members' outputs side by side, in order (their rows stacked, each
-    row with its own scale). Its ``fused_members`` names them (as their parent named them) with their widths."""
-    members = list(named.values())
-    codec = members[0].codec
-    read = [codec.read(m.stored_tensors()) for m in members]
-    scale_dtype = members[0].stored_tensors()[SCALE].dtype
-    q = torch.cat([values for values, _ in read])
-    scale = torch.cat([s.to(scale_dtype) for _, s in read])
-    biases = [m.bias for m in members]
-    bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
-    fused = linear_from_stored(codec.encode(q, scale), members[0].scheme, bias)
-    fused.fused_members = tuple((name, m.out_features) for name, m in named.items())
-    return fused
-
-
-def stored_layer_count(layer: QuantizedLinear) -> int:
-    """The stored (checkpoint) Linears a loaded one computes: 1, or the members of a fused one."""
-    return len(layer.fused_members) or 1
 
 
 class _ProjectedAttention:
@@ -159,7 +107,7 @@ class FusedSwiGLUFeedForward(torch.nn.Module):
 
 def _fuse_attention(attn: QwenImage21Attention) -> bool:
     members = {name: getattr(attn, name) for name in ("to_q", "to_k", "to_v")}
-    if not _fusable(list(members.values())) or type(attn.processor) is not QwenImage21AttnProcessor:
+    if not fusable(list(members.values())) or type(attn.processor) is not QwenImage21AttnProcessor:
         return False
     attn.to_qkv = fuse_linears(members)
     for name in members:
@@ -170,7 +118,7 @@ def _fuse_attention(attn: QwenImage21Attention) -> bool:
 
 def _fuse_feed_forward(parent: torch.nn.Module, name: str, ff: QwenImage21SwiGLUFeedForward) -> bool:
     members = {"gate_layer": ff.gate_layer, "proj": ff.proj}
-    if not _fusable(list(members.values())):
+    if not fusable(list(members.values())):
         return False
     fused = FusedSwiGLUFeedForward(fuse_linears(members), ff.out, ff.activation_fn)  # type: ignore[arg-type]
     setattr(parent, name, fused)
@@ -179,14 +127,6 @@ def _fuse_feed_forward(parent: torch.nn.Module, name: str, ff: QwenImage21SwiGLU
 
 def _on_host(module: torch.nn.Module) -> bool:
     return any(t.device.type == "cpu" for t in module.buffers())
-
-
-def _release_free_host_memory() -> None:
-    """Hand the pages the replaced Linears freed back to the system (glibc's ``malloc_trim``): the fused copy is
-    allocated while they still exist, so without this the host heap keeps their holes and a model grows by the
-    fused layers' size while it loads."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
 
 
 def fuse_projections(module: torch.nn.Module) -> int:
@@ -204,7 +144,7 @@ def fuse_projections(module: torch.nn.Module) -> int:
             done = _fuse_feed_forward(parent, name, child)
         fused += done
         if done and _on_host(parent):
-            _release_free_host_memory()
-    if fused:
-        log.info("%s: %d fused projections (query/key/value, gate/up)", type(module).__name__, fused)
+            # the fused copy was allocated while the replaced Linears still existed: without handing their pages
+            # back, the host heap keeps their holes and a model grows by the fused layers' size while it loads
+            return_free_host_memory()
     return fused

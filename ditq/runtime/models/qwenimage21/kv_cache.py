@@ -17,13 +17,11 @@ from typing import Any
 
 import torch
 from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache, QwenImage21KVLayerCache
+from torch.utils.hooks import RemovableHandle
 
-from ditq.errors import InputError
 from ditq.numerics import quantize_activation_per_token
 
-__all__ = ["KV_CACHE_KINDS", "QuantizedKVLayerCache", "install_kv_cache"]
-
-KV_CACHE_KINDS = ("int8", "fp8")
+__all__ = ["QuantizedKVLayerCache", "install_kv_cache"]
 
 
 class QuantizedKVLayerCache(QwenImage21KVLayerCache):
@@ -58,21 +56,16 @@ class QuantizedKVLayerCache(QwenImage21KVLayerCache):
         return sum(t.numel() * t.element_size() for pair in self._stored for t in pair)
 
 
-def install_kv_cache(pipeline: Any, kind: str) -> Any:
-    """Every prefix cache the pipeline hands its transformer is filled 8-bit (``kind``: int8 or fp8) from now on;
-    returns the hook's handle. A transformer that keeps no such cache is an InputError."""
-    if kind not in KV_CACHE_KINDS:
-        raise InputError(f"--kv-cache {kind!r}: choose from {', '.join(KV_CACHE_KINDS)}")
-    transformer = getattr(pipeline, "transformer", None)
-    if transformer is None or not getattr(getattr(transformer, "config", None), "causal_condition", False):
-        name = type(transformer).__name__ if transformer is not None else type(pipeline).__name__
-        raise InputError(f"--kv-cache {kind}: {name} keeps no prefix KV cache to quantize")
+def install_kv_cache(transformer: torch.nn.Module, kind: str) -> RemovableHandle | None:
+    """Every prefix cache ``transformer`` is handed is filled 8-bit (``kind``: int8 or fp8) from now on; returns
+    the hook's handle, or None where the transformer keeps no prefix cache (it was built without
+    ``causal_condition``)."""
+    if not getattr(getattr(transformer, "config", None), "causal_condition", False):
+        return None
 
     def quantize_on_extract(_module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         cache = kwargs.get("kv_cache")
         if kwargs.get("kv_cache_mode") == "extract" and isinstance(cache, QwenImage21KVCache):
             cache.layer_caches = [QuantizedKVLayerCache(kind) for _ in cache.layer_caches]
 
-    handle = transformer.register_forward_pre_hook(quantize_on_extract, with_kwargs=True)
-    pipeline.ditq_kv_cache = kind
-    return handle
+    return transformer.register_forward_pre_hook(quantize_on_extract, with_kwargs=True)

@@ -29,9 +29,12 @@ from diffusers.models.transformers.transformer_qwenimage21 import (
     _qwenimage21_prepare_qkv,
 )
 
+from ditq.kernels.attention import AttentionPath, get_attention_kernel
+
 __all__ = [
     "TabulatedPrefillProcessor",
     "prefill_attention",
+    "quantized_segment_attention",
     "segment_table",
     "segments_of",
     "tabulate_prefill",
@@ -82,6 +85,31 @@ class _Projected:
         return self._qkv[2]
 
 
+def quantized_segment_attention(
+    path: AttentionPath,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    segments: list[tuple[int, int, bool]] | None,
+    key_valid: torch.Tensor | None,
+) -> torch.Tensor:
+    """Qwen-Image-2.1's attention of (B, S, H, D) tensors through ``path``: block-causal over ``segments``
+    (``(start, end, is_text)`` runs of the prefix), or full when None -> (B, S_q, H, D)."""
+    qk = path.quantize(query, key, path.kind)
+    sm_scale = query.shape[-1] ** -0.5
+    if segments is None:
+        return path.attend(qk, value, key_valid, None, sm_scale)
+    outputs = [
+        path.attend(
+            qk.rows(start, end).keys(end), value[:, :end], key_valid, start if is_text else None, sm_scale
+        )
+        for start, end, is_text in segments
+    ]
+    prefix_len = segments[-1][1] if segments else 0
+    outputs.append(path.attend(qk.rows(prefix_len, query.shape[1]), value, key_valid, None, sm_scale))
+    return torch.cat(outputs, dim=1)
+
+
 @torch.library.custom_op("ditq::prefill_attention", mutates_args=())
 def prefill_attention(
     query: torch.Tensor,
@@ -95,9 +123,6 @@ def prefill_attention(
     diffusers' stock attention where ``path`` is empty, else the quantized-attention path of that name."""
     segments = segments_of(table)
     if path:
-        from ditq.kernels.attention import get_attention_kernel
-        from ditq.runtime.models.qwenimage21.attention import quantized_segment_attention
-
         return quantized_segment_attention(get_attention_kernel(path), query, key, value, segments, key_valid)
     projected = _Projected(query, key, value)
     hidden = QwenImage21AttnProcessor()(

@@ -15,7 +15,7 @@ from PIL import Image
 
 from ditq.cli import main
 from ditq.demo import build_tiny_pipeline
-from ditq.doctor.attention import install_quantized_attention
+from ditq.doctor.attention import attention_chooser
 from ditq.errors import InputError
 from ditq.kernels.attention import (
     QuantizedQK,
@@ -24,6 +24,7 @@ from ditq.kernels.attention import (
 )
 from ditq.kernels.attention.reference import allowed_keys
 from ditq.numerics import relative_l2
+from ditq.runtime.attention import install_attention
 from ditq.runtime.models.qwenimage21.attention import QuantizedAttnProcessor
 
 
@@ -67,7 +68,7 @@ def test_an_exact_path_through_the_processor_reproduces_the_stock_attention(
     pipe = build_tiny_pipeline(seed=0)
     pipe.set_progress_bar_config(disable=True)
     plain = _generate(pipe, use_kv_cache=use_kv_cache)
-    choice = install_quantized_attention(pipe, "int8", torch.device("cpu"), torch.float32)
+    choice = install_attention(pipe, "int8", attention_chooser("int8", torch.device("cpu"), torch.float32))
     assert choice.path.name == exact_path
     assert all(
         isinstance(b.attn.processor, QuantizedAttnProcessor) for b in pipe.transformer.transformer_blocks
@@ -81,7 +82,7 @@ def test_quantized_attention_gives_a_finite_image_close_to_the_plain_one(kind: s
     pipe = build_tiny_pipeline(seed=0)
     pipe.set_progress_bar_config(disable=True)
     plain = _generate(pipe)
-    choice = install_quantized_attention(pipe, kind, torch.device("cpu"), torch.float32)
+    choice = install_attention(pipe, kind, attention_chooser(kind, torch.device("cpu"), torch.float32))
     assert choice.path.name == f"cpu-reference-attention-{kind}" and choice.verified
     quantized = _generate(pipe)
     assert torch.isfinite(quantized).all()
@@ -97,7 +98,7 @@ def test_a_transformer_without_qwen_image_21_attention_is_refused() -> None:
     with pytest.raises(
         InputError, match=r"--attention int8: quantized attention supports Qwen-Image-2\.1"
     ) as info:
-        install_quantized_attention(Pipeline(), "int8", torch.device("cpu"), torch.float32)
+        install_attention(Pipeline(), "int8", attention_chooser("int8", torch.device("cpu"), torch.float32))
     assert info.value.field == "attention"
 
 
@@ -156,12 +157,14 @@ def test_the_cudnn_paths_wrapper_compiles_to_two_graphs_and_draws_the_reference_
     from ditq.serve.cost import calibrate
 
     eager = load_pipeline(default_model_dir(), device="cpu")
-    reference = install_quantized_attention(eager, "fp8-fp8", torch.device("cpu"), torch.float32)
+    reference = install_attention(
+        eager, "fp8-fp8", attention_chooser("fp8-fp8", torch.device("cpu"), torch.float32)
+    )
     assert reference.path.name == cudnn_wrapper_on_cpu
     expected = _generate(eager, height=64, width=64)
     torch._dynamo.reset()
     compiled = load_pipeline(default_model_dir(), device="cpu", compile="aot_eager")
-    install_quantized_attention(compiled, "fp8-fp8", torch.device("cpu"), torch.float32)
+    install_attention(compiled, "fp8-fp8", attention_chooser("fp8-fp8", torch.device("cpu"), torch.float32))
     graphs, breaks = int(counters["stats"]["unique_graphs"]), sum(counters["graph_break"].values())
     calibrate(PipelineAdapter(compiled), torch.device("cpu"), max_pixels=64 * 64, time_budget_s=600)
     assert int(counters["stats"]["unique_graphs"]) - graphs == 2

@@ -15,9 +15,9 @@ from ditq.checkpoint.codecs import codec_for
 from ditq.demo import default_model_dir
 from ditq.numerics import quantize_weight
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
-from ditq.runtime.models.qwenimage21.fuse import FusedQKVAttnProcessor, FusedSwiGLUFeedForward, fuse_linears
 from ditq.runtime.loader import pipeline_summary
-from ditq.runtime.modules import linear_from_stored
+from ditq.runtime.models.qwenimage21.fuse import FusedQKVAttnProcessor, FusedSwiGLUFeedForward
+from ditq.runtime.modules import fuse_linears, linear_from_stored
 from ditq.schemes import get_scheme
 
 

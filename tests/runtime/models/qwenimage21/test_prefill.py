@@ -10,9 +10,10 @@ from PIL import Image
 from torch._dynamo.utils import counters
 
 from ditq.demo import build_tiny_pipeline
-from ditq.doctor.attention import install_quantized_attention
-from ditq.runtime.models.qwenimage21.attention import QuantizedAttnProcessor
+from ditq.doctor.attention import attention_chooser
+from ditq.runtime.attention import install_attention
 from ditq.runtime.compile import compile_pipeline
+from ditq.runtime.models.qwenimage21.attention import QuantizedAttnProcessor
 from ditq.runtime.models.qwenimage21.prefill import TabulatedPrefillProcessor, segment_table, segments_of
 
 
@@ -51,7 +52,9 @@ def test_compiled_blocks_draw_the_eager_pixels_with_one_prefix_graph_for_every_r
         pipe = build_tiny_pipeline(seed=0)
         pipe.set_progress_bar_config(disable=True)
         if attention != "stock":
-            install_quantized_attention(pipe, attention, torch.device("cpu"), torch.float32)
+            install_attention(
+                pipe, attention, attention_chooser(attention, torch.device("cpu"), torch.float32)
+            )
         return pipe
 
     eager, compiled = build(), build()
