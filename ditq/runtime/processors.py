@@ -4,7 +4,7 @@ Qwen-Image's text encoder is Qwen3-VL, and its processor (``Qwen3VLProcessor``) 
 tokenizer and a video processor. transformers builds a video processor only with torchvision installed, and it
 builds every sub-processor a processor names whenever it loads one, so without torchvision the whole pipeline
 failed to load ("Qwen3VLVideoProcessor requires the Torchvision library"). A diffusers pipeline passes its
-processor text and images, never videos (``QwenImage21Pipeline`` calls ``processor(text=..., images=...)``), so
+processor text and images, never videos (Qwen-Image's pipeline calls ``processor(text=..., images=...)``), so
 where torchvision is missing each such processor is loaded here from its image processor and tokenizer alone and
 handed to the pipeline: transformers' own class, less ``video_processor`` among its sub-processors. Text and
 images are processed exactly as transformers processes them (the image processor falls back to its PIL backend);

@@ -1,5 +1,5 @@
-"""Quantized attention on a loaded pipeline (``--attention int8|fp8|int8-fp8``): one processor per Qwen-Image-2.1
-attention module, running the doctor-chosen path (``ditq.doctor.attention.choose_attention_kernel``).
+"""Quantized attention in Qwen-Image-2.1 (``--attention``): one processor for every attention module, running the
+doctor-chosen path (``ditq.doctor.attention.attention_chooser``).
 
 ``QuantizedAttnProcessor`` computes what diffusers' ``QwenImage21AttnProcessor`` computes, with its attention
 calls replaced: the same Q/K/V projection, norms, RoPE and KV-cache bookkeeping
@@ -10,8 +10,10 @@ calls replaced: the same Q/K/V projection, norms, RoPE and KV-cache bookkeeping
 - cached decode (``segments`` None): the target's queries over [cached prefix, target] keys;
 
 padded prompt keys dropped in both (``key_valid``, or the decode's ``attention_mask`` (B, 1, 1, S) it is made
-from). Installing it in place of the flex processor too makes the model hand over ``segments``; the doctor
-chooses the path and installs the processor (``ditq.doctor.attention.install_quantized_attention``).
+from). Installing it in place of the flex processor too makes the model hand over ``segments``. The doctor chooses
+the path; ``ditq.runtime.attention.install_attention`` installs it through this family (``install_attention`` here).
+The segments' attention itself is ``ditq.runtime.models.qwenimage21.prefill.quantized_segment_attention``, which a
+compiled block's prefill op calls too.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ feed-forward's gate and up projections. Run apart, each quantizes that input aga
 and launches its own, narrower GEMM. Fused, the input is quantized once and one GEMM of the summed width runs.
 
 The fusion is exact per output channel: every stored weight row keeps its own scale, so the fused Linear's rows
-are the members' rows, stacked, and its output columns are theirs (``fuse_linears``: stored tensors read,
+are the members' rows, stacked, and its output columns are theirs (``ditq.runtime.modules.fuse_linears``: stored tensors read,
 concatenated and written back through the layers' own codec). The checkpoint is untouched: the artifact keeps the
 separate projections compressed-tensors and diffusers name; only the loaded module fuses them, before the repack.
 

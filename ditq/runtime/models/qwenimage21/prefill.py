@@ -11,11 +11,12 @@ Here the segments reach a compiled block as a table (``segment_table``: a flat i
 length is a dynamic size and whose values dynamo does not guard), and the loop runs inside one op that the
 compiler keeps as one call. The op computes what diffusers' ``QwenImage21AttnProcessor`` computes, by calling it
 over queries, keys and values already projected, normalised and rotated; with a quantized-attention path, what
-``ditq.runtime.models.qwenimage21.attention.quantized_segment_attention`` computes. Only the attention leaves the graph: the
-projections, norms, RoPE and the KV cache's bookkeeping around it stay compiled.
+``quantized_segment_attention`` (here, beside the op, so that ``attention``'s processor and the op share it without
+an import loop) computes. Only the attention leaves the graph: the projections, norms, RoPE and the KV cache's
+bookkeeping around it stay compiled.
 
-Eager code never sees a table: ``ditq.runtime.compile`` makes one for a compiled block only where the block's
-processor takes it (``takes_segment_table``).
+Eager code never sees a table: ``ditq.runtime.compile`` has this family make one for a compiled block
+(``QwenImage21.compiled_block_arguments``) only where the block's processor takes it (``takes_segment_table``).
 """
 
 from __future__ import annotations
