@@ -2,8 +2,9 @@
 fused projections, prefix KV cache, context-parallel plan), behind the small interface the generic code calls.
 
 The generic code (the loader, ``--compile``, ``--parallel``, ``--attention``, ``--kv-cache``) asks ``model_family``
-for a transformer's family, or for one of its blocks', and never names a model. Adding a model family is adding a
-folder with an object that has ``ModelFamily``'s members, and a line in ``FAMILIES``.
+for a transformer's family, or for one of its blocks', and never names a model. Adding a model family (Flux, Wan)
+is adding a folder beside ``qwenimage21/`` with an object that has ``ModelFamily``'s members, and that object to
+``FAMILIES``.
 """
 
 from __future__ import annotations
