@@ -115,6 +115,8 @@ class PipelineAdapter:
         if callable(configure):
             configure(disable=True)
         self.load_facts: dict[str, Any] = {}  # what loading found out (e.g. the time kernel choice took)
+        # the kernel chooser the opener used (``ditq.runtime.open``); the server's doctor record reads what it chose
+        self.kernel_chooser: Any = None
         self.parameters = set(inspect.signature(pipeline.__call__).parameters)
         self._targets = {
             name: next((p for p in candidates if p in self.parameters), None)
