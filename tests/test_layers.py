@@ -31,6 +31,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("demo model", ("ditq.demo",)),  # a model's own classes: the runtime loads them
     ("runtime", ("ditq.runtime",)),
     ("doctor", ("ditq.doctor",)),
+    # the one opener (``open_pipeline``) and the one-shot generate over it: the runtime's, installing the doctor's
+    # choices, so above the doctor
+    ("opener", ("ditq.runtime.open", "ditq.runtime.generate")),
     ("quantize", ("ditq.quantize",)),
     ("serve", ("ditq.serve",)),
     ("probe", ("ditq.probe",)),
@@ -89,3 +92,22 @@ def test_every_module_is_in_a_layer_and_the_top_level_holds_shared_utilities_onl
         "ditq.cli", "ditq.devices", "ditq.errors", "ditq.fsutil", "ditq.jsonfile", "ditq.lazy", "ditq.metrics",
         "ditq.numerics", "ditq.pictures", "ditq.progress", "ditq.runfiles", "ditq.schemes", "ditq.signatures",
     ]  # fmt: skip
+
+
+def test_only_the_serve_command_imports_the_server_package() -> None:
+    """serve/ is the HTTP layer (intake, cost, worker, access): what another stage needs to open a pipeline or
+    answer with an image lives below it, so nothing outside serve/ imports it but the command that starts it."""
+    entry = {"ditq.commands.serve"}
+    importers = []
+    for module, path in _modules().items():
+        if module == "ditq.serve" or module.startswith("ditq.serve.") or module in entry:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            if any(name == "ditq.serve" or name.startswith("ditq.serve.") for name in names):
+                importers.append(module)
+    assert importers == []

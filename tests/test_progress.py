@@ -54,7 +54,7 @@ def test_generate_draws_one_bar_of_its_denoising_steps_on_a_terminal_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from ditq.runtime.adapter import GenerationRequest
-    from ditq.serve.generate import generate
+    from ditq.runtime.generate import generate
 
     request = GenerationRequest(prompt="a red circle", num_inference_steps=3, width=32, height=32, seed=0)
     drawn = _stderr_of(lambda: generate(None, request, device="cpu"), monkeypatch, terminal=True)

@@ -110,7 +110,7 @@ class PipelineAdapter:
         # pipeline holds it; what the memory benchmark measures the release against)
         self.release_prefix_cache = True
         # diffusers' own step bar is off: a server's log gets no carriage returns, and ``ditq generate`` draws
-        # one bar for every pipeline (``ditq.serve.generate``)
+        # one bar for every pipeline (``ditq.runtime.generate``)
         configure = getattr(pipeline, "set_progress_bar_config", None)
         if callable(configure):
             configure(disable=True)

@@ -462,7 +462,9 @@ def load_components(model_dir: str | Path, load: ResolvedLoad, chooser: KernelCh
                 fuse_projections(component)
             prepare_quantized(component, run_device, dtype, chooser)
     apply_offload(pipeline, offload, run_device, load.memory_budget_bytes)
-    pipeline.ditq_quantized_components = tuple(quantized)  # the opener compiles a text encoder only if quantized
+    pipeline.ditq_quantized_components = tuple(
+        quantized
+    )  # the opener compiles a text encoder only if quantized
     return pipeline
 
 

@@ -20,7 +20,7 @@ import torch
 
 from ditq.doctor import kernel_chooser
 from ditq.runtime.adapter import PipelineAdapter
-from ditq.runtime.loader import KernelChooser, load_components
+from ditq.runtime.loader import KernelChooser, load_components, pipeline_summary
 from ditq.runtime.options import LoadOptions, ResolvedLoad, resolve_load_options
 
 __all__ = ["load_pipeline", "open_pipeline"]
@@ -40,6 +40,8 @@ def open_pipeline(model: str | Path, options: LoadOptions | ResolvedLoad) -> Pip
     """
     load = options if isinstance(options, ResolvedLoad) else resolve_load_options(options)
     pipeline, chooser = _open(model, load)
+    if chooser is None and any(pipeline_summary(pipeline)[1].values()):
+        log.warning("--skip-doctor: kernel paths run without verification on this device")
     adapter = PipelineAdapter(pipeline)
     adapter.kernel_chooser = chooser
     adapter.load_facts.update(_load_facts(pipeline, chooser))
@@ -85,7 +87,9 @@ def _load_facts(pipeline: Any, chooser: KernelChooser | None) -> dict[str, Any]:
     """What loading found out, as /health and ``ditq generate`` show it."""
     facts: dict[str, Any] = {}
     placement = getattr(pipeline, "ditq_placement", None)
-    if placement is not None:  # the object itself: calibration may demote it, and /health shows it as it is then
+    if (
+        placement is not None
+    ):  # the object itself: calibration may demote it, and /health shows it as it is then
         facts["placement"] = placement
     facts["unused"] = dict(getattr(pipeline, "ditq_unused", {}))
     facts["kv_cache"] = getattr(pipeline, "ditq_kv_cache", None)

@@ -15,6 +15,7 @@ __all__ = ["CollapsePolicy", "ServeConfig", "api_key_problem"]
 # with a "warnings" entry in the response. Either way it is logged and counted.
 CollapsePolicy = Literal["error", "warn"]
 
+
 def api_key_problem(key: str) -> str | None:
     """Why ``key`` could never match an ``Authorization: Bearer`` header, or None: a header carries printable
     ASCII only, and the server strips the spaces around the token. The key itself is never shown."""

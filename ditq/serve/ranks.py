@@ -98,7 +98,9 @@ def _agree_to_stop(group: dist.ProcessGroup, reason: str | None) -> str | None:
     return None if int(code) == 0 else _STOP_REASONS[int(code) - 1]
 
 
-def _load_rank(settings: RankSettings, rank: int, rendezvous: str) -> tuple[PipelineAdapter, dist.ProcessGroup]:
+def _load_rank(
+    settings: RankSettings, rank: int, rendezvous: str
+) -> tuple[PipelineAdapter, dist.ProcessGroup]:
     """Join the group as ``rank``, open the pipeline on its device, make the transformer parallel; returns the
     adapter and the gloo group that stop decisions go over."""
     device = settings.devices[rank]

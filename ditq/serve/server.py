@@ -165,7 +165,9 @@ def serving_app(
     if not (model_dir / "model_index.json").is_file():
         raise InputError(f"{model_dir}: no model_index.json (not a diffusers model directory)")
     if parallel is not None:
-        refuse_beside_parallel(parallel, options.offload, options.max_memory, options.attention, options.compile)
+        refuse_beside_parallel(
+            parallel, options.offload, options.max_memory, options.attention, options.compile
+        )
     load = resolve_load_options(options)
     ranks = None if parallel is None else _rank_group(model_dir, parallel, load)
     device = ranks.settings.devices[0] if ranks is not None else load.options.device
@@ -173,7 +175,9 @@ def serving_app(
 
     def measure_costs(adapter: PipelineAdapter) -> CostModel:
         allocator_bytes = cap.allocator_bytes if cap is not None else None
-        return calibrate(adapter, torch.device(device), config.max_pixels, config.request_timeout_s, allocator_bytes)
+        return calibrate(
+            adapter, torch.device(device), config.max_pixels, config.request_timeout_s, allocator_bytes
+        )
 
     def load_model() -> PipelineAdapter:
         adapter = ranks.join() if ranks is not None else open_pipeline(model_dir, load)

@@ -155,7 +155,7 @@ class SweepOptions:
 
     def _check_budgets(self) -> None:
         """Steps, timeouts and --max-memory, as the servers and probes would read them, before any starts."""
-        from ditq.serve.config import parse_memory_size  # ditq serve's parser of --max-memory
+        from ditq.devices import parse_memory_size  # ditq serve's parser of --max-memory
 
         if self.steps is not None and self.steps < 1:
             raise InputError(f"--steps: at least 1, got {self.steps}")

@@ -13,7 +13,7 @@ from tiny_models import make_flux_pipeline_dir
 import ditq
 from ditq.runtime.adapter import GenerationRequest
 from ditq.runtime.loader import load_pipeline
-from ditq.serve.generate import generate
+from ditq.runtime.generate import generate
 
 COMPONENTS = ["transformer", "text_encoder", "text_encoder_2"]
 CALL = dict(num_inference_steps=2, height=32, width=32, max_sequence_length=16, guidance_scale=1.0)

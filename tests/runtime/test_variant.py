@@ -18,7 +18,7 @@ from ditq.demo import build_tiny_pipeline
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest
 from ditq.runtime.loader import load_pipeline
-from ditq.serve.generate import generate
+from ditq.runtime.generate import generate
 
 VARIANT = "bf16"
 REQUEST = dict(prompt="a red square", seed=3, num_inference_steps=2, width=32, height=32)
