@@ -42,7 +42,7 @@ TOLERANCE_DB = 1.0  # ditq.judge.compare.TOLERANCE_DB
 
 
 def add_variant_argument(parser: argparse.ArgumentParser) -> None:
-    """``--variant NAME``, read as ``ditq.runtime.loader.load_pipeline`` reads it (the commands that load a model)."""
+    """``--variant NAME``, read as ``ditq.runtime.options.LoadOptions`` reads it (the commands that load a model)."""
     parser.add_argument(
         "--variant",
         metavar="NAME",

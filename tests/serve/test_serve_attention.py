@@ -9,23 +9,24 @@ import io
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image
 from serve_testkit import FAST, client_for, make_app
 
 from ditq.demo import default_model_dir
-from ditq.doctor import kernel_chooser
 from ditq.runfiles import ServerHealth
-from ditq.serve.startup import load_adapter, make_doctor
+from ditq.runtime.open import open_pipeline
+from ditq.runtime.options import LoadOptions
+from ditq.serve.startup import make_doctor
 from ditq.sweep import SweepOptions, default_serve_argv
 
 
 def _serve_one(attention: str | None) -> tuple[dict, np.ndarray]:  # type: ignore[type-arg]
     model_dir = default_model_dir()
-    chooser = kernel_chooser(skip_doctor=False)
     app = make_app(
-        load=lambda: load_adapter(model_dir, "cpu", "none", torch.float32, chooser, attention=attention),
-        doctor=make_doctor(chooser),
+        load=lambda: open_pipeline(
+            model_dir, LoadOptions(device="cpu", dtype="float32", attention=attention)
+        ),
+        doctor=make_doctor(),
     )
     with client_for(app) as client:
         health = client.get("/health").json()

@@ -8,13 +8,13 @@ import pytest
 import torch
 from PIL import Image
 
+from ditq.devices import parse_memory_size
 from ditq.errors import InputError
 from ditq.judge.gate import load_rules
-from ditq.devices import parse_memory_size
-from ditq.serve.config import ServeConfig
 from ditq.runtime.images import collapse_reasons, encode_image
-from ditq.serve.metrics import ServerMetrics, endpoint_label
 from ditq.runtime.memory_cap import apply_memory_cap
+from ditq.serve.config import ServeConfig
+from ditq.serve.metrics import ServerMetrics, endpoint_label
 
 
 @pytest.mark.parametrize(
