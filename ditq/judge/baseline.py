@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import sha256_file
@@ -41,7 +41,10 @@ from ditq.runfiles import (
     read_model,
     write_model,
 )
-from ditq.runtime.options import LoadOptions
+
+# imported where used: ``ditq.runtime`` imports torch, and ``ditq gate --help`` reads this module
+if TYPE_CHECKING:
+    from ditq.runtime.options import LoadOptions
 
 __all__ = [
     "AdapterExecutor",
@@ -66,7 +69,7 @@ class BaselineOptions:
     true_cfg_scale: float = 1.0
     endpoint: str | None = None  # None: generate in process
     # in process: how the model is opened (device, offload, variant, compile; always in bfloat16, kernels unverified)
-    load: LoadOptions = field(default_factory=lambda: LoadOptions(device="cpu"))
+    load: LoadOptions = field(default_factory=lambda: _on_the_cpu())
     timeout_s: float = 1800.0
     concurrency: int = 1
     retry_failed: bool = False
@@ -76,6 +79,12 @@ class BaselineOptions:
     progress: bool = True
     only: list[str] | None = None  # fixture ids (the rest of the run is kept as it is); None = all
     api_key: str | None = field(default=None, repr=False)  # through an endpoint: sent as a bearer token
+
+
+def _on_the_cpu() -> LoadOptions:
+    from ditq.runtime.options import LoadOptions
+
+    return LoadOptions(device="cpu")
 
 
 class AdapterExecutor:
