@@ -139,8 +139,7 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
     # The BF16 baseline on every device: the reference the quantized models are judged against.
     load = resolve_load_options(options.load.replace(dtype="bfloat16", skip_doctor=True))
     adapter = open_pipeline(options.model, load)
-    device, offload, compile = load.options.device, load.options.offload, load.options.compile
-    executor = AdapterExecutor(adapter, options.steps, options.true_cfg_scale, offload)
+    executor = AdapterExecutor(adapter, options.steps, options.true_cfg_scale, load.options.offload)
     description = describe_run(
         "baseline",
         ["in-process"],
@@ -150,7 +149,7 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
         options.seeds,
         options.steps,
         options.true_cfg_scale,
-        InProcessOptions(device=device, offload=offload, compile=compile),
+        InProcessOptions(**load.options.record(*InProcessOptions.model_fields)),
         options.model,
     )
     # The generating process is this one: sample its own device memory too.

@@ -312,7 +312,7 @@ class _Setting:
             self.seeds if seeds is None else seeds,
             self.steps,
             self.options.cfg,
-            InProcessOptions(device=self.device, offload="none"),
+            InProcessOptions(**self.load.options.record(*InProcessOptions.model_fields)),
             model,
         )
 

@@ -101,9 +101,13 @@ class LoadOptions:
         """A copy with ``changes``, validated again."""
         return dataclasses.replace(self, **changes)
 
-    def record(self) -> dict[str, Any]:
-        """The options as a run file or a log states them (every field but the Python API's chooser)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "chooser"}
+    def record(self, *names: str) -> dict[str, Any]:
+        """The options as a run file states them: the fields ``names`` (a file's own; none: every field but the
+        Python API's chooser), so that a record that keeps its fields on disk is built from this value."""
+        fields = [f.name for f in dataclasses.fields(self) if f.name != "chooser"]
+        unknown = sorted(set(names) - set(fields))
+        assert not unknown, f"not LoadOptions fields: {unknown}"
+        return {name: getattr(self, name) for name in names or fields}
 
 
 @dataclass(frozen=True)

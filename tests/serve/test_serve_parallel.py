@@ -65,7 +65,7 @@ def test_two_ranks_draw_what_one_process_draws_and_stop_at_the_same_step(
     group.launch()
     try:
         expected = _one_process(demo_artifacts["source"])  # while the follower loads
-        adapter = group.join(chooser=None)
+        adapter = group.join()
         tokens: list[tuple[int, int]] = []  # (this rank's, the whole sequence's) at the output projection
         adapter.pipeline.transformer.proj_out.register_forward_hook(
             lambda _module, args, output: tokens.append((args[0].shape[1], output.shape[1]))
