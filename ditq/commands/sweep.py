@@ -13,7 +13,7 @@ from ditq.commands import (
     KV_CACHE_CHOICES,
     MAX_SEEDS,
     add_load_arguments,
-    compile_backend,
+    load_options_from_args,
 )
 from ditq.commands.probe import add_api_key_argument
 from ditq.commands.report import add_objective_argument, print_summary
@@ -176,12 +176,13 @@ def run(args: argparse.Namespace) -> int:
         max_seeds=args.max_seeds,
         steps=args.steps,
         cfg=args.cfg,
-        max_memory=args.max_memory,
-        device=str(resolve_device(args.device)),
-        dtype=args.dtype,
+        load=load_options_from_args(
+            args,
+            device=str(resolve_device(args.device)),
+            offload="none",  # the ladder is the sweep's own
+        ),
         offload=args.offload,
         note=args.note,
-        variant=args.variant,
         endpoint_for=parse_endpoint_for(args.endpoint_for),
         parity_db=args.parity_db,
         parity_pair=tuple(args.parity_pair) if args.parity_pair else None,
@@ -191,10 +192,6 @@ def run(args: argparse.Namespace) -> int:
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
         plan=args.plan,
-        attention=args.attention,
-        kv_cache=args.kv_cache,
-        compile=compile_backend(args),
-        accumulate=args.accumulate,
         parallel=args.parallel,
         api_key=args.api_key,
     )

@@ -77,7 +77,7 @@ def test_the_sweep_gives_attention_to_the_candidates_only(tmp_path: Path) -> Non
         fixtures=model.parent / "fixtures.json",
         refs=model.parent / "references",
         out=tmp_path / "out",
-        attention="fp8",
+        load=LoadOptions(device="cpu", attention="fp8"),
     )
     baseline = default_serve_argv(model, 8000, options)
     candidate = default_serve_argv(tmp_path / "out" / "w8a8" / "artifact", 8001, options)
