@@ -70,7 +70,7 @@ def _load(model: Path, device: torch.device, dtype: torch.dtype, keep_unused: bo
     from ditq.doctor import kernel_chooser
 
     pipeline = load_pipeline(
-        model, device=device, dtype=dtype, chooser=kernel_chooser(False), drop_unused=not keep_unused
+        model, device=device, dtype=dtype, chooser=kernel_chooser(), drop_unused=not keep_unused
     )
     return PipelineAdapter(pipeline)
 

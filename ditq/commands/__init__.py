@@ -68,7 +68,7 @@ def add_attention_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_accumulate_argument(parser: argparse.ArgumentParser) -> None:
-    """``--accumulate exact|fast`` (default exact), as ``ditq.doctor.kernel_chooser`` reads it."""
+    """``--accumulate exact|fast`` (default exact), as ``ditq.runtime.options.LoadOptions`` reads it."""
     parser.add_argument(
         "--accumulate",
         choices=ACCUMULATE_CHOICES,

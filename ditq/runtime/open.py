@@ -64,7 +64,7 @@ def _chooser(options: LoadOptions) -> KernelChooser | None:
         return options.chooser
     if options.skip_doctor:
         return None
-    return kernel_chooser(False, options.accumulate)
+    return kernel_chooser(options.accumulate)
 
 
 def _install_kv_cache_and_compile(pipeline: Any, options: LoadOptions) -> None:
