@@ -4,7 +4,7 @@
 
 For a 1024x1024 RGBA image of noise (what random weights draw; it does not compress) and a smooth one (a gradient
 with mild noise, as pictures compress): PIL's PNG writer at zlib level 1 (what ``ditq serve`` used before) against
-ditq's own (``ditq.serve.png``), each checked to decode to the same pixels; then the answer's JSON through
+ditq's own (``ditq.runtime.png``), each checked to decode to the same pixels; then the answer's JSON through
 starlette's ``JSONResponse`` (before) against ``ImageResponse.json_bytes`` (now), each checked to parse to the same
 object. Best of ``--repeats`` wall times in one process, in milliseconds, with the CPU count the writer's threads
 could use.
@@ -27,7 +27,7 @@ from PIL import Image
 from starlette.responses import JSONResponse
 
 from ditq.fsutil import atomic_write_json
-from ditq.serve.png import encode_png
+from ditq.runtime.png import encode_png
 from ditq.serve.schemas import ImageData, ImageResponse, ImageUsage, StageMetrics
 
 SIDE = 1024

@@ -40,8 +40,8 @@ from diffusers.image_processor import VaeImageProcessor
 
 from ditq.fsutil import atomic_write_json
 from ditq.runtime.compile import compile_vae_decoder, compiled_graphs
+from ditq.runtime.images import checked_and_encoded, collapse_reasons, encode_image
 from ditq.runtime.postprocess import pixels_on_device
-from ditq.serve.images import checked_and_encoded, collapse_reasons, encode_image
 from ditq.signatures import load_rules
 
 

@@ -579,7 +579,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.loop_steps < 1 or args.repeats < 1:
         parser.error("--loop-steps and --repeats must be at least 1")
-    chooser = kernel_chooser(args.skip_doctor)
+    chooser = None if args.skip_doctor else kernel_chooser()
     budget = Budget(args.budget_s)
     device = torch.device(args.device)
     backend = args.compile_backend or ("inductor" if device.type == "cuda" else "eager")

@@ -50,7 +50,7 @@ from ditq.devices import resolve_device, resolve_dtype
 from ditq.metrics import psnr
 from ditq.probe.fixtures import load_fixtures, parse_seeds
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
-from ditq.runtime.loader import load_pipeline
+from ditq.runtime.open import load_pipeline
 
 VARIANTS = ("base", "cache-held", "vae-tiling", "kv-int8", "kv-fp8", "keep-unused")
 
@@ -70,7 +70,7 @@ def _load(model: Path, device: torch.device, dtype: torch.dtype, keep_unused: bo
     from ditq.doctor import kernel_chooser
 
     pipeline = load_pipeline(
-        model, device=device, dtype=dtype, chooser=kernel_chooser(False), drop_unused=not keep_unused
+        model, device=device, dtype=dtype, chooser=kernel_chooser(), drop_unused=not keep_unused
     )
     return PipelineAdapter(pipeline)
 

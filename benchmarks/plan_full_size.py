@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "tools"))  # full_size_pipeline
 import full_size_pipeline  # noqa: E402
 
 from ditq.plan.planner import PlanOptions, make_plan  # noqa: E402
+from ditq.runtime.options import LoadOptions  # noqa: E402
 
 
 def main() -> int:
@@ -85,7 +86,7 @@ def main() -> int:
         proxy_seeds=1,
         proxy_steps=1,
         steps=args.steps,
-        device=args.device,
+        load=LoadOptions(device=args.device),
         work=work / "runs",
         max_rounds=1,
         max_layers=args.max_layers,

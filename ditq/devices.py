@@ -31,7 +31,9 @@ __all__ = [
     "OFFLOAD_LADDER_AUTO",
     "OFFLOAD_MODES",
     "add_device_arguments",
+    "check_device_name",
     "default_dtype",
+    "parse_memory_size",
     "parse_offload",
     "resolve_device",
     "resolve_dtype",
@@ -62,13 +64,20 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def check_device_name(device: str | torch.device, option: str = "--device") -> str:
+    """``device`` as text, refused in one line where it is none of DEVICE_CHOICES' forms (nothing is resolved:
+    whether it exists here is ``resolve_device``'s question)."""
+    text = str(device).strip()
+    if not _DEVICE_PATTERN.fullmatch(text):
+        raise InputError(f"{option} {text!r}: not a device (choose from {', '.join(DEVICE_CHOICES)})")
+    return text
+
+
 def resolve_device(device: str | torch.device, option: str = "--device") -> torch.device:
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` as a torch.device that exists here."""
     import torch
 
-    text = str(device).strip()
-    if not _DEVICE_PATTERN.fullmatch(text):
-        raise InputError(f"{option} {text!r}: not a device (choose from {', '.join(DEVICE_CHOICES)})")
+    text = check_device_name(device, option)
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = torch.device(text)
@@ -105,6 +114,36 @@ def resolve_dtype(
     if name not in dtypes:
         raise InputError(f"{option} {name!r}: not a compute dtype (choose from {', '.join(DTYPE_CHOICES)})")
     return dtypes[name]
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+
+def parse_memory_size(text: str) -> int:
+    """'24GiB', '24GB', '20000MiB', '1.5g' or a byte count -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise InputError(f"--max-memory: cannot read '{text}' as a size (examples: 24GiB, 24GB, 20000MiB)")
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise InputError(f"--max-memory: size must be positive, got '{text}'")
+    return size
 
 
 def parse_offload(value: str) -> tuple[str, ...]:

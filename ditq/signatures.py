@@ -2,7 +2,7 @@
 
 A *signature* is absolute: an image's structure (``ditq.metrics.structure_metrics``) shows it when every ``when``
 condition holds, unless every ``unless`` condition can be evaluated and holds (a clean cut-out is not a
-collapse). The server refuses (or flags) an image that shows one before answering (``ditq.serve.images``); the
+collapse). The server refuses (or flags) an image that shows one before answering (``ditq.runtime.images``); the
 gate judges every image of a run by them and by the rules' *envelope* around the baseline (``ditq.judge.gate``).
 Shared by both, so neither imports the other.
 """

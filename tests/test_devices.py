@@ -83,35 +83,29 @@ def test_generate_and_serve_compute_in_the_same_default_dtype_on_the_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from ditq.demo import default_model_dir
+    from ditq.runtime import generate as generate_module
     from ditq.runtime.adapter import GenerationRequest
-    from ditq.serve import generate as generate_module
+    from ditq.runtime.options import LoadOptions, ResolvedLoad
     from ditq.serve import server
     from ditq.serve.config import ServeConfig
 
     class Loaded(Exception):
         """Stops each entry point where it loads the model, with what it asked for."""
 
-    def load(
-        model_dir: object,
-        device: torch.device | str,
-        offload: str,
-        dtype: torch.dtype,
-        *_: object,
-        **__: object,
-    ) -> None:
-        raise Loaded(str(device), dtype)
+    def load(model_dir: object, load: ResolvedLoad) -> None:
+        raise Loaded(str(load.device), load.dtype)
 
     def create_app(config: ServeConfig, *, load: Callable[[], object], facts: dict[str, object], **_: object):
         assert (facts["device"], facts["dtype"]) == ("cpu", "float32")  # what /health says
         return load()
 
-    monkeypatch.setattr(generate_module, "load_adapter", load)  # generate loads as serve does
+    monkeypatch.setattr(generate_module, "open_pipeline", load)  # generate opens as serve does
     monkeypatch.setattr(server, "create_app", create_app)
-    monkeypatch.setattr(server, "load_adapter", load)
+    monkeypatch.setattr(server, "open_pipeline", load)
     with pytest.raises(Loaded) as generated:
-        generate_module.generate(None, GenerationRequest(prompt="a kite"), device="cpu")
+        generate_module.generate(None, GenerationRequest(prompt="a kite"), LoadOptions(device="cpu"))
     with pytest.raises(Loaded) as served:
-        server.serve(default_model_dir(), ServeConfig(), device="cpu", skip_doctor=True)
+        server.serve(default_model_dir(), ServeConfig(), LoadOptions(device="cpu", skip_doctor=True))
     assert generated.value.args == served.value.args == ("cpu", torch.float32)
 
 

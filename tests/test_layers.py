@@ -32,6 +32,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("demo model", ("ditq.demo",)),  # a model's own classes: the runtime loads them
     ("runtime", ("ditq.runtime",)),
     ("doctor", ("ditq.doctor",)),
+    # the one opener (``open_pipeline``) and the one-shot generate over it: the runtime's, installing the doctor's
+    # choices, so above the doctor
+    ("opener", ("ditq.runtime.open", "ditq.runtime.generate")),
     ("quantize", ("ditq.quantize",)),
     ("serve", ("ditq.serve",)),
     ("probe", ("ditq.probe",)),
@@ -198,3 +201,22 @@ def test_the_cycle_finder_finds_a_loop_closed_through_a_function_level_import(tm
     paths["ditq.x.prefill"].write_text("def op():\n    pass\n")
     graph = {name: _imports(name, path, paths) for name, path in paths.items()}
     assert import_cycles(graph) == []
+
+
+def test_only_the_serve_command_imports_the_server_package() -> None:
+    """serve/ is the HTTP layer (intake, cost, worker, access): what another stage needs to open a pipeline or
+    answer with an image lives below it, so nothing outside serve/ imports it but the command that starts it."""
+    entry = {"ditq.commands.serve"}
+    importers = []
+    for module, path in _modules().items():
+        if module == "ditq.serve" or module.startswith("ditq.serve.") or module in entry:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            if any(name == "ditq.serve" or name.startswith("ditq.serve.") for name in names):
+                importers.append(module)
+    assert importers == []

@@ -54,12 +54,16 @@ def test_generate_draws_one_bar_of_its_denoising_steps_on_a_terminal_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from ditq.runtime.adapter import GenerationRequest
-    from ditq.serve.generate import generate
+    from ditq.runtime.generate import generate
+    from ditq.runtime.options import LoadOptions
 
     request = GenerationRequest(prompt="a red circle", num_inference_steps=3, width=32, height=32, seed=0)
-    drawn = _stderr_of(lambda: generate(None, request, device="cpu"), monkeypatch, terminal=True)
+    drawn = _stderr_of(lambda: generate(None, request, LoadOptions(device="cpu")), monkeypatch, terminal=True)
     assert "denoising" in drawn and "/3 " in drawn and "step/s" in drawn  # a bar of the 3 steps
-    assert _stderr_of(lambda: generate(None, request, device="cpu"), monkeypatch, terminal=False) == ""
+    assert (
+        _stderr_of(lambda: generate(None, request, LoadOptions(device="cpu")), monkeypatch, terminal=False)
+        == ""
+    )
 
 
 def test_off_a_terminal_long_work_says_a_line_with_its_eta_every_ten_seconds() -> None:

@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ditq.runtime.options import LoadOptions
 
 __all__ = [
     "ACCUMULATE_CHOICES",
     "ATTENTION_CHOICES",
     "COMPILE_BACKENDS",
     "KV_CACHE_CHOICES",
+    "LOAD_FLAGS",
     "MAX_SEEDS",
     "PLAN_SCHEMES",
     "SCHEME_NAMES",
     "TOLERANCE_DB",
     "add_accumulate_argument",
     "add_attention_argument",
+    "add_compile_argument",
     "add_kv_cache_argument",
+    "add_load_arguments",
     "add_variant_argument",
+    "compile_backend",
+    "load_options_from_args",
 ]
 
 # What the parsers show, without importing torch (so that `ditq COMMAND --help` answers at once); each equals the
@@ -32,7 +42,7 @@ TOLERANCE_DB = 1.0  # ditq.judge.compare.TOLERANCE_DB
 
 
 def add_variant_argument(parser: argparse.ArgumentParser) -> None:
-    """``--variant NAME``, read as ``ditq.runtime.loader.load_pipeline`` reads it (the commands that load a model)."""
+    """``--variant NAME``, read as ``ditq.runtime.options.LoadOptions`` reads it (the commands that load a model)."""
     parser.add_argument(
         "--variant",
         metavar="NAME",
@@ -58,7 +68,7 @@ def add_attention_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_accumulate_argument(parser: argparse.ArgumentParser) -> None:
-    """``--accumulate exact|fast`` (default exact), as ``ditq.doctor.kernel_chooser`` reads it."""
+    """``--accumulate exact|fast`` (default exact), as ``ditq.runtime.options.LoadOptions`` reads it."""
     parser.add_argument(
         "--accumulate",
         choices=ACCUMULATE_CHOICES,
@@ -99,3 +109,67 @@ def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
         help="keep the transformer's prefix KV cache (text and reference tokens) in 8 bits with per-token, per-head "
         "scales: half its memory (opt-in; default: the model's own cache)",
     )
+
+
+# Every flag of how a pipeline is opened (``ditq.runtime.options.LoadOptions``'s fields, as the command line names
+# them), in the order --help shows them. A command takes the ones it offers.
+LOAD_FLAGS = (
+    "device",
+    "dtype",
+    "offload",
+    "variant",
+    "attention",
+    "kv_cache",
+    "compile",
+    "accumulate",
+    "max_memory",
+    "skip_doctor",
+)
+_FLAG_HELP = {
+    "max_memory": "cap the accelerator memory this process may use, e.g. 24GiB (CUDA only)",
+    "skip_doctor": "use kernel paths without the kernel doctor's check (warns)",
+}
+
+
+def add_load_arguments(
+    parser: argparse.ArgumentParser,
+    what: str = "where to generate",
+    device: str = "auto",
+    flags: Collection[str] = LOAD_FLAGS,
+    helps: Mapping[str, str] | None = None,
+) -> None:
+    """The flags of how a pipeline is opened that a command offers (``flags``, of LOAD_FLAGS), read back by
+    ``load_options_from_args``. ``what`` and ``device`` are --device's help and default; ``helps`` a command's
+    own words for --max-memory or --skip-doctor."""
+    from ditq.devices import add_device_arguments
+
+    unknown = set(flags) - set(LOAD_FLAGS)
+    assert not unknown, f"not load flags: {sorted(unknown)}"
+    words = {**_FLAG_HELP, **(helps or {})}
+    if "device" in flags:
+        add_device_arguments(parser, device, what, dtype="dtype" in flags, offload="offload" in flags)
+    adders = {
+        "variant": add_variant_argument,
+        "attention": add_attention_argument,
+        "kv_cache": add_kv_cache_argument,
+        "compile": add_compile_argument,
+        "accumulate": add_accumulate_argument,
+    }
+    for flag in LOAD_FLAGS:
+        if flag in flags and flag in adders:
+            adders[flag](parser)
+    if "max_memory" in flags:
+        parser.add_argument("--max-memory", metavar="SIZE", help=words["max_memory"])
+    if "skip_doctor" in flags:
+        parser.add_argument("--skip-doctor", action="store_true", help=words["skip_doctor"])
+
+
+def load_options_from_args(args: argparse.Namespace, **overrides: Any) -> LoadOptions:
+    """The ``LoadOptions`` of a command's load flags (``add_load_arguments``); a flag the command does not offer
+    keeps LoadOptions' default, and ``overrides`` are the command's own fixed choices (the baseline's bfloat16)."""
+    from ditq.runtime.options import LoadOptions
+
+    given: dict[str, Any] = {name: getattr(args, name) for name in LOAD_FLAGS if hasattr(args, name)}
+    if "compile" in given:
+        given["compile"] = compile_backend(args)
+    return LoadOptions(**{**given, **overrides})

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ditq.checkpoint.hub import resolve_model
-from ditq.commands import add_compile_argument, add_variant_argument, compile_backend
+from ditq.commands import add_load_arguments, load_options_from_args
 from ditq.commands.probe import add_api_key_argument, add_matrix_arguments
-from ditq.devices import add_device_arguments
 from ditq.probe.fixtures import parse_seeds
 
 __all__ = ["add_arguments", "run"]
@@ -24,9 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--endpoint", help="generate through this server (serving PATH) instead of in process"
     )
     add_api_key_argument(parser)  # with --endpoint
-    add_device_arguments(parser, "auto", "in process: where to generate (in bfloat16)", offload=True)
-    add_variant_argument(parser)
-    add_compile_argument(parser)
+    add_load_arguments(
+        parser,
+        "in process: where to generate (in bfloat16)",
+        flags=("device", "offload", "variant", "compile"),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,10 +47,7 @@ def run(args: argparse.Namespace) -> int:
             steps=args.steps,
             true_cfg_scale=args.cfg,
             endpoint=args.endpoint,
-            device=args.device,
-            offload=args.offload,
-            variant=args.variant,
-            compile=compile_backend(args),
+            load=load_options_from_args(args),
             timeout_s=args.timeout,
             concurrency=args.concurrency,
             retry_failed=args.retry_failed,

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ditq.commands import compile_backend
+from ditq.commands import load_options_from_args
 from ditq.commands.sweep import add_sweep_arguments, print_verdicts, stop_on_sigterm
 from ditq.demo.settings import DEMO, demo_fixtures
 from ditq.devices import resolve_device
@@ -51,9 +51,9 @@ def demo_options(args: argparse.Namespace) -> SweepOptions:
         max_seeds=args.max_seeds,
         steps=args.steps if args.steps is not None else DEMO.steps,
         cfg=args.cfg,
-        max_memory=args.max_memory,
-        device=str(resolve_device(args.device)),
-        dtype=args.dtype or DEMO.dtype,
+        load=load_options_from_args(
+            args, device=str(resolve_device(args.device)), dtype=args.dtype or DEMO.dtype, offload="none"
+        ),
         offload=args.offload,
         parity_db=args.parity_db,
         parity_pair=tuple(args.parity_pair) if args.parity_pair else None,
@@ -64,8 +64,6 @@ def demo_options(args: argparse.Namespace) -> SweepOptions:
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
         plan=args.plan or (None if args.no_plan else demo.plan_path()),
-        compile=compile_backend(args),
-        accumulate=args.accumulate,
     )
 
 

@@ -11,20 +11,12 @@ from typing import TYPE_CHECKING
 from PIL import Image
 
 from ditq.checkpoint.hub import resolve_model
-from ditq.commands import (
-    add_accumulate_argument,
-    add_attention_argument,
-    add_compile_argument,
-    add_kv_cache_argument,
-    add_variant_argument,
-    compile_backend,
-)
-from ditq.devices import add_device_arguments
+from ditq.commands import LOAD_FLAGS, add_load_arguments, load_options_from_args
 from ditq.errors import DitqError
 from ditq.pictures import open_picture
 
 if TYPE_CHECKING:
-    from ditq.serve.generate import GenerationReport
+    from ditq.runtime.generate import GenerationReport
 
 __all__ = ["add_arguments", "run"]
 
@@ -56,12 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("ditq-generate.png"), metavar="FILE", help="PNG to write"
     )
-    add_device_arguments(parser, "auto", "where to generate", dtype=True, offload=True)
-    add_variant_argument(parser)
-    add_attention_argument(parser)
-    add_kv_cache_argument(parser)
-    add_compile_argument(parser)
-    add_accumulate_argument(parser)
+    add_load_arguments(parser, flags=[f for f in LOAD_FLAGS if f not in ("max_memory", "skip_doctor")])
     parser.add_argument(
         "--on-collapse",
         choices=("error", "warn"),
@@ -69,11 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an image with a collapse signature (as ditq serve checks): fail without writing it (default), "
         "or write it with a warning",
     )
-    parser.add_argument(
-        "--skip-doctor",
-        action="store_true",
-        help="use kernel paths without the kernel doctor's check (warns)",
-    )
+    add_load_arguments(parser, flags=["skip_doctor"])  # after --on-collapse, where --help has always shown it
 
 
 def _open_references(paths: list[Path]) -> list[Image.Image]:
@@ -139,7 +122,7 @@ def _check_collapse(images: list[Image.Image], on_collapse: str) -> None:
     """The collapse signatures ditq serve checks (the gate's rules). With ``on_collapse`` "error" such an image
     is not written and the command fails with the signature and its measured values; "warn" writes it and says
     so."""
-    from ditq.serve.images import collapse_reasons
+    from ditq.runtime.images import collapse_reasons
     from ditq.signatures import load_rules
 
     rules = load_rules()
@@ -155,7 +138,7 @@ def _check_collapse(images: list[Image.Image], on_collapse: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ditq.runtime.adapter import GenerationRequest, parse_size
-    from ditq.serve.generate import generate, save_images
+    from ditq.runtime.generate import generate, save_images
 
     width, height = parse_size(args.size, "--size") if args.size else (None, None)
     request = GenerationRequest(
@@ -168,19 +151,8 @@ def run(args: argparse.Namespace) -> int:
         guidance_scale=args.guidance,
         seed=args.seed,
     )
-    report = generate(
-        None if args.path is None else resolve_model(args.path, args.variant),
-        request,
-        device=args.device,
-        offload=args.offload,
-        dtype=args.dtype,
-        skip_doctor=args.skip_doctor,
-        variant=args.variant,
-        attention=args.attention,
-        kv_cache=args.kv_cache,
-        compile=compile_backend(args),
-        accumulate=args.accumulate,
-    )
+    options = load_options_from_args(args)  # before the model is looked up: a bad option is one line
+    report = generate(None if args.path is None else resolve_model(args.path, args.variant), request, options)
     _print_report(report)
     _check_collapse(report.result.images, args.on_collapse)
     for path in save_images(report.result.images, args.out):

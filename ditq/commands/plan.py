@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ditq.checkpoint.hub import resolve_model
-from ditq.commands import MAX_SEEDS, PLAN_SCHEMES, TOLERANCE_DB, add_variant_argument
-from ditq.devices import add_device_arguments
+from ditq.commands import MAX_SEEDS, PLAN_SCHEMES, TOLERANCE_DB, add_load_arguments, load_options_from_args
 from ditq.probe.fixtures import DEFAULT_SEEDS
 
 if TYPE_CHECKING:
@@ -115,8 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the runs and checkpoints here (its reference, pair-bfloat16, verify-N and artifact-N are made "
         "afresh; default: a temporary folder, removed)",
     )
-    add_device_arguments(parser, "auto", "where the pipeline runs", dtype=True)
-    add_variant_argument(parser)
+    add_load_arguments(parser, "where the pipeline runs", flags=("device", "dtype", "variant"))
 
 
 def summary(plan: PlanFile, out: Path) -> list[str]:
@@ -168,9 +166,7 @@ def run(args: argparse.Namespace) -> int:
             steps=args.steps,
             cfg=args.cfg,
             component=args.component,
-            device=args.device,
-            dtype=args.dtype,
-            variant=args.variant,
+            load=load_options_from_args(args),
             work=args.work,
             max_rounds=args.max_rounds,
             max_layers=args.max_layers,

@@ -6,15 +6,7 @@ import argparse
 import os
 
 from ditq.checkpoint.hub import hub_origin, resolve_model
-from ditq.commands import (
-    add_accumulate_argument,
-    add_attention_argument,
-    add_compile_argument,
-    add_kv_cache_argument,
-    add_variant_argument,
-    compile_backend,
-)
-from ditq.devices import add_device_arguments
+from ditq.commands import add_load_arguments, load_options_from_args
 from ditq.errors import InputError
 from ditq.serve.config import ServeConfig, api_key_problem
 from ditq.serve.connections import ConnectionLimits
@@ -77,12 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--served-model-name",
         help="the model id clients send (default: the hub id of a hub snapshot, else the directory name)",
     )
-    add_device_arguments(parser, "auto", "where to generate", dtype=True, offload=True)
-    add_variant_argument(parser)
-    add_attention_argument(parser)
-    add_kv_cache_argument(parser)
-    add_compile_argument(parser)
-    add_accumulate_argument(parser)
+    add_load_arguments(parser, helps={"skip_doctor": "do not run the kernel doctor at start-up"})
     parser.add_argument(
         "--parallel",
         metavar="cp=N|tp=N",
@@ -101,11 +88,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_DEFAULTS.request_timeout_s,
         metavar="S",
         help="seconds from arrival to answer, queue included; then 504 (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-memory",
-        metavar="SIZE",
-        help="cap the accelerator memory this process may use, e.g. 24GiB (CUDA only)",
     )
     parser.add_argument(
         "--max-pixels",
@@ -138,7 +120,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_DEFAULTS.max_upload_pixels,
         help="largest width*height of a request's uploaded images together (default: %(default)s)",
     )
-    parser.add_argument("--skip-doctor", action="store_true", help="do not run the kernel doctor at start-up")
     security = parser.add_argument_group("access")
     security.add_argument(
         "--api-key",
@@ -208,20 +189,11 @@ def run(args: argparse.Namespace) -> int:
     serve(
         model,
         config,
+        load_options_from_args(args),
         host=args.host,
         port=args.port,
-        device=args.device,
-        offload=args.offload,
-        dtype=args.dtype,
-        max_memory=args.max_memory,
-        skip_doctor=args.skip_doctor,
-        variant=args.variant,
-        attention=args.attention,
-        kv_cache=args.kv_cache,
-        compile=compile_backend(args),
         limits=limits,
         drain_timeout_s=args.drain_timeout,
         parallel=parallel,
-        accumulate=args.accumulate,
     )
     return 0

@@ -12,13 +12,12 @@ from ditq.commands import (
     ATTENTION_CHOICES,
     KV_CACHE_CHOICES,
     MAX_SEEDS,
-    add_accumulate_argument,
-    add_compile_argument,
-    compile_backend,
+    add_load_arguments,
+    load_options_from_args,
 )
 from ditq.commands.probe import add_api_key_argument
 from ditq.commands.report import add_objective_argument, print_summary
-from ditq.devices import DTYPE_CHOICES, add_device_arguments, parse_offload, resolve_device
+from ditq.devices import DTYPE_CHOICES, parse_offload, resolve_device
 
 if TYPE_CHECKING:
     from ditq.report import ReportResult
@@ -63,7 +62,9 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, device: str) -> None:
         "OUT/parity-in-process), seed by seed",
     )
     add_objective_argument(parser)
-    add_device_arguments(parser, device, "device of the quantizer, every server and the doctor")
+    add_load_arguments(
+        parser, "device of the quantizer, every server and the doctor", device, flags=("device",)
+    )
     parser.add_argument(
         "--dtype",
         choices=DTYPE_CHOICES,
@@ -85,8 +86,8 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, device: str) -> None:
         help="one more candidate, OUT/plan: the model quantized with this plan (`ditq plan`; quantize --plan), "
         "through the same chain beside the uniform schemes",
     )
-    add_compile_argument(parser)  # every server, the baseline's too
-    add_accumulate_argument(parser)  # the candidates' servers (the baseline has no fp8 GEMM)
+    # --compile: every server, the baseline's too; --accumulate: the candidates' servers (the baseline has no fp8 GEMM)
+    add_load_arguments(parser, flags=("compile", "accumulate"))
     parser.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for /health")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines")
 
@@ -175,12 +176,13 @@ def run(args: argparse.Namespace) -> int:
         max_seeds=args.max_seeds,
         steps=args.steps,
         cfg=args.cfg,
-        max_memory=args.max_memory,
-        device=str(resolve_device(args.device)),
-        dtype=args.dtype,
+        load=load_options_from_args(
+            args,
+            device=str(resolve_device(args.device)),
+            offload="none",  # the ladder is the sweep's own
+        ),
         offload=args.offload,
         note=args.note,
-        variant=args.variant,
         endpoint_for=parse_endpoint_for(args.endpoint_for),
         parity_db=args.parity_db,
         parity_pair=tuple(args.parity_pair) if args.parity_pair else None,
@@ -190,10 +192,6 @@ def run(args: argparse.Namespace) -> int:
         health_timeout_s=args.health_timeout,
         progress=not args.no_progress,
         plan=args.plan,
-        attention=args.attention,
-        kv_cache=args.kv_cache,
-        compile=compile_backend(args),
-        accumulate=args.accumulate,
         parallel=args.parallel,
         api_key=args.api_key,
     )

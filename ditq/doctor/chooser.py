@@ -13,7 +13,7 @@ import torch
 
 from ditq.doctor.cases import Geometry
 from ditq.doctor.run import check_paths
-from ditq.errors import DitqError, InputError
+from ditq.errors import DitqError
 from ditq.kernels.registry import KernelPath, candidate_paths
 from ditq.schemes import Scheme
 
@@ -52,7 +52,7 @@ def choose_kernel(
     tokens; verdicts cached per (device, driver, library versions, path, geometry). A failing
     path is refused with a warning naming its report directory, and the next candidate is tried;
     when none passes, DitqError names every report. Callers that accept --skip-doctor skip this
-    call and log that as a warning themselves (``kernel_chooser``). ``accumulate`` "fast" offers the
+    call and log that as a warning themselves (``ditq.runtime.open``). ``accumulate`` "fast" offers the
     fast-accumulating paths too, ahead of the exact ones (``ditq.kernels.registry.candidate_paths``).
     """
     device = torch.device(device)
@@ -104,17 +104,10 @@ class VerifiedChooser:
         return line + (f"; refused: {', '.join(refused)}" if refused else "")
 
 
-def kernel_chooser(skip_doctor: bool, accumulate: str = "exact") -> VerifiedChooser | None:
-    """The loader's chooser for ``ditq generate``, ``ditq serve`` and the benchmarks alike: the doctor-verified
-    path, chosen before the repack so a refused path can still be replaced; None (the registry's first
-    candidate, unverified, logged as a warning) with ``--skip-doctor``. ``accumulate`` "fast" lets the doctor
-    choose fast-accumulating paths where they pass; it needs the doctor, whose measurement is its only licence."""
-    if skip_doctor and accumulate == "fast":
-        raise InputError(
-            "--accumulate fast: fast accumulation serves only where the kernel doctor measured it; drop --skip-doctor",
-            field="accumulate",
-        )
-    if skip_doctor:
-        log.warning("--skip-doctor: kernel paths run without verification on this device")
-        return None
+def kernel_chooser(accumulate: str = "exact") -> VerifiedChooser:
+    """The doctor's choice of each quantized layer's kernel path, for the opener to install
+    (``ditq.runtime.open.open_pipeline``) and the benchmarks alike: the doctor-verified path, chosen before the
+    repack so a refused path can still be replaced. ``accumulate`` "fast" lets the doctor choose fast-accumulating
+    paths where they pass; it needs the doctor, whose measurement is its only licence (so ``LoadOptions`` refuses it
+    beside ``skip_doctor``)."""
     return VerifiedChooser(accumulate)

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import sha256_file
@@ -42,6 +42,10 @@ from ditq.runfiles import (
     write_model,
 )
 
+# imported where used: ``ditq.runtime`` imports torch, and ``ditq gate --help`` reads this module
+if TYPE_CHECKING:
+    from ditq.runtime.options import LoadOptions
+
 __all__ = [
     "AdapterExecutor",
     "BaselineOptions",
@@ -64,9 +68,8 @@ class BaselineOptions:
     steps: int = 20
     true_cfg_scale: float = 1.0
     endpoint: str | None = None  # None: generate in process
-    device: str = "cpu"
-    offload: str = "none"
-    variant: str | None = None  # in process: the weight files' variant, as ditq.runtime.loader reads it
+    # in process: how the model is opened (device, offload, variant, compile; always in bfloat16, kernels unverified)
+    load: LoadOptions = field(default_factory=lambda: _on_the_cpu())
     timeout_s: float = 1800.0
     concurrency: int = 1
     retry_failed: bool = False
@@ -75,9 +78,13 @@ class BaselineOptions:
     memory_interval_s: float = 1.0
     progress: bool = True
     only: list[str] | None = None  # fixture ids (the rest of the run is kept as it is); None = all
-    # in process: a torch.compile backend for the transformer (ditq.runtime.compile)
-    compile: str | None = None
     api_key: str | None = field(default=None, repr=False)  # through an endpoint: sent as a bearer token
+
+
+def _on_the_cpu() -> LoadOptions:
+    from ditq.runtime.options import LoadOptions
+
+    return LoadOptions(device="cpu")
 
 
 class AdapterExecutor:
@@ -96,7 +103,7 @@ class AdapterExecutor:
     def __call__(self, fixture: Fixture, seed: int) -> Reply:
         from ditq.pictures import open_picture
         from ditq.runtime.adapter import GenerationRequest
-        from ditq.serve.images import encode_image
+        from ditq.runtime.images import encode_image
 
         t0 = time.perf_counter()
         try:
@@ -117,7 +124,7 @@ class AdapterExecutor:
             encode_s = time.perf_counter() - encoding
         except Exception as error:  # one failed generation is a record, not the end of the run
             return Reply(round(time.perf_counter() - t0, 3), None, error=f"{type(error).__name__}: {error}")
-        from ditq.serve.schemas import StageMetrics  # what ditq serve answers for the same generation
+        from ditq.runtime.stage_metrics import StageMetrics  # what ditq serve answers for the same generation
 
         metrics = StageMetrics.from_result(
             result, queue_wait_s=0.0, encode_s=encode_s, steps_asked=self.steps, every_step=True
@@ -126,24 +133,13 @@ class AdapterExecutor:
 
 
 def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> ProbeSummary:
-    from ditq.devices import DTYPES, resolve_device, resolve_offload
-    from ditq.runtime.adapter import PipelineAdapter
-    from ditq.runtime.loader import load_pipeline
+    from ditq.runtime.open import open_pipeline
+    from ditq.runtime.options import resolve_load_options
 
-    device = str(resolve_device(options.device))
-    offload = resolve_offload(options.offload)
     # The BF16 baseline on every device: the reference the quantized models are judged against.
-    pipeline = load_pipeline(
-        options.model,
-        device=device,
-        offload=offload,
-        dtype=DTYPES["bfloat16"],
-        variant=options.variant,
-        compile=options.compile,
-    )
-    executor = AdapterExecutor(
-        PipelineAdapter(pipeline), options.steps, options.true_cfg_scale, options.offload
-    )
+    load = resolve_load_options(options.load.replace(dtype="bfloat16", skip_doctor=True))
+    adapter = open_pipeline(options.model, load)
+    executor = AdapterExecutor(adapter, options.steps, options.true_cfg_scale, load.options.offload)
     description = describe_run(
         "baseline",
         ["in-process"],
@@ -153,7 +149,7 @@ def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> Probe
         options.seeds,
         options.steps,
         options.true_cfg_scale,
-        InProcessOptions(device=device, offload=offload, compile=options.compile),
+        InProcessOptions(**load.options.record(*InProcessOptions.model_fields)),
         options.model,
     )
     # The generating process is this one: sample its own device memory too.

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -41,6 +42,7 @@ from ditq.quantize.plan_file import (
     ProxyCalibration,
     write_plan,
 )
+from ditq.runtime.options import LoadOptions, ResolvedLoad, resolve_load_options
 from ditq.schemes import get_scheme
 
 __all__ = ["DEFAULT_SCHEMES", "PlanOptions", "make_plan", "parse_budget", "read_budget"]
@@ -68,9 +70,9 @@ class PlanOptions:
     steps: int | None = None  # None: the demo's 8 on the bundled model, else the probe's 20
     cfg: float = 1.0
     component: str = "transformer"
-    device: str = "auto"
-    dtype: str | None = None  # None: the device's default (float32 on the CPU, as ditq serve computes)
-    variant: str | None = None
+    # how the model is opened: device, dtype (None: the device's default, float32 on the CPU, as ditq serve
+    # computes), variant; kernels unverified (the registry's first candidate), as the sensitivity measured them
+    load: LoadOptions = field(default_factory=LoadOptions)
     work: Path | None = None  # keeps the runs and checkpoints (None: a temporary folder, removed)
     max_rounds: int = 3
     max_layers: int = 256  # Linears measured one by one at most; past it, the most sensitive blocks' first
@@ -109,7 +111,7 @@ class PlanOptions:
 
 def read_budget(text: str) -> tuple[str, float]:
     """``--budget`` as ("share", percent) for ``P%`` or ("bytes", n) for a SIZE (``12MiB``, ``1.5GB``)."""
-    from ditq.serve.config import parse_memory_size
+    from ditq.devices import parse_memory_size
 
     text = text.strip()
     if text.endswith("%"):
@@ -256,8 +258,7 @@ class _Setting:
     """What every phase shares: the options resolved, the fixtures, the runs' folders and the band."""
 
     options: PlanOptions
-    device: str
-    dtype: torch.dtype
+    load: ResolvedLoad  # the options' load, resolved once
     fixtures: dict[str, Fixture]
     fixtures_file: Path
     refs: Path
@@ -270,6 +271,14 @@ class _Setting:
     def __post_init__(self) -> None:
         for fixture_id in self.fixtures:
             self.seeds_by_fixture.setdefault(fixture_id, list(self.seeds))
+
+    @property
+    def device(self) -> str:
+        return self.load.options.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.load.dtype
 
     @property
     def reference(self) -> Path:
@@ -303,7 +312,7 @@ class _Setting:
             self.seeds if seeds is None else seeds,
             self.steps,
             self.options.cfg,
-            InProcessOptions(device=self.device, offload="none"),
+            InProcessOptions(**self.load.options.record(*InProcessOptions.model_fields)),
             model,
         )
 
@@ -324,14 +333,17 @@ def _verify(
     then settle undecided fixtures with more seeds (``_settle``). ``source`` runs the source precision."""
     from ditq.judge.baseline import AdapterExecutor
     from ditq.quantize.quantizer import quantize
-    from ditq.runtime.adapter import PipelineAdapter
-    from ditq.runtime.loader import load_pipeline
+    from ditq.runtime.open import open_pipeline
 
     options = setting.options
     artifact = setting.work / f"artifact-{round_index}"
-    quantize(options.model, artifact, plan=plan, device=setting.device, variant=options.variant, force=True)
-    pipeline = load_pipeline(artifact, device=setting.device, dtype=setting.dtype)
-    candidate = AdapterExecutor(PipelineAdapter(pipeline), setting.steps, options.cfg)
+    variant = options.load.variant
+    quantize(options.model, artifact, plan=plan, device=setting.device, variant=variant, force=True)
+    # the artifact records its variant: opened without one, in the setting's device and dtype
+    adapter = open_pipeline(
+        artifact, dataclasses.replace(setting.load, options=setting.load.options.replace(variant=None))
+    )
+    candidate = AdapterExecutor(adapter, setting.steps, options.cfg)
     run = setting.work / f"verify-{round_index}"
     _run_seeds(setting, run, candidate, setting.seeds_by_fixture, artifact)
     return _settle(setting, run, band, candidate, source, artifact)
@@ -437,18 +449,17 @@ def _reasons(
 
 def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: None) -> PlanFile:
     """Measure, search and verify; write ``options.out`` and return the plan."""
-    from ditq.devices import resolve_device, resolve_dtype
     from ditq.quantize.targets import plan_targets
-    from ditq.runtime.loader import load_pipeline
+    from ditq.runtime.open import open_pipeline
 
     started = time.monotonic()
-    device = str(resolve_device(options.device))
+    load = resolve_load_options(options.load.replace(skip_doctor=True))
+    device = load.options.device
     with _work_folder(options.work) as work:
         fixtures_file, refs, steps = _bundled_defaults(options, work)
         setting = _Setting(
             options,
-            device,
-            resolve_dtype(options.dtype, device),
+            load,
             load_fixtures(fixtures_file, refs),
             fixtures_file,
             refs,
@@ -456,7 +467,7 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
             steps,
             work,
         )
-        pipeline = load_pipeline(options.model, device=device, dtype=setting.dtype, variant=options.variant)
+        pipeline = open_pipeline(options.model, load).pipeline
         component = getattr(pipeline, options.component, None)
         if not isinstance(component, torch.nn.Module):
             raise InputError(f"--component: {options.model} has no model component {options.component!r}")
@@ -555,7 +566,7 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
 def _max_kept(options: PlanOptions, targets: dict[str, int]) -> int | None:
     if options.budget is None:
         return None
-    itemsize, component_bytes = _stored_itemsize(Path(options.model), options.component, options.variant)
+    itemsize, component_bytes = _stored_itemsize(Path(options.model), options.component, options.load.variant)
     planned = sum(targets.values())
     return parse_budget(options.budget, planned, itemsize, component_bytes - planned * itemsize)
 
@@ -684,8 +695,7 @@ def _pair_run(setting: _Setting, seeds: list[int], fixture_ids: list[str]) -> No
             seeds=seeds,
             steps=setting.steps,
             true_cfg_scale=options.cfg,
-            device=setting.device,
-            variant=options.variant,
+            load=LoadOptions(device=setting.device, variant=options.load.variant),
             progress=False,
             only=fixture_ids,
         )

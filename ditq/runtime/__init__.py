@@ -1,4 +1,5 @@
-"""Running ditq artifacts: quantized Linear modules, the loader, offload, and the pipeline adapter.
+"""Running ditq artifacts: quantized Linear modules, the loader, offload, the pipeline adapter, and the one way to
+open a pipeline (``LoadOptions`` handed to ``open_pipeline``).
 
 The adapter's names import eagerly (they are light); the loader and modules on first use, so
 ``import ditq.runtime`` does not pull in diffusers.
@@ -11,7 +12,10 @@ from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAd
 
 # Public name -> module that defines it, imported on first use.
 _LAZY: dict[str, str] = {
-    "load_pipeline": "ditq.runtime.loader",
+    "LoadOptions": "ditq.runtime.options",
+    "open_pipeline": "ditq.runtime.open",
+    "resolve_load_options": "ditq.runtime.options",
+    "load_pipeline": "ditq.runtime.open",
     "load_component": "ditq.runtime.loader",
     "prepare_quantized": "ditq.runtime.loader",
     "QuantizedLinear": "ditq.runtime.modules",

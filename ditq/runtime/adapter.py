@@ -110,11 +110,13 @@ class PipelineAdapter:
         # pipeline holds it; what the memory benchmark measures the release against)
         self.release_prefix_cache = True
         # diffusers' own step bar is off: a server's log gets no carriage returns, and ``ditq generate`` draws
-        # one bar for every pipeline (``ditq.serve.generate``)
+        # one bar for every pipeline (``ditq.runtime.generate``)
         configure = getattr(pipeline, "set_progress_bar_config", None)
         if callable(configure):
             configure(disable=True)
         self.load_facts: dict[str, Any] = {}  # what loading found out (e.g. the time kernel choice took)
+        # the kernel chooser the opener used (``ditq.runtime.open``); the server's doctor record reads what it chose
+        self.kernel_chooser: Any = None
         self.parameters = set(inspect.signature(pipeline.__call__).parameters)
         self._targets = {
             name: next((p for p in candidates if p in self.parameters), None)

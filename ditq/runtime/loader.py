@@ -41,7 +41,7 @@ from ditq.checkpoint.layout import (
 )
 from ditq.checkpoint.manifest import check_sealed_reads
 from ditq.checkpoint.safetensors_io import TensorEntry, read_entry, read_header
-from ditq.devices import resolve_device, resolve_dtype, resolve_offload
+from ditq.devices import resolve_device, resolve_dtype
 from ditq.errors import InputError, error_line
 from ditq.kernels.registry import KernelPath
 from ditq.runtime.classes import import_class, pipeline_class
@@ -50,6 +50,7 @@ from ditq.runtime.fuse import fuse_projections, stored_layer_count
 from ditq.runtime.meta import build_empty, parameters_on_meta
 from ditq.runtime.modules import QuantizedLinear, quantized_linears
 from ditq.runtime.offload import apply_offload
+from ditq.runtime.options import ResolvedLoad
 from ditq.runtime.processors import missing_library, processors_without_video
 from ditq.runtime.swap import swap_quantized_linears
 from ditq.runtime.unused import drop_unused as drop_unused_modules
@@ -65,7 +66,7 @@ __all__ = [
     "file_entries",
     "is_quantized_component",
     "load_component",
-    "load_pipeline",
+    "load_components",
     "parameters_on_meta",
     "pipeline_class",
     "pipeline_summary",
@@ -376,26 +377,11 @@ def _without_diffusers_bars() -> Iterator[None]:
             diffusers_logging.enable_progress_bar()
 
 
-def load_pipeline(
-    model_dir: str | Path,
-    device: str | torch.device = "auto",
-    offload: str = "none",
-    dtype: torch.dtype | str | None = None,
-    chooser: KernelChooser | None = None,
-    variant: str | None = None,
-    drop_unused: bool = True,
-    memory_budget_bytes: int | None = None,
-    kv_cache: str | None = None,
-    compile: str | None = None,
-    fuse: bool = False,
-    local_files_only: bool = False,
-) -> Any:
+def load_components(model_dir: str | Path, load: ResolvedLoad, chooser: KernelChooser | None) -> Any:
     """A diffusers pipeline from a plain or ditq directory, or a hub id ``org/name[@revision]`` (resolved through
     the hub cache, ``ditq.checkpoint.hub.resolve_model``; ``local_files_only`` or ``HF_HUB_OFFLINE``: the cache
-    only), placed on ``device`` per ``offload``.
-
-    ``device`` "auto" (the default) is the CUDA device where there is one, else the CPU; ``dtype`` None is the
-    device's default compute dtype (float32 on the CPU, bfloat16 on CUDA), as ``ditq generate`` computes.
+    only), its components loaded and placed as ``load`` says (the opener's part below the doctor and the model's
+    own paths: ``ditq.runtime.open.open_pipeline`` calls it, then installs attention, the KV cache and compilation).
 
     ``variant`` (``fp16``...) reads each component's variant files where it has them, else its default files,
     as diffusers' ``from_pretrained(variant=...)`` does; None: the variant a ditq artifact records (the
@@ -403,31 +389,28 @@ def load_pipeline(
     only other variants' files is an InputError naming them.
 
     With ``drop_unused`` (the default), the modules a ditq artifact's manifest declares unused (a text encoder's
-    output head) are neither loaded onto ``device`` nor run; the pipeline's ``ditq_unused`` maps each dropped
+    output head) are neither loaded onto the device nor run; the pipeline's ``ditq_unused`` maps each dropped
     ``component.module`` to the bytes it would have held.
 
-    offload "none": every component loads on ``device``; "auto": components load on the host, then the most
-    often run stay on ``device`` as far as their weights fit ``memory_budget_bytes`` (default: the device's free
+    offload "none": every component loads on the device; "auto": components load on the host, then the most
+    often run stay on the device as far as their weights fit the memory budget (default: the device's free
     memory) and the rest stream from pinned host memory (``ditq.runtime.offload.Placement``, kept as the
-    pipeline's ``ditq_placement``); "model": components load on the host and move to ``device`` one at a time
-    when they run (diffusers' model CPU offload); "block": the transformer's blocks stream to ``device`` one by
-    one (diffusers' block-level group offload). ``kv_cache`` ("int8" | "fp8") keeps the transformer's prefix KV
-    cache in 8 bits (``ditq.runtime.kv_cache``). ``compile`` (a torch.compile backend: "inductor", say) compiles
-    the transformer's repeated blocks on their first call (``ditq.runtime.compile``), and the text encoder's decoder
-    layers where the text encoder is quantized, recorded as the pipeline's ``ditq_compile``. With ``fuse``,
-    quantized projections that read one input (query/key/value, gate/up) run as one GEMM each
-    (``ditq.runtime.fuse``; exact per output channel). Off by default: on an H200 the fused fp8 loop ran 5 % slower
-    than the separate layers (benchmarks/results/dit_bench_fused_eager_7d332ce.json).
+    pipeline's ``ditq_placement``); "model": components load on the host and move to the device one at a time
+    when they run (diffusers' model CPU offload); "block": the transformer's blocks stream to the device one by
+    one (diffusers' block-level group offload). Each quantized layer's kernel path is ``chooser``'s (None: the
+    registry's first candidate). With ``fuse``, quantized projections that read one input (query/key/value,
+    gate/up) run as one GEMM each (``ditq.runtime.fuse``; exact per output channel). Off by default: on an H200
+    the fused fp8 loop ran 5 % slower than the separate layers (benchmarks/results/dit_bench_fused_eager_7d332ce.json).
     """
-    offload = resolve_offload(offload, option="offload")
-    model_dir = resolve_model(model_dir, variant, local_files_only)
+    options = load.options
+    offload, variant, drop_unused = options.offload, options.variant, options.drop_unused
+    model_dir = resolve_model(model_dir, variant, options.local_files_only)
     index = read_model_index(model_dir)
     check_components_present(model_dir, index)
     classes = check_component_classes(model_dir, index)
     check_sealed_reads(model_dir)  # an artifact: only what its manifest lists is read
     cls = pipeline_class(index, model_dir)
-    run_device = resolve_device(device, option="device")
-    dtype = resolve_dtype(dtype, run_device, option="dtype")
+    run_device, dtype = load.device, load.dtype
     load_device = run_device if offload == "none" else torch.device("cpu")
     recorded = recorded_variant(model_dir)
     variant = variant if variant is not None else recorded
@@ -475,21 +458,13 @@ def load_pipeline(
         if isinstance(component, torch.nn.Module) and name not in quantized:
             component.to(load_device)
         if isinstance(component, torch.nn.Module):
-            if fuse and name in quantized:
+            if options.fuse and name in quantized:
                 fuse_projections(component)
             prepare_quantized(component, run_device, dtype, chooser)
-    apply_offload(pipeline, offload, run_device, memory_budget_bytes)
-    if kv_cache is not None:
-        from ditq.runtime.kv_cache import install_kv_cache
-
-        install_kv_cache(pipeline, kv_cache)
-    if compile is not None:
-        from ditq.runtime.compile import compile_pipeline
-
-        # the text encoder only where it is quantized (why: ditq.runtime.compile)
-        compile_pipeline(
-            pipeline, compile, text_encoder="text_encoder" if "text_encoder" in quantized else None
-        )
+    apply_offload(pipeline, offload, run_device, load.memory_budget_bytes)
+    pipeline.ditq_quantized_components = tuple(
+        quantized
+    )  # the opener compiles a text encoder only if quantized
     return pipeline
 
 

@@ -12,13 +12,14 @@ _LAZY: dict[str, str] = {
     "DoctorOutcome": "ditq.serve.state",
     "ServeConfig": "ditq.serve.config",
     "create_app": "ditq.serve.app",
-    "parse_memory_size": "ditq.serve.config",
+    "parse_memory_size": "ditq.devices",  # kept here: it was public here first
     "serve": "ditq.serve.server",
 }
 
 if TYPE_CHECKING:  # the names as their modules define them, for the type checker
+    from ditq.devices import parse_memory_size
     from ditq.serve.app import create_app
-    from ditq.serve.config import ServeConfig, parse_memory_size
+    from ditq.serve.config import ServeConfig
     from ditq.serve.server import serve
     from ditq.serve.state import DoctorOutcome
 

@@ -27,13 +27,13 @@ from starlette.exceptions import HTTPException
 
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
+from ditq.runtime.images import checked_and_encoded
 from ditq.serve import errors
 from ditq.serve.access import AccessMiddleware
 from ditq.serve.body_limit import BodyLimitMiddleware
 from ditq.serve.config import ServeConfig
 from ditq.serve.cost import CostModel, Prediction, request_cost
 from ditq.serve.errors import APIError, envelope
-from ditq.serve.images import checked_and_encoded
 from ditq.serve.intake import Reference, check_uploads
 from ditq.serve.metrics import endpoint_label
 from ditq.serve.parsing import parse_form, parse_json

@@ -1,8 +1,7 @@
-"""The server's settings, validated once at the edge, plus the ``SIZE`` parser of ``--max-memory``."""
+"""The server's settings, validated once at the edge."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -10,40 +9,11 @@ from PIL import Image
 
 from ditq.errors import InputError
 
-__all__ = ["CollapsePolicy", "ServeConfig", "api_key_problem", "parse_memory_size"]
+__all__ = ["CollapsePolicy", "ServeConfig", "api_key_problem"]
 
 # "error": a collapsed image fails its request with 500 non_finite_output; "warn": it is returned
 # with a "warnings" entry in the response. Either way it is logged and counted.
 CollapsePolicy = Literal["error", "warn"]
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-}
-
-
-def parse_memory_size(text: str) -> int:
-    """'24GiB', '24GB', '20000MiB', '1.5g' or a byte count -> bytes."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
-        raise InputError(f"--max-memory: cannot read '{text}' as a size (examples: 24GiB, 24GB, 20000MiB)")
-    size = int(float(match.group(1)) * _UNITS[unit])
-    if size <= 0:
-        raise InputError(f"--max-memory: size must be positive, got '{text}'")
-    return size
 
 
 def api_key_problem(key: str) -> str | None:

@@ -41,9 +41,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
-from ditq.doctor import VerifiedChooser, kernel_chooser
 from ditq.errors import StartupError, error_line
 from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, GenerationResult, PipelineAdapter
+from ditq.runtime.open import open_pipeline
+from ditq.runtime.options import LoadOptions
 from ditq.runtime.parallel import ParallelSpec, apply_parallelism
 from ditq.serve.metrics import peak_resident_memory_bytes
 from ditq.serve.worker import RankLost, StopReason
@@ -64,11 +65,7 @@ class RankSettings:
     model_dir: Path
     spec: ParallelSpec
     devices: tuple[str, ...]  # rank -> device
-    dtype: torch.dtype
-    skip_doctor: bool = False
-    variant: str | None = None
-    kv_cache: str | None = None
-    accumulate: str = "exact"
+    options: LoadOptions  # how every rank opens the pipeline, resolved (each on its own device)
     log_level: int = logging.INFO
 
     @property
@@ -102,12 +99,10 @@ def _agree_to_stop(group: dist.ProcessGroup, reason: str | None) -> str | None:
 
 
 def _load_rank(
-    settings: RankSettings, rank: int, rendezvous: str, chooser: VerifiedChooser | None
+    settings: RankSettings, rank: int, rendezvous: str
 ) -> tuple[PipelineAdapter, dist.ProcessGroup]:
-    """Join the group as ``rank``, load the pipeline on its device, make the transformer parallel; returns the
+    """Join the group as ``rank``, open the pipeline on its device, make the transformer parallel; returns the
     adapter and the gloo group that stop decisions go over."""
-    from ditq.serve.startup import load_adapter
-
     device = settings.devices[rank]
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
@@ -116,15 +111,7 @@ def _load_rank(
         settings.backend, init_method=rendezvous, rank=rank, world_size=settings.spec.degree, timeout=timeout
     )
     control = dist.new_group(backend="gloo", timeout=timeout)
-    adapter = load_adapter(
-        settings.model_dir,
-        device,
-        "none",
-        settings.dtype,
-        chooser,
-        settings.variant,
-        kv_cache=settings.kv_cache,
-    )
+    adapter = open_pipeline(settings.model_dir, settings.options.replace(device=device))
     apply_parallelism(adapter.pipeline, settings.spec)
     return adapter, control
 
@@ -137,9 +124,7 @@ def follow(settings: RankSettings, rank: int, rendezvous: str, pipe: Any) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        adapter, control = _load_rank(
-            settings, rank, rendezvous, kernel_chooser(settings.skip_doctor, settings.accumulate)
-        )
+        adapter, control = _load_rank(settings, rank, rendezvous)
     except Exception as error:
         logger.exception("loading failed")
         pipe.send(("failed", _first_line(error)))
@@ -224,10 +209,10 @@ class RankGroup:
             len(self.followers),
         )
 
-    def join(self, chooser: VerifiedChooser | None) -> RankedAdapter:
+    def join(self) -> RankedAdapter:
         """Rank 0's pipeline, once every rank has loaded its own; a follower that fails to load is a StartupError."""
         try:
-            adapter, control = _load_rank(self.settings, 0, self._rendezvous, chooser)
+            adapter, control = _load_rank(self.settings, 0, self._rendezvous)
         except Exception as error:
             if self.lost is None:
                 raise
@@ -242,6 +227,7 @@ class RankGroup:
             follower.kernel_paths = detail["kernel_paths"]
         ranked = RankedAdapter(adapter.pipeline, self, control)
         ranked.load_facts.update(adapter.load_facts)
+        ranked.kernel_chooser = adapter.kernel_chooser
         return ranked
 
     def _receive(self, follower: _Follower, timeout_s: float) -> tuple[str, Any]:

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from ditq.runtime.images import takes_quality
 from ditq.serve.errors import APIError, bad_field
-from ditq.serve.images import takes_quality
 
 if TYPE_CHECKING:
     from ditq.serve.schemas import ImageRequest

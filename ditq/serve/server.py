@@ -17,15 +17,13 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 import uvicorn
 from fastapi import FastAPI
 
 from ditq.checkpoint.seal import MANIFEST
-from ditq.devices import default_dtype, resolve_device, resolve_dtype, resolve_offload
-from ditq.doctor import kernel_chooser
 from ditq.errors import (
     EXIT_STOPPED_DURING_STARTUP,
     InputError,
@@ -34,6 +32,8 @@ from ditq.errors import (
 )
 from ditq.fsutil import sha256_file
 from ditq.runtime.adapter import PipelineAdapter
+from ditq.runtime.open import open_pipeline
+from ditq.runtime.options import LoadOptions, ResolvedLoad, resolve_load_options
 from ditq.runtime.parallel import ParallelSpec, check_parallel, rank_devices, refuse_beside_parallel
 from ditq.serve.access import exposure_warning
 from ditq.serve.app import create_app
@@ -41,7 +41,7 @@ from ditq.serve.config import ServeConfig
 from ditq.serve.connections import ConnectionLimits, uvicorn_config
 from ditq.serve.cost import CostModel, calibrate
 from ditq.serve.ranks import RankGroup, RankSettings
-from ditq.serve.startup import apply_memory_cap, load_adapter, make_doctor
+from ditq.serve.startup import make_doctor
 from ditq.serve.state import OVERDUE_GRACE_S, ServerState
 
 __all__ = ["DrainingServer", "serve", "serving_app"]
@@ -101,33 +101,19 @@ def _listen(host: str, port: int) -> socket.socket:
 def serve(
     model_dir: Path | None,
     config: ServeConfig,
+    options: LoadOptions,
     host: str = "127.0.0.1",
     port: int = 8091,
-    device: str = "auto",
-    offload: str = "none",
-    dtype: str | None = None,
-    max_memory: str | None = None,
-    skip_doctor: bool = False,
     limits: ConnectionLimits | None = None,
     drain_timeout_s: float = 30.0,
-    variant: str | None = None,
-    attention: str | None = None,
-    kv_cache: str | None = None,
-    compile: str | None = None,
     parallel: ParallelSpec | None = None,
-    accumulate: str = "exact",
 ) -> None:
-    """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model).
+    """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model), opened as
+    ``options`` say (``ditq.runtime.open.open_pipeline``; with ``compile``, calibration runs each shape once to
+    compile and warm it up before measuring it). ``parallel`` (cp=N, tp=N) serves over N ranks, one device each,
+    this process being rank 0 (``ditq.serve.ranks``).
 
-        ``device``, ``dtype`` and ``offload`` as ``ditq.devices`` reads them (``auto`` included; no dtype:
-        float32 on the CPU, bfloat16 on CUDA, as ``ditq generate``); ``variant`` as
-        ``ditq.runtime.loader.load_pipeline`` reads it; ``attention`` ("int8" | "fp8", default off) as
-        ``ditq.serve.startup.load_adapter`` installs it; ``compile`` (a torch.compile backend) compiles the transformer,
-    and calibration runs each shape once to compile and warm it up before measuring it. ``accumulate`` "fast"
-    lets the kernel doctor choose fast-accumulating fp8 paths where they pass (``ditq.doctor.kernel_chooser``). ``parallel`` (cp=N, tp=N)
-    serves over N ranks, one device each, this process being rank 0 (``ditq.serve.ranks``).
-
-        Raises OutOfMemoryError (exit code 3) when the model does not fit in the accelerator memory it may use.
+    Raises OutOfMemoryError (exit code 3) when the model does not fit in the accelerator memory it may use.
     """
     if model_dir is None:
         from ditq.demo import default_model_dir
@@ -135,21 +121,7 @@ def serve(
         model_dir = default_model_dir()
     if (warning := exposure_warning(host, config.api_key, config.allowed_hosts)) is not None:
         logger.warning(warning)
-    app, ranks = serving_app(
-        model_dir,
-        config,
-        device,
-        offload,
-        dtype,
-        max_memory,
-        skip_doctor,
-        variant,
-        attention,
-        kv_cache,
-        compile,
-        parallel,
-        accumulate,
-    )
+    app, ranks = serving_app(model_dir, config, options, parallel)
     state: ServerState = app.state.serve
     failures: list[tuple[str, bool]] = []
     listening = _listen(host, port)  # before the model loads: a taken port is one line and its own exit code
@@ -185,117 +157,70 @@ def serve(
 
 
 def serving_app(
-    model_dir: Path,
-    config: ServeConfig,
-    device: str = "auto",
-    offload: str = "none",
-    dtype: str | None = None,
-    max_memory: str | None = None,
-    skip_doctor: bool = False,
-    variant: str | None = None,
-    attention: str | None = None,
-    kv_cache: str | None = None,
-    compile: str | None = None,
-    parallel: ParallelSpec | None = None,
-    accumulate: str = "exact",
+    model_dir: Path, config: ServeConfig, options: LoadOptions, parallel: ParallelSpec | None = None
 ) -> tuple[FastAPI, RankGroup | None]:
-    """The app ``serve`` runs (its options as ``serve`` reads them), and with ``parallel`` the group of ranks it
+    """The app ``serve`` runs (its arguments as ``serve`` reads them), and with ``parallel`` the group of ranks it
     serves over, not yet launched (``RankGroup.launch``: the followers start loading; the app's start-up loads rank
-    0 and waits for them)."""
+    0 and waits for them). The options are resolved here, once: the device, the dtype and the memory cap."""
     if not (model_dir / "model_index.json").is_file():
         raise InputError(f"{model_dir}: no model_index.json (not a diffusers model directory)")
-    dtype = dtype or default_dtype(resolve_device(device))
-    compute_dtype = resolve_dtype(dtype, resolve_device(device))
-    offload = resolve_offload(offload)
-    ranks: RankGroup | None = None
     if parallel is not None:
-        devices = _parallel_devices(model_dir, parallel, device, offload, max_memory, attention, compile)
-        device = devices[0]
-        settings = RankSettings(
-            model_dir,
-            parallel,
-            tuple(devices),
-            compute_dtype,
-            skip_doctor,
-            variant,
-            kv_cache,
-            accumulate,
-            logger.getEffectiveLevel(),
+        refuse_beside_parallel(
+            parallel, options.offload, options.max_memory, options.attention, options.compile
         )
-        ranks = RankGroup(settings)
-    cap = apply_memory_cap(max_memory, device)
-    device = cap.device if cap is not None else str(resolve_device(device))
-    manifest = model_dir / MANIFEST
-    facts = {
-        # what the probe records in RUN.json, and the report chains to CANDIDATE.json's artifact digest
-        "artifact_digest": sha256_file(manifest) if manifest.is_file() else None,
-        "device": device,
-        "offload": offload,
-        "dtype": dtype,
-        "max_memory": cap.to_json() if cap is not None else None,
-        **({"variant": variant} if variant is not None else {}),
-        **({"parallel": ranks} if ranks is not None else {}),  # shown as it is at each /health
-    }
+    load = resolve_load_options(options)
+    ranks = None if parallel is None else _rank_group(model_dir, parallel, load)
+    device = ranks.settings.devices[0] if ranks is not None else load.options.device
+    cap = load.memory_cap
 
     def measure_costs(adapter: PipelineAdapter) -> CostModel:
+        allocator_bytes = cap.allocator_bytes if cap is not None else None
         return calibrate(
-            adapter,
-            torch.device(device),
-            config.max_pixels,
-            config.request_timeout_s,
-            cap.allocator_bytes if cap is not None else None,
+            adapter, torch.device(device), config.max_pixels, config.request_timeout_s, allocator_bytes
         )
 
-    chooser = kernel_chooser(skip_doctor, accumulate)
-
-    def load() -> PipelineAdapter:
-        adapter = ranks.join(chooser) if ranks is not None else _load_one()
+    def load_model() -> PipelineAdapter:
+        adapter = ranks.join() if ranks is not None else open_pipeline(model_dir, load)
         # --max-references: fewer than the pipeline takes, calibrated so
         if config.max_references is not None:
             adapter.max_reference_images = min(adapter.max_reference_images, config.max_references)
         return adapter
 
-    def _load_one() -> PipelineAdapter:
-        return load_adapter(
-            model_dir,
-            device,
-            offload,
-            compute_dtype,
-            chooser,
-            variant,
-            attention,
-            memory_budget_bytes=cap.allocator_bytes if cap is not None else None,
-            kv_cache=kv_cache,
-            compile=compile,
-        )
-
     app = create_app(
         config,
-        load=load,
-        doctor=make_doctor(chooser),
+        load=load_model,
+        doctor=make_doctor(),
         model_root=str(model_dir),
         drain_timeout_s=_WORKER_JOIN_S,
-        facts=facts,
+        facts=_facts(model_dir, load, device, ranks),
         calibrate=measure_costs,
         ranks=ranks,
     )
     return app, ranks
 
 
-def _parallel_devices(
-    model_dir: Path,
-    spec: ParallelSpec,
-    device: str,
-    offload: str,
-    max_memory: str | None,
-    attention: str | None,
-    compile: str | None,
-) -> list[str]:
-    """Each rank's device for ``--parallel``; an option it cannot serve with is refused in one line naming both."""
-    refuse_beside_parallel(spec, offload, max_memory, attention, compile)
-    resolved = resolve_device(device)
-    check_parallel(model_dir, spec, resolved)
-    return rank_devices(spec, resolved)
+def _facts(model_dir: Path, load: ResolvedLoad, device: str, ranks: RankGroup | None) -> dict[str, Any]:
+    """What the probe records in RUN.json (and the report chains to CANDIDATE.json's artifact digest), known before
+    the model loads."""
+    manifest = model_dir / MANIFEST
+    options = load.options
+    return {
+        "artifact_digest": sha256_file(manifest) if manifest.is_file() else None,
+        "device": device,
+        "offload": options.offload,
+        "dtype": options.dtype,
+        "max_memory": load.memory_cap.to_json() if load.memory_cap is not None else None,
+        **({"variant": options.variant} if options.variant is not None else {}),
+        **({"parallel": ranks} if ranks is not None else {}),  # shown as it is at each /health
+    }
+
+
+def _rank_group(model_dir: Path, spec: ParallelSpec, load: ResolvedLoad) -> RankGroup:
+    """The ranks of ``--parallel``, one device each; a model or device it cannot serve is refused in one line."""
+    check_parallel(model_dir, spec, load.device)
+    devices = rank_devices(spec, load.device)
+    settings = RankSettings(model_dir, spec, tuple(devices), load.options, logger.getEffectiveLevel())
+    return RankGroup(settings)
 
 
 def _exit_during_startup(state: ServerState) -> NoReturn:

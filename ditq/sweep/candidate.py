@@ -56,7 +56,7 @@ class Candidate:
     def save(self) -> None:
         manifest = self.artifact / "MANIFEST.json"
         weight_bytes = (
-            artifact_weight_bytes(self.artifact, self.options.model, self.options.variant)
+            artifact_weight_bytes(self.artifact, self.options.model, self.options.load.variant)
             if manifest.is_file()
             else None
         )
@@ -66,7 +66,7 @@ class Candidate:
             artifact=str(self.artifact),
             artifact_digest=sha256_file(manifest) if manifest.is_file() else None,
             weight_bytes=weight_bytes,
-            max_memory=self.options.max_memory,
+            max_memory=self.options.load.max_memory,
             endpoint=self.options.endpoint_for.get(self.scheme),
             run="run",
             doctor=self.doctor,

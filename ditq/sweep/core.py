@@ -65,7 +65,7 @@ class SweepCore:
         self.baseline = self.out / "baseline"
         self.parity_run = self.out / "parity-in-process"
         # the baseline is BF16 unless the servers compute in another dtype (float32 on a CPU, say)
-        dtype = options.dtype or default_dtype(options.device)
+        dtype = options.load.dtype or default_dtype(options.load.device)
         self.baseline_name = "BF16" if dtype == "bfloat16" else dtype
         stages = [
             (self.baseline_name, "baseline"),
@@ -141,8 +141,8 @@ class SweepCore:
         )
         argv += ["--only", ",".join(only)] if only else []
         log = self.out / "logs" / "parity-in-process.log"
-        argv += ["--device", self.options.device]
-        argv += ["--variant", self.options.variant] if self.options.variant else []
+        argv += ["--device", self.options.load.device]
+        argv += ["--variant", self.options.load.variant] if self.options.load.variant else []
         code = run_logged(
             argv, log, self.progress.ticker("bfloat16", "pair", lambda: probe_news(self.parity_run))
         )
@@ -187,7 +187,7 @@ class SweepCore:
             command=self.command,
             baseline_commands=read_model(CommandList, commands).root if commands.is_file() else [],
             baseline_name=self.baseline_name,
-            baseline_memory_budget=self.options.max_memory,
+            baseline_memory_budget=self.options.load.max_memory,
             baseline_attempts=attempts if attempts.is_file() else None,
             note=self.options.note,
         )

@@ -14,6 +14,7 @@ from ditq.errors import InputError
 from ditq.judge.compare import MAX_SEEDS
 from ditq.probe.fixtures import DEFAULT_SEEDS, load_fixtures, parse_seeds
 from ditq.quantize.plan_file import PlanFile, read_plan
+from ditq.runtime.options import LoadOptions
 from ditq.runtime.parallel import parse_parallel, refuse_beside_parallel
 from ditq.schemes import get_scheme
 
@@ -36,27 +37,29 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
     # hide the very failure the sweep exists to show.
     argv = ditq_argv("serve", model, "--host", "127.0.0.1", "--port", str(port), "--on-collapse", "warn")
     if options.parallel is not None:  # every server alike, the baseline's too: ranks take cuda:0 .. cuda:N-1
-        argv += ["--parallel", options.parallel, "--device", options.device.partition(":")[0]]
+        argv += ["--parallel", options.parallel, "--device", options.load.device.partition(":")[0]]
     else:
-        argv += ["--device", options.device]
+        argv += ["--device", options.load.device]
     argv += ["--offload", offload]
-    argv += ["--dtype", options.dtype] if options.dtype else []
-    argv += ["--variant", options.variant] if options.variant else []
+    argv += ["--dtype", options.load.dtype] if options.load.dtype else []
+    argv += ["--variant", options.load.variant] if options.load.variant else []
     # quantized attention is the candidates' (the baseline is the model as it ships)
-    argv += ["--attention", options.attention] if options.attention and model != options.model else []
-    argv += ["--kv-cache", options.kv_cache] if options.kv_cache and model != options.model else []
     argv += (
-        ["--accumulate", options.accumulate]
-        if options.accumulate != "exact" and model != options.model
+        ["--attention", options.load.attention] if options.load.attention and model != options.model else []
+    )
+    argv += ["--kv-cache", options.load.kv_cache] if options.load.kv_cache and model != options.model else []
+    argv += (
+        ["--accumulate", options.load.accumulate]
+        if options.load.accumulate != "exact" and model != options.model
         else []
     )
     # compiled or not, every server alike (the baseline's too): speeds compare like with like
-    argv += ["--compile", "--compile-backend", options.compile] if options.compile else []
+    argv += ["--compile", "--compile-backend", options.load.compile] if options.load.compile else []
     # the largest output and the most references the fixtures ask for: each server calibrates the shapes it will
     # be sent, no larger
     argv += ["--max-pixels", str(options.max_pixels)] if options.max_pixels else []
     argv += ["--max-references", str(options.max_references)] if options.max_references is not None else []
-    return argv + (["--max-memory", options.max_memory] if options.max_memory else [])
+    return argv + (["--max-memory", options.load.max_memory] if options.load.max_memory else [])
 
 
 @dataclass(frozen=True)
@@ -70,13 +73,13 @@ class SweepOptions:
     max_seeds: int = MAX_SEEDS  # --seeds auto: the most seeds a fixture may get
     steps: int | None = None
     cfg: float | None = None
-    max_memory: str | None = None
-    device: str = "cpu"  # where every server (and the doctor) runs, resolved: cpu, cuda, cuda:1, ...
-    dtype: str | None = None  # the servers' compute dtype (None: ditq serve's default for the device)
+    # how every server opens the model (``ditq serve``'s flags; the device resolved: cpu, cuda, cuda:1, ...; the
+    # quantizer and the doctor run there too): its offload is the ladder's (below); attention, kv_cache and
+    # accumulate are the candidates' servers' only (the baseline is the model as it ships)
+    load: LoadOptions = field(default_factory=lambda: LoadOptions(device="cpu"))
     # the offload ladder: each mode serves what ran out of memory at the one before
     offload: tuple[str, ...] = ("none",)
     note: str | None = None  # said at the top of the report (e.g. that the weights are random)
-    variant: str | None = None  # the model's weight files (fp16: *.fp16.safetensors); every step reads them
     endpoint_for: dict[str, str] = field(default_factory=dict)  # scheme -> URL of a server already running
     parity_db: float | None = None  # the parity band's PSNR (a BF16 reference pair's), stated
     parity_pair: tuple[Path, Path] | None = None  # two acceptable reference runs that span the band
@@ -94,10 +97,6 @@ class SweepOptions:
     # --max-references (read with the fixtures, here)
     max_pixels: int | None = field(init=False, default=None, repr=False, compare=False)
     max_references: int | None = field(init=False, default=None, repr=False, compare=False)
-    attention: str | None = None  # the candidates' servers' --attention (int8 | fp8); None: the model's own
-    kv_cache: str | None = None  # the candidates' servers' --kv-cache (int8 | fp8); None: the model's own
-    compile: str | None = None  # every server's --compile backend, the baseline's too; None: eager
-    accumulate: str = "exact"  # the candidates' servers' --accumulate (exact | fast)
     parallel: str | None = None  # every server's --parallel (cp=N), the baseline's too; None: one device each
     # the key every server the sweep starts requires and every probe and baseline sends (--endpoint-for's too);
     # passed through the environment, never on a command line or in a file
@@ -134,9 +133,9 @@ class SweepOptions:
             refuse_beside_parallel(
                 parse_parallel(self.parallel),
                 ",".join(self.offload),
-                self.max_memory,
-                self.attention,
-                self.compile,
+                self.load.max_memory,
+                self.load.attention,
+                self.load.compile,
             )
         self._check_budgets()
         for path, what in ((self.model, "model"), (self.fixtures, "--fixtures"), (self.refs, "--refs")):
@@ -155,7 +154,7 @@ class SweepOptions:
 
     def _check_budgets(self) -> None:
         """Steps, timeouts and --max-memory, as the servers and probes would read them, before any starts."""
-        from ditq.serve.config import parse_memory_size  # ditq serve's parser of --max-memory
+        from ditq.devices import parse_memory_size  # ditq serve's parser of --max-memory
 
         if self.steps is not None and self.steps < 1:
             raise InputError(f"--steps: at least 1, got {self.steps}")
@@ -165,11 +164,11 @@ class SweepOptions:
         ):
             if value is not None and not value > 0:
                 raise InputError(f"{flag}: a positive number of seconds, got {value:g}")
-        if self.max_memory is not None:
-            parse_memory_size(self.max_memory)
-            if not self.device.startswith("cuda"):
+        if self.load.max_memory is not None:
+            parse_memory_size(self.load.max_memory)
+            if not self.load.device.startswith("cuda"):
                 raise InputError(
-                    f"--max-memory {self.max_memory}: caps accelerator memory; device '{self.device}' has none to cap"
+                    f"--max-memory {self.load.max_memory}: caps accelerator memory; device '{self.load.device}' has none to cap"
                 )
 
     @property

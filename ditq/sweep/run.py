@@ -52,8 +52,8 @@ class Sweep(SeedSettling):
             )
         else:
             quantize = ditq_argv("quantize", options.model, c.artifact, "--scheme", scheme, "--force")
-        quantize += ["--device", options.device]  # the device the servers use encodes fastest
-        quantize += ["--variant", options.variant] if options.variant else []
+        quantize += ["--device", options.load.device]  # the device the servers use encodes fastest
+        quantize += ["--variant", options.load.variant] if options.load.variant else []
         chain_ok = self._step(c, "quantize", quantize, [manifest])
         chain_ok = chain_ok and self._step(
             c, "verify", ditq_argv("verify", c.artifact, "--source", options.model), []
@@ -63,7 +63,7 @@ class Sweep(SeedSettling):
             # that passed, the numbers show what that gives, and the verdict carries the doctor's finding.
             doctor_json, reports = c.dir / "doctor.json", c.dir / "doctor-reports"
             only = [] if c.plan is not None else ["--scheme", scheme]  # a plan's: every scheme it holds
-            doctor = ditq_argv("doctor", "--artifact", c.artifact, *only, "--device", options.device)
+            doctor = ditq_argv("doctor", "--artifact", c.artifact, *only, "--device", options.load.device)
             doctor += ["--json", str(doctor_json)]
             chain_ok = self._step(c, "doctor", [*doctor, "--report", str(reports)], [doctor_json], (0, 1))
             if chain_ok and c.stages["doctor"].status == "ok":
@@ -149,28 +149,24 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         refs=str(options.refs),
         seeds=options.seeds,
         steps=options.steps,
-        max_memory=options.max_memory,
         offload=list(options.offload),
         note=options.note,
-        variant=options.variant,
-        device=options.device,
-        dtype=options.dtype,
         endpoint_for=options.endpoint_for,
         parity_db=options.parity_db,
         parity_pair=[str(p) for p in options.parity_pair] if options.parity_pair else None,
         parity_in_process=options.parity_in_process,
         max_seeds=options.max_seeds if options.seeds == "auto" else None,
         plan=None if options.plan is None else str(options.plan),
-        attention=options.attention,
-        kv_cache=options.kv_cache,
-        accumulate=options.accumulate,
-        compile=options.compile,
+        # the servers' options, as SWEEP.json has always named them
+        **options.load.record(
+            "max_memory", "variant", "device", "dtype", "attention", "kv_cache", "accumulate", "compile"
+        ),
         pid=os.getpid(),
     )
     write_model(options.out / SWEEP_FILE, sweep_file)
     sweep = Sweep(options, command)
     with (
-        launch.forking(options.device == "cpu"),  # a CPU sweep's commands are forked (ditq.sweep.launch)
+        launch.forking(options.load.device == "cpu"),  # a CPU sweep's commands are forked (ditq.sweep.launch)
         _sweep_keys(options.api_key),
     ):
         baseline_ran = sweep.run_baseline()

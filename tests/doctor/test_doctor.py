@@ -411,6 +411,7 @@ def test_fast_paths_are_candidates_only_when_asked_for_and_never_without_the_doc
     from ditq.doctor import kernel_chooser
     from ditq.errors import InputError
     from ditq.kernels import candidate_paths
+    from ditq.runtime.options import LoadOptions
 
     _register_fast("test-fast-w8a8", _fast_accumulation)
     try:
@@ -420,5 +421,5 @@ def test_fast_paths_are_candidates_only_when_asked_for_and_never_without_the_doc
         unregister_kernel("test-fast-w8a8")
     assert "test-fast-w8a8" not in exact and fast[0] == "test-fast-w8a8" and fast[1:] == exact
     with pytest.raises(InputError, match=r"--accumulate fast: .*drop --skip-doctor"):
-        kernel_chooser(skip_doctor=True, accumulate="fast")
-    assert kernel_chooser(skip_doctor=False, accumulate="fast").accumulate == "fast"  # type: ignore[union-attr]
+        LoadOptions(skip_doctor=True, accumulate="fast")
+    assert kernel_chooser(accumulate="fast").accumulate == "fast"

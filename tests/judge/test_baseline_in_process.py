@@ -9,7 +9,7 @@ import pytest
 
 from ditq.judge.baseline import BaselineOptions, make_baseline, verify_seal
 from ditq.probe.records import is_success, read_records
-from ditq.serve.schemas import StageMetrics
+from ditq.runtime.stage_metrics import StageMetrics
 
 demo = pytest.importorskip("ditq.demo")
 

@@ -13,6 +13,7 @@ from ditq.cli import main
 from ditq.plan import KEEP, PLAN_FILE, plan_sha256, read_plan, write_plan
 from ditq.report import validate_verdict_file
 from ditq.runfiles import CandidateFile, SweepFile, read_model
+from ditq.runtime.options import LoadOptions
 from ditq.sweep import PLAN_CANDIDATE, SweepOptions, run_sweep
 
 # fp8 everywhere reaches about 64 dB against float32 on this model; 70 dB asks for a mix
@@ -81,8 +82,7 @@ def test_quantize_verify_and_sweep_take_the_plan(planned: Path, tiny_workspace: 
         out=tmp_path / "sweep",
         seeds="1-2",
         steps=2,
-        device="cpu",
-        dtype="float32",
+        load=LoadOptions(device="cpu", dtype="float32"),
         parity_db=30.0,
         health_timeout_s=300,
         progress=False,

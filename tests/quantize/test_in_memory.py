@@ -16,8 +16,8 @@ from ditq.errors import InputError
 from ditq.quantize.in_memory import quantized_linear
 from ditq.quantize.plan_file import read_plan
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
-from ditq.runtime.loader import load_pipeline
 from ditq.runtime.modules import quantized_linears
+from ditq.runtime.open import load_pipeline
 from ditq.schemes import FP8
 
 

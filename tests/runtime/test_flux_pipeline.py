@@ -12,8 +12,9 @@ from tiny_models import make_flux_pipeline_dir
 
 import ditq
 from ditq.runtime.adapter import GenerationRequest
-from ditq.runtime.loader import load_pipeline
-from ditq.serve.generate import generate
+from ditq.runtime.generate import generate
+from ditq.runtime.open import load_pipeline
+from ditq.runtime.options import LoadOptions
 
 COMPONENTS = ["transformer", "text_encoder", "text_encoder_2"]
 CALL = dict(num_inference_steps=2, height=32, width=32, max_sequence_length=16, guidance_scale=1.0)
@@ -50,5 +51,5 @@ def test_clip_and_t5_pipeline_runs_quantized(scheme: str, flux_source: Path, tmp
     assert 0 < error < BOUNDS[scheme], error
 
     request = GenerationRequest(prompt="a red kite", seed=0, num_inference_steps=2, width=32, height=32)
-    image = np.asarray(generate(out, request, device="cpu", dtype="float32").result.images[0])
+    image = np.asarray(generate(out, request, LoadOptions(device="cpu", dtype="float32")).result.images[0])
     assert image.shape[:2] == (32, 32) and image.std() > 0

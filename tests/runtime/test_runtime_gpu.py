@@ -11,8 +11,8 @@ import torch
 import ditq
 from ditq.demo import build_tiny_pipeline
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
-from ditq.runtime.loader import load_pipeline
 from ditq.runtime.modules import quantized_linears
+from ditq.runtime.open import load_pipeline
 
 pytestmark = [
     pytest.mark.gpu,

@@ -17,8 +17,9 @@ from ditq.cli import main
 from ditq.demo import build_tiny_pipeline
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest
-from ditq.runtime.loader import load_pipeline
-from ditq.serve.generate import generate
+from ditq.runtime.generate import generate
+from ditq.runtime.open import load_pipeline
+from ditq.runtime.options import LoadOptions
 
 VARIANT = "bf16"
 REQUEST = dict(prompt="a red square", seed=3, num_inference_steps=2, width=32, height=32)
@@ -37,7 +38,9 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _pixels(model_dir: Path, variant: str | None = None) -> np.ndarray:
-    report = generate(model_dir, GenerationRequest(**REQUEST), device="cpu", dtype="float32", variant=variant)
+    report = generate(
+        model_dir, GenerationRequest(**REQUEST), LoadOptions(device="cpu", dtype="float32", variant=variant)
+    )
     return np.asarray(report.result.images[0])
 
 

@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 from serve_testkit import FAST, LiveServer, make_app, tiny_adapter
 
+from ditq.runtime import images
 from ditq.runtime.adapter import GenerationRequest, GenerationResult
-from ditq.serve import images
 from ditq.signatures import load_rules
 
 ENCODE_S = 1.0  # each answer's encoding held this long: longer than a FAST generation's wait in the queue

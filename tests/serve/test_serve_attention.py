@@ -9,23 +9,24 @@ import io
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image
 from serve_testkit import FAST, client_for, make_app
 
 from ditq.demo import default_model_dir
-from ditq.doctor import kernel_chooser
 from ditq.runfiles import ServerHealth
-from ditq.serve.startup import load_adapter, make_doctor
+from ditq.runtime.open import open_pipeline
+from ditq.runtime.options import LoadOptions
+from ditq.serve.startup import make_doctor
 from ditq.sweep import SweepOptions, default_serve_argv
 
 
 def _serve_one(attention: str | None) -> tuple[dict, np.ndarray]:  # type: ignore[type-arg]
     model_dir = default_model_dir()
-    chooser = kernel_chooser(skip_doctor=False)
     app = make_app(
-        load=lambda: load_adapter(model_dir, "cpu", "none", torch.float32, chooser, attention=attention),
-        doctor=make_doctor(chooser),
+        load=lambda: open_pipeline(
+            model_dir, LoadOptions(device="cpu", dtype="float32", attention=attention)
+        ),
+        doctor=make_doctor(),
     )
     with client_for(app) as client:
         health = client.get("/health").json()
@@ -76,7 +77,7 @@ def test_the_sweep_gives_attention_to_the_candidates_only(tmp_path: Path) -> Non
         fixtures=model.parent / "fixtures.json",
         refs=model.parent / "references",
         out=tmp_path / "out",
-        attention="fp8",
+        load=LoadOptions(device="cpu", attention="fp8"),
     )
     baseline = default_serve_argv(model, 8000, options)
     candidate = default_serve_argv(tmp_path / "out" / "w8a8" / "artifact", 8001, options)

@@ -17,8 +17,9 @@ from serve_testkit import FAST, client_for, free_port, make_app
 import ditq
 from ditq.cli import main
 from ditq.demo import build_tiny_pipeline
-from ditq.doctor import kernel_chooser
-from ditq.serve.startup import load_adapter, make_doctor
+from ditq.runtime.open import open_pipeline
+from ditq.runtime.options import LoadOptions
+from ditq.serve.startup import make_doctor
 from ditq.sweep.health import wait_healthy
 
 
@@ -188,10 +189,9 @@ def test_an_artifact_is_served_after_the_doctor_verified_its_paths(tmp_path: Pat
         warnings.simplefilter("ignore", FutureWarning)
         build_tiny_pipeline(seed=0).save_pretrained(tmp_path / "tiny")
     ditq.quantize(tmp_path / "tiny", tmp_path / scheme, scheme)
-    chooser = kernel_chooser(skip_doctor=False)
     app = make_app(
-        load=lambda: load_adapter(tmp_path / scheme, "cpu", "none", torch.float32, chooser),
-        doctor=make_doctor(chooser),
+        load=lambda: open_pipeline(tmp_path / scheme, LoadOptions(device="cpu", dtype="float32")),
+        doctor=make_doctor(),
     )
     with client_for(app) as client:
         health = client.get("/health").json()
@@ -220,8 +220,8 @@ def nan_w8a16_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ig
 def test_serve_falls_back_from_a_failing_w8a16_path_chosen_before_the_repack(
     tmp_path: Path, nan_w8a16_path: str
 ) -> None:
-    from ditq.runtime.loader import load_pipeline
     from ditq.runtime.modules import quantized_linears
+    from ditq.runtime.open import load_pipeline
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
@@ -235,10 +235,9 @@ def test_serve_falls_back_from_a_failing_w8a16_path_chosen_before_the_repack(
 
     # ditq serve's order: the doctor chooses each layer's path before the repack, refuses the NaN path and
     # falls back to the reference; its outcome records that choice.
-    chooser = kernel_chooser(skip_doctor=False)
     app = make_app(
-        load=lambda: load_adapter(tmp_path / "w8a16", "cpu", "none", torch.float32, chooser),
-        doctor=make_doctor(chooser),
+        load=lambda: open_pipeline(tmp_path / "w8a16", LoadOptions(device="cpu", dtype="float32")),
+        doctor=make_doctor(),
     )
     with client_for(app) as client:
         health = client.get("/health").json()

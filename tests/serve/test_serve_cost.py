@@ -371,11 +371,12 @@ def test_max_references_caps_what_a_request_carries_and_what_calibration_measure
     one reference, no further, and a request with two is refused before it runs."""
     from fastapi.testclient import TestClient
 
+    from ditq.runtime.options import LoadOptions
     from ditq.serve import ServeConfig
     from ditq.serve.server import serving_app
 
     config = ServeConfig(served_model_name="tiny", on_collapse="warn", max_pixels=32 * 32, max_references=1)
-    app, _ = serving_app(demo_artifacts["w8a8"], config, device="cpu")
+    app, _ = serving_app(demo_artifacts["w8a8"], config, LoadOptions(device="cpu"))
     picture = io.BytesIO()
     Image.new("RGB", (32, 32), (200, 40, 40)).save(picture, format="PNG")
     files = [("image[]", (f"ref{i}.png", picture.getvalue(), "image/png")) for i in range(2)]

@@ -16,11 +16,11 @@ import torch
 from serve_testkit import serve_process
 
 from ditq.demo import default_model_dir
-from ditq.doctor import kernel_chooser
 from ditq.errors import EXIT_OUT_OF_MEMORY
 from ditq.runtime.adapter import GenerationRequest
+from ditq.runtime.open import open_pipeline
+from ditq.runtime.options import LoadOptions
 from ditq.serve.cost import RequestCost, calibrate
-from ditq.serve.startup import load_adapter
 from ditq.sweep.health import wait_healthy
 
 pytestmark = [
@@ -36,7 +36,7 @@ BIG = {**SMALL, "size": "2048x2048", "n": 4, "num_inference_steps": 1}
 
 def _allocator_peaks() -> tuple[int, int]:
     """The allocator's peak for SMALL and BIG on the demo model, in this process, without a budget."""
-    adapter = load_adapter(default_model_dir(), "cuda", "none", torch.bfloat16, kernel_chooser(False))
+    adapter = open_pipeline(default_model_dir(), LoadOptions(device="cuda", dtype="bfloat16"))
     peaks = []
     for fields in (SMALL, BIG):
         width, height = (int(v) for v in str(fields["size"]).split("x"))
@@ -112,7 +112,7 @@ def test_a_model_past_the_budget_stops_start_up_with_exit_code_3(tmp_path: Path)
 
 
 def test_the_cost_model_measures_the_cuda_allocator_and_refuses_what_cannot_fit() -> None:
-    adapter = load_adapter(default_model_dir(), "cuda", "none", torch.bfloat16, kernel_chooser(False))
+    adapter = open_pipeline(default_model_dir(), LoadOptions(device="cuda", dtype="bfloat16"))
     try:
         device = torch.device("cuda", torch.cuda.current_device())
         measured = calibrate(adapter, device, 2048 * 2048, 600, allocator_budget_bytes=None)

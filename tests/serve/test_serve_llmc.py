@@ -6,21 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from serve_testkit import FAST, client_for, make_app
 from tiny_models import LLMC_SCHEMES, llmc_pipeline_dir
 
-from ditq.doctor import kernel_chooser
-from ditq.serve.startup import load_adapter, make_doctor
+from ditq.runtime.open import open_pipeline
+from ditq.runtime.options import LoadOptions
+from ditq.serve.startup import make_doctor
 
 
 @pytest.mark.parametrize("fixture", sorted(LLMC_SCHEMES))
 def test_an_llm_compressor_checkpoint_is_served(fixture: str, tmp_path: Path) -> None:
     model_dir = llmc_pipeline_dir(tmp_path / fixture, fixture)
-    chooser = kernel_chooser(skip_doctor=False)
     app = make_app(
-        load=lambda: load_adapter(model_dir, "cpu", "none", torch.float32, chooser),
-        doctor=make_doctor(chooser),
+        load=lambda: open_pipeline(model_dir, LoadOptions(device="cpu", dtype="float32")),
+        doctor=make_doctor(),
     )
     with client_for(app) as client:
         health = client.get("/health").json()

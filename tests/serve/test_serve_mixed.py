@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from serve_testkit import FAST, client_for, make_app
 from tiny_models import llmc_pipeline_dir, plan_file
 
 import ditq
-from ditq.doctor import kernel_chooser
-from ditq.serve.startup import load_adapter, make_doctor
+from ditq.runtime.open import open_pipeline
+from ditq.runtime.options import LoadOptions
+from ditq.serve.startup import make_doctor
 
 
 def _mixed_pipeline(tmp_path: Path) -> Path:
@@ -27,10 +27,9 @@ def _mixed_pipeline(tmp_path: Path) -> Path:
 
 def test_a_mixed_artifact_is_served(tmp_path: Path) -> None:
     model_dir = _mixed_pipeline(tmp_path)
-    chooser = kernel_chooser(skip_doctor=False)
     app = make_app(
-        load=lambda: load_adapter(model_dir, "cpu", "none", torch.float32, chooser),
-        doctor=make_doctor(chooser),
+        load=lambda: open_pipeline(model_dir, LoadOptions(device="cpu", dtype="float32")),
+        doctor=make_doctor(),
     )
     with client_for(app) as client:
         health = client.get("/health").json()

@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 from serve_testkit import LiveServer
 
 from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, PipelineAdapter
-from ditq.runtime.loader import load_pipeline
+from ditq.runtime.open import load_pipeline
+from ditq.runtime.options import LoadOptions
 from ditq.runtime.parallel import ParallelSpec
 from ditq.serve import ServeConfig
 from ditq.serve.ranks import RankGroup, RankSettings
@@ -57,11 +57,15 @@ def _one_process(model_dir: Path) -> np.ndarray:
 def test_two_ranks_draw_what_one_process_draws_and_stop_at_the_same_step(
     demo_artifacts: dict[str, Path],
 ) -> None:
-    group = RankGroup(RankSettings(demo_artifacts["source"], CP2, ("cpu", "cpu"), torch.float32))
+    group = RankGroup(
+        RankSettings(
+            demo_artifacts["source"], CP2, ("cpu", "cpu"), LoadOptions(device="cpu", dtype="float32")
+        )
+    )
     group.launch()
     try:
         expected = _one_process(demo_artifacts["source"])  # while the follower loads
-        adapter = group.join(chooser=None)
+        adapter = group.join()
         tokens: list[tuple[int, int]] = []  # (this rank's, the whole sequence's) at the output projection
         adapter.pipeline.transformer.proj_out.register_forward_hook(
             lambda _module, args, output: tokens.append((args[0].shape[1], output.shape[1]))
@@ -105,7 +109,7 @@ def test_a_parallel_server_serves_w8a8_then_answers_503_once_a_rank_dies_mid_req
     demo_artifacts: dict[str, Path],
 ) -> None:
     config = ServeConfig(served_model_name="tiny", on_collapse="warn", max_pixels=32 * 32)
-    app, ranks = serving_app(demo_artifacts["w8a8"], config, device="cpu", parallel=CP2)
+    app, ranks = serving_app(demo_artifacts["w8a8"], config, LoadOptions(device="cpu"), parallel=CP2)
     assert ranks is not None
     ranks.launch()
     try:

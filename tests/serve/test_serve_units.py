@@ -8,12 +8,13 @@ import pytest
 import torch
 from PIL import Image
 
+from ditq.devices import parse_memory_size
 from ditq.errors import InputError
 from ditq.judge.gate import load_rules
-from ditq.serve.config import ServeConfig, parse_memory_size
-from ditq.serve.images import collapse_reasons, encode_image
+from ditq.runtime.images import collapse_reasons, encode_image
+from ditq.runtime.memory_cap import apply_memory_cap
+from ditq.serve.config import ServeConfig
 from ditq.serve.metrics import ServerMetrics, endpoint_label
-from ditq.serve.startup import apply_memory_cap
 
 
 @pytest.mark.parametrize(
@@ -157,7 +158,7 @@ def test_a_refusal_found_while_generating_names_the_field_the_error_carries() ->
 
 def test_stage_metrics_from_one_generation_in_milliseconds() -> None:
     from ditq.runtime.adapter import GenerationResult
-    from ditq.serve.schemas import StageMetrics
+    from ditq.runtime.stage_metrics import StageMetrics
 
     result = GenerationResult(
         images=[Image.new("RGB", (32, 48))],

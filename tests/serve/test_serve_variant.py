@@ -14,7 +14,9 @@ from tiny_models import to_variant_only
 from ditq.cli import main
 from ditq.commands import serve as serve_command
 from ditq.demo import build_tiny_pipeline
-from ditq.serve.startup import load_adapter, make_doctor
+from ditq.runtime.open import open_pipeline
+from ditq.runtime.options import LoadOptions
+from ditq.serve.startup import make_doctor
 
 
 @pytest.fixture
@@ -31,8 +33,10 @@ def test_serve_loads_the_variant_it_is_given(variant_only: Path) -> None:
     serve_command.add_arguments(parser)
     assert parser.parse_args(["--variant", "bf16"]).variant == "bf16"
     app = make_app(
-        load=lambda: load_adapter(variant_only, "cpu", "none", torch.float32, None, "bf16"),
-        doctor=make_doctor(None),
+        load=lambda: open_pipeline(
+            variant_only, LoadOptions(device="cpu", dtype="float32", skip_doctor=True, variant="bf16")
+        ),
+        doctor=make_doctor(),
     )
     with client_for(app) as client:
         assert client.get("/health").json()["status"] == "ready"

@@ -32,6 +32,7 @@ from ditq.runfiles import (
     to_json,
     write_model,
 )
+from ditq.runtime.options import LoadOptions
 from ditq.sweep import SweepOptions, check_same_model, model_fingerprint, parse_endpoint_for
 
 SEEDS = "1-3"
@@ -41,6 +42,7 @@ _SCRIPT = """
 import sys
 from pathlib import Path
 
+from ditq.runtime.options import LoadOptions
 from ditq.sweep import SweepOptions, default_serve_argv, run_sweep
 
 
@@ -59,8 +61,7 @@ options = SweepOptions(
     out=root / "out",
     seeds="{seeds}",
     steps=12,  # slow enough that the kill below lands mid-probe
-    device="cpu",
-    dtype="float32",
+    load=LoadOptions(device="cpu", dtype="float32"),
     parity_db=30.0,
     health_timeout_s=300,
     serve_argv=serve_argv,
@@ -234,6 +235,7 @@ _LADDER_SCRIPT = """
 import sys
 from pathlib import Path
 
+from ditq.runtime.options import LoadOptions
 from ditq.sweep import SweepOptions, default_serve_argv, run_sweep
 
 root = Path(sys.argv[1])
@@ -256,8 +258,7 @@ options = SweepOptions(
     out=root / "out-ladder",
     seeds="1-2",
     steps=2,
-    device="cpu",
-    dtype="float32",
+    load=LoadOptions(device="cpu", dtype="float32"),
     offload=("none", "model", "block"),
     parity_db=30.0,
     health_timeout_s=300,
@@ -365,8 +366,7 @@ def test_seeds_auto_adds_seeds_to_an_undecided_fixture_until_it_is_decided_or_at
             seeds=seeds,
             max_seeds=6,
             steps=2,
-            device="cpu",
-            dtype="float32",
+            load=LoadOptions(device="cpu", dtype="float32"),
             parity_db=parity_db,
             standard="parity",  # the band's decisions are the ones settled here
             health_timeout_s=300,

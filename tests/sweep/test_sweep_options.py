@@ -12,6 +12,7 @@ import pytest
 from ditq.demo import default_model_dir, references_dir
 from ditq.demo.settings import demo_fixtures
 from ditq.errors import InputError
+from ditq.runtime.options import LoadOptions
 from ditq.sweep import SweepOptions, default_serve_argv
 
 
@@ -23,9 +24,17 @@ def options(tmp_path: Path) -> SweepOptions:
         fixtures=demo_fixtures(tmp_path),
         refs=references_dir(),
         out=tmp_path / "sweep",
-        kv_cache="int8",
-        compile="inductor",
+        load=LoadOptions(device="cpu", kv_cache="int8", compile="inductor"),
     )
+
+
+def _changed(options: SweepOptions, **change: object) -> SweepOptions:
+    """``options`` with ``change``: the servers' load options (LoadOptions' fields) in its ``load``, the rest (the
+    offload ladder, --parallel) its own."""
+    load = {
+        k: change.pop(k) for k in list(change) if k in LoadOptions.__dataclass_fields__ and k != "offload"
+    }
+    return dataclasses.replace(options, load=options.load.replace(**load), **change)  # type: ignore[arg-type]
 
 
 def test_every_server_compiles_alike_and_only_candidates_take_the_8_bit_cache(options: SweepOptions) -> None:
@@ -38,7 +47,7 @@ def test_every_server_compiles_alike_and_only_candidates_take_the_8_bit_cache(op
 
 
 def test_only_candidates_accumulate_fast_and_an_exact_sweep_says_nothing(options: SweepOptions) -> None:
-    fast = dataclasses.replace(options, accumulate="fast")
+    fast = _changed(options, accumulate="fast")
     baseline = default_serve_argv(fast.model, 8000, fast, "none")
     candidate = default_serve_argv(fast.out / "fp8" / "artifact", 8001, fast, "none")
     assert "--accumulate" not in baseline and candidate[candidate.index("--accumulate") + 1] == "fast"
@@ -46,7 +55,7 @@ def test_only_candidates_accumulate_fast_and_an_exact_sweep_says_nothing(options
 
 
 def test_an_eager_sweep_starts_eager_servers(options: SweepOptions) -> None:
-    eager = dataclasses.replace(options, compile=None)
+    eager = _changed(options, compile=None)
     assert "--compile" not in default_serve_argv(eager.model, 8000, eager, "none")
 
 
@@ -67,7 +76,7 @@ def test_the_sweeps_servers_and_probes_get_exactly_the_sweeps_key(monkeypatch: p
 
 
 def test_a_parallel_sweep_starts_every_server_over_the_ranks(options: SweepOptions) -> None:
-    parallel = dataclasses.replace(options, parallel="cp=2", compile=None, device="cuda:0")
+    parallel = _changed(options, parallel="cp=2", compile=None, device="cuda:0")
     for model in (
         parallel.model,
         parallel.out / "fp8" / "artifact",
@@ -94,4 +103,4 @@ def test_a_parallel_sweep_refuses_what_a_parallel_server_would_before_anything_r
     options: SweepOptions, change: dict[str, object], refused: str
 ) -> None:
     with pytest.raises(InputError, match=re.escape(refused)):
-        dataclasses.replace(options, **{"compile": None, **change})
+        _changed(options, **{"compile": None, **change})

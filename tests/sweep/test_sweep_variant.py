@@ -17,6 +17,7 @@ from tiny_models import to_variant_only
 
 from ditq.judge.baseline import verify_seal
 from ditq.runfiles import SweepFile, read_model
+from ditq.runtime.options import LoadOptions
 from ditq.sweep import SweepOptions, run_sweep
 
 
@@ -44,10 +45,8 @@ def test_sweep_takes_a_variant_only_bf16_source_as_its_baseline(
         out=tmp_path / "out",
         seeds="1",
         steps=2,
-        device="cpu",
-        dtype="float32",
+        load=LoadOptions(device="cpu", dtype="float32", variant="bf16"),
         parity_in_process=True,  # the reference pair's second run: `ditq baseline --variant` in process
-        variant="bf16",
         health_timeout_s=300,
         progress=False,
     )

@@ -361,17 +361,17 @@ def test_transformers_loads_the_quantized_qwen3_vl_text_encoder(source: Path, qu
 def test_serve_answers_an_edit_with_the_quantized_text_encoder(quantized: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from ditq.doctor import kernel_chooser
+    from ditq.runtime.open import open_pipeline
+    from ditq.runtime.options import LoadOptions
     from ditq.serve import ServeConfig, create_app
-    from ditq.serve.startup import load_adapter, make_doctor
+    from ditq.serve.startup import make_doctor
 
-    chooser = kernel_chooser(False)
     config = ServeConfig(served_model_name="tiny", on_collapse="warn")
 
     def load() -> Any:
-        return load_adapter(quantized, "cpu", "auto", torch.float32, chooser)
+        return open_pipeline(quantized, LoadOptions(device="cpu", offload="auto", dtype="float32"))
 
-    app = create_app(config, load=load, doctor=make_doctor(chooser), model_root="tiny")
+    app = create_app(config, load=load, doctor=make_doctor(), model_root="tiny")
     reference = (quantized / "fixtures" / "refs" / "ref-star-red.png").read_bytes()
     with TestClient(app) as client:
         assert app.state.serve.wait_loaded(120)

@@ -1,4 +1,5 @@
-"""Generated images on their way out: the collapse check, then encoding as png, jpeg or webp."""
+"""Generated images on their way out: the collapse check, then encoding as png, jpeg or webp (as ``ditq serve``
+answers, ``ditq generate`` writes and the in-process baseline records them)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import numpy as np
 from PIL import Image
 
 from ditq.metrics import structure_metrics
-from ditq.serve.png import encode_png
+from ditq.runtime.png import encode_png
 from ditq.signatures import GateRules
 
 __all__ = ["checked_and_encoded", "collapse_reasons", "encode_image"]
 
 _SAVE_OPTIONS: dict[str, dict[str, object]] = {
-    # what PIL writes where ditq's own PNG writer (ditq.serve.png) does not: an image with a palette transparency
+    # what PIL writes where ditq's own PNG writer (ditq.runtime.png) does not: an image with a palette transparency
     "png": {"format": "PNG", "compress_level": 1},
     "jpeg": {"format": "JPEG", "quality": 95},
     "webp": {"format": "WEBP", "quality": 95},

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ditq.serve import png
-from ditq.serve.images import encode_image
-from ditq.serve.png import encode_png
+from ditq.runtime import png
+from ditq.runtime.images import encode_image
+from ditq.runtime.png import encode_png
 
 
 def _pixels(height: int, width: int, channels: int, seed: int = 0, noise: float = 40.0) -> np.ndarray:

@@ -1,9 +1,9 @@
-"""One request served in process: what ``ditq generate`` runs.
+"""One request run in process: what ``ditq generate`` runs.
 
-The model loads as ``ditq serve`` loads it (``ditq.serve.startup.load_adapter``: the same placement, kernel choice,
+The model opens as ``ditq serve`` opens it (``ditq.runtime.open.open_pipeline``: the same placement, kernel choice,
 quantized attention and KV cache), then one request runs through the adapter and is timed; the same code path
 for an artifact and for a plain diffusers directory (BF16 simply has no quantized layers). Without a directory it
-uses the bundled demo model.
+uses the bundled demo model. It sits beside the opener, above the doctor (``tests/test_layers.py``).
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ditq.devices import resolve_device, resolve_dtype, resolve_offload
-from ditq.doctor import kernel_chooser
 from ditq.fsutil import atomic_write_bytes
 from ditq.progress import progress_bar
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.compile import compiled_graphs
 from ditq.runtime.loader import pipeline_summary
-from ditq.serve.startup import load_adapter
+from ditq.runtime.open import open_pipeline
+from ditq.runtime.options import LoadOptions, resolve_load_options
 
 __all__ = ["GenerationReport", "generate", "save_images"]
 
@@ -68,55 +67,24 @@ def _run(adapter: PipelineAdapter, request: GenerationRequest) -> GenerationResu
 
 
 def generate(
-    model_dir: str | Path | None,
-    request: GenerationRequest,
-    device: str | torch.device = "auto",
-    offload: str = "none",
-    dtype: str | torch.dtype | None = None,
-    skip_doctor: bool = False,
-    variant: str | None = None,
-    attention: str | None = None,
-    kv_cache: str | None = None,
-    progress: bool = True,
-    compile: str | None = None,
-    accumulate: str = "exact",
+    model_dir: str | Path | None, request: GenerationRequest, options: LoadOptions, progress: bool = True
 ) -> GenerationReport:
-    """Load ``model_dir`` (None: the bundled demo model) and run one request; nothing is written.
+    """Open ``model_dir`` (None: the bundled demo model) as ``options`` say and run one request; nothing is written.
 
-    ``device``, ``dtype`` and ``offload`` as ``ditq.devices`` reads them (``auto`` included; no dtype:
-    float32 on the CPU, bfloat16 on CUDA).
-
-    Each quantized layer runs the first kernel path the kernel doctor verifies on this device
-    (``ditq.doctor.choose_kernel``); ``skip_doctor`` takes the registry's first candidate unverified; ``accumulate``
-    "fast" lets it choose fast-accumulating fp8 paths where they pass.
-    ``variant`` as ``ditq.runtime.loader.load_pipeline`` reads it. ``attention`` ("int8" | "fp8") runs the
-    transformer's attention through a doctor-chosen quantized-attention path (``ditq.runtime.attention``);
-    ``kv_cache`` ("int8" | "fp8") keeps its prefix KV cache in 8 bits (``ditq.runtime.kv_cache``). Under
-    ``offload="auto"`` a request that runs out of memory moves the placement one step and runs again. ``progress``
-    draws a bar of the denoising steps on a terminal (never in a log). ``compile`` (a torch.compile backend)
-    compiles the transformer and warms it up with a two-step call at the request's shape first, so the timed
-    request runs compiled code (the warm-up's seconds are reported apart).
+    Under ``offload="auto"`` a request that runs out of memory moves the placement one step and runs again.
+    ``progress`` draws a bar of the denoising steps on a terminal (never in a log). With ``compile`` the transformer
+    is warmed up with a two-step call at the request's shape first, so the timed request runs compiled code (the
+    warm-up's seconds are reported apart).
     """
     from ditq.demo import default_model_dir
 
     directory = Path(model_dir) if model_dir is not None else default_model_dir()
-    torch_device = resolve_device(device)
-    compute_dtype = resolve_dtype(dtype, torch_device)
-    offload = resolve_offload(offload)
+    load = resolve_load_options(options)
+    torch_device = load.device
     if torch_device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(torch_device)
     start = time.perf_counter()
-    adapter = load_adapter(
-        directory,
-        str(torch_device),
-        offload,
-        compute_dtype,
-        kernel_chooser(skip_doctor, accumulate),
-        variant,
-        attention,
-        kv_cache=kv_cache,
-        compile=compile,
-    )
+    adapter = open_pipeline(directory, load)
     pipeline = adapter.pipeline
     load_seconds = time.perf_counter() - start
     compiled = getattr(pipeline, "ditq_compile", None)
@@ -140,7 +108,7 @@ def generate(
     return GenerationReport(
         model_dir=directory,
         device=str(torch_device),
-        offload=offload,
+        offload=load.options.offload,
         quantized=quantized,
         kernels=kernels,
         attention=adapter.load_facts.get("attention"),
