@@ -14,7 +14,7 @@ the same mode, the final latents' relative L2 against BF16 eager's (same inputs)
 peak device memory as if the variant were alone. Per variant a per-layer error: every quantized Linear's
 output against its BF16 Linear on the same captured input (median, max, the worst five).
 
-Quantized variants take the Linears the quantizer would (``ditq.quantize.targets.plan_targets``) and run the kernel
+Quantized variants take the Linears the quantizer would (``ditq.quantization.targets.plan_targets``) and run the kernel
 path ``ditq serve`` would choose (``ditq.doctor.choose_kernel``; ``--skip-doctor``: the registry's first,
 unverified), with their projections apart, as ``ditq.load_pipeline`` loads them by default; ``w8a8-fused`` and
 ``fp8-fused`` run the same schemes with query/key/value and gate/up fused into one GEMM each
@@ -79,7 +79,7 @@ from ditq.checkpoint.codecs import codec_for  # noqa: E402
 from ditq.checkpoint.qconfig import quantization_config, with_quantization_config  # noqa: E402
 from ditq.doctor import VerifiedChooser, kernel_chooser  # noqa: E402
 from ditq.numerics import quantize_weight, relative_l2  # noqa: E402
-from ditq.quantize.targets import plan_targets  # noqa: E402
+from ditq.quantization.targets import plan_targets  # noqa: E402
 from ditq.runtime.compile import compile_blocks, repeated_blocks  # noqa: E402
 from ditq.runtime.fuse import fuse_projections  # noqa: E402
 from ditq.runtime.loader import load_component, parameters_on_meta, prepare_quantized  # noqa: E402

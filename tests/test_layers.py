@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("demo model", ("ditq.demo",)),  # a model's own classes: the runtime loads them
     ("runtime", ("ditq.runtime",)),
     ("doctor", ("ditq.doctor",)),
-    ("quantize", ("ditq.quantize",)),
+    ("quantize", ("ditq.quantization",)),
     ("serve", ("ditq.serve",)),
     ("probe", ("ditq.probe",)),
     ("judge", ("ditq.judge",)),

@@ -14,7 +14,7 @@ from ditq.devices import add_device_arguments
 from ditq.probe.fixtures import DEFAULT_SEEDS
 
 if TYPE_CHECKING:
-    from ditq.quantize.plan_file import PlanFile
+    from ditq.quantization.plan_file import PlanFile
 
 __all__ = ["add_arguments", "run", "summary"]
 

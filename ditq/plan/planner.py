@@ -32,7 +32,7 @@ from ditq.plan.search import Calibration, calibrate, predict, search_assignment
 from ditq.plan.sensitivity import Sensitivity, Unit, Workbench, measure_sensitivity
 from ditq.probe.fixtures import DEFAULT_SEEDS, Fixture, load_fixtures, parse_seeds
 from ditq.probe.runner import Executor
-from ditq.quantize.plan_file import (
+from ditq.quantization.plan_file import (
     KEEP,
     PlanCost,
     PlanFile,
@@ -323,7 +323,7 @@ def _verify(
     fixture at its seeds, and compare with the source-precision run as ``ditq compare`` does (with the band);
     then settle undecided fixtures with more seeds (``_settle``). ``source`` runs the source precision."""
     from ditq.judge.baseline import AdapterExecutor
-    from ditq.quantize.quantizer import quantize
+    from ditq.quantization.quantizer import quantize
     from ditq.runtime.adapter import PipelineAdapter
     from ditq.runtime.loader import load_pipeline
 
@@ -438,7 +438,7 @@ def _reasons(
 def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: None) -> PlanFile:
     """Measure, search and verify; write ``options.out`` and return the plan."""
     from ditq.devices import resolve_device, resolve_dtype
-    from ditq.quantize.targets import plan_targets
+    from ditq.quantization.targets import plan_targets
     from ditq.runtime.loader import load_pipeline
 
     started = time.monotonic()

@@ -13,8 +13,8 @@ import torch
 import ditq
 from ditq.demo import build_tiny_pipeline, default_model_dir, load_demo_pipeline, plan_path
 from ditq.errors import InputError
-from ditq.quantize.in_memory import quantized_linear
-from ditq.quantize.plan_file import read_plan
+from ditq.quantization.in_memory import quantized_linear
+from ditq.quantization.plan_file import read_plan
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.loader import load_pipeline
 from ditq.runtime.modules import quantized_linears
