@@ -1,8 +1,8 @@
 """Hostile inputs through the real `ditq` CLI (issues 28 and 48): crafted from the bundled demo model, each run as
 its own subprocess and classified clean, weak or defect.
 
-    PYTHONPATH=$PWD python benchmarks/attack_inputs.py --out benchmarks/results/attack_inputs.json
-    PYTHONPATH=$PWD python benchmarks/attack_inputs.py --only paths,evidence --keep    # some groups; keep $TMP
+    PYTHONPATH=$PWD python tests/adversarial/attack_inputs.py --out benchmarks/results/attack_inputs.json
+    PYTHONPATH=$PWD python tests/adversarial/attack_inputs.py --only paths,evidence --keep    # some groups; keep $TMP
     make test-attacks                                      # all of them, failing on any defect (what CI runs)
 
 The groups of issue 48, by mechanism: ``outputs`` (one rule for replacing an output: --force, the current
@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO_MODEL = REPO / "ditq" / "demo" / "model"
 EVIL = "open({marker!r}, 'w').write('ran')\n"  # what code shipped with a model would do: leave a mark
 MARKER = "RAN"  # the marker file, in the case's folder
@@ -77,7 +77,7 @@ SCALE = (
 WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"
 
 # ---------------------------------------------------------------------------------------------------------------
-# classification (pure: tests/benchmarks/test_attack_inputs.py checks it)
+# classification (pure: tests/adversarial/test_classify.py checks it)
 
 
 @dataclass
@@ -2199,7 +2199,7 @@ def main() -> int:
     demo_touched = touched_outside(demo_before, snapshot(DEMO_MODEL), ())
     result = {
         "benchmark": "attack_inputs",
-        "command": "PYTHONPATH=$PWD python benchmarks/attack_inputs.py " + " ".join(sys.argv[1:]),
+        "command": "PYTHONPATH=$PWD python tests/adversarial/attack_inputs.py " + " ".join(sys.argv[1:]),
         "git_commit": git_commit(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": sys.version.split()[0],
