@@ -29,7 +29,7 @@ dynamic shapes, one graph per path, every variant alike).
 
 On an H200, in one call (about 8 minutes; the budget keeps it inside):
 
-    python benchmarks/dit_bench.py --out $OUT/dit_bench.json --budget-s 400 --loop-steps 9
+    python benchmarks/dit_bench.py --out $OUT/dit_bench_CARD_COMMIT.json --budget-s 400 --loop-steps 9
 
 It needs diffusers (0.42.1 measured) and, for its rows, torchao (0.17 measured); where torchao does not import,
 its rows are "unavailable: <reason>" in the JSON. CPU dry run (tiny model, every step; compiled rows traced by dynamo
@@ -74,6 +74,7 @@ sys.path.insert(0, str(ROOT / "tools"))  # full_size_pipeline
 
 import full_size_pipeline  # noqa: E402
 from dit_loop import LoopCase, layer_errors, loop_pipeline, make_case, profile_loop, time_loop  # noqa: E402
+from result_names import result_path  # noqa: E402
 
 from ditq.checkpoint.codecs import codec_for  # noqa: E402
 from ditq.checkpoint.qconfig import quantization_config, with_quantization_config  # noqa: E402
@@ -556,7 +557,7 @@ def main() -> int:
         help="compiled rows: static (a graph per shape, diffusers' regional compilation) or served (what ditq serve "
         "--compile runs: dynamic shapes, one graph per path; ditq.runtime.compile.compile_blocks) (default: static)",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "dit_bench.json")
+    parser.add_argument("--out", type=Path, default=result_path("dit_bench"))
     parser.add_argument(
         "--artifact-dir", type=Path, help="where to write the load test's artifact (temp dir)"
     )
