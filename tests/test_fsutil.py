@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from harness_kit import mine, write_fixture_set
 from PIL import Image
+from tiny_models import save_tiny_pipeline
 
 import ditq
 from ditq.cli import main
-from ditq.demo import build_tiny_pipeline
 from ditq.errors import InputError
 
 
@@ -31,8 +31,7 @@ def _files(root: Path) -> dict[str, bytes]:
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny demo pipeline saved as a diffusers folder (the source every case quantizes or loads)."""
     root = tmp_path_factory.mktemp("tiny")
-    build_tiny_pipeline(seed=0).save_pretrained(str(root / "model"))
-    return root / "model"
+    return save_tiny_pipeline(root / "model")
 
 
 def _pictures(folder: Path) -> Path:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from tiny_models import save_tiny_pipeline
 
 from ditq.errors import InputError
 from ditq.report import validate_verdict_file
@@ -72,10 +73,8 @@ print("VERDICTS", result.verdicts)
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ditq.demo import build_tiny_pipeline
-
     root = tmp_path_factory.mktemp("sweep")
-    build_tiny_pipeline(seed=0).save_pretrained(root / "model")
+    save_tiny_pipeline(root / "model")
     refs = root / "refs"
     refs.mkdir()
     for index in range(2):
