@@ -35,11 +35,12 @@ test: $(STAMP) lint typecheck
 test-fast: $(STAMP)
 	$(VENV)/bin/pytest -q -n 2 -m "not slow" tests
 
-# The project's adversarial suite: every hostile input of benchmarks/attack_inputs.py through the CLI, each
-# classified clean, weak or defect; fails on any defect. CI runs it after `make test` (10-15 minutes on 2 cores).
+# The project's adversarial suite: every hostile input of tests/adversarial/attack_inputs.py through the CLI, each
+# classified clean, weak or defect; fails on any defect. CI runs it after `make test` (6 minutes on 2 cores);
+# `make test` runs a slice of it (tests/adversarial/test_fast_slice.py).
 ATTACKS_OUT ?= test-artifacts/attack_inputs.json
 test-attacks: $(STAMP)
-	PYTHONPATH=$(CURDIR) $(PY) benchmarks/attack_inputs.py --fail-on-defects --out $(ATTACKS_OUT)
+	PYTHONPATH=$(CURDIR) $(PY) tests/adversarial/attack_inputs.py --fail-on-defects --out $(ATTACKS_OUT)
 
 demo: $(STAMP)
 	$(VENV)/bin/ditq demo --out demo-out

@@ -1,6 +1,6 @@
 """What a served answer costs the server's CPU after the pipeline: the PNG encoding and the JSON body, old and new.
 
-    python benchmarks/answer_encoding.py --out benchmarks/results/answer_encoding.json
+    python benchmarks/answer_encoding.py --out benchmarks/results/answer_encoding_cpu_COMMIT.json
 
 For a 1024x1024 RGBA image of noise (what random weights draw; it does not compress) and a smooth one (a gradient
 with mild noise, as pictures compress): PIL's PNG writer at zlib level 1 (what ``ditq serve`` used before) against
@@ -115,7 +115,7 @@ def main() -> None:
     except AttributeError:
         cpus = os.cpu_count() or 1
     result = {
-        "command": "python benchmarks/answer_encoding.py --out benchmarks/results/answer_encoding.json",
+        "command": "python benchmarks/answer_encoding.py --out benchmarks/results/answer_encoding_cpu_COMMIT.json",
         "cpu": platform.processor() or platform.machine(),
         "cpus": cpus,
         "side": SIDE,

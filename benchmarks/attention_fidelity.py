@@ -1,13 +1,13 @@
 """Quantized attention's fidelity on the demo model, against its parity band.
 
-    python benchmarks/attention_fidelity.py --out benchmarks/results/attention_fidelity.json
+    python benchmarks/attention_fidelity.py --out benchmarks/results/attention_fidelity_cpu_COMMIT.json
 
 Every fixture of the demo (``ditq.demo`` fixtures, its references), seeds 2301-2302, 8 steps, on the CPU, in
 process: the float32 run with the model's own attention is the reference (as the demo's baseline is); against
 it, PSNR and SSIM per fixture of
 
 - ``bf16``: the same model in bfloat16, stock attention: the parity band's pair (two acceptable BF16-class runs;
-  ``benchmarks/results/demo_parity.json`` measures it over HTTP at 54.2 dB);
+  ``benchmarks/results/demo_parity_cpu_e3f7737.json`` measures it over HTTP at 54.2 dB);
 - ``fp32+int8`` / ``fp32+fp8``: float32 with quantized attention (only the attention's error);
 - ``bf16+int8`` / ``bf16+fp8``: bfloat16 with quantized attention (what a GPU runs);
 - ``fp32+int8-fp8`` / ``bf16+int8-fp8``: the same with int8 Q . K^T and e4m3 P . V.
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from result_names import result_path
 
 SEEDS = (2301, 2302)
 STEPS = 8
@@ -73,7 +74,7 @@ def _images(dtype: torch.dtype, kind: str | None, fixtures: dict) -> dict[tuple[
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/attention_fidelity.json"))
+    parser.add_argument("--out", type=Path, default=result_path("attention_fidelity", "cpu"))
     args = parser.parse_args()
 
     from ditq.demo import fixtures_path

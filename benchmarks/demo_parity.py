@@ -1,6 +1,6 @@
 """The demo's parity band: PSNR between two acceptable runs of the unquantized demo model.
 
-    python benchmarks/demo_parity.py --demo-out demo-out --out benchmarks/results/demo_parity.json
+    python benchmarks/demo_parity.py --demo-out demo-out --out benchmarks/results/demo_parity_cpu_COMMIT.json
 
 The demo's baseline (``demo-out/baseline``: ``ditq serve`` in float32, through HTTP) and a second run of
 the same model in process in bfloat16 (``ditq baseline`` without ``--endpoint``) are two implementations
@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from result_names import result_path
 
 
 def _ditq(*args: str) -> list[str]:
@@ -62,7 +64,7 @@ def main() -> int:
     parser.add_argument(
         "--demo-out", type=Path, default=Path("demo-out"), help="a finished `ditq demo --out` dir"
     )
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/demo_parity.json"))
+    parser.add_argument("--out", type=Path, default=result_path("demo_parity", "cpu"))
     args = parser.parse_args()
 
     from ditq import demo

@@ -1,6 +1,6 @@
 """Wall time of `make demo` from a fresh clone (set-up included): the demo's goal is at most 10 minutes on 2 cores.
 
-    python benchmarks/demo_wall.py --out benchmarks/results/demo_wall.json
+    python benchmarks/demo_wall.py --out benchmarks/results/demo_wall_cpu_COMMIT.json
 
 Clones the current commit into a temporary directory, runs `make demo` there (it creates .venv, installs,
 then runs `ditq demo --out demo-out`), and records the total wall time, the sweep's own time as the demo
@@ -21,10 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from result_names import result_path
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/demo_wall.json"))
+    parser.add_argument("--out", type=Path, default=result_path("demo_wall", "cpu"))
     args = parser.parse_args()
     source = Path(__file__).resolve().parents[1]
     commit = subprocess.run(

@@ -14,7 +14,7 @@ the same mode, the final latents' relative L2 against BF16 eager's (same inputs)
 peak device memory as if the variant were alone. Per variant a per-layer error: every quantized Linear's
 output against its BF16 Linear on the same captured input (median, max, the worst five).
 
-Quantized variants take the Linears the quantizer would (``ditq.quantize.targets.plan_targets``) and run the kernel
+Quantized variants take the Linears the quantizer would (``ditq.quantization.targets.plan_targets``) and run the kernel
 path ``ditq serve`` would choose (``ditq.doctor.choose_kernel``; ``--skip-doctor``: the registry's first,
 unverified), with their projections apart, as ``ditq.load_pipeline`` loads them by default; ``w8a8-fused`` and
 ``fp8-fused`` run the same schemes with query/key/value and gate/up fused into one GEMM each
@@ -29,7 +29,7 @@ dynamic shapes, one graph per path, every variant alike).
 
 On an H200, in one call (about 8 minutes; the budget keeps it inside):
 
-    python benchmarks/dit_bench.py --out $OUT/dit_bench.json --budget-s 400 --loop-steps 9
+    python benchmarks/dit_bench.py --out $OUT/dit_bench_CARD_COMMIT.json --budget-s 400 --loop-steps 9
 
 It needs diffusers (0.42.1 measured) and, for its rows, torchao (0.17 measured); where torchao does not import,
 its rows are "unavailable: <reason>" in the JSON. CPU dry run (tiny model, every step; compiled rows traced by dynamo
@@ -74,12 +74,13 @@ sys.path.insert(0, str(ROOT / "tools"))  # full_size_pipeline
 
 import full_size_pipeline  # noqa: E402
 from dit_loop import LoopCase, layer_errors, loop_pipeline, make_case, profile_loop, time_loop  # noqa: E402
+from result_names import result_path  # noqa: E402
 
 from ditq.checkpoint.codecs import codec_for  # noqa: E402
 from ditq.checkpoint.qconfig import quantization_config, with_quantization_config  # noqa: E402
 from ditq.doctor import VerifiedChooser, kernel_chooser  # noqa: E402
 from ditq.numerics import quantize_weight, relative_l2  # noqa: E402
-from ditq.quantize.targets import plan_targets  # noqa: E402
+from ditq.quantization.targets import plan_targets  # noqa: E402
 from ditq.runtime.compile import compile_blocks, repeated_blocks  # noqa: E402
 from ditq.runtime.fuse import fuse_projections  # noqa: E402
 from ditq.runtime.loader import load_component, parameters_on_meta, prepare_quantized  # noqa: E402
@@ -560,7 +561,7 @@ def main() -> int:
         help="compiled rows: static (a graph per shape, diffusers' regional compilation) or served (what ditq serve "
         "--compile runs: dynamic shapes, one graph per path; ditq.runtime.compile.compile_blocks) (default: static)",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "dit_bench.json")
+    parser.add_argument("--out", type=Path, default=result_path("dit_bench"))
     parser.add_argument(
         "--artifact-dir", type=Path, help="where to write the load test's artifact (temp dir)"
     )

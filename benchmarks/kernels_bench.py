@@ -1,6 +1,6 @@
 """GEMM throughput at DiT shapes: every ditq CUDA kernel path vs BF16 cuBLAS, torch._int_mm and torchao.
 
-    python benchmarks/kernels_bench.py --out benchmarks/results/kernels_bench.json
+    python benchmarks/kernels_bench.py --out benchmarks/results/kernels_bench_CARD_COMMIT.json
 
 Shapes: M in {4352, 20736} x (K, N) in {(4096, 12288), (4096, 4096), (12288, 4096)}.
 Each ditq path the registry offers for the shape (``candidate_paths``, DITQ_KERNELS /

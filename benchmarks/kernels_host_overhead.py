@@ -1,6 +1,6 @@
 """Host time per call of each CUDA kernel path, beside its device time: what an eager denoising step pays per Linear.
 
-    python benchmarks/kernels_host_overhead.py --out benchmarks/results/kernels_host_overhead.json
+    python benchmarks/kernels_host_overhead.py --out benchmarks/results/kernels_host_overhead_CARD_COMMIT.json
 
 For each shape and each ditq path the registry offers (and BF16 ``F.linear``): ``host_us`` is the wall time of
 enqueuing ``--calls`` calls back to back without synchronizing, divided by the calls (the host's cost of one call

@@ -1,6 +1,6 @@
 """Forward error of llm-compressor's checkpoints (tests/data/llmc) as ditq loads them, against their BF16 source.
 
-    python benchmarks/llmc_forward_error.py --out benchmarks/results/llmc_forward_error.json
+    python benchmarks/llmc_forward_error.py --out benchmarks/results/llmc_forward_error_cpu_COMMIT.json
 
 The tiny demo transformer in W8A8, FP8_DYNAMIC and W8A16 (groups of 16), loaded in float32 through
 ditq.load_component, run on the same seeded input as tests/test_interop_llmc.py; relative L2 of the output
@@ -16,13 +16,14 @@ import tempfile
 from pathlib import Path
 
 import torch
+from result_names import result_path
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/llmc_forward_error.json"))
+    parser.add_argument("--out", type=Path, default=result_path("llmc_forward_error", "cpu"))
     args = parser.parse_args()
     sys.path.insert(0, str(TESTS))
     from test_interop_llmc import _forward

@@ -25,7 +25,7 @@ Usage (the H200 run: ``benchmarks/h200_whole_pipeline.sh``; the demo model on a 
     ditq quantize ditq/demo/model demo-w8a8 --scheme w8a8
     python benchmarks/pipeline_memory.py --against ditq/demo/model --model demo-w8a8 \\
         --fixtures ditq/demo/fixtures.json --refs ditq/demo/references --seeds 2301-2308 --steps 8 --device cpu \\
-        --variants base,kv-int8,kv-fp8 --out benchmarks/results/kv_cache_demo.json
+        --variants base,kv-int8,kv-fp8 --out benchmarks/results/kv_cache_demo_cpu_COMMIT.json
 """
 
 from __future__ import annotations

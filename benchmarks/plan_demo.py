@@ -1,6 +1,6 @@
 """`ditq plan` on the bundled demo model: the plan, its end-to-end check, what the search cost; optionally the sweep.
 
-    python benchmarks/plan_demo.py --schemes fp8,w8a8 --out benchmarks/results/plan_demo.json \\
+    python benchmarks/plan_demo.py --schemes fp8,w8a8 --out benchmarks/results/plan_demo_cpu_COMMIT.json \\
         [--sweep demo-plan-out [--sweep-seeds auto]]
 
 Runs ``ditq plan ditq/demo/model --schemes S --out PLAN.json`` (the demo's fixtures, seeds 2301-2304, 8 steps, the
@@ -28,6 +28,8 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+from result_names import result_path
 
 MODEL = "ditq/demo/model"  # relative to the repository root, so the plan names no machine path
 
@@ -115,7 +117,7 @@ def _run_sweep(out: Path, plan_path: Path, seeds: str | None) -> dict[str, objec
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schemes", default="fp8,w8a8", help="ditq plan --schemes (default fp8,w8a8)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/plan_demo.json"))
+    parser.add_argument("--out", type=Path, default=result_path("plan_demo", "cpu"))
     parser.add_argument("--sweep", type=Path, help="also run `ditq demo --plan` into this folder")
     parser.add_argument(
         "--sweep-seeds", help="the sweep's --seeds (default: the demo's; auto: settle undecided fixtures)"

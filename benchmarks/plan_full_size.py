@@ -1,6 +1,6 @@
 """``ditq plan`` on the full-size Qwen-Image-2.1 pipeline, timed phase by phase: the proxy-based search at real size.
 
-    python benchmarks/plan_full_size.py --pipeline DIR --out plan_full_size.json [--device cuda]
+    python benchmarks/plan_full_size.py --pipeline DIR --out plan_full_size_CARD_COMMIT.json [--device cuda]
 
 DIR is a pipeline ``tools/full_size_pipeline.py`` wrote (built here first when DIR does not exist yet:
 ``--preset full`` on the device, about 40 s on an H200). The plan runs in this process through ``make_plan``,

@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from result_names import result_path
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_JSON = REPO / "benchmarks" / "results" / "quantize_bench.json"
+DEFAULT_JSON = result_path("quantize_bench", "cpu")
 LLMC_SNIPPET = """
 import json, sys
 from llmcompressor import model_free_ptq

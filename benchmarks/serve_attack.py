@@ -1,8 +1,8 @@
 """Soak test of `ditq serve` under hostile traffic on loopback (issue 15): what it holds and whether it answers.
 
-    python benchmarks/serve_attack.py --out benchmarks/results/serve_attack_after.json
+    python benchmarks/serve_attack.py --out benchmarks/results/serve_attack_after_cpu_COMMIT.json
     python benchmarks/serve_attack.py --repo /tmp/ditq-before --label before \\
-        --out benchmarks/results/serve_attack_before.json     # the code before the hardening, same phases
+        --out benchmarks/results/serve_attack_before_cpu_COMMIT.json     # the code before the hardening, same phases
 
 Starts `ditq serve` (the bundled demo model, float32, --request-timeout 30) from ``--repo`` as a subprocess on a
 free loopback port. Throughout, one well-behaved client sends a small generation (64x64, 2 steps) as soon as
@@ -49,6 +49,7 @@ from PIL import Image
 from ditq.sweep.health import wait_healthy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from result_names import result_path
 from serve_load import free_port, git_commit, rss_bytes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -304,9 +305,7 @@ def main() -> int:
     parser.add_argument("--slow-mib", type=int, default=24)
     parser.add_argument("--idle", type=int, default=4000)
     parser.add_argument("--serve-arg", action="append", default=[], help="extra argument for ditq serve")
-    parser.add_argument(
-        "--out", type=Path, default=REPO / "benchmarks" / "results" / "serve_attack_after.json"
-    )
+    parser.add_argument("--out", type=Path, default=result_path("serve_attack_after", "cpu"))
     args = parser.parse_args()
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -1,6 +1,6 @@
 """Load test of `ditq serve` on loopback: C concurrent clients for D seconds, then a burst past the queue.
 
-    python benchmarks/serve_load.py --out benchmarks/results/serve_load.json
+    python benchmarks/serve_load.py --out benchmarks/results/serve_load_cpu_COMMIT.json
 
 Starts `ditq serve MODEL` (default: the bundled demo model) as a subprocess on a free loopback port with
 ``--max-queue`` = clients, so a steady phase of ``clients`` closed-loop clients (each sends its next
@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 from PIL import Image
+from result_names import result_path
 
 from ditq.sweep.health import wait_healthy
 
@@ -264,7 +265,7 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=10.0, help="seconds of each memory window")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--serve-arg", action="append", default=[], help="extra argument for ditq serve")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "serve_load.json")
+    parser.add_argument("--out", type=Path, default=result_path("serve_load", "cpu"))
     args = parser.parse_args()
 
     load_average_before = os.getloadavg()

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-# ``ditq.quantize`` is the quantize stage's package, which is callable (``ditq.quantize(SRC, OUT, "fp8")``), so that
-# ``ditq.quantize.quantizer`` and every other submodule import as usual; ``verify`` is its function. Both are light.
-from ditq import quantize
 from ditq.lazy import lazy_names
-from ditq.quantize import verify
 
 __version__ = "0.1.0"
 
@@ -14,8 +10,10 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "load_pipeline": "ditq.runtime.open",
     "load_component": "ditq.runtime.loader",
-    "quantize_": "ditq.quantize.in_memory",
-    "save": "ditq.quantize.in_memory",
+    "quantize": "ditq.quantization.quantizer",
+    "verify": "ditq.quantization.verifier",
+    "quantize_": "ditq.quantization.in_memory",
+    "save": "ditq.quantization.in_memory",
 }
 
 __all__ = ["__version__", "load_component", "load_pipeline", "quantize", "quantize_", "save", "verify"]

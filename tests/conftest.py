@@ -21,10 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tiny_models import make_model_dir, plan_file
+from tiny_models import make_model_dir, plan_file, save_tiny_pipeline
 
 import ditq
-from ditq.demo import build_tiny_pipeline
 from ditq.plan import write_plan
 
 
@@ -74,7 +73,7 @@ def demo_artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ``fp8``: one artifact each). Shared: copy one before changing it."""
 
     root = tmp_path_factory.mktemp("demo-artifacts")
-    build_tiny_pipeline(seed=0).save_pretrained(str(root / "source"))
+    save_tiny_pipeline(root / "source")
     dirs = {"source": root / "source"}
     for scheme in ("w8a8", "w8a16", "fp8"):
         dirs[scheme] = ditq.quantize(root / "source", root / scheme, scheme).path

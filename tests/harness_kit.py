@@ -1,4 +1,5 @@
-"""Shared pieces of the probe and judge tests: a tiny fixture set on disk, a live stub server, probe runs.
+"""Shared pieces of the probe, judge, output and adversarial tests: a tiny fixture set on disk, a live stub server,
+probe runs, a folder of a person's own.
 
 Their fixtures (``fixture_set``, ``stub``) are registered by ``tests/probe/conftest.py`` and
 ``tests/judge/conftest.py``."""
@@ -145,3 +146,12 @@ def served_record(
         **fields,
     }
     return ProbeRecord.model_validate(values)
+
+
+def mine(folder: Path) -> Path:
+    """A folder of a person's own: files ditq did not write, which no command may delete or write into."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "notes.txt").write_text("a person's notes")
+    (folder / "keep").mkdir(exist_ok=True)
+    (folder / "keep" / "data.bin").write_bytes(b"\x00\x01")
+    return folder

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from harness_kit import write_fixture_set
+from harness_kit import mine, write_fixture_set
 from PIL import Image
+from tiny_models import save_tiny_pipeline
 
 import ditq
 from ditq.cli import main
-from ditq.demo import build_tiny_pipeline
 from ditq.errors import InputError
 
 
@@ -31,8 +31,7 @@ def _files(root: Path) -> dict[str, bytes]:
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny demo pipeline saved as a diffusers folder (the source every case quantizes or loads)."""
     root = tmp_path_factory.mktemp("tiny")
-    build_tiny_pipeline(seed=0).save_pretrained(str(root / "model"))
-    return root / "model"
+    return save_tiny_pipeline(root / "model")
 
 
 def _pictures(folder: Path) -> Path:
@@ -42,31 +41,22 @@ def _pictures(folder: Path) -> Path:
     return folder
 
 
-def _mine(folder: Path) -> Path:
-    """A folder of the user's own: files ditq did not write."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "notes.txt").write_text("keep me")
-    (folder / "sub").mkdir(exist_ok=True)
-    (folder / "sub" / "data.bin").write_bytes(b"\x00\x01")
-    return folder
-
-
 # Each case: (tmp folder, tiny model) -> (argv or a callable, the folder that must survive, cwd or None).
 Case = Callable[[Path, Path], tuple[list[str] | Callable[[], object], Path, Path | None]]
 
 
 def _quantize_into_a_folder_of_other_files(tmp: Path, model: Path):  # type: ignore[no-untyped-def]
-    out = _mine(tmp / "existing")
+    out = mine(tmp / "existing")
     return ["quantize", str(model), str(out), "--scheme", "w8a8", "--force"], out, None
 
 
 def _quantize_into_the_current_directory(tmp: Path, model: Path):  # type: ignore[no-untyped-def]
-    here = _mine(tmp / "here")
+    here = mine(tmp / "here")
     return ["quantize", str(model), ".", "--scheme", "w8a8", "--force"], here, here
 
 
 def _quantize_into_home(tmp: Path, model: Path):  # type: ignore[no-untyped-def]
-    home = _mine(tmp / "home")
+    home = mine(tmp / "home")
     (home / "MANIFEST.json").write_text("{}")  # even with ditq's marker: the home folder is never replaced
     os.environ["HOME"] = str(home)
     return ["quantize", str(model), str(home), "--scheme", "w8a8", "--force"], home, None
@@ -77,7 +67,7 @@ def _save_into_a_folder_of_other_files(tmp: Path, model: Path):  # type: ignore[
 
     pipeline = load_demo_pipeline(model)
     ditq.quantize_(pipeline, "w8a8")
-    out = _mine(tmp / "saved")
+    out = mine(tmp / "saved")
     return lambda: ditq.save(pipeline, out, force=True), out, None
 
 
@@ -87,34 +77,34 @@ def _fixtures_into_their_own_folder(tmp: Path, model: Path):  # type: ignore[no-
 
 
 def _fixtures_into_the_parent_of_the_pictures(tmp: Path, model: Path):  # type: ignore[no-untyped-def]
-    parent = _mine(tmp / "parent")
+    parent = mine(tmp / "parent")
     _pictures(parent / "pics")
     argv = ["fixtures", "init", str(parent / "pics"), "--out", str(parent), "--size", "32x32", "--force"]
     return argv, parent, None
 
 
 def _report_into_a_folder_of_other_files(tmp: Path, model: Path):  # type: ignore[no-untyped-def]
-    out = _mine(tmp / "report")
-    run = _mine(tmp / "run")
+    out = mine(tmp / "report")
+    run = mine(tmp / "run")
     return ["report", str(run), "--baseline", str(run), "--out", str(out), "--allow-unsealed"], out, None
 
 
 def _probe_into_a_folder_of_other_files(tmp: Path, model: Path):  # type: ignore[no-untyped-def]
-    fixtures, refs = write_fixture_set(_mine(tmp / "fx"))
-    out = _mine(tmp / "run")
+    fixtures, refs = write_fixture_set(mine(tmp / "fx"))
+    out = mine(tmp / "run")
     argv = ["probe", "--endpoint", "http://127.0.0.1:9", "--fixtures", str(fixtures), "--refs", str(refs)]
     return [*argv, "--out", str(out), "--server-wait", "0", "--no-progress"], out, None
 
 
 def _baseline_into_the_refs(tmp: Path, model: Path):  # type: ignore[no-untyped-def]
-    fixtures, refs = write_fixture_set(_mine(tmp / "fx"))
+    fixtures, refs = write_fixture_set(mine(tmp / "fx"))
     argv = ["baseline", str(model), "--fixtures", str(fixtures), "--refs", str(refs), "--out", str(refs)]
     return [*argv, "--device", "cpu", "--no-progress"], tmp / "fx", None
 
 
 def _sweep_into_a_folder_of_other_files(tmp: Path, model: Path):  # type: ignore[no-untyped-def]
-    fixtures, refs = write_fixture_set(_mine(tmp / "fx"))
-    out = _mine(tmp / "sweep")
+    fixtures, refs = write_fixture_set(mine(tmp / "fx"))
+    out = mine(tmp / "sweep")
     argv = ["sweep", str(model), "--schemes", "w8a8", "--fixtures", str(fixtures), "--refs", str(refs)]
     return [*argv, "--out", str(out), "--device", "cpu", "--seeds", "1"], out, None
 

@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the one opener (``open_pipeline``) and the one-shot generate over it: the runtime's, installing the doctor's
     # choices, so above the doctor
     ("opener", ("ditq.runtime.open", "ditq.runtime.generate")),
-    ("quantize", ("ditq.quantize",)),
+    ("quantize", ("ditq.quantization",)),
     ("serve", ("ditq.serve",)),
     ("probe", ("ditq.probe",)),
     ("judge", ("ditq.judge",)),

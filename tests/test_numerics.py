@@ -14,7 +14,7 @@ from ditq.numerics import (
     relative_l2,
     unpack_int32_to_int8,
 )
-from ditq.quantize.rewrite import encode_band
+from ditq.quantization.rewrite import encode_band
 from ditq.schemes import FP8, W8A8, W8A16
 
 # (scheme, expected rel-L2 ceiling on Gaussian weights): int8 per channel ~0.01, e4m3 ~0.025.

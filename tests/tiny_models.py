@@ -1,4 +1,6 @@
-"""Tiny random instances of real diffusers transformers, saved as diffusers model directories.
+"""The tests' one builder of tiny models: real diffusers transformers, VAEs and pipelines at tiny configs, seeded,
+and saved as diffusers model directories. The tiny Qwen-Image-2.1 pipeline is the demo's own
+(``ditq.demo.build_tiny_pipeline``); ``save_tiny_pipeline`` and ``tiny_adapter`` are how tests get it.
 
 Every builder is seeded and returns the real diffusers class at a tiny
 config: 2 attention heads of 16 channels (inner width 32), so every block
@@ -16,6 +18,7 @@ request a tiny transformers ``text_encoder/`` (T5, or CLIP).
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,9 @@ from diffusers import (
     WanTransformer3DModel,
 )
 from safetensors.torch import save_file
+
+from ditq.demo import build_tiny_pipeline
+from ditq.runtime.adapter import PipelineAdapter
 
 __all__ = [
     "LLMC_DATA",
@@ -47,6 +53,10 @@ __all__ = [
     "make_model_dir",
     "plan_file",
     "save_sharded",
+    "save_tiny_pipeline",
+    "tiny_adapter",
+    "tiny_qwen_vae",
+    "tiny_vae",
     "to_variant_only",
     "write_model_dir",
 ]
@@ -466,3 +476,53 @@ def llmc_pipeline_dir(model_dir: Path, fixture: str) -> Path:
     shutil.rmtree(Path(model_dir) / "transformer")
     shutil.copytree(LLMC_DATA / fixture / "transformer", Path(model_dir) / "transformer")
     return Path(model_dir)
+
+
+def save_tiny_pipeline(folder: Path, seed: int = 0, dtype: torch.dtype | None = None) -> Path:
+    """The tiny demo pipeline, seeded, saved as a diffusers folder at ``folder`` (in ``dtype`` when given): the
+    source most tests quantize, load or serve. diffusers' FutureWarnings on saving are not the test's."""
+    pipeline = build_tiny_pipeline(seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        (pipeline if dtype is None else pipeline.to(dtype)).save_pretrained(str(folder))
+    return folder
+
+
+def tiny_adapter(seed: int = 0) -> PipelineAdapter:
+    """The tiny demo pipeline, seeded, behind the adapter that serve and generate run (a fresh one each call)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return PipelineAdapter(build_tiny_pipeline(seed=seed))
+
+
+def tiny_vae() -> torch.nn.Module:
+    """diffusers' ``AutoencoderKL`` at two 16-channel blocks, seeded, in eval mode."""
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=["DownEncoderBlock2D"] * 2,
+        up_block_types=["UpDecoderBlock2D"] * 2,
+        block_out_channels=[16, 16],
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=8,
+        sample_size=32,
+    ).eval()
+
+
+def tiny_qwen_vae() -> torch.nn.Module:
+    """Qwen-Image-2.1's VAE at the tiny preset's size (``tools/full_size_pipeline.py``), seeded."""
+    from diffusers import AutoencoderKLQwenImage21
+
+    torch.manual_seed(0)
+    z_dim = 16
+    vae = AutoencoderKLQwenImage21(
+        base_dim=16, decoder_base_dim=16, z_dim=z_dim, dim_mult=[1, 1, 1, 1, 1], num_res_blocks=1,
+        latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim,
+    )  # fmt: skip
+    for parameter in vae.parameters():  # diffusers' init leaves some at zero or one: every weight drawn
+        parameter.data.normal_(0.0, 0.2)
+    return vae.eval()

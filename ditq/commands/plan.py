@@ -13,7 +13,7 @@ from ditq.commands import MAX_SEEDS, PLAN_SCHEMES, TOLERANCE_DB, add_load_argume
 from ditq.probe.fixtures import DEFAULT_SEEDS
 
 if TYPE_CHECKING:
-    from ditq.quantize.plan_file import PlanFile
+    from ditq.quantization.plan_file import PlanFile
 
 __all__ = ["add_arguments", "run", "summary"]
 

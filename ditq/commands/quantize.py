@@ -1,4 +1,4 @@
-"""`ditq quantize`: a thin layer over ``ditq.quantize.quantizer.quantize`` (same defaults; ``--plan`` for mixed precision)."""
+"""`ditq quantize`: a thin layer over ``ditq.quantization.quantizer.quantize`` (same defaults; ``--plan`` for mixed precision)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ditq.checkpoint.qconfig import CONFIG_FORMS
 from ditq.devices import add_device_arguments
-from ditq.quantize.defaults import AUTO_MIN_SHARE, DEFAULTS
-from ditq.quantize.links import COPY_MAX_BYTES
+from ditq.quantization.defaults import AUTO_MIN_SHARE, DEFAULTS
+from ditq.quantization.links import COPY_MAX_BYTES
 from ditq.schemes import SCHEMES
 
 __all__ = ["add_arguments", "run"]
@@ -99,7 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ditq.quantize.quantizer import quantize
+    from ditq.quantization.quantizer import quantize
 
     result = quantize(
         args.source,

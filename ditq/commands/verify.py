@@ -1,4 +1,4 @@
-"""`ditq verify`: a thin layer over ``ditq.quantize.verifier.verify``; exit 0 only when every check holds."""
+"""`ditq verify`: a thin layer over ``ditq.quantization.verifier.verify``; exit 0 only when every check holds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ditq.fsutil import atomic_write_json
-from ditq.quantize.defaults import REL_L2_BOUNDS
+from ditq.quantization.defaults import REL_L2_BOUNDS
 
 __all__ = ["add_arguments", "run"]
 
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ditq.quantize.verifier import verify
+    from ditq.quantization.verifier import verify
 
     report = verify(args.artifact, args.source)
     if args.json is not None and str(args.json) == "-":

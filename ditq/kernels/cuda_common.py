@@ -3,7 +3,7 @@
 
 Each CUDA GEMM is a custom op (``cuda_op``) so that torch.compile traces it as one call; in eager mode the row helpers
 call its function directly, since the custom op's Python dispatch costs about as much host time as a DiT-sized
-GEMM's device time (``benchmarks/results/kernels_host_overhead.json``), which leaves the device idle between calls.
+GEMM's device time (``benchmarks/results/kernels_host_overhead_h200_348736e.json``), which leaves the device idle between calls.
 
 The per-token paths quantize the activations *outside* their GEMM op: in eager mode with the Triton kernel, under
 torch.compile with ``ditq.numerics``' torch ops, which the compiler sees and fuses into the op that produced the

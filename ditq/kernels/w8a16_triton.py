@@ -2,7 +2,7 @@
 and dequantize + cuBLAS GEMM (ops ``ditq::w8a16_triton``, ``ditq::w8a16_dequant_matmul``).
 
 Dequantize + cuBLAS is preferred: at DiT token counts (M >= 4096) it ran at 0.91-0.94x BF16 on an
-H200, the Triton kernel at 0.56-0.64x (benchmarks/results/kernels_bench.json).
+H200, the Triton kernel at 0.56-0.64x (benchmarks/results/kernels_bench_h200_348736e.json).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Mixed-precision plans: measured per-layer sensitivity and the scheme each Linear gets (``ditq plan``), read by
-``ditq quantize --plan`` and ``ditq sweep --plan``. The file: ``ditq.quantize.plan_file.PlanFile``."""
+``ditq quantize --plan`` and ``ditq sweep --plan``. The file: ``ditq.quantization.plan_file.PlanFile``."""
 
-from ditq.quantize.plan_file import (
+from ditq.quantization.plan_file import (
     KEEP,
     PLAN_FILE,
     PLAN_FORMAT,

@@ -33,7 +33,7 @@ from ditq.plan.search import Calibration, calibrate, predict, search_assignment
 from ditq.plan.sensitivity import Sensitivity, Unit, Workbench, measure_sensitivity
 from ditq.probe.fixtures import DEFAULT_SEEDS, Fixture, load_fixtures, parse_seeds
 from ditq.probe.runner import Executor
-from ditq.quantize.plan_file import (
+from ditq.quantization.plan_file import (
     KEEP,
     PlanCost,
     PlanFile,
@@ -332,7 +332,7 @@ def _verify(
     fixture at its seeds, and compare with the source-precision run as ``ditq compare`` does (with the band);
     then settle undecided fixtures with more seeds (``_settle``). ``source`` runs the source precision."""
     from ditq.judge.baseline import AdapterExecutor
-    from ditq.quantize.quantizer import quantize
+    from ditq.quantization.quantizer import quantize
     from ditq.runtime.open import open_pipeline
 
     options = setting.options
@@ -449,7 +449,7 @@ def _reasons(
 
 def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: None) -> PlanFile:
     """Measure, search and verify; write ``options.out`` and return the plan."""
-    from ditq.quantize.targets import plan_targets
+    from ditq.quantization.targets import plan_targets
     from ditq.runtime.open import open_pipeline
 
     started = time.monotonic()

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ditq.judge.compare import PSNR_CAP_DB
-from ditq.quantize.plan_file import KEEP
+from ditq.quantization.plan_file import KEEP
 
 __all__ = ["Calibration", "ProxyTable", "calibrate", "predict", "search_assignment", "spearman"]
 

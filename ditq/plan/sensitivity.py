@@ -36,8 +36,8 @@ from ditq.judge.compare import PSNR_CAP_DB
 from ditq.metrics import fidelity_arrays, load_png_array, psnr
 from ditq.probe.fixtures import Fixture
 from ditq.probe.runner import Reply, run_matrix
-from ditq.quantize.in_memory import quantized_linear
-from ditq.quantize.plan_file import KEEP, LayerSensitivity
+from ditq.quantization.in_memory import quantized_linear
+from ditq.quantization.plan_file import KEEP, LayerSensitivity
 from ditq.runfiles import RunDescription
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.runtime.modules import QuantizedLinear

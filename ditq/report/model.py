@@ -34,7 +34,7 @@ from ditq.probe.records import (
     read_records,
     read_run_file,
 )
-from ditq.quantize.plan_file import PLAN_FILE, PlanFile, read_plan
+from ditq.quantization.plan_file import PLAN_FILE, PlanFile, read_plan
 from ditq.runfiles import (
     CANDIDATE_FILE,
     COMPARE_FILE,

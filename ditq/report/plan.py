@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from ditq.quantize.plan_file import KEEP, PlanFile
+from ditq.quantization.plan_file import KEEP, PlanFile
 from ditq.report.charts import save_chart
 from ditq.report.tables import Table
 

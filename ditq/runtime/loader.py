@@ -400,7 +400,7 @@ def load_components(model_dir: str | Path, load: ResolvedLoad, chooser: KernelCh
     one (diffusers' block-level group offload). Each quantized layer's kernel path is ``chooser``'s (None: the
     registry's first candidate). With ``fuse``, quantized projections that read one input (query/key/value,
     gate/up) run as one GEMM each (``ditq.runtime.fuse``; exact per output channel). Off by default: on an H200
-    the fused fp8 loop ran 5 % slower than the separate layers (benchmarks/results/dit_bench_fused_eager_7d332ce.json).
+    the fused fp8 loop ran 5 % slower than the separate layers (benchmarks/results/dit_bench_fused_eager_h200_7d332ce.json).
     """
     options = load.options
     offload, variant, drop_unused = options.offload, options.variant, options.drop_unused

@@ -15,7 +15,7 @@ from ditq.errors import InputError
 from ditq.fsutil import sha256_file
 from ditq.probe.fixtures import DEFAULT_SEEDS
 from ditq.probe.records import incomplete, is_out_of_memory, latest_by_key, read_records
-from ditq.quantize.plan_file import KEEP
+from ditq.quantization.plan_file import KEEP
 from ditq.runfiles import (
     CANDIDATE_FILE,
     RECORDS_FILE,

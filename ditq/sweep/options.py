@@ -13,7 +13,7 @@ from ditq.devices import OFFLOAD_MODES
 from ditq.errors import InputError
 from ditq.judge.compare import MAX_SEEDS
 from ditq.probe.fixtures import DEFAULT_SEEDS, load_fixtures, parse_seeds
-from ditq.quantize.plan_file import PlanFile, read_plan
+from ditq.quantization.plan_file import PlanFile, read_plan
 from ditq.runtime.options import LoadOptions
 from ditq.runtime.parallel import parse_parallel, refuse_beside_parallel
 from ditq.schemes import get_scheme

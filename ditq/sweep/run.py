@@ -12,7 +12,7 @@ from ditq.errors import InputError
 from ditq.fsutil import SWEEP, atomic_write_bytes, check_output
 from ditq.probe.fixtures import seeds_text
 from ditq.probe.runner import PROBE_API_KEY_ENV
-from ditq.quantize.plan_file import PLAN_FILE, plan_bytes
+from ditq.quantization.plan_file import PLAN_FILE, plan_bytes
 from ditq.report import ReportResult
 from ditq.report.provenance import shell_command
 from ditq.runfiles import (

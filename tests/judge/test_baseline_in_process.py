@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny_models import save_tiny_pipeline
 
 from ditq.judge.baseline import BaselineOptions, make_baseline, verify_seal
 from ditq.probe.records import is_success, read_records
@@ -16,7 +17,7 @@ demo = pytest.importorskip("ditq.demo")
 
 def test_in_process_baseline_is_recorded_and_sealed(tmp_path: Path, fixture_set) -> None:
     model = tmp_path / "model"
-    demo.build_tiny_pipeline(seed=0).save_pretrained(model)
+    save_tiny_pipeline(model)
     fixtures, refs = fixture_set
     runs = []
     for name in ("first", "second"):

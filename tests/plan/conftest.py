@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from tiny_models import save_tiny_pipeline
 
 
 def write_tiny_workspace(root: Path) -> Path:
     """``root/model`` (the tiny demo pipeline, seed 0), ``root/fixtures.json`` and ``root/refs``."""
-    from ditq.demo import build_tiny_pipeline
-
-    build_tiny_pipeline(seed=0).save_pretrained(root / "model")
+    save_tiny_pipeline(root / "model")
     (root / "refs").mkdir()
     pixels = np.zeros((32, 32, 4), np.uint8)
     pixels[8:24, 8:24, 0], pixels[..., 3] = 220, 255

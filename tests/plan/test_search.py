@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ditq.plan.search import calibrate, predict, search_assignment, spearman
-from ditq.quantize.plan_file import KEEP
+from ditq.quantization.plan_file import KEEP
 
 FIXTURES = ("a", "b")
 SCHEMES = ("fp8", "w8a8")

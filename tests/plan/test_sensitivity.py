@@ -12,7 +12,7 @@ from ditq.judge.compare import PSNR_CAP_DB
 from ditq.plan.sensitivity import Unit, Workbench, layers_quantized, measure_sensitivity, quantized_copy
 from ditq.probe.fixtures import load_fixtures
 from ditq.probe.runner import describe_run
-from ditq.quantize.plan_file import KEEP
+from ditq.quantization.plan_file import KEEP
 from ditq.runfiles import InProcessOptions
 from ditq.runtime.modules import QuantizedLinear
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 from harness_kit import probe_run
+from tiny_models import tiny_adapter
 
 from ditq.judge.baseline import BaselineOptions, make_baseline, require_sealed
 from ditq.judge.compare import ParityBand, compare_run
@@ -34,11 +35,10 @@ demo = pytest.importorskip("ditq.demo")
 def _tiny_server(api_key: str | None = None) -> Iterator[str]:
     """ditq serve's app over the tiny demo pipeline on a free loopback port (with ``api_key``: as `ditq serve
     --api-key KEY` starts it); its URL once /health, which needs no key, answers."""
-    from ditq.runtime.adapter import PipelineAdapter
 
     app = serve.create_app(
         serve.ServeConfig(served_model_name="tiny", on_collapse="warn", api_key=api_key),
-        load=lambda: PipelineAdapter(demo.build_tiny_pipeline(seed=0)),
+        load=tiny_adapter,
         doctor=lambda _adapter: serve.DoctorOutcome("passed", "no quantized layers"),
         model_root="tiny-demo",
     )

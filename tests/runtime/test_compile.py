@@ -10,18 +10,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from tiny_models import tiny_adapter, tiny_qwen_vae
 from torch._dynamo.utils import counters
 
 import ditq
-from ditq.demo import build_tiny_pipeline
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.compile import compile_pipeline, compile_vae_decoder
 from ditq.serve.cost import calibrate, calibration_shapes
-
-
-def tiny_adapter() -> PipelineAdapter:
-    return PipelineAdapter(build_tiny_pipeline(seed=0))
 
 
 def _graphs() -> int:
@@ -129,21 +125,6 @@ def test_compiled_code_is_kept_in_ditqs_cache_folder_unless_the_environment_name
     assert shown["cache_hits"] == 0 and shown["cache_misses"] == 0 and "_cache_at_start" not in shown
 
 
-def _tiny_vae() -> torch.nn.Module:
-    """Qwen-Image-2.1's VAE at the tiny preset's size (``tools/full_size_pipeline.py``), seeded."""
-    from diffusers import AutoencoderKLQwenImage21
-
-    torch.manual_seed(0)
-    z_dim = 16
-    vae = AutoencoderKLQwenImage21(
-        base_dim=16, decoder_base_dim=16, z_dim=z_dim, dim_mult=[1, 1, 1, 1, 1], num_res_blocks=1,
-        latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim,
-    )  # fmt: skip
-    for parameter in vae.parameters():  # diffusers' init leaves some at zero or one: every weight drawn
-        parameter.data.normal_(0.0, 0.2)
-    return vae.eval()
-
-
 def _pixels(decoded: torch.Tensor) -> torch.Tensor:
     """(B, C, 1, H, W) in [-1, 1] -> 0..255 levels, as the pipeline's postprocess rounds them."""
     return ((decoded[:, :, 0].float() / 2 + 0.5).clamp(0, 1) * 255).round()
@@ -155,7 +136,7 @@ def test_the_compiled_decoder_draws_the_untouched_decodes_pixels_within_one_leve
     latent sizes: at most one level of 255 apart anywhere, at most 0.01 level on average, one graph for both sizes.
     (Inductor's code, in BF16 on an H100: at most 4 levels, 0.59 on average, benchmarks/decode_answer_bench.py; the
     GPU test of the tiny pipeline compiled with inductor draws within its band.)"""
-    untouched, served = _tiny_vae(), _tiny_vae()
+    untouched, served = tiny_qwen_vae(), tiny_qwen_vae()
     torch._dynamo.reset()
     before = _graphs()
     assert compile_vae_decoder(served, "aot_eager") == "decoder (QwenImage21Decoder3d)"
@@ -177,9 +158,9 @@ def test_a_vae_without_a_decoder_module_stays_as_it_is() -> None:
 
 def test_a_pipeline_placed_by_offload_auto_keeps_its_vae_decoder_eager() -> None:
     """Under --offload auto the VAE may stream through hooks that move its weights: its decoder is not compiled."""
-    placed = SimpleNamespace(transformer=torch.nn.Linear(2, 2), vae=_tiny_vae(), ditq_placement=object())
+    placed = SimpleNamespace(transformer=torch.nn.Linear(2, 2), vae=tiny_qwen_vae(), ditq_placement=object())
     assert compile_pipeline(placed, "eager").module == "transformer"
     assert placed.vae.decoder._compiled_call_impl is None
-    whole = SimpleNamespace(transformer=torch.nn.Linear(2, 2), vae=_tiny_vae())
+    whole = SimpleNamespace(transformer=torch.nn.Linear(2, 2), vae=tiny_qwen_vae())
     assert compile_pipeline(whole, "eager").module == "transformer, vae"
     assert whole.vae.decoder._compiled_call_impl is not None

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_models import save_tiny_pipeline
 
 import ditq
-from ditq.demo import build_tiny_pipeline
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.modules import quantized_linears
 from ditq.runtime.open import load_pipeline
@@ -24,7 +24,7 @@ SCHEMES = ("w8a16", "w8a8", "fp8")
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gpu")
-    build_tiny_pipeline(seed=0).save_pretrained(str(root / "source"))
+    save_tiny_pipeline(root / "source")
     out = {"source": root / "source"}
     for scheme in SCHEMES:
         ditq.quantize(root / "source", root / scheme, scheme)

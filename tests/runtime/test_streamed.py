@@ -7,25 +7,9 @@ module runs."""
 from __future__ import annotations
 
 import torch
+from tiny_models import tiny_vae
 
 from ditq.runtime.offload import _Streamed
-
-
-def _vae() -> torch.nn.Module:
-    from diffusers import AutoencoderKL
-
-    torch.manual_seed(0)
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=["DownEncoderBlock2D"] * 2,
-        up_block_types=["UpDecoderBlock2D"] * 2,
-        block_out_channels=[16, 16],
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=8,
-        sample_size=32,
-    ).eval()
 
 
 def _decode_encode(vae: torch.nn.Module, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,10 +20,10 @@ def _decode_encode(vae: torch.nn.Module, image: torch.Tensor) -> tuple[torch.Ten
 
 def test_a_streamed_vae_has_each_weight_on_the_device_when_encode_and_decode_use_it() -> None:
     image = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(1)) * 2 - 1
-    plain = _vae()
+    plain = tiny_vae()
     expected = _decode_encode(plain, image)
 
-    vae = _vae()
+    vae = tiny_vae()
     stream = _Streamed(vae, torch.device("cpu"))
     assert stream.rest  # conv_in, conv_out, norms outside the block lists
     missing: list[str] = []
@@ -64,7 +48,7 @@ def test_a_streamed_vae_has_each_weight_on_the_device_when_encode_and_decode_use
 
 
 def test_inside_the_components_forward_its_rest_stays_on_the_device_until_the_forward_ends() -> None:
-    vae = _vae()
+    vae = tiny_vae()
     stream = _Streamed(vae, torch.device("cpu"))
     conv_in = vae.encoder.conv_in.weight
     seen: list[bool] = []

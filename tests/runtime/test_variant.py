@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import to_variant_only
+from tiny_models import save_tiny_pipeline, to_variant_only
 
 import ditq
 from ditq.cli import main
-from ditq.demo import build_tiny_pipeline
 from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest
 from ditq.runtime.generate import generate
@@ -29,9 +28,7 @@ REQUEST = dict(prompt="a red square", seed=3, num_inference_steps=2, width=32, h
 def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the tiny pipeline saved in bfloat16 with default files, the same files renamed to the bf16 variant only)."""
     root = tmp_path_factory.mktemp("variant")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        build_tiny_pipeline(seed=0).to(torch.bfloat16).save_pretrained(root / "default")
+    save_tiny_pipeline(root / "default", dtype=torch.bfloat16)
     shutil.copytree(root / "default", root / "variant-only")
     assert to_variant_only(root / "variant-only", VARIANT) == ["text_encoder", "transformer"]
     return root / "default", root / "variant-only"

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import socket
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the builders serve_testkit uses
 from serve_testkit import make_app, sleep_per_step, tiny_adapter
 
 from ditq.serve.connections import ConnectionLimits, uvicorn_config

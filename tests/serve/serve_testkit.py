@@ -9,19 +9,18 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import tiny_models
 import torch
 import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from ditq.demo import build_tiny_pipeline
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.serve import DoctorOutcome, ServeConfig, create_app
 from ditq.serve.connections import ConnectionLimits, uvicorn_config
@@ -35,9 +34,8 @@ FAST = {"num_inference_steps": 2, "size": "32x32"}  # a request that takes about
 
 @functools.cache
 def tiny_adapter() -> PipelineAdapter:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        return PipelineAdapter(build_tiny_pipeline(seed=0))
+    """The tiny demo pipeline's adapter, one for the whole session (the tests here leave it as they found it)."""
+    return tiny_models.tiny_adapter()
 
 
 def passed_doctor(_adapter: PipelineAdapter) -> DoctorOutcome:

@@ -6,17 +6,16 @@ import re
 import signal
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
 from serve_testkit import FAST, client_for, free_port, make_app
+from tiny_models import save_tiny_pipeline
 
 import ditq
 from ditq.cli import main
-from ditq.demo import build_tiny_pipeline
 from ditq.runtime.open import open_pipeline
 from ditq.runtime.options import LoadOptions
 from ditq.serve.startup import make_doctor
@@ -139,9 +138,7 @@ def test_a_model_that_fails_to_load_stops_the_server_with_exit_4(
 @pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_serve_a_saved_model_directory_through_the_cli(tmp_path: Path, compiled: bool) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        build_tiny_pipeline(seed=0).save_pretrained(tmp_path / "tiny")
+    save_tiny_pipeline(tmp_path / "tiny")
     port = free_port()
     process = subprocess.Popen(
         [
@@ -185,9 +182,7 @@ def test_serve_a_saved_model_directory_through_the_cli(tmp_path: Path, compiled:
 
 @pytest.mark.parametrize("scheme", ["w8a8", "w8a16"])
 def test_an_artifact_is_served_after_the_doctor_verified_its_paths(tmp_path: Path, scheme: str) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        build_tiny_pipeline(seed=0).save_pretrained(tmp_path / "tiny")
+    save_tiny_pipeline(tmp_path / "tiny")
     ditq.quantize(tmp_path / "tiny", tmp_path / scheme, scheme)
     app = make_app(
         load=lambda: open_pipeline(tmp_path / scheme, LoadOptions(device="cpu", dtype="float32")),
@@ -223,9 +218,7 @@ def test_serve_falls_back_from_a_failing_w8a16_path_chosen_before_the_repack(
     from ditq.runtime.modules import quantized_linears
     from ditq.runtime.open import load_pipeline
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        build_tiny_pipeline(seed=0).save_pretrained(tmp_path / "tiny")
+    save_tiny_pipeline(tmp_path / "tiny")
     ditq.quantize(tmp_path / "tiny", tmp_path / "w8a16", "w8a16")
     # Unverified (--skip-doctor), the registry's first path is repacked and returns NaN.
     unverified = load_pipeline(tmp_path / "w8a16", "cpu", dtype=torch.float32, chooser=None)

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from serve_testkit import FAST, client_for, free_port, make_app
-from tiny_models import to_variant_only
+from tiny_models import save_tiny_pipeline, to_variant_only
 
 from ditq.cli import main
 from ditq.commands import serve as serve_command
-from ditq.demo import build_tiny_pipeline
 from ditq.runtime.open import open_pipeline
 from ditq.runtime.options import LoadOptions
 from ditq.serve.startup import make_doctor
@@ -21,9 +19,7 @@ from ditq.serve.startup import make_doctor
 
 @pytest.fixture
 def variant_only(tmp_path: Path) -> Path:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        build_tiny_pipeline(seed=0).to(torch.bfloat16).save_pretrained(tmp_path / "model")
+    save_tiny_pipeline(tmp_path / "model", dtype=torch.bfloat16)
     to_variant_only(tmp_path / "model", "bf16")
     return tmp_path / "model"
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tiny_models import to_variant_only
+from tiny_models import save_tiny_pipeline, to_variant_only
 
 from ditq.judge.baseline import verify_seal
 from ditq.runfiles import SweepFile, read_model
@@ -25,11 +24,7 @@ from ditq.sweep import SweepOptions, run_sweep
 def test_sweep_takes_a_variant_only_bf16_source_as_its_baseline(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from ditq.demo import build_tiny_pipeline
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        build_tiny_pipeline(seed=0).to(torch.bfloat16).save_pretrained(tmp_path / "model")
+    save_tiny_pipeline(tmp_path / "model", dtype=torch.bfloat16)
     assert to_variant_only(tmp_path / "model", "bf16") == ["text_encoder", "transformer"]
     (tmp_path / "refs").mkdir()
     pixels = np.zeros((32, 32, 4), np.uint8)

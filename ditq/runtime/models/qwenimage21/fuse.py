@@ -11,7 +11,7 @@ separate projections compressed-tensors and diffusers name; only the loaded modu
 
 Measured, it does not pay yet: on an H200 (full-size Qwen-Image-2.1 DiT, 1024², eager) the fused fp8 denoising
 loop took 1.052x (0 references) and 1.054x (4 references) the time of the separate layers
-(``benchmarks/results/dit_bench_fused_eager_7d332ce.json``), so ``ditq.load_pipeline`` fuses only when asked
+(``benchmarks/results/dit_bench_fused_eager_h200_7d332ce.json``), so ``ditq.load_pipeline`` fuses only when asked
 (``fuse=True``). Where the time goes was not profiled; one suspect is that the slices of the fused output are
 strided views, which the norms, RoPE and attention after them read as such, and another the wider GEMM's tiling.
 

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ditq
-import ditq.quantize.quantizer as quantizer
+import ditq.quantization.quantizer as quantizer
 from ditq.checkpoint import safetensors_io
 from ditq.checkpoint.manifest import read_manifest
 from ditq.checkpoint.safetensors_io import MAX_HEADER_BYTES, MAX_TENSORS_PER_FILE, read_header

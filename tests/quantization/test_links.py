@@ -13,7 +13,7 @@ import ditq
 from ditq.checkpoint.manifest import read_manifest
 from ditq.demo import default_model_dir
 from ditq.errors import InputError
-from ditq.quantize.links import ABSOLUTE, COPY, is_beside, plan_entries
+from ditq.quantization.links import ABSOLUTE, COPY, is_beside, plan_entries
 
 DEMO_ENTRIES = ["scheduler", "text_encoder"]  # what quantizing the demo's transformer leaves as it is
 
@@ -74,7 +74,7 @@ def test_an_artifact_not_beside_its_source_copies_small_entries_and_links_large_
     source = shutil.copytree(default_model_dir(), tmp_path / "models" / "demo")
     out = tmp_path / "runs" / "one" / "demo-w8a8"  # three folders up to one that holds the source
     limit = 10_000  # the demo's scheduler (under 1 kB) is small, its text encoder (0.6 MB) large
-    with caplog.at_level(logging.WARNING, logger="ditq.quantize.links"):
+    with caplog.at_level(logging.WARNING, logger="ditq.quantization.links"):
         ditq.quantize(source, out, "w8a8", device="cpu", copy_max_bytes=limit)
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warning.startswith(f"{out}/text_encoder: a link to {source.resolve()}/text_encoder (")

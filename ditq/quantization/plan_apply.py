@@ -1,6 +1,6 @@
 """A plan applied to one component: the structural rule's targets narrowed to the layers the plan quantizes.
 
-The rule (``ditq.quantize.targets.plan_targets``) still decides what *can* be quantized; the plan decides what is, and
+The rule (``ditq.quantization.targets.plan_targets``) still decides what *can* be quantized; the plan decides what is, and
 with which scheme. A layer the plan marks ``keep``, and a plannable layer it does not name, stay in the source
 precision (listed in ``ignore`` with that reason). A planned layer the rule refuses, or that the component does
 not have, is an InputError naming the plan's field (``layers.<name>``).
@@ -11,8 +11,8 @@ from __future__ import annotations
 import difflib
 
 from ditq.errors import InputError
-from ditq.quantize.plan_file import KEEP, PlanFile
-from ditq.quantize.targets import TargetPlan
+from ditq.quantization.plan_file import KEEP, PlanFile
+from ditq.quantization.targets import TargetPlan
 from ditq.schemes import Scheme, get_scheme
 
 __all__ = ["KEPT_BY_PLAN", "NOT_IN_PLAN", "apply_plan"]

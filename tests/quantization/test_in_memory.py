@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_models import save_tiny_pipeline
 
 import ditq
 from ditq.demo import build_tiny_pipeline, default_model_dir, load_demo_pipeline, plan_path
 from ditq.errors import InputError
-from ditq.quantize.in_memory import quantized_linear
-from ditq.quantize.plan_file import read_plan
+from ditq.quantization.in_memory import quantized_linear
+from ditq.quantization.plan_file import read_plan
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.modules import quantized_linears
 from ditq.runtime.open import load_pipeline
@@ -63,7 +64,7 @@ def test_save_writes_ditq_quantizes_artifact_byte_for_byte(demo: Path, cli: str,
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
     """A tiny pipeline loaded from its directory, quantized in memory (fp8) and saved; and the saved artifact."""
     root = tmp_path_factory.mktemp("tiny")
-    build_tiny_pipeline(seed=0).save_pretrained(str(root / "source"))
+    save_tiny_pipeline(root / "source")
     pipeline = load_demo_pipeline(root / "source")
     ditq.quantize_(pipeline, "fp8")
     ditq.save(pipeline, root / "fp8")
@@ -101,7 +102,7 @@ def test_save_after_the_first_forward_still_reads_what_the_kernel_kept(tiny: tup
 
 def test_a_module_quantized_alone_saves_as_its_named_component(tmp_path: Path) -> None:
     source = tmp_path / "source"
-    build_tiny_pipeline(seed=1).save_pretrained(str(source))
+    save_tiny_pipeline(source, seed=1)
     pipeline = load_demo_pipeline(source)
     ditq.quantize_(pipeline.transformer, "w8a16", targets=[r"attn\.to_"])
     ditq.save(pipeline, tmp_path / "memory")
@@ -143,7 +144,7 @@ def test_bad_arguments_are_one_line_naming_them(tmp_path: Path) -> None:
 
 def test_save_refuses_layers_that_are_not_what_ditq_quantize_derives(tmp_path: Path) -> None:
     source = tmp_path / "source"
-    build_tiny_pipeline(seed=4).save_pretrained(str(source))
+    save_tiny_pipeline(source, seed=4)
     pipeline = load_demo_pipeline(source)
     ditq.quantize_(pipeline.transformer, "w8a8")
     attn = pipeline.transformer.transformer_blocks[0].attn

@@ -19,8 +19,8 @@ from ditq.checkpoint.manifest import read_manifest
 from ditq.cli import main
 from ditq.numerics import relative_l2
 from ditq.plan import plan_sha256, read_plan, write_plan
-from ditq.quantize.plan_apply import KEPT_BY_PLAN, NOT_IN_PLAN
-from ditq.quantize.verifier import REL_L2_BOUNDS
+from ditq.quantization.plan_apply import KEPT_BY_PLAN, NOT_IN_PLAN
+from ditq.quantization.verifier import REL_L2_BOUNDS
 from ditq.schemes import SCHEMES
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"

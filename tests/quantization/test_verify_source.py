@@ -20,7 +20,7 @@ from tiny_models import make_model_dir
 import ditq
 from ditq.checkpoint.manifest import file_records, read_manifest, source_tree_digest, write_manifest
 from ditq.checkpoint.source_tree import scan_tree
-from ditq.quantize.verifier import verify
+from ditq.quantization.verifier import verify
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 
 from ditq.checkpoint.patterns import compile_pattern, matches
 from ditq.errors import InputError
-from ditq.quantize.verifier import verify
+from ditq.quantization.verifier import verify
 from ditq.runtime.loader import load_component
 
 REFUSED = {

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from tiny_models import TINY_CONFIGS, build_tiny, example_inputs, write_model_dir
 
 import ditq
-import ditq.quantize.rewrite as rewrite
+import ditq.quantization.rewrite as rewrite
 from ditq.checkpoint.codecs import codec_for, quantized_layers, scheme_of_config
 from ditq.checkpoint.layout import quantization_config_of
 from ditq.checkpoint.manifest import read_manifest
@@ -297,9 +297,9 @@ def test_disk_full_is_a_failure_and_leaves_nothing(model_dir, tmp_path: Path, mo
 _MEMORY_CHILD = """
 import json, sys
 from pathlib import Path
-import ditq.quantize.quantizer  # noqa: F401 - warm the import before the peak is reset
+import ditq.quantization.quantizer  # noqa: F401 - warm the import before the peak is reset
 import ditq
-from ditq.quantize.targets import build_meta_model
+from ditq.quantization.targets import build_meta_model
 from ditq.runtime.loader import component_entries
 
 def status(key):

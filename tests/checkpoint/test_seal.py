@@ -21,7 +21,7 @@ from ditq.checkpoint.manifest import MANIFEST_KEYED_SEAL, read_manifest, write_m
 from ditq.checkpoint.seal import SEAL_KEY_ENV
 from ditq.cli import main
 from ditq.errors import InputError
-from ditq.quantize.verifier import VerifyReport, verify
+from ditq.quantization.verifier import VerifyReport, verify
 
 KEY = "correct horse battery staple"
 

@@ -4,12 +4,12 @@
 ``output`` and renames it into place at the end, so an interrupted run
 leaves no ``output`` (and the next run sweeps the leftovers). Chosen
 components are rewritten (targets quantized, everything else byte for
-byte), the other entries of the source are linked or copied as ``ditq.quantize.links`` decides (a relative link
+byte), the other entries of the source are linked or copied as ``ditq.quantization.links`` decides (a relative link
 where the source is beside the artifact, else a copy of each small one), ``model_index.json`` is copied and
 ``MANIFEST.json`` records how and from what.
 
 With a plan (``quantize(source, output, plan=PLAN.json)``), its component's Linears get the schemes the plan
-names, layer by layer (``ditq.quantize.plan_apply``), in one ``quantization_config`` with a config group per scheme.
+names, layer by layer (``ditq.quantization.plan_apply``), in one ``quantization_config`` with a config group per scheme.
 
 Only the source tree is read: it is scanned first (``scan_tree``), and a link
 out of it, a FIFO or a device is refused unless ``follow_links`` says to read
@@ -75,12 +75,12 @@ from ditq.fsutil import (
     sha256_file,
     user_mode,
 )
-from ditq.quantize.defaults import AUTO, AUTO_MIN_SHARE, DEFAULTS
-from ditq.quantize.links import place_entries
-from ditq.quantize.plan_apply import apply_plan
-from ditq.quantize.plan_file import KEEP, PlanFile, plan_sha256, read_plan
-from ditq.quantize.rewrite import ComponentResult, StoredLayer, read_component_headers, rewrite_component
-from ditq.quantize.targets import (
+from ditq.quantization.defaults import AUTO, AUTO_MIN_SHARE, DEFAULTS
+from ditq.quantization.links import place_entries
+from ditq.quantization.plan_apply import apply_plan
+from ditq.quantization.plan_file import KEEP, PlanFile, plan_sha256, read_plan
+from ditq.quantization.rewrite import ComponentResult, StoredLayer, read_component_headers, rewrite_component
+from ditq.quantization.targets import (
     MIN_FEATURES,
     TargetPlan,
     build_meta_model,
@@ -348,7 +348,7 @@ def _write_component(
 def _link_the_rest(
     source: Path, tmp: Path, rewritten: set[str], output: Path, links: str, copy_max_bytes: int
 ) -> dict[str, str]:
-    """Copy model_index.json, link or copy every other entry (``ditq.quantize.links``); returns name -> link
+    """Copy model_index.json, link or copy every other entry (``ditq.quantization.links``); returns name -> link
     target as written."""
     shutil.copyfile(source / MODEL_INDEX, tmp / MODEL_INDEX)
     names = sorted(p.name for p in source.iterdir() if p.name != MODEL_INDEX and p.name not in rewritten)
@@ -539,7 +539,7 @@ def quantize(
     ``follow_links`` reads through symbolic links that leave the source tree (refused without it).
     The source's entries that are not rewritten are linked relatively where the source is beside ``output``, else
     copied up to ``copy_max_bytes`` each and linked by absolute path above it, with a warning
-    (``ditq.quantize.links``); ``link`` links every one by its absolute path, ``copy`` copies every one.
+    (``ditq.quantization.links``); ``link`` links every one by its absolute path, ``copy`` copies every one.
     Modules the pipeline never reads (a text encoder's output head) are declared ``unused`` in the manifest, and
     the loader neither loads nor runs them; ``keep_unused`` declares none.
     ``stored`` (component -> target -> ``StoredLayer``) holds layers already quantized in memory

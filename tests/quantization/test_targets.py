@@ -10,7 +10,7 @@ from diffusers import AuraFlowTransformer2DModel
 from tiny_models import TINY_CONFIGS, build_tiny, build_tiny_text_encoder
 
 from ditq.errors import InputError
-from ditq.quantize.targets import (
+from ditq.quantization.targets import (
     LinearLayer,
     TargetPlan,
     _shape_reason,

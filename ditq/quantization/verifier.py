@@ -73,10 +73,10 @@ from ditq.errors import DitqError, InputError
 from ditq.fsutil import file_kind, open_regular, read_bounded, sha256_file
 from ditq.numerics import relative_l2
 from ditq.progress import progress_bar
-from ditq.quantize.defaults import REL_L2_BOUNDS
-from ditq.quantize.rewrite import read_component_headers
-from ditq.quantize.source_files import files_at, source_rows
-from ditq.quantize.targets import build_meta_model
+from ditq.quantization.defaults import REL_L2_BOUNDS
+from ditq.quantization.rewrite import read_component_headers
+from ditq.quantization.source_files import files_at, source_rows
+from ditq.quantization.targets import build_meta_model
 
 __all__ = ["REL_L2_BOUNDS", "Check", "VerifyReport", "verify"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ditq.quantize.links import COPY_MAX_BYTES
+from ditq.quantization.links import COPY_MAX_BYTES
 
 __all__ = ["AUTO", "AUTO_MIN_SHARE", "DEFAULTS", "REL_L2_BOUNDS"]
 

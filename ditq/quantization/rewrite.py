@@ -39,7 +39,7 @@ from ditq.errors import InputError
 from ditq.fsutil import open_regular
 from ditq.numerics import dequantize_weight, quantize_weight
 from ditq.progress import progress_bar
-from ditq.quantize.targets import TargetPlan
+from ditq.quantization.targets import TargetPlan
 from ditq.schemes import Scheme
 
 __all__ = [

@@ -42,7 +42,7 @@ from ditq.checkpoint.layout import read_json
 from ditq.checkpoint.patterns import compile_pattern
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
-from ditq.quantize.defaults import AUTO_MIN_SHARE
+from ditq.quantization.defaults import AUTO_MIN_SHARE
 
 __all__ = [
     "ALIGNMENT",

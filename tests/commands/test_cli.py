@@ -13,7 +13,7 @@ import pytest
 
 from ditq.cli import COMMANDS, main
 from ditq.commands import quantize as quantize_command
-from ditq.quantize.quantizer import quantize
+from ditq.quantization.quantizer import quantize
 
 
 def _parse(module, argv: list[str]) -> argparse.Namespace:  # type: ignore[no-untyped-def]

@@ -1,8 +1,8 @@
 """Hostile inputs through the real `ditq` CLI (issues 28 and 48): crafted from the bundled demo model, each run as
 its own subprocess and classified clean, weak or defect.
 
-    PYTHONPATH=$PWD python benchmarks/attack_inputs.py --out benchmarks/results/attack_inputs.json
-    PYTHONPATH=$PWD python benchmarks/attack_inputs.py --only paths,evidence --keep    # some groups; keep $TMP
+    PYTHONPATH=$PWD python tests/adversarial/attack_inputs.py   # -> benchmarks/results/attack_inputs_cpu_COMMIT.json
+    PYTHONPATH=$PWD python tests/adversarial/attack_inputs.py --only paths,evidence --keep    # some groups; keep $TMP
     make test-attacks                                      # all of them, failing on any defect (what CI runs)
 
 The groups of issue 48, by mechanism: ``outputs`` (one rule for replacing an output: --force, the current
@@ -65,7 +65,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))  # the tests' shared pieces, when run as a script
+from harness_kit import mine, write_fixture_set  # noqa: E402
+from stub_images_server import StubServer  # noqa: E402
+
 DEMO_MODEL = REPO / "ditq" / "demo" / "model"
 EVIL = "open({marker!r}, 'w').write('ran')\n"  # what code shipped with a model would do: leave a mark
 MARKER = "RAN"  # the marker file, in the case's folder
@@ -77,7 +81,7 @@ SCALE = (
 WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"
 
 # ---------------------------------------------------------------------------------------------------------------
-# classification (pure: tests/benchmarks/test_attack_inputs.py checks it)
+# classification (pure: tests/adversarial/test_classify.py checks it)
 
 
 @dataclass
@@ -1460,15 +1464,6 @@ def verify_source_genuine(d: Path, env: dict[str, Any]) -> list[str]:
 # case's outputs are none but "out" (which none of these writes into).
 
 
-def mine(folder: Path) -> Path:
-    """A folder of a person's own: files ditq did not write."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "notes.txt").write_text("a person's notes")
-    (folder / "keep").mkdir(exist_ok=True)
-    (folder / "keep" / "data.bin").write_bytes(b"\x00\x01")
-    return folder
-
-
 def pictures(
     folder: Path, picture: bytes | None = None, prompts: str = "one [p]: the picture, but blue\n"
 ) -> Path:
@@ -2019,28 +2014,32 @@ def touched_outside(
     return sorted(deleted) + sorted(changed)
 
 
+def build_models(shared: Path) -> None:
+    """The shared model inputs (``source``, ``artifact``, ``bare``), made by the real code: all that the cases
+    without ``keyed``, ``fixtures``, ``runs`` or ``sweep`` copy from."""
+    import ditq
+
+    shutil.copytree(DEMO_MODEL, shared / "source")
+    # absolute links into the shared source (the layout --link keeps): a case copies the artifact alone into its
+    # folder, and the tampering cases replace links
+    ditq.quantize(shared / "source", shared / "artifact", "w8a8", device="cpu", link=True)
+    linked_copy(shared / "artifact", shared / "bare")
+    (shared / "bare/MANIFEST.json").unlink()
+    (shared / "bare/MANIFEST.json.sha256").unlink()
+
+
 def build_shared(tmp: Path) -> dict[str, Any]:
     """The shared inputs every case copies from, made by the real code."""
     import ditq
 
     shared = tmp / "shared"
     shared.mkdir()
-    shutil.copytree(DEMO_MODEL, shared / "source")
-    # absolute links into the shared source (the layout --link keeps): a case copies the artifact alone into its
-    # folder, and the tampering cases replace links
-    ditq.quantize(shared / "source", shared / "artifact", "w8a8", device="cpu", link=True)
+    build_models(shared)
     os.environ[SEAL_KEY] = KEY  # one thread here: the cases start after
     try:
         ditq.quantize(shared / "source", shared / "keyed", "w8a8", device="cpu", copy=True)
     finally:
         del os.environ[SEAL_KEY]
-    linked_copy(shared / "artifact", shared / "bare")
-    (shared / "bare/MANIFEST.json").unlink()
-    (shared / "bare/MANIFEST.json.sha256").unlink()
-    sys.path.insert(0, str(REPO / "tests"))
-    from harness_kit import write_fixture_set
-    from stub_images_server import StubServer
-
     (shared / "fixtures").mkdir()
     write_fixture_set(shared / "fixtures")
     server = StubServer().__enter__()
@@ -2162,7 +2161,9 @@ def git_commit() -> str | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "attack_inputs.json")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default: benchmarks/results/attack_inputs_cpu_COMMIT.json"
+    )
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
     parser.add_argument(
         "--slow", type=float, default=45.0, help="seconds after which a finished case is weak"
@@ -2171,6 +2172,10 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temp folder")
     parser.add_argument("--fail-on-defects", action="store_true", help="exit 1 when any case is a defect")
     args = parser.parse_args()
+    if args.out is None:  # results are named <bench>_<card>_<commit>; the suite runs on the CPU
+        args.out = (
+            REPO / "benchmarks" / "results" / f"attack_inputs_cpu_{(git_commit() or 'unknown')[:7]}.json"
+        )
 
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="ditq-attack-"))
@@ -2199,7 +2204,7 @@ def main() -> int:
     demo_touched = touched_outside(demo_before, snapshot(DEMO_MODEL), ())
     result = {
         "benchmark": "attack_inputs",
-        "command": "PYTHONPATH=$PWD python benchmarks/attack_inputs.py " + " ".join(sys.argv[1:]),
+        "command": "PYTHONPATH=$PWD python tests/adversarial/attack_inputs.py " + " ".join(sys.argv[1:]),
         "git_commit": git_commit(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": sys.version.split()[0],

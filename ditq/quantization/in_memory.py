@@ -1,7 +1,7 @@
 """The in-memory quantizer: ``quantize_(pipe, "w8a8")`` swaps a loaded model's target Linears for ditq's
 QuantizedLinears in place, and ``save(pipe, OUT)`` writes the artifact ``ditq quantize`` writes from it.
 
-Nothing here decides anything of its own. Targets are ``ditq.quantize.targets.plan_targets`` on the module itself
+Nothing here decides anything of its own. Targets are ``ditq.quantization.targets.plan_targets`` on the module itself
 (its state dict's names and shapes for the checkpoint's), a plan is ``plan_apply.apply_plan``; each weight is
 encoded band by band as ``rewrite`` encodes it from a file (``encode_weight``: the same bands, codecs and error
 sums); the modules are the runtime's (``linear_from_stored``), their kernel path chosen per geometry as the
@@ -30,12 +30,12 @@ from ditq.checkpoint.codecs import SCALE
 from ditq.checkpoint.layout import MODEL_INDEX
 from ditq.devices import resolve_device
 from ditq.errors import DitqError, InputError
-from ditq.quantize.plan_apply import apply_plan
-from ditq.quantize.plan_file import PlanFile, read_plan
-from ditq.quantize.quantizer import DEFAULTS, QuantizeResult, auto_components
-from ditq.quantize.quantizer import quantize as write_artifact
-from ditq.quantize.rewrite import StoredLayer, band_workers, encode_weight
-from ditq.quantize.targets import MIN_FEATURES, plan_targets
+from ditq.quantization.plan_apply import apply_plan
+from ditq.quantization.plan_file import PlanFile, read_plan
+from ditq.quantization.quantizer import DEFAULTS, QuantizeResult, auto_components
+from ditq.quantization.quantizer import quantize as write_artifact
+from ditq.quantization.rewrite import StoredLayer, band_workers, encode_weight
+from ditq.quantization.targets import MIN_FEATURES, plan_targets
 from ditq.runtime.loader import KernelChooser, prepare_quantized
 from ditq.runtime.modules import QuantizedLinear, linear_from_stored, quantized_linears
 from ditq.schemes import SCHEMES, Scheme, get_scheme

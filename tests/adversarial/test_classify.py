@@ -1,13 +1,8 @@
-"""benchmarks/attack_inputs.py: how one CLI outcome is classified (the script itself is run by hand, not here)."""
+"""tests/adversarial/attack_inputs.py: how one CLI outcome is classified (the suite itself runs as `make test-attacks`)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from attack_inputs import Outcome, classify
 
 NAMES = ("transformer/config.json",)

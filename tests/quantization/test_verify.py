@@ -13,7 +13,7 @@ import ditq
 from ditq.checkpoint.codecs import PackQuantizedCodec
 from ditq.checkpoint.manifest import MANIFEST, MANIFEST_SEAL, file_records, read_manifest, write_manifest
 from ditq.errors import InputError
-from ditq.quantize.verifier import REL_L2_BOUNDS, verify
+from ditq.quantization.verifier import REL_L2_BOUNDS, verify
 
 WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"
 

@@ -1,0 +1,39 @@
+"""Where a benchmark's result goes by default: ``benchmarks/results/<bench>_<card>_<commit>.json``, so that a rerun
+on another card or commit sits beside the committed results instead of replacing one of them."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def commit() -> str:
+    """The checkout's short commit, or ``unknown`` outside a git checkout."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short=7", "HEAD"], cwd=RESULTS, capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return done.stdout.strip()
+
+
+def card(device: str = "cuda") -> str:
+    """``cpu``, or the accelerator's short name from its model (``NVIDIA H200`` -> ``h200``)."""
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name()
+    found = re.search(r"\b([A-Z]+\d+[A-Za-z]*)\b", name.removeprefix("NVIDIA "))
+    return (found.group(1) if found else name.split()[-1]).lower()
+
+
+def result_path(bench: str, device: str = "cuda") -> Path:
+    """``benchmarks/results/<bench>_<card>_<commit>.json`` for a run on ``device`` (``cpu`` or a GPU)."""
+    return RESULTS / f"{bench}_{card(device)}_{commit()}.json"
