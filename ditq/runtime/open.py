@@ -87,9 +87,7 @@ def _load_facts(pipeline: Any, chooser: KernelChooser | None) -> dict[str, Any]:
     """What loading found out, as /health and ``ditq generate`` show it."""
     facts: dict[str, Any] = {}
     placement = getattr(pipeline, "ditq_placement", None)
-    if (
-        placement is not None
-    ):  # the object itself: calibration may demote it, and /health shows it as it is then
+    if placement is not None:  # the object itself: calibration may demote it; /health shows it as it is then
         facts["placement"] = placement
     facts["unused"] = dict(getattr(pipeline, "ditq_unused", {}))
     facts["kv_cache"] = getattr(pipeline, "ditq_kv_cache", None)

@@ -25,9 +25,8 @@ class ModelFamily(Protocol):
 
     name: str  # as people write it: "Qwen-Image-2.1"
     transformer_class: str  # diffusers' class name of its transformer
-    block_classes: tuple[
-        str, ...
-    ]  # its repeated blocks' class names (what ``--compile`` compiles one by one)
+    # its repeated blocks' class names (what ``--compile`` compiles one by one)
+    block_classes: tuple[str, ...]
     context_parallel_plan: bool  # whether ``enable_context_parallel`` can split it
 
     def attention_shape(self, transformer: torch.nn.Module) -> tuple[int, int]:
