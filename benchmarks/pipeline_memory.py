@@ -48,9 +48,9 @@ from PIL import Image
 
 from ditq.devices import resolve_device, resolve_dtype
 from ditq.metrics import psnr
+from ditq.pipeline.open import load_pipeline
 from ditq.probe.fixtures import load_fixtures, parse_seeds
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
-from ditq.runtime.open import load_pipeline
 
 VARIANTS = ("base", "cache-held", "vae-tiling", "kv-int8", "kv-fp8", "keep-unused")
 

@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 # Public API name -> module that defines it; imported on first use so `import ditq` stays light.
 _LAZY: dict[str, str] = {
-    "load_pipeline": "ditq.runtime.open",
+    "load_pipeline": "ditq.pipeline.open",
     "load_component": "ditq.runtime.loader",
     "quantize": "ditq.quantization.quantizer",
     "verify": "ditq.quantization.verifier",

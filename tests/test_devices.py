@@ -83,7 +83,7 @@ def test_generate_and_serve_compute_in_the_same_default_dtype_on_the_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from ditq.demo import default_model_dir
-    from ditq.runtime import generate as generate_module
+    from ditq.pipeline import generate as generate_module
     from ditq.runtime.adapter import GenerationRequest
     from ditq.runtime.options import LoadOptions, ResolvedLoad
     from ditq.serve import server

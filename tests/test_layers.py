@@ -32,9 +32,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("demo model", ("ditq.demo",)),  # a model's own classes: the runtime loads them
     ("runtime", ("ditq.runtime",)),
     ("doctor", ("ditq.doctor",)),
-    # the one opener (``open_pipeline``) and the one-shot generate over it: the runtime's, installing the doctor's
-    # choices, so above the doctor
-    ("opener", ("ditq.runtime.open", "ditq.runtime.generate")),
+    # the one opener (``open_pipeline``) and the one-shot generate over it: it installs the doctor's choices, so
+    # it stands above the doctor
+    ("pipeline", ("ditq.pipeline",)),
     ("quantize", ("ditq.quantization",)),
     ("serve", ("ditq.serve",)),
     ("probe", ("ditq.probe",)),

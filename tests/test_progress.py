@@ -53,8 +53,8 @@ def test_a_bar_turned_off_stays_off_on_a_terminal(monkeypatch: pytest.MonkeyPatc
 def test_generate_draws_one_bar_of_its_denoising_steps_on_a_terminal_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from ditq.pipeline.generate import generate
     from ditq.runtime.adapter import GenerationRequest
-    from ditq.runtime.generate import generate
     from ditq.runtime.options import LoadOptions
 
     request = GenerationRequest(prompt="a red circle", num_inference_steps=3, width=32, height=32, seed=0)

@@ -16,7 +16,7 @@ from ditq.errors import DitqError
 from ditq.pictures import open_picture
 
 if TYPE_CHECKING:
-    from ditq.runtime.generate import GenerationReport
+    from ditq.pipeline.generate import GenerationReport
 
 __all__ = ["add_arguments", "run"]
 
@@ -137,8 +137,8 @@ def _check_collapse(images: list[Image.Image], on_collapse: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditq.pipeline.generate import generate, save_images
     from ditq.runtime.adapter import GenerationRequest, parse_size
-    from ditq.runtime.generate import generate, save_images
 
     width, height = parse_size(args.size, "--size") if args.size else (None, None)
     request = GenerationRequest(

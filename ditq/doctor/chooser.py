@@ -52,7 +52,7 @@ def choose_kernel(
     tokens; verdicts cached per (device, driver, library versions, path, geometry). A failing
     path is refused with a warning naming its report directory, and the next candidate is tried;
     when none passes, DitqError names every report. Callers that accept --skip-doctor skip this
-    call and log that as a warning themselves (``ditq.runtime.open``). ``accumulate`` "fast" offers the
+    call and log that as a warning themselves (``ditq.pipeline.open``). ``accumulate`` "fast" offers the
     fast-accumulating paths too, ahead of the exact ones (``ditq.kernels.registry.candidate_paths``).
     """
     device = torch.device(device)
@@ -106,7 +106,7 @@ class VerifiedChooser:
 
 def kernel_chooser(accumulate: str = "exact") -> VerifiedChooser:
     """The doctor's choice of each quantized layer's kernel path, for the opener to install
-    (``ditq.runtime.open.open_pipeline``) and the benchmarks alike: the doctor-verified path, chosen before the
+    (``ditq.pipeline.open.open_pipeline``) and the benchmarks alike: the doctor-verified path, chosen before the
     repack so a refused path can still be replaced. ``accumulate`` "fast" lets the doctor choose fast-accumulating
     paths where they pass; it needs the doctor, whose measurement is its only licence (so ``LoadOptions`` refuses it
     beside ``skip_doctor``)."""

@@ -133,7 +133,7 @@ class AdapterExecutor:
 
 
 def _in_process(options: BaselineOptions, fixtures: dict[str, Fixture]) -> ProbeSummary:
-    from ditq.runtime.open import open_pipeline
+    from ditq.pipeline.open import open_pipeline
     from ditq.runtime.options import resolve_load_options
 
     # The BF16 baseline on every device: the reference the quantized models are judged against.

@@ -332,8 +332,8 @@ def _verify(
     fixture at its seeds, and compare with the source-precision run as ``ditq compare`` does (with the band);
     then settle undecided fixtures with more seeds (``_settle``). ``source`` runs the source precision."""
     from ditq.judge.baseline import AdapterExecutor
+    from ditq.pipeline.open import open_pipeline
     from ditq.quantization.quantizer import quantize
-    from ditq.runtime.open import open_pipeline
 
     options = setting.options
     artifact = setting.work / f"artifact-{round_index}"
@@ -449,8 +449,8 @@ def _reasons(
 
 def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: None) -> PlanFile:
     """Measure, search and verify; write ``options.out`` and return the plan."""
+    from ditq.pipeline.open import open_pipeline
     from ditq.quantization.targets import plan_targets
-    from ditq.runtime.open import open_pipeline
 
     started = time.monotonic()
     load = resolve_load_options(options.load.replace(skip_doctor=True))

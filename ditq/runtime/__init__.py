@@ -1,5 +1,5 @@
-"""Running ditq artifacts: quantized Linear modules, the loader, offload, the pipeline adapter, and the one way to
-open a pipeline (``LoadOptions`` handed to ``open_pipeline``).
+"""Running ditq artifacts: quantized Linear modules, the loader, offload, the pipeline adapter, and how a pipeline
+is opened as one value (``LoadOptions``, which the opener one stage up, ``ditq.pipeline.open_pipeline``, takes).
 
 The adapter's names import eagerly (they are light); the loader and modules on first use, so
 ``import ditq.runtime`` does not pull in diffusers.
@@ -13,9 +13,7 @@ from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAd
 # Public name -> module that defines it, imported on first use.
 _LAZY: dict[str, str] = {
     "LoadOptions": "ditq.runtime.options",
-    "open_pipeline": "ditq.runtime.open",
     "resolve_load_options": "ditq.runtime.options",
-    "load_pipeline": "ditq.runtime.open",
     "load_component": "ditq.runtime.loader",
     "prepare_quantized": "ditq.runtime.loader",
     "QuantizedLinear": "ditq.runtime.modules",

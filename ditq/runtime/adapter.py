@@ -110,12 +110,12 @@ class PipelineAdapter:
         # pipeline holds it; what the memory benchmark measures the release against)
         self.release_prefix_cache = True
         # diffusers' own step bar is off: a server's log gets no carriage returns, and ``ditq generate`` draws
-        # one bar for every pipeline (``ditq.runtime.generate``)
+        # one bar for every pipeline (``ditq.pipeline.generate``)
         configure = getattr(pipeline, "set_progress_bar_config", None)
         if callable(configure):
             configure(disable=True)
         self.load_facts: dict[str, Any] = {}  # what loading found out (e.g. the time kernel choice took)
-        # the kernel chooser the opener used (``ditq.runtime.open``); the server's doctor record reads what it chose
+        # the kernel chooser the opener used (``ditq.pipeline.open``); the server's doctor record reads what it chose
         self.kernel_chooser: Any = None
         self.parameters = set(inspect.signature(pipeline.__call__).parameters)
         self._targets = {

@@ -381,7 +381,7 @@ def load_components(model_dir: str | Path, load: ResolvedLoad, chooser: KernelCh
     """A diffusers pipeline from a plain or ditq directory, or a hub id ``org/name[@revision]`` (resolved through
     the hub cache, ``ditq.checkpoint.hub.resolve_model``; ``local_files_only`` or ``HF_HUB_OFFLINE``: the cache
     only), its components loaded and placed as ``load`` says (the opener's part below the doctor and the model's
-    own paths: ``ditq.runtime.open.open_pipeline`` calls it, then installs attention, the KV cache and compilation).
+    own paths: ``ditq.pipeline.open.open_pipeline`` calls it, then installs attention, the KV cache and compilation).
 
     ``variant`` (``fp16``...) reads each component's variant files where it has them, else its default files,
     as diffusers' ``from_pretrained(variant=...)`` does; None: the variant a ditq artifact records (the

@@ -1,6 +1,6 @@
 """A process's budget on one CUDA device (``--max-memory``): what the caching allocator may hold once the CUDA
 context and the libraries' own memory are taken off, so the capacity of a smaller card can be tested on a larger
-one. The opener applies it before it loads (``ditq.runtime.open``), and the placement fits within it."""
+one. The opener applies it before it loads (``ditq.pipeline.open``), and the placement fits within it."""
 
 from __future__ import annotations
 

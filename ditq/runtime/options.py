@@ -1,7 +1,7 @@
 """How a pipeline is opened, as one value: ``LoadOptions``, validated when it is built and resolved once.
 
 Every command that loads a model (serve, generate, baseline, plan, the sweep's servers) and the Python API
-(``ditq.load_pipeline``) hand one ``LoadOptions`` to the one opener (``ditq.runtime.open.open_pipeline``), as
+(``ditq.load_pipeline``) hand one ``LoadOptions`` to the one opener (``ditq.pipeline.open.open_pipeline``), as
 torchao hands one config to ``quantize_``. Its words are the command line's: a field is named as its flag
 (``offload`` is ``--offload``), and an error names the flag in one line.
 

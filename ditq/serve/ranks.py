@@ -42,8 +42,8 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
 from ditq.errors import StartupError, error_line
+from ditq.pipeline.open import open_pipeline
 from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, GenerationResult, PipelineAdapter
-from ditq.runtime.open import open_pipeline
 from ditq.runtime.options import LoadOptions
 from ditq.runtime.parallel import ParallelSpec, apply_parallelism
 from ditq.serve.metrics import peak_resident_memory_bytes

@@ -31,8 +31,8 @@ from ditq.errors import (
     StartupError,
 )
 from ditq.fsutil import sha256_file
+from ditq.pipeline.open import open_pipeline
 from ditq.runtime.adapter import PipelineAdapter
-from ditq.runtime.open import open_pipeline
 from ditq.runtime.options import LoadOptions, ResolvedLoad, resolve_load_options
 from ditq.runtime.parallel import ParallelSpec, check_parallel, rank_devices, refuse_beside_parallel
 from ditq.serve.access import exposure_warning
@@ -109,7 +109,7 @@ def serve(
     parallel: ParallelSpec | None = None,
 ) -> None:
     """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model), opened as
-    ``options`` say (``ditq.runtime.open.open_pipeline``; with ``compile``, calibration runs each shape once to
+    ``options`` say (``ditq.pipeline.open.open_pipeline``; with ``compile``, calibration runs each shape once to
     compile and warm it up before measuring it). ``parallel`` (cp=N, tp=N) serves over N ranks, one device each,
     this process being rank 0 (``ditq.serve.ranks``).
 

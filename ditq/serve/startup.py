@@ -1,5 +1,5 @@
 """What runs before the first request, after the model is open: the doctor's record of the kernel paths it chose
-while the opener loaded the model (``ditq.runtime.open.open_pipeline``)."""
+while the opener loaded the model (``ditq.pipeline.open.open_pipeline``)."""
 
 from __future__ import annotations
 

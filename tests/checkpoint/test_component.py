@@ -20,8 +20,8 @@ from ditq.checkpoint.layout import read_json, read_model_index
 from ditq.checkpoint.safetensors_io import read_header
 from ditq.demo import default_model_dir
 from ditq.errors import InputError
+from ditq.pipeline.open import load_pipeline
 from ditq.runtime.loader import component_entries, load_component
-from ditq.runtime.open import load_pipeline
 
 
 @pytest.fixture

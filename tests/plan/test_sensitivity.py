@@ -70,7 +70,7 @@ def test_layers_are_swapped_inside_and_the_originals_restored_after_an_error():
 
 @pytest.fixture(scope="module")
 def bench(tiny_workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> Workbench:
-    from ditq.runtime.open import load_pipeline
+    from ditq.pipeline.open import load_pipeline
 
     pipeline = load_pipeline(tiny_workspace / "model", device="cpu", dtype=torch.float32)
     fixtures = load_fixtures(tiny_workspace / "fixtures.json", tiny_workspace / "refs")

@@ -14,11 +14,11 @@ from tiny_models import save_tiny_pipeline
 import ditq
 from ditq.demo import build_tiny_pipeline, default_model_dir, load_demo_pipeline, plan_path
 from ditq.errors import InputError
+from ditq.pipeline.open import load_pipeline
 from ditq.quantization.in_memory import quantized_linear
 from ditq.quantization.plan_file import read_plan
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.modules import quantized_linears
-from ditq.runtime.open import load_pipeline
 from ditq.schemes import FP8
 
 

@@ -18,9 +18,9 @@ from tiny_models import LLMC_SCHEMES, example_inputs, llmc_pipeline_dir
 
 import ditq.diffusers
 from ditq.errors import InputError
+from ditq.pipeline.open import load_pipeline
 from ditq.runtime.loader import load_component, stored_layer_schemes
 from ditq.runtime.modules import quantized_linears
-from ditq.runtime.open import load_pipeline
 from runtime.artifacts import write_large_qwen_artifact
 from runtime.host_memory import measure
 

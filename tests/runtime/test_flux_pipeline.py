@@ -11,9 +11,9 @@ import torch
 from tiny_models import make_flux_pipeline_dir
 
 import ditq
+from ditq.pipeline.generate import generate
+from ditq.pipeline.open import load_pipeline
 from ditq.runtime.adapter import GenerationRequest
-from ditq.runtime.generate import generate
-from ditq.runtime.open import load_pipeline
 from ditq.runtime.options import LoadOptions
 
 COMPONENTS = ["transformer", "text_encoder", "text_encoder_2"]

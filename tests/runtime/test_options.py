@@ -14,7 +14,7 @@ import torch
 from ditq.commands import LOAD_FLAGS, add_load_arguments, load_options_from_args
 from ditq.doctor import VerifiedChooser
 from ditq.errors import InputError
-from ditq.runtime.open import load_pipeline, open_pipeline
+from ditq.pipeline.open import load_pipeline, open_pipeline
 from ditq.runtime.options import LoadOptions, resolve_load_options
 
 
@@ -114,7 +114,7 @@ def test_the_opener_chooses_kernels_through_the_doctor_and_records_what_it_found
     assert isinstance(checked.kernel_chooser, VerifiedChooser)
     assert checked.load_facts["kernel_choice_seconds"] >= 0 and checked.load_facts["accumulate"] == "exact"
     assert checked.load_facts["kv_cache"] is None and checked.load_facts["compile"] is None
-    with caplog.at_level(logging.WARNING, logger="ditq.runtime.open"):
+    with caplog.at_level(logging.WARNING, logger="ditq.pipeline.open"):
         unchecked = open_pipeline(demo_artifacts["w8a8"], LoadOptions(device="cpu", skip_doctor=True))
     assert unchecked.kernel_chooser is None and "kernel_choice_seconds" not in unchecked.load_facts
     assert "without verification" in caplog.text

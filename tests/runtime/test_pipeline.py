@@ -12,9 +12,9 @@ import torch
 
 import ditq
 from ditq.cli import main
+from ditq.pipeline.open import load_pipeline
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.modules import quantized_linears
-from ditq.runtime.open import load_pipeline
 from runtime.artifacts import write_large_qwen_artifact
 from runtime.host_memory import measure
 
@@ -198,7 +198,7 @@ def test_a_missing_scheduler_config_is_named_not_the_output(
 _MEASURE = textwrap.dedent(
     """
     import json, sys, threading
-    from ditq.runtime.open import load_pipeline
+    from ditq.pipeline.open import load_pipeline
 
     # bfloat16, the stored precision: on the CPU the default is float32, which would double the bytes of the
     # layers kept in source precision and measure the upcast, not the loading

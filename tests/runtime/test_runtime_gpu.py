@@ -10,9 +10,9 @@ import torch
 from tiny_models import save_tiny_pipeline
 
 import ditq
+from ditq.pipeline.open import load_pipeline
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.modules import quantized_linears
-from ditq.runtime.open import load_pipeline
 
 pytestmark = [
     pytest.mark.gpu,

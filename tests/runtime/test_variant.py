@@ -15,9 +15,9 @@ from tiny_models import save_tiny_pipeline, to_variant_only
 import ditq
 from ditq.cli import main
 from ditq.errors import InputError
+from ditq.pipeline.generate import generate
+from ditq.pipeline.open import load_pipeline
 from ditq.runtime.adapter import GenerationRequest
-from ditq.runtime.generate import generate
-from ditq.runtime.open import load_pipeline
 from ditq.runtime.options import LoadOptions
 
 VARIANT = "bf16"

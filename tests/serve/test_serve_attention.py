@@ -13,8 +13,8 @@ from PIL import Image
 from serve_testkit import FAST, client_for, make_app
 
 from ditq.demo import default_model_dir
+from ditq.pipeline.open import open_pipeline
 from ditq.runfiles import ServerHealth
-from ditq.runtime.open import open_pipeline
 from ditq.runtime.options import LoadOptions
 from ditq.serve.startup import make_doctor
 from ditq.sweep import SweepOptions, default_serve_argv

@@ -16,7 +16,7 @@ from tiny_models import save_tiny_pipeline
 
 import ditq
 from ditq.cli import main
-from ditq.runtime.open import open_pipeline
+from ditq.pipeline.open import open_pipeline
 from ditq.runtime.options import LoadOptions
 from ditq.serve.startup import make_doctor
 from ditq.sweep.health import wait_healthy
@@ -215,8 +215,8 @@ def nan_w8a16_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ig
 def test_serve_falls_back_from_a_failing_w8a16_path_chosen_before_the_repack(
     tmp_path: Path, nan_w8a16_path: str
 ) -> None:
+    from ditq.pipeline.open import load_pipeline
     from ditq.runtime.modules import quantized_linears
-    from ditq.runtime.open import load_pipeline
 
     save_tiny_pipeline(tmp_path / "tiny")
     ditq.quantize(tmp_path / "tiny", tmp_path / "w8a16", "w8a16")

@@ -17,8 +17,8 @@ from serve_testkit import serve_process
 
 from ditq.demo import default_model_dir
 from ditq.errors import EXIT_OUT_OF_MEMORY
+from ditq.pipeline.open import open_pipeline
 from ditq.runtime.adapter import GenerationRequest
-from ditq.runtime.open import open_pipeline
 from ditq.runtime.options import LoadOptions
 from ditq.serve.cost import RequestCost, calibrate
 from ditq.sweep.health import wait_healthy

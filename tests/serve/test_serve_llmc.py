@@ -9,7 +9,7 @@ import pytest
 from serve_testkit import FAST, client_for, make_app
 from tiny_models import LLMC_SCHEMES, llmc_pipeline_dir
 
-from ditq.runtime.open import open_pipeline
+from ditq.pipeline.open import open_pipeline
 from ditq.runtime.options import LoadOptions
 from ditq.serve.startup import make_doctor
 

@@ -21,8 +21,8 @@ import pytest
 from PIL import Image
 from serve_testkit import LiveServer
 
+from ditq.pipeline.open import load_pipeline
 from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, PipelineAdapter
-from ditq.runtime.open import load_pipeline
 from ditq.runtime.options import LoadOptions
 from ditq.runtime.parallel import ParallelSpec
 from ditq.serve import ServeConfig

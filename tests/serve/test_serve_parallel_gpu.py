@@ -26,8 +26,8 @@ import ditq
 from ditq.demo import default_model_dir
 from ditq.errors import EXIT_USAGE
 from ditq.metrics import load_png_array, psnr
+from ditq.pipeline.open import load_pipeline
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
-from ditq.runtime.open import load_pipeline
 from ditq.sweep.health import wait_healthy
 
 pytestmark = [

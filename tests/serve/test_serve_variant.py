@@ -12,7 +12,7 @@ from tiny_models import save_tiny_pipeline, to_variant_only
 
 from ditq.cli import main
 from ditq.commands import serve as serve_command
-from ditq.runtime.open import open_pipeline
+from ditq.pipeline.open import open_pipeline
 from ditq.runtime.options import LoadOptions
 from ditq.serve.startup import make_doctor
 

@@ -361,7 +361,7 @@ def test_transformers_loads_the_quantized_qwen3_vl_text_encoder(source: Path, qu
 def test_serve_answers_an_edit_with_the_quantized_text_encoder(quantized: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from ditq.runtime.open import open_pipeline
+    from ditq.pipeline.open import open_pipeline
     from ditq.runtime.options import LoadOptions
     from ditq.serve import ServeConfig, create_app
     from ditq.serve.startup import make_doctor

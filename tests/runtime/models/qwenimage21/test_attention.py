@@ -152,8 +152,8 @@ def test_the_cudnn_paths_wrapper_compiles_to_two_graphs_and_draws_the_reference_
     from torch._dynamo.utils import counters
 
     from ditq.demo import default_model_dir
+    from ditq.pipeline.open import load_pipeline
     from ditq.runtime.adapter import PipelineAdapter
-    from ditq.runtime.open import load_pipeline
     from ditq.serve.cost import calibrate
 
     eager = load_pipeline(default_model_dir(), device="cpu")

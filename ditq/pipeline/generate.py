@@ -1,6 +1,6 @@
 """One request run in process: what ``ditq generate`` runs.
 
-The model opens as ``ditq serve`` opens it (``ditq.runtime.open.open_pipeline``: the same placement, kernel choice,
+The model opens as ``ditq serve`` opens it (``ditq.pipeline.open.open_pipeline``: the same placement, kernel choice,
 quantized attention and KV cache), then one request runs through the adapter and is timed; the same code path
 for an artifact and for a plain diffusers directory (BF16 simply has no quantized layers). Without a directory it
 uses the bundled demo model. It sits beside the opener, above the doctor (``tests/test_layers.py``).
@@ -20,11 +20,11 @@ import torch
 from PIL import Image
 
 from ditq.fsutil import atomic_write_bytes
+from ditq.pipeline.open import open_pipeline
 from ditq.progress import progress_bar
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.compile import compiled_graphs
 from ditq.runtime.loader import pipeline_summary
-from ditq.runtime.open import open_pipeline
 from ditq.runtime.options import LoadOptions, resolve_load_options
 
 __all__ = ["GenerationReport", "generate", "save_images"]
