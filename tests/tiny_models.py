@@ -427,6 +427,19 @@ def _t5_tokenizer() -> Any:
     )
 
 
+# diffusers' AutoencoderKL at two 16-channel blocks: the tiny Flux pipeline's VAE and ``tiny_vae``
+TINY_VAE_CONFIG: dict[str, Any] = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ["DownEncoderBlock2D"] * 2,
+    "up_block_types": ["UpDecoderBlock2D"] * 2,
+    "block_out_channels": [16, 16],
+    "layers_per_block": 1,
+    "latent_channels": 4,
+    "norm_num_groups": 8,
+}
+
+
 def make_flux_pipeline_dir(model_dir: Path, seed: int = 0) -> Path:
     """A tiny FluxPipeline saved at ``model_dir``: CLIP ``text_encoder`` + T5 ``text_encoder_2`` (their
     tokenizers built here), the tiny Flux transformer (pooled width 32 to match CLIP) and a tiny VAE.
@@ -436,14 +449,7 @@ def make_flux_pipeline_dir(model_dir: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     flux_config = {**TINY_CONFIGS["flux"][1], "num_single_layers": 1, "pooled_projection_dim": 32}
     vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=["DownEncoderBlock2D"] * 2,
-        up_block_types=["UpDecoderBlock2D"] * 2,
-        block_out_channels=[16, 16],
-        layers_per_block=1,
-        latent_channels=4,  # packed 2x2 into the transformer's 16 input channels
-        norm_num_groups=8,
+        **TINY_VAE_CONFIG,  # its 4 latent channels packed 2x2 into the transformer's 16 input channels
         use_quant_conv=False,
         use_post_quant_conv=False,
         shift_factor=0.0609,  # Flux's VAE constants; the pipeline reads both
@@ -500,17 +506,7 @@ def tiny_vae() -> torch.nn.Module:
     from diffusers import AutoencoderKL
 
     torch.manual_seed(0)
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=["DownEncoderBlock2D"] * 2,
-        up_block_types=["UpDecoderBlock2D"] * 2,
-        block_out_channels=[16, 16],
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=8,
-        sample_size=32,
-    ).eval()
+    return AutoencoderKL(**TINY_VAE_CONFIG, sample_size=32).eval()
 
 
 def tiny_qwen_vae() -> torch.nn.Module:
