@@ -98,7 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the unquantized diffusers model directory or hub id (org/name[@revision], through the hub cache)",
     )
-    parser.add_argument("--schemes", default="w8a16,w8a8,fp8", help="comma list (default: %(default)s)")
+    parser.add_argument(
+        "--schemes",
+        default="w8a16,w8a8,fp8",
+        help="comma list; fp8-fast is fp8's candidate served with --accumulate fast, judged beside fp8 (exact) "
+        "in the same sweep, its own artifact quantized (default: %(default)s)",
+    )
     parser.add_argument("--fixtures", type=Path, required=True, help="fixtures JSON")
     parser.add_argument("--refs", type=Path, required=True, help="directory of reference images, REF.png")
     parser.add_argument("--out", type=Path, required=True, help="sweep directory (rerun to resume)")
@@ -161,11 +166,11 @@ def stop_on_sigterm() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ditq.schemes import get_scheme
     from ditq.sweep import SweepOptions, check_seeds, parse_endpoint_for, run_sweep
+    from ditq.sweep.options import candidate_name
 
     check_seeds(args.seeds, args.max_seeds)  # before the model is looked for (on the hub, say)
-    schemes = tuple(dict.fromkeys(get_scheme(s.strip()).name for s in args.schemes.split(",") if s.strip()))
+    schemes = tuple(dict.fromkeys(candidate_name(s) for s in args.schemes.split(",") if s.strip()))
     options = SweepOptions(
         model=resolve_model(args.model, args.variant),
         schemes=schemes,

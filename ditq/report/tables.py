@@ -354,6 +354,16 @@ def _kernels(paths: dict[str, int]) -> str:
     return ", ".join(f"{path} ({layers} layers)" for path, layers in paths.items()) or "none (unquantized)"
 
 
+def _accumulation(health: ServerHealth) -> str:
+    """With ``--accumulate fast``: how many layers the doctor let accumulate fast (the paths named ``-fast``), so a
+    device without fast paths (a CPU) does not read as fast."""
+    if health.accumulate != "fast":
+        return ""
+    fast = sum(layers for path, layers in health.kernel_paths.items() if path.endswith("-fast"))
+    total = sum(health.kernel_paths.values())
+    return f"; fast accumulation asked: {fast} of {total} layers fast"
+
+
 def _placement(health: ServerHealth) -> str:
     """Where the weights were (--offload auto), what was left unused, the KV cache's precision."""
     parts = []
@@ -400,7 +410,7 @@ def servers_table(candidate: Candidate) -> Table:
                 _num(health.ready_seconds if health else None, 1, " s"),
                 _kernels(health.kernel_paths)
                 + (f"; attention {health.attention}" if health.attention else "")
-                + ("; fast accumulation" if health.accumulate == "fast" else "")
+                + _accumulation(health)
                 if health
                 else "n/a",
                 format_budget(health.max_memory) if health else "n/a",

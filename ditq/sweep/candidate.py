@@ -32,7 +32,7 @@ from ditq.runfiles import (
 )
 from ditq.schemes import SCHEMES
 from ditq.sweep import launch
-from ditq.sweep.options import PLAN_CANDIDATE, SCHEME_STAGES, SweepOptions
+from ditq.sweep.options import PLAN_CANDIDATE, SCHEME_STAGES, SweepOptions, candidate_scheme
 
 
 class Candidate:
@@ -62,7 +62,9 @@ class Candidate:
         )
         candidate = CandidateFile(
             name=self.scheme,
-            scheme=self.scheme if self.plan is None else plan_label(self.plan.layers.values()),
+            scheme=candidate_scheme(self.scheme)
+            if self.plan is None
+            else plan_label(self.plan.layers.values()),
             artifact=str(self.artifact),
             artifact_digest=sha256_file(manifest) if manifest.is_file() else None,
             weight_bytes=weight_bytes,

@@ -29,7 +29,7 @@ from ditq.sweep.candidate import (
 )
 from ditq.sweep.core import SweepCore
 from ditq.sweep.health import Server, last_line, latest_news
-from ditq.sweep.options import ditq_argv
+from ditq.sweep.options import candidate_options, ditq_argv
 
 BASELINE_LOG = (
     "baseline.log"  # the baseline's probe (``ditq baseline --endpoint``); its servers': serve-baseline*.log
@@ -60,7 +60,7 @@ class OffloadLadder(SweepCore):
             started = time.monotonic()
             suffix = "" if len(self.options.offload) == 1 else f"-{offload}"
             log = logs / (f"serve-baseline{suffix}.log" if who == "baseline" else f"serve{suffix}.log")
-            server = Server(self.options, model, log, offload)
+            server = Server(candidate_options(self.options, who), model, log, offload)
             attempt: dict[str, Any] = {"offload": offload, "command": shell_command(server.argv)}
             # while it loads and calibrates: what its log last said
             news = self.progress.ticker(who, "serve", functools.partial(latest_news, log))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,39 @@ SCHEME_STAGES = ("quantize", "verify", "doctor", "serve", "probe", "gate", "comp
 # Every answer is an interval over seeds (fidelity) or over requests (speed): one seed decides nothing.
 MIN_SEEDS = 2
 PLAN_CANDIDATE = "plan"  # the directory (and candidate name) of --plan's mixed-precision candidate
+# ``--schemes fp8,fp8-fast``: a scheme's candidate served with ``--accumulate fast`` beside the exact one, so that one
+# sweep judges both; only fp8 has fast-accumulating kernel paths (``scaled-mm-fp8-fast``)
+FAST = "-fast"
+FAST_SCHEMES = ("fp8",)
+
+
+def candidate_name(text: str) -> str:
+    """A ``--schemes`` entry as its candidate's name: a scheme (``get_scheme``'s spelling) or ``SCHEME-fast`` for the
+    schemes that accumulate fast; anything else is refused in one line naming it."""
+    text = text.strip()
+    base, fast = (text[: -len(FAST)], True) if text.endswith(FAST) else (text, False)
+    scheme = get_scheme(base).name
+    if fast and scheme not in FAST_SCHEMES:
+        raise InputError(
+            f"--schemes {text}: fast accumulation is {', '.join(FAST_SCHEMES)}'s only ({scheme} has no "
+            f"fast-accumulating kernel path)",
+            field="schemes",
+        )
+    return scheme + (FAST if fast else "")
+
+
+def candidate_scheme(name: str) -> str:
+    """The scheme a uniform candidate quantizes with: ``fp8`` for both ``fp8`` and ``fp8-fast``."""
+    return name.removesuffix(FAST)
+
+
+def candidate_options(options: SweepOptions, name: str) -> SweepOptions:
+    """The sweep's options as candidate ``name``'s servers open the model: a ``-fast`` candidate's with
+    ``--accumulate fast``, every other one's as they are."""
+    if not name.endswith(FAST) or options.load.accumulate == "fast":
+        return options
+    return dataclasses.replace(options, load=options.load.replace(accumulate="fast"))
+
 
 # (model or artifact dir, port, sweep options, offload mode) -> the server's argv; tests swap it for a
 # server that fails
@@ -107,6 +141,9 @@ class SweepOptions:
         check_seeds(self.seeds, self.max_seeds)
         if not self.schemes:
             raise InputError("--schemes: name at least one scheme (w8a16, w8a8, fp8)")
+        for name in self.schemes:
+            if candidate_name(name) != name:
+                raise InputError(f"--schemes {name}: name it as {candidate_name(name)}", field="schemes")
         unknown = set(self.endpoint_for) - set(self.schemes)
         if unknown:
             raise InputError(f"--endpoint-for: {sorted(unknown)[0]!r} is not one of the swept schemes")
@@ -207,5 +244,5 @@ def parse_endpoint_for(values: Sequence[str]) -> dict[str, str]:
         scheme, sep, url = value.partition("=")
         if not sep or not url.startswith(("http://", "https://")):
             raise InputError(f"--endpoint-for {value!r}: expected SCHEME=http://HOST:PORT")
-        out[get_scheme(scheme.strip()).name] = url.rstrip("/")
+        out[candidate_name(scheme)] = url.rstrip("/")
     return out

@@ -23,7 +23,7 @@ from ditq.runfiles import (
 )
 from ditq.sweep import launch
 from ditq.sweep.candidate import Candidate, doctor_summary
-from ditq.sweep.options import SCHEME_STAGES, SweepOptions, ditq_argv, seeds_warning
+from ditq.sweep.options import SCHEME_STAGES, SweepOptions, candidate_scheme, ditq_argv, seeds_warning
 from ditq.sweep.seeds import SeedSettling
 
 
@@ -51,7 +51,10 @@ class Sweep(SeedSettling):
                 "quantize", options.model, c.artifact, "--plan", c.dir / PLAN_FILE, "--force"
             )
         else:
-            quantize = ditq_argv("quantize", options.model, c.artifact, "--scheme", scheme, "--force")
+            # a -fast candidate quantizes as its scheme does; only its servers accumulate differently
+            quantize = ditq_argv(
+                "quantize", options.model, c.artifact, "--scheme", candidate_scheme(scheme), "--force"
+            )
         quantize += ["--device", options.load.device]  # the device the servers use encodes fastest
         quantize += ["--variant", options.load.variant] if options.load.variant else []
         chain_ok = self._step(c, "quantize", quantize, [manifest])
@@ -62,7 +65,8 @@ class Sweep(SeedSettling):
             # A failing kernel path is a finding, not the end of the chain: the server falls back to a path
             # that passed, the numbers show what that gives, and the verdict carries the doctor's finding.
             doctor_json, reports = c.dir / "doctor.json", c.dir / "doctor-reports"
-            only = [] if c.plan is not None else ["--scheme", scheme]  # a plan's: every scheme it holds
+            # a plan's: every scheme it holds
+            only = [] if c.plan is not None else ["--scheme", candidate_scheme(scheme)]
             doctor = ditq_argv("doctor", "--artifact", c.artifact, *only, "--device", options.load.device)
             doctor += ["--json", str(doctor_json)]
             chain_ok = self._step(c, "doctor", [*doctor, "--report", str(reports)], [doctor_json], (0, 1))

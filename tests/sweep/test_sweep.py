@@ -421,3 +421,72 @@ def _expand(seeds: str) -> list[int]:
     from ditq.probe.fixtures import parse_seeds
 
     return parse_seeds(seeds)
+
+
+@pytest.mark.slow
+def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumulate_fast(workspace: Path):
+    """Issue 43: ``--schemes fp8,fp8-fast`` runs both as candidates; the fast one quantizes as fp8 does and only its
+    servers take ``--accumulate fast``, and the report says how many layers accumulated fast (none on a CPU,
+    which has no fast path: it must not read as fast)."""
+    from ditq.sweep import run_sweep
+
+    out = workspace / "out-fast"
+    options = SweepOptions(
+        model=workspace / "model",
+        schemes=("fp8", "fp8-fast"),
+        fixtures=workspace / "fixtures.json",
+        refs=workspace / "refs",
+        out=out,
+        seeds="1-2",
+        steps=2,
+        load=LoadOptions(device="cpu", dtype="float32"),
+        parity_db=30.0,
+        health_timeout_s=300,
+        progress=False,
+    )
+    result = run_sweep(options, command="ditq sweep (test)")
+    assert set(result.verdicts) == {"fp8", "fp8-fast"}
+    candidates = {
+        name: json.loads((out / name / "CANDIDATE.json").read_text()) for name in ("fp8", "fp8-fast")
+    }
+    assert {name: (c["name"], c["scheme"]) for name, c in candidates.items()} == {
+        "fp8": ("fp8", "fp8"),
+        "fp8-fast": ("fp8-fast", "fp8"),
+    }
+    serve = {name: c["attempts"][0]["command"] for name, c in candidates.items()}
+    assert "--accumulate fast" in serve["fp8-fast"] and "--accumulate" not in serve["fp8"]
+    assert "--scheme fp8 " in candidates["fp8-fast"]["stages"]["quantize"]["command"]
+    health = json.loads((out / "fp8-fast" / "run" / "RUN.json").read_text())["invocations"][0]["servers"][0]
+    assert health["health"]["accumulate"] == "fast"
+    assert not any(path.endswith("-fast") for path in health["health"]["kernel_paths"])  # a CPU has none
+    layers = sum(health["health"]["kernel_paths"].values())
+    report = (out / "report" / "REPORT.md").read_text()
+    assert f"fast accumulation asked: 0 of {layers} layers fast" in report
+
+
+def test_a_fast_candidate_is_fp8s_only_and_named_in_one_spelling(workspace: Path):
+    from ditq.sweep.options import candidate_name, candidate_options
+
+    assert candidate_name(" fp8-fast ") == "fp8-fast"
+    with pytest.raises(InputError, match=r"--schemes w8a8-fast: fast accumulation is fp8's only"):
+        candidate_name("w8a8-fast")
+    options = SweepOptions(
+        model=workspace / "model",
+        schemes=("fp8", "fp8-fast"),
+        fixtures=workspace / "fixtures.json",
+        refs=workspace / "refs",
+        out=workspace / "out-names",
+        load=LoadOptions(device="cpu"),
+    )
+    assert candidate_options(options, "fp8").load.accumulate == "exact"
+    assert candidate_options(options, "fp8-fast").load.accumulate == "fast"
+    assert candidate_options(options, "baseline") is options
+    assert parse_endpoint_for(["fp8-fast=http://127.0.0.1:9"]) == {"fp8-fast": "http://127.0.0.1:9"}
+    with pytest.raises(InputError, match="w8a16-fast"):
+        SweepOptions(
+            model=workspace / "model",
+            schemes=("w8a16-fast",),
+            fixtures=workspace / "fixtures.json",
+            refs=workspace / "refs",
+            out=workspace / "out-names",
+        )
