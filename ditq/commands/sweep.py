@@ -102,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--schemes",
         default="w8a16,w8a8,fp8",
         help="comma list; fp8-fast is fp8's candidate served with --accumulate fast, judged beside fp8 (exact) "
-        "in the same sweep, its own artifact quantized (default: %(default)s)",
+        "in the same sweep and serving fp8's artifact (default: %(default)s)",
     )
     parser.add_argument("--fixtures", type=Path, required=True, help="fixtures JSON")
     parser.add_argument("--refs", type=Path, required=True, help="directory of reference images, REF.png")

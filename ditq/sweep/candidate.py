@@ -32,7 +32,13 @@ from ditq.runfiles import (
 )
 from ditq.schemes import SCHEMES
 from ditq.sweep import launch
-from ditq.sweep.options import PLAN_CANDIDATE, SCHEME_STAGES, SweepOptions, candidate_scheme
+from ditq.sweep.options import (
+    PLAN_CANDIDATE,
+    SCHEME_STAGES,
+    SweepOptions,
+    candidate_scheme,
+    shared_candidate,
+)
 
 
 class Candidate:
@@ -42,7 +48,15 @@ class Candidate:
         self.options, self.scheme = options, scheme
         self.plan = options.plan_file if scheme == PLAN_CANDIDATE else None
         self.dir = options.out / scheme
-        self.artifact, self.run_dir, self.logs = self.dir / "artifact", self.dir / "run", self.dir / "logs"
+        self.shares = shared_candidate(
+            options, scheme
+        )  # the candidate whose artifact this one serves, if any
+        artifact_dir = self.dir if self.shares is None else options.out / self.shares
+        self.artifact, self.run_dir, self.logs = (
+            artifact_dir / "artifact",
+            self.dir / "run",
+            self.dir / "logs",
+        )
         path = self.dir / CANDIDATE_FILE
         previous = read_model(CandidateFile, path) if path.is_file() else CandidateFile(name=scheme)
         self.stages: dict[str, StageEntry] = dict(previous.stages)
@@ -51,7 +65,14 @@ class Candidate:
         self.seeds_added: dict[str, int] = dict(previous.seeds_added)  # --seeds auto
         self.seed_commands: list[str] = list(previous.seed_commands)  # the commands that added them
         self.dirty = False  # a stage ran in this sweep: every later stage runs again
+        if self.shares is not None and previous.artifact_digest != self.artifact_digest():
+            self.dirty = True  # the shared artifact was quantized again since this candidate last served it
         self.reached: set[str] = set()  # stages this sweep got to (the rest follow a failure)
+
+    def artifact_digest(self) -> str | None:
+        """The artifact's manifest digest, or None while there is none."""
+        manifest = self.artifact / "MANIFEST.json"
+        return sha256_file(manifest) if manifest.is_file() else None
 
     def save(self) -> None:
         manifest = self.artifact / "MANIFEST.json"
@@ -66,7 +87,7 @@ class Candidate:
             if self.plan is None
             else plan_label(self.plan.layers.values()),
             artifact=str(self.artifact),
-            artifact_digest=sha256_file(manifest) if manifest.is_file() else None,
+            artifact_digest=self.artifact_digest(),
             weight_bytes=weight_bytes,
             max_memory=self.options.load.max_memory,
             endpoint=self.options.endpoint_for.get(self.scheme),

@@ -49,6 +49,13 @@ def candidate_scheme(name: str) -> str:
     return name.removesuffix(FAST)
 
 
+def shared_candidate(options: SweepOptions, name: str) -> str | None:
+    """The candidate whose artifact candidate ``name`` serves rather than quantizing its own: ``fp8`` for
+    ``fp8-fast`` when fp8 is swept too (the same weights; at full size an artifact is 17 GB of disk); else None."""
+    base = candidate_scheme(name)
+    return base if name.endswith(FAST) and base in options.schemes else None
+
+
 def candidate_options(options: SweepOptions, name: str) -> SweepOptions:
     """The sweep's options as candidate ``name``'s servers open the model: a ``-fast`` candidate's with
     ``--accumulate fast``, every other one's as they are."""
@@ -210,8 +217,12 @@ class SweepOptions:
 
     @property
     def candidates(self) -> tuple[str, ...]:
-        """Every candidate's name (its directory): the schemes, then the plan's."""
-        return (*self.schemes, *((PLAN_CANDIDATE,) if self.plan is not None else ()))
+        """Every candidate's name (its directory): the schemes, a ``-fast`` one after the others (it may serve
+        their artifact: ``shared_candidate``), then the plan's."""
+        ordered = sorted(
+            self.schemes, key=lambda name: name.endswith(FAST)
+        )  # stable: the given order otherwise
+        return (*ordered, *((PLAN_CANDIDATE,) if self.plan is not None else ()))
 
 
 def check_seeds(seeds: str | None, max_seeds: int = MAX_SEEDS) -> list[int]:

@@ -38,29 +38,7 @@ class Sweep(SeedSettling):
                 c.stages.pop(stage, None)
         c.save()
         options = self.options
-        manifest = c.artifact / "MANIFEST.json"
-        # --force: an artifact left by an interrupted or older run is replaced (quantize writes atomically)
-        if c.plan is not None:
-            # a copy beside the candidate: what quantize reads and the report shows are the same file
-            c.dir.mkdir(parents=True, exist_ok=True)
-            copy, fresh = c.dir / PLAN_FILE, plan_bytes(c.plan)
-            if copy.is_file() and copy.read_bytes() != fresh:
-                c.dirty = True  # another plan than the one an earlier run quantized: every stage runs again
-            atomic_write_bytes(copy, fresh)
-            quantize = ditq_argv(
-                "quantize", options.model, c.artifact, "--plan", c.dir / PLAN_FILE, "--force"
-            )
-        else:
-            # a -fast candidate quantizes as its scheme does; only its servers accumulate differently
-            quantize = ditq_argv(
-                "quantize", options.model, c.artifact, "--scheme", candidate_scheme(scheme), "--force"
-            )
-        quantize += ["--device", options.load.device]  # the device the servers use encodes fastest
-        quantize += ["--variant", options.load.variant] if options.load.variant else []
-        chain_ok = self._step(c, "quantize", quantize, [manifest])
-        chain_ok = chain_ok and self._step(
-            c, "verify", ditq_argv("verify", c.artifact, "--source", options.model), []
-        )
+        chain_ok = self._quantize_and_verify(c) if c.shares is None else self._shared_artifact(c)
         if chain_ok:
             # A failing kernel path is a finding, not the end of the chain: the server falls back to a path
             # that passed, the numbers show what that gives, and the verdict carries the doctor's finding.
@@ -81,6 +59,48 @@ class Sweep(SeedSettling):
                 c.stages.pop(stage, None)
                 self._show(c, stage, "not reached", "an earlier stage failed")
         c.save()
+
+    def _quantize_and_verify(self, c: Candidate) -> bool:
+        """The candidate's own artifact: quantized (with its scheme, or its plan) and verified against the source."""
+        options = self.options
+        manifest = c.artifact / "MANIFEST.json"
+        # --force: an artifact left by an interrupted or older run is replaced (quantize writes atomically)
+        if c.plan is not None:
+            # a copy beside the candidate: what quantize reads and the report shows are the same file
+            c.dir.mkdir(parents=True, exist_ok=True)
+            copy, fresh = c.dir / PLAN_FILE, plan_bytes(c.plan)
+            if copy.is_file() and copy.read_bytes() != fresh:
+                c.dirty = True  # another plan than the one an earlier run quantized: every stage runs again
+            atomic_write_bytes(copy, fresh)
+            quantize = ditq_argv(
+                "quantize", options.model, c.artifact, "--plan", c.dir / PLAN_FILE, "--force"
+            )
+        else:
+            # a -fast candidate quantizes as its scheme does; only its servers accumulate differently
+            quantize = ditq_argv(
+                "quantize", options.model, c.artifact, "--scheme", candidate_scheme(c.scheme), "--force"
+            )
+        quantize += ["--device", options.load.device]  # the device the servers use encodes fastest
+        quantize += ["--variant", options.load.variant] if options.load.variant else []
+        chain_ok = self._step(c, "quantize", quantize, [manifest])
+        return chain_ok and self._step(
+            c, "verify", ditq_argv("verify", c.artifact, "--source", options.model), []
+        )
+
+    def _shared_artifact(self, c: Candidate) -> bool:
+        """A candidate that serves another's artifact (``fp8-fast`` serving ``fp8``'s): its quantize and verify are
+        that candidate's, which ran first in this sweep; whole only where both passed there."""
+        shared = Candidate(self.options, str(c.shares))
+        for stage in ("quantize", "verify"):
+            entry = shared.stages.get(stage)
+            if entry is None or entry.status != "ok":
+                message = f"{c.shares}'s artifact is not whole: its {stage} did not pass"
+                c.record(stage, "failed", 0.0, None, message)
+                self._show(c, stage, "FAILED", message)
+                return False
+            c.record(stage, "skipped", 0.0, entry.command, f"{c.shares}'s artifact, {stage} by its candidate")
+            self._show(c, stage, "skipped", f"{c.shares}'s artifact")
+        return True
 
 
 def model_fingerprint(model: Path) -> dict[str, list[int]]:

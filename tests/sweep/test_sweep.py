@@ -6,6 +6,7 @@ kill takes the sweep, its server and its probe down at once, as a crash or Ctrl-
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -425,15 +426,16 @@ def _expand(seeds: str) -> list[int]:
 
 @pytest.mark.slow
 def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumulate_fast(workspace: Path):
-    """Issue 43: ``--schemes fp8,fp8-fast`` runs both as candidates; the fast one quantizes as fp8 does and only its
-    servers take ``--accumulate fast``, and the report says how many layers accumulated fast (none on a CPU,
-    which has no fast path: it must not read as fast)."""
+    """Issue 43: ``--schemes fp8-fast,fp8`` runs both as candidates, fp8 first; the fast one serves fp8's artifact
+    (no second quantization: at full size an artifact is 17 GB of disk) and only its servers take ``--accumulate
+    fast``; the report says how many layers accumulated fast (none on a CPU, which has no fast path: it must not
+    read as fast)."""
     from ditq.sweep import run_sweep
 
     out = workspace / "out-fast"
     options = SweepOptions(
         model=workspace / "model",
-        schemes=("fp8", "fp8-fast"),
+        schemes=("fp8-fast", "fp8"),
         fixtures=workspace / "fixtures.json",
         refs=workspace / "refs",
         out=out,
@@ -455,7 +457,14 @@ def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumul
     }
     serve = {name: c["attempts"][0]["command"] for name, c in candidates.items()}
     assert "--accumulate fast" in serve["fp8-fast"] and "--accumulate" not in serve["fp8"]
-    assert "--scheme fp8 " in candidates["fp8-fast"]["stages"]["quantize"]["command"]
+    assert options.candidates == ("fp8", "fp8-fast")
+    fast = candidates["fp8-fast"]
+    assert fast["artifact"] == str(out / "fp8" / "artifact") and not (out / "fp8-fast" / "artifact").exists()
+    assert fast["artifact_digest"] == candidates["fp8"]["artifact_digest"] is not None
+    assert [fast["stages"][s]["status"] for s in ("quantize", "verify")] == ["skipped", "skipped"]
+    assert fast["stages"]["quantize"]["command"] == candidates["fp8"]["stages"]["quantize"]["command"]
+    assert "--scheme fp8 " in fast["stages"]["quantize"]["command"]
+    assert all(fast["stages"][s]["status"] == "ok" for s in ("doctor", "serve", "probe", "gate", "compare"))
     health = json.loads((out / "fp8-fast" / "run" / "RUN.json").read_text())["invocations"][0]["servers"][0]
     assert health["health"]["accumulate"] == "fast"
     assert not any(path.endswith("-fast") for path in health["health"]["kernel_paths"])  # a CPU has none
@@ -465,7 +474,7 @@ def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumul
 
 
 def test_a_fast_candidate_is_fp8s_only_and_named_in_one_spelling(workspace: Path):
-    from ditq.sweep.options import candidate_name, candidate_options
+    from ditq.sweep.options import candidate_name, candidate_options, shared_candidate
 
     assert candidate_name(" fp8-fast ") == "fp8-fast"
     with pytest.raises(InputError, match=r"--schemes w8a8-fast: fast accumulation is fp8's only"):
@@ -481,6 +490,9 @@ def test_a_fast_candidate_is_fp8s_only_and_named_in_one_spelling(workspace: Path
     assert candidate_options(options, "fp8").load.accumulate == "exact"
     assert candidate_options(options, "fp8-fast").load.accumulate == "fast"
     assert candidate_options(options, "baseline") is options
+    assert shared_candidate(options, "fp8-fast") == "fp8" and shared_candidate(options, "fp8") is None
+    alone = dataclasses.replace(options, schemes=("fp8-fast",))
+    assert shared_candidate(alone, "fp8-fast") is None  # without fp8 in the sweep it quantizes its own
     assert parse_endpoint_for(["fp8-fast=http://127.0.0.1:9"]) == {"fp8-fast": "http://127.0.0.1:9"}
     with pytest.raises(InputError, match="w8a16-fast"):
         SweepOptions(
