@@ -471,6 +471,13 @@ def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumul
     layers = sum(health["health"]["kernel_paths"].values())
     report = (out / "report" / "REPORT.md").read_text()
     assert f"fast accumulation asked: 0 of {layers} layers fast" in report
+    # resumed, it serves again only when the shared artifact is another than the one it served
+    from ditq.sweep.candidate import Candidate
+
+    assert not Candidate(options, "fp8-fast").dirty
+    manifest = out / "fp8" / "artifact" / "MANIFEST.json"
+    manifest.write_bytes(manifest.read_bytes() + b"\n")
+    assert Candidate(options, "fp8-fast").dirty
 
 
 def test_a_fast_candidate_is_fp8s_only_and_named_in_one_spelling(workspace: Path):
