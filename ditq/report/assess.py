@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime
 import platform
 import sys
-from dataclasses import dataclass
 
 import ditq
+from ditq.report.assessment import Assessment, ReportData
 from ditq.report.capacity import CapacityRow, capacity_matrix, max_references_served
 from ditq.report.ladder import server_starts
 from ditq.report.model import Candidate
@@ -16,58 +16,16 @@ from ditq.report.provenance import device_description, git_revision, library_ver
 from ditq.report.recommend import recommend
 from ditq.report.schema import (
     OBJECTIVES,
-    Answer,
     BaselineEntry,
     CandidateVerdict,
-    ObjectiveAnswer,
-    Objectives,
     Provenance,
     ReferenceProfile,
     ServingProfile,
     VerdictDocument,
 )
-from ditq.report.verdict import STANDARD_RULES, Reason, VerdictRules, parity_floor_db
+from ditq.report.verdict import STANDARD_RULES, VerdictRules, parity_floor_db
 
 __all__ = ["Assessment", "ReportData", "assess", "serving_profile", "source_weight_bytes"]
-
-
-@dataclass
-class Assessment:
-    candidate: Candidate
-    matrix: list[CapacityRow]
-    reasons: list[Reason]  # fit to serve's
-    floor_db: float | None
-    profile: ServingProfile
-    objectives: Objectives
-    objective: str  # the headline's: fit_to_serve | faster | smaller
-
-    @property
-    def headline(self) -> ObjectiveAnswer:
-        answer: ObjectiveAnswer = getattr(self.objectives, self.objective)
-        return answer
-
-    @property
-    def verdict(self) -> Answer:
-        return self.headline.answer
-
-
-@dataclass
-class ReportData:
-    baseline: Candidate
-    baseline_matrix: list[CapacityRow]
-    baseline_profile: ServingProfile
-    assessments: list[Assessment]
-    document: VerdictDocument
-    rules: VerdictRules
-
-    @property
-    def all_candidates(self) -> list[Candidate]:
-        return [self.baseline, *(a.candidate for a in self.assessments)]
-
-    @property
-    def reference_counts(self) -> list[int]:
-        rows = [*self.baseline_matrix, *(row for a in self.assessments for row in a.matrix)]
-        return sorted({row.n_references for row in rows})
 
 
 def _reference_profile(row: CapacityRow) -> ReferenceProfile:

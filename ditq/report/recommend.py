@@ -14,14 +14,11 @@ the first criterion of the ranking that told the chosen one from the next.
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING
 
+from ditq.report.assessment import Assessment
 from ditq.report.objectives import REFERENCE_KERNELS, on_cpu
 from ditq.report.schema import Recommendation, ServingProfile
 from ditq.report.verdict import VerdictRules
-
-if TYPE_CHECKING:
-    from ditq.report.assess import Assessment
 
 __all__ = ["recommend"]
 
