@@ -4,21 +4,16 @@ on another card or commit sits beside the committed results instead of replacing
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def commit() -> str:
-    """The checkout's short commit, or ``unknown`` outside a git checkout."""
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--short=7", "HEAD"], cwd=RESULTS, capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return done.stdout.strip()
+    """The checkout's short commit (``ditq.report.provenance.git_revision``), or ``unknown`` outside a git checkout."""
+    from ditq.report.provenance import git_revision
+
+    return (git_revision() or "unknown")[:7]
 
 
 def card(device: str = "cuda") -> str:

@@ -68,19 +68,25 @@ def _modules() -> dict[str, Path]:
     return found
 
 
+def _imported_names(path: Path) -> list[str]:
+    """Every name a module's import statements take, at any depth and type-only ones too: ``import a.b`` gives
+    ``a.b``; ``from a import b`` gives ``a`` and ``a.b`` (``b`` may be a module: ``from ditq import serve``)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+    return names
+
+
 def test_no_import_runs_back_up_the_layers() -> None:
     upward = []
     for module, path in _modules().items():
         own = _layer(module)
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            for name in names:
-                if name.startswith("ditq.") and _layer(name) > own:
-                    upward.append(f"{module} ({LAYERS[own][0]}) imports {name} ({LAYERS[_layer(name)][0]})")
+        for name in _imported_names(path):
+            if name.startswith("ditq.") and _layer(name) > own:
+                upward.append(f"{module} ({LAYERS[own][0]}) imports {name} ({LAYERS[_layer(name)][0]})")
     assert upward == []
 
 
@@ -211,12 +217,7 @@ def test_only_the_serve_command_imports_the_server_package() -> None:
     for module, path in _modules().items():
         if module == "ditq.serve" or module.startswith("ditq.serve.") or module in entry:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            if any(name == "ditq.serve" or name.startswith("ditq.serve.") for name in names):
-                importers.append(module)
+        names = _imported_names(path)
+        if any(name == "ditq.serve" or name.startswith("ditq.serve.") for name in names):
+            importers.append(module)
     assert importers == []

@@ -56,11 +56,12 @@ class OffloadLadder(SweepCore):
         says more: the server's when it did not start, else the probe's.
         """
         attempts: list[Attempt] = []
+        serving = candidate_options(self.options, who)  # how this candidate's servers open the model
         for rung, offload in enumerate(self.options.offload):
             started = time.monotonic()
             suffix = "" if len(self.options.offload) == 1 else f"-{offload}"
             log = logs / (f"serve-baseline{suffix}.log" if who == "baseline" else f"serve{suffix}.log")
-            server = Server(candidate_options(self.options, who), model, log, offload)
+            server = Server(serving, model, log, offload)
             attempt: dict[str, Any] = {"offload": offload, "command": shell_command(server.argv)}
             # while it loads and calibrates: what its log last said
             news = self.progress.ticker(who, "serve", functools.partial(latest_news, log))
