@@ -77,10 +77,11 @@ def test_several_endpoints_share_one_queue(tmp_path: Path, fixture_set) -> None:
 
 
 def test_500s_timeouts_and_refused_connections_become_records(tmp_path: Path, fixture_set) -> None:
-    state = StubState(fail_seeds={2}, hang_seeds={3}, hang_s=3.0)
+    state = StubState(fail_seeds={2}, hang_seeds={3}, hang_s=6.0)  # hangs well past the timeout below
     out = tmp_path / "run"
     with StubServer(state) as server:
-        summary = probe_run(server.url, fixture_set, out, [1, 2, 3], timeout_s=0.5, concurrency=3)
+        # a timeout a loaded 2-core machine still serves the healthy seed inside (0.5 s failed one under load)
+        summary = probe_run(server.url, fixture_set, out, [1, 2, 3], timeout_s=2.0, concurrency=3)
         assert summary.completed == 9 and summary.failed == 6
         by_seed = {s: [r for r in read_records(out) if r.seed == s] for s in (1, 2, 3)}
         assert all(is_success(r) for r in by_seed[1])
