@@ -3,6 +3,12 @@ where a request's time goes, from the servers' own files (``benchmarks/h200_whol
 SERVE_DIR/ENTRY/{health.json, run/records.jsonl}).
 
     python3 benchmarks/served_speed.py SERVE_DIR --baseline bf16+compile --eager bf16 --out served_speed.json
+    python3 benchmarks/served_speed.py --server bf16=SERVE_DIR/bf16 --server bf16+compile=SWEEP_DIR/baseline \
+        --server fp8-fast=SWEEP_DIR/fp8-fast --out served_speed.json     # a sweep's servers beside the whole stage's
+
+A server's folder holds ``run/records.jsonl`` (the whole stage's, a sweep candidate's) or ``records.jsonl`` (a
+sweep's baseline), and ``health.json`` where the whole stage wrote one (a sweep keeps no health answer: its start-up
+fields are null).
 
 Per server and reference count: the mean wall time over the seeds (``ditq probe``'s records), and for the last
 seed (each fixture's second request: warm) the text encoding, the first (prefix) step, the median cached step, the
@@ -25,11 +31,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ditq.fsutil import atomic_write_json
 
 
+def _records_file(folder: Path) -> Path | None:
+    for path in (folder / "run" / "records.jsonl", folder / "records.jsonl"):
+        if path.is_file():
+            return path
+    return None
+
+
 def _server(folder: Path) -> dict[str, Any]:
-    health = json.loads((folder / "health.json").read_text())
-    records = [
-        json.loads(line) for line in (folder / "run" / "records.jsonl").read_text().splitlines() if line
-    ]
+    health_file = folder / "health.json"
+    health = json.loads(health_file.read_text()) if health_file.is_file() else {}
+    records_file = _records_file(folder)
+    if records_file is None:
+        raise SystemExit(f"{folder}: no run/records.jsonl or records.jsonl")
+    records = [json.loads(line) for line in records_file.read_text().splitlines() if line]
     by_refs: dict[int, list[dict[str, Any]]] = {}
     for record in records:
         by_refs.setdefault(record["n_references"], []).append(record)
@@ -70,13 +85,27 @@ def _ratios(servers: dict[str, Any], name: str, against: str) -> dict[str, float
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("serve_dir", type=Path, help="the whole stage's folder: one sub-folder per server")
+    parser.add_argument(
+        "serve_dir", type=Path, nargs="?", help="the whole stage's folder: one sub-folder per server"
+    )
+    parser.add_argument("--server", action="append", default=[], metavar="NAME=FOLDER",
+                        help="one more server by name (repeatable): a sweep's baseline or candidate folder")  # fmt: skip
     parser.add_argument("--baseline", default="bf16+compile", help="the server ratios divide by")
     parser.add_argument("--eager", default="bf16", help="the eager server ratios divide by too")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    servers = {folder.name: _server(folder) for folder in sorted(args.serve_dir.iterdir())
-               if (folder / "run" / "records.jsonl").is_file()}  # fmt: skip
+    folders = {}
+    if args.serve_dir is not None:
+        folders = {folder.name: folder for folder in sorted(args.serve_dir.iterdir())
+                   if (folder / "run" / "records.jsonl").is_file()}  # fmt: skip
+    for entry in args.server:
+        name, sep, folder = entry.partition("=")
+        if not sep or not name or not folder:
+            parser.error(f"--server {entry!r}: expected NAME=FOLDER")
+        folders[name] = Path(folder)
+    if not folders:
+        parser.error("no server: give SERVE_DIR or --server NAME=FOLDER")
+    servers = {name: _server(folder) for name, folder in folders.items()}
     for name, server in servers.items():
         for against in (args.baseline, args.eager):
             if against in servers and name != against:
