@@ -1,0 +1,296 @@
+"""GPTQ: calibrated rounding of symmetric n-bit integer weights with group-wise scales.
+
+The algorithm is Frantar, Ashkboos, Hoefler and Alistarh, "GPTQ: Accurate Post-Training Quantization for
+Generative Pre-trained Transformers" (2022, arXiv:2210.17323). A Linear's weight W (N, K) is quantized one input
+column at a time, in order; each column's rounding error is spread over the columns not yet quantized through the
+inverse of the layer's input Hessian H = 2/n * sum x x^T (K, K), so that ||X W^T - X Wq^T|| stays small on the
+calibration inputs X rather than ||W - Wq||.
+
+What this module does and does not do:
+
+- symmetric weights, q in [-2**(bits-1), 2**(bits-1) - 1] stored as int8, scale = amax(|w|) / (2**(bits-1) - 1)
+  per group of ``group_size`` input columns (or per output row), float32, never below ``TINY``;
+- a group's scale is taken from the error-updated weights at the moment its first column is quantized (the
+  reference's ``static_groups=False``); later columns of the group keep that scale, so they may round to
+  -2**(bits-1), which the storage range admits;
+- columns are quantized in their own order: no ``act_order`` reordering;
+- everything is float32 except the damped Hessian's inversion, done in float64.
+
+``HessianAccumulator`` and ``hessian_hooks`` gather H from a module's forward passes; ``gptq_quantize`` rounds
+with it; ``rtn_quantize`` is plain round-to-nearest with the same conventions; ``dequantize`` undoes either.
+Nothing here imports from ditq: the quantizer wires it in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+__all__ = [
+    "TINY",
+    "HessianAccumulator",
+    "dequantize",
+    "gptq_quantize",
+    "hessian_hooks",
+    "rtn_quantize",
+]
+
+TINY = (
+    1e-12  # the smallest amax a scale is taken from (an all-zero group quantizes to zeros); as ditq.numerics
+)
+
+
+class HessianAccumulator:
+    """A running H = 2/n * sum x x^T (K, K) over every row x (K,) of the inputs given to ``add``.
+
+    Each row of an input (..., K) is one sample: a batch of B sequences of S tokens adds B * S. The update is the
+    reference GPTQ's running average (H *= n / (n + m); x *= sqrt(2 / (n + m)); H += x^T x), so memory stays one
+    (K, K) tensor of ``dtype`` (float32 or float64) however many inputs come. Inputs are cast to ``dtype`` and
+    moved to the accumulator's device.
+    """
+
+    def __init__(
+        self, in_features: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    ) -> None:
+        if in_features < 1:
+            raise ValueError(f"in_features must be positive, got {in_features}")
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"the Hessian is accumulated in float32 or float64, not {dtype}")
+        self.in_features = in_features
+        self._hessian = torch.zeros(in_features, in_features, dtype=dtype, device=device)
+        self._samples = 0
+
+    @property
+    def samples(self) -> int:
+        """How many rows (K,) have been added."""
+        return self._samples
+
+    @property
+    def hessian(self) -> torch.Tensor:
+        """H (K, K): all zeros until the first ``add``."""
+        return self._hessian
+
+    @torch.no_grad()
+    def add(self, x: torch.Tensor) -> None:
+        """Fold the rows of x (..., K) into H; an input with no rows changes nothing."""
+        if x.shape[-1:] != (self.in_features,):
+            raise ValueError(f"expected inputs of shape (..., {self.in_features}), got {tuple(x.shape)}")
+        rows = (
+            x.detach()
+            .reshape(-1, self.in_features)
+            .to(device=self._hessian.device, dtype=self._hessian.dtype)
+        )
+        m = rows.shape[0]
+        if m == 0:
+            return
+        total = self._samples + m
+        self._hessian *= self._samples / total
+        rows = rows * math.sqrt(2.0 / total)
+        self._hessian += rows.T @ rows
+        self._samples = total
+
+
+def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    """A forward call's input: its first positional tensor, else its first keyword tensor."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+    raise ValueError("a hooked module was called without a tensor input")
+
+
+def _accumulator_for(name: str, layer: torch.nn.Module) -> HessianAccumulator:
+    """An accumulator sized by ``layer.in_features``, on the device of its weight (CPU where it has none)."""
+    in_features = getattr(layer, "in_features", None)
+    if not isinstance(in_features, int):
+        raise ValueError(f"{name!r} is a {type(layer).__name__} with no in_features: not a Linear")
+    weight = getattr(layer, "weight", None)
+    device = weight.device if isinstance(weight, torch.Tensor) else torch.device("cpu")
+    return HessianAccumulator(in_features, device=device)
+
+
+@contextmanager
+def hessian_hooks(module: torch.nn.Module, names: Iterable[str]) -> Iterator[dict[str, HessianAccumulator]]:
+    """Within the block, every forward call of the named submodules feeds its input to its own accumulator.
+
+    ``names`` are ``module.get_submodule`` paths of Linears (any module with an int ``in_features``); repeats
+    count once. Yields the dict name -> ``HessianAccumulator``, filled as the caller runs ``module``; the forward
+    pre-hooks are removed on leaving, an exception included. An unknown name or a module without
+    ``in_features`` raises ValueError before any hook is registered.
+    """
+    layers: dict[str, torch.nn.Module] = {}
+    for name in dict.fromkeys(names):
+        try:
+            layers[name] = module.get_submodule(name)
+        except AttributeError as error:
+            raise ValueError(f"no submodule {name!r} in {type(module).__name__}: {error}") from None
+    accumulators = {name: _accumulator_for(name, layer) for name, layer in layers.items()}
+    handles = []
+    try:
+        for name, layer in layers.items():
+            accumulator = accumulators[name]
+
+            def hook(
+                _: torch.nn.Module,
+                args: tuple[Any, ...],
+                kwargs: dict[str, Any],
+                accumulator: HessianAccumulator = accumulator,
+            ) -> None:
+                accumulator.add(_first_tensor(args, kwargs))
+
+            handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
+        yield accumulators
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _check(weight: torch.Tensor, bits: int, group_size: int | None) -> tuple[int, int, int]:
+    """Validate a weight (N, K) and the format; returns (qmax, group width, number of groups)."""
+    if weight.ndim != 2:
+        raise ValueError(f"expected a 2-D weight (out, in), got shape {tuple(weight.shape)}")
+    if not 2 <= bits <= 8:
+        raise ValueError(f"bits must be between 2 and 8 (stored as int8), got {bits}")
+    in_features = weight.shape[1]
+    if group_size is None:
+        return 2 ** (bits - 1) - 1, in_features, 1
+    if group_size < 1:
+        raise ValueError(f"group size must be positive, got {group_size}")
+    if in_features % group_size:
+        raise ValueError(f"in_features {in_features} is not a multiple of group size {group_size}")
+    return 2 ** (bits - 1) - 1, group_size, in_features // group_size
+
+
+def _scale(w: torch.Tensor, qmax: int) -> torch.Tensor:
+    """Symmetric scale of w (N, g) per row: amax(|w|) / qmax, float32 (N,)."""
+    return w.abs().amax(dim=1).clamp_min(TINY) / qmax
+
+
+def _round(w: torch.Tensor, scale: torch.Tensor, qmax: int) -> torch.Tensor:
+    """round(w / scale) clamped to [-qmax - 1, qmax], still float32; w and scale broadcast."""
+    return (w / scale).round_().clamp_(-qmax - 1, qmax)
+
+
+def rtn_quantize(
+    weight: torch.Tensor, *, bits: int = 4, group_size: int | None = 128
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round-to-nearest: weight (N, K) -> (q int8 (N, K), scale float32 (N, K // group_size) or (N, 1)).
+
+    The same format as ``gptq_quantize``, with no calibration: scale = amax(|w_group|) / (2**(bits-1) - 1).
+    """
+    qmax, width, groups = _check(weight, bits, group_size)
+    out_features, in_features = weight.shape
+    grouped = weight.to(torch.float32).reshape(out_features, groups, width)
+    scale = grouped.abs().amax(dim=2, keepdim=True).clamp_min(TINY) / qmax
+    q = _round(grouped, scale, qmax).to(torch.int8).reshape(out_features, in_features)
+    return q, scale.reshape(out_features, groups).contiguous()
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q (N, K) integer with scale (N, G), G dividing K -> weight float32 (N, K): q * its group's scale."""
+    out_features, in_features = q.shape
+    groups = scale.shape[1]
+    grouped = q.to(torch.float32).reshape(out_features, groups, in_features // groups)
+    return (grouped * scale.to(torch.float32).unsqueeze(-1)).reshape(out_features, in_features)
+
+
+def _inverse_cholesky(hessian: torch.Tensor, damp: float) -> torch.Tensor:
+    """The upper Cholesky factor of (H + damp * mean(diag H) * I)^-1, float32 (K, K), computed in float64.
+
+    ``hessian`` must already have its dead columns' diagonal set to 1.
+    """
+    h = hessian.to(torch.float64)
+    h.diagonal().add_(damp * float(h.diagonal().mean()))
+    lower, info = torch.linalg.cholesky_ex(h)
+    upper = torch.full_like(h, math.nan)
+    if int(info) == 0 and bool(torch.isfinite(lower).all()):
+        upper, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(lower), upper=True)
+    if int(info) != 0 or not bool(torch.isfinite(upper).all()):
+        raise ValueError(
+            f"GPTQ: the damped Hessian is not positive definite (its Cholesky factorization failed at "
+            f"damp={damp}); try a larger damp, e.g. 0.1"
+        )
+    return upper.to(torch.float32)
+
+
+def _group_columns(
+    w: torch.Tensor,
+    block: torch.Tensor,
+    errors: torch.Tensor,
+    h_inv: torch.Tensor,
+    start: int,
+    i: int,
+    end: int,
+) -> torch.Tensor:
+    """The error-updated weights of columns [start + i, end) (N, end - start - i), column start + i of the block
+    being the next to quantize.
+
+    ``block`` holds the block's columns from ``start`` with every update so far; columns past the block have only
+    the earlier blocks' updates in ``w``, so this block's errors so far (``errors[:, :i]``) are applied to them here.
+    """
+    inside = block[:, i : end - start]
+    stop = start + block.shape[1]
+    if end <= stop:
+        return inside
+    outside = w[:, stop:end] - errors[:, :i] @ h_inv[start : start + i, stop:end]
+    return torch.cat([inside, outside], dim=1)
+
+
+def gptq_quantize(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    *,
+    bits: int = 4,
+    group_size: int | None = 128,
+    damp: float = 0.01,
+    block_size: int = 128,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ-round weight (N, K) against the input Hessian (K, K): (q int8 (N, K), scale float32 (N, G)).
+
+    G = K // group_size, or 1 when ``group_size`` is None (one scale per output row); K must be a multiple of
+    ``group_size``. q is in [-2**(bits-1), 2**(bits-1) - 1]; ``dequantize(q, scale)`` gives the quantized weight.
+    Columns whose Hessian diagonal is 0 (inputs always zero there) are zeroed and given H[i, i] = 1; the damped
+    Hessian adds ``damp`` * mean(diag H) to the diagonal. Errors propagate within blocks of ``block_size`` columns
+    and lazily to the rest (which does not change the result, only its speed). Columns are not reordered. Neither
+    input is modified. Raises ValueError on a bad shape or format, or when the damped Hessian has no Cholesky
+    factor (a larger ``damp`` helps).
+    """
+    qmax, width, groups = _check(weight, bits, group_size)
+    out_features, in_features = weight.shape
+    if hessian.shape != (in_features, in_features):
+        raise ValueError(
+            f"the Hessian has shape {tuple(hessian.shape)}, expected ({in_features}, {in_features}) "
+            f"for a weight of shape {tuple(weight.shape)}"
+        )
+    if block_size < 1 or damp < 0:
+        raise ValueError(f"block_size must be positive and damp non-negative, got {block_size} and {damp}")
+    w = weight.detach().to(torch.float32, copy=True)
+    h = hessian.detach().to(device=w.device, dtype=torch.float64, copy=True)
+    dead = h.diagonal() == 0
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    h_inv = _inverse_cholesky(h, damp)
+    q = torch.zeros_like(w)
+    scale = torch.empty(out_features, groups, dtype=torch.float32, device=w.device)
+    for start in range(0, in_features, block_size):
+        stop = min(start + block_size, in_features)
+        block = w[:, start:stop].clone()
+        errors = torch.zeros_like(block)
+        h_block = h_inv[start:stop, start:stop]
+        for i in range(stop - start):
+            column = start + i
+            if column % width == 0:
+                group = column // width
+                scale[:, group] = _scale(
+                    _group_columns(w, block, errors, h_inv, start, i, column + width), qmax
+                )
+            current = block[:, i]
+            q[:, column] = _round(current, scale[:, column // width], qmax)
+            error = (current - q[:, column] * scale[:, column // width]) / h_block[i, i]
+            block[:, i:] -= error.unsqueeze(1) @ h_block[i, i:].unsqueeze(0)
+            errors[:, i] = error
+        w[:, stop:] -= errors @ h_inv[start:stop, stop:]
+    return q.to(torch.int8), scale

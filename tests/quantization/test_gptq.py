@@ -1,0 +1,191 @@
+"""GPTQ (ditq.quantization.gptq) on the CPU, small and seeded: its format, its agreement with round-to-nearest where
+the inputs are uncorrelated, its gain over it where they are not, and the Hessian it is given."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ditq.quantization.gptq import (
+    HessianAccumulator,
+    dequantize,
+    gptq_quantize,
+    hessian_hooks,
+    rtn_quantize,
+)
+
+
+def _correlated(samples: int, in_features: int, seed: int) -> torch.Tensor:
+    """X = Z @ A (samples, K): Gaussian rows mixed by a random A, so the input features are correlated."""
+    generator = torch.Generator().manual_seed(seed)
+    z = torch.randn(samples, in_features, generator=generator)
+    mixing = torch.randn(in_features, in_features, generator=generator) / in_features**0.5
+    return z @ mixing
+
+
+def _hessian(x: torch.Tensor) -> torch.Tensor:
+    return 2.0 / x.shape[0] * x.T @ x
+
+
+def _reference_gptq(
+    weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int, damp: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unblocked GPTQ, column by column in float64 with each update applied at once (no lazy blocks): the
+    algorithm the module's blocked form must match."""
+    qmax = 2 ** (bits - 1) - 1
+    w = weight.to(torch.float64).clone()
+    h = hessian.to(torch.float64).clone()
+    h.diagonal().add_(damp * h.diagonal().mean())
+    h_inv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    q = torch.zeros_like(w)
+    scales = []
+    for column in range(w.shape[1]):
+        if column % group_size == 0:
+            scales.append(w[:, column : column + group_size].abs().amax(dim=1).clamp_min(1e-12) / qmax)
+        q[:, column] = (w[:, column] / scales[-1]).round().clamp(-qmax - 1, qmax)
+        error = (w[:, column] - q[:, column] * scales[-1]) / h_inv[column, column]
+        w[:, column:] -= error.unsqueeze(1) * h_inv[column, column:].unsqueeze(0)
+    return q.to(torch.int8), torch.stack(scales, dim=1).to(torch.float32)
+
+
+@pytest.mark.parametrize(("bits", "group_size"), [(4, 32), (4, None), (3, 16), (8, 64)])
+def test_gptq_returns_int8_in_range_with_one_scale_per_group(bits: int, group_size: int | None) -> None:
+    weight = torch.randn(48, 128, generator=torch.Generator().manual_seed(0))
+    x = _correlated(512, 128, seed=1)
+    q, scale = gptq_quantize(weight, _hessian(x), bits=bits, group_size=group_size)
+    assert q.dtype == torch.int8 and q.shape == (48, 128)
+    assert int(q.min()) >= -(2 ** (bits - 1)) and int(q.max()) <= 2 ** (bits - 1) - 1
+    assert scale.dtype == torch.float32
+    assert scale.shape == (48, 1 if group_size is None else 128 // group_size)
+    assert bool((scale > 0).all())
+    assert dequantize(q, scale).shape == (48, 128)
+
+
+def test_gptq_equals_rtn_when_the_inputs_are_uncorrelated() -> None:
+    """H = I (plus damping): the inverse Hessian is diagonal, so no column's error reaches another, and GPTQ
+    rounds exactly as round-to-nearest does, scales included."""
+    weight = torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
+    for group_size in (32, 128, None):
+        q, scale = gptq_quantize(weight, torch.eye(256), bits=4, group_size=group_size, block_size=48)
+        q_rtn, scale_rtn = rtn_quantize(weight, bits=4, group_size=group_size)
+        assert torch.equal(q, q_rtn)
+        assert torch.equal(scale, scale_rtn)
+
+
+def test_gptq_cuts_the_output_error_of_rtn_on_correlated_inputs() -> None:
+    x = _correlated(2048, 128, seed=3)
+    weight = torch.randn(64, 128, generator=torch.Generator().manual_seed(4))
+    reference = x @ weight.T
+    q, scale = gptq_quantize(weight, _hessian(x), bits=4, group_size=32)
+    gptq_error = float((reference - x @ dequantize(q, scale).T).norm())
+    q_rtn, scale_rtn = rtn_quantize(weight, bits=4, group_size=32)
+    rtn_error = float((reference - x @ dequantize(q_rtn, scale_rtn).T).norm())
+    print(
+        f"||X W^T - X Wq^T||: GPTQ {gptq_error:.4f}, RTN {rtn_error:.4f} ({gptq_error / rtn_error:.3f} of RTN)"
+    )
+    assert gptq_error <= 0.8 * rtn_error
+
+
+@pytest.mark.parametrize("block_size", [128, 32, 20, 7])
+def test_blocked_gptq_matches_the_unblocked_algorithm(block_size: int) -> None:
+    """Lazy block updates change only the order of the arithmetic, block sizes that cut groups in two included
+    (a group's scale reads the columns past the block with this block's errors applied)."""
+    x = _correlated(1024, 96, seed=5)
+    weight = torch.randn(40, 96, generator=torch.Generator().manual_seed(6))
+    q, scale = gptq_quantize(weight, _hessian(x), bits=4, group_size=32, block_size=block_size)
+    q_ref, scale_ref = _reference_gptq(weight, _hessian(x), bits=4, group_size=32, damp=0.01)
+    assert torch.allclose(scale, scale_ref, rtol=1e-4, atol=0)
+    assert int((q != q_ref).sum()) <= 2  # a float32 rounding tie may land either way, out of 3840 values
+
+
+def test_dead_columns_are_zeroed_and_the_inputs_left_alone() -> None:
+    x = _correlated(512, 64, seed=7)
+    x[:, [3, 40]] = 0.0
+    hessian = _hessian(x)
+    weight = torch.randn(16, 64, generator=torch.Generator().manual_seed(8))
+    weight_before, hessian_before = weight.clone(), hessian.clone()
+    q, scale = gptq_quantize(weight, hessian, bits=4, group_size=16)
+    assert bool((q[:, [3, 40]] == 0).all())
+    assert bool(torch.isfinite(scale).all())
+    assert torch.equal(weight, weight_before) and torch.equal(hessian, hessian_before)
+
+
+def test_an_all_zero_weight_quantizes_to_zeros() -> None:
+    q, scale = gptq_quantize(torch.zeros(8, 64), _hessian(_correlated(256, 64, seed=9)), group_size=32)
+    assert bool((q == 0).all()) and bool(torch.isfinite(scale).all())
+    assert bool((dequantize(q, scale) == 0).all())
+
+
+def test_rtn_reconstructs_within_half_a_step() -> None:
+    weight = torch.randn(32, 128, generator=torch.Generator().manual_seed(10))
+    q, scale = rtn_quantize(weight, bits=4, group_size=32)
+    step = scale.repeat_interleave(32, dim=1)
+    assert bool(((dequantize(q, scale) - weight).abs() <= step / 2 + 1e-6).all())
+
+
+def test_hessian_accumulator_is_two_over_n_x_transpose_x_however_it_is_fed() -> None:
+    x = _correlated(300, 32, seed=11)
+    whole = HessianAccumulator(32)
+    whole.add(x)
+    parts = HessianAccumulator(32)
+    parts.add(x[:100].reshape(4, 25, 32))  # (..., K): every row counts as a sample
+    parts.add(x[100:])
+    parts.add(x[:0])
+    assert whole.samples == parts.samples == 300
+    assert whole.hessian.shape == (32, 32) and whole.hessian.dtype == torch.float32
+    assert torch.allclose(whole.hessian, parts.hessian, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(whole.hessian, _hessian(x), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"\(\.\.\., 32\)"):
+        whole.add(torch.zeros(4, 31))
+
+
+def test_hessian_hooks_collect_the_named_layers_only_and_are_removed() -> None:
+    torch.manual_seed(12)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8), torch.nn.Linear(8, 4)
+    )
+    batches = [torch.randn(5, 16), torch.randn(2, 3, 16)]
+    with hessian_hooks(model, ["0", "2", "0"]) as accumulators:
+        for batch in batches:
+            model(batch)
+    assert sorted(accumulators) == ["0", "2"]
+    assert accumulators["0"].samples == accumulators["2"].samples == 11
+    assert accumulators["2"].hessian.shape == (32, 32)
+    rows = torch.cat([batch.reshape(-1, 16) for batch in batches])
+    assert torch.allclose(accumulators["0"].hessian, _hessian(rows), rtol=1e-5, atol=1e-6)
+    assert all(not layer._forward_pre_hooks for layer in model.modules())
+    model(batches[0])
+    assert accumulators["0"].samples == 11
+
+
+def test_hessian_hooks_are_removed_when_the_block_raises_and_refuse_a_non_linear() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with pytest.raises(RuntimeError, match="boom"), hessian_hooks(model, ["0"]):
+        raise RuntimeError("boom")
+    assert not model[0]._forward_pre_hooks
+    with pytest.raises(ValueError, match="in_features"), hessian_hooks(model, ["1"]):
+        pass
+    with pytest.raises(ValueError, match="'5'"), hessian_hooks(model, ["5"]):
+        pass
+    assert all(not layer._forward_pre_hooks for layer in model.modules())
+
+
+def test_bad_shapes_and_formats_are_refused() -> None:
+    hessian = torch.eye(100)
+    with pytest.raises(ValueError, match=r"100.*32|32.*100"):
+        gptq_quantize(torch.zeros(8, 100), hessian, group_size=32)
+    with pytest.raises(ValueError, match=r"100.*32|32.*100"):
+        rtn_quantize(torch.zeros(8, 100), group_size=32)
+    with pytest.raises(ValueError, match="2-D"):
+        gptq_quantize(torch.zeros(2, 8, 100), hessian)
+    with pytest.raises(ValueError, match="2-D"):
+        rtn_quantize(torch.zeros(100))
+    with pytest.raises(ValueError, match="Hessian has shape"):
+        gptq_quantize(torch.zeros(8, 64), torch.eye(32), group_size=32)
+    with pytest.raises(ValueError, match="bits"):
+        gptq_quantize(torch.zeros(8, 64), torch.eye(64), bits=1, group_size=32)
+
+
+def test_a_hessian_without_a_cholesky_factor_asks_for_more_damping() -> None:
+    with pytest.raises(ValueError, match="larger damp"):
+        gptq_quantize(torch.randn(8, 64), -torch.eye(64), group_size=32)
