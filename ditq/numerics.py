@@ -21,13 +21,13 @@ __all__ = [
     "INT8_MAX",
     "TINY",
     "dequantize_weight",
-    "pack_int8_to_int32",
+    "pack_int_to_int32",
     "quantize_activation_per_token",
     "quantize_weight",
     "relative_l2",
     "representable_neighbours",
     "smooth_keys",
-    "unpack_int32_to_int8",
+    "unpack_int32_to_int",
 ]
 
 INT8_MAX = 127.0
@@ -58,7 +58,7 @@ def quantize_weight(weight: torch.Tensor, scheme: Scheme) -> tuple[torch.Tensor,
     scale = w.abs().amax(dim=2, keepdim=True).clamp_min(TINY) / scheme.weight_qmax
     scaled = w / scale
     if scheme.weight_type == "int":
-        q = scaled.round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+        q = scaled.round_().clamp_(-scheme.weight_qmax, scheme.weight_qmax).to(torch.int8)
     else:
         q = scaled.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q.reshape(weight.shape), scale.reshape(weight.shape[0], -1).contiguous()
@@ -102,28 +102,35 @@ def smooth_keys(key: torch.Tensor) -> torch.Tensor:
     return keys - keys.mean(dim=1, keepdim=True)
 
 
-def pack_int8_to_int32(q: torch.Tensor) -> torch.Tensor:
-    """compressed-tensors' 8-bit packing: (out, in) int8 -> (out, in / 4) int32.
+def pack_int_to_int32(q: torch.Tensor, num_bits: int = 8) -> torch.Tensor:
+    """compressed-tensors' packing: (out, in) int8 holding ``num_bits``-wide values -> (out, ceil(in / (32 /
+    num_bits))) int32.
 
-    Each value is biased by 128 to an unsigned byte; four bytes go little-end
-    first into one int32 (value j of a group in bits 8j..8j+7).
+    Each value is biased by 2**(num_bits - 1) to an unsigned field; 32 / num_bits fields go little-end first into
+    one int32 (value j of a word in bits num_bits * j and up), the last word zero-padded.
     """
+    if num_bits not in (4, 8):
+        raise ValueError(f"num_bits {num_bits}: ditq packs 4- and 8-bit values")
+    per_word = 32 // num_bits
     out_features, in_features = q.shape
-    if in_features % 4:
-        raise ValueError(f"in_features {in_features} is not a multiple of 4")
-    unsigned = (q.to(torch.int32) + 128).reshape(out_features, in_features // 4, 4)
-    shifts = torch.arange(0, 32, 8, dtype=torch.int32, device=q.device)
-    packed = (unsigned << shifts).sum(dim=-1, dtype=torch.int64)
+    unsigned = q.to(torch.int32) + (1 << (num_bits - 1))
+    pad = -in_features % per_word
+    if pad:
+        unsigned = torch.nn.functional.pad(unsigned, (0, pad))
+    unsigned = unsigned.reshape(out_features, -1, per_word)
+    shifts = torch.arange(0, 32, num_bits, dtype=torch.int32, device=q.device)
+    packed = (unsigned.to(torch.int64) << shifts.to(torch.int64)).sum(dim=-1)
     # Wrap the unsigned 32-bit value into int32's range.
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
-def unpack_int32_to_int8(packed: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """Inverse of pack_int8_to_int32: (out, in / 4) int32 -> (out, in) int8."""
+def unpack_int32_to_int(packed: torch.Tensor, shape: tuple[int, int], num_bits: int = 8) -> torch.Tensor:
+    """Inverse of pack_int_to_int32: (out, ceil(in / (32 / num_bits))) int32 -> (out, in) int8."""
     out_features, in_features = shape
-    shifts = torch.arange(0, 32, 8, dtype=torch.int32, device=packed.device)
-    unsigned = (packed.unsqueeze(-1) >> shifts) & 0xFF
-    return (unsigned - 128).to(torch.int8).reshape(out_features, -1)[:, :in_features].contiguous()
+    shifts = torch.arange(0, 32, num_bits, dtype=torch.int32, device=packed.device)
+    unsigned = (packed.unsqueeze(-1) >> shifts) & ((1 << num_bits) - 1)
+    values = (unsigned - (1 << (num_bits - 1))).to(torch.int8).reshape(out_features, -1)
+    return values[:, :in_features].contiguous()
 
 
 def relative_l2(actual: torch.Tensor, reference: torch.Tensor) -> float:

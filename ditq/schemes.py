@@ -23,6 +23,8 @@ if (
 __all__ = [
     "FP8",
     "SCHEMES",
+    "W4A8",
+    "W4A16",
     "W8A8",
     "W8A16",
     "ActivationKind",
@@ -36,11 +38,12 @@ ActivationKind = Literal["int8", "fp8"]
 
 @dataclass(frozen=True)
 class Scheme:
-    """One 8-bit quantization preset.
+    """One quantization preset.
 
-    Weights are symmetric and static; ``group_size`` None means one scale per
-    output channel. ``activations`` None means activations stay in their source
-    dtype (weight-only); otherwise they are quantized dynamically per token.
+    Weights are symmetric and static, ``num_bits`` wide (8, or 4 for int weights
+    packed eight to an int32); ``group_size`` None means one scale per output
+    channel. ``activations`` None means activations stay in their source dtype
+    (weight-only); otherwise they are quantized dynamically per token.
     """
 
     name: str
@@ -50,12 +53,15 @@ class Scheme:
     format: Literal["pack-quantized", "int-quantized", "float-quantized"]
     activations: ActivationKind | None
     group_size: int | None = None
+    num_bits: Literal[4, 8] = 8
 
     def __post_init__(self) -> None:
         if self.group_size is not None and self.group_size <= 0:
             raise InputError(f"group size must be positive, got {self.group_size}")
-        if self.group_size is not None and self.activations is not None:
-            raise InputError(f"scheme {self.name}: --group-size applies to weight-only w8a16 only")
+        if self.group_size is not None and self.activations is not None and self.num_bits == 8:
+            raise InputError(f"scheme {self.name}: --group-size applies to w8a16 and the 4-bit schemes only")
+        if self.num_bits == 4 and (self.weight_type != "int" or self.format != "pack-quantized"):
+            raise InputError(f"scheme {self.name}: 4-bit weights are int, stored pack-quantized")
 
     @property
     def weight_dtype(self) -> torch.dtype:
@@ -66,14 +72,33 @@ class Scheme:
 
     @property
     def weight_qmax(self) -> float:
-        """Largest representable magnitude of a stored weight value (127 or 448)."""
+        """Largest magnitude a quantized weight is scaled to (127, 7 for 4 bits, or 448); symmetric, so int
+        weights use -qmax..qmax (stored 4-bit values from other tools may also hold -8, which reads exactly)."""
         import torch
 
-        return 127.0 if self.weight_type == "int" else float(torch.finfo(torch.float8_e4m3fn).max)
+        if self.weight_type == "int":
+            return float(2 ** (self.num_bits - 1) - 1)
+        return float(torch.finfo(torch.float8_e4m3fn).max)
 
     @property
     def weight_strategy(self) -> Literal["channel", "group"]:
         return "channel" if self.group_size is None else "group"
+
+    @property
+    def guarded_group_size(self) -> int | None:
+        """The group size a layer's in_features must be a multiple of to be quantized at all: 8-bit groups (a layer
+        they do not divide stays in source precision); None for 4 bits, whose layers fall back to per-channel
+        scales (``fitted``)."""
+        return self.group_size if self.num_bits == 8 else None
+
+    def fitted(self, in_features: int) -> Scheme:
+        """This scheme for a layer of ``in_features``: 4-bit groups that do not divide it become one scale per
+        output channel, and so does one group as wide as the row (the same numbers, stored as what they are: a
+        reader tells groups from channels by the scale's columns); otherwise unchanged."""
+        g = self.group_size
+        if self.num_bits == 4 and g is not None and (in_features % g or in_features == g):
+            return self.with_group_size(None)
+        return self
 
     def with_group_size(self, group_size: int | None) -> Scheme:
         """A copy with another group size (validated)."""
@@ -85,6 +110,7 @@ class Scheme:
             format=self.format,
             activations=self.activations,
             group_size=group_size,
+            num_bits=self.num_bits,
         )
 
 
@@ -113,7 +139,31 @@ FP8 = Scheme(
     activations="fp8",
 )
 
-SCHEMES: dict[str, Scheme] = {s.name: s for s in (W8A16, W8A8, FP8)}
+# 4-bit: int4 weights in groups of 128 input channels (one scale per output channel where a layer's in_features is
+# not a multiple of 128), packed eight to an int32 as compressed-tensors packs them.
+FOUR_BIT_GROUP_SIZE = 128
+W4A16 = Scheme(
+    name="w4a16",
+    description="int4 weights, symmetric, groups of 128; activations untouched",
+    weight_dtype_name="int8",
+    weight_type="int",
+    format="pack-quantized",
+    activations=None,
+    group_size=FOUR_BIT_GROUP_SIZE,
+    num_bits=4,
+)
+W4A8 = Scheme(
+    name="w4a8",
+    description="int4 weights, symmetric, groups of 128 + dynamic per-token fp8 activations (W4AFP8)",
+    weight_dtype_name="int8",
+    weight_type="int",
+    format="pack-quantized",
+    activations="fp8",
+    group_size=FOUR_BIT_GROUP_SIZE,
+    num_bits=4,
+)
+
+SCHEMES: dict[str, Scheme] = {s.name: s for s in (W8A16, W8A8, FP8, W4A16, W4A8)}
 
 _ALIASES: dict[str, str] = {
     "w8a16": "w8a16",
@@ -130,25 +180,47 @@ _ALIASES: dict[str, str] = {
     "fp8-dynamic": "fp8",
     "fp8_dynamic": "fp8",
     "w8a8-fp8": "fp8",
+    "w4a16": "w4a16",
+    "int4wo": "w4a16",
+    "int4-wo": "w4a16",
+    "int4-weight-only": "w4a16",
+    "int4_weight_only": "w4a16",
+    "w4a16-int": "w4a16",
+    "w4a8": "w4a8",
+    "w4afp8": "w4a8",
+    "w4a8-fp8": "w4a8",
 }
 
 
 # Names that fit more than one scheme: each is named, none guessed.
 _INT8_BOTH = "w8a16 (int8 weights, activations untouched) or w8a8 (int8 weights and activations)"
-_AMBIGUOUS: dict[str, str] = {"int8": _INT8_BOTH, "w8": _INT8_BOTH, "8bit": _INT8_BOTH + ", or fp8"}
+_INT4_BOTH = "w4a16 (int4 weights, activations untouched) or w4a8 (int4 weights, fp8 activations)"
+_AMBIGUOUS: dict[str, str] = {
+    "int8": _INT8_BOTH,
+    "w8": _INT8_BOTH,
+    "8bit": _INT8_BOTH + ", or fp8",
+    "int4": _INT4_BOTH,
+    "w4": _INT4_BOTH,
+    "4bit": _INT4_BOTH,
+}
+# Calibrations, not formats: their 4-bit weights are w4a16's, rounded with error feedback.
+_CALIBRATIONS = re.compile(r"gptq|awq")
 
-# Names of schemes of another width (NVFP4, MXFP4, W4A16, int4, NF4, GPTQ/AWQ's 4-bit...): refused as what they are,
-# not answered with the nearest 8-bit name.
-_NOT_8_BIT = re.compile(r"fp4|int4|nf4|w4|a4|4bit|mxfp6|fp6|int2|w2|w3|int3|gptq|awq|marlin")
+# Names of formats ditq does not implement (NVFP4, MXFP4, NF4, W4A4, other widths, kernels' names...): refused as
+# what they are, not answered with the nearest name.
+_UNSUPPORTED = re.compile(r"fp4|nf4|a4|mxfp6|fp6|int2|w2|w3|int3|marlin")
 
 
 def get_scheme(name: str, group_size: int | None = None) -> Scheme:
     """The scheme for a name or alias (case-insensitive); an unknown name says what it may have meant."""
     key = name.strip().lower()
-    if key not in _ALIASES and _NOT_8_BIT.search(key):
+    if key not in _ALIASES and _CALIBRATIONS.search(key):
         raise InputError(
-            f"scheme {name!r}: ditq implements 8-bit schemes only ({', '.join(SCHEMES)}); "
-            "4-bit and other widths are not supported"
+            f"scheme {name!r} names a calibration, not a format: use --scheme w4a16 or w4a8 with --calibrate gptq"
+        )
+    if key not in _ALIASES and _UNSUPPORTED.search(key):
+        raise InputError(
+            f"scheme {name!r}: ditq implements {', '.join(SCHEMES)}; other formats and widths are not supported"
         )
     if key in _AMBIGUOUS:
         raise InputError(f"scheme {name!r} fits more than one scheme: {_AMBIGUOUS[key]}; choose one")

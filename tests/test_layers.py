@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("quantize", ("ditq.quantization",)),
     ("serve", ("ditq.serve",)),
     ("probe", ("ditq.probe",)),
+    ("calibration", ("ditq.calibration",)),  # the fixtures' requests through the source model, for GPTQ
     ("judge", ("ditq.judge",)),
     ("report", ("ditq.report",)),
     ("plan", ("ditq.plan",)),

@@ -12,7 +12,7 @@ from ditq.checkpoint.codecs import scheme_of_config
 from ditq.checkpoint.layout import quantization_config_of
 from ditq.checkpoint.qconfig import quantization_config, with_quantization_config
 from ditq.errors import InputError
-from ditq.schemes import FP8, SCHEMES, W8A8, W8A16, get_scheme, normalize_quant_method
+from ditq.schemes import FP8, SCHEMES, W4A8, W4A16, W8A8, W8A16, get_scheme, normalize_quant_method
 
 ALIASES = {
     "int8wo": "w8a16",
@@ -23,8 +23,12 @@ ALIASES = {
     "W8A8": "w8a8",
     "fp8-dynamic": "fp8",
     "FP8": "fp8",
+    "int4-weight-only": "w4a16",
+    "W4A16": "w4a16",
+    "w4afp8": "w4a8",
+    "W4A8": "w4a8",
 }
-ALL_SCHEMES = [W8A16, W8A16.with_group_size(16), W8A8, FP8]
+ALL_SCHEMES = [W8A16, W8A16.with_group_size(16), W8A8, FP8, W4A16, W4A16.with_group_size(None), W4A8]
 # Keys that readers before compressed-tensors 0.20 reject.
 FORBIDDEN_KEYS = {"scale_dtype", "zp_dtype"}
 
@@ -46,7 +50,8 @@ def test_both_method_spellings_resolve(spelling: str) -> None:
 
 def test_group_size_only_for_weight_only() -> None:
     assert get_scheme("w8a16", group_size=128).group_size == 128
-    with pytest.raises(InputError, match="w8a16 only"):
+    assert get_scheme("w4a8", group_size=64).group_size == 64
+    with pytest.raises(InputError, match="w8a16 and the 4-bit schemes only"):
         get_scheme("w8a8", group_size=128)
     with pytest.raises(InputError, match="positive"):
         get_scheme("w8a16", group_size=0)
@@ -78,7 +83,7 @@ def test_config_validates_with_compressed_tensors(scheme) -> None:  # type: igno
     assert parsed.format == scheme.format
     assert parsed.ignore == ["img_in", "proj_out"]
     assert group.targets == ["Linear"]
-    assert group.weights.num_bits == 8 and group.weights.symmetric
+    assert group.weights.num_bits == scheme.num_bits and group.weights.symmetric
     assert group.weights.type == scheme.weight_type
     assert group.weights.strategy == scheme.weight_strategy
     assert group.weights.group_size == scheme.group_size
@@ -105,9 +110,29 @@ def test_config_forms_read_back(form: str) -> None:
 def test_scheme_of_config_rejects_other_formats() -> None:
     plain = quantization_config(W8A8, [])
     plain["format"] = "nvfp4-pack-quantized"
-    with pytest.raises(InputError, match="'nvfp4-pack-quantized' is not one of ditq's 8-bit formats"):
+    with pytest.raises(InputError, match="'nvfp4-pack-quantized' is not one of ditq's formats"):
         scheme_of_config(plain, "transformer/config.json")
 
 
 def test_every_scheme_is_listed_once() -> None:
-    assert sorted(SCHEMES) == ["fp8", "w8a16", "w8a8"]
+    assert sorted(SCHEMES) == ["fp8", "w4a16", "w4a8", "w8a16", "w8a8"]
+
+
+def test_four_bit_names() -> None:
+    """4-bit schemes by name; ambiguous and calibration names say what to write instead; other widths refused."""
+    assert (W4A16.num_bits, W4A16.group_size, W4A8.activations) == (4, 128, "fp8")
+    with pytest.raises(InputError, match=r"w4a16 .* or w4a8"):
+        get_scheme("int4")
+    with pytest.raises(
+        InputError, match="calibration, not a format: use --scheme w4a16 or w4a8 with --calibrate gptq"
+    ):
+        get_scheme("gptq-int4")
+    for name in ("nvfp4", "nf4", "w4a4", "int2"):
+        with pytest.raises(InputError, match="other formats and widths are not supported"):
+            get_scheme(name)
+
+
+def test_fitted_falls_back_to_per_channel_where_groups_do_not_divide() -> None:
+    assert W4A16.fitted(256) == W4A16 and W4A16.fitted(96).group_size is None
+    assert W8A16.with_group_size(64).fitted(96).group_size == 64  # 8-bit groups: the layer is kept instead
+    assert W4A16.guarded_group_size is None and W8A16.with_group_size(64).guarded_group_size == 64

@@ -6,6 +6,7 @@ As compressed-tensors' ``BaseCompressor`` registry gives each format one class (
 
 | format          | scheme | tensors (``<prefix>.`` + name), in file order                                       |
 | pack-quantized  | w8a16  | weight_packed int32 (out, ceil(in/4)), weight_scale f32 (out, 1 or in/g), weight_shape int64 (2,) |
+| pack-quantized  | w4a16, w4a8 | weight_packed int32 (out, ceil(in/8)), weight_scale f32 (out, 1 or in/g), weight_shape int64 (2,) |
 | int-quantized   | w8a8   | weight int8 (out, in), weight_scale f32 (out, 1)                                     |
 | float-quantized | fp8    | weight float8_e4m3fn (out, in), weight_scale f32 (out, 1)                            |
 
@@ -25,8 +26,8 @@ import torch
 
 from ditq.checkpoint.patterns import check_entries
 from ditq.errors import InputError
-from ditq.numerics import dequantize_weight, pack_int8_to_int32, unpack_int32_to_int8
-from ditq.schemes import FP8, SCHEMES, W8A8, W8A16, ActivationKind, Scheme, normalize_quant_method
+from ditq.numerics import dequantize_weight, pack_int_to_int32, unpack_int32_to_int
+from ditq.schemes import FP8, SCHEMES, W4A16, W8A8, W8A16, ActivationKind, Scheme, normalize_quant_method
 
 __all__ = [
     "CODECS",
@@ -68,6 +69,13 @@ class Codec(ABC):
     format: ClassVar[str]  # compressed-tensors' name for the format
     scheme: ClassVar[Scheme]  # the ditq preset stored this way (per output channel)
     weight_name: ClassVar[str]  # the tensor that holds the quantized weight values
+    num_bits: ClassVar[int] = 8  # the stored values' width
+
+    def with_bits(self, num_bits: int) -> Codec:
+        """This format's codec for ``num_bits``-wide values (a format that stores one width refuses others)."""
+        if num_bits != self.num_bits:
+            raise InputError(f"{self.format} stores {self.num_bits}-bit weights, not {num_bits}-bit")
+        return self
 
     @abstractmethod
     def specs(
@@ -165,33 +173,41 @@ def register_codec(cls: type[Codec]) -> type[Codec]:
 
 
 def codec_for(scheme: Scheme) -> Codec:
-    """The codec of the format ``scheme`` is stored in."""
-    return CODECS[scheme.format]
+    """The codec of the format ``scheme`` is stored in, for the scheme's width."""
+    return CODECS[scheme.format].with_bits(scheme.num_bits)
 
 
 @register_codec
 class PackQuantizedCodec(Codec):
-    """w8a16: int8 values biased to bytes, four to an int32 (compressed-tensors' 8-bit packing), plus the shape."""
+    """w8a16: int8 values biased to bytes, four to an int32 (compressed-tensors' 8-bit packing), plus the shape.
+    Its 4-bit sibling (``with_bits(4)``) packs eight values to an int32 the same way."""
 
     format = "pack-quantized"
     scheme = W8A16
     weight_name = "weight_packed"
 
+    def with_bits(self, num_bits: int) -> Codec:
+        codec = PACKED_BY_BITS.get(num_bits)
+        if codec is None:
+            raise InputError(f"{self.format}: ditq reads 4- and 8-bit packed weights, not {num_bits}-bit")
+        return codec
+
     def specs(
         self, out_features: int, in_features: int, group_size: int | None = None
     ) -> dict[str, StoredSpec]:
         columns = 1 if group_size is None else in_features // group_size
+        per_word = 32 // self.num_bits
         return {
-            "weight_packed": (torch.int32, (out_features, (in_features + 3) // 4)),
+            "weight_packed": (torch.int32, (out_features, (in_features + per_word - 1) // per_word)),
             SCALE: (torch.float32, (out_features, columns)),
             "weight_shape": (torch.int64, (2,)),
         }
 
     def encode_values(self, q: torch.Tensor) -> torch.Tensor:
-        return pack_int8_to_int32(q)
+        return pack_int_to_int32(q, self.num_bits)
 
     def decode_values(self, stored_weight: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-        return unpack_int32_to_int8(stored_weight, shape)
+        return unpack_int32_to_int(stored_weight, shape, self.num_bits)
 
     def trailer(self, out_features: int, in_features: int) -> dict[str, torch.Tensor]:
         return {"weight_shape": torch.tensor([out_features, in_features], dtype=torch.int64)}
@@ -209,9 +225,18 @@ class PackQuantizedCodec(Codec):
         return f"{prefix}.weight_packed" in dtypes
 
     def scheme_for(self, in_features: int, scale_columns: int) -> Scheme:
-        if scale_columns <= 1:
-            return self.scheme
-        return self.scheme.with_group_size(in_features // scale_columns)
+        return self.scheme.with_group_size(None if scale_columns <= 1 else in_features // scale_columns)
+
+
+class Pack4QuantizedCodec(PackQuantizedCodec):
+    """w4a16 and w4a8: int4 values biased by 8 to nibbles, eight to an int32 (compressed-tensors' 4-bit packing).
+    Not registered on its own: it shares the format's name, and the config's ``num_bits`` picks it."""
+
+    scheme = W4A16
+    num_bits = 4
+
+
+PACKED_BY_BITS: dict[int, PackQuantizedCodec] = {8: CODECS["pack-quantized"], 4: Pack4QuantizedCodec()}  # type: ignore[dict-item]
 
 
 class _UnpackedCodec(Codec):
@@ -312,19 +337,29 @@ class ConfigGroup:
     activations: ActivationKind | None
     group_size: int | None
     scheme: Scheme | None
+    num_bits: int = 8
 
 
 def _refuse(where: str, group: str, feature: str) -> InputError:
     return InputError(f"{where}: config group {group!r} asks for {feature}, which ditq does not implement")
 
 
-def _weight_args(weights: Any, where: str, group: str) -> tuple[str, int | None]:
-    """(type, group size) of a group's ``weights``; anything besides 8-bit symmetric static per-channel or
-    per-group scales is refused by name."""
+def _weight_args(weights: Any, where: str, group: str) -> tuple[str, int | None, int]:
+    """(type, group size, bits) of a group's ``weights``; anything besides 8-bit (or 4-bit int) symmetric static
+    per-channel or per-group scales is refused by name."""
     if not isinstance(weights, dict):
         raise InputError(f"{where}: config group {group!r} has no weights")
-    if weights.get("num_bits") != 8:
-        raise _refuse(where, group, f"{weights.get('num_bits')}-bit weights (ditq reads 8-bit weights)")
+    num_bits = weights.get("num_bits")
+    if (
+        num_bits not in (4, 8)
+        or isinstance(num_bits, bool)
+        or (num_bits == 4 and weights.get("type") != "int")
+    ):
+        raise _refuse(
+            where,
+            group,
+            f"{num_bits}-bit {weights.get('type')} weights (ditq reads 8-bit and 4-bit int weights)",
+        )
     if not weights.get("symmetric", True):
         raise _refuse(where, group, "weight zero points (asymmetric weights)")
     if weights.get("dynamic"):
@@ -337,14 +372,14 @@ def _weight_args(weights: Any, where: str, group: str) -> tuple[str, int | None]
     if weights.get("type") not in ("int", "float"):
         raise _refuse(where, group, f"{weights.get('type')} weights")
     if strategy == "channel":
-        return str(weights["type"]), None
+        return str(weights["type"]), None, num_bits
     group_size = weights.get("group_size")
     if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
         raise InputError(
             f"{where}: config group {group!r}: group-strategy weights need a group_size that is a positive "
             f"integer, got {group_size!r}"
         )
-    return str(weights["type"]), group_size
+    return str(weights["type"]), group_size, num_bits
 
 
 def _activation_kind(activations: Any, where: str, group: str) -> ActivationKind | None:
@@ -371,11 +406,13 @@ def _activation_kind(activations: Any, where: str, group: str) -> ActivationKind
     return kind  # type: ignore[return-value]
 
 
-def _preset(weight_type: str, activations: ActivationKind | None, where: str, group: str) -> Scheme:
+def _preset(
+    weight_type: str, activations: ActivationKind | None, where: str, group: str, num_bits: int = 8
+) -> Scheme:
     for scheme in SCHEMES.values():
-        if (scheme.weight_type, scheme.activations) == (weight_type, activations):
+        if (scheme.weight_type, scheme.activations, scheme.num_bits) == (weight_type, activations, num_bits):
             return scheme
-    wanted = f"{weight_type} weights with {activations or 'unquantized'} activations"
+    wanted = f"{num_bits}-bit {weight_type} weights with {activations or 'unquantized'} activations"
     raise _refuse(where, group, wanted)
 
 
@@ -383,17 +420,22 @@ def scheme_in_format(preset: Scheme, fmt: str, group_size: int | None, where: st
     """``preset`` stored in format ``fmt`` (e.g. int8 weight-only stored unpacked as int-quantized)."""
     codec = CODECS.get(fmt)
     if codec is None:
-        raise InputError(f"{where}: format {fmt!r} is not one of ditq's 8-bit formats ({', '.join(CODECS)})")
+        raise InputError(f"{where}: format {fmt!r} is not one of ditq's formats ({', '.join(CODECS)})")
     if codec.scheme.weight_type != preset.weight_type:
         raise InputError(
             f"{where}: config group {group!r}: {fmt} stores {codec.scheme.weight_type} weights, "
             f"the group's weights are {preset.weight_type}"
         )
-    if group_size is not None and (
-        preset.activations is not None or not isinstance(codec, PackQuantizedCodec)
-    ):
+    if preset.num_bits != codec.num_bits and not isinstance(codec, PackQuantizedCodec):
         raise _refuse(
-            where, group, f"group-wise weight scales in {fmt} (ditq reads them in weight-only pack-quantized)"
+            where, group, f"{preset.num_bits}-bit weights in {fmt} (ditq reads them pack-quantized)"
+        )
+    groups_allowed = preset.activations is None or preset.num_bits == 4
+    if group_size is not None and (not groups_allowed or not isinstance(codec, PackQuantizedCodec)):
+        raise _refuse(
+            where,
+            group,
+            f"group-wise weight scales in {fmt} (ditq reads them pack-quantized, with 8-bit weights weight-only)",
         )
     return replace(preset.with_group_size(group_size), format=codec.format)  # type: ignore[arg-type]
 
@@ -419,9 +461,9 @@ def config_groups(plain: dict[str, Any], where: str) -> list[ConfigGroup]:
         if twin is not None:  # a conflicting one fails its layers' checks; an identical one is refused here
             raise InputError(f"{where}: config group {name!r} repeats config group {twin!r}: give each once")
         seen[name] = group
-        weight_type, group_size = _weight_args(group.get("weights"), where, name)
+        weight_type, group_size, num_bits = _weight_args(group.get("weights"), where, name)
         activations = _activation_kind(group.get("input_activations"), where, name)
-        preset = _preset(weight_type, activations, where, name)
+        preset = _preset(weight_type, activations, where, name, num_bits)
         fmt = group.get("format") or plain.get("format")
         if fmt is not None and not isinstance(fmt, str):
             raise InputError(f"{where}: config group {name!r}: format {fmt!r} is not a string")
@@ -431,7 +473,7 @@ def config_groups(plain: dict[str, Any], where: str) -> list[ConfigGroup]:
             else scheme_in_format(preset, fmt, group_size, where, name)
         )
         targets = check_entries(group.get("targets"), f"{where}: config group {name!r}: targets")
-        out.append(ConfigGroup(name, targets, weight_type, activations, group_size, scheme))
+        out.append(ConfigGroup(name, targets, weight_type, activations, group_size, scheme, num_bits))
     return out
 
 
@@ -448,7 +490,7 @@ def layer_scheme(
 ) -> Scheme:
     """The scheme of one stored Linear: its config group's, cross-checked against what the tensors hold
     (``stored``: the codec the tensor names and dtypes match; ``scale_columns``: weight_scale's columns)."""
-    preset = _preset(group.weight_type, group.activations, where, group.name)
+    preset = _preset(group.weight_type, group.activations, where, group.name, group.num_bits)
     scheme = group.scheme or scheme_in_format(preset, stored.format, group.group_size, where, group.name)
     if scheme.format != stored.format:
         raise InputError(

@@ -57,7 +57,7 @@ def resolve_config_form(name: str) -> ConfigForm:
 
 def _weight_args(scheme: Scheme) -> dict[str, Any]:
     args: dict[str, Any] = {
-        "num_bits": 8,
+        "num_bits": scheme.num_bits,
         "type": scheme.weight_type,
         "symmetric": True,
         "strategy": scheme.weight_strategy,

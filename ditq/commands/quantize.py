@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ditq.checkpoint.qconfig import CONFIG_FORMS
-from ditq.devices import add_device_arguments
-from ditq.quantization.defaults import AUTO_MIN_SHARE, DEFAULTS
+from ditq.devices import add_device_arguments, parse_memory_size
+from ditq.errors import InputError
+from ditq.quantization.defaults import AUTO_MIN_SHARE, CALIBRATIONS, DEFAULTS
 from ditq.quantization.links import COPY_MAX_BYTES
 from ditq.schemes import SCHEMES
+
+if TYPE_CHECKING:
+    from ditq.quantization.quantizer import QuantizeResult
 
 __all__ = ["add_arguments", "run"]
 
@@ -95,30 +100,109 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
     add_device_arguments(parser, DEFAULTS["device"], "where to encode the weights")
+    calibration = parser.add_argument_group("calibrated rounding (int weights: w4a16, w4a8, w8a16, w8a8)")
+    calibration.add_argument(
+        "--calibrate",
+        choices=CALIBRATIONS,
+        default="rtn",
+        help="rtn: round to nearest (default, no data); gptq: GPTQ's error feedback from each Linear's input "
+        "Hessian, gathered by running the fixtures' requests through the source model on --device",
+    )
+    calibration.add_argument(
+        "--fixtures",
+        type=Path,
+        help="--calibrate gptq: fixtures JSON (default for the bundled demo model: its own)",
+    )
+    calibration.add_argument(
+        "--refs", type=Path, help="--calibrate gptq: reference image folder (demo: its own)"
+    )
+    calibration.add_argument(
+        "--calibration-seeds",
+        type=_seeds,
+        default=(0, 1),
+        metavar="S[,S...]",
+        help="--calibrate gptq: the seeds each fixture is run at (default 0,1: not the probe's 2301-2304)",
+    )
+    calibration.add_argument(
+        "--calibration-steps",
+        type=int,
+        default=8,
+        help="--calibrate gptq: denoising steps a request (default 8)",
+    )
+    calibration.add_argument(
+        "--calibration-memory",
+        type=parse_memory_size,
+        default=4 * 2**30,
+        metavar="SIZE",
+        help="--calibrate gptq: the input Hessians held at once (default 4GiB); more layers than fit are "
+        "calibrated in further passes over the requests",
+    )
     parser.add_argument("--json", action="store_true", help="print the manifest's statistics as JSON")
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in _comma_list(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+
+
+def _calibrated(args: argparse.Namespace) -> QuantizeResult:
+    """--calibrate gptq: the options the in-memory path takes, the rest refused by name."""
+    from ditq import demo
+    from ditq.calibration import CalibrationOptions, calibrate_and_save
+    from ditq.runtime.options import LoadOptions
+
+    given = [flag for flag, value in (("--plan", args.plan), ("--components", args.components),
+             ("--ignore", args.ignore), ("--group-size", args.group_size), ("--variant", args.variant),
+             ("--link", args.link), ("--copy", args.copy), ("--follow-links", args.follow_links),
+             ("--keep-unused", args.keep_unused),
+             ("--config-form", args.config_form != DEFAULTS["config_form"])) if value]  # fmt: skip
+    if given:
+        raise InputError(f"--calibrate gptq: {given[0]} is not supported with calibration (components: auto)")
+    bundled = Path(args.source).resolve() == demo.default_model_dir().resolve()
+    if (args.fixtures is None or args.refs is None) and not bundled:
+        raise InputError(
+            "--calibrate gptq: --fixtures and --refs are needed for a model other than the demo model"
+        )
+    options = CalibrationOptions(
+        fixtures=args.fixtures or demo.fixtures_path(),
+        refs=args.refs or demo.references_dir(),
+        seeds=args.calibration_seeds,
+        steps=args.calibration_steps,
+        memory_bytes=args.calibration_memory,
+        load=LoadOptions(device=args.device),
+    )
+    scheme = args.scheme or DEFAULTS["scheme"]
+    return calibrate_and_save(
+        args.source, args.output, scheme, options, targets=args.targets, force=args.force
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from ditq.quantization.quantizer import quantize
 
-    result = quantize(
-        args.source,
-        args.output,
-        args.scheme,
-        components=args.components,
-        plan=args.plan,
-        targets=args.targets,
-        ignore=args.ignore,
-        group_size=args.group_size,
-        config_form=args.config_form,
-        variant=args.variant,
-        copy=args.copy,
-        link=args.link,
-        follow_links=args.follow_links,
-        force=args.force,
-        device=args.device,
-        keep_unused=args.keep_unused,
-    )
+    if args.calibrate == "gptq":
+        result = _calibrated(args)
+    else:
+        result = quantize(
+            args.source,
+            args.output,
+            args.scheme,
+            components=args.components,
+            plan=args.plan,
+            targets=args.targets,
+            ignore=args.ignore,
+            group_size=args.group_size,
+            config_form=args.config_form,
+            variant=args.variant,
+            copy=args.copy,
+            link=args.link,
+            follow_links=args.follow_links,
+            force=args.force,
+            device=args.device,
+            keep_unused=args.keep_unused,
+        )
     stats = result.manifest["statistics"]
     if args.json:
         print(json.dumps({"artifact": str(result.path), "statistics": stats}, indent=1))

@@ -18,6 +18,7 @@ from ditq.commands import (
 from ditq.commands.probe import add_api_key_argument
 from ditq.commands.report import add_objective_argument, print_summary
 from ditq.devices import DTYPE_CHOICES, parse_offload, resolve_device
+from ditq.quantization.defaults import CALIBRATIONS
 
 if TYPE_CHECKING:
     from ditq.report import ReportResult
@@ -102,7 +103,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--schemes",
         default="w8a16,w8a8,fp8",
         help="comma list; fp8-fast is fp8's candidate served with --accumulate fast, judged beside fp8 (exact) "
-        "in the same sweep and serving fp8's artifact (default: %(default)s)",
+        "in the same sweep and serving fp8's artifact; SCHEME-gptq (w4a16, w4a8, w8a16, w8a8) is the scheme "
+        "quantized with --calibrate gptq on the sweep's fixtures (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--calibrate",
+        choices=CALIBRATIONS,
+        default="rtn",
+        help="gptq: every int-weight scheme of --schemes is its SCHEME-gptq candidate (fp8 rounds to nearest)",
     )
     parser.add_argument("--fixtures", type=Path, required=True, help="fixtures JSON")
     parser.add_argument("--refs", type=Path, required=True, help="directory of reference images, REF.png")
@@ -170,7 +178,9 @@ def run(args: argparse.Namespace) -> int:
     from ditq.sweep.options import candidate_name
 
     check_seeds(args.seeds, args.max_seeds)  # before the model is looked for (on the hub, say)
-    schemes = tuple(dict.fromkeys(candidate_name(s) for s in args.schemes.split(",") if s.strip()))
+    schemes = tuple(
+        dict.fromkeys(candidate_name(s, args.calibrate) for s in args.schemes.split(",") if s.strip())
+    )
     options = SweepOptions(
         model=resolve_model(args.model, args.variant),
         schemes=schemes,

@@ -1,7 +1,9 @@
 """CPU reference paths: exactly the stored math, in float32 (what CI runs, and what the doctor trusts).
 
-w8a16: y = x @ dequant(q, s)^T + b
-w8a8 / fp8: (x_q, s_x) = quantize_activation_per_token(x); y = (x_q * s_x) @ (q * s_w)^T + b
+w8a16, w4a16: y = x @ dequant(q, s)^T + b
+w8a8 / fp8 / w4a8: (x_q, s_x) = quantize_activation_per_token(x); y = (x_q * s_x) @ (q * s_w)^T + b
+(w4a8's activations are fp8; its weights' groups are dequantized before the GEMM, which in float32 is the same
+sum as scaling each group's partial sum.)
 All arithmetic in float32, cast to x.dtype at the end. Each is a torch custom
 op (``ditq::*_reference``) so torch.compile traces a model through it.
 """
@@ -13,7 +15,7 @@ import torch
 from ditq.checkpoint.codecs import codec_for
 from ditq.kernels.registry import Prepared, PrepareFn, StoredWeight, register_kernel
 from ditq.numerics import dequantize_weight, quantize_activation_per_token
-from ditq.schemes import FP8, W8A8, W8A16, Scheme
+from ditq.schemes import FP8, W4A8, W4A16, W8A8, W8A16, Scheme
 
 __all__ = ["reference_float32"]
 
@@ -110,4 +112,20 @@ def matmul_w8a8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) 
 )
 def matmul_fp8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """Reference: per-token fp8 activation quantization, dequantized float32 GEMM."""
+    return fp8_reference(x, prepared["weight"], prepared["weight_scale"], bias)
+
+
+@register_kernel(
+    name="cpu-reference-w4a16", scheme=W4A16, device_type="cpu", prepare=_prepare_for(W4A16), priority=0
+)
+def matmul_w4a16(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """Reference: dequantize (unpacked int4 x group scale) in float32, float32 GEMM."""
+    return w8a16_reference(x, prepared["weight"], prepared["weight_scale"], bias)
+
+
+@register_kernel(
+    name="cpu-reference-w4a8", scheme=W4A8, device_type="cpu", prepare=_prepare_for(W4A8), priority=0
+)
+def matmul_w4a8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """Reference: per-token fp8 activation quantization, dequantized (int4 x group scale) float32 GEMM."""
     return fp8_reference(x, prepared["weight"], prepared["weight_scale"], bias)

@@ -30,6 +30,7 @@ from ditq.checkpoint.codecs import SCALE
 from ditq.checkpoint.layout import MODEL_INDEX
 from ditq.devices import resolve_device
 from ditq.errors import DitqError, InputError
+from ditq.quantization.calibrated import Calibration, calibrated_layers
 from ditq.quantization.plan_apply import apply_plan
 from ditq.quantization.plan_file import PlanFile, read_plan
 from ditq.quantization.quantizer import DEFAULTS, QuantizeResult, auto_components
@@ -115,7 +116,13 @@ def quantized_linear(
             return quantized_linear(linear, scheme, device, own)
     weight = linear.weight.detach()
     device = device if device is not None else weight.device
-    stored = encode_weight(weight, scheme, device, DEFAULTS["band_bytes"], pool)
+    return _held(linear, encode_weight(weight, scheme, device, DEFAULTS["band_bytes"], pool), scheme, device)
+
+
+def _held(
+    linear: torch.nn.Linear, stored: StoredLayer, scheme: Scheme, device: torch.device
+) -> tuple[QuantizedLinear, float]:
+    """(the runtime's QuantizedLinear holding ``stored`` and ``linear``'s bias on ``device``, its error)."""
     bias = None if linear.bias is None else linear.bias.detach().to(device)
     tensors = {n: t.to(device) for n, t in stored.tensors.items()}
     return linear_from_stored(tensors, scheme, bias), stored.rel_l2
@@ -130,26 +137,31 @@ def _quantize_module(
     targets: list[str],
     device: torch.device | None,
     chooser: KernelChooser | None,
+    calibration: Calibration | None = None,
 ) -> tuple[dict[str, float], torch.device]:
     if quantized_linears(module):
         raise InputError(f"{component}: already quantized (holds QuantizedLinear layers)")
     shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
-    group_size = None if scheme is None else scheme.group_size
+    group_size = None if scheme is None else scheme.guarded_group_size
     rule = plan_targets(module, component, shapes, targets, (), MIN_FEATURES, group_size)
     if plan is None:
         assert scheme is not None
-        schemes = dict.fromkeys(rule.targets, scheme)
+        schemes = {prefix: scheme.fitted(layer.in_features) for prefix, layer in rule.targets.items()}
     else:
         schemes = apply_plan(rule, plan, where)[1]
     first = _linear(module, next(iter(schemes))).weight
     run_device = device if device is not None else first.device
     errors: dict[str, float] = {}
     layers: dict[str, QuantizedLinear] = {}
+    # calibrated: every layer rounded before any is swapped (the requests run the source layers)
+    calibrated = calibrated_layers(module, schemes, calibration) if calibration else {}
     with band_workers() as pool:
         for prefix, layer_scheme in schemes.items():
-            layers[prefix], errors[prefix] = quantized_linear(
-                _linear(module, prefix), layer_scheme, run_device, pool
-            )
+            linear = _linear(module, prefix)
+            if prefix in calibrated:
+                layers[prefix], errors[prefix] = _held(linear, calibrated[prefix], layer_scheme, run_device)
+            else:
+                layers[prefix], errors[prefix] = quantized_linear(linear, layer_scheme, run_device, pool)
             if not torch.isfinite(
                 layers[prefix].stored_tensors()[SCALE]
             ).all():  # as the quantizer refuses it from a file
@@ -213,6 +225,7 @@ def quantize_(
     targets: str | list[str] | None = None,
     device: str | torch.device | None = None,
     chooser: KernelChooser | None = None,
+    calibration: Calibration | None = None,
 ) -> None:
     """Quantize in place: every target Linear of a module, or of each component of a pipeline that
     ``ditq quantize --components auto`` would quantize (asked of the directory it was loaded from), becomes the
@@ -223,7 +236,9 @@ def quantize_(
     regexes (they replace the block rule; not with a plan). ``device``: where the weights are quantized and the
     quantized modules are placed (None: where each weight is). ``chooser`` decides each geometry's kernel path
     (the doctor's verified choice; None: the registry's first candidate), as ``load_pipeline``'s does. Each
-    quantized module keeps how it was quantized, so that ``save`` can write the artifact.
+    quantized module keeps how it was quantized, so that ``save`` can write the artifact. ``calibration``: GPTQ
+    rounding from the Hessians its requests give each target (``calibrated``; int weights only), else round to
+    nearest.
     """
     scheme, plan, plan_path = _scheme_or_plan(scheme_or_plan)
     patterns = [targets] if isinstance(targets, str) else list(targets or [])
@@ -233,8 +248,12 @@ def quantize_(
     where = str(plan_path) if plan_path is not None else "plan"
     chosen, auto = _chosen(module_or_pipeline, plan)
     for name, module in chosen.items():
-        errors, on = _quantize_module(module, name, scheme, plan, where, patterns, run_device, chooser)
+        errors, on = _quantize_module(
+            module, name, scheme, plan, where, patterns, run_device, chooser, calibration
+        )
         options = _options(scheme, plan_path, plan, patterns) | {"device": on.type}
+        if calibration is not None:
+            options["calibration"] = calibration.manifest()
         setattr(module, RECORD, InMemoryQuantization(name, options, auto, errors))
 
 

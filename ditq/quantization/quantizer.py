@@ -154,8 +154,10 @@ class _Plan:
 def _layout(rule: TargetPlan, scheme: Scheme | None, plan: _Plan | None) -> _Layout:
     if plan is None:
         assert scheme is not None
-        schemes = dict.fromkeys(rule.targets, scheme)
-        return _Layout(rule, schemes, quantization_config(scheme, list(rule.ignored)))
+        schemes = {prefix: scheme.fitted(layer.in_features) for prefix, layer in rule.targets.items()}
+        if len(set(schemes.values())) > 1:  # 4-bit groups and per-channel fall-backs side by side
+            return _Layout(rule, schemes, mixed_quantization_config(schemes, list(rule.ignored)))
+        return _Layout(rule, schemes, quantization_config(next(iter(schemes.values())), list(rule.ignored)))
     targets, schemes = apply_plan(rule, plan.plan, plan.where)
     return _Layout(targets, schemes, mixed_quantization_config(schemes, list(targets.ignored)))
 
@@ -180,7 +182,7 @@ def _plan_component(
     entries = {name: entry for name, (_, entry) in read_component_headers(component_dir, variant).items()}
     shapes = {name: entry.shape for name, entry in entries.items()}
     model = build_meta_model(component_dir, library, class_name, entries)
-    group_size = None if scheme is None else scheme.group_size
+    group_size = None if scheme is None else scheme.guarded_group_size
     rule = plan_targets(model, component, shapes, targets, ignore, MIN_FEATURES, group_size)
     return _layout(rule, scheme, plan)
 
@@ -523,6 +525,7 @@ def quantize(
     keep_unused: bool = False,
     local_files_only: bool = False,
     stored: Mapping[str, Mapping[str, StoredLayer]] | None = None,
+    calibration: Mapping[str, Any] | None = None,
 ) -> QuantizeResult:
     """Quantize ``components`` of the diffusers directory ``source`` (or hub id ``org/name[@revision]``,
     ``ditq.checkpoint.hub.resolve_source``; ``local_files_only`` or ``HF_HUB_OFFLINE``: the cache only) into the
@@ -544,7 +547,9 @@ def quantize(
     the loader neither loads nor runs them; ``keep_unused`` declares none.
     ``stored`` (component -> target -> ``StoredLayer``) holds layers already quantized in memory
     (``ditq.quantize_``, written by ``ditq.save``): they must be exactly the targets, in the schemes, derived here
-    from the source, and are written as they are instead of being quantized again.
+    from the source, and are written as they are instead of being quantized again; ``calibration`` is how they
+    were rounded (``calibrated.Calibration.manifest``: GPTQ and its requests), recorded as the manifest's
+    ``options.calibration`` (round to nearest, ``{"method": "rtn"}``, where none is given).
     """
     if copy and link:
         raise InputError("--link and --copy are mutually exclusive")
@@ -610,7 +615,12 @@ def quantize(
         "copy_max_bytes": copy_max_bytes,
         "follow_links": follow_links,
         "device": torch_device.type,
+        "calibration": dict(calibration) if calibration is not None else {"method": "rtn"},
     }
+    if calibration is not None and stored is None:
+        raise InputError(
+            "calibration: calibrated layers come from memory (ditq.quantize_ with a calibration)"
+        )
     if checked is not None:
         options["plan"] = checked.path
     with exclusive_lock(output, "ditq quantize"):

@@ -28,7 +28,7 @@ import ditq.kernels  # noqa: F401 - importing the package registers every kernel
 from ditq.checkpoint.codecs import SCALE, Codec, codec_for
 from ditq.errors import DitqError, InputError
 from ditq.kernels.registry import KernelPath, Prepared, candidate_paths
-from ditq.schemes import FP8, W8A8, W8A16, Scheme
+from ditq.schemes import FP8, W4A8, W4A16, W8A8, W8A16, Scheme
 
 __all__ = [
     "FP8Linear",
@@ -275,7 +275,22 @@ class FP8Linear(QuantizedLinear):
     scheme = FP8
 
 
-_CLASSES: dict[str, type[QuantizedLinear]] = {c.scheme.name: c for c in (W8A16Linear, W8A8Linear, FP8Linear)}
+class W4A16Linear(QuantizedLinear):
+    """int4 weights (packed eight to an int32), grouped or per-channel scales; activations untouched."""
+
+    scheme = W4A16
+
+
+class W4A8Linear(QuantizedLinear):
+    """int4 weights (packed eight to an int32), grouped or per-channel scales; activations quantized to fp8 per
+    token at run time."""
+
+    scheme = W4A8
+
+
+_CLASSES: dict[str, type[QuantizedLinear]] = {
+    c.scheme.name: c for c in (W8A16Linear, W8A8Linear, FP8Linear, W4A16Linear, W4A8Linear)
+}
 
 
 def quantized_linear_class(scheme_name: str) -> type[QuantizedLinear]:

@@ -27,26 +27,37 @@ PLAN_CANDIDATE = "plan"  # the directory (and candidate name) of --plan's mixed-
 # sweep judges both; only fp8 has fast-accumulating kernel paths (``scaled-mm-fp8-fast``)
 FAST = "-fast"
 FAST_SCHEMES = ("fp8",)
+# ``--schemes w4a8,w4a8-gptq`` (or ``--calibrate gptq``): a scheme's candidate quantized with GPTQ's calibrated
+# rounding on the sweep's fixtures (``ditq quantize --calibrate gptq``) beside the round-to-nearest one; int weights
+GPTQ = "-gptq"
 
 
-def candidate_name(text: str) -> str:
-    """A ``--schemes`` entry as its candidate's name: a scheme (``get_scheme``'s spelling) or ``SCHEME-fast`` for the
-    schemes that accumulate fast; anything else is refused in one line naming it."""
+def candidate_name(text: str, calibrate: str = "rtn") -> str:
+    """A ``--schemes`` entry as its candidate's name: a scheme (``get_scheme``'s spelling), ``SCHEME-fast`` for the
+    schemes that accumulate fast, or ``SCHEME-gptq`` for int-weight schemes rounded by GPTQ (every int-weight
+    scheme's under ``calibrate`` gptq); anything else is refused in one line naming it."""
     text = text.strip()
-    base, fast = (text[: -len(FAST)], True) if text.endswith(FAST) else (text, False)
-    scheme = get_scheme(base).name
-    if fast and scheme not in FAST_SCHEMES:
+    suffix = next((s for s in (FAST, GPTQ) if text.endswith(s)), "")
+    scheme = get_scheme(text.removesuffix(suffix) if suffix else text)
+    if suffix == FAST and scheme.name not in FAST_SCHEMES:
         raise InputError(
-            f"--schemes {text}: fast accumulation is {', '.join(FAST_SCHEMES)}'s only ({scheme} has no "
+            f"--schemes {text}: fast accumulation is {', '.join(FAST_SCHEMES)}'s only ({scheme.name} has no "
             f"fast-accumulating kernel path)",
             field="schemes",
         )
-    return scheme + (FAST if fast else "")
+    if suffix == GPTQ and scheme.weight_type != "int":
+        raise InputError(
+            f"--schemes {text}: GPTQ rounds int weights; {scheme.name}'s are not", field="schemes"
+        )
+    if not suffix and calibrate == "gptq" and scheme.weight_type == "int":
+        suffix = GPTQ
+    return scheme.name + suffix
 
 
 def candidate_scheme(name: str) -> str:
-    """The scheme a uniform candidate quantizes with: ``fp8`` for both ``fp8`` and ``fp8-fast``."""
-    return name.removesuffix(FAST)
+    """The scheme a uniform candidate quantizes with: ``fp8`` for both ``fp8`` and ``fp8-fast``, ``w4a8`` for
+    ``w4a8-gptq``."""
+    return name.removesuffix(FAST).removesuffix(GPTQ)
 
 
 def shared_candidate(options: SweepOptions, name: str) -> str | None:

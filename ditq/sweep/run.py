@@ -23,7 +23,7 @@ from ditq.runfiles import (
 )
 from ditq.sweep import launch
 from ditq.sweep.candidate import Candidate, doctor_summary
-from ditq.sweep.options import SCHEME_STAGES, SweepOptions, candidate_scheme, ditq_argv, seeds_warning
+from ditq.sweep.options import GPTQ, SCHEME_STAGES, SweepOptions, candidate_scheme, ditq_argv, seeds_warning
 from ditq.sweep.seeds import SeedSettling
 
 
@@ -80,6 +80,15 @@ class Sweep(SeedSettling):
             quantize = ditq_argv(
                 "quantize", options.model, c.artifact, "--scheme", candidate_scheme(c.scheme), "--force"
             )
+        if c.scheme.endswith(GPTQ):  # calibrated on the sweep's own fixtures, at seeds the probes do not use
+            quantize += [
+                "--calibrate",
+                "gptq",
+                "--fixtures",
+                str(options.fixtures),
+                "--refs",
+                str(options.refs),
+            ]
         quantize += ["--device", options.load.device]  # the device the servers use encodes fastest
         quantize += ["--variant", options.load.variant] if options.load.variant else []
         chain_ok = self._step(c, "quantize", quantize, [manifest])

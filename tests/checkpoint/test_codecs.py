@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ditq.checkpoint.codecs import (
+    CODECS,
     codec_for,
     config_groups,
     detect_codec,
@@ -20,9 +21,17 @@ from ditq.checkpoint.qconfig import quantization_config
 from ditq.checkpoint.reference import ReferenceDecoder
 from ditq.errors import InputError
 from ditq.numerics import dequantize_weight, quantize_weight
-from ditq.schemes import FP8, W8A8, W8A16, Scheme
+from ditq.schemes import FP8, W4A8, W4A16, W8A8, W8A16, Scheme
 
-SCHEMES = [W8A16, W8A16.with_group_size(32), W8A8, FP8]
+SCHEMES = [
+    W8A16,
+    W8A16.with_group_size(32),
+    W8A8,
+    FP8,
+    W4A16.with_group_size(None),
+    W4A16.with_group_size(32),
+    W4A8.with_group_size(32),
+]
 I32, I64, F32 = torch.int32, torch.int64, torch.float32
 # (out, in) = (48, 128): the tensors per quantized Linear, in file order (DESIGN.md's table).
 LAYOUTS = {
@@ -34,6 +43,18 @@ LAYOUTS = {
     },
     "w8a8": {"weight": (torch.int8, (48, 128)), "weight_scale": (F32, (48, 1))},
     "fp8": {"weight": (torch.float8_e4m3fn, (48, 128)), "weight_scale": (F32, (48, 1))},
+    # 4 bits: eight values to an int32
+    "w4a16": {"weight_packed": (I32, (48, 16)), "weight_scale": (F32, (48, 1)), "weight_shape": (I64, (2,))},
+    "w4a16-g32": {
+        "weight_packed": (I32, (48, 16)),
+        "weight_scale": (F32, (48, 4)),
+        "weight_shape": (I64, (2,)),
+    },
+    "w4a8-g32": {
+        "weight_packed": (I32, (48, 16)),
+        "weight_scale": (F32, (48, 4)),
+        "weight_shape": (I64, (2,)),
+    },
 }
 
 
@@ -64,13 +85,40 @@ def test_layout_encode_read_decode(scheme: Scheme) -> None:
     assert torch.equal(decoded, dequantize_weight(expected_q, expected_scale))
     theirs = ReferenceDecoder(quantization_config(scheme, [])).decode(stored)
     assert decoded.dtype == theirs.dtype and torch.equal(decoded, theirs)
-    assert codec.scheme_for(128, scale.shape[1]) == scheme
+    # w4a8's tensors are w4a16's: only its config's input_activations tell them apart
+    stored_as = W4A16.with_group_size(scheme.group_size) if scheme.name == "w4a8" else scheme
+    assert codec.scheme_for(128, scale.shape[1]) == stored_as
 
 
 def test_packed_width_is_compressed_tensors_ceiling() -> None:
-    """compressed-tensors packs ceil(in * 8 / 32) int32 words per row."""
+    """compressed-tensors packs ceil(in * bits / 32) int32 words per row."""
     assert codec_for(W8A16).specs(4, 36)["weight_packed"] == (I32, (4, 9))
     assert codec_for(W8A16).specs(4, 37)["weight_packed"] == (I32, (4, 10))
+    assert codec_for(W4A16).specs(4, 40)["weight_packed"] == (I32, (4, 5))
+    assert codec_for(W4A16).specs(4, 41)["weight_packed"] == (I32, (4, 6))
+
+
+def test_four_bit_weights_read_with_the_eight_bit_codec_name_the_width() -> None:
+    """A 4-bit layer's packed words are half as many: read as 8-bit, the shape check says so in one line."""
+    stored = _stored(W4A16.with_group_size(32))
+    with pytest.raises(
+        InputError, match=r"'weight_packed' is torch\.int32 \(48, 16\), expected torch\.int32 \(48, 32\)"
+    ):
+        codec_for(W8A16).read(stored)
+
+
+def test_four_bit_config_groups_read_back() -> None:
+    for scheme in (W4A16, W4A8, W4A16.with_group_size(None)):
+        config = quantization_config(scheme, [])
+        assert config["config_groups"]["group_0"]["weights"]["num_bits"] == 4
+        assert scheme_of_config(config, "config.json") == scheme
+
+
+def test_four_bit_float_weights_are_refused() -> None:
+    config = quantization_config(W4A16, [])
+    config["config_groups"]["group_0"]["weights"]["type"] = "float"
+    with pytest.raises(InputError, match="4-bit float weights"):
+        config_groups(config, "config.json")
 
 
 BROKEN = {
@@ -114,7 +162,8 @@ def test_read_names_the_tensor(case: str) -> None:
 @pytest.mark.parametrize("scheme", SCHEMES, ids=_id)
 def test_detected_from_names_and_dtypes(scheme: Scheme) -> None:
     names = {f"blocks.0.to_q.{k}": v.dtype for k, v in _stored(scheme).items()} | {"blocks.0.to_q.bias": F32}
-    assert detect_codec("blocks.0.to_q", names, "file") is codec_for(scheme)
+    # the format's codec: a packed layer's width is its config's num_bits (the names and dtypes are alike)
+    assert detect_codec("blocks.0.to_q", names, "file") is CODECS[scheme.format]
     assert quantized_layers(names) == {"blocks.0.to_q": sorted(_stored(scheme))}
     assert all(is_quantized_tensor(n, dtype) for n, dtype in names.items() if not n.endswith("bias"))
 
@@ -190,7 +239,8 @@ UNSUPPORTED = {
         _set("transform_config", {"config_groups": {"r": {"type": "hadamard"}}}),
         "transform_config",
     ),
-    "4-bit": (_set("config_groups/group_0/weights/num_bits", 4), "4-bit weights"),
+    "4-bit": (_set("config_groups/group_0/weights/num_bits", 4), "4-bit int weights with int8 activations"),
+    "2-bit": (_set("config_groups/group_0/weights/num_bits", 2), "2-bit int weights"),
     "zero points": (_set("config_groups/group_0/weights/symmetric", False), "weight zero points"),
     "per-tensor": (_set("config_groups/group_0/weights/strategy", "tensor"), "tensor-strategy weight scales"),
     "static input": (

@@ -19,9 +19,10 @@ from ditq.numerics import relative_l2
 from ditq.runtime.loader import load_component
 from ditq.runtime.modules import quantized_linears
 
-SCHEMES = ("w8a16", "w8a8", "fp8")
-# A whole tiny CLIP text encoder against its BF16 source (int8 ~2 %, e4m3 ~6 % on these random weights).
-ENCODER_BOUND = {"w8a16": 0.05, "w8a8": 0.05, "fp8": 0.12}
+SCHEMES = ("w8a16", "w8a8", "fp8", "w4a16", "w4a8")
+# A whole tiny CLIP text encoder against its BF16 source (int8 ~2 %, e4m3 ~6 %, int4 per channel ~25 % on these
+# random weights).
+ENCODER_BOUND = {"w8a16": 0.05, "w8a8": 0.05, "fp8": 0.12, "w4a16": 0.4}
 # ditq and transformers run the same stored weights; activations and accumulation order differ.
 SAME_WEIGHTS_BOUND = 0.05
 
@@ -35,7 +36,7 @@ def _ids() -> torch.Tensor:
     return torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("scheme", [s for s in SCHEMES if s != "w4a8"])  # W4AFP8: compressed-tensors' decoder
 def test_transformers_loads_the_default_config(scheme: str, clip_source: Path, tmp_path: Path) -> None:
     from transformers import CLIPTextModel
 
@@ -69,7 +70,10 @@ def flux_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model_dir(tmp_path_factory.mktemp("flux"), "flux")  # norm_q/norm_k hold weights
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
+# w4a8 is left out: convert_checkpoint infers each group's format from its scheme instead of reading the config's,
+# and compressed-tensors 0.20 infers int-quantized (unpacked) for int4 weights with fp8 activations; its
+# pack-quantized decompressor, given the config's format, reads ditq's w4a8 bit for bit (tests/checkpoint/test_codecs.py)
+@pytest.mark.parametrize("scheme", [s for s in SCHEMES if s != "w4a8"])
 def test_convert_checkpoint_dequantizes_an_artifact(scheme: str, flux_source: Path, tmp_path: Path) -> None:
     from compressed_tensors.entrypoints.convert.convert_checkpoint import convert_checkpoint
     from compressed_tensors.entrypoints.convert.converters.ct_dequantizer import CompressedTensorsDequantizer
@@ -92,7 +96,7 @@ def test_convert_checkpoint_dequantizes_an_artifact(scheme: str, flux_source: Pa
         assert torch.equal(theirs.get_submodule(name).weight, layer.codec.decode(layer.stored_tensors()))
     for name in ("single_transformer_blocks.0.attn.norm_k", "transformer_blocks.0.attn.norm_q"):
         assert torch.equal(theirs.get_submodule(name).weight, source.get_submodule(name).weight)
-    if scheme == "w8a16":  # weight-only: the same weights give the same output
+    if scheme in ("w8a16", "w4a16"):  # weight-only: the same weights give the same output
         inputs = example_inputs("flux", theirs)
         with torch.no_grad():
             assert relative_l2(ours(**inputs)[0], theirs(**inputs)[0]) < 1e-5

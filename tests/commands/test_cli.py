@@ -71,7 +71,10 @@ USAGE_ERRORS = [
     (["quantize", "{tmp}", "{out}"], "not a diffusers model directory"),
     (["quantize", "{src}", "{out}", "--components", "vae"], "no component 'vae'"),
     (["quantize", "{src}", "{out}", "--ignore", "("], "not a valid regular expression"),
-    (["quantize", "{src}", "{out}", "--scheme", "w8a8", "--group-size", "128"], "w8a16 only"),
+    (
+        ["quantize", "{src}", "{out}", "--scheme", "w8a8", "--group-size", "128"],
+        "w8a16 and the 4-bit schemes only",
+    ),
     (["verify", "{src}"], "neither a ditq artifact"),
 ]
 

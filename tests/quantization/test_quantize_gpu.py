@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 import ditq
-from ditq.numerics import unpack_int32_to_int8
+from ditq.numerics import unpack_int32_to_int
 
 pytestmark = [
     pytest.mark.gpu,
@@ -41,7 +41,7 @@ def test_cuda_quantize_matches_cpu(model_dir, tmp_path: Path, scheme: str) -> No
         elif name.endswith("weight_packed"):
             shape = tuple(cpu_tensors[name.replace("weight_packed", "weight_shape")].tolist())
             _assert_one_step_apart(
-                unpack_int32_to_int8(actual, shape), unpack_int32_to_int8(expected, shape), name
+                unpack_int32_to_int(actual, shape), unpack_int32_to_int(expected, shape), name
             )
         elif actual.dtype in (torch.int8, torch.float8_e4m3fn):
             _assert_one_step_apart(actual, expected, name)

@@ -480,6 +480,20 @@ def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumul
     assert Candidate(options, "fp8-fast").dirty
 
 
+def test_a_gptq_candidate_is_an_int_weight_schemes_and_calibrate_gptq_names_them_all():
+    from ditq.sweep.options import candidate_name, candidate_scheme
+
+    assert candidate_name("w4a8-gptq") == "w4a8-gptq" and candidate_scheme("w4a8-gptq") == "w4a8"
+    assert [candidate_name(s, "gptq") for s in ("fp8", "w4a8", "w8a16", "fp8-fast")] == [
+        "fp8",
+        "w4a8-gptq",
+        "w8a16-gptq",
+        "fp8-fast",
+    ]
+    with pytest.raises(InputError, match=r"--schemes fp8-gptq: GPTQ rounds int weights; fp8's are not"):
+        candidate_name("fp8-gptq")
+
+
 def test_a_fast_candidate_is_fp8s_only_and_named_in_one_spelling(workspace: Path):
     from ditq.sweep.options import candidate_name, candidate_options, shared_candidate
 

@@ -1,0 +1,109 @@
+"""Calibration (``ditq quantize --calibrate gptq``): the source model opened in source precision, the fixtures'
+requests sent through it to gather each target Linear's input Hessian, every target GPTQ-rounded in memory
+(``ditq.quantization.calibrated``) and the artifact written as ``ditq.save`` writes it.
+
+The requests are the fixtures' own (prompt, references, size) at each calibration seed, with a few denoising
+steps: the Hessians see the text encoder's and the transformer's inputs as serving gives them, at every timestep the
+steps visit. The manifest records them (``options.calibration``: fixture ids, their digest, seeds, steps, request
+count, damping). This stage sits above the fixtures (``ditq.probe``) and below the judge (``tests/test_layers.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ditq.errors import InputError
+from ditq.probe.fixtures import Fixture, fixture_digest, load_fixtures
+from ditq.quantization.calibrated import Calibration
+from ditq.quantization.quantizer import QuantizeResult
+from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
+from ditq.runtime.options import LoadOptions
+
+__all__ = ["CalibrationOptions", "calibrate_and_save", "calibration_for"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """``--calibrate gptq``'s inputs: the requests (fixtures, their references, seeds, steps) and the Hessians'
+    memory; ``load``: how the source model is opened to run them (in its dtype as served: float32 on the CPU,
+    bfloat16 on CUDA unless given; eager, kernels unverified)."""
+
+    fixtures: Path
+    refs: Path
+    seeds: tuple[int, ...] = (
+        0,
+        1,
+    )  # apart from the probe's (2301-2304): the judged images are not the calibrated ones
+    steps: int = 8
+    memory_bytes: int = 4 * 2**30
+    load: LoadOptions = field(default_factory=LoadOptions)
+
+    def __post_init__(self) -> None:
+        if not self.seeds:
+            raise InputError("--calibration-seeds: give at least one seed")
+        if self.steps < 1:
+            raise InputError(f"--calibration-steps must be at least 1, got {self.steps}")
+
+
+def _requests(fixtures: dict[str, Fixture], seeds: tuple[int, ...], steps: int) -> list[GenerationRequest]:
+    from ditq.pictures import open_picture
+
+    return [
+        GenerationRequest(
+            prompt=fixture.prompt,
+            negative_prompt=fixture.negative_prompt,
+            images=[open_picture(path) for path in fixture.reference_paths],
+            width=fixture.width,
+            height=fixture.height,
+            num_inference_steps=steps,
+            seed=seed,
+        )
+        for fixture in fixtures.values()
+        for seed in seeds
+    ]
+
+
+def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Calibration:
+    """The calibration that sends every fixture at every seed through ``adapter`` once per pass."""
+    fixtures = load_fixtures(options.fixtures, options.refs)
+    requests = _requests(fixtures, options.seeds, options.steps)
+
+    def run() -> None:
+        for request in requests:
+            adapter(request)
+
+    record = {
+        "fixtures": sorted(fixtures),
+        "fixtures_digest": fixture_digest(fixtures),
+        "seeds": list(options.seeds),
+        "steps": options.steps,
+        "requests": len(requests),
+    }
+    return Calibration(run=run, record=record, memory_bytes=options.memory_bytes)
+
+
+def calibrate_and_save(
+    source: str | Path,
+    output: str | Path,
+    scheme: str,
+    options: CalibrationOptions,
+    *,
+    targets: list[str] | None = None,
+    force: bool = False,
+) -> QuantizeResult:
+    """``source`` opened as served, its ``--components auto`` components GPTQ-rounded in ``scheme`` on the
+    fixtures' requests, written to ``output`` as ``ditq quantize`` writes an artifact."""
+    from ditq.pipeline.open import open_pipeline
+    from ditq.quantization.in_memory import quantize_, save
+    from ditq.runtime.options import resolve_load_options
+
+    load = resolve_load_options(options.load.replace(skip_doctor=True, compile=None))
+    adapter = open_pipeline(source, load)
+    calibration = calibration_for(adapter, options)
+    log.info("calibrating on %d requests of %d steps", calibration.record["requests"], options.steps)
+    quantize_(adapter.pipeline, scheme, targets=targets, device=load.device, calibration=calibration)
+    return save(adapter.pipeline, output, force=force)

@@ -1,0 +1,119 @@
+"""Calibrated rounding in memory (``--calibrate gptq``): every target Linear's input Hessian gathered from the
+model's own forward passes over calibration requests, then its weight rounded by GPTQ (``gptq.gptq_quantize``)
+and stored exactly as its codec stores any weight.
+
+Hessians are float32 (K, K), one per target; the targets are taken in groups whose Hessians fit
+``Calibration.memory_bytes`` together, and the calibration requests run once per group (a model whose Hessians all
+fit runs them once). Every layer sees the source model's own inputs: the layers before it are still in source
+precision while it is calibrated (nothing is swapped until every layer is quantized), which is GPTQ without the
+sequential re-run through already quantized layers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ditq.checkpoint.codecs import codec_for
+from ditq.errors import InputError
+from ditq.numerics import dequantize_weight, relative_l2
+from ditq.quantization.gptq import gptq_quantize, hessian_hooks
+from ditq.quantization.rewrite import StoredLayer
+from ditq.schemes import Scheme
+
+__all__ = ["Calibration", "calibrated_layers", "hessian_groups"]
+
+log = logging.getLogger(__name__)
+
+HESSIAN_BYTES = 4  # float32
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How to calibrate: ``run`` sends the calibration requests through the model once (the hooks see every
+    target's inputs); ``record`` is what the manifest keeps of them (the requests, their digest, seeds, steps)."""
+
+    run: Callable[[], None]
+    record: dict[str, Any] = field(default_factory=dict)
+    memory_bytes: int = 4 * 2**30  # the Hessians held at once
+    damp: float = 0.01  # GPTQ's damping, a fraction of the Hessian's mean diagonal
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes <= 0:
+            raise InputError(f"--calibration-memory must be positive, got {self.memory_bytes}")
+        if not 0 < self.damp < 1:
+            raise InputError(f"calibration damp must be in (0, 1), got {self.damp}")
+
+    def manifest(self) -> dict[str, Any]:
+        """The manifest's ``options.calibration``: the method, the requests and the damping."""
+        return {"method": "gptq", **self.record, "damp": self.damp}
+
+
+def hessian_groups(in_features: Mapping[str, int], memory_bytes: int) -> list[list[str]]:
+    """The targets (name -> in_features), in order, cut into groups whose float32 Hessians fit ``memory_bytes``;
+    a single target whose Hessian does not fit is an InputError naming it."""
+    groups: list[list[str]] = []
+    held = memory_bytes + 1  # start a group at the first target
+    for name, k in in_features.items():
+        size = k * k * HESSIAN_BYTES
+        if size > memory_bytes:
+            raise InputError(
+                f"{name}: its input Hessian ({k} x {k}, {size / 2**30:.2f} GiB) exceeds --calibration-memory "
+                f"({memory_bytes / 2**30:.2f} GiB)"
+            )
+        if held + size > memory_bytes:
+            groups.append([])
+            held = 0
+        groups[-1].append(name)
+        held += size
+    return groups
+
+
+def _encode(weight: torch.Tensor, hessian: torch.Tensor, scheme: Scheme, damp: float) -> StoredLayer:
+    """One weight GPTQ-rounded with its Hessian, as its codec stores it (on the CPU), with its relative L2."""
+    reference = weight.detach().to(torch.float32)
+    q, scale = gptq_quantize(
+        reference, hessian, bits=scheme.num_bits, group_size=scheme.group_size, damp=damp
+    )
+    error = relative_l2(dequantize_weight(q, scale), reference)
+    return StoredLayer({n: t.cpu() for n, t in codec_for(scheme).encode(q, scale).items()}, error)
+
+
+def _linear(module: torch.nn.Module, prefix: str) -> torch.nn.Linear:
+    layer = module.get_submodule(prefix)
+    if not isinstance(layer, torch.nn.Linear):
+        raise InputError(f"{prefix}: not a torch.nn.Linear ({type(layer).__name__}); GPTQ calibrates Linears")
+    return layer
+
+
+def calibrated_layers(
+    module: torch.nn.Module, schemes: Mapping[str, Scheme], calibration: Calibration
+) -> dict[str, StoredLayer]:
+    """Target -> its GPTQ-rounded stored layer, for ``module``'s targets (prefix -> scheme: int weights only);
+    ``module`` is not changed. A target the requests never reach is an InputError."""
+    floats = sorted(prefix for prefix, scheme in schemes.items() if scheme.weight_type != "int")
+    if floats:
+        raise InputError(
+            f"--calibrate gptq rounds int weights (w4a16, w4a8, w8a16, w8a8); {floats[0]} is "
+            f"{schemes[floats[0]].name}"
+        )
+    layers = {prefix: _linear(module, prefix) for prefix in schemes}
+    groups = hessian_groups({p: m.in_features for p, m in layers.items()}, calibration.memory_bytes)
+    stored: dict[str, StoredLayer] = {}
+    for number, group in enumerate(groups, 1):
+        log.info("calibration pass %d of %d: %d layers", number, len(groups), len(group))
+        with hessian_hooks(module, group) as found:
+            calibration.run()
+        for prefix in group:
+            if found[prefix].samples == 0:
+                raise InputError(
+                    f"{prefix}: the calibration requests never ran this layer; it has no Hessian"
+                )
+            weight = layers[prefix].weight
+            stored[prefix] = _encode(weight, found[prefix].hessian, schemes[prefix], calibration.damp)
+        del found
+    return stored

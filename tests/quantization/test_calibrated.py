@@ -1,0 +1,121 @@
+"""GPTQ calibration in memory and through ``ditq quantize --calibrate gptq``: Hessians in groups that fit the memory
+asked for, every target rounded from its own Hessian before any is swapped, the refusals in one line, and the
+artifact on the bundled demo model: written, verified by compressed-tensors' decoder, recorded, loaded and run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ditq
+from ditq.checkpoint.manifest import read_manifest
+from ditq.demo import default_model_dir
+from ditq.errors import InputError
+from ditq.numerics import dequantize_weight, quantize_weight
+from ditq.quantization.calibrated import Calibration, calibrated_layers, hessian_groups
+from ditq.schemes import FP8, W4A16
+
+K = 128
+
+
+def _layers() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(K, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+
+
+def _correlated(rows: int, seed: int) -> torch.Tensor:
+    """Inputs whose channels are strongly correlated (what makes GPTQ's error feedback pay)."""
+    g = torch.Generator().manual_seed(seed)
+    mixing = torch.randn(K, K, generator=torch.Generator().manual_seed(99)) / K**0.5
+    return (torch.randn(rows, K, generator=g) * torch.linspace(0.1, 3.0, K)) @ mixing
+
+
+def test_groups_fit_the_memory_and_a_layer_too_large_is_named() -> None:
+    size = K * K * 4
+    assert hessian_groups({"a": K, "b": K, "c": K}, 2 * size) == [["a", "b"], ["c"]]
+    assert hessian_groups({"a": K, "b": K}, 10 * size) == [["a", "b"]]
+    with pytest.raises(
+        InputError, match=r"^b: its input Hessian \(256 x 256, .*\) exceeds --calibration-memory"
+    ):
+        hessian_groups({"a": K, "b": 256}, 2 * size)
+
+
+def test_gptq_layers_beat_round_to_nearest_on_held_out_inputs_and_leave_the_module_alone() -> None:
+    model = _layers()
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    passes = []
+
+    def run() -> None:
+        passes.append(1)
+        with torch.no_grad():
+            model(_correlated(2048, seed=1))
+
+    scheme = W4A16.with_group_size(32)
+    calibration = Calibration(run=run, memory_bytes=K * K * 4)  # exactly one Hessian: one pass
+    stored = calibrated_layers(model, {"0": scheme}, calibration)
+    assert len(passes) == 1 and list(stored) == ["0"]
+    assert all(torch.equal(t, model.state_dict()[n]) for n, t in before.items())
+    codec_q, codec_scale = ditq.checkpoint.codecs.codec_for(scheme).read(stored["0"].tensors)
+    weight = model[0].weight.detach()
+    held_out = _correlated(1024, seed=7)
+    gptq_error = (held_out @ (dequantize_weight(codec_q, codec_scale) - weight).T).norm()
+    rtn_error = (held_out @ (dequantize_weight(*quantize_weight(weight, scheme)) - weight).T).norm()
+    assert gptq_error < 0.8 * rtn_error, (float(gptq_error), float(rtn_error))
+    assert 0 < stored["0"].rel_l2 < 0.3
+
+
+def test_refusals_are_one_line() -> None:
+    model = _layers()
+    calibration = Calibration(run=lambda: None)
+    with pytest.raises(InputError, match=r"^--calibrate gptq rounds int weights .*; 0 is fp8$"):
+        calibrated_layers(model, {"0": FP8}, calibration)
+    with pytest.raises(InputError, match=r"^0: the calibration requests never ran this layer"):
+        calibrated_layers(model, {"0": W4A16.with_group_size(None)}, calibration)
+    with pytest.raises(InputError, match="--calibration-memory must be positive"):
+        Calibration(run=lambda: None, memory_bytes=0)
+
+
+def _quantize(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ditq.cli", "quantize", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_quantize_calibrate_gptq_on_the_demo_model(tmp_path: Path) -> None:
+    out = tmp_path / "w4a8-gptq"
+    done = _quantize(
+        str(default_model_dir()),
+        str(out),
+        "--scheme",
+        "w4a8",
+        "--calibrate",
+        "gptq",
+        "--calibration-seeds",
+        "0",
+        "--calibration-steps",
+        "2",
+        "--device",
+        "cpu",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    calibration = read_manifest(out)["options"]["calibration"]
+    assert calibration["method"] == "gptq" and calibration["seeds"] == [0] and calibration["steps"] == 2
+    assert calibration["requests"] == len(calibration["fixtures"]) and calibration["fixtures_digest"]
+    assert ditq.verify(out).ok  # compressed-tensors' decoder reads every layer as ditq does
+    pipeline = ditq.load_pipeline(out, device="cpu")
+    image = pipeline(prompt="a red circle", num_inference_steps=2, width=64, height=64).images[0]
+    assert image.size == (64, 64)
+
+    refused = _quantize(
+        str(default_model_dir()), str(tmp_path / "x"), "--scheme", "fp8", "--calibrate", "gptq"
+    )
+    assert refused.returncode == 2 and "--calibrate gptq rounds int weights" in refused.stderr
+    refused = _quantize(
+        str(tmp_path / "w4a8-gptq"), str(tmp_path / "y"), "--scheme", "w4a16", "--calibrate", "gptq"
+    )
+    assert refused.returncode == 2 and "--fixtures and --refs are needed" in refused.stderr
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
