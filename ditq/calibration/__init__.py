@@ -21,7 +21,7 @@ from ditq.quantization.quantizer import QuantizeResult
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.options import LoadOptions
 
-__all__ = ["CalibrationOptions", "calibrate_and_save", "calibration_for"]
+__all__ = ["CalibrationOptions", "calibrate_and_save", "calibration_for", "fixture_requests"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,10 @@ class CalibrationOptions:
             raise InputError(f"--calibration-steps must be at least 1, got {self.steps}")
 
 
-def _requests(fixtures: dict[str, Fixture], seeds: tuple[int, ...], steps: int) -> list[GenerationRequest]:
+def fixture_requests(
+    fixtures: dict[str, Fixture], seeds: tuple[int, ...], steps: int
+) -> list[GenerationRequest]:
+    """Every fixture's request (prompt, references, size) at every seed, ``steps`` denoising steps each."""
     from ditq.pictures import open_picture
 
     return [
@@ -70,7 +73,7 @@ def _requests(fixtures: dict[str, Fixture], seeds: tuple[int, ...], steps: int) 
 def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Calibration:
     """The calibration that sends every fixture at every seed through ``adapter`` once per pass."""
     fixtures = load_fixtures(options.fixtures, options.refs)
-    requests = _requests(fixtures, options.seeds, options.steps)
+    requests = fixture_requests(fixtures, options.seeds, options.steps)
 
     def run() -> None:
         for request in requests:

@@ -76,7 +76,9 @@ def broken(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
 
 def test_cpu_reference_paths_pass_every_step() -> None:
     results = doctor.run_doctor("cpu", geometries=SMALL, rows=32)
-    assert {r.path for r in results} == {"cpu-reference-w8a16", "cpu-reference-w8a8", "cpu-reference-fp8"}
+    assert {r.path for r in results} == {
+        f"cpu-reference-{s}" for s in ("w8a16", "w8a8", "fp8", "w4a16", "w4a8")
+    }
     for result in results:
         assert result.verdict == "PASS", result.reason
         steps = {c.step for c in result.checks}
@@ -303,10 +305,10 @@ def test_the_exact_answer_is_what_the_output_dtype_can_hold(tmp_path: Path) -> N
     geometries = [doctor.Geometry(4304, 1152, "vision MLP out"), doctor.Geometry(1152, 4304, "vision MLP in")]
     results = doctor.run_doctor("cpu", geometries=geometries, rows=4, report_root=tmp_path)
     assert {r.path: r.verdict for r in results} == dict.fromkeys(
-        ("cpu-reference-w8a16", "cpu-reference-w8a8", "cpu-reference-fp8"), "PASS"
+        (f"cpu-reference-{s}" for s in ("w8a16", "w8a8", "fp8", "w4a16", "w4a8")), "PASS"
     ), [r.reason for r in results]
     analytic = [c for r in results for c in r.checks if c.step == "output" and c.weights == "analytic"]
-    assert len(analytic) == 3 * 2 * 2 and all(c.value == 0.0 for c in analytic)
+    assert len(analytic) == 5 * 2 * 2 and all(c.value == 0.0 for c in analytic)  # paths x geometries x dtypes
     held = {c.message for c in analytic if c.geometry.startswith("4304") and c.dtype == "bfloat16"}
     assert held == {"every output == 4304 as bfloat16 holds it (4288 or 4320)"}
     assert main(["doctor", "--device", "cpu", "--geometry", "4304x1152", "--rows", "4"]) == 0

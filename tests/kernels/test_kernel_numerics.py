@@ -51,17 +51,22 @@ def _runnable(path: KernelPath, dtype: torch.dtype, k: int, n: int) -> torch.dev
 def _random_stored(scheme: Scheme, n: int, k: int, seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(n, k, generator=generator) * 0.02
-    q, scale = quantize_weight(weight, scheme)
+    q, scale = quantize_weight(weight, scheme.fitted(k))
     return codec_for(scheme).encode(q, scale), q
 
 
 def _random_q_scale(
     scheme: Scheme, n: int, k: int, group_size: int | None, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stored values drawn directly (not through the quantizer): q (N, K) int8 in [-127, 127] or e4m3 up to
-    +-448, scales (N, K / group_size or 1) positive float32."""
+    """Stored values drawn directly (not through the quantizer): q (N, K) int8 in [-127, 127] (int4: the whole
+    stored range, -8 to 7) or e4m3 up to +-448, scales (N, K / group_size or 1) positive float32."""
     if scheme.weight_type == "int":
-        q = torch.randint(-127, 128, (n, k), generator=generator, dtype=torch.int8)
+        low, high = (
+            (-127, 128)
+            if scheme.num_bits == 8
+            else (-(2 ** (scheme.num_bits - 1)), 2 ** (scheme.num_bits - 1))
+        )
+        q = torch.randint(low, high, (n, k), generator=generator, dtype=torch.int8)
     else:
         q = (torch.randn(n, k, generator=generator) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
     groups = 1 if group_size is None else k // group_size
@@ -101,8 +106,8 @@ def test_matches_an_oracle_written_out_here(path: KernelPath, dtype: torch.dtype
     if on_cuda and dtype == torch.float32:
         pytest.skip("CUDA paths are checked with half-precision activations")
     for index, (x_shape, n, group_size) in enumerate(CUDA_CASES if on_cuda else CPU_CASES):
-        if group_size is not None and path.scheme.activations is not None:
-            continue  # grouped scales are weight-only w8a16's
+        if group_size is not None and path.scheme.activations is not None and path.scheme.num_bits == 8:
+            continue  # grouped scales: weight-only w8a16's, and the 4-bit schemes'
         k = x_shape[-1]
         device = _runnable(path, dtype, k, n)
         generator = torch.Generator().manual_seed(index)
