@@ -17,8 +17,8 @@ What this module does and does not do:
 - everything is float32 except the damped Hessian's inversion, done in float64.
 
 ``HessianAccumulator`` and ``hessian_hooks`` gather H from a module's forward passes; ``gptq_quantize`` rounds
-with it; ``rtn_quantize`` is plain round-to-nearest with the same conventions; ``dequantize`` undoes either.
-Nothing here imports from ditq: the quantizer wires it in.
+with it. Round to nearest and dequantization are ``ditq.numerics``' (the same conventions: H = I gives exactly
+their rounding). Nothing here imports from ditq: ``calibrated`` wires it in.
 """
 
 from __future__ import annotations
@@ -33,10 +33,8 @@ import torch
 __all__ = [
     "TINY",
     "HessianAccumulator",
-    "dequantize",
     "gptq_quantize",
     "hessian_hooks",
-    "rtn_quantize",
 ]
 
 TINY = (
@@ -174,29 +172,6 @@ def _round(w: torch.Tensor, scale: torch.Tensor, qmax: int) -> torch.Tensor:
     return (w / scale).round_().clamp_(-qmax - 1, qmax)
 
 
-def rtn_quantize(
-    weight: torch.Tensor, *, bits: int = 4, group_size: int | None = 128
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Round-to-nearest: weight (N, K) -> (q int8 (N, K), scale float32 (N, K // group_size) or (N, 1)).
-
-    The same format as ``gptq_quantize``, with no calibration: scale = amax(|w_group|) / (2**(bits-1) - 1).
-    """
-    qmax, width, groups = _check(weight, bits, group_size)
-    out_features, in_features = weight.shape
-    grouped = weight.to(torch.float32).reshape(out_features, groups, width)
-    scale = grouped.abs().amax(dim=2, keepdim=True).clamp_min(TINY) / qmax
-    q = _round(grouped, scale, qmax).to(torch.int8).reshape(out_features, in_features)
-    return q, scale.reshape(out_features, groups).contiguous()
-
-
-def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """q (N, K) integer with scale (N, G), G dividing K -> weight float32 (N, K): q * its group's scale."""
-    out_features, in_features = q.shape
-    groups = scale.shape[1]
-    grouped = q.to(torch.float32).reshape(out_features, groups, in_features // groups)
-    return (grouped * scale.to(torch.float32).unsqueeze(-1)).reshape(out_features, in_features)
-
-
 def _inverse_cholesky(hessian: torch.Tensor, damp: float) -> torch.Tensor:
     """The upper Cholesky factor of (H + damp * mean(diag H) * I)^-1, float32 (K, K), computed in float64.
 
@@ -251,7 +226,8 @@ def gptq_quantize(
     """GPTQ-round weight (N, K) against the input Hessian (K, K): (q int8 (N, K), scale float32 (N, G)).
 
     G = K // group_size, or 1 when ``group_size`` is None (one scale per output row); K must be a multiple of
-    ``group_size``. q is in [-2**(bits-1), 2**(bits-1) - 1]; ``dequantize(q, scale)`` gives the quantized weight.
+    ``group_size``. q is in [-2**(bits-1), 2**(bits-1) - 1]; ``ditq.numerics.dequantize_weight(q, scale)`` is the
+    quantized weight.
     Columns whose Hessian diagonal is 0 (inputs always zero there) are zeroed and given H[i, i] = 1; the damped
     Hessian adds ``damp`` * mean(diag H) to the diagonal. Errors propagate within blocks of ``block_size`` columns
     and lazily to the rest (which does not change the result, only its speed). Columns are not reordered. Neither

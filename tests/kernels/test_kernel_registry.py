@@ -137,7 +137,9 @@ def test_extension_points_take_a_scheme_by_name_or_value_and_refuse_others_in_on
         register_kernel(name="bad", scheme="nvfp4", device_type="cpu", prepare=lambda s, d: s)
     with pytest.raises(InputError, match=r"^unknown scheme 'int9' .* did you mean"):
         register_kernel(name="bad", scheme="int9", device_type="cpu", prepare=lambda s, d: s)
-    with pytest.raises(InputError, match="scheme must be one of w8a16, w8a8, fp8, w4a16, w4a8 or a ditq Scheme, got 8"):
+    with pytest.raises(
+        InputError, match="scheme must be one of w8a16, w8a8, fp8, w4a16, w4a8 or a ditq Scheme, got 8"
+    ):
         register_kernel(name="bad", scheme=8, device_type="cpu", prepare=lambda s, d: s)  # type: ignore[arg-type]
     with pytest.raises(InputError, match=r"unknown kind 'w8a16 \(weight-only\)'"):
         register_attention_kernel(
