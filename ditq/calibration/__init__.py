@@ -40,6 +40,7 @@ class CalibrationOptions:
     )  # apart from the probe's (2301-2304): the judged images are not the calibrated ones
     steps: int = 8
     memory_bytes: int = 4 * 2**30
+    act_order: bool = True  # GPTQ's columns by decreasing input energy (``gptq.gptq_quantize``)
     load: LoadOptions = field(default_factory=LoadOptions)
 
     def __post_init__(self) -> None:
@@ -86,7 +87,7 @@ def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Ca
         "steps": options.steps,
         "requests": len(requests),
     }
-    return Calibration(run=run, record=record, memory_bytes=options.memory_bytes)
+    return Calibration(run=run, record=record, memory_bytes=options.memory_bytes, act_order=options.act_order)
 
 
 def calibrate_and_save(

@@ -41,6 +41,7 @@ class Calibration:
     record: dict[str, Any] = field(default_factory=dict)
     memory_bytes: int = 4 * 2**30  # the Hessians held at once
     damp: float = 0.01  # GPTQ's damping, a fraction of the Hessian's mean diagonal
+    act_order: bool = True  # columns by decreasing Hessian diagonal, static group scales (gptq_quantize)
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
@@ -49,8 +50,8 @@ class Calibration:
             raise InputError(f"calibration damp must be in (0, 1), got {self.damp}")
 
     def manifest(self) -> dict[str, Any]:
-        """The manifest's ``options.calibration``: the method, the requests and the damping."""
-        return {"method": "gptq", **self.record, "damp": self.damp}
+        """The manifest's ``options.calibration``: the method, the requests, the damping and the column order."""
+        return {"method": "gptq", **self.record, "damp": self.damp, "act_order": self.act_order}
 
 
 def hessian_groups(in_features: Mapping[str, int], memory_bytes: int) -> list[list[str]]:
@@ -73,11 +74,18 @@ def hessian_groups(in_features: Mapping[str, int], memory_bytes: int) -> list[li
     return groups
 
 
-def _encode(weight: torch.Tensor, hessian: torch.Tensor, scheme: Scheme, damp: float) -> StoredLayer:
+def _encode(
+    weight: torch.Tensor, hessian: torch.Tensor, scheme: Scheme, calibration: Calibration
+) -> StoredLayer:
     """One weight GPTQ-rounded with its Hessian, as its codec stores it (on the CPU), with its relative L2."""
     reference = weight.detach().to(torch.float32)
     q, scale = gptq_quantize(
-        reference, hessian, bits=scheme.num_bits, group_size=scheme.group_size, damp=damp
+        reference,
+        hessian,
+        bits=scheme.num_bits,
+        group_size=scheme.group_size,
+        damp=calibration.damp,
+        act_order=calibration.act_order,
     )
     error = relative_l2(dequantize_weight(q, scale), reference)
     return StoredLayer({n: t.cpu() for n, t in codec_for(scheme).encode(q, scale).items()}, error)
@@ -114,6 +122,6 @@ def calibrated_layers(
                     f"{prefix}: the calibration requests never ran this layer; it has no Hessian"
                 )
             weight = layers[prefix].weight
-            stored[prefix] = _encode(weight, found[prefix].hessian, schemes[prefix], calibration.damp)
+            stored[prefix] = _encode(weight, found[prefix].hessian, schemes[prefix], calibration)
         del found
     return stored

@@ -222,6 +222,7 @@ def gptq_quantize(
     group_size: int | None = 128,
     damp: float = 0.01,
     block_size: int = 128,
+    act_order: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ-round weight (N, K) against the input Hessian (K, K): (q int8 (N, K), scale float32 (N, G)).
 
@@ -230,12 +231,16 @@ def gptq_quantize(
     quantized weight.
     Columns whose Hessian diagonal is 0 (inputs always zero there) are zeroed and given H[i, i] = 1; the damped
     Hessian adds ``damp`` * mean(diag H) to the diagonal. Errors propagate within blocks of ``block_size`` columns
-    and lazily to the rest (which does not change the result, only its speed). Columns are not reordered. Neither
-    input is modified. Raises ValueError on a bad shape or format, or when the damped Hessian has no Cholesky
+    and lazily to the rest (which does not change the result, only its speed). Without ``act_order`` columns go in
+    their own order, each group's scale taken from the updated weights when its first column comes; with it they go
+    in order of decreasing Hessian diagonal (the inputs that carry the most energy first, while the most columns
+    are left to absorb their errors) and every group's scale is taken up front from the weights as given (the
+    reference's ``static_groups``: a group's columns are no longer together in the new order). Neither input is
+    modified. Raises ValueError on a bad shape or format, or when the damped Hessian has no Cholesky
     factor (a larger ``damp`` helps).
     """
-    qmax, width, groups = _check(weight, bits, group_size)
-    out_features, in_features = weight.shape
+    qmax, width, _ = _check(weight, bits, group_size)
+    in_features = weight.shape[1]
     if hessian.shape != (in_features, in_features):
         raise ValueError(
             f"the Hessian has shape {tuple(hessian.shape)}, expected ({in_features}, {in_features}) "
@@ -248,9 +253,25 @@ def gptq_quantize(
     dead = h.diagonal() == 0
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
-    h_inv = _inverse_cholesky(h, damp)
+    if act_order:
+        return _act_order(w, h, qmax, width, damp, block_size)
+    return _gptq_columns(w, _inverse_cholesky(h, damp), qmax, width, block_size, None)
+
+
+def _gptq_columns(
+    w: torch.Tensor,
+    h_inv: torch.Tensor,
+    qmax: int,
+    width: int,
+    block_size: int,
+    column_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The column sweep: w (N, K) float32, rounded in place with error feedback through h_inv's upper Cholesky
+    factor (K, K) -> (q int8 (N, K), scale (N, K // width)). ``column_scale`` (N, K): every column's scale, fixed up
+    front (act order); None: each group's taken from the updated weights when its first column comes."""
+    out_features, in_features = w.shape
     q = torch.zeros_like(w)
-    scale = torch.empty(out_features, groups, dtype=torch.float32, device=w.device)
+    scale = torch.empty(out_features, in_features // width, dtype=torch.float32, device=w.device)
     for start in range(0, in_features, block_size):
         stop = min(start + block_size, in_features)
         block = w[:, start:stop].clone()
@@ -258,15 +279,28 @@ def gptq_quantize(
         h_block = h_inv[start:stop, start:stop]
         for i in range(stop - start):
             column = start + i
-            if column % width == 0:
-                group = column // width
-                scale[:, group] = _scale(
+            if column_scale is None and column % width == 0:
+                scale[:, column // width] = _scale(
                     _group_columns(w, block, errors, h_inv, start, i, column + width), qmax
                 )
+            step = scale[:, column // width] if column_scale is None else column_scale[:, column]
             current = block[:, i]
-            q[:, column] = _round(current, scale[:, column // width], qmax)
-            error = (current - q[:, column] * scale[:, column // width]) / h_block[i, i]
+            q[:, column] = _round(current, step, qmax)
+            error = (current - q[:, column] * step) / h_block[i, i]
             block[:, i:] -= error.unsqueeze(1) @ h_block[i, i:].unsqueeze(0)
             errors[:, i] = error
         w[:, stop:] -= errors @ h_inv[start:stop, stop:]
     return q.to(torch.int8), scale
+
+
+def _act_order(
+    w: torch.Tensor, h: torch.Tensor, qmax: int, width: int, damp: float, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ in order of decreasing diag(H) with static group scales: w (N, K) float32 (dead columns zeroed), h
+    (K, K) float64 (dead diagonal set) -> (q int8 (N, K), scale (N, K // width)) in the original column order."""
+    out_features = w.shape[0]
+    scale = w.reshape(out_features, -1, width).abs().amax(dim=2).clamp_min(TINY) / qmax  # (N, G), as given
+    order = torch.argsort(h.diagonal(), descending=True, stable=True)
+    h_inv = _inverse_cholesky(h[order][:, order], damp)
+    q, _ = _gptq_columns(w[:, order], h_inv, qmax, width, block_size, scale[:, order // width])
+    return q[:, torch.argsort(order)], scale.contiguous()

@@ -104,6 +104,7 @@ def test_quantize_calibrate_gptq_on_the_demo_model(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     calibration = read_manifest(out)["options"]["calibration"]
     assert calibration["method"] == "gptq" and calibration["seeds"] == [0] and calibration["steps"] == 2
+    assert calibration["act_order"] is True and calibration["damp"] == 0.01
     assert calibration["requests"] == len(calibration["fixtures"]) and calibration["fixtures_digest"]
     assert ditq.verify(out).ok  # compressed-tensors' decoder reads every layer as ditq does
     pipeline = ditq.load_pipeline(out, device="cpu")
