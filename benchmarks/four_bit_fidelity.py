@@ -1,8 +1,9 @@
 """4-bit weights on the demo model: round to nearest against GPTQ, with intervals over seeds.
 
-    python benchmarks/four_bit_fidelity.py --out benchmarks/results/four_bit_fidelity_cpu_COMMIT.json
+    python benchmarks/four_bit_fidelity.py --seeds 2301-2308 --out benchmarks/results/four_bit_fidelity_cpu_COMMIT.json
 
-Every fixture of the demo (its references), seeds 2301-2304, 8 steps, on the CPU in float32, in process: the
+Every fixture of the demo (its references), seeds 2301-2304 (``--seeds``), 8 steps, on the CPU in float32, in
+process: the
 unquantized model's images are the reference. Each row quantizes the transformer in memory (``ditq.quantize_``)
 and runs the same requests: w4a16 and w4a8 rounded to nearest and by GPTQ (``--calibrate gptq``: the fixtures'
 requests at calibration seeds 0 and 1, 8 steps, never the judged seeds; columns by decreasing input energy, the
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 from result_names import result_path
 
-SEEDS = (2301, 2302, 2303, 2304)
+SEEDS = "2301-2304"
 CALIBRATION_SEEDS = (0, 1)
 STEPS = 8
 ROWS = {  # name -> (scheme, calibrate: rtn, gptq (act order, the default) or gptq-in-order)
@@ -70,8 +71,12 @@ def _images(adapter, requests) -> dict[tuple[str, int], np.ndarray]:  # type: ig
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default=SEEDS, help="the judged seeds (default %(default)s)")
     parser.add_argument("--out", type=Path, default=result_path("four_bit_fidelity", "cpu"))
     args = parser.parse_args()
+    from ditq.probe.fixtures import parse_seeds
+
+    seeds = tuple(parse_seeds(args.seeds))
 
     from ditq import demo
     from ditq.calibration import fixture_requests
@@ -83,7 +88,7 @@ def main() -> int:
     requests = {
         (fixture_id, seed): fixture_requests({fixture_id: fixture}, (seed,), STEPS)[0]
         for fixture_id, fixture in fixtures.items()
-        for seed in SEEDS
+        for seed in seeds
     }
     started = time.time()
     reference = _images(_adapter(None, "rtn"), requests)
@@ -95,7 +100,7 @@ def main() -> int:
         scores = {
             key: (psnr(images[key], reference[key]), ssim(images[key], reference[key])) for key in requests
         }
-        per_seed[name] = {s: float(np.mean([scores[f, s][0] for f in fixtures])) for s in SEEDS}
+        per_seed[name] = {s: float(np.mean([scores[f, s][0] for f in fixtures])) for s in seeds}
         interval = mean_interval(list(per_seed[name].values()))
         rows[name] = {
             "scheme": scheme,
@@ -105,7 +110,7 @@ def main() -> int:
             "psnr_db_per_seed": {str(s): round(v, 2) for s, v in per_seed[name].items()},
             "psnr_db_interval": [round(interval.low, 2), round(interval.high, 2)],
             "psnr_db_per_fixture": {
-                f: round(float(np.mean([scores[f, s][0] for s in SEEDS])), 2) for f in fixtures
+                f: round(float(np.mean([scores[f, s][0] for s in seeds])), 2) for f in fixtures
             },
             "seconds": round(time.time() - begun, 1),
         }
@@ -121,12 +126,11 @@ def main() -> int:
             }
             print(f"{name}: {row['gain_over_rtn_db']}")
     payload = {
-        "command": "python benchmarks/four_bit_fidelity.py --out " + str(args.out.relative_to(Path.cwd()))
-        if args.out.is_relative_to(Path.cwd())
-        else "python benchmarks/four_bit_fidelity.py",
+        "command": f"python benchmarks/four_bit_fidelity.py --seeds {args.seeds} --out "
+        + (str(args.out.relative_to(Path.cwd())) if args.out.is_relative_to(Path.cwd()) else args.out.name),
         "what": "demo model, transformer quantized in memory; PSNR/SSIM against the unquantized float32 run",
         "steps": STEPS,
-        "seeds": list(SEEDS),
+        "seeds": list(seeds),
         "calibration_seeds": list(CALIBRATION_SEEDS),
         "fixtures": list(fixtures),
         "rows": rows,
