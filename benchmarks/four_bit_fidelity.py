@@ -3,14 +3,13 @@
     python benchmarks/four_bit_fidelity.py --seeds 2301-2308 --out benchmarks/results/four_bit_fidelity_cpu_COMMIT.json
 
 Every fixture of the demo (its references), seeds 2301-2304 (``--seeds``), 8 steps, on the CPU in float32, in
-process: the
-unquantized model's images are the reference. Each row quantizes the transformer in memory (``ditq.quantize_``)
-and runs the same requests: w4a16 and w4a8 rounded to nearest and by GPTQ (``--calibrate gptq``: the fixtures'
-requests at calibration seeds 0 and 1, 8 steps, never the judged seeds; columns by decreasing input energy, the
-default, and in their own order), with w8a8 and fp8 beside them. Per row:
-mean PSNR and SSIM over every image, the mean per seed (over the fixtures) with its bootstrap interval, and for
-GPTQ the gain over the same scheme rounded to nearest, paired seed by seed. The issue's quality goal: GPTQ at least
-3 dB above round to nearest at 4 bits.
+process: the unquantized model's images are the reference. Each row quantizes the transformer in memory
+(``ditq.quantize_``) and runs the same requests: w4a16 and w4a8 rounded to nearest and by GPTQ (``--calibrate
+gptq``: the fixtures' requests at calibration seeds 0 and 1, 8 steps, never the judged seeds; columns by
+decreasing input energy, the default, and in their own order), with w8a8 and fp8 beside them. Per row: mean PSNR
+and SSIM over every image, the mean per seed (over the fixtures) with its bootstrap interval, and for GPTQ the gain
+over the same scheme rounded to nearest, paired seed by seed. The issue's quality goal: GPTQ at least 3 dB above
+round to nearest at 4 bits.
 """
 
 from __future__ import annotations
@@ -127,7 +126,11 @@ def main() -> int:
             print(f"{name}: {row['gain_over_rtn_db']}")
     payload = {
         "command": f"python benchmarks/four_bit_fidelity.py --seeds {args.seeds} --out "
-        + (str(args.out.relative_to(Path.cwd())) if args.out.is_relative_to(Path.cwd()) else args.out.name),
+        + (
+            str(args.out.resolve().relative_to(Path.cwd()))
+            if args.out.resolve().is_relative_to(Path.cwd())
+            else args.out.name
+        ),
         "what": "demo model, transformer quantized in memory; PSNR/SSIM against the unquantized float32 run",
         "steps": STEPS,
         "seeds": list(seeds),

@@ -70,12 +70,12 @@ def mixed_artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
 @pytest.fixture(scope="session")
 def demo_artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny demo pipeline (seed 0, float32) as ``source`` and quantized with each scheme (``w8a8``, ``w8a16``,
-    ``fp8``: one artifact each). Shared: copy one before changing it."""
+    ``fp8``, ``w4a16``, ``w4a8``: one artifact each). Shared: copy one before changing it."""
 
     root = tmp_path_factory.mktemp("demo-artifacts")
     save_tiny_pipeline(root / "source")
     dirs = {"source": root / "source"}
-    for scheme in ("w8a8", "w8a16", "fp8"):
+    for scheme in ("w8a8", "w8a16", "fp8", "w4a16", "w4a8"):
         dirs[scheme] = ditq.quantize(root / "source", root / scheme, scheme).path
     return dirs
 
