@@ -23,6 +23,7 @@ from ditq.errors import InputError
 from ditq.numerics import dequantize_weight, relative_l2
 from ditq.quantization.gptq import gptq_quantize, hessian_hooks
 from ditq.quantization.rewrite import StoredLayer
+from ditq.quantization.targets import linear_at
 from ditq.schemes import Scheme
 
 __all__ = ["Calibration", "calibrated_layers", "hessian_groups"]
@@ -91,13 +92,6 @@ def _encode(
     return StoredLayer({n: t.cpu() for n, t in codec_for(scheme).encode(q, scale).items()}, error)
 
 
-def _linear(module: torch.nn.Module, prefix: str) -> torch.nn.Linear:
-    layer = module.get_submodule(prefix)
-    if not isinstance(layer, torch.nn.Linear):
-        raise InputError(f"{prefix}: not a torch.nn.Linear ({type(layer).__name__}); GPTQ calibrates Linears")
-    return layer
-
-
 def calibrated_layers(
     module: torch.nn.Module, schemes: Mapping[str, Scheme], calibration: Calibration
 ) -> dict[str, StoredLayer]:
@@ -109,7 +103,7 @@ def calibrated_layers(
             f"--calibrate gptq rounds int weights (w4a16, w4a8, w8a16, w8a8); {floats[0]} is "
             f"{schemes[floats[0]].name}"
         )
-    layers = {prefix: _linear(module, prefix) for prefix in schemes}
+    layers = {prefix: linear_at(module, prefix) for prefix in schemes}
     groups = hessian_groups({p: m.in_features for p, m in layers.items()}, calibration.memory_bytes)
     stored: dict[str, StoredLayer] = {}
     for number, group in enumerate(groups, 1):

@@ -36,7 +36,7 @@ from ditq.quantization.plan_file import PlanFile, read_plan
 from ditq.quantization.quantizer import DEFAULTS, QuantizeResult, auto_components
 from ditq.quantization.quantizer import quantize as write_artifact
 from ditq.quantization.rewrite import StoredLayer, band_workers, encode_weight
-from ditq.quantization.targets import MIN_FEATURES, plan_targets
+from ditq.quantization.targets import MIN_FEATURES, linear_at, plan_targets
 from ditq.runtime.loader import KernelChooser, prepare_quantized
 from ditq.runtime.modules import QuantizedLinear, linear_from_stored, quantized_linears
 from ditq.schemes import SCHEMES, Scheme, get_scheme
@@ -88,13 +88,6 @@ def _scheme_or_plan(value: Any) -> tuple[Scheme | None, PlanFile | None, str | P
     raise InputError(
         f"scheme_or_plan: {value!r} is neither a scheme ({', '.join(SCHEMES)}) nor a plan (PLAN.json or PlanFile)"
     )
-
-
-def _linear(module: torch.nn.Module, prefix: str) -> torch.nn.Linear:
-    layer = module.get_submodule(prefix)
-    if not isinstance(layer, torch.nn.Linear):
-        raise InputError(f"{prefix}: not a torch.nn.Linear ({type(layer).__name__})")
-    return layer
 
 
 def _swap(module: torch.nn.Module, prefix: str, layer: torch.nn.Module) -> None:
@@ -149,7 +142,7 @@ def _quantize_module(
         schemes = {prefix: scheme.fitted(layer.in_features) for prefix, layer in rule.targets.items()}
     else:
         schemes = apply_plan(rule, plan, where)[1]
-    first = _linear(module, next(iter(schemes))).weight
+    first = linear_at(module, next(iter(schemes))).weight
     run_device = device if device is not None else first.device
     errors: dict[str, float] = {}
     layers: dict[str, QuantizedLinear] = {}
@@ -157,7 +150,7 @@ def _quantize_module(
     calibrated = calibrated_layers(module, schemes, calibration) if calibration else {}
     with band_workers() as pool:
         for prefix, layer_scheme in schemes.items():
-            linear = _linear(module, prefix)
+            linear = linear_at(module, prefix)
             if prefix in calibrated:
                 layers[prefix], errors[prefix] = _held(linear, calibrated[prefix], layer_scheme, run_device)
             else:

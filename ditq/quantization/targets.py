@@ -52,6 +52,7 @@ __all__ = [
     "TargetPlan",
     "block_lists",
     "build_meta_model",
+    "linear_at",
     "output_heads",
     "plan_targets",
     "reads_logits",
@@ -187,6 +188,14 @@ def _module_class(model: torch.nn.Module, prefix: str) -> str:
 
 def _compile(patterns: Iterable[str], flag: str) -> list[re.Pattern[str]]:
     return [compile_pattern(pattern, flag) for pattern in patterns]
+
+
+def linear_at(module: torch.nn.Module, prefix: str) -> torch.nn.Linear:
+    """The ``torch.nn.Linear`` at ``prefix`` in ``module``; anything else there is an InputError naming it."""
+    layer = module.get_submodule(prefix)
+    if not isinstance(layer, torch.nn.Linear):
+        raise InputError(f"{prefix}: not a torch.nn.Linear ({type(layer).__name__})")
+    return layer
 
 
 def plan_targets(
