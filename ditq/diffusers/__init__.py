@@ -16,7 +16,9 @@ here and nowhere else; it adds, idempotently:
 - the ``diffusers`` namespace: ditq's own pipeline class, ``DitqDemoPipeline``, which the demo model's
   ``model_index.json`` names (``DitqDemoPipeline.from_pretrained`` needs no registration);
 - ``from_pretrained`` of ``ModelMixin`` and ``DiffusionPipeline``: wrapped so that a local folder passes
-  ``refuse_before_diffusers`` first (the loader's refusals, one line naming the file, before diffusers reads it).
+  ``refuse_before_diffusers`` first (the loader's refusals, one line naming the file, before diffusers reads it);
+- with peft installed, ditq's quantized Linears as a module peft wraps in a LoRA layer
+  (``ditq.runtime.lora.register_with_peft``), so that ``load_lora_weights`` takes adapters on them.
 
 What diffusers would need to host such a backend without this module is in docs/diffusers.md.
 """
@@ -38,6 +40,7 @@ from ditq.runtime.diffusers_quantizer import (
     CompressedTensorsQuantizer,
     refuse_before_diffusers,
 )
+from ditq.runtime.lora import register_with_peft
 
 __all__ = ["CompressedTensorsConfig", "CompressedTensorsQuantizer", "register"]
 
@@ -72,6 +75,7 @@ def register() -> None:
         setattr(diffusers, cls.__name__, cls)
     for owner in (ModelMixin, DiffusionPipeline):
         _checked(owner)
+    register_with_peft()
 
 
 register()

@@ -21,6 +21,7 @@ import torch
 from ditq.doctor import kernel_chooser
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.runtime.loader import KernelChooser, load_components, pipeline_summary
+from ditq.runtime.lora import register_with_peft
 from ditq.runtime.options import LoadOptions, ResolvedLoad, resolve_load_options
 
 __all__ = ["load_pipeline", "open_pipeline"]
@@ -51,7 +52,9 @@ def open_pipeline(model: str | Path, options: LoadOptions | ResolvedLoad) -> Pip
 
 
 def _open(model: str | Path, load: ResolvedLoad) -> tuple[Any, KernelChooser | None]:
-    """The pipeline loaded, its KV cache and compilation installed; and the chooser its kernels came from."""
+    """The pipeline loaded, its KV cache and compilation installed; and the chooser its kernels came from. With
+    peft installed, LoRA adapters load onto its quantized Linears (``ditq.runtime.lora``)."""
+    register_with_peft()
     chooser = _chooser(load.options)
     pipeline = load_components(model, load, chooser)
     _install_kv_cache_and_compile(pipeline, load.options)

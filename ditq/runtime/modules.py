@@ -115,6 +115,12 @@ class QuantizedLinear(torch.nn.Module):
         )
 
     @property
+    def qweight(self) -> torch.Tensor:
+        """A tensor this layer holds (its stored weight, or after a repack what replaced it): where peft, placing a
+        LoRA adapter beside a quantized layer, reads the device from (``ditq.runtime.lora``)."""
+        return next(t for t in self._buffers.values() if t is not None)
+
+    @property
     def stored_names(self) -> tuple[str, ...]:
         return tuple(self.codec.specs(self.out_features, self.in_features, self.group_size))
 
@@ -251,8 +257,9 @@ class QuantizedLinear(torch.nn.Module):
     def _load_from_state_dict(
         self, state_dict: Mapping[str, Any], prefix: str, *args: Any, **kwargs: Any
     ) -> None:
-        # Loading new stored tensors invalidates any repack.
-        if self.prepared:
+        # Loading new stored tensors invalidates any repack; a state dict without them (a LoRA adapter's, loaded
+        # into the whole model with strict=False) leaves it as it is.
+        if self.prepared and any(prefix + name in state_dict for name in self.stored_names):
             self._unprepare()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
