@@ -4,8 +4,6 @@ artifact on the bundled demo model: written, verified by compressed-tensors' dec
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ import torch
 
 import ditq
 from ditq.checkpoint.manifest import read_manifest
+from ditq.cli import main
 from ditq.demo import default_model_dir
 from ditq.errors import InputError
 from ditq.numerics import dequantize_weight, quantize_weight
@@ -79,29 +78,12 @@ def test_refusals_are_one_line() -> None:
         Calibration(run=lambda: None, memory_bytes=0)
 
 
-def _quantize(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ditq.cli", "quantize", *args], capture_output=True, text=True, timeout=300
-    )
-
-
-def test_quantize_calibrate_gptq_on_the_demo_model(tmp_path: Path) -> None:
+def test_quantize_calibrate_gptq_on_the_demo_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "w4a8-gptq"
-    done = _quantize(
-        str(default_model_dir()),
-        str(out),
-        "--scheme",
-        "w4a8",
-        "--calibrate",
-        "gptq",
-        "--calibration-seeds",
-        "0",
-        "--calibration-steps",
-        "2",
-        "--device",
-        "cpu",
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    args = ["--scheme", "w4a8", "--calibrate", "gptq", "--calibration-seeds", "0", "--calibration-steps", "2"]
+    assert main(["quantize", str(default_model_dir()), str(out), *args, "--device", "cpu"]) == 0
     calibration = read_manifest(out)["options"]["calibration"]
     assert calibration["method"] == "gptq" and calibration["seeds"] == [0] and calibration["steps"] == 2
     assert calibration["act_order"] is True and calibration["damp"] == 0.01
@@ -111,12 +93,17 @@ def test_quantize_calibrate_gptq_on_the_demo_model(tmp_path: Path) -> None:
     image = pipeline(prompt="a red circle", num_inference_steps=2, width=64, height=64).images[0]
     assert image.size == (64, 64)
 
-    refused = _quantize(
-        str(default_model_dir()), str(tmp_path / "x"), "--scheme", "fp8", "--calibrate", "gptq"
-    )
-    assert refused.returncode == 2 and "--calibrate gptq rounds int weights" in refused.stderr
-    refused = _quantize(
-        str(tmp_path / "w4a8-gptq"), str(tmp_path / "y"), "--scheme", "w4a16", "--calibrate", "gptq"
-    )
-    assert refused.returncode == 2 and "--fixtures and --refs are needed" in refused.stderr
+    capsys.readouterr()
+    fp8 = [
+        "quantize",
+        str(default_model_dir()),
+        str(tmp_path / "x"),
+        "--scheme",
+        "fp8",
+        "--calibrate",
+        "gptq",
+    ]
+    assert main(fp8) == 2 and "--calibrate gptq rounds int weights" in capsys.readouterr().err
+    other = ["quantize", str(out), str(tmp_path / "y"), "--scheme", "w4a16", "--calibrate", "gptq"]
+    assert main(other) == 2 and "--fixtures and --refs are needed" in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
