@@ -10,7 +10,8 @@ it takes a mapping on its config (``LoraConfig._register_custom_module``). diffu
 The adapter runs as a side branch in the activations' dtype beside the quantized GEMM: y = Q(x) + B(A(x)) * scale.
 Merging it into the stored weights is refused: the sum would have to be quantized again, and the adapter's low-rank
 update is of the size of the 8-bit (or 4-bit) rounding error it would be folded into, so most of it would be
-rounded away; unloading returns the layer as it was. peft is optional: without it nothing is registered.
+rounded away; unloading returns the layer as it was. peft is optional: without it nothing is registered. With it,
+diffusers imports peft itself (``diffusers.loaders.peft``), so registering when a pipeline opens costs nothing more.
 """
 
 from __future__ import annotations
