@@ -120,6 +120,8 @@ run_stages() {
           # a scheme's artifact (the transformer and the text encoder) is 17 GB: a machine whose disk filled stopped
           # answering, and the run was lost with it
           free=$(df --output=avail -BG "$RUN" | tail -1 | tr -dc 0-9)
+          # SCHEME-fast serves SCHEME's artifact when SCHEME is swept too: it needs no room of its own
+          case ",$schemes," in *",${scheme%-fast},"*) [ "$scheme" != "${scheme%-fast}" ] && free=${SWEEP_FREE_GB:-24} ;; esac
           if [ -n "$schemes" ] && [ "$free" -lt "${SWEEP_FREE_GB:-24}" ]; then
             echo "sweep: $scheme not added, ${free} GB free on disk (SWEEP_FREE_GB=${SWEEP_FREE_GB:-24})"
             break

@@ -54,21 +54,7 @@ def fixture_requests(
     fixtures: dict[str, Fixture], seeds: tuple[int, ...], steps: int
 ) -> list[GenerationRequest]:
     """Every fixture's request (prompt, references, size) at every seed, ``steps`` denoising steps each."""
-    from ditq.pictures import open_picture
-
-    return [
-        GenerationRequest(
-            prompt=fixture.prompt,
-            negative_prompt=fixture.negative_prompt,
-            images=[open_picture(path) for path in fixture.reference_paths],
-            width=fixture.width,
-            height=fixture.height,
-            num_inference_steps=steps,
-            seed=seed,
-        )
-        for fixture in fixtures.values()
-        for seed in seeds
-    ]
+    return [fixture.request(seed, steps) for fixture in fixtures.values() for seed in seeds]
 
 
 def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Calibration:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ditq.checkpoint.qconfig import CONFIG_FORMS
 from ditq.devices import add_device_arguments, parse_memory_size
 from ditq.errors import InputError
+from ditq.probe.fixtures import parse_seeds
 from ditq.quantization.defaults import AUTO_MIN_SHARE, CALIBRATIONS, DEFAULTS
 from ditq.quantization.links import COPY_MAX_BYTES
 from ditq.schemes import SCHEMES
@@ -121,7 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_seeds,
         default=(0, 1),
         metavar="S[,S...]",
-        help="--calibrate gptq: the seeds each fixture is run at (default 0,1: not the probe's 2301-2304)",
+        help="--calibrate gptq: the seeds each fixture is run at, e.g. 0,1 or 0-3 (default 0,1: not the probe's "
+        "2301-2304)",
     )
     calibration.add_argument(
         "--calibration-steps",
@@ -141,10 +143,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _seeds(text: str) -> tuple[int, ...]:
+    """The probe's seed syntax (``parse_seeds``), its error said as argparse says one."""
     try:
-        return tuple(int(part) for part in _comma_list(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+        return tuple(parse_seeds(text))
+    except InputError:
+        raise argparse.ArgumentTypeError(f"not a list of seeds: {text!r} (e.g. 0,1 or 0-3)") from None
 
 
 def _calibrated(args: argparse.Namespace) -> QuantizeResult:

@@ -101,24 +101,11 @@ class AdapterExecutor:
         self.parallel: str | None = None  # one process, one device
 
     def __call__(self, fixture: Fixture, seed: int) -> Reply:
-        from ditq.pictures import open_picture
-        from ditq.runtime.adapter import GenerationRequest
         from ditq.runtime.images import encode_image
 
         t0 = time.perf_counter()
         try:
-            references = [open_picture(path) for path in fixture.reference_paths]
-            request = GenerationRequest(
-                prompt=fixture.prompt,
-                negative_prompt=fixture.negative_prompt,
-                images=references,
-                width=fixture.width,
-                height=fixture.height,
-                num_inference_steps=self.steps,
-                true_cfg_scale=self.true_cfg_scale,
-                seed=seed,
-            )
-            result = self.adapter(request)
+            result = self.adapter(fixture.request(seed, self.steps, self.true_cfg_scale))
             encoding = time.perf_counter()
             encoded = encode_image(result.images[0], "png", "auto")  # as ditq serve encodes its answer
             encode_s = time.perf_counter() - encoding

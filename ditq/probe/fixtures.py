@@ -16,11 +16,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ditq.errors import InputError
 from ditq.jsonfile import read_json
 from ditq.runfiles import set_digest
+
+if TYPE_CHECKING:  # the request is built on demand: reading fixtures needs no torch
+    from ditq.runtime.adapter import GenerationRequest
 
 __all__ = [
     "DEFAULT_SEEDS",
@@ -75,6 +78,22 @@ class Fixture:
     @property
     def size(self) -> str:
         return f"{self.width}x{self.height}"
+
+    def request(self, seed: int, steps: int, true_cfg_scale: float | None = None) -> GenerationRequest:
+        """This fixture as one in-process request (prompt, references read from disk, size) at ``seed``."""
+        from ditq.pictures import open_picture
+        from ditq.runtime.adapter import GenerationRequest
+
+        return GenerationRequest(
+            prompt=self.prompt,
+            negative_prompt=self.negative_prompt,
+            images=[open_picture(path) for path in self.reference_paths],
+            width=self.width,
+            height=self.height,
+            num_inference_steps=steps,
+            true_cfg_scale=true_cfg_scale,
+            seed=seed,
+        )
 
 
 def _fixture(source: Path, fixture_id: str, raw: Any, refs_dir: Path) -> Fixture:

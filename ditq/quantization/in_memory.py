@@ -139,7 +139,7 @@ def _quantize_module(
     rule = plan_targets(module, component, shapes, targets, (), MIN_FEATURES, group_size)
     if plan is None:
         assert scheme is not None
-        schemes = {prefix: scheme.fitted(layer.in_features) for prefix, layer in rule.targets.items()}
+        schemes = rule.uniform(scheme)
     else:
         schemes = apply_plan(rule, plan, where)[1]
     first = linear_at(module, next(iter(schemes))).weight

@@ -154,7 +154,7 @@ class _Plan:
 def _layout(rule: TargetPlan, scheme: Scheme | None, plan: _Plan | None) -> _Layout:
     if plan is None:
         assert scheme is not None
-        schemes = {prefix: scheme.fitted(layer.in_features) for prefix, layer in rule.targets.items()}
+        schemes = rule.uniform(scheme)
         if len(set(schemes.values())) > 1:  # 4-bit groups and per-channel fall-backs side by side
             return _Layout(rule, schemes, mixed_quantization_config(schemes, list(rule.ignored)))
         return _Layout(rule, schemes, quantization_config(next(iter(schemes.values())), list(rule.ignored)))

@@ -43,6 +43,7 @@ from ditq.checkpoint.patterns import compile_pattern
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
 from ditq.quantization.defaults import AUTO_MIN_SHARE
+from ditq.schemes import Scheme
 
 __all__ = [
     "ALIGNMENT",
@@ -79,6 +80,11 @@ class TargetPlan:
     targets: dict[str, LinearLayer] = field(default_factory=dict)
     ignored: dict[str, str] = field(default_factory=dict)  # prefix -> reason
     block_lists: list[str] = field(default_factory=list)
+
+    def uniform(self, scheme: Scheme) -> dict[str, Scheme]:
+        """Target prefix -> ``scheme`` as it fits that layer (``Scheme.fitted``: 4-bit groups that do not divide a
+        layer's in_features become per-channel scales)."""
+        return {prefix: scheme.fitted(layer.in_features) for prefix, layer in self.targets.items()}
 
 
 def build_meta_model(

@@ -38,9 +38,9 @@ def _lora_class() -> type[torch.nn.Module]:
     from peft.tuners.lora.layer import Linear
 
     class QuantizedLoraLinear(Linear):
-        """peft's LoRA Linear around a ditq ``QuantizedLinear``: the base runs its kernel path; A and B follow the
-        activations (device and dtype), moved at the first call that brings them elsewhere (a quantized layer holds
-        no weight peft could read them from). DoRA, a LoRA bias and merging are refused in one line."""
+        """peft's LoRA Linear around a ditq ``QuantizedLinear``: the base runs its kernel path; A and B sit on the
+        layer's device in its activation dtype (peft casts each input to theirs). DoRA, a LoRA bias and merging are
+        refused in one line."""
 
         def __init__(
             self, base_layer: torch.nn.Module, adapter_name: str, config: Any, **kwargs: Any
@@ -59,14 +59,6 @@ def _lora_class() -> type[torch.nn.Module]:
             for adapters in (self.lora_A, self.lora_B):
                 if adapter_name in adapters:
                     adapters[adapter_name].to(device or base.qweight.device, base._default_activation_dtype())
-
-        def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-            for adapters in (self.lora_A, self.lora_B):
-                for layer in adapters.values():
-                    if layer.weight.device != x.device or layer.weight.dtype != x.dtype:
-                        layer.to(x.device, x.dtype)
-            out: torch.Tensor = super().forward(x, *args, **kwargs)
-            return out
 
         def _get_in_out_features(self, module: torch.nn.Module) -> tuple[int, int]:
             layer = cast(QuantizedLinear, module)
