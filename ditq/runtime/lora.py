@@ -7,11 +7,12 @@ it takes a mapping on its config (``LoraConfig._register_custom_module``). diffu
 ``set_adapters``, ``disable_lora`` and ``unload_lora_weights`` then work unchanged on a pipeline ditq loaded, by
 ``ditq.load_pipeline`` or by diffusers' ``from_pretrained`` after ``import ditq.diffusers`` (both register).
 
-The adapter runs as a side branch in the activations' dtype beside the quantized GEMM: y = Q(x) + B(A(x)) * scale.
-Merging it into the stored weights is refused: the sum would have to be quantized again, and the adapter's low-rank
-update is of the size of the 8-bit (or 4-bit) rounding error it would be folded into, so most of it would be
-rounded away; unloading returns the layer as it was. peft is optional: without it nothing is registered. With it,
-diffusers imports peft itself (``diffusers.loaders.peft``), so registering when a pipeline opens costs nothing more.
+The adapter runs as a side branch in the layer's activation dtype beside the quantized GEMM:
+y = Q(x) + B(A(x)) * scale. Merging it into the stored weights is refused: the sum would have to be quantized
+again, and the adapter's low-rank update is of the size of the 8-bit (or 4-bit) rounding error it would be folded
+into, so most of it would be rounded away; unloading returns the layer as it was. peft is optional: without it
+nothing is registered. With it, diffusers imports peft itself (``diffusers.loaders.peft``), so registering when a
+pipeline opens costs nothing more.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _lora_class() -> type[torch.nn.Module]:
             self, adapter_name: str, device: torch.device | None = None
         ) -> None:
             # peft reads the dtype from the base layer's weight, which here is the stored 8-bit one (e4m3 would
-            # round the adapter's values as they load): the adapter takes the activations' dtype instead
+            # round the adapter's values as they load): the adapter takes the layer's activation dtype instead
             base = cast(QuantizedLinear, self.get_base_layer())
             for adapters in (self.lora_A, self.lora_B):
                 if adapter_name in adapters:
