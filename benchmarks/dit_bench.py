@@ -106,6 +106,7 @@ PRESETS: dict[str, tuple[dict[str, Any], int, int]] = {
 }
 REFERENCES = (0, 1, 2, 3, 4)
 SCHEMES = ("w8a8", "fp8", "w8a16")
+FOUR_BIT = ("w4a8", "w4a16")
 # the same schemes with their projections fused (``ditq.runtime.fuse``; ``load_pipeline(fuse=True)``), to show what
 # the fusion gives
 FUSED = {"w8a8-fused": "w8a8", "fp8-fused": "fp8"}
@@ -127,6 +128,7 @@ PROFILED_REFERENCES = (0, 4)  # --profile: the rows profiled
 # must be below it rather than at most it). The ratio is of loop_ms (lower is better), judged at each reference count
 # where both rows exist; issue 16 judges it with 4 references.
 GOALS: dict[str, tuple[tuple[str, str], tuple[str, str], float, bool]] = {
+    "w4a8_compiled_loop_vs_fp8_compiled": (("w4a8", "compiled"), ("fp8", "compiled"), 1.10, False),
     "w8a8_eager_loop_vs_bf16_eager": (("w8a8", "eager"), ("bf16", "eager"), 0.80, False),
     "w8a8_compiled_loop_vs_bf16_compiled": (("w8a8", "compiled"), ("bf16", "compiled"), 0.80, False),
     "fp8_compiled_loop_vs_torchao_fp8row_compiled": (
@@ -287,9 +289,9 @@ def quantized_copy(
         model: Any = QwenImage21Transformer2DModel(**config)
     replaced = set(targets) if scheme_name is not None else set()
     for prefix in sorted(replaced):
-        scheme = get_scheme(scheme_name)  # type: ignore[arg-type]
         linear = bf16.get_submodule(prefix)
         assert isinstance(linear, torch.nn.Linear)
+        scheme = get_scheme(scheme_name).fitted(linear.in_features)  # type: ignore[arg-type]
         q, scale = quantize_weight(linear.weight, scheme)
         layer = linear_from_stored(codec_for(scheme).encode(q, scale), scheme, linear.bias)
         parent, _, attr = prefix.rpartition(".")
@@ -698,7 +700,7 @@ def main() -> int:
             "dynamo_graphs": graphs_after - graphs,
             "graph_breaks": breaks_after - breaks,
         }
-        if base in SCHEMES or base in FUSED or base in FAST:
+        if base in SCHEMES or base in FUSED or base in FAST or base in FOUR_BIT:
             row["kernels"] = kernel_counts(model)
         if attention is not None:
             row["attention_path"] = path
@@ -807,6 +809,13 @@ def main() -> int:
         *(row(variant, "compiled", r) for variant in ("bf16", "w8a8", "fp8", *torchao) for r in middle),
         *(row("w8a16", "compiled", r) for r in REFERENCES),
     ]
+    # issue 46's rows: the 4-bit schemes (round to nearest; the kernels do not see how the values were chosen)
+    for variant in FOUR_BIT:
+        plan += [
+            (f"{variant} quantize", 2 * scale, functools.partial(in_memory, variant)),
+            (f"{variant} layer errors", 3 * scale, functools.partial(layer_error, variant)),
+            *(row(variant, mode, r) for mode in ("compiled", "eager") for r in REFERENCES),
+        ]
     wanted_variants = None if args.variants is None else set(args.variants.split(","))
     wanted_modes = None if args.modes is None else set(args.modes.split(","))
 
@@ -909,7 +918,7 @@ def summarize(rows: list[dict[str, Any]], bf16_bytes: int, load: dict[str, Any])
                 by_references[f"r{references}"] = round(ours[field] / base[field], 3)
         summary[name] = {"field": field, "ratio_max": bar, "by_references": by_references,
                          "met": {r: v <= bar for r, v in by_references.items()}}  # fmt: skip
-    for scheme in (*SCHEMES, "torchao-int8dyn", "torchao-fp8row"):
+    for scheme in (*SCHEMES, *FOUR_BIT, "torchao-int8dyn", "torchao-fp8row"):
         weights = [row["weight_bytes"] for row in rows if row["variant"] == scheme and "weight_bytes" in row]
         if weights:
             ratio = weights[0] / bf16_bytes

@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 
 SHAPES_KN = [(4096, 12288), (4096, 4096), (12288, 4096)]
 SHAPES_M = [4352, 20736]
+# --shapes four-bit: the full-size transformer's and text encoder's Linears (K, N: hidden 4096, MLP 12288, the
+# text encoder's key/value 1024) at the token counts 4-bit serving meets: a prompt (16, 256), a cached step at
+# 1024x1024 (4096 target tokens), a prefix step with 4 references (20736)
+FOUR_BIT_KN = [(4096, 12288), (4096, 4096), (12288, 4096), (4096, 1024)]
+FOUR_BIT_M = [16, 256, 4096, 20736]
+SHAPE_SETS = {"seed": (SHAPES_M, SHAPES_KN), "four-bit": (FOUR_BIT_M, FOUR_BIT_KN)}
 
 
 def median_ms(fn: Callable[[], object]) -> float:
@@ -93,12 +99,14 @@ def prepared_paths(w: torch.Tensor, scheme: Scheme) -> Iterator[tuple[KernelPath
 
     n, k = w.shape
     for path in candidate_paths(scheme, w.device, torch.bfloat16, k, n):
-        q, scale = quantize_weight(w.float(), path.scheme)
+        q, scale = quantize_weight(w.float(), path.scheme.fitted(k))
         stored = {key: t.to(w.device) for key, t in codec_for(path.scheme).encode(q, scale).items()}
         yield path, path.prepare(stored, w.device)
 
 
-def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -> list[dict[str, object]]:
+def _rows_for_shape(
+    m: int, k: int, n: int, torchao_ok: bool, only: list[str], schemes: list[str]
+) -> list[dict[str, object]]:
     from ditq.doctor import choose_kernel
     from ditq.numerics import quantize_weight, relative_l2
     from ditq.schemes import SCHEMES, get_scheme
@@ -152,6 +160,8 @@ def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -
 
     cuda = torch.device("cuda")
     for scheme in SCHEMES.values():
+        if schemes and scheme.name not in schemes:
+            continue
         try:  # the one kernel-choice policy, as ditq serve applies it to a layer of this shape
             chosen: str | None = choose_kernel(scheme, cuda, torch.bfloat16, k, n).path.name
         except Exception:
@@ -160,6 +170,15 @@ def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -
         for path, prepared in prepared_paths(w, scheme):
             record(f"ditq:{path.name}", path.scheme.name, lambda p=path, pr=prepared: p.matmul(x, pr, None),
                    chosen=path.name == chosen)  # fmt: skip
+            if path.name == "triton-w4a8":  # the other operand order, measured against the shipped one
+                from ditq.kernels._triton.w4_gemm import w4_gemm
+
+                def other_order(pr: Prepared = prepared) -> torch.Tensor:
+                    x_q, x_scale = quantize_rows(x, "fp8")
+                    return w4_gemm(x_q, x_scale.reshape(-1), pr["weight"], pr["weight_scale"], None,
+                                   torch.bfloat16, weights_first=False)  # fmt: skip
+
+                record("w4a8 activations-first order (not shipped)", "variant", other_order)
             del prepared
 
     if torchao_ok:
@@ -175,7 +194,7 @@ def _rows_for_shape(m: int, k: int, n: int, torchao_ok: bool, only: list[str]) -
 
 def _triton_best_configs() -> dict[str, object]:
     """The autotuner's choice per key for each ditq Triton GEMM (the variant sweep's outcome)."""
-    from ditq.kernels._triton import act_quant, w8a8_gemm, w8a16_gemm
+    from ditq.kernels._triton import act_quant, w4_gemm, w8a8_gemm, w8a16_gemm
 
     found: dict[str, object] = {}
     for label, kernel in (
@@ -183,6 +202,8 @@ def _triton_best_configs() -> dict[str, object]:
         ("w8a8_tma", w8a8_gemm._w8a8_tma_kernel),
         ("w8a8_persistent", w8a8_gemm._w8a8_persistent_kernel),
         ("w8a16", w8a16_gemm._w8a16_kernel),
+        ("w4", w4_gemm._w4_kernel),
+        ("w4_activations_first", w4_gemm._w4_plain_kernel),
         ("activation_quantization", act_quant._act_quant_kernel),
     ):
         found[label] = {str(key): str(config) for key, config in kernel.cache.items()}
@@ -206,6 +227,27 @@ def _table(rows: list[dict[str, object]]) -> str:
             f"{r['M']:>6} {r['K']:>6} {r['N']:>6}  {r['path']:<44} {r['ms']:>8.3f} {r['tflops']:>8.1f} {ratio:>7.2f} {err:>8}"
         )
     return "\n".join(lines)
+
+
+def four_bit_ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Per shape: ditq w4a8's TFLOP/s over the best ditq fp8 path's (issue 46's goal: at least 0.9), and the best
+    w4a16 path's over BF16 cuBLAS, from one run's rows."""
+    best: dict[tuple[object, ...], float] = {}
+    for r in rows:
+        if "tflops" not in r:
+            continue
+        label = {"w4a8": "w4a8", "fp8": "fp8", "w4a16": "w4a16"}.get(str(r["kind"]))
+        label = "bf16" if r["path"] == "bf16-cublas" else label
+        if label is not None and str(r["path"]).startswith(("ditq:", "bf16")):
+            key = (r["M"], r["K"], r["N"], label)
+            best[key] = max(best.get(key, 0.0), float(r["tflops"]))  # type: ignore[arg-type]
+    out = []
+    for m, k, n in sorted({key[:3] for key in best}):  # type: ignore[type-var]
+        get = {label: best.get((m, k, n, label)) for label in ("w4a8", "fp8", "w4a16", "bf16")}
+        out.append({"M": m, "K": k, "N": n,
+                    "w4a8_x_fp8": None if not (get["w4a8"] and get["fp8"]) else round(get["w4a8"] / get["fp8"], 3),
+                    "w4a16_x_bf16": None if not (get["w4a16"] and get["bf16"]) else round(get["w4a16"] / get["bf16"], 3)})  # fmt: skip
+    return out
 
 
 GOALS = {"w8a8": 1.6, "fp8": 1.75}  # throughput vs BF16 cuBLAS at every benchmarked shape (issue 16)
@@ -282,6 +324,12 @@ def main() -> int:
     )
     parser.add_argument("--no-torchao", action="store_true", help="skip the torchao rows")
     parser.add_argument(
+        "--shapes", choices=tuple(SHAPE_SETS), default="seed", help="the M x (K, N) set timed"
+    )
+    parser.add_argument(
+        "--schemes", default="", help="comma list: only these schemes' ditq paths (default: all)"
+    )
+    parser.add_argument(
         "--only", default="", help="comma list: time only rows whose name contains one (and bf16)"
     )
     args = parser.parse_args()
@@ -302,9 +350,11 @@ def main() -> int:
     rows: list[dict[str, object]] = []
     started = time.time()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    for m in SHAPES_M:
-        for k, n in SHAPES_KN:
-            rows.extend(_rows_for_shape(m, k, n, torchao_ok, only))
+    shapes_m, shapes_kn = SHAPE_SETS[args.shapes]
+    schemes = [name for name in args.schemes.split(",") if name]
+    for m in shapes_m:
+        for k, n in shapes_kn:
+            rows.extend(_rows_for_shape(m, k, n, torchao_ok, only, schemes))
             print(f"done M={m} K={k} N={n} at {time.time() - started:.0f}s", flush=True)
             result = {  # rewritten after every shape, so a cut-short run still leaves its numbers
                 "command": "python " + " ".join(sys.argv),
@@ -313,9 +363,12 @@ def main() -> int:
                 "rel_l2_vs_bf16": "output vs BF16 cuBLAS F.linear on the unquantized weight (quantization error included)",
                 "rows": rows,
                 "triton_autotune_choice": _triton_best_configs(),
+                "four_bit": four_bit_ratios(rows),
             }
             args.out.write_text(json.dumps(result, indent=1))
     print(_table(rows))
+    for line in four_bit_ratios(rows):
+        print(line)
     return 0
 
 

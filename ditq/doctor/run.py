@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ from ditq.kernels.registry import KernelPath, all_kernels, get_kernel
 from ditq.runfiles import DoctorPath
 from ditq.schemes import Scheme
 
-__all__ = ["check_paths", "run_doctor", "select_paths"]
+__all__ = ["check_paths", "run_doctor", "scheme_geometries", "select_paths"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,18 @@ def select_paths(
     return [p for p in chosen if not schemes or p.scheme.name in schemes]
 
 
+def scheme_geometries(scheme: Scheme, geometries: Sequence[Geometry]) -> list[Geometry]:
+    """The geometries a path of ``scheme`` is checked at without an artifact: each as given and, where the scheme
+    groups its scales (the 4-bit schemes), also with the groups ``ditq quantize`` gives that layer."""
+    out = list(geometries)
+    for geometry in geometries:
+        group_size = scheme.fitted(geometry.in_features).group_size if scheme.num_bits == 4 else None
+        grouped = replace(geometry, group_size=group_size)
+        if group_size is not None and geometry.group_size is None and grouped not in out:
+            out.append(grouped)
+    return out
+
+
 def run_doctor(
     device: torch.device | str,
     artifact: Path | None = None,
@@ -102,7 +115,7 @@ def run_doctor(
     log.info("doctor: %d kernel paths to check on %s", len(selected), device)
     for index, path in enumerate(selected, 1):
         if from_artifact is None:
-            path_geometries: Sequence[Geometry] = geometries
+            path_geometries: Sequence[Geometry] = scheme_geometries(path.scheme, geometries)
             cases = default_cases(weights)
         else:
             own = from_artifact.get(path.scheme.name, {})

@@ -6,7 +6,15 @@ is missing here still registers and reports why through ``supports``.
 
 from __future__ import annotations
 
-from ditq.kernels import fp8_scaled_mm, fp8_triton, reference, w8a8_int_mm, w8a8_triton, w8a16_triton
+from ditq.kernels import (
+    fp8_scaled_mm,
+    fp8_triton,
+    reference,
+    w4_triton,
+    w8a8_int_mm,
+    w8a8_triton,
+    w8a16_triton,
+)
 from ditq.kernels.registry import (
     ENV_DISABLE,
     ENV_FORCE,
@@ -34,6 +42,7 @@ __all__ = [
     "reference",
     "register_kernel",
     "unregister_kernel",
+    "w4_triton",
     "w8a8_int_mm",
     "w8a8_triton",
     "w8a16_triton",

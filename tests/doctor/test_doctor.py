@@ -308,7 +308,12 @@ def test_the_exact_answer_is_what_the_output_dtype_can_hold(tmp_path: Path) -> N
         (f"cpu-reference-{s}" for s in ("w8a16", "w8a8", "fp8", "w4a16", "w4a8")), "PASS"
     ), [r.reason for r in results]
     analytic = [c for r in results for c in r.checks if c.step == "output" and c.weights == "analytic"]
-    assert len(analytic) == 5 * 2 * 2 and all(c.value == 0.0 for c in analytic)  # paths x geometries x dtypes
+    # paths x geometries x dtypes, and the 4-bit paths' grouped 1152 x 4304 (4304 takes no groups of 128)
+    assert len(analytic) == 5 * 2 * 2 + 2 * 1 * 2 and all(c.value == 0.0 for c in analytic)
+    grouped = {
+        (r.path, c.geometry) for r in results for c in r.checks if c.step == "output" and "g128" in c.geometry
+    }
+    assert grouped == {(f"cpu-reference-{s}", "1152->4304 g128 (vision MLP in)") for s in ("w4a16", "w4a8")}
     held = {c.message for c in analytic if c.geometry.startswith("4304") and c.dtype == "bfloat16"}
     assert held == {"every output == 4304 as bfloat16 holds it (4288 or 4320)"}
     assert main(["doctor", "--device", "cpu", "--geometry", "4304x1152", "--rows", "4"]) == 0

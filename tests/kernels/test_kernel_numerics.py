@@ -25,7 +25,15 @@ CPU_BOUNDS = {torch.bfloat16: 4e-3, torch.float16: 5e-4, torch.float32: 1e-6}
 # (x shape (..., K), N, w8a16 group size): CPU sizes stay tiny, with a single token, leading batch dims and
 # grouped scales; CUDA sizes include ragged M and the seed's wide-in shape.
 CPU_CASES = [((33, 256), 96, None), ((1, 64), 32, None), ((2, 5, 64), 48, None), ((17, 256), 64, 32)]
-CUDA_CASES = [((333, 1024), 768, None), ((512, 4096), 4096, None), ((64, 12288), 4096, None)]
+# grouped scales: w8a16's and the 4-bit schemes' (groups of 128, and 32 from other tools; a handful of tokens, as a
+# short prompt or a modulation Linear gives)
+CUDA_CASES = [
+    ((333, 1024), 768, None),
+    ((512, 4096), 4096, None),
+    ((64, 12288), 4096, None),
+    ((333, 3072), 512, 128),
+    ((3, 1024), 256, 32),
+]
 
 
 def _param(path: KernelPath) -> object:

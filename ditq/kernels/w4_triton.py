@@ -1,0 +1,164 @@
+"""CUDA 4-bit weights: w4a8 (int4 weights x per-token fp8 activations on fp8 tensor cores, sm_89+) and w4a16 (int4
+weights x bf16/fp16 activations, sm_80+) through one Triton GEMM (``_triton.w4_gemm``), and w4a16 as dequantize +
+cuBLAS (ops ``ditq::w4a8_triton``, ``ditq::w4a16_triton``, ``ditq::w4a16_dequant_matmul``).
+
+The repack keeps the weights at 4 bits: compressed-tensors' int32 words hold eight nibbles biased by 8, low nibble
+first, so their bytes (little-endian) are already two values each in k order; flipping each nibble's top bit
+(``^ 0x88``) makes them two's complement, which the kernel widens with two shifts. The scales stay (N, groups)
+float32. No 16-bit weight is ever materialised, except transiently, one layer at a time, by the dequantize path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ditq.checkpoint.codecs import codec_for
+from ditq.errors import InputError
+from ditq.kernels.cuda_common import (
+    cuda_op,
+    matmul_quantized_rows,
+    matmul_rows,
+    register_quantized_row_fakes,
+    register_row_fakes,
+    triton_available,
+)
+from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, StoredWeight, register_kernel
+from ditq.schemes import W4A8, W4A16
+
+__all__ = ["block_k_for", "repack_int4"]
+
+# Tokens up to which the w4a16 path runs the Triton GEMM (memory-bound: reading 4-bit weights is the time); above,
+# dequantize + cuBLAS, whose 16-bit tensor-core GEMM is the faster of the two once the GEMM is compute-bound.
+W4A16_TRITON_MAX_ROWS = 256
+
+
+def block_k_for(in_features: int, groups: int) -> int | None:
+    """The 4-bit GEMM's K tile for a layer of ``in_features`` with ``groups`` scale columns: the largest of 128, 64
+    and 32 that divides the group size (per channel: 128, or the power of two covering a narrower K, the tail
+    masked), or None when none does."""
+    if groups == 1:
+        return 128 if in_features >= 128 else max(32, 1 << (in_features - 1).bit_length())
+    group_size = in_features // groups
+    return next((bk for bk in (128, 64, 32) if group_size % bk == 0), None)
+
+
+def repack_int4(stored: StoredWeight, device: torch.device) -> Prepared:
+    """The 4-bit paths' repack: weight (N, K / 2) int8, two's-complement nibbles, even k low; weight_scale (N, G)
+    float32. A group size that no K tile of the kernel divides is an InputError (the doctor then refuses the path)."""
+    codec = codec_for(W4A16)
+    out_features, in_features = codec.features(stored)
+    packed = stored["weight_packed"]
+    if (
+        in_features % 8
+        or tuple(packed.shape) != (out_features, in_features // 8)
+        or packed.dtype != torch.int32
+    ):
+        raise InputError(
+            f"stored 'weight_packed' {packed.dtype} {tuple(packed.shape)} does not hold a ({out_features}, "
+            f"{in_features}) 4-bit weight whole words at a time"
+        )
+    scale = stored["weight_scale"]
+    if scale.ndim != 2 or scale.shape[0] != out_features or in_features % scale.shape[1]:
+        raise InputError(
+            f"stored 'weight_scale' {tuple(scale.shape)} does not fit ({out_features}, {in_features})"
+        )
+    if block_k_for(in_features, scale.shape[1]) is None:
+        raise InputError(
+            f"group size {in_features // scale.shape[1]}: the 4-bit CUDA kernels take groups of a multiple of 32"
+        )
+    flipped = packed.to(device).contiguous().view(torch.uint8) ^ 0x88
+    return {
+        "weight": flipped.view(torch.int8).reshape(out_features, in_features // 2),
+        "weight_scale": scale.to(device, torch.float32).contiguous(),
+    }
+
+
+def _w4a8_gemm(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    from ditq.kernels._triton.w4_gemm import w4_gemm
+
+    return w4_gemm(x_q, x_scale, weight, weight_scale, bias, out_dtype)
+
+
+def _w4a16_gemm(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    from ditq.kernels._triton.w4_gemm import w4_gemm
+
+    return w4_gemm(x, None, weight, weight_scale, bias, x.dtype)
+
+
+def _w4a16_dequant_matmul(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    from ditq.kernels._triton.w4_gemm import dequantize_int4, w4_gemm
+
+    if x.shape[0] <= W4A16_TRITON_MAX_ROWS and x.dtype in HALF_ACTIVATIONS:
+        return w4_gemm(x, None, weight, weight_scale, bias, x.dtype)
+    w = dequantize_int4(weight, weight_scale, x.dtype)  # (N, K) in x's dtype, transient
+    return torch.nn.functional.linear(x, w, bias)
+
+
+w4a8_triton = cuda_op("ditq::w4a8_triton", _w4a8_gemm)
+register_quantized_row_fakes(w4a8_triton)
+w4a16_triton = cuda_op("ditq::w4a16_triton", _w4a16_gemm)
+w4a16_dequant_matmul = cuda_op("ditq::w4a16_dequant_matmul", _w4a16_dequant_matmul)
+register_row_fakes(w4a16_triton, w4a16_dequant_matmul)
+
+# K a multiple of 8: whole int32 words (the loads are masked pointer loads, so no wider alignment is needed).
+_ALIGNMENT = 8
+
+
+@register_kernel(
+    name="triton-w4a8",
+    scheme=W4A8,
+    device_type="cuda",
+    prepare=repack_int4,
+    priority=80,
+    min_capability=(8, 9),
+    activation_dtypes=HALF_ACTIVATIONS,
+    alignment=_ALIGNMENT,
+    available=triton_available,
+)
+def matmul_w4a8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """Triton: per-token fp8 quantization, int4 weights widened to e4m3 in registers, fp8 dot, group scales in
+    float32."""
+    return matmul_quantized_rows(w4a8_triton, x, prepared, bias, "fp8")
+
+
+@register_kernel(
+    name="triton-w4a16",
+    scheme=W4A16,
+    device_type="cuda",
+    prepare=repack_int4,
+    priority=80,
+    min_capability=(8, 0),
+    activation_dtypes=HALF_ACTIVATIONS,
+    alignment=_ALIGNMENT,
+    available=triton_available,
+)
+def matmul_w4a16(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """Triton: int4 weights widened to 16 bits in registers, 16-bit dot, group scales in float32."""
+    return matmul_rows(w4a16_triton, x, prepared, bias)
+
+
+@register_kernel(
+    name="dequant-matmul-w4a16",
+    scheme=W4A16,
+    device_type="cuda",
+    prepare=repack_int4,
+    priority=85,
+    min_capability=(8, 0),
+    activation_dtypes=HALF_ACTIVATIONS | {torch.float32},
+    alignment=_ALIGNMENT,
+    available=triton_available,
+)
+def matmul_w4a16_dequant(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """The Triton GEMM up to 256 tokens; above, dequantize to the activation dtype (Triton), then cuBLAS."""
+    return matmul_rows(w4a16_dequant_matmul, x, prepared, bias)
