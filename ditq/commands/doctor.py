@@ -19,7 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--artifact", type=Path, metavar="PATH", help="check with this artifact's own layers and shapes"
     )
-    parser.add_argument("--scheme", nargs="+", metavar="S", help="only these schemes (w8a16, w8a8, fp8, w4a16, w4a8)")
+    parser.add_argument(
+        "--scheme", nargs="+", metavar="S", help="only these schemes (w8a16, w8a8, fp8, w4a16, w4a8)"
+    )
     parser.add_argument("--kernels", nargs="+", metavar="K", help="only these kernel paths (names as listed)")
     parser.add_argument(
         "--synthetic",

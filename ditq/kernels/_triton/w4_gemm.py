@@ -85,6 +85,19 @@ def _widen(b, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     return tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))
 
 
+@triton.jit
+def _widen_f16(b, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MAGIC: tl.constexpr):
+    """The same values as float16. MAGIC: through the float16 bits of 1024 + biased nibble, less 1032 (no
+    integer-to-float conversion); else shifts and a conversion."""
+    if MAGIC:
+        word = b.to(tl.int32)
+        low = ((word & 0xF) ^ 0x8) | 0x6400
+        high = (((word >> 4) & 0xF) ^ 0x8) | 0x6400
+        bits = tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K)).to(tl.int16)
+        return bits.to(tl.float16, bitcast=True) - 1032.0
+    return _widen(b, BLOCK_N, BLOCK_K).to(tl.float16)
+
+
 @triton.autotune(
     configs=_configs(),
     key=["M_BUCKET", "N", "K", "GROUP_SIZE"],
@@ -111,6 +124,7 @@ def _w4_kernel(
     HAS_BIAS: tl.constexpr,
     IS_FP8: tl.constexpr,
     GROUPED: tl.constexpr,
+    MAGIC: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -137,10 +151,10 @@ def _w4_kernel(
             k_left = K - k * BLOCK_K
             b = tl.load(w_ptrs, mask=offs_b[None, :] < k_left // 2, other=0)
             x = tl.load(x_ptrs, mask=offs_k[:, None] < k_left, other=0)
-        q = _widen(b, BLOCK_N, BLOCK_K)
+        q = _widen_f16(b, BLOCK_N, BLOCK_K, MAGIC)
         if IS_FP8:
             x = x.to(tl.float8e4nv, bitcast=True)
-            w = q.to(tl.float16).to(tl.float8e4nv)
+            w = q.to(tl.float8e4nv)
         else:
             w = q.to(x.dtype)
         if GROUPED:
@@ -189,6 +203,7 @@ def _w4_plain_kernel(
     HAS_BIAS: tl.constexpr,
     IS_FP8: tl.constexpr,
     GROUPED: tl.constexpr,
+    MAGIC: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -216,10 +231,10 @@ def _w4_plain_kernel(
             k_left = K - k * BLOCK_K
             b = tl.load(w_ptrs, mask=offs_b[None, :] < k_left // 2, other=0)
             x = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0)
-        q = _widen(b, BLOCK_N, BLOCK_K)
+        q = _widen_f16(b, BLOCK_N, BLOCK_K, MAGIC)
         if IS_FP8:
             x = x.to(tl.float8e4nv, bitcast=True)
-            w = q.to(tl.float16).to(tl.float8e4nv)
+            w = q.to(tl.float8e4nv)
         else:
             w = q.to(x.dtype)
         if GROUPED:
@@ -250,9 +265,11 @@ def w4_gemm(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     weights_first: bool = True,
+    magic: bool = False,
 ) -> torch.Tensor:
     """c (M, N) = x @ dequant(w)^T (* x_scale) + bias; x fp8 (with x_scale (M,)) or bf16/fp16 (x_scale None).
-    ``weights_first`` False runs the other operand order (measured against, not shipped)."""
+    ``weights_first`` False runs the other operand order, ``magic`` the other widening (measured against, not
+    shipped)."""
     from ditq.kernels.w4_triton import block_k_for
 
     m, k = x.shape
@@ -292,6 +309,7 @@ def w4_gemm(
         HAS_BIAS=bias is not None,
         IS_FP8=is_fp8,
         GROUPED=groups > 1,
+        MAGIC=magic,
         BLOCK_K=block_k,
     )
     return c
