@@ -56,6 +56,7 @@ import gc
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -574,6 +575,7 @@ def main() -> int:
         "--variants", help="comma list: only these variants' steps (e.g. bf16,w8a8; default: every variant)"
     )
     parser.add_argument("--modes", help="comma list: only these modes' rows (eager, compiled; default: both)")
+    parser.add_argument("--references", help="comma list: only these reference counts' rows (default: 0-4)")
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -819,14 +821,23 @@ def main() -> int:
     wanted_variants = None if args.variants is None else set(args.variants.split(","))
     wanted_modes = None if args.modes is None else set(args.modes.split(","))
 
+    wanted_references = None if args.references is None else {f"r{r}" for r in args.references.split(",")}
+
     def wanted(name: str) -> bool:
         words = name.split()
         if wanted_variants is not None and words[0] not in wanted_variants:
             return False
+        row_references = words[-1] if re.fullmatch(r"r\d+", words[-1]) else None
+        if (
+            wanted_references is not None
+            and row_references is not None
+            and row_references not in wanted_references
+        ):
+            return False
         modes = {"eager", "compiled"} & set(words)
         return wanted_modes is None or not modes or bool(modes & wanted_modes)
 
-    result["selection"] = {"variants": args.variants, "modes": args.modes}
+    result["selection"] = {"variants": args.variants, "modes": args.modes, "references": args.references}
     failed: set[str] = set()
     for name, estimate, action in plan:
         if not wanted(name):

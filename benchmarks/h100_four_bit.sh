@@ -5,6 +5,8 @@
 # Stages (STAGES picks a subset, in this order):
 #   tests    the 4-bit kernel paths' GPU tests (tests/kernels, -k w4) and ditq doctor on their paths at every Linear
 #            geometry of the full-size transformer and text encoder, grouped as ditq quantize groups them
+#   tiny     the chain on the GPU at the tiny preset: ditq sweep --schemes w4a8,w4a16 --offload auto --max-memory 4GiB
+#            (quantize, verify, doctor, load, serve, compare: every 4-bit stage on CUDA)
 #   kernels  benchmarks/kernels_bench.py --shapes four-bit: the 4-bit paths against BF16 cuBLAS and ditq fp8
 #   ditbench benchmarks/dit_bench.py: the full-size DiT's denoising loop, BF16 / fp8 / w4a8 / w4a16, compiled (and
 #            DITBENCH_ARGS), 0-4 references at 1024x1024
@@ -20,7 +22,7 @@ DITBENCH_BUDGET_S=${DITBENCH_BUDGET_S:-480}
 export PYTHONUNBUFFERED=1 DITQ_CACHE_DIR=$RUN/cache
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 EXPORTS="TREE GEOMETRIES DITBENCH_ARGS DITBENCH_BUDGET_S PYTHONPATH"
-COLLECT="run.log tests.log doctor.json kernels.json kernels.log ditbench.json ditbench.log"
+COLLECT="run.log tests.log doctor.json tiny_sweep.tgz kernels.json kernels.log ditbench.json ditbench.log"
 
 run_stages() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -30,9 +32,20 @@ run_stages() {
       tests)
         timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -k "w4" tests/kernels 2>&1 | tail -40 >"$RUN/tests.log"
         tail -5 "$RUN/tests.log"
+        # correctness at every geometry: one configuration per kernel, no autotuning (DITQ_TRITON_AUTOTUNE=0)
         # shellcheck disable=SC2086
-        timeout 300 python3 -m ditq doctor --scheme w4a8 w4a16 --device cuda --geometry $GEOMETRIES \
+        DITQ_TRITON_AUTOTUNE=0 timeout 300 python3 -m ditq.cli doctor --scheme w4a8 w4a16 --device cuda --geometry $GEOMETRIES \
           --json "$RUN/doctor.json" --report "$RUN/doctor-reports" 2>&1 | tail -30
+        ;;
+      tiny)
+        rm -rf "$RUN/tiny" "$RUN/tiny-sweep"
+        python3 tools/full_size_pipeline.py --preset tiny --device cuda --out "$RUN/tiny" >/dev/null 2>&1
+        timeout "${TINY_S:-300}" python3 -m ditq.cli sweep "$RUN/tiny" --schemes w4a8,w4a16 \
+          --fixtures "$RUN/tiny/fixtures/fixtures.json" --refs "$RUN/tiny/fixtures/refs" --out "$RUN/tiny-sweep" \
+          --seeds 2301 --steps 2 --device cuda:0 --offload auto --max-memory 4GiB --no-progress >"$RUN/tiny_sweep.log" 2>&1
+        echo "exit $?"
+        tail -12 "$RUN/tiny_sweep.log"
+        tar czf "$RUN/tiny_sweep.tgz" -C "$RUN" --exclude='*/artifact' --exclude='*/images' --exclude='*/grids' tiny-sweep
         ;;
       kernels)
         timeout 420 python3 benchmarks/kernels_bench.py --shapes four-bit --schemes fp8,w4a8,w4a16 --no-torchao \
