@@ -3,8 +3,9 @@
 # shell command. From the repository root, with the machine's python3 (the wheels it lacks on PYTHONPATH):
 #   bash benchmarks/h100_four_bit.sh launch | wait [S] | collect      (benchmarks/h200_detached.sh's verbs)
 # Stages (STAGES picks a subset, in this order):
-#   tests    the 4-bit kernel paths' GPU tests (tests/kernels, -k w4) and ditq doctor on their paths at every Linear
-#            geometry of the full-size transformer and text encoder, grouped as ditq quantize groups them
+#   tests    the 4-bit kernel paths' GPU tests (tests/kernels, -k w4)
+#   doctor   ditq doctor on their paths at every Linear geometry of the full-size transformer and text encoder, grouped
+#            as ditq quantize groups them
 #   tiny     the chain on the GPU at the tiny preset: ditq sweep --schemes w4a8,w4a16 --offload auto --max-memory 4GiB
 #            (quantize, verify, doctor, load, serve, compare: every 4-bit stage on CUDA)
 #   kernels  benchmarks/kernels_bench.py --shapes four-bit: the 4-bit paths against BF16 cuBLAS and ditq fp8
@@ -14,7 +15,7 @@
 set -o pipefail
 OUT=${OUT:-h100-out}
 RUN=${RUN:-/root/ditq-four-bit}
-STAGES=${STAGES:-tests kernels ditbench}
+STAGES=${STAGES:-tests doctor tiny kernels ditbench}
 TREE=${TREE:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 GEOMETRIES=${GEOMETRIES:-1152x4304 4304x1152 4096x1024 4096x4096 4096x12288 12288x4096 64x4096 4096x64}
 DITBENCH_ARGS=${DITBENCH_ARGS:---variants bf16,fp8,w4a8,w4a16 --modes compiled}
@@ -32,6 +33,8 @@ run_stages() {
       tests)
         timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -k "w4" tests/kernels 2>&1 | tail -40 >"$RUN/tests.log"
         tail -5 "$RUN/tests.log"
+        ;;
+      doctor)
         # correctness at every geometry: one configuration per kernel, no autotuning (DITQ_TRITON_AUTOTUNE=0)
         # shellcheck disable=SC2086
         DITQ_TRITON_AUTOTUNE=0 timeout 300 python3 -m ditq.cli doctor --scheme w4a8 w4a16 --device cuda --geometry $GEOMETRIES \
@@ -40,7 +43,7 @@ run_stages() {
       tiny)
         rm -rf "$RUN/tiny" "$RUN/tiny-sweep"
         python3 tools/full_size_pipeline.py --preset tiny --device cuda --out "$RUN/tiny" >/dev/null 2>&1
-        timeout "${TINY_S:-300}" python3 -m ditq.cli sweep "$RUN/tiny" --schemes w4a8,w4a16 \
+        DITQ_TRITON_AUTOTUNE=0 timeout "${TINY_S:-300}" python3 -m ditq.cli sweep "$RUN/tiny" --schemes w4a8,w4a16 \
           --fixtures "$RUN/tiny/fixtures/fixtures.json" --refs "$RUN/tiny/fixtures/refs" --out "$RUN/tiny-sweep" \
           --seeds 2301 --steps 2 --device cuda:0 --offload auto --max-memory 4GiB --no-progress >"$RUN/tiny_sweep.log" 2>&1
         echo "exit $?"
