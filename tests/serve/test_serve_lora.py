@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
-from serve_testkit import LiveServer
+from serve_testkit import LiveServer, png_bytes
 
 import ditq
 from ditq.cli import main
@@ -72,9 +73,13 @@ def reference(demo_artifacts: dict[str, Path], adapter_files: dict[str, Path]) -
     """ditq's Python pipeline with the same two adapters, loaded by diffusers' own calls."""
     pipeline = ditq.load_pipeline(demo_artifacts["fp8"], device="cpu")
     pipeline.transformer.load_lora_adapter(str(adapter_files["peft"]), adapter_name="style", prefix=None)
-    pipeline.transformer.load_lora_adapter(
-        str(adapter_files["diffusers"]), weight_name="pytorch_lora_weights.safetensors", adapter_name="bold"
-    )
+    with warnings.catch_warnings():  # peft's note that the model holds an adapter already
+        warnings.simplefilter("ignore", UserWarning)
+        pipeline.transformer.load_lora_adapter(
+            str(adapter_files["diffusers"]),
+            weight_name="pytorch_lora_weights.safetensors",
+            adapter_name="bold",
+        )
     return pipeline
 
 
@@ -99,8 +104,8 @@ def server(demo_artifacts: dict[str, Path], adapter_files: dict[str, Path]) -> I
     """``serving_app`` as ``ditq serve ARTIFACT --lora style=FILE --lora bold=FOLDER:0.5 --skip-doctor`` builds it
     (the registry's first kernel paths, as ``ditq.load_pipeline`` without a chooser)."""
     lora = (LoraSpec("style", adapter_files["peft"]), LoraSpec("bold", adapter_files["diffusers"], 0.5))
-    # no references and 32x32 at most: two shapes to calibrate
-    config = ServeConfig(served_model_name="demo", on_collapse="warn", max_pixels=32 * 32, max_references=0)
+    # one reference and 32x32 at most: four shapes to calibrate
+    config = ServeConfig(served_model_name="demo", on_collapse="warn", max_pixels=32 * 32, max_references=1)
     app, _ = serving_app(
         demo_artifacts["fp8"], config, LoadOptions(device="cpu", skip_doctor=True), lora=lora
     )
@@ -165,6 +170,20 @@ def test_a_request_naming_no_loaded_adapter_is_a_400_and_health_counts_the_adapt
         error = caught.value.body
         assert isinstance(error, dict) and error["message"].startswith(message), error
         assert "\n" not in error["message"] and error["param"].startswith("lora")
+
+    # an edit's form carries the field as JSON text
+    edit = {"prompt": PROMPT, "size": "32x32", "num_inference_steps": "2"}
+    reference = {"image": ("a.png", png_bytes(), "image/png")}
+    url = f"{server.base_url}/v1/images/edits"
+    for lora, status, message in [
+        ('{"name": "style", "scale": 0.5}', 200, None),
+        ('[{"name": "sketch"}]', 400, "lora: unknown adapter 'sketch'"),
+        ("{name: style}", 400, "lora: expected JSON text"),
+    ]:
+        answer = httpx.post(url, data={**edit, "lora": lora}, files=reference, timeout=120)
+        assert answer.status_code == status and (
+            message is None or message in answer.json()["error"]["message"]
+        )
 
     stored = sum(t.numel() for t in load_file(adapter_files["peft"]).values())  # A and B of 8 projections
     answer = httpx.get(f"{server.base_url}/health")
