@@ -78,8 +78,7 @@ class LoraSpec:
 
     @classmethod
     def parse(cls, text: str, flag: str = "--lora") -> LoraSpec:
-        """``NAME=PATH[:SCALE]``; a SCALE is the text after the last ':' where it reads as a number (a path may hold
-        ':' too). The file is checked to exist here; its contents when it loads."""
+        """``NAME=PATH[:SCALE]`` (``of_path`` reads PATH[:SCALE])."""
         name, sep, rest = text.partition("=")
         if not sep or not rest:
             raise InputError(f"{flag} {text!r}: expected NAME=PATH[:SCALE]")
@@ -89,15 +88,27 @@ class LoraSpec:
             raise InputError(
                 f"{flag} {text!r}: the name {name!r} is one of torch's Module attributes; choose another"
             )
-        path, scale = rest, 1.0
-        head, colon, tail = rest.rpartition(":")
+        return cls.of_path(rest, name, flag, shown=text)
+
+    @classmethod
+    def of_path(cls, text: str, name: str, flag: str = "--lora", shown: str | None = None) -> LoraSpec:
+        """``PATH[:SCALE]`` as adapter ``name``; a SCALE is the text after the last ':' where it reads as a number (a
+        path may hold ':' too). The file is checked to exist here, its contents when it loads. Errors quote
+        ``shown`` (default: ``text``) after ``flag``."""
+        path, scale = text, 1.0
+        head, colon, tail = text.rpartition(":")
         if colon and head:
             with contextlib.suppress(ValueError):  # not a number: part of the path
                 scale, path = float(tail), head
-        check_lora_scale(scale, f"{flag} {text}")
+        check_lora_scale(scale, f"{flag} {shown or text}")
         spec = cls(name, Path(path), scale)
         spec.weight_file()  # missing or unreadable: refused before anything loads
         return spec
+
+    @property
+    def argument(self) -> str:
+        """``NAME=PATH:SCALE``: ``ditq serve --lora``'s value for this adapter."""
+        return f"{self.name}={self.path}:{self.scale!r}"
 
     def weight_file(self) -> Path:
         """The one ``.safetensors`` file PATH names."""

@@ -198,6 +198,13 @@ def serving_app(
         if lora:
             adapter.lora = load_lora_adapters(adapter.pipeline, lora)
             adapter.load_facts["lora"] = adapter.lora
+            loaded = adapter.lora.loaded.values()
+            logger.info(
+                "LoRA adapters loaded, all active unless a request picks: %s",
+                ", ".join(
+                    f"{a.name} x{a.scale:g} ({a.layers} layers, {a.parameter_bytes} bytes)" for a in loaded
+                ),
+            )
         # --max-references: fewer than the pipeline takes, calibrated so
         if config.max_references is not None:
             adapter.max_reference_images = min(adapter.max_reference_images, config.max_references)

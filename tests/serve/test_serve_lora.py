@@ -27,6 +27,7 @@ from serve_testkit import LiveServer, png_bytes
 import ditq
 from ditq.cli import main
 from ditq.errors import InputError
+from ditq.runfiles import LoraFacts, ServerHealth
 from ditq.runtime.lora_adapters import LoraSpec, load_lora_adapters
 from ditq.runtime.options import LoadOptions
 from ditq.serve import ServeConfig
@@ -193,6 +194,9 @@ def test_a_request_naming_no_loaded_adapter_is_a_400_and_health_counts_the_adapt
     assert adapters["style"] == {"name": "style", "scale": 1.0, "layers": 8, "parameter_bytes": 2 * stored}
     assert adapters["bold"]["scale"] == 0.5 and adapters["bold"]["parameter_bytes"] == 2 * stored
     assert health["lora"]["parameter_bytes"] == 4 * stored == health["cost_model"]["adapter_bytes"]
+    assert ServerHealth.model_validate(health).lora == LoraFacts.model_validate(
+        health["lora"]
+    )  # as the report reads it
     assert str(adapter_files["peft"].parent) not in answer.text  # /health names no local path
 
 
