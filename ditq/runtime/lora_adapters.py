@@ -274,11 +274,9 @@ def _load_one(pipeline: Any, spec: LoraSpec) -> LoadedLora:
             else:
                 prefix = "transformer" if components == {"transformer"} else None
                 transformer.load_lora_adapter(state, adapter_name=spec.name, prefix=prefix, metadata=metadata)
-    except (
-        ValueError,
-        KeyError,
-        RuntimeError,
-    ) as error:  # peft's and diffusers' refusals (no layer matched...)
+    except InputError as error:  # ditq's LoRA layer's refusal (DoRA, a LoRA bias on a quantized Linear)
+        raise InputError(f"{where}: {error}") from None
+    except (ValueError, KeyError, RuntimeError) as error:  # peft's and diffusers' (no layer matched, say)
         raise InputError(
             f"{where}: it does not load onto the served pipeline: {error_line(error)[:300]}"
         ) from None

@@ -200,7 +200,7 @@ def test_a_request_naming_no_loaded_adapter_is_a_400_and_health_counts_the_adapt
     assert str(adapter_files["peft"].parent) not in answer.text  # /health names no local path
 
 
-def test_an_adapter_that_fits_no_layer_or_only_some_is_refused_naming_it(
+def test_an_adapter_that_fits_no_layer_only_some_or_asks_for_dora_is_refused_naming_it(
     demo_artifacts: dict[str, Path], adapter_files: dict[str, Path], tmp_path: Path
 ) -> None:
     state = load_file(adapter_files["peft"])
@@ -217,6 +217,15 @@ def test_an_adapter_that_fits_no_layer_or_only_some_is_refused_naming_it(
         InputError, match=r"--lora part=.*part.safetensors: 2 of its 16 LoRA weights match no layer"
     ):
         load_lora_adapters(pipeline, [LoraSpec("part", tmp_path / "part.safetensors")])
+    dora = tmp_path / "dora"  # peft's layout, its config asking for DoRA, which a quantized Linear refuses
+    dora.mkdir()
+    save_file({f"base_model.model.{k}": v for k, v in state.items()}, dora / "adapter_model.safetensors")
+    config = {"peft_type": "LORA", "r": 4, "lora_alpha": 4, "target_modules": TARGETS, "use_dora": True}
+    (dora / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        InputError, match=r"--lora dora=.*dora: LoRA on a quantized Linear: DoRA is not supported"
+    ):
+        load_lora_adapters(pipeline, [LoraSpec("dora", dora)])
 
 
 @pytest.mark.parametrize(
