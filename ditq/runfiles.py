@@ -77,6 +77,8 @@ __all__ = [
     "HttpOptions",
     "InProcessOptions",
     "Invocation",
+    "LoraAdapterFacts",
+    "LoraFacts",
     "LosslessDecision",
     "LosslessMeasure",
     "LosslessResult",
@@ -274,6 +276,26 @@ class PlacementFacts(BaseModel):
     demotions: list[str] = []  # what calibration moved, in order
 
 
+class LoraAdapterFacts(BaseModel):
+    """One LoRA adapter a server loaded (``ditq serve --lora``), as /health shows it (``LoadedLora.to_json``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    scale: float
+    layers: int
+    parameter_bytes: int
+
+
+class LoraFacts(BaseModel):
+    """``ditq serve --lora``'s adapters as /health shows them (``LoraAdapters.to_json``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    adapters: list[LoraAdapterFacts] = []
+    parameter_bytes: int = 0
+
+
 class CompiledFacts(BaseModel):
     """``--compile`` as /health shows it (``ditq.runtime.compile.CompileFacts.to_json``)."""
 
@@ -354,6 +376,7 @@ class ServerHealth(BaseModel):
         str, int
     ] = {}  # component.module -> bytes left out of the loaded model (the manifest's unused)
     kv_cache: str | None = None  # serve --kv-cache: the prefix KV cache's precision; None: the model's own
+    lora: LoraFacts | None = None  # serve --lora: the adapters loaded, each at its scale; None: none
     accumulate: str | None = (
         None  # serve --accumulate: exact | fast (fp8 GEMMs' accumulation); None: older servers
     )
@@ -852,6 +875,7 @@ class SweepFile(_File):
         None  # --compile: every server's torch.compile backend, the baseline's too; None: eager
     )
     seeds_by_fixture: dict[str, str] | None = None  # --seeds auto: fixture -> the seeds it was run at
+    lora: str | None = None  # --lora PATH:SCALE: the adapter every server loaded, the baseline's too
     pid: int
 
 

@@ -77,6 +77,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "rank takes a share of the tokens) or tp (tensor parallel: a share of each weight; CUDA, source precision)",
     )
     parser.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=PATH[:SCALE]",
+        help="load a LoRA adapter at start (repeatable): PATH a .safetensors file or a folder holding one (diffusers' "
+        "or peft's format), SCALE its weight (default 1); a request picks adapters by NAME in its 'lora' field, "
+        "and one without it gets every adapter at its SCALE",
+    )
+    parser.add_argument(
         "--max-queue",
         type=int,
         default=_DEFAULTS.max_queue,
@@ -156,11 +165,13 @@ def api_key(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditq.runtime.lora_adapters import parse_lora_specs
     from ditq.runtime.parallel import parse_parallel
     from ditq.serve import serve
     from ditq.serve.access import default_allowed_hosts
 
     parallel = None if args.parallel is None else parse_parallel(args.parallel)
+    lora = parse_lora_specs(args.lora)
     model = None if args.path is None else resolve_model(args.path, args.variant)
     origin = None if model is None else hub_origin(model)
     name = args.served_model_name or (
@@ -195,5 +206,6 @@ def run(args: argparse.Namespace) -> int:
         limits=limits,
         drain_timeout_s=args.drain_timeout,
         parallel=parallel,
+        lora=lora,
     )
     return 0

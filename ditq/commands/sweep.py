@@ -151,6 +151,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the candidates' servers keep the prefix KV cache in 8 bits (ditq serve --kv-cache); the baseline "
         "keeps the model's own (default: the model's own cache)",
     )
+    parser.add_argument(
+        "--lora",
+        metavar="PATH[:SCALE]",
+        help="a LoRA adapter (a .safetensors file or a folder holding one) every server loads at SCALE (default 1), "
+        "the baseline's too: each candidate with it is judged against the source with it (ditq serve --lora)",
+    )
     add_api_key_argument(
         parser,
         "the key every server the sweep starts requires and every probe and baseline sends, --endpoint-for "
@@ -174,6 +180,7 @@ def stop_on_sigterm() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditq.runtime.lora_adapters import LoraSpec
     from ditq.sweep import SweepOptions, check_seeds, parse_endpoint_for, run_sweep
     from ditq.sweep.options import candidate_name
 
@@ -209,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
         plan=args.plan,
         parallel=args.parallel,
         api_key=args.api_key,
+        lora=None if args.lora is None else LoraSpec.of_path(args.lora, "adapter"),
     )
     stop_on_sigterm()
     print_verdicts(run_sweep(options))

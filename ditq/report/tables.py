@@ -364,6 +364,14 @@ def _accumulation(health: ServerHealth) -> str:
     return f"; fast accumulation asked: {fast} of {total} layers fast"
 
 
+def _lora(health: ServerHealth) -> str:
+    """With ``--lora``: the adapters the server drew with, beside the kernels (``; LoRA adapter x1.0 (64.0 KiB)``)."""
+    if health.lora is None or not health.lora.adapters:
+        return ""
+    adapters = ", ".join(f"{a.name} x{a.scale:g}" for a in health.lora.adapters)
+    return f"; LoRA {adapters} ({format_bytes(health.lora.parameter_bytes)})"
+
+
 def _placement(health: ServerHealth) -> str:
     """Where the weights were (--offload auto), what was left unused, the KV cache's precision."""
     parts = []
@@ -411,6 +419,7 @@ def servers_table(candidate: Candidate) -> Table:
                 _kernels(health.kernel_paths)
                 + (f"; attention {health.attention}" if health.attention else "")
                 + _accumulation(health)
+                + _lora(health)
                 if health
                 else "n/a",
                 format_budget(health.max_memory) if health else "n/a",

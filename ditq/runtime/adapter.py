@@ -31,6 +31,7 @@ import torch
 from PIL import Image
 
 from ditq.errors import DitqError, InputError
+from ditq.runtime.lora_adapters import LoraAdapters
 from ditq.runtime.postprocess import pixels_on_device
 from ditq.runtime.prefix_release import released_at_decode
 from ditq.runtime.stage_clock import StageClock
@@ -83,6 +84,9 @@ class GenerationRequest:
     true_cfg_scale: float | None = None
     seed: int | None = None  # 0 is a valid seed
     num_images: int = 1
+    # LoRA adapters by name and scale (a scale None: the adapter's own); None: every adapter loaded, at its scale;
+    # empty: none (``ditq.runtime.lora_adapters``)
+    lora: tuple[tuple[str, float | None], ...] | None = None
     # Asked after every denoising step: a reason (e.g. "timeout") stops the call there; None goes on.
     should_stop: Callable[[], str | None] | None = None
 
@@ -137,6 +141,8 @@ class PipelineAdapter:
         # None: the pipeline does not say.
         reference_size = self._setting("reference_size", None)
         self.reference_pixels = int(reference_size) ** 2 if isinstance(reference_size, int) else None
+        # the LoRA adapters loaded on the pipeline (``ditq.runtime.lora_adapters``); each call activates its choice
+        self.lora: LoraAdapters | None = None
 
     @property
     def cancellable(self) -> bool:
@@ -254,6 +260,7 @@ class PipelineAdapter:
         """Run one request. ``request.should_stop`` is asked after every denoising step (where the pipeline
         takes ``callback_on_step_end``); a reason it returns stops the call with :class:`GenerationCancelled`."""
         kwargs = self.build_kwargs(request)
+        self._activate_lora(request)
         should_stop = request.should_stop
         device = self._execution_device()
         clock = StageClock(device)
@@ -297,6 +304,13 @@ class PipelineAdapter:
             stage_peak_memory_bytes=dict(clock.stage_peaks) if clock.cuda else None,
             memory_at_start_bytes=clock.start_allocated,
         )
+
+    def _activate_lora(self, request: GenerationRequest) -> None:
+        """The request's adapters made the active set, before its call: one call's choice never reaches the next."""
+        if self.lora is not None:
+            self.lora.activate(self.lora.resolve(request.lora))
+        elif request.lora:
+            raise InputError("lora: the served pipeline has no LoRA adapters loaded", field="lora")
 
     @staticmethod
     def failed_stage(error: BaseException) -> str | None:

@@ -198,7 +198,9 @@ def _finish(
     state.metrics.observe_peak_memory(result.peak_memory_bytes)
     ignored = ignored_fields(body)
     state.metrics.count_ignored(ignored)
-    if state.cost_model is not None and state.adapter is not None:  # every served request is a measurement
+    # every served request is a measurement, but one that picked fewer LoRA adapters than calibration ran with (all
+    # of them) would price its shape below what the next request may ask for
+    if state.cost_model is not None and state.adapter is not None and generation.lora is None:
         state.cost_model.observe(request_cost(generation, len(job.references), state.adapter), result)
     return ImageResponse(
         created=int(time.time()),

@@ -191,6 +191,9 @@ class CostModel:
     measurements: list[Measurement]
     memory_budget_bytes: int | None  # free for activations after loading; None: unknown (not enforced)
     time_budget_s: float  # the request timeout
+    # the LoRA adapters' weights (``ditq serve --lora``), resident beside the model: loaded before the budget is read,
+    # so it is what is left beside them, and measured active (all of them), the costliest choice a request can make
+    adapter_bytes: int = 0
     _fits: dict[str, tuple[float, float, float, float]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -304,6 +307,7 @@ class CostModel:
             "device": self.device,
             "memory_budget_bytes": self.memory_budget_bytes,
             "time_budget_s": self.time_budget_s,
+            "adapter_bytes": self.adapter_bytes,
             "measurements": [asdict(m) for m in self.measurements],
         }
 
@@ -507,6 +511,7 @@ def calibrate(
         measurements=measurements,
         memory_budget_bytes=free_memory_bytes(device, allocator_budget_bytes),
         time_budget_s=time_budget_s,
+        adapter_bytes=adapter.lora.parameter_bytes if adapter.lora is not None else 0,
     )
     largest = measurements[0]
     logger.info(

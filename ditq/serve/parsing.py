@@ -123,8 +123,14 @@ async def parse_form(request: Request, max_images: int) -> tuple[ImageRequest, l
     for name, value in fields.items():  # a form's boolean is text: only the words JSON and HTTP clients write
         if name in _BOOLEAN_FIELDS and value.strip().lower() not in ("true", "false"):
             raise bad_field(name, f"expected 'true' or 'false', got '{value[:40]}'")
+    values: dict[str, object] = dict(fields)
+    if "lora" in fields:  # an object or a list in a form: its JSON text
+        try:
+            values["lora"] = loads(fields["lora"].encode(), max_int_digits=_INT_DIGITS)
+        except JsonRefused as error:
+            raise bad_field("lora", f"expected JSON text ({str(error)[:160]})") from None
     try:
-        body = ImageRequest.model_validate(fields)
+        body = ImageRequest.model_validate(values)
     except ValidationError as error:
         raise _validation_error(error) from None
     check_fields(body, "edits")

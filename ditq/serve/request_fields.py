@@ -186,6 +186,14 @@ REQUEST_FIELDS: dict[str, RequestField] = {
             "true adds every step's latency and, on CUDA, each stage's peak memory to metrics",
             origin="vLLM-Omni",
         ),
+        RequestField(
+            "lora",
+            "used",
+            "LoRA adapters by name: {name, scale} or a list of them (edits: as JSON text), each name one loaded with "
+            "--lora (else 400), scale in [-10, 10] (omitted: its --lora scale); [] for none; omitted: every adapter "
+            "loaded, at its --lora scale",
+            origin="vLLM-Omni",
+        ),
     )
 }
 

@@ -7,9 +7,9 @@ settings or on the served pipeline are checked in :mod:`ditq.serve.validation`.
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ditq.runtime.stage_metrics import (
     StageMetrics,  # one generation's timings: the answer's and the baseline's
@@ -20,10 +20,25 @@ __all__ = [
     "ImageRequest",
     "ImageResponse",
     "ImageUsage",
+    "LoraChoice",
     "ModelCard",
     "ModelList",
     "StageMetrics",
 ]
+
+
+class LoraChoice(BaseModel):
+    """One adapter a request picks (vLLM-Omni's ``lora`` object): a name loaded with ``--lora``, and a scale (omitted:
+    the one it was loaded with)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    scale: float | None = None
+
+
+def _one_as_a_list(value: object) -> object:
+    return [value] if isinstance(value, dict) else value
 
 
 class ImageRequest(BaseModel):
@@ -64,6 +79,9 @@ class ImageRequest(BaseModel):
     true_cfg_scale: float | None = None
     negative_prompt: str | None = None
     return_stage_metrics: bool = False
+    # LoRA adapters (vLLM-Omni's field): one or a list (one is read as a list of one); [] for none; omitted: every
+    # adapter loaded with --lora
+    lora: Annotated[list[LoraChoice], BeforeValidator(_one_as_a_list)] | None = None
 
 
 class ImageData(BaseModel):

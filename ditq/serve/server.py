@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
@@ -33,6 +34,7 @@ from ditq.errors import (
 from ditq.fsutil import sha256_file
 from ditq.pipeline.open import open_pipeline
 from ditq.runtime.adapter import PipelineAdapter
+from ditq.runtime.lora_adapters import LoraSpec, load_lora_adapters
 from ditq.runtime.options import LoadOptions, ResolvedLoad, resolve_load_options
 from ditq.runtime.parallel import ParallelSpec, check_parallel, rank_devices, refuse_beside_parallel
 from ditq.serve.access import exposure_warning
@@ -107,11 +109,13 @@ def serve(
     limits: ConnectionLimits | None = None,
     drain_timeout_s: float = 30.0,
     parallel: ParallelSpec | None = None,
+    lora: Sequence[LoraSpec] = (),
 ) -> None:
     """Serve ``model_dir`` (an artifact or a plain diffusers directory; None: the bundled demo model), opened as
     ``options`` say (``ditq.pipeline.open.open_pipeline``; with ``compile``, calibration runs each shape once to
     compile and warm it up before measuring it). ``parallel`` (cp=N, tp=N) serves over N ranks, one device each,
-    this process being rank 0 (``ditq.serve.ranks``).
+    this process being rank 0 (``ditq.serve.ranks``). ``lora``: adapters loaded once the model is open, before the
+    cost model is measured (``serving_app``).
 
     Raises OutOfMemoryError (exit code 3) when the model does not fit in the accelerator memory it may use.
     """
@@ -121,7 +125,7 @@ def serve(
         model_dir = default_model_dir()
     if (warning := exposure_warning(host, config.api_key, config.allowed_hosts)) is not None:
         logger.warning(warning)
-    app, ranks = serving_app(model_dir, config, options, parallel)
+    app, ranks = serving_app(model_dir, config, options, parallel, lora)
     state: ServerState = app.state.serve
     failures: list[tuple[str, bool]] = []
     listening = _listen(host, port)  # before the model loads: a taken port is one line and its own exit code
@@ -157,13 +161,23 @@ def serve(
 
 
 def serving_app(
-    model_dir: Path, config: ServeConfig, options: LoadOptions, parallel: ParallelSpec | None = None
+    model_dir: Path,
+    config: ServeConfig,
+    options: LoadOptions,
+    parallel: ParallelSpec | None = None,
+    lora: Sequence[LoraSpec] = (),
 ) -> tuple[FastAPI, RankGroup | None]:
     """The app ``serve`` runs (its arguments as ``serve`` reads them), and with ``parallel`` the group of ranks it
     serves over, not yet launched (``RankGroup.launch``: the followers start loading; the app's start-up loads rank
-    0 and waits for them). The options are resolved here, once: the device, the dtype and the memory cap."""
+    0 and waits for them). The options are resolved here, once: the device, the dtype and the memory cap.
+
+    ``lora``'s adapters load once the model is open, all of them active at their scales, so that calibration measures
+    the costliest choice a request can make and the memory budget is what is left beside them; /health shows them and
+    their bytes (``lora``) and so does the cost model (``adapter_bytes``)."""
     if not (model_dir / "model_index.json").is_file():
         raise InputError(f"{model_dir}: no model_index.json (not a diffusers model directory)")
+    if lora:
+        _refuse_beside_lora(options, parallel)
     if parallel is not None:
         refuse_beside_parallel(
             parallel, options.offload, options.max_memory, options.attention, options.compile
@@ -181,6 +195,16 @@ def serving_app(
 
     def load_model() -> PipelineAdapter:
         adapter = ranks.join() if ranks is not None else open_pipeline(model_dir, load)
+        if lora:
+            adapter.lora = load_lora_adapters(adapter.pipeline, lora)
+            adapter.load_facts["lora"] = adapter.lora
+            loaded = adapter.lora.loaded.values()
+            logger.info(
+                "LoRA adapters loaded, all active unless a request picks: %s",
+                ", ".join(
+                    f"{a.name} x{a.scale:g} ({a.layers} layers, {a.parameter_bytes} bytes)" for a in loaded
+                ),
+            )
         # --max-references: fewer than the pipeline takes, calibrated so
         if config.max_references is not None:
             adapter.max_reference_images = min(adapter.max_reference_images, config.max_references)
@@ -197,6 +221,22 @@ def serving_app(
         ranks=ranks,
     )
     return app, ranks
+
+
+def _refuse_beside_lora(options: LoadOptions, parallel: ParallelSpec | None) -> None:
+    """--lora with what it is not served beside yet, in one line: parallel ranks (each would load it), an offload
+    that places or streams the weights (sized before the adapters exist), compilation (traced before they load)."""
+    given = [
+        flag
+        for flag, on in (
+            ("--parallel", parallel is not None),
+            (f"--offload {options.offload}", options.offload != "none"),
+            ("--compile", options.compile is not None),
+        )
+        if on
+    ]
+    if given:
+        raise InputError(f"--lora: not served beside {', '.join(given)} yet; drop one or the other")
 
 
 def _facts(model_dir: Path, load: ResolvedLoad, device: str, ranks: RankGroup | None) -> dict[str, Any]:

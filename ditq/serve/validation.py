@@ -53,6 +53,22 @@ def _check_length(name: str, value: str | None, limit: int) -> None:
         raise bad_field(name, f"{len(value)} characters, above the limit of {limit}")
 
 
+def _lora_choice(body: ImageRequest, adapter: PipelineAdapter) -> tuple[tuple[str, float | None], ...] | None:
+    """The adapters the request picks, each a name the server loaded with --lora (``LoraAdapters.resolve``); None
+    where it picks none explicitly (every adapter at its scale)."""
+    if body.lora is None:
+        return None
+    choice = tuple((item.name, item.scale) for item in body.lora)
+    if choice and adapter.lora is None:
+        raise bad_field("lora", "the server has no LoRA adapters loaded (ditq serve --lora NAME=PATH)")
+    if adapter.lora is not None:
+        try:
+            adapter.lora.resolve(choice)
+        except InputError as error:
+            raise bad_field("lora", str(error).removeprefix("lora: ")) from None
+    return choice
+
+
 def to_generation_request(
     body: ImageRequest, adapter: PipelineAdapter, config: ServeConfig
 ) -> GenerationRequest:
@@ -87,6 +103,7 @@ def to_generation_request(
             )
     size = check_size(body.size, adapter, config)
     width, height = size if size is not None else (None, None)
+    lora = _lora_choice(body, adapter)
     return GenerationRequest(
         prompt=body.prompt,
         negative_prompt=body.negative_prompt,
@@ -97,4 +114,5 @@ def to_generation_request(
         true_cfg_scale=body.true_cfg_scale,
         seed=body.seed,
         num_images=body.n,
+        lora=lora,
     )

@@ -15,6 +15,7 @@ from ditq.errors import InputError
 from ditq.judge.compare import MAX_SEEDS
 from ditq.probe.fixtures import DEFAULT_SEEDS, load_fixtures, parse_seeds
 from ditq.quantization.plan_file import PlanFile, read_plan
+from ditq.runtime.lora_adapters import LoraSpec
 from ditq.runtime.options import LoadOptions
 from ditq.runtime.parallel import parse_parallel, refuse_beside_parallel
 from ditq.schemes import get_scheme
@@ -111,6 +112,8 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
     # be sent, no larger
     argv += ["--max-pixels", str(options.max_pixels)] if options.max_pixels else []
     argv += ["--max-references", str(options.max_references)] if options.max_references is not None else []
+    # the adapter every server serves with, the baseline's too: each candidate is judged against the source with it
+    argv += ["--lora", options.lora.argument] if options.lora is not None else []
     return argv + (["--max-memory", options.load.max_memory] if options.load.max_memory else [])
 
 
@@ -153,6 +156,9 @@ class SweepOptions:
     # the key every server the sweep starts requires and every probe and baseline sends (--endpoint-for's too);
     # passed through the environment, never on a command line or in a file
     api_key: str | None = field(default=None, repr=False)
+    # --lora: a LoRA adapter every server loads (ditq serve --lora), the baseline's too; its probes' requests leave
+    # the request field out, so each is drawn with it at its scale
+    lora: LoraSpec | None = None
     serve_argv: ServeArgv = default_serve_argv
 
     def __post_init__(self) -> None:
@@ -193,6 +199,7 @@ class SweepOptions:
                 self.load.compile,
             )
         self._check_budgets()
+        self._check_lora()
         for path, what in ((self.model, "model"), (self.fixtures, "--fixtures"), (self.refs, "--refs")):
             if not Path(path).exists():
                 raise InputError(f"{what}: {path} does not exist")
@@ -225,6 +232,24 @@ class SweepOptions:
                 raise InputError(
                     f"--max-memory {self.load.max_memory}: caps accelerator memory; device '{self.load.device}' has none to cap"
                 )
+
+    def _check_lora(self) -> None:
+        """--lora beside what would draw an image without the adapter, or serve it where ditq serve will not."""
+        if self.lora is None:
+            return
+        beside = [
+            flag
+            for flag, given in (
+                ("--endpoint-for", bool(self.endpoint_for)),  # a server started elsewhere, without it
+                ("--parity-in-process", self.parity_in_process),  # the in-process run has no adapter
+                ("--parallel", self.parallel is not None),
+                ("--compile", self.load.compile is not None),
+                (f"--offload {','.join(self.offload)}", self.offload != ("none",)),
+            )
+            if given
+        ]
+        if beside:
+            raise InputError(f"--lora: not swept beside {', '.join(beside)} yet; drop one or the other")
 
     @property
     def candidates(self) -> tuple[str, ...]:

@@ -118,6 +118,20 @@ def model_fingerprint(model: Path) -> dict[str, list[int]]:
     return {name: [stat.st_size, stat.st_mtime_ns] for name, stat in stats.items()}
 
 
+def lora_fingerprint(options: SweepOptions) -> dict[str, list[int]]:
+    """--lora's weight file -> [size, mtime_ns], under ``--lora PATH``: the baseline and every probe were drawn with
+    it, so another adapter (or the same one changed) makes them stale like other model files do."""
+    if options.lora is None:
+        return {}
+    stat = options.lora.weight_file().stat()
+    return {
+        f"--lora {options.lora.weight_file()} (scale {options.lora.scale:g})": [
+            stat.st_size,
+            stat.st_mtime_ns,
+        ]
+    }
+
+
 def check_same_model(out: Path, fingerprint: dict[str, list[int]]) -> None:
     """Refuse to resume a sweep whose finished stages were made from other model files: its baseline and artifacts
     would be stale (a re-trained or re-downloaded model in the same place, say)."""
@@ -158,8 +172,9 @@ def _sweep_keys(api_key: str | None) -> Iterator[None]:
 
 def check_sweep_output(options: SweepOptions) -> None:
     """The sweep's folder is written into (``ditq.fsutil.check_output``): new, empty or an earlier sweep's, and
-    apart from its inputs (model, fixtures, references, plan); else an InputError naming it."""
+    apart from its inputs (model, fixtures, references, plan, adapter); else an InputError naming it."""
     inputs = [options.model, options.fixtures, options.refs, *([options.plan] if options.plan else [])]
+    inputs += [options.lora.path] if options.lora is not None else []
     check_output(options.out, SWEEP, inputs, replace=False)
 
 
@@ -169,7 +184,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
     if (warning := seeds_warning(options.seeds)) is not None:  # said first: nothing it runs can decide
         logging.getLogger(__name__).warning("%s", warning)
     check_sweep_output(options)
-    fingerprint = model_fingerprint(options.model)
+    fingerprint = model_fingerprint(options.model) | lora_fingerprint(options)
     check_same_model(options.out, fingerprint)
     options.out.mkdir(parents=True, exist_ok=True)
     command = command or shell_command()
@@ -190,6 +205,7 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         parity_in_process=options.parity_in_process,
         max_seeds=options.max_seeds if options.seeds == "auto" else None,
         plan=None if options.plan is None else str(options.plan),
+        lora=None if options.lora is None else f"{options.lora.path}:{options.lora.scale:g}",
         # the servers' options, as SWEEP.json has always named them
         **options.load.record(
             "max_memory", "variant", "device", "dtype", "attention", "kv_cache", "accumulate", "compile"
