@@ -27,8 +27,9 @@ from ditq.schemes import W4A8, W4A16
 
 __all__ = ["block_k_for", "repack_int4"]
 
-# Tokens up to which the w4a16 path runs the Triton GEMM (memory-bound: reading 4-bit weights is the time); above,
-# dequantize + cuBLAS, whose 16-bit tensor-core GEMM is the faster of the two once the GEMM is compute-bound.
+# Tokens up to which the w4a16 path runs the Triton GEMM on the packed weights; above, dequantize + cuBLAS. On an
+# H100 (benchmarks/results/h100-four-bit/) dequantize + cuBLAS ran at 0.88-1.07x BF16 from 4096 tokens up, the Triton
+# GEMM at 0.39-0.55x; at 16 and 256 tokens only the Triton GEMM was measured (0.31-1.16x BF16: no split along K).
 W4A16_TRITON_MAX_ROWS = 256
 
 
