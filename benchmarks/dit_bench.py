@@ -816,7 +816,7 @@ def main() -> int:
         plan += [
             (f"{variant} quantize", 2 * scale, functools.partial(in_memory, variant)),
             (f"{variant} layer errors", 3 * scale, functools.partial(layer_error, variant)),
-            *(row(variant, mode, r) for mode in ("compiled", "eager") for r in REFERENCES),
+            *(row(variant, mode, r) for mode in ("compiled", "eager") for r in fast_refs),
         ]
     wanted_variants = None if args.variants is None else set(args.variants.split(","))
     wanted_modes = None if args.modes is None else set(args.modes.split(","))

@@ -172,16 +172,19 @@ def _rows_for_shape(
                    chosen=path.name == chosen)  # fmt: skip
             if path.name == "triton-w4a8":  # the other operand order, measured against the shipped one
                 from ditq.kernels._triton.w4_gemm import w4_gemm
+                from ditq.kernels.w4_triton import block_k_for
 
                 def other_order(pr: Prepared = prepared) -> torch.Tensor:
                     x_q, x_scale = quantize_rows(x, "fp8")
                     return w4_gemm(x_q, x_scale.reshape(-1), pr["weight"], pr["weight_scale"], None,
-                                   torch.bfloat16, weights_first=False)  # fmt: skip
+                                   torch.bfloat16, block_k_for(k, pr["weight_scale"].shape[1]) or 128,
+                                   weights_first=False)  # fmt: skip
 
                 def shifts_widening(pr: Prepared = prepared) -> torch.Tensor:
                     x_q, x_scale = quantize_rows(x, "fp8")
                     return w4_gemm(x_q, x_scale.reshape(-1), pr["weight"], pr["weight_scale"], None,
-                                   torch.bfloat16, magic=False)  # fmt: skip
+                                   torch.bfloat16, block_k_for(k, pr["weight_scale"].shape[1]) or 128,
+                                   magic=False)  # fmt: skip
 
                 record("w4a8 activations-first order (not shipped)", "variant", other_order)
                 record("w4a8 shifts widening (not shipped)", "variant", shifts_widening)

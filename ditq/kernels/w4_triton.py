@@ -74,6 +74,13 @@ def repack_int4(stored: StoredWeight, device: torch.device) -> Prepared:
     }
 
 
+def _block_k(weight: torch.Tensor, weight_scale: torch.Tensor) -> int:
+    """The K tile of a repacked layer (its group size checked by ``repack_int4``)."""
+    block_k = block_k_for(weight.shape[1] * 2, weight_scale.shape[1])
+    assert block_k is not None, "repack_int4 refuses a group size no K tile divides"
+    return block_k
+
+
 def _w4a8_gemm(
     x_q: torch.Tensor,
     x_scale: torch.Tensor,
@@ -84,7 +91,7 @@ def _w4a8_gemm(
 ) -> torch.Tensor:
     from ditq.kernels._triton.w4_gemm import w4_gemm
 
-    return w4_gemm(x_q, x_scale, weight, weight_scale, bias, out_dtype)
+    return w4_gemm(x_q, x_scale, weight, weight_scale, bias, out_dtype, _block_k(weight, weight_scale))
 
 
 def _w4a16_gemm(
@@ -92,7 +99,7 @@ def _w4a16_gemm(
 ) -> torch.Tensor:
     from ditq.kernels._triton.w4_gemm import w4_gemm
 
-    return w4_gemm(x, None, weight, weight_scale, bias, x.dtype)
+    return w4_gemm(x, None, weight, weight_scale, bias, x.dtype, _block_k(weight, weight_scale))
 
 
 def _w4a16_dequant_matmul(
@@ -101,7 +108,7 @@ def _w4a16_dequant_matmul(
     from ditq.kernels._triton.w4_gemm import dequantize_int4, w4_gemm
 
     if x.shape[0] <= W4A16_TRITON_MAX_ROWS and x.dtype in HALF_ACTIVATIONS:
-        return w4_gemm(x, None, weight, weight_scale, bias, x.dtype)
+        return w4_gemm(x, None, weight, weight_scale, bias, x.dtype, _block_k(weight, weight_scale))
     w = dequantize_int4(weight, weight_scale, x.dtype)  # (N, K) in x's dtype, transient
     return torch.nn.functional.linear(x, w, bias)
 

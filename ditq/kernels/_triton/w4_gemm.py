@@ -268,20 +268,19 @@ def w4_gemm(
     w_scale: torch.Tensor,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
+    block_k: int,
     weights_first: bool = True,
     magic: bool = True,
 ) -> torch.Tensor:
-    """c (M, N) = x @ dequant(w)^T (* x_scale) + bias; x fp8 (with x_scale (M,)) or bf16/fp16 (x_scale None).
+    """c (M, N) = x @ dequant(w)^T (* x_scale) + bias; x fp8 (with x_scale (M,)) or bf16/fp16 (x_scale None);
+    ``block_k`` the K tile, which divides the group size (``ditq.kernels.w4_triton.block_k_for``).
     ``weights_first`` False runs the other operand order, ``magic`` False the widening by shifts and an integer
     conversion (measured against, not shipped: on an H100 the float16-bits widening ran the fp8 GEMM at 0.39-0.59x
     ditq fp8's TFLOP/s for 4096 tokens and more, the shifts at 0.33-0.44x)."""
-    from ditq.kernels.w4_triton import block_k_for
-
     m, k = x.shape
     n = w.shape[0]
     groups = w_scale.shape[1]
-    block_k = block_k_for(k, groups)
-    if block_k is None or w.shape[1] * 2 != k or k % groups:
+    if w.shape[1] * 2 != k or k % groups or (groups > 1 and (k // groups) % block_k):
         raise ValueError(f"w4 GEMM: weight {tuple(w.shape)} with {groups} scale groups does not fit K = {k}")
     is_fp8 = x.dtype == torch.float8_e4m3fn
     if is_fp8 != (x_scale is not None):
