@@ -580,11 +580,12 @@ def quantize(
     named = None if components is None or list(components) == [AUTO] else components
     checked = None if plan is None else _checked_plan(plan, scheme, named, targets, ignore, group_size)
     chosen = None if checked is not None else get_scheme(scheme or DEFAULTS["scheme"], group_size)
+    rank = 0  # the low-rank branch's, 0: none
     if low_rank is not None:
         if checked is not None:
             raise InputError("--low-rank and --plan are mutually exclusive: a plan's schemes are 8-bit")
         assert chosen is not None
-        low_rank = check_low_rank(low_rank, [chosen])
+        rank = check_low_rank(low_rank, [chosen])
     given_output = Path(output)
     output = given_output.resolve()
     refuse_missing_source(source)  # the source before the destination: the order a user fixes them
@@ -636,7 +637,7 @@ def quantize(
         "follow_links": follow_links,
         "device": torch_device.type,
         "calibration": dict(calibration) if calibration is not None else {"method": "rtn"},
-        "low_rank": low_rank,
+        "low_rank": rank or None,
     }
     if calibration is not None and stored is None:
         raise InputError(
@@ -654,17 +655,17 @@ def quantize(
             layouts = {
                 c: _plan_component(source, index, c, chosen, targets, ignore, variant, checked) for c in names
             }
-            for prefix, layer in (p for layout in layouts.values() for p in layout.targets.targets.items()):
-                if low_rank:
-                    check_rank(low_rank, prefix, layer.out_features, layer.in_features)
+            for layout in layouts.values() if rank else ():
+                for prefix, layer in layout.targets.targets.items():
+                    check_rank(rank, prefix, layer.out_features, layer.in_features)
             if stored is not None:
-                _check_stored(stored, layouts, low_rank or 0)
+                _check_stored(stored, layouts, rank)
             with atomic_directory(output, ARTIFACT, [source], force=force) as tmp:
                 limits = {
                     "max_shard_bytes": max_shard_bytes,
                     "band_bytes": band_bytes,
                     "variant": variant,
-                    "low_rank": low_rank or 0,
+                    "low_rank": rank,
                 }
                 results = {
                     c: _write_component(

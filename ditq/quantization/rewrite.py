@@ -43,7 +43,7 @@ from ditq.errors import InputError
 from ditq.fsutil import open_regular
 from ditq.numerics import dequantize_weight, quantize_weight
 from ditq.progress import progress_bar
-from ditq.quantization.low_rank import LowRankSplit, split_low_rank
+from ditq.quantization.low_rank import split_low_rank
 from ditq.quantization.targets import TargetPlan
 from ditq.schemes import Scheme
 
@@ -193,14 +193,9 @@ class StoredLayer:
     """One Linear quantized in memory (``ditq.quantize_``): its codec's stored tensors and its relative L2 error,
     computed band by band exactly as the streamer computes them from the source file."""
 
-    tensors: dict[
-        str, torch.Tensor
-    ]  # local name -> stored tensor, in file order (the codec's, then any branch)
+    # local name -> stored tensor, in file order (the codec's, then any low-rank branch's)
+    tensors: dict[str, torch.Tensor]
     rel_l2: float
-
-
-def _split_on(weight: torch.Tensor, device: torch.device, low_rank: int) -> LowRankSplit | None:
-    return split_low_rank(weight.to(device), low_rank) if low_rank else None
 
 
 def encode_weight(
@@ -217,7 +212,7 @@ def encode_weight(
     come back on the CPU."""
     entry_bytes = weight.element_size() * weight.shape[1]
     rows = max(1, band_bytes // max(1, entry_bytes))
-    split = _split_on(weight, device, low_rank)
+    split = split_low_rank(weight.to(device), low_rank) if low_rank else None
     values = weight if split is None else split.residual
     bands = [
         (values[i : i + rows], None if split is None else weight[i : i + rows])
