@@ -1,7 +1,7 @@
 """SVDQuant's low-rank branch on the demo model: round to nearest, GPTQ and GPTQ + low-rank at 4 bits, per layer and
 end to end, with intervals over seeds.
 
-    python benchmarks/low_rank_fidelity.py --seeds 2301-2308 --out benchmarks/results/low_rank_fidelity_cpu_COMMIT.json
+    python benchmarks/low_rank_fidelity.py --seeds 2301-2304 --out benchmarks/results/low_rank_fidelity_cpu_COMMIT.json
 
 As ``four_bit_fidelity.py`` runs it (every fixture of the demo, 8 steps, on the CPU in float32, in process; the
 unquantized model's images are the reference; GPTQ calibrated on the fixtures' requests at seeds 0 and 1, columns
@@ -32,13 +32,10 @@ from result_names import result_path
 SEEDS = "2301-2304"
 ROWS = {  # name -> (scheme, calibrate, low-rank R or None)
     "w4a16": ("w4a16", "rtn", None),
-    "w4a16-lr16": ("w4a16", "rtn", 16),
     "w4a16-lr32": ("w4a16", "rtn", 32),
     "w4a16-gptq": ("w4a16", "gptq", None),
     "w4a16-gptq-lr16": ("w4a16", "gptq", 16),
     "w4a16-gptq-lr32": ("w4a16", "gptq", 32),
-    "w4a8-gptq": ("w4a8", "gptq", None),
-    "w4a8-gptq-lr32": ("w4a8", "gptq", 32),
 }
 
 
