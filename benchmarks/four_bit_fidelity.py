@@ -40,7 +40,7 @@ ROWS = {  # name -> (scheme, calibrate: rtn, gptq (act order, the default) or gp
 }
 
 
-def _adapter(scheme: str | None, calibrate: str):  # type: ignore[no-untyped-def]
+def _adapter(scheme: str | None, calibrate: str, low_rank: int | None = None):  # type: ignore[no-untyped-def]
     from ditq import demo
     from ditq.calibration import CalibrationOptions, calibration_for
     from ditq.pipeline.open import open_pipeline
@@ -60,7 +60,7 @@ def _adapter(scheme: str | None, calibrate: str):  # type: ignore[no-untyped-def
                 act_order=calibrate == "gptq",
             )
             calibration = calibration_for(adapter, options)
-        quantize_(adapter.pipeline, scheme, calibration=calibration)
+        quantize_(adapter.pipeline, scheme, calibration=calibration, low_rank=low_rank)
     return adapter
 
 

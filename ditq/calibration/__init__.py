@@ -84,9 +84,11 @@ def calibrate_and_save(
     *,
     targets: list[str] | None = None,
     force: bool = False,
+    low_rank: int | None = None,
 ) -> QuantizeResult:
     """``source`` opened as served, its ``--components auto`` components GPTQ-rounded in ``scheme`` on the
-    fixtures' requests, written to ``output`` as ``ditq quantize`` writes an artifact."""
+    fixtures' requests (with ``low_rank``: each residual of its rank-``low_rank`` branch), written to ``output`` as
+    ``ditq quantize`` writes an artifact."""
     from ditq.pipeline.open import open_pipeline
     from ditq.quantization.in_memory import quantize_, save
     from ditq.runtime.options import resolve_load_options
@@ -95,5 +97,12 @@ def calibrate_and_save(
     adapter = open_pipeline(source, load)
     calibration = calibration_for(adapter, options)
     log.info("calibrating on %d requests of %d steps", calibration.record["requests"], options.steps)
-    quantize_(adapter.pipeline, scheme, targets=targets, device=load.device, calibration=calibration)
+    quantize_(
+        adapter.pipeline,
+        scheme,
+        targets=targets,
+        device=load.device,
+        calibration=calibration,
+        low_rank=low_rank,
+    )
     return save(adapter.pipeline, output, force=force)

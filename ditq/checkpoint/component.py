@@ -30,6 +30,7 @@ import torch
 
 from ditq.checkpoint.codecs import quantized_layers
 from ditq.checkpoint.layout import MODEL_INDEX, component_class, component_names, read_json
+from ditq.checkpoint.low_rank import LOW_RANK_NAMES
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import DitqError, InputError
 
@@ -203,6 +204,7 @@ def _check_declared_sizes(
     parameters = {id(p) for p in model.parameters()}
     layers = quantized_layers(entries)
     by_codec = {f"{prefix}.{local}" for prefix, locals_ in layers.items() for local in locals_}
+    by_codec |= {f"{prefix}.{local}" for prefix in layers for local in LOW_RANK_NAMES}  # checked at the swap
     claimed: dict[int, list[str]] = {}  # one tensor (tied ones share it) -> its state-dict names
     for key, tensor in state.items():
         claimed.setdefault(id(tensor), []).append(key)

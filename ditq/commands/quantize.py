@@ -139,6 +139,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--calibrate gptq: the input Hessians held at once (default 4GiB); more layers than fit are "
         "calibrated in further passes over the requests",
     )
+    parser.add_argument(
+        "--low-rank",
+        type=int,
+        metavar="R",
+        help="w4a16, w4a8: keep each target's R largest directions (SVDQuant's low-rank branch) in bfloat16 beside "
+        "its quantized residual, stored as <prefix>.low_rank_up and .low_rank_down; R below every target's "
+        "smaller dimension. Readers other than ditq ignore the branch: they get the residual only",
+    )
     parser.add_argument("--json", action="store_true", help="print the manifest's statistics as JSON")
 
 
@@ -178,7 +186,13 @@ def _calibrated(args: argparse.Namespace) -> QuantizeResult:
     )
     scheme = args.scheme or DEFAULTS["scheme"]
     return calibrate_and_save(
-        args.source, args.output, scheme, options, targets=args.targets, force=args.force
+        args.source,
+        args.output,
+        scheme,
+        options,
+        targets=args.targets,
+        force=args.force,
+        low_rank=args.low_rank,
     )
 
 
@@ -205,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
             force=args.force,
             device=args.device,
             keep_unused=args.keep_unused,
+            low_rank=args.low_rank,
         )
     stats = result.manifest["statistics"]
     if args.json:

@@ -7,6 +7,9 @@ Hessians are float32 (K, K), one per target; the targets are taken in groups who
 fit runs them once). Every layer sees the source model's own inputs: the layers before it are still in source
 precision while it is calibrated (nothing is swapped until every layer is quantized), which is GPTQ without the
 sequential re-run through already quantized layers.
+
+With a low-rank branch (``ditq.quantization.low_rank``) GPTQ rounds the residual W - up @ down with the layer's own
+Hessian: the branch runs in 16 bits on the same inputs, so the residual's output error is the layer's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ditq.checkpoint.codecs import codec_for
 from ditq.errors import InputError
 from ditq.numerics import dequantize_weight, relative_l2
 from ditq.quantization.gptq import gptq_quantize, hessian_hooks
+from ditq.quantization.low_rank import split_low_rank
 from ditq.quantization.rewrite import StoredLayer
 from ditq.quantization.targets import linear_at
 from ditq.schemes import Scheme
@@ -76,27 +80,34 @@ def hessian_groups(in_features: Mapping[str, int], memory_bytes: int) -> list[li
 
 
 def _encode(
-    weight: torch.Tensor, hessian: torch.Tensor, scheme: Scheme, calibration: Calibration
+    weight: torch.Tensor, hessian: torch.Tensor, scheme: Scheme, calibration: Calibration, low_rank: int
 ) -> StoredLayer:
-    """One weight GPTQ-rounded with its Hessian, as its codec stores it (on the CPU), with its relative L2."""
+    """One weight GPTQ-rounded with its Hessian, as its codec stores it (on the CPU), with its relative L2; with
+    ``low_rank``, its residual rounded so and its branch after the codec's tensors."""
     reference = weight.detach().to(torch.float32)
+    split = split_low_rank(reference, low_rank) if low_rank else None
     q, scale = gptq_quantize(
-        reference,
+        reference if split is None else split.residual,
         hessian,
         bits=scheme.num_bits,
         group_size=scheme.group_size,
         damp=calibration.damp,
         act_order=calibration.act_order,
     )
-    error = relative_l2(dequantize_weight(q, scale), reference)
-    return StoredLayer({n: t.cpu() for n, t in codec_for(scheme).encode(q, scale).items()}, error)
+    decoded = dequantize_weight(q, scale)
+    branch = {} if split is None else split.tensors()
+    if split is not None:
+        decoded += split.up.to(torch.float32) @ split.down.to(torch.float32)
+    error = relative_l2(decoded, reference)
+    return StoredLayer({n: t.cpu() for n, t in (codec_for(scheme).encode(q, scale) | branch).items()}, error)
 
 
 def calibrated_layers(
-    module: torch.nn.Module, schemes: Mapping[str, Scheme], calibration: Calibration
+    module: torch.nn.Module, schemes: Mapping[str, Scheme], calibration: Calibration, low_rank: int = 0
 ) -> dict[str, StoredLayer]:
-    """Target -> its GPTQ-rounded stored layer, for ``module``'s targets (prefix -> scheme: int weights only);
-    ``module`` is not changed. A target the requests never reach is an InputError."""
+    """Target -> its GPTQ-rounded stored layer, for ``module``'s targets (prefix -> scheme: int weights only), with
+    a branch of rank ``low_rank`` (0: none); ``module`` is not changed. A target the requests never reach is an
+    InputError."""
     floats = sorted(prefix for prefix, scheme in schemes.items() if scheme.weight_type != "int")
     if floats:
         raise InputError(
@@ -116,6 +127,6 @@ def calibrated_layers(
                     f"{prefix}: the calibration requests never ran this layer; it has no Hessian"
                 )
             weight = layers[prefix].weight
-            stored[prefix] = _encode(weight, found[prefix].hessian, schemes[prefix], calibration)
+            stored[prefix] = _encode(weight, found[prefix].hessian, schemes[prefix], calibration, low_rank)
         del found
     return stored

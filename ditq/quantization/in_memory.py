@@ -28,9 +28,11 @@ import torch
 
 from ditq.checkpoint.codecs import SCALE
 from ditq.checkpoint.layout import MODEL_INDEX
+from ditq.checkpoint.low_rank import check_rank
 from ditq.devices import resolve_device
 from ditq.errors import DitqError, InputError
 from ditq.quantization.calibrated import Calibration, calibrated_layers
+from ditq.quantization.low_rank import check_low_rank
 from ditq.quantization.plan_apply import apply_plan
 from ditq.quantization.plan_file import PlanFile, read_plan
 from ditq.quantization.quantizer import DEFAULTS, QuantizeResult, auto_components
@@ -100,16 +102,18 @@ def quantized_linear(
     scheme: Scheme,
     device: torch.device | None = None,
     pool: ThreadPoolExecutor | None = None,
+    low_rank: int = 0,
 ) -> tuple[QuantizedLinear, float]:
     """(``linear`` quantized as ``ditq quantize`` stores it, held by the runtime's QuantizedLinear on ``device``
     (None: the weight's), its relative L2 error); ``linear`` is not changed. ``pool``: ``band_workers()``'s, else
-    one for this layer."""
+    one for this layer. ``low_rank``: the rank of its low-rank branch (0: none)."""
     if pool is None:
         with band_workers() as own:
-            return quantized_linear(linear, scheme, device, own)
+            return quantized_linear(linear, scheme, device, own, low_rank)
     weight = linear.weight.detach()
     device = device if device is not None else weight.device
-    return _held(linear, encode_weight(weight, scheme, device, DEFAULTS["band_bytes"], pool), scheme, device)
+    stored = encode_weight(weight, scheme, device, DEFAULTS["band_bytes"], pool, low_rank)
+    return _held(linear, stored, scheme, device)
 
 
 def _held(
@@ -131,6 +135,7 @@ def _quantize_module(
     device: torch.device | None,
     chooser: KernelChooser | None,
     calibration: Calibration | None = None,
+    low_rank: int = 0,
 ) -> tuple[dict[str, float], torch.device]:
     if quantized_linears(module):
         raise InputError(f"{component}: already quantized (holds QuantizedLinear layers)")
@@ -142,19 +147,26 @@ def _quantize_module(
         schemes = rule.uniform(scheme)
     else:
         schemes = apply_plan(rule, plan, where)[1]
+    for prefix in schemes if low_rank else ():  # before any SVD: its rank bound, a weight it can decompose
+        target = linear_at(module, prefix)
+        check_rank(low_rank, f"{component}.{prefix}", target.out_features, target.in_features)
+        if not torch.isfinite(target.weight).all():
+            raise InputError(f"{component}: tensor {prefix}.weight holds NaN or Inf")
     first = linear_at(module, next(iter(schemes))).weight
     run_device = device if device is not None else first.device
     errors: dict[str, float] = {}
     layers: dict[str, QuantizedLinear] = {}
     # calibrated: every layer rounded before any is swapped (the requests run the source layers)
-    calibrated = calibrated_layers(module, schemes, calibration) if calibration else {}
+    calibrated = calibrated_layers(module, schemes, calibration, low_rank) if calibration else {}
     with band_workers() as pool:
         for prefix, layer_scheme in schemes.items():
             linear = linear_at(module, prefix)
             if prefix in calibrated:
                 layers[prefix], errors[prefix] = _held(linear, calibrated[prefix], layer_scheme, run_device)
             else:
-                layers[prefix], errors[prefix] = quantized_linear(linear, layer_scheme, run_device, pool)
+                layers[prefix], errors[prefix] = quantized_linear(
+                    linear, layer_scheme, run_device, pool, low_rank
+                )
             if not torch.isfinite(
                 layers[prefix].stored_tensors()[SCALE]
             ).all():  # as the quantizer refuses it from a file
@@ -174,12 +186,17 @@ def _quantize_module(
 
 
 def _options(
-    scheme: Scheme | None, plan_path: str | Path | None, plan: PlanFile | None, targets: list[str]
+    scheme: Scheme | None,
+    plan_path: str | Path | None,
+    plan: PlanFile | None,
+    targets: list[str],
+    low_rank: int | None,
 ) -> dict[str, Any]:
     if plan is not None:
         return {"plan": plan_path if plan_path is not None else plan}
     assert scheme is not None
-    return {"scheme": scheme.name, "group_size": scheme.group_size, "targets": targets}
+    rank = {} if low_rank is None else {"low_rank": low_rank}
+    return {"scheme": scheme.name, "group_size": scheme.group_size, "targets": targets} | rank
 
 
 def _chosen(module_or_pipeline: Any, plan: PlanFile | None) -> tuple[dict[str, torch.nn.Module], bool]:
@@ -219,6 +236,7 @@ def quantize_(
     device: str | torch.device | None = None,
     chooser: KernelChooser | None = None,
     calibration: Calibration | None = None,
+    low_rank: int | None = None,
 ) -> None:
     """Quantize in place: every target Linear of a module, or of each component of a pipeline that
     ``ditq quantize --components auto`` would quantize (asked of the directory it was loaded from), becomes the
@@ -231,9 +249,15 @@ def quantize_(
     (the doctor's verified choice; None: the registry's first candidate), as ``load_pipeline``'s does. Each
     quantized module keeps how it was quantized, so that ``save`` can write the artifact. ``calibration``: GPTQ
     rounding from the Hessians its requests give each target (``calibrated``; int weights only), else round to
-    nearest.
+    nearest. ``low_rank``: SVDQuant's branch of that rank kept in bfloat16 beside every target's quantized residual
+    (``--low-rank``; 4-bit schemes, below every target's smaller dimension).
     """
     scheme, plan, plan_path = _scheme_or_plan(scheme_or_plan)
+    if low_rank is not None:
+        if plan is not None:
+            raise InputError("low_rank: not with a plan (its schemes are 8-bit)")
+        assert scheme is not None
+        low_rank = check_low_rank(low_rank, [scheme])
     patterns = [targets] if isinstance(targets, str) else list(targets or [])
     if plan is not None and patterns:
         raise InputError("targets: a plan names each layer's scheme, or 'keep'; give one or the other")
@@ -242,9 +266,9 @@ def quantize_(
     chosen, auto = _chosen(module_or_pipeline, plan)
     for name, module in chosen.items():
         errors, on = _quantize_module(
-            module, name, scheme, plan, where, patterns, run_device, chooser, calibration
+            module, name, scheme, plan, where, patterns, run_device, chooser, calibration, low_rank or 0
         )
-        options = _options(scheme, plan_path, plan, patterns) | {"device": on.type}
+        options = _options(scheme, plan_path, plan, patterns, low_rank) | {"device": on.type}
         if calibration is not None:
             options["calibration"] = calibration.manifest()
         setattr(module, RECORD, InMemoryQuantization(name, options, auto, errors))
@@ -258,7 +282,9 @@ def _stored_layers(module: torch.nn.Module, record: InMemoryQuantization) -> dic
         if layer is None:
             raise InputError(f"pipeline: {record.component}.{prefix}: no longer a QuantizedLinear")
         try:
-            tensors = {n: t.detach().cpu() for n, t in layer.stored_tensors().items()}
+            tensors = {
+                n: t.detach().cpu() for n, t in (layer.stored_tensors() | layer.low_rank_tensors()).items()
+            }
         except DitqError as error_:
             raise InputError(
                 f"pipeline: {record.component}.{prefix}: its stored tensors were released by the kernel repack "

@@ -11,6 +11,9 @@ where the source is beside the artifact, else a copy of each small one), ``model
 With a plan (``quantize(source, output, plan=PLAN.json)``), its component's Linears get the schemes the plan
 names, layer by layer (``ditq.quantization.plan_apply``), in one ``quantization_config`` with a config group per scheme.
 
+With ``low_rank=R`` (``--low-rank R``, 4-bit schemes) every target keeps SVDQuant's rank-R branch in bfloat16 and
+its residual is quantized (``ditq.quantization.low_rank``); the manifest names the branch per component.
+
 Only the source tree is read: it is scanned first (``scan_tree``), and a link
 out of it, a FIFO or a device is refused unless ``follow_links`` says to read
 through links, in which case their bytes are in the source digest. No file of
@@ -47,6 +50,7 @@ from ditq.checkpoint.layout import (
     quantization_config_of,
     read_model_index,
 )
+from ditq.checkpoint.low_rank import check_rank, low_rank_record, low_rank_specs
 from ditq.checkpoint.manifest import (
     ERRORS_FILE,
     SCHEMA_VERSION,
@@ -77,6 +81,7 @@ from ditq.fsutil import (
 )
 from ditq.quantization.defaults import AUTO, AUTO_MIN_SHARE, DEFAULTS
 from ditq.quantization.links import place_entries
+from ditq.quantization.low_rank import check_low_rank
 from ditq.quantization.plan_apply import apply_plan
 from ditq.quantization.plan_file import KEEP, PlanFile, plan_sha256, read_plan
 from ditq.quantization.rewrite import ComponentResult, StoredLayer, read_component_headers, rewrite_component
@@ -255,8 +260,11 @@ def auto_components(source: str | Path, variant: str | None = None) -> list[str]
     return _auto_components(_survey(source, index, variant), source)
 
 
-def _check_stored(stored: Mapping[str, Mapping[str, StoredLayer]], layouts: dict[str, _Layout]) -> None:
-    """Layers quantized in memory (``ditq.save``) must be exactly the layouts' targets, each in its scheme."""
+def _check_stored(
+    stored: Mapping[str, Mapping[str, StoredLayer]], layouts: dict[str, _Layout], low_rank: int
+) -> None:
+    """Layers quantized in memory (``ditq.save``) must be exactly the layouts' targets, each in its scheme (and
+    with a branch of rank ``low_rank``)."""
     if set(stored) != set(layouts):
         raise InputError(
             f"pipeline: quantized in memory: {', '.join(sorted(stored))}; ditq quantize would quantize "
@@ -272,11 +280,12 @@ def _check_stored(stored: Mapping[str, Mapping[str, StoredLayer]], layouts: dict
                 f"derives from the source ({len(have)} vs {len(want)} layers)"
             )
         for prefix, scheme in layout.schemes.items():
-            specs = codec_for(scheme).specs(
+            out_features, in_features = (
                 layout.targets.targets[prefix].out_features,
                 layout.targets.targets[prefix].in_features,
-                scheme.group_size,
             )
+            specs = codec_for(scheme).specs(out_features, in_features, scheme.group_size)
+            specs |= low_rank_specs(out_features, in_features, low_rank)
             got = {n: (t.dtype, tuple(t.shape)) for n, t in stored[component][prefix].tensors.items()}
             if list(got.items()) != list(specs.items()):
                 raise InputError(
@@ -335,6 +344,7 @@ def _write_component(
         opts["band_bytes"],
         variant=opts["variant"],
         stored=stored,
+        low_rank=opts["low_rank"],
     )
     for path in sorted(src_dir.iterdir()):  # the source's weights, of every variant, are replaced: not copied
         if path.name == "config.json":
@@ -465,6 +475,7 @@ def _manifest(
                 "block_lists": layout.targets.block_lists,
                 "quantized": sorted(layout.targets.targets),
                 "ignored": dict(sorted(layout.targets.ignored.items())),
+                "low_rank": low_rank_record(options["low_rank"], len(layout.targets.targets)),
                 "statistics": _statistics({name: results[name]}),
             }
             for name, layout in layouts.items()
@@ -526,6 +537,7 @@ def quantize(
     local_files_only: bool = False,
     stored: Mapping[str, Mapping[str, StoredLayer]] | None = None,
     calibration: Mapping[str, Any] | None = None,
+    low_rank: int | None = None,
 ) -> QuantizeResult:
     """Quantize ``components`` of the diffusers directory ``source`` (or hub id ``org/name[@revision]``,
     ``ditq.checkpoint.hub.resolve_source``; ``local_files_only`` or ``HF_HUB_OFFLINE``: the cache only) into the
@@ -550,6 +562,9 @@ def quantize(
     from the source, and are written as they are instead of being quantized again; ``calibration`` is how they
     were rounded (``calibrated.Calibration.manifest``: GPTQ and its requests), recorded as the manifest's
     ``options.calibration`` (round to nearest, ``{"method": "rtn"}``, where none is given).
+    ``low_rank`` (a rank R, 4-bit schemes, not with a plan) keeps every target's SVDQuant branch of rank R in
+    bfloat16 beside its quantized residual (``ditq.quantization.low_rank``); R must be below every target's
+    smaller dimension. The manifest records it in ``options.low_rank`` and each component's ``low_rank``.
     """
     if copy and link:
         raise InputError("--link and --copy are mutually exclusive")
@@ -565,6 +580,12 @@ def quantize(
     named = None if components is None or list(components) == [AUTO] else components
     checked = None if plan is None else _checked_plan(plan, scheme, named, targets, ignore, group_size)
     chosen = None if checked is not None else get_scheme(scheme or DEFAULTS["scheme"], group_size)
+    rank = 0  # the low-rank branch's, 0: none
+    if low_rank is not None:
+        if checked is not None:
+            raise InputError("--low-rank and --plan are mutually exclusive: a plan's schemes are 8-bit")
+        assert chosen is not None
+        rank = check_low_rank(low_rank, [chosen])
     given_output = Path(output)
     output = given_output.resolve()
     refuse_missing_source(source)  # the source before the destination: the order a user fixes them
@@ -616,6 +637,7 @@ def quantize(
         "follow_links": follow_links,
         "device": torch_device.type,
         "calibration": dict(calibration) if calibration is not None else {"method": "rtn"},
+        "low_rank": rank or None,
     }
     if calibration is not None and stored is None:
         raise InputError(
@@ -633,10 +655,18 @@ def quantize(
             layouts = {
                 c: _plan_component(source, index, c, chosen, targets, ignore, variant, checked) for c in names
             }
+            for layout in layouts.values() if rank else ():
+                for prefix, layer in layout.targets.targets.items():
+                    check_rank(rank, prefix, layer.out_features, layer.in_features)
             if stored is not None:
-                _check_stored(stored, layouts)
+                _check_stored(stored, layouts, rank)
             with atomic_directory(output, ARTIFACT, [source], force=force) as tmp:
-                limits = {"max_shard_bytes": max_shard_bytes, "band_bytes": band_bytes, "variant": variant}
+                limits = {
+                    "max_shard_bytes": max_shard_bytes,
+                    "band_bytes": band_bytes,
+                    "variant": variant,
+                    "low_rank": rank,
+                }
                 results = {
                     c: _write_component(
                         source, tmp, layout, form, torch_device, limits, None if stored is None else stored[c]

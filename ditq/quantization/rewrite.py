@@ -6,6 +6,9 @@ keeps small bands in cache and avoids thread-pool thrash), and the results
 are appended in source order, so the output -- hashed as it is written -- is
 the same whatever the band size or thread count. Memory: at most
 ``2 x workers`` bands are in flight, whatever the tensor, shard or model size.
+
+With a low-rank branch (``--low-rank R``, ``ditq.quantization.low_rank``) a target is read whole, split by its SVD,
+and its residual encoded in the same bands; the branch's two tensors follow the codec's in the file.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 import os
 import re
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +30,7 @@ from tqdm import tqdm
 
 from ditq.checkpoint.codecs import SCALE, codec_for, is_quantized_tensor
 from ditq.checkpoint.layout import weight_files
+from ditq.checkpoint.low_rank import low_rank_specs
 from ditq.checkpoint.safetensors_io import (
     OutputTensor,
     SafetensorsHeader,
@@ -39,6 +43,7 @@ from ditq.errors import InputError
 from ditq.fsutil import open_regular
 from ditq.numerics import dequantize_weight, quantize_weight
 from ditq.progress import progress_bar
+from ditq.quantization.low_rank import split_low_rank
 from ditq.quantization.targets import TargetPlan
 from ditq.schemes import Scheme
 
@@ -100,12 +105,13 @@ def _check_source(entries: dict[str, tuple[SafetensorsHeader, TensorEntry]], pla
 
 
 def _outputs(
-    name: str, entry: TensorEntry, plan: TargetPlan, schemes: Mapping[str, Scheme]
+    name: str, entry: TensorEntry, plan: TargetPlan, schemes: Mapping[str, Scheme], low_rank: int
 ) -> list[OutputTensor]:
     prefix = name[: -len(".weight")]
     if name.endswith(".weight") and prefix in plan.targets:
         layer, scheme = plan.targets[prefix], schemes[prefix]
         specs = codec_for(scheme).specs(layer.out_features, layer.in_features, scheme.group_size)
+        specs |= low_rank_specs(layer.out_features, layer.in_features, low_rank)
         return [OutputTensor(f"{prefix}.{local}", dtype, shape) for local, (dtype, shape) in specs.items()]
     return [OutputTensor(name, entry.dtype, entry.shape)]
 
@@ -187,25 +193,38 @@ class StoredLayer:
     """One Linear quantized in memory (``ditq.quantize_``): its codec's stored tensors and its relative L2 error,
     computed band by band exactly as the streamer computes them from the source file."""
 
-    tensors: dict[str, torch.Tensor]  # local name -> stored tensor, in the codec's file order
+    # local name -> stored tensor, in file order (the codec's, then any low-rank branch's)
+    tensors: dict[str, torch.Tensor]
     rel_l2: float
 
 
 def encode_weight(
-    weight: torch.Tensor, scheme: Scheme, device: torch.device, band_bytes: int, pool: ThreadPoolExecutor
+    weight: torch.Tensor,
+    scheme: Scheme,
+    device: torch.device,
+    band_bytes: int,
+    pool: ThreadPoolExecutor,
+    low_rank: int = 0,
 ) -> StoredLayer:
     """A whole (out, in) weight quantized as ``rewrite_component`` quantizes it from a file of the weight's dtype:
     the same bands of rows (``band_bytes`` of source bytes each), encoded on ``pool`` (``band_workers``), their
-    errors summed in the same order. The stored tensors come back on the CPU."""
+    errors summed in the same order; with ``low_rank``, the residual of its branch encoded so. The stored tensors
+    come back on the CPU."""
     entry_bytes = weight.element_size() * weight.shape[1]
     rows = max(1, band_bytes // max(1, entry_bytes))
-    bands = [weight[first : first + rows] for first in range(0, weight.shape[0], rows)]
-    encoded = list(pool.map(partial(_encode_on, device=device, scheme=scheme), bands))
+    split = split_low_rank(weight.to(device), low_rank) if low_rank else None
+    values = weight if split is None else split.residual
+    bands = [
+        (values[i : i + rows], None if split is None else weight[i : i + rows])
+        for i in range(0, weight.shape[0], rows)
+    ]
+    encoded = list(pool.map(lambda band: _encode_on(band[0], band[1], device, scheme), bands))
     codec = codec_for(scheme)
     tensors = {
         codec.weight_name: torch.cat([band.stored_rows for band in encoded]),
         SCALE: torch.cat([band.scale for band in encoded]),
         **codec.trailer(*weight.shape),
+        **({} if split is None else {n: t.cpu() for n, t in split.tensors().items()}),
     }
     error_sq = reference_sq = 0.0
     for band in encoded:
@@ -224,14 +243,19 @@ class EncodedBand:
     reference_sq: float  # sum w^2 over the band
 
 
-def encode_band(weight_rows: torch.Tensor, scheme: Scheme) -> EncodedBand:
+def encode_band(
+    weight_rows: torch.Tensor, scheme: Scheme, reference_rows: torch.Tensor | None = None
+) -> EncodedBand:
     """Quantize a (rows, in) band of a weight; stored rows and scales come back on the CPU.
 
     Quantization is per output row (channel, or groups within a row), so bands encode like the whole tensor.
+    ``reference_rows``: the weight's own rows where ``weight_rows`` is a low-rank branch's residual (its error is
+    the layer's; its norm is not).
     """
     q, scale = quantize_weight(weight_rows, scheme)
-    reference = weight_rows.to(torch.float32)
-    error = dequantize_weight(q, scale).sub_(reference)
+    values = weight_rows.to(torch.float32)
+    reference = values if reference_rows is None else reference_rows.to(torch.float32)
+    error = dequantize_weight(q, scale).sub_(values)
     # float32 sums over one band (torch reduces in blocks); bands are summed in float64 by the caller.
     error_sq = float(torch.linalg.vector_norm(error)) ** 2
     reference_sq = float(torch.linalg.vector_norm(reference)) ** 2
@@ -239,8 +263,12 @@ def encode_band(weight_rows: torch.Tensor, scheme: Scheme) -> EncodedBand:
     return EncodedBand(stored.cpu(), scale.cpu(), error_sq, reference_sq)
 
 
-def _encode_on(band: torch.Tensor, device: torch.device, scheme: Scheme) -> EncodedBand:
-    return encode_band(band.to(device), scheme)
+def _encode_on(
+    band: torch.Tensor, weight_band: torch.Tensor | None, device: torch.device, scheme: Scheme
+) -> EncodedBand:
+    """``band`` encoded on ``device``; ``weight_band``: the weight's rows where ``band`` is a residual's."""
+    reference = None if weight_band is None else weight_band.to(device)
+    return encode_band(band.to(device), scheme, reference)
 
 
 def _check_finite(band: torch.Tensor, where: str) -> torch.Tensor:
@@ -263,10 +291,11 @@ class _Streamer:
         band_bytes: int,
         bar: tqdm,
         stored: Mapping[str, StoredLayer],
+        low_rank: int,
     ) -> None:
         self.plan, self.schemes, self.writer, self.pipeline = plan, schemes, writer, pipeline
         self.result, self.device, self.band_bytes, self.bar = result, device, band_bytes, bar
-        self.stored = stored
+        self.stored, self.low_rank = stored, low_rank
 
     def stream_file(self, header: SafetensorsHeader) -> None:
         with open_regular(header.path) as handle:
@@ -318,15 +347,33 @@ class _Streamer:
             sums[0] += encoded.error_sq
             sums[1] += encoded.reference_sq
 
+        rows = _rows_per_band(entry, self.band_bytes)
+        split = None
+        bands: Iterable[
+            tuple[torch.Tensor, torch.Tensor | None]
+        ]  # (rows to encode, the weight's where they differ)
+        # With a branch the SVD needs the whole weight: it is read at once, its residual encoded in the same bands.
+        if self.low_rank:
+            weight = next(read_rows(handle, entry, entry.shape[0]))[1]
+            if not torch.isfinite(weight).all():
+                raise InputError(f"{handle.name}: tensor {entry.name} holds NaN or Inf")
+            split = split_low_rank(weight.to(self.device), self.low_rank)
+            residual = split.residual
+            bands = [(residual[i : i + rows], weight[i : i + rows]) for i in range(0, entry.shape[0], rows)]
+        else:
+            bands = ((band, None) for _, band in read_rows(handle, entry, rows))
+
         def finish(_: None) -> None:
             self.writer.write(f"{prefix}.{SCALE}", torch.cat(scales))
             for local, tensor in codec.trailer(*entry.shape).items():  # in the order ``specs`` planned
                 self.writer.write(f"{prefix}.{local}", tensor)
+            for local, tensor in ({} if split is None else split.tensors()).items():
+                self.writer.write(f"{prefix}.{local}", tensor.cpu())
             self.result.errors[prefix] = _relative_l2(sums[0], sums[1])
 
-        for _, band in read_rows(handle, entry, _rows_per_band(entry, self.band_bytes)):
-            self.pipeline.submit(partial(_encode_on, band, self.device, scheme), take)
-            self.bar.update(band.nbytes)
+        for band, weight_band in bands:
+            self.pipeline.submit(partial(_encode_on, band, weight_band, self.device, scheme), take)
+            self.bar.update(band.nbytes if weight_band is None else weight_band.nbytes)
         self.pipeline.submit(lambda: None, finish)
         self.result.quantized_tensors += 1
         self.result.quantized_params += entry.nbytes // entry.dtype.itemsize
@@ -343,14 +390,16 @@ def rewrite_component(
     workers: int | None = None,
     variant: str | None = None,
     stored: Mapping[str, StoredLayer] | None = None,
+    low_rank: int = 0,
 ) -> ComponentResult:
     """Write the component's weights into ``out_dir`` (one file or shards, and their index); ``schemes`` gives
-    each of ``plan.targets`` its scheme. ``stored`` holds targets already quantized in memory (``ditq.save``):
-    they are written as they are, every other target is quantized from the source, every other tensor copied."""
+    each of ``plan.targets`` its scheme, ``low_rank`` the rank of every target's low-rank branch (0: none).
+    ``stored`` holds targets already quantized in memory (``ditq.save``): they are written as they are, every
+    other target is quantized from the source, every other tensor copied."""
     entries = read_component_headers(src_dir, variant)
     _check_source(entries, plan)
     headers = sorted({h.path: h for h, _ in entries.values()}.values(), key=lambda h: h.path.name)
-    groups = [_outputs(e.name, e, plan, schemes) for h in headers for e in h.in_file_order()]
+    groups = [_outputs(e.name, e, plan, schemes, low_rank) for h in headers for e in h.in_file_order()]
     stem = weight_stem(src_dir, variant)  # the output carries no variant: it is the quantized weights
     shards = _plan_shards(groups, stem, max_shard_bytes)
     result = ComponentResult(weight_files=sorted(shards))
@@ -365,7 +414,7 @@ def rewrite_component(
         ):
             pipeline = _Pipeline(pool, depth=2 * workers)
             streamer = _Streamer(
-                plan, schemes, writer, pipeline, result, device, band_bytes, bar, stored or {}
+                plan, schemes, writer, pipeline, result, device, band_bytes, bar, stored or {}, low_rank
             )
             try:
                 for header in headers:

@@ -16,8 +16,11 @@ Checks, each reported pass/fail with a one-line detail:
   loader's reading, ``ditq.runtime.swap.layer_schemes``), so a mixed-precision component is checked layer by
   layer; stored dtypes and shapes follow that scheme; scales are finite
   and positive; ditq's decoder and compressed-tensors' decoder agree bit for
-  bit; every Linear of the model is either quantized or in ``ignore``;
-- with ``source``: every dequantized weight is within its scheme's relative
+  bit; every Linear of the model is either quantized or in ``ignore``; a low-rank branch
+  (``ditq.checkpoint.low_rank``) is where the manifest's ``low_rank`` says, on every quantized layer or none, of
+  its rank, dtype and shapes. compressed-tensors decodes the stored residual only: the decoders are compared on it,
+  and the layer's weight (branch included) is ditq's alone;
+- with ``source``: every dequantized weight (with its low-rank branch) is within its scheme's relative
   L2 bound of the source (``REL_L2_BOUNDS``), and every other tensor is byte
   identical to the source's; and every other file is the source's
   (``source_files``): ``model_index.json`` byte-identical, each quantized
@@ -55,6 +58,7 @@ from ditq.checkpoint.layout import (
     read_json,
     read_model_index,
 )
+from ditq.checkpoint.low_rank import LOW_RANK_DOWN, LOW_RANK_NAMES, LOW_RANK_UP, stored_rank
 from ditq.checkpoint.manifest import (
     ERRORS_FILE,
     MANIFEST,
@@ -423,6 +427,8 @@ def _check_tensors(
     decoder = ReferenceDecoder(info["quantization_config"])
     problems: list[str] = []
     source_problems: list[str] = []
+    recorded = (info.get("low_rank") or {}).get("rank", 0)
+    ranks: Counter[int] = Counter()
     for prefix, names in progress_bar(len(layers), f"verify {component}", "layer", iterable=layers.items()):
         scheme = schemes[prefix]
         codec, bound = codec_for(scheme), REL_L2_BOUNDS[scheme.name]
@@ -439,6 +445,16 @@ def _check_tensors(
         # in the scale's dtype, as compressed-tensors decodes (float32 for ditq's scales)
         ours, theirs = codec.decode(stored, scale.dtype), decoder.decode(stored, prefix, linears.get(prefix))
         row["decoders_agree"] = ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+        try:  # the shapes come from the stored tensors, as checked above
+            rank = stored_rank(prefix, entries, *codec.features(stored))
+        except InputError as error:
+            problems.append(str(error))
+            rank = 0
+        ranks[rank] += 1
+        if rank:  # compressed-tensors decodes the residual; the layer's weight adds the branch
+            row["low_rank"] = rank
+            up, down = (_read(where, f"{prefix}.{n}").to(torch.float32) for n in (LOW_RANK_UP, LOW_RANK_DOWN))
+            ours = ours.to(torch.float32) + up @ down
         if scale_problem is not None:
             problems.append(f"{prefix}: {scale_problem}")
         if not row["decoders_agree"]:
@@ -454,10 +470,17 @@ def _check_tensors(
                     )
         report.tensors.append(row)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(Counter(s.name for s in schemes.values()).items()))
+    if layers and set(ranks) != {recorded}:
+        found = ", ".join(f"{n} of rank {r}" if r else f"{n} without" for r, n in sorted(ranks.items()))
+        problems.append(
+            f"low-rank branch: the manifest records rank {recorded or 'none'}, the files hold {found}"
+        )
+    branch = f"; a rank-{recorded} low-rank branch on each (residual decoded by both)" if recorded else ""
     report.add(
         f"{component}: decode",
         problems,
-        f"{len(quantized)} tensors ({counts}): layout ok, scales finite, positive and in range, decoders agree bitwise",
+        f"{len(quantized)} tensors ({counts}): layout ok, scales finite, positive and in range, decoders agree "
+        f"bitwise{branch}",
     )
     if source_where is not None:
         _check_against_source(component, where, source_where, layers, source_problems, report)
@@ -471,7 +494,7 @@ def _check_against_source(
     problems: list[str],
     report: VerifyReport,
 ) -> None:
-    derived = {f"{prefix}.{name}" for prefix, names in layers.items() for name in names}
+    derived = {f"{prefix}.{name}" for prefix, names in layers.items() for name in (*names, *LOW_RANK_NAMES)}
     kept = sorted(set(where) - derived)
     for name in kept:
         if name not in source_where:

@@ -13,6 +13,10 @@ that the prepared form aliases stay (so device moves never duplicate them),
 the others are released, and prepared tensors that are new memory become
 non-persistent buffers so ``.to()`` and offload hooks move them with the
 module.
+
+A layer quantized with SVDQuant's low-rank branch (``ditq.checkpoint.low_rank``) also holds ``low_rank_up`` (out, R)
+and ``low_rank_down`` (R, in) and adds (x @ down^T) @ up^T, in the activations' dtype, to the kernel path's
+output: the branch is outside the paths, so every path runs it, and no repack touches it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 
 import ditq.kernels  # noqa: F401 - importing the package registers every kernel path
 from ditq.checkpoint.codecs import SCALE, Codec, codec_for
+from ditq.checkpoint.low_rank import LOW_RANK_DOWN, LOW_RANK_NAMES, LOW_RANK_UP, low_rank_specs
 from ditq.errors import DitqError, InputError
 from ditq.kernels.registry import KernelPath, Prepared, candidate_paths
 from ditq.schemes import FP8, W4A8, W4A16, W8A8, W8A16, Scheme
@@ -63,7 +68,8 @@ def _storage_key(t: torch.Tensor) -> tuple[str, int]:
 
 
 class QuantizedLinear(torch.nn.Module):
-    """y = x @ dequant(stored)^T + bias, computed by one kernel path.
+    """y = x @ dequant(stored)^T + bias, computed by one kernel path (plus (x @ down^T) @ up^T where the layer has a
+    low-rank branch of rank ``low_rank``).
 
     ``scheme`` (the class's preset unless given) says what runs and which format the buffers hold: a
     checkpoint may store a scheme in another format than ditq writes (int8 weight-only as int-quantized);
@@ -84,6 +90,7 @@ class QuantizedLinear(torch.nn.Module):
         device: torch.device | str | None = "meta",
         bias_dtype: torch.dtype = torch.bfloat16,
         scheme: Scheme | None = None,
+        low_rank: int = 0,
     ) -> None:
         super().__init__()
         if scheme is not None:
@@ -99,6 +106,9 @@ class QuantizedLinear(torch.nn.Module):
             self.register_buffer("bias", torch.empty(out_features, dtype=bias_dtype, device=device))
         else:
             self.bias: torch.Tensor | None = None
+        self.low_rank = low_rank
+        for name, (dtype, shape) in low_rank_specs(out_features, in_features, low_rank).items():
+            self.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
         self.kernel: KernelPath | None = None
         self._prepared_layout: dict[str, str | _Alias] | None = None
 
@@ -112,6 +122,7 @@ class QuantizedLinear(torch.nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, scheme={self.scheme.name}, kernel={kernel}"
+            + (f", low_rank={self.low_rank}" if self.low_rank else "")
         )
 
     @property
@@ -137,6 +148,10 @@ class QuantizedLinear(torch.nn.Module):
                 f"{self.kernel.name if self.kernel else ''} repack; reload the component to read them"
             )
         return {name: self._buffers[name] for name in self.stored_names}  # type: ignore[misc]
+
+    def low_rank_tensors(self) -> dict[str, torch.Tensor]:
+        """The low-rank branch's stored tensors (``low_rank_up``, ``low_rank_down``), empty without one."""
+        return {name: self._buffers[name] for name in LOW_RANK_NAMES if self.low_rank}  # type: ignore[misc]
 
     def kernel_stored(self) -> dict[str, torch.Tensor]:
         """The stored tensors in the format the scheme's kernel paths read: the checkpoint's own where ditq
@@ -246,7 +261,11 @@ class QuantizedLinear(torch.nn.Module):
                 )
             self.prepare(x.device, x.dtype)
         assert self.kernel is not None
-        return self.kernel.matmul(x, self.prepared_tensors(), self.bias)
+        y = self.kernel.matmul(x, self.prepared_tensors(), self.bias)
+        if self.low_rank:  # (..., K) @ (K, R) @ (R, N), in the activations' dtype
+            down, up = (getattr(self, name).to(x.dtype) for name in (LOW_RANK_DOWN, LOW_RANK_UP))
+            y = y + torch.nn.functional.linear(torch.nn.functional.linear(x, down), up)
+        return y
 
     def _buffer_device(self) -> torch.device:
         return next(t.device for t in self._buffers.values() if t is not None)
@@ -309,7 +328,8 @@ def quantized_linear_class(scheme_name: str) -> type[QuantizedLinear]:
 def linear_from_stored(
     stored: Mapping[str, torch.Tensor], scheme: Scheme, bias: torch.Tensor | None
 ) -> QuantizedLinear:
-    """A module holding exactly ``stored`` (and ``bias``), on their device; no copies."""
+    """A module holding exactly ``stored`` (and ``bias``), on their device; no copies. ``stored`` may hold a
+    low-rank branch beside the codec's tensors."""
     cls = quantized_linear_class(scheme.name)
     codec = codec_for(scheme)
     out_features, in_features = codec.features(stored)
@@ -323,8 +343,9 @@ def linear_from_stored(
         group_size=group_size,
         device="meta",
         scheme=scheme.with_group_size(group_size),
+        low_rank=stored[LOW_RANK_UP].shape[1] if LOW_RANK_UP in stored else 0,
     )
-    for name in module.stored_names:
+    for name in (*module.stored_names, *module.low_rank_tensors()):
         if name not in stored:
             raise InputError(f"{scheme.name} stored weight lacks {name!r} (has {sorted(stored)})")
         setattr(module, name, stored[name])
@@ -340,8 +361,8 @@ def quantized_linears(module: torch.nn.Module) -> dict[str, QuantizedLinear]:
 
 def fusable(members: list[Any]) -> bool:
     """Whether ``members`` can be stacked into one Linear: quantized alike (one class, scheme, group size, input
-    width and bias presence), unprepared and in the stored form."""
-    if not all(isinstance(m, QuantizedLinear) and not m.prepared for m in members):
+    width and bias presence), unprepared and in the stored form, without a low-rank branch."""
+    if not all(isinstance(m, QuantizedLinear) and not m.prepared and not m.low_rank for m in members):
         return False
     first = members[0]
     return all(

@@ -4,7 +4,8 @@ A layer's scheme comes from the config group that targets it (``targets``,
 ``ignore``, ``format``, ``weights``, ``input_activations``), cross-checked
 against its stored tensors by the codecs; a disagreement, a stored layer no
 group targets, or a targeted Linear with nothing stored is an InputError
-naming the layer and the file.
+naming the layer and the file. A layer that stores a low-rank branch beside its tensors
+(``ditq.checkpoint.low_rank``) gets one of that rank.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ditq.checkpoint.codecs import (
     layer_scheme,
     quantized_layers,
 )
+from ditq.checkpoint.low_rank import stored_rank
 from ditq.checkpoint.patterns import matches
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
@@ -71,8 +73,8 @@ def swap_quantized_linears(
     component_dir: Path,
     dtype: torch.dtype,
 ) -> dict[str, Scheme]:
-    """Swap every stored quantized Linear (a ``<prefix>.weight_scale`` entry) in place for its scheme's class;
-    returns prefix -> scheme (``layer_schemes``)."""
+    """Swap every stored quantized Linear (a ``<prefix>.weight_scale`` entry) in place for its scheme's class, with
+    the low-rank branch its entries hold; returns prefix -> scheme (``layer_schemes``)."""
     schemes = layer_schemes(model, entries, qconfig, f"{component_dir}/config.json")
     for prefix, scheme in schemes.items():
         linear = model.get_submodule(prefix)
@@ -85,6 +87,7 @@ def swap_quantized_linears(
             device="meta",
             bias_dtype=dtype,
             scheme=scheme,
+            low_rank=stored_rank(prefix, entries, linear.out_features, linear.in_features),
         )
         parent_name, _, attr = prefix.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr, replacement)
