@@ -354,6 +354,9 @@ class ServerHealth(BaseModel):
         str, int
     ] = {}  # component.module -> bytes left out of the loaded model (the manifest's unused)
     kv_cache: str | None = None  # serve --kv-cache: the prefix KV cache's precision; None: the model's own
+    cache: str | None = (
+        None  # serve --cache: the step cache's setting (first-block:0.1); None: every step computed
+    )
     accumulate: str | None = (
         None  # serve --accumulate: exact | fast (fp8 GEMMs' accumulation); None: older servers
     )
@@ -847,6 +850,7 @@ class SweepFile(_File):
     plan: str | None = None  # --plan: the PLAN.json of the planned candidate, as given
     attention: str | None = None  # --attention: the candidates' servers' quantized attention (int8 | fp8)
     kv_cache: str | None = None  # --kv-cache: the candidates' servers' 8-bit prefix KV cache (int8 | fp8)
+    cache: str | None = None  # --cache: the candidates' servers' step cache (first-block:0.1); None: none
     accumulate: str = "exact"  # --accumulate: the candidates' servers' fp8 accumulation (exact | fast)
     compile: str | None = (
         None  # --compile: every server's torch.compile backend, the baseline's too; None: eager

@@ -24,6 +24,7 @@ __all__ = [
     "add_compile_argument",
     "add_kv_cache_argument",
     "add_load_arguments",
+    "add_step_cache_argument",
     "add_variant_argument",
     "compile_backend",
     "load_options_from_args",
@@ -111,6 +112,38 @@ def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_step_cache_argument(parser: argparse.ArgumentParser, auto: bool = False) -> None:
+    """``--cache KIND:VALUE`` (default off), as ``ditq.runtime.step_cache`` reads it; ``auto`` where the command
+    searches a setting (``ditq sweep``, ``ditq demo``)."""
+
+    def setting(text: str) -> str:
+        from ditq.errors import InputError
+        from ditq.runtime.step_cache import AUTO, parse_step_cache
+
+        try:
+            spec = parse_step_cache(text, flag="", allow_auto=auto)
+        except InputError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return AUTO if spec is None else str(spec)
+
+    search = (
+        "; auto: the candidates' servers try first-block thresholds from the smallest up, and each scheme keeps the "
+        "largest whose fidelity stays inside --standard (OUT/STEP_CACHE.json)"
+        if auto
+        else ""
+    )
+    parser.add_argument(
+        "--cache",
+        type=setting,
+        metavar="first-block:T|taylorseer:N[:W]" + ("|auto" if auto else ""),
+        help="serve denoising steps from diffusers' step cache (opt-in): first-block:T skips every block but the "
+        "first where the first block's residual moved by less than T since the last computed step; "
+        "taylorseer:N[:W] computes attention on the first W calls (default 3), then every Nth, and predicts it in "
+        "between. The prefix KV cache's extract step is always computed; each request's skipped steps are "
+        f"reported{search} (default: every step computed)",
+    )
+
+
 # Every flag of how a pipeline is opened (``ditq.runtime.options.LoadOptions``'s fields, as the command line names
 # them), in the order --help shows them. A command takes the ones it offers.
 LOAD_FLAGS = (
@@ -120,6 +153,7 @@ LOAD_FLAGS = (
     "variant",
     "attention",
     "kv_cache",
+    "cache",
     "compile",
     "accumulate",
     "max_memory",
@@ -152,6 +186,7 @@ def add_load_arguments(
         "variant": add_variant_argument,
         "attention": add_attention_argument,
         "kv_cache": add_kv_cache_argument,
+        "cache": add_step_cache_argument,
         "compile": add_compile_argument,
         "accumulate": add_accumulate_argument,
     }

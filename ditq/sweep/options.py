@@ -100,6 +100,9 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
         ["--attention", options.load.attention] if options.load.attention and model != options.model else []
     )
     argv += ["--kv-cache", options.load.kv_cache] if options.load.kv_cache and model != options.model else []
+    # the step cache is the candidates' (the baseline computes every step); auto is searched setting by setting
+    # (``ditq.sweep.step_cache``), each sweep's servers given one
+    argv += ["--cache", options.load.cache] if options.load.cache and model != options.model else []
     argv += (
         ["--accumulate", options.load.accumulate]
         if options.load.accumulate != "exact" and model != options.model
@@ -191,6 +194,7 @@ class SweepOptions:
                 self.load.max_memory,
                 self.load.attention,
                 self.load.compile,
+                self.load.cache,
             )
         self._check_budgets()
         for path, what in ((self.model, "model"), (self.fixtures, "--fixtures"), (self.refs, "--refs")):

@@ -192,7 +192,15 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         plan=None if options.plan is None else str(options.plan),
         # the servers' options, as SWEEP.json has always named them
         **options.load.record(
-            "max_memory", "variant", "device", "dtype", "attention", "kv_cache", "accumulate", "compile"
+            "max_memory",
+            "variant",
+            "device",
+            "dtype",
+            "attention",
+            "kv_cache",
+            "cache",
+            "accumulate",
+            "compile",
         ),
         pid=os.getpid(),
     )
