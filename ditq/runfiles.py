@@ -582,6 +582,8 @@ class CompareRow(_File):
     same_bytes: bool | None = (
         None  # True where the image is the baseline's, byte for byte (written only then)
     )
+    # the candidate's server ran a step cache (--cache): the steps of this request it served from the cache
+    skipped_steps: int | None = None
 
 
 class FidelityStats(_File):
