@@ -2,7 +2,7 @@
 
     python benchmarks/step_cache_fidelity.py --out benchmarks/results/step_cache_fidelity_cpu_COMMIT.json
 
-Every fixture of the demo (its references, under the prefix KV cache), seeds 2301-2304 (``--seeds``), 8 steps, on
+Every fixture of the demo (its references, under the prefix KV cache), seeds 2301-2303 (``--seeds``), 8 steps, on
 the CPU in float32, in process: the unquantized model without a step cache is the reference. For the unquantized
 model and for the transformer quantized in memory (``ditq.quantize_``: fp8 and w8a8), each step cache setting
 (``ditq.runtime.step_cache``, installed and removed on the same quantized model) runs the same requests. Per row: the
@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from result_names import result_path
 
-SEEDS = "2301-2304"
+SEEDS = "2301-2303"
 STEPS = 8
 SCHEMES = (None, "fp8", "w8a8")  # None: the unquantized model
-SETTINGS = (None, "first-block:0.2", "first-block:0.4", "first-block:0.6", "taylorseer:2", "taylorseer:3")
+SETTINGS = (None, "first-block:0.3", "first-block:0.5", "taylorseer:2")
 
 
 def _adapter(scheme: str | None):  # type: ignore[no-untyped-def]
@@ -59,10 +59,14 @@ def _run(adapter, requests):  # type: ignore[no-untyped-def]
 
 
 def _scores(images, against, fixtures, seeds) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    from ditq.judge.compare import PSNR_CAP_DB
     from ditq.judge.stats import mean_interval
     from ditq.metrics import psnr, ssim
 
-    pairs = {key: (psnr(images[key][0], against[key]), ssim(images[key][0], against[key])) for key in images}
+    pairs = {  # identical images: the cap compare writes for them, not infinity
+        key: (min(psnr(images[key][0], against[key]), PSNR_CAP_DB), ssim(images[key][0], against[key]))
+        for key in images
+    }
     per_seed = {s: float(np.mean([pairs[f, s][0] for f in fixtures])) for s in seeds}
     interval = mean_interval(list(per_seed.values()))
     return {
