@@ -157,6 +157,9 @@ class SweepOptions:
     # passed through the environment, never on a command line or in a file
     api_key: str | None = field(default=None, repr=False)
     serve_argv: ServeArgv = default_serve_argv
+    # the folder of an earlier sweep of the same model whose candidates' artifacts this one serves instead of
+    # quantizing its own (``--cache auto``'s sweep per setting: ``ditq.sweep.step_cache``); None: its own
+    artifacts_from: Path | None = None
 
     def __post_init__(self) -> None:
         check_seeds(self.seeds, self.max_seeds)
@@ -181,6 +184,16 @@ class SweepOptions:
                     "--seeds auto --standard parity: needs a parity band to decide on (--parity-db or "
                     "--parity-in-process)"
                 )
+        if self.load.cache == "auto" and self.seeds == "auto":
+            raise InputError(
+                "--cache auto with --seeds auto: give the seeds (every setting is judged on the same ones)",
+                field="cache",
+            )
+        if self.load.cache == "auto" and self.endpoint_for:
+            raise InputError(
+                "--cache auto with --endpoint-for: a server already running cannot be given a setting",
+                field="cache",
+            )
         unknown_modes = [m for m in self.offload if m not in OFFLOAD_MODES]
         if not self.offload or unknown_modes or len(set(self.offload)) != len(self.offload):
             raise InputError(
