@@ -28,7 +28,8 @@ from result_names import result_path
 SEEDS = "2301-2303"
 STEPS = 8
 SCHEMES = (None, "fp8", "w8a8")  # None: the unquantized model
-SETTINGS = (None, "first-block:0.3", "first-block:0.5", "taylorseer:2")
+# None, the thresholds ``ditq sweep --cache auto`` tries (ditq.sweep.step_cache.AUTO_SETTINGS), and TaylorSeer
+SETTINGS = (None, "first-block:0.2", "first-block:0.4", "first-block:0.6", "taylorseer:2")
 
 
 def _adapter(scheme: str | None):  # type: ignore[no-untyped-def]
