@@ -35,13 +35,9 @@ __all__ = ["AUTO_SETTINGS", "STEP_CACHE_FILE", "link_shared_runs", "search_step_
 # the first block's residual below which the other blocks are skipped); the search stops at a scheme's first failure.
 AUTO_SETTINGS = ("first-block:0.2", "first-block:0.3", "first-block:0.4", "first-block:0.6")
 STEP_CACHE_FILE = "STEP_CACHE.json"
-_SHARED = ("baseline", "parity-in-process")
+_SHARED = ("baseline", "parity-in-process")  # the first sweep's runs every later one reads, linked
 # the verdict's fidelity comparisons under either standard: lossless (PSNR and SSIM), parity (PSNR less the band's)
-_FIDELITY_MEASURES = (
-    "psnr_db",
-    "ssim",
-    "psnr_minus_reference_db",
-)  # the first sweep's runs every later one reads, linked
+_FIDELITY_MEASURES = ("psnr_db", "ssim", "psnr_minus_reference_db")
 
 
 def search_step_cache(
@@ -135,10 +131,8 @@ def _choice(rows: list[dict[str, Any]]) -> dict[str, Any]:
     passed = [row for row in rows if row["passed"]]
     chosen = passed[-1] if passed else None
     setting = None if chosen is None else chosen["cache"]
-    before, after = (
-        rows[0]["seconds_per_image_mean"],
-        None if chosen is None else chosen["seconds_per_image_mean"],
-    )
+    before = rows[0]["seconds_per_image_mean"]
+    after = None if chosen is None else chosen["seconds_per_image_mean"]
     speedup = round(before / after, 3) if before and after else None
     if not passed:
         summary = "no setting: fidelity does not pass without a step cache"
