@@ -113,19 +113,8 @@ def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_step_cache_argument(parser: argparse.ArgumentParser, auto: bool = False) -> None:
-    """``--cache KIND:VALUE`` (default off), as ``ditq.runtime.step_cache`` reads it; ``auto`` where the command
-    searches a setting (``ditq sweep``, ``ditq demo``)."""
-
-    def setting(text: str) -> str:
-        from ditq.errors import InputError
-        from ditq.runtime.step_cache import AUTO, parse_step_cache
-
-        try:
-            spec = parse_step_cache(text, flag="", allow_auto=auto)
-        except InputError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-        return AUTO if spec is None else str(spec)
-
+    """``--cache KIND:VALUE`` (default off), read by ``ditq.runtime.options.LoadOptions`` (``ditq.runtime.step_cache``
+    parses it); ``auto`` where the command searches a setting (``ditq sweep``, ``ditq demo``)."""
     search = (
         "; auto: the candidates' servers try first-block thresholds from the smallest up, and each scheme keeps the "
         "largest whose fidelity stays inside --standard (OUT/STEP_CACHE.json)"
@@ -134,7 +123,6 @@ def add_step_cache_argument(parser: argparse.ArgumentParser, auto: bool = False)
     )
     parser.add_argument(
         "--cache",
-        type=setting,
         metavar="first-block:T|taylorseer:N[:W]" + ("|auto" if auto else ""),
         help="serve denoising steps from diffusers' step cache (opt-in): first-block:T skips every block but the "
         "first where the first block's residual moved by less than T since the last computed step; "
@@ -142,6 +130,7 @@ def add_step_cache_argument(parser: argparse.ArgumentParser, auto: bool = False)
         "between. The prefix KV cache's extract step is always computed; each request's skipped steps are "
         f"reported{search} (default: every step computed)",
     )
+    parser.set_defaults(cache_search=auto)
 
 
 # Every flag of how a pipeline is opened (``ditq.runtime.options.LoadOptions``'s fields, as the command line names
@@ -205,6 +194,10 @@ def load_options_from_args(args: argparse.Namespace, **overrides: Any) -> LoadOp
     from ditq.runtime.options import LoadOptions
 
     given: dict[str, Any] = {name: getattr(args, name) for name in LOAD_FLAGS if hasattr(args, name)}
+    if given.get("cache") == "auto" and not getattr(args, "cache_search", False):
+        from ditq.runtime.step_cache import parse_step_cache
+
+        parse_step_cache("auto")  # refused in one line: only a sweep searches a setting
     if "compile" in given:
         given["compile"] = compile_backend(args)
     return LoadOptions(**{**given, **overrides})

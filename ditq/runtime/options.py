@@ -105,7 +105,9 @@ class LoadOptions:
     def _check_cache(self) -> None:
         from ditq.runtime.step_cache import CACHE_FLAG, parse_step_cache
 
-        parse_step_cache(str(self.cache), allow_auto=True)
+        spec = parse_step_cache(str(self.cache), allow_auto=True)
+        if spec is not None:  # one spelling in every record (first-block:0.10 is first-block:0.1)
+            object.__setattr__(self, "cache", str(spec))
         if self.compile is not None:
             raise InputError(
                 f"{CACHE_FLAG} {self.cache} with --compile: not supported (diffusers' cache hooks decide each step in "

@@ -159,7 +159,9 @@ def parse_step_cache(text: str, flag: str = CACHE_FLAG, allow_auto: bool = False
     if text == AUTO:
         if allow_auto:
             return None
-        raise InputError(f"{said}: only ditq sweep searches a setting; give one ({_SYNTAX})", field="cache")
+        raise InputError(
+            f"{said}: only ditq sweep and ditq demo search a setting; give one ({_SYNTAX})", field="cache"
+        )
     kind, _, rest = text.partition(":")
     if kind == "mag":
         raise InputError(

@@ -60,7 +60,7 @@ def _cached(setting: str) -> tuple[PipelineAdapter, StepCacheRun]:
             "--cache taylorseer:4:0: WARMUP 0 would predict a request's first call from nothing",
         ),
         ("mag:0.1", "--cache mag:0.1: MagCache needs magnitude ratios calibrated for this model"),
-        ("auto", "--cache auto: only ditq sweep searches a setting"),
+        ("auto", "--cache auto: only ditq sweep and ditq demo search a setting"),
     ],
 )
 def test_a_setting_that_cannot_be_served_is_refused_in_one_line_naming_the_flag(text: str, says: str) -> None:
