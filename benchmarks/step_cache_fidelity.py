@@ -78,6 +78,32 @@ def _scores(images, against, fixtures, seeds) -> dict:  # type: ignore[no-untype
     }
 
 
+def _write(args, seeds, fixtures, rows, started) -> None:  # type: ignore[no-untyped-def]
+    payload = {
+        "command": f"python benchmarks/step_cache_fidelity.py --seeds {args.seeds} --out "
+        + (
+            str(args.out.resolve().relative_to(Path.cwd()))
+            if args.out.resolve().is_relative_to(Path.cwd())
+            else args.out.name
+        ),
+        "what": "demo model (prefix KV cache on), transformer quantized in memory or not, a diffusers step cache "
+        "installed per row; PSNR/SSIM against the unquantized float32 run without a step cache, and against "
+        "the same scheme without one",
+        "steps": STEPS,
+        "seeds": list(seeds),
+        "fixtures": list(fixtures),
+        "rows": rows,
+        "complete": len(rows) == len(SCHEMES) * len(SETTINGS),  # False: the run stopped before its last row
+        "total_seconds": round(time.time() - started, 1),
+        "torch": torch.__version__,
+        "platform": platform.machine(),
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(payload, indent=1) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default=SEEDS, help="the judged seeds (default %(default)s)")
@@ -120,6 +146,7 @@ def main() -> int:
                 "seconds_per_request_median": round(statistics.median(v[2] for v in results.values()), 3),
             }
             row = rows[name]
+            _write(args, seeds, fixtures, rows, started)  # after every row: an interrupted run keeps its rows
             print(
                 f"{name:<28} skipped {row['skipped_steps_mean']:4.2f}/{STEPS}  PSNR "
                 f"{row['against_unquantized_uncached']['psnr_db']:6.2f} dB "
@@ -127,28 +154,6 @@ def main() -> int:
                 f"{row['against_unquantized_uncached']['ssim']:.4f}  {row['seconds_per_request_median']:.3f} s",
                 flush=True,
             )
-    payload = {
-        "command": f"python benchmarks/step_cache_fidelity.py --seeds {args.seeds} --out "
-        + (
-            str(args.out.resolve().relative_to(Path.cwd()))
-            if args.out.resolve().is_relative_to(Path.cwd())
-            else args.out.name
-        ),
-        "what": "demo model (prefix KV cache on), transformer quantized in memory or not, a diffusers step cache "
-        "installed per row; PSNR/SSIM against the unquantized float32 run without a step cache, and against "
-        "the same scheme without one",
-        "steps": STEPS,
-        "seeds": list(seeds),
-        "fixtures": list(fixtures),
-        "rows": rows,
-        "total_seconds": round(time.time() - started, 1),
-        "torch": torch.__version__,
-        "platform": platform.machine(),
-        "python": platform.python_version(),
-        "torch_threads": torch.get_num_threads(),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=1) + "\n")
     return 0
 
 
