@@ -377,6 +377,9 @@ class ServerHealth(BaseModel):
     ] = {}  # component.module -> bytes left out of the loaded model (the manifest's unused)
     kv_cache: str | None = None  # serve --kv-cache: the prefix KV cache's precision; None: the model's own
     lora: LoraFacts | None = None  # serve --lora: the adapters loaded, each at its scale; None: none
+    cache: str | None = (
+        None  # serve --cache: the step cache's setting (first-block:0.1); None: every step computed
+    )
     accumulate: str | None = (
         None  # serve --accumulate: exact | fast (fp8 GEMMs' accumulation); None: older servers
     )
@@ -602,6 +605,8 @@ class CompareRow(_File):
     same_bytes: bool | None = (
         None  # True where the image is the baseline's, byte for byte (written only then)
     )
+    # the candidate's server ran a step cache (--cache): the steps of this request it served from the cache
+    skipped_steps: int | None = None
 
 
 class FidelityStats(_File):
@@ -870,6 +875,7 @@ class SweepFile(_File):
     plan: str | None = None  # --plan: the PLAN.json of the planned candidate, as given
     attention: str | None = None  # --attention: the candidates' servers' quantized attention (int8 | fp8)
     kv_cache: str | None = None  # --kv-cache: the candidates' servers' 8-bit prefix KV cache (int8 | fp8)
+    cache: str | None = None  # --cache: the candidates' servers' step cache (first-block:0.1); None: none
     accumulate: str = "exact"  # --accumulate: the candidates' servers' fp8 accumulation (exact | fast)
     compile: str | None = (
         None  # --compile: every server's torch.compile backend, the baseline's too; None: eager

@@ -24,6 +24,7 @@ __all__ = [
     "add_compile_argument",
     "add_kv_cache_argument",
     "add_load_arguments",
+    "add_step_cache_argument",
     "add_variant_argument",
     "compile_backend",
     "load_options_from_args",
@@ -111,6 +112,27 @@ def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_step_cache_argument(parser: argparse.ArgumentParser, auto: bool = False) -> None:
+    """``--cache KIND:VALUE`` (default off), read by ``ditq.runtime.options.LoadOptions`` (``ditq.runtime.step_cache``
+    parses it); ``auto`` where the command searches a setting (``ditq sweep``, ``ditq demo``)."""
+    search = (
+        "; auto: the candidates' servers try first-block thresholds from the smallest up, and each scheme keeps the "
+        "largest whose fidelity stays inside --standard (OUT/STEP_CACHE.json)"
+        if auto
+        else ""
+    )
+    parser.add_argument(
+        "--cache",
+        metavar="first-block:T|taylorseer:N[:W]" + ("|auto" if auto else ""),
+        help="serve denoising steps from diffusers' step cache (opt-in): first-block:T skips every block but the "
+        "first where the first block's residual moved by less than T since the last computed step; "
+        "taylorseer:N[:W] computes attention on the first W calls (default 3), then every Nth, and predicts it in "
+        "between. The prefix KV cache's extract step is always computed; each request's skipped steps are "
+        f"reported{search} (default: every step computed)",
+    )
+    parser.set_defaults(cache_search=auto)
+
+
 # Every flag of how a pipeline is opened (``ditq.runtime.options.LoadOptions``'s fields, as the command line names
 # them), in the order --help shows them. A command takes the ones it offers.
 LOAD_FLAGS = (
@@ -120,6 +142,7 @@ LOAD_FLAGS = (
     "variant",
     "attention",
     "kv_cache",
+    "cache",
     "compile",
     "accumulate",
     "max_memory",
@@ -152,6 +175,7 @@ def add_load_arguments(
         "variant": add_variant_argument,
         "attention": add_attention_argument,
         "kv_cache": add_kv_cache_argument,
+        "cache": add_step_cache_argument,
         "compile": add_compile_argument,
         "accumulate": add_accumulate_argument,
     }
@@ -170,6 +194,10 @@ def load_options_from_args(args: argparse.Namespace, **overrides: Any) -> LoadOp
     from ditq.runtime.options import LoadOptions
 
     given: dict[str, Any] = {name: getattr(args, name) for name in LOAD_FLAGS if hasattr(args, name)}
+    if given.get("cache") == "auto" and not getattr(args, "cache_search", False):
+        from ditq.runtime.step_cache import parse_step_cache
+
+        parse_step_cache("auto")  # refused in one line: only a sweep searches a setting
     if "compile" in given:
         given["compile"] = compile_backend(args)
     return LoadOptions(**{**given, **overrides})

@@ -112,6 +112,10 @@ def _print_report(report: GenerationReport) -> None:
                 f"   ({len(result.step_times)} steps, {1000 * seconds / len(result.step_times):.1f} ms/step)"
             )
         print(f"{stage:<10} {seconds:8.3f} s{extra}")
+    if result.skipped_steps is not None:
+        print(
+            f"cache      {report.cache}: {result.skipped_steps} of {len(result.step_times)} steps from the cache"
+        )
     print(f"peak       {_gib(result.peak_memory_bytes)}")
     if result.stage_peak_memory_bytes is not None:
         stages = ", ".join(f"{stage} {_gib(peak)}" for stage, peak in result.stage_peak_memory_bytes.items())

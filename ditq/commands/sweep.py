@@ -13,6 +13,7 @@ from ditq.commands import (
     KV_CACHE_CHOICES,
     MAX_SEEDS,
     add_load_arguments,
+    add_step_cache_argument,
     load_options_from_args,
 )
 from ditq.commands.probe import add_api_key_argument
@@ -89,6 +90,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, device: str) -> None:
     )
     # --compile: every server, the baseline's too; --accumulate: the candidates' servers (the baseline has no fp8 GEMM)
     add_load_arguments(parser, flags=("compile", "accumulate"))
+    add_step_cache_argument(parser, auto=True)  # the candidates' servers (the baseline computes every step)
     parser.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for /health")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines")
 

@@ -318,8 +318,14 @@ def _row(run: Path, baseline: Path, record: ProbeRecord, candidate: ProbeRecord 
         fields = {"status": "missing"}
     else:
         fields = _compare_pair(image, reference, scorer, (candidate, record))
+    skipped = (candidate.metrics or {}).get("skipped_steps") if candidate is not None else None
+    if isinstance(skipped, int):  # its server ran a step cache (--cache)
+        fields["skipped_steps"] = skipped
     return CompareRow(
-        fixture_id=record.fixture_id, seed=record.seed, n_references=record.n_references, **fields
+        fixture_id=record.fixture_id,
+        seed=record.seed,
+        n_references=record.n_references,
+        **fields,
     )
 
 

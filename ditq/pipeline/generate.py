@@ -46,6 +46,7 @@ class GenerationReport:
     load_peak_memory_bytes: int | None  # accelerator, while loading (None on CPU)
     result: GenerationResult
     compile: dict[str, Any] | None = None  # --compile: backend, what, warm-up seconds (CompileFacts.to_json)
+    cache: str | None = None  # --cache: the step cache's setting (``ditq.runtime.step_cache``); None: none
 
 
 def _run(adapter: PipelineAdapter, request: GenerationRequest) -> GenerationResult:
@@ -118,6 +119,7 @@ def generate(
         load_peak_memory_bytes=load_peak,
         result=result,
         compile=None if compiled is None else compiled.to_json(),
+        cache=adapter.load_facts.get("cache"),
     )
 
 

@@ -71,12 +71,17 @@ def _chooser(options: LoadOptions) -> KernelChooser | None:
 
 
 def _install_kv_cache_and_compile(pipeline: Any, options: LoadOptions) -> None:
-    """``kv_cache`` (``ditq.runtime.kv_cache``), then ``compile`` (``ditq.runtime.compile``): the transformer's
-    repeated blocks, and the text encoder's decoder layers only where the text encoder is quantized."""
+    """``kv_cache`` (``ditq.runtime.kv_cache``), the step cache (``ditq.runtime.step_cache``), then ``compile``
+    (``ditq.runtime.compile``): the transformer's repeated blocks, and the text encoder's decoder layers only where
+    the text encoder is quantized."""
     if options.kv_cache is not None:
         from ditq.runtime.kv_cache import install_kv_cache
 
         install_kv_cache(pipeline, options.kv_cache)
+    if options.cache is not None:
+        from ditq.runtime.step_cache import install_step_cache
+
+        install_step_cache(pipeline, options.cache)
     if options.compile is not None:
         from ditq.runtime.compile import compile_pipeline
 
@@ -95,6 +100,8 @@ def _load_facts(pipeline: Any, chooser: KernelChooser | None) -> dict[str, Any]:
     facts["unused"] = dict(getattr(pipeline, "ditq_unused", {}))
     facts["kv_cache"] = getattr(pipeline, "ditq_kv_cache", None)
     facts["compile"] = getattr(pipeline, "ditq_compile", None)  # its warm-up is filled in later
+    step_cache = getattr(pipeline, "ditq_step_cache", None)
+    facts["cache"] = None if step_cache is None else str(step_cache.spec)
     seconds = getattr(chooser, "seconds", None)
     if seconds is not None:  # part of the load time: the doctor's checks, kernel compilation included
         facts["kernel_choice_seconds"] = round(seconds, 3)

@@ -38,6 +38,7 @@ from ditq.report.tables import (
     provenance_table,
     servers_table,
     stages_table,
+    step_cache_table,
     verdict_table,
 )
 from ditq.runfiles import ServerHealth
@@ -175,6 +176,13 @@ def _serving(candidate: Candidate) -> Iterator[Block]:
             "doctor's checks took while choosing each layer's path, kernel compilation included."
         )
         yield servers_table(candidate)
+    if candidate.run is not None and any(r.skipped_steps is not None for r in candidate.run.records):
+        yield Heading(3, "Step cache")
+        yield _text(
+            "Per request, the denoising steps its server served from the step cache (--cache; the server's "
+            "transformer calls whose blocks the cache skipped), out of the steps it ran."
+        )
+        yield step_cache_table(candidate)
     if stage_rows(candidate):
         yield Heading(3, "Memory by stage")
         yield _text(

@@ -102,6 +102,9 @@ class Record:
     start_bytes: int | None = None
     predicted_peak_bytes: int | None = None
     stage_seconds: dict[str, float] | None = None  # text_encoding, step (mean), decoding: as the server said
+    # a server with --cache: the steps of this request served from the step cache, and the steps it ran
+    skipped_steps: int | None = None
+    steps: int | None = None
 
     @property
     def measured_peak_bytes(self) -> int | None:
@@ -310,7 +313,10 @@ def _stage_facts(metrics: dict[str, Any]) -> dict[str, Any]:
         )
         if isinstance(metrics.get(key), int | float)
     }
+    skipped, steps = metrics.get("skipped_steps"), metrics.get("num_inference_steps")
     return {
+        "skipped_steps": skipped if isinstance(skipped, int) else None,
+        "steps": steps if isinstance(steps, int) else None,
         "stage_peaks": peaks or None,
         "start_bytes": _mib_bytes(metrics.get("memory_at_start_mb")),
         "predicted_peak_bytes": _mib_bytes(metrics.get("predicted_peak_memory_mb")),

@@ -340,6 +340,22 @@ def ladder_table(candidate: Candidate) -> Table:
     return Table(headers, tuple(rows))
 
 
+def step_cache_table(candidate: Candidate) -> Table:
+    """Per request served with a step cache (``--cache``): the steps its server took from the cache."""
+    records = candidate.run.records if candidate.run is not None else []
+    rows = tuple(
+        (
+            r.fixture_id,
+            str(r.seed),
+            str(r.n_references),
+            f"{r.skipped_steps}/{r.steps}" if r.steps is not None else str(r.skipped_steps),
+        )
+        for r in sorted(records, key=lambda r: (r.fixture_id, r.seed))
+        if r.skipped_steps is not None
+    )
+    return Table(("Fixture", "Seed", "Refs", "Steps from the step cache"), rows)
+
+
 def format_budget(cap: MemoryCapFacts | None) -> str:
     if cap is None:
         return "whole device"
@@ -386,6 +402,8 @@ def _placement(health: ServerHealth) -> str:
     parts += [f"unused {module} ({format_bytes(size)})" for module, size in health.unused.items()]
     if health.kv_cache:
         parts.append(f"{health.kv_cache} KV cache")
+    if health.cache:
+        parts.append(f"step cache {health.cache}")
     return "; ".join(parts) or "—"
 
 

@@ -103,6 +103,8 @@ class GenerationResult:
     memory_at_start_bytes: int | None = None
     # a parallel server's call (``ditq.serve.ranks``): each rank's peak for it, rank 0 first (None on the CPU)
     rank_peak_memory_bytes: list[int | None] | None = None
+    # --cache: the transformer calls served from the step cache (``ditq.runtime.step_cache``); None without one
+    skipped_steps: int | None = None
 
 
 class PipelineAdapter:
@@ -280,6 +282,9 @@ class PipelineAdapter:
         # the prefix KV cache is let go before the decode's memory is measured (``ditq.runtime.prefix_release``)
         release = released_at_decode(self.pipeline) if self.release_prefix_cache else nullcontext()
         # the images leave the device as 8-bit pixels (``ditq.runtime.postprocess``): the same pixels, a quarter the bytes
+        step_cache = getattr(self.pipeline, "ditq_step_cache", None)
+        if step_cache is not None:
+            step_cache.begin()
         with clock.instrument(self.pipeline), release, pixels_on_device(self.pipeline):
             start = clock.begin()
             try:
@@ -303,6 +308,7 @@ class PipelineAdapter:
             peak_memory_bytes=clock.peak_bytes(),
             stage_peak_memory_bytes=dict(clock.stage_peaks) if clock.cuda else None,
             memory_at_start_bytes=clock.start_allocated,
+            skipped_steps=None if step_cache is None else step_cache.skipped_steps,
         )
 
     def _activate_lora(self, request: GenerationRequest) -> None:

@@ -72,6 +72,9 @@ class LoadOptions:
     attention: str | None = None  # int8 | fp8 | int8-fp8 | fp8-fp8 | auto; None: the model's own
     kv_cache: str | None = None  # int8 | fp8; None: the model's own prefix KV cache
     compile: str | None = None  # a torch.compile backend; None: eager
+    # a diffusers step cache (``ditq.runtime.step_cache``: first-block:T, taylorseer:N[:W]; auto, the sweep's
+    # search); None: every step computed
+    cache: str | None = None
     fuse: bool = False  # quantized projections that read one input as one GEMM (ditq.runtime.fuse)
     drop_unused: bool = True  # leave out the modules an artifact's manifest declares unused
     local_files_only: bool = False  # a hub id: from the cache only
@@ -91,10 +94,25 @@ class LoadOptions:
             parse_memory_size(self.max_memory)
         if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
             raise InputError(f"memory_budget_bytes: must be positive, got {self.memory_budget_bytes}")
+        if self.cache is not None:
+            self._check_cache()
         if self.skip_doctor and self.accumulate == "fast":
             raise InputError(
                 "--accumulate fast: fast accumulation serves only where the kernel doctor measured it; drop --skip-doctor",
                 field="accumulate",
+            )
+
+    def _check_cache(self) -> None:
+        from ditq.runtime.step_cache import CACHE_FLAG, parse_step_cache
+
+        spec = parse_step_cache(str(self.cache), allow_auto=True)
+        if spec is not None:  # one spelling in every record (first-block:0.10 is first-block:0.1)
+            object.__setattr__(self, "cache", str(spec))
+        if self.compile is not None:
+            raise InputError(
+                f"{CACHE_FLAG} {self.cache} with --compile: not supported (diffusers' cache hooks decide each step in "
+                "Python, around the compiled blocks)",
+                field="cache",
             )
 
     def replace(self, **changes: Any) -> LoadOptions:

@@ -60,15 +60,21 @@ def parse_parallel(text: str) -> ParallelSpec:
 
 
 def refuse_beside_parallel(
-    spec: ParallelSpec, offload: str, max_memory: str | None, attention: str | None, compile: str | None
+    spec: ParallelSpec,
+    offload: str,
+    max_memory: str | None,
+    attention: str | None,
+    compile: str | None,
+    cache: str | None = None,
 ) -> None:
     """An option a parallel server cannot serve with, refused in one line naming both (every rank holds a whole
-    device, in the model's own attention, eager)."""
+    device, in the model's own attention, eager, every step computed: a step cache's rank would decide alone)."""
     for flag, value in (
         ("--offload", None if offload == "none" else offload),
         ("--max-memory", max_memory),
         ("--attention", attention),
         ("--compile", compile),
+        ("--cache", cache),
     ):
         if value is not None:
             raise InputError(

@@ -39,6 +39,8 @@ class StageMetrics(BaseModel):
     # A parallel server's (``--parallel``): each rank's peak accelerator memory for this request, rank 0 first
     # (``peak_memory_mb`` is rank 0's); None on the CPU, absent on one device.
     rank_peak_memory_mb: list[float | None] | None = None
+    # A server with --cache: this request's transformer calls served from the step cache; absent without one.
+    skipped_steps: int | None = None
 
     @classmethod
     def from_result(
@@ -82,4 +84,5 @@ class StageMetrics(BaseModel):
                 if result.rank_peak_memory_bytes is None
                 else [None if peak is None else peak / 1024**2 for peak in result.rank_peak_memory_bytes]
             ),
+            skipped_steps=result.skipped_steps,
         )

@@ -180,7 +180,7 @@ def serving_app(
         _refuse_beside_lora(options, parallel)
     if parallel is not None:
         refuse_beside_parallel(
-            parallel, options.offload, options.max_memory, options.attention, options.compile
+            parallel, options.offload, options.max_memory, options.attention, options.compile, options.cache
         )
     load = resolve_load_options(options)
     ranks = None if parallel is None else _rank_group(model_dir, parallel, load)

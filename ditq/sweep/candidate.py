@@ -52,6 +52,12 @@ class Candidate:
             options, scheme
         )  # the candidate whose artifact this one serves, if any
         artifact_dir = self.dir if self.shares is None else options.out / self.shares
+        # an earlier sweep's artifact (``options.artifacts_from``), the plan's excepted: this candidate serves it
+        self.earlier = (
+            None if options.artifacts_from is None or self.plan is not None else options.artifacts_from
+        )
+        if self.earlier is not None:
+            artifact_dir = self.earlier / (self.shares or scheme)
         self.artifact, self.run_dir, self.logs = (
             artifact_dir / "artifact",
             self.dir / "run",
@@ -65,7 +71,7 @@ class Candidate:
         self.seeds_added: dict[str, int] = dict(previous.seeds_added)  # --seeds auto
         self.seed_commands: list[str] = list(previous.seed_commands)  # the commands that added them
         self.dirty = False  # a stage ran in this sweep: every later stage runs again
-        if self.shares is not None and previous.artifact_digest != self.artifact_digest():
+        if (self.shares or self.earlier) is not None and previous.artifact_digest != self.artifact_digest():
             self.dirty = True  # the shared artifact was quantized again since this candidate last served it
         self.reached: set[str] = set()  # stages this sweep got to (the rest follow a failure)
 

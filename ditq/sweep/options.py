@@ -101,6 +101,9 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
         ["--attention", options.load.attention] if options.load.attention and model != options.model else []
     )
     argv += ["--kv-cache", options.load.kv_cache] if options.load.kv_cache and model != options.model else []
+    # the step cache is the candidates' (the baseline computes every step); auto is searched setting by setting
+    # (``ditq.sweep.step_cache``), each sweep's servers given one
+    argv += ["--cache", options.load.cache] if options.load.cache and model != options.model else []
     argv += (
         ["--accumulate", options.load.accumulate]
         if options.load.accumulate != "exact" and model != options.model
@@ -160,6 +163,9 @@ class SweepOptions:
     # the request field out, so each is drawn with it at its scale
     lora: LoraSpec | None = None
     serve_argv: ServeArgv = default_serve_argv
+    # the folder of an earlier sweep of the same model whose candidates' artifacts this one serves instead of
+    # quantizing its own (``--cache auto``'s sweep per setting: ``ditq.sweep.step_cache``); None: its own
+    artifacts_from: Path | None = None
 
     def __post_init__(self) -> None:
         check_seeds(self.seeds, self.max_seeds)
@@ -184,6 +190,16 @@ class SweepOptions:
                     "--seeds auto --standard parity: needs a parity band to decide on (--parity-db or "
                     "--parity-in-process)"
                 )
+        if self.load.cache == "auto" and self.seeds == "auto":
+            raise InputError(
+                "--cache auto with --seeds auto: give the seeds (every setting is judged on the same ones)",
+                field="cache",
+            )
+        if self.load.cache == "auto" and self.endpoint_for:
+            raise InputError(
+                "--cache auto with --endpoint-for: a server already running cannot be given a setting",
+                field="cache",
+            )
         unknown_modes = [m for m in self.offload if m not in OFFLOAD_MODES]
         if not self.offload or unknown_modes or len(set(self.offload)) != len(self.offload):
             raise InputError(
@@ -197,6 +213,7 @@ class SweepOptions:
                 self.load.max_memory,
                 self.load.attention,
                 self.load.compile,
+                self.load.cache,
             )
         self._check_budgets()
         self._check_lora()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Iterator
@@ -38,7 +39,10 @@ class Sweep(SeedSettling):
                 c.stages.pop(stage, None)
         c.save()
         options = self.options
-        chain_ok = self._quantize_and_verify(c) if c.shares is None else self._shared_artifact(c)
+        if c.earlier is not None:
+            chain_ok = self._earlier_artifact(c)
+        else:
+            chain_ok = self._quantize_and_verify(c) if c.shares is None else self._shared_artifact(c)
         if chain_ok:
             # A failing kernel path is a finding, not the end of the chain: the server falls back to a path
             # that passed, the numbers show what that gives, and the verdict carries the doctor's finding.
@@ -111,6 +115,24 @@ class Sweep(SeedSettling):
             self._show(c, stage, "skipped", f"{c.shares}'s artifact")
         return True
 
+    def _earlier_artifact(self, c: Candidate) -> bool:
+        """A candidate that serves the artifact an earlier sweep quantized and verified (``artifacts_from``: the
+        sweep without a step cache, for ``--cache auto``'s settings); whole only where both passed there."""
+        assert c.earlier is not None
+        # the candidate that quantized it there (fp8's for fp8-fast)
+        earlier = dataclasses.replace(self.options, out=c.earlier, artifacts_from=None)
+        stages = Candidate(earlier, c.shares or c.scheme).stages
+        for stage in ("quantize", "verify"):
+            entry = stages.get(stage)
+            if entry is None or entry.status != "ok":
+                message = f"the artifact of {c.earlier} is not whole: its {stage} did not pass"
+                c.record(stage, "failed", 0.0, None, message)
+                self._show(c, stage, "FAILED", message)
+                return False
+            c.record(stage, "skipped", 0.0, entry.command, f"the artifact of {c.earlier}, {stage} there")
+            self._show(c, stage, "skipped", f"the artifact of {c.earlier}")
+        return True
+
 
 def model_fingerprint(model: Path) -> dict[str, list[int]]:
     """Every file of the model directory -> [size, mtime_ns]: what a sweep's finished stages were made from."""
@@ -178,8 +200,16 @@ def check_sweep_output(options: SweepOptions) -> None:
     check_output(options.out, SWEEP, inputs, replace=False)
 
 
-def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult:
-    """Run (or resume) the whole sweep and return its report."""
+def run_sweep(options: SweepOptions, command: str | None = None, shared: Path | None = None) -> ReportResult:
+    """Run (or resume) the whole sweep and return its report. ``--cache auto`` searches a step cache setting, a
+    sweep per setting (``ditq.sweep.step_cache``); ``shared`` is the folder of an earlier sweep of the same model
+    whose sealed baseline (and reference pair) this one reads instead of running its own."""
+    from ditq.runtime.step_cache import AUTO
+    from ditq.sweep.step_cache import link_shared_runs, search_step_cache
+
+    if options.load.cache == AUTO:
+        check_sweep_output(options)
+        return search_step_cache(options, command or shell_command())
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /health poll is noise
     if (warning := seeds_warning(options.seeds)) is not None:  # said first: nothing it runs can decide
         logging.getLogger(__name__).warning("%s", warning)
@@ -208,11 +238,21 @@ def run_sweep(options: SweepOptions, command: str | None = None) -> ReportResult
         lora=None if options.lora is None else f"{options.lora.path}:{options.lora.scale:g}",
         # the servers' options, as SWEEP.json has always named them
         **options.load.record(
-            "max_memory", "variant", "device", "dtype", "attention", "kv_cache", "accumulate", "compile"
+            "max_memory",
+            "variant",
+            "device",
+            "dtype",
+            "attention",
+            "kv_cache",
+            "cache",
+            "accumulate",
+            "compile",
         ),
         pid=os.getpid(),
     )
     write_model(options.out / SWEEP_FILE, sweep_file)
+    if shared is not None:
+        link_shared_runs(shared, options.out)
     sweep = Sweep(options, command)
     with (
         launch.forking(options.load.device == "cpu"),  # a CPU sweep's commands are forked (ditq.sweep.launch)

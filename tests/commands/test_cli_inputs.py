@@ -38,6 +38,13 @@ REFUSED = [
     (["quantize", "{tmp}/empty", "{out}"], "{tmp}/empty/model_index.json: names no component"),
     (["serve", "artifacts/does-not-exist"], "artifacts/does-not-exist: no such directory (artifacts exists here"),
     (["generate", "artifacts/typo/model", "--prompt", "a star"], "artifacts/typo/model: no such directory"),
+    (["generate", "--prompt", "a star", "--cache", "mag:0.1"], "--cache mag:0.1: MagCache needs magnitude ratios"),
+    (["generate", "--prompt", "a star", "--cache", "auto"], "--cache auto: only ditq sweep and ditq demo search a setting"),
+    (["serve", "--cache", "first-block:x"], "--cache first-block:x: expected first-block:THRESHOLD"),
+    (["serve", "--cache", "taylorseer:2", "--compile"], "--cache taylorseer:2:3 with --compile: not supported"),
+    (["demo", "--out", "{out}", "--cache", "fast"], "--cache fast: not a step cache"),
+    (["sweep", DEMO_MODEL, *FIXTURES, "--out", "{out}", "--cache", "auto", "--seeds", "auto"],
+     "--cache auto with --seeds auto: give the seeds"),
 ]  # fmt: skip
 
 

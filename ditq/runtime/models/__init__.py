@@ -1,7 +1,7 @@
 """One folder per model family: what ditq adds to one transformer architecture (its attention processors, prefill,
-fused projections, prefix KV cache, context-parallel plan), behind the small interface the generic code calls.
+fused projections, prefix KV cache, context-parallel plan, step caches), behind the small interface the generic code calls.
 
-The generic code (the loader, ``--compile``, ``--parallel``, ``--attention``, ``--kv-cache``) asks ``model_family``
+The generic code (the loader, ``--compile``, ``--parallel``, ``--attention``, ``--kv-cache``, ``--cache``) asks ``model_family``
 for a transformer's family, or for one of its blocks', and never names a model. Adding a model family (Flux, Wan)
 is adding a folder beside ``qwenimage21/`` with an object that has ``ModelFamily``'s members, and that object to
 ``FAMILIES``.
@@ -57,6 +57,10 @@ class ModelFamily(Protocol):
 
     def enable_context_parallel(self, transformer: torch.nn.Module, degree: int) -> None:
         """Split ``transformer`` over ``degree`` ranks of the default process group (``--parallel cp=N``)."""
+        ...
+
+    def register_cache_blocks(self) -> None:
+        """Its repeated blocks made known to diffusers' block registry, which its step caches read (``--cache``)."""
         ...
 
 

@@ -5,7 +5,8 @@ interface every model family offers (``ditq.runtime.models.ModelFamily``).
 - ``prefill``: the block-causal prefill as one custom op, so that a compiled block serves every reference count;
 - ``fuse``: query/key/value and gate/up projections as one GEMM each (``fuse=True``);
 - ``kv_cache``: the prefix KV cache in 8 bits (``--kv-cache``);
-- ``context_parallel``: the plan and processor of ``--parallel cp=N`` (diffusers declares none for this model).
+- ``context_parallel``: the plan and processor of ``--parallel cp=N`` (diffusers declares none for this model);
+- ``step_cache``: its block in diffusers' block registry, which diffusers' step caches read (``--cache``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ditq.kernels.attention import AttentionPath
-from ditq.runtime.models.qwenimage21 import attention, context_parallel, fuse, kv_cache, prefill
+from ditq.runtime.models.qwenimage21 import attention, context_parallel, fuse, kv_cache, prefill, step_cache
 
 __all__ = ["QWENIMAGE21", "QwenImage21"]
 
@@ -57,6 +58,9 @@ class QwenImage21:
 
     def enable_context_parallel(self, transformer: torch.nn.Module, degree: int) -> None:
         context_parallel.enable_context_parallel(transformer, degree)
+
+    def register_cache_blocks(self) -> None:
+        step_cache.register_cache_blocks()
 
 
 QWENIMAGE21 = QwenImage21()

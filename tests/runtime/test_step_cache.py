@@ -1,0 +1,155 @@
+"""``--cache``: diffusers' step caches on the tiny demo pipeline, under the prefix KV cache and on quantized layers.
+
+What is served from the cache is counted per request; a setting that never skips changes no pixel; the prefix KV
+cache's extract call is always computed; a cancelled request leaves nothing behind; and the settings and
+combinations that cannot be served are refused in one line naming the flag.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+from tiny_models import tiny_adapter
+
+from ditq.errors import InputError
+from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, PipelineAdapter
+from ditq.runtime.options import LoadOptions
+from ditq.runtime.parallel import parse_parallel, refuse_beside_parallel
+from ditq.runtime.step_cache import StepCacheRun, install_step_cache, parse_step_cache
+
+STEPS = 6
+
+
+def _request(**fields: object) -> GenerationRequest:
+    references = [Image.new("RGBA", (32, 32), (200, 40 * i, 30, 255)) for i in range(2)]
+    return GenerationRequest(
+        prompt="a red square",
+        images=references,
+        width=32,
+        height=32,
+        num_inference_steps=STEPS,
+        seed=3,
+        **fields,
+    )  # type: ignore[arg-type]
+
+
+def _pixels(adapter: PipelineAdapter, request: GenerationRequest) -> np.ndarray:
+    return np.asarray(adapter(request).images[0], dtype=np.int16)
+
+
+def _cached(setting: str) -> tuple[PipelineAdapter, StepCacheRun]:
+    adapter = tiny_adapter()
+    return adapter, install_step_cache(adapter.pipeline, setting)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (
+            "fast",
+            "--cache fast: not a step cache (use first-block:THRESHOLD or taylorseer:INTERVAL[:WARMUP])",
+        ),
+        ("first-block", "--cache first-block: expected first-block:THRESHOLD"),
+        ("first-block:-0.1", "--cache first-block:-0.1: expected first-block:THRESHOLD"),
+        ("first-block:nan", "--cache first-block:nan: expected first-block:THRESHOLD"),
+        ("taylorseer:0", "--cache taylorseer:0: expected taylorseer:INTERVAL[:WARMUP]"),
+        ("taylorseer:2:3:4", "--cache taylorseer:2:3:4: expected taylorseer:INTERVAL[:WARMUP]"),
+        (
+            "taylorseer:4:0",
+            "--cache taylorseer:4:0: WARMUP 0 would predict a request's first call from nothing",
+        ),
+        ("mag:0.1", "--cache mag:0.1: MagCache needs magnitude ratios calibrated for this model"),
+        ("auto", "--cache auto: only ditq sweep and ditq demo search a setting"),
+    ],
+)
+def test_a_setting_that_cannot_be_served_is_refused_in_one_line_naming_the_flag(text: str, says: str) -> None:
+    with pytest.raises(InputError) as caught:
+        parse_step_cache(text)
+    assert str(caught.value).startswith(says)
+    assert "\n" not in str(caught.value) and caught.value.field == "cache"
+
+
+def test_settings_read_in_one_spelling_and_auto_only_where_searched() -> None:
+    assert str(parse_step_cache(" first-block:0.10 ")) == "first-block:0.1"
+    assert str(parse_step_cache("taylorseer:2")) == "taylorseer:2:3"  # diffusers' default warm-up, stated
+    assert parse_step_cache("auto", allow_auto=True) is None
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (
+            {"cache": "first-block:0.1", "compile": "eager"},
+            "--cache first-block:0.1 with --compile: not supported",
+        ),
+        ({"cache": "mag:0.1"}, "--cache mag:0.1: MagCache needs"),
+    ],
+)
+def test_load_options_refuse_a_step_cache_they_cannot_serve(options: dict[str, str], says: str) -> None:
+    with pytest.raises(InputError, match="^" + says.replace("(", r"\(")):
+        LoadOptions(device="cpu", **options)
+
+
+def test_a_parallel_server_refuses_a_step_cache() -> None:
+    with pytest.raises(InputError, match=r"^--parallel cp=2 with --cache first-block:0.1: not supported"):
+        refuse_beside_parallel(parse_parallel("cp=2"), "none", None, None, None, "first-block:0.1")
+
+
+def test_threshold_zero_skips_nothing_and_changes_no_pixel() -> None:
+    request = _request()
+    reference = _pixels(tiny_adapter(), request)
+    adapter, run = _cached("first-block:0")
+    result = adapter(request)
+    assert run.calls == [False] * STEPS and result.skipped_steps == 0
+    assert np.array_equal(np.asarray(result.images[0], dtype=np.int16), reference)
+
+
+def test_first_block_skips_every_call_it_may_but_never_the_kv_cache_extract_call() -> None:
+    """A threshold nothing stays above: each context's first call computes (the extract call alone in its own,
+    the first cached call in the next), every later call is served from the cache, and the image still moves."""
+    request = _request()
+    reference = _pixels(tiny_adapter(), request)
+    adapter, run = _cached("first-block:1e9")
+    result = adapter(request)
+    assert run.calls == [False, False] + [True] * (STEPS - 2)
+    assert result.skipped_steps == STEPS - 2
+    assert np.abs(np.asarray(result.images[0], dtype=np.int16) - reference).max() > 0
+
+
+def test_taylorseer_predicts_between_its_computed_calls() -> None:
+    """interval 2, warm-up 1: the extract call, then the cached calls 0, 2, 4 of their context computed."""
+    adapter, run = _cached("taylorseer:2:1")
+    result = adapter(_request())
+    assert run.calls == [False, False, True, False, True, False]
+    assert result.skipped_steps == 2
+
+
+def test_quantized_layers_run_under_the_hooks() -> None:
+    from ditq.quantization.in_memory import quantize_
+    from ditq.runtime.modules import QuantizedLinear
+
+    adapter = tiny_adapter()
+    quantize_(adapter.pipeline.transformer, "w8a8")
+    assert any(isinstance(m, QuantizedLinear) for m in adapter.pipeline.transformer.modules())
+    run = install_step_cache(adapter.pipeline, "first-block:1e9")
+    assert adapter(_request()).skipped_steps == STEPS - 2 and run.skipped_steps == STEPS - 2
+
+
+def test_a_cancelled_request_leaves_no_state_for_the_next() -> None:
+    """Stopped after two steps, the request never reaches the pipeline's own reset; the next one begins afresh."""
+    adapter, run = _cached("first-block:1e9")
+    fresh = _pixels(adapter, _request())
+    steps = iter(range(100))
+    with pytest.raises(GenerationCancelled):
+        adapter(_request(should_stop=lambda: "stop" if next(steps) == 2 else None))
+    assert np.array_equal(_pixels(adapter, _request()), fresh)
+    assert run.calls == [False, False] + [True] * (STEPS - 2)
+
+
+def test_removed_the_transformer_computes_every_step_again() -> None:
+    request = _request()
+    reference = _pixels(tiny_adapter(), request)
+    adapter, run = _cached("first-block:1e9")
+    run.remove()
+    assert np.array_equal(_pixels(adapter, request), reference)
