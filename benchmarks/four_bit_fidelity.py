@@ -20,6 +20,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,6 +65,20 @@ def _adapter(scheme: str | None, calibrate: str, low_rank: int | None = None):  
     return adapter
 
 
+def demo_requests(seeds: tuple[int, ...], steps: int = STEPS) -> dict[tuple[str, int], Any]:
+    """Every demo fixture's request at each of ``seeds``, by (fixture id, seed): what these benchmarks judge."""
+    from ditq import demo
+    from ditq.calibration import fixture_requests
+    from ditq.probe.fixtures import load_fixtures
+
+    fixtures = load_fixtures(demo.fixtures_path(), demo.references_dir())
+    return {
+        (fixture_id, seed): fixture_requests({fixture_id: fixture}, (seed,), steps)[0]
+        for fixture_id, fixture in fixtures.items()
+        for seed in seeds
+    }
+
+
 def _images(adapter, requests) -> dict[tuple[str, int], np.ndarray]:  # type: ignore[no-untyped-def]
     return {key: np.asarray(adapter(request).images[0].convert("RGBA")) for key, request in requests.items()}
 
@@ -77,18 +92,11 @@ def main() -> int:
 
     seeds = tuple(parse_seeds(args.seeds))
 
-    from ditq import demo
-    from ditq.calibration import fixture_requests
     from ditq.judge.stats import difference_interval, mean_interval
     from ditq.metrics import psnr, ssim
-    from ditq.probe.fixtures import load_fixtures
 
-    fixtures = load_fixtures(demo.fixtures_path(), demo.references_dir())
-    requests = {
-        (fixture_id, seed): fixture_requests({fixture_id: fixture}, (seed,), STEPS)[0]
-        for fixture_id, fixture in fixtures.items()
-        for seed in seeds
-    }
+    requests = demo_requests(seeds)
+    fixtures = list(dict.fromkeys(fixture_id for fixture_id, _ in requests))  # in the fixtures file's order
     started = time.time()
     reference = _images(_adapter(None, "rtn"), requests)
     rows: dict[str, dict] = {}  # type: ignore[type-arg]

@@ -170,15 +170,9 @@ def _rows_for_shape(
         for path, prepared in prepared_paths(w, scheme):
             record(f"ditq:{path.name}", path.scheme.name, lambda p=path, pr=prepared: p.matmul(x, pr, None),
                    chosen=path.name == chosen)  # fmt: skip
-            if path.name == "triton-w4a8":  # the other operand order, measured against the shipped one
+            if path.name == "triton-w4a8":  # the other widening, measured against the shipped one
                 from ditq.kernels._triton.w4_gemm import w4_gemm
                 from ditq.kernels.w4_triton import block_k_for
-
-                def other_order(pr: Prepared = prepared) -> torch.Tensor:
-                    x_q, x_scale = quantize_rows(x, "fp8")
-                    return w4_gemm(x_q, x_scale.reshape(-1), pr["weight"], pr["weight_scale"], None,
-                                   torch.bfloat16, block_k_for(k, pr["weight_scale"].shape[1]) or 128,
-                                   weights_first=False)  # fmt: skip
 
                 def shifts_widening(pr: Prepared = prepared) -> torch.Tensor:
                     x_q, x_scale = quantize_rows(x, "fp8")
@@ -186,7 +180,6 @@ def _rows_for_shape(
                                    torch.bfloat16, block_k_for(k, pr["weight_scale"].shape[1]) or 128,
                                    magic=False)  # fmt: skip
 
-                record("w4a8 activations-first order (not shipped)", "variant", other_order)
                 record("w4a8 shifts widening (not shipped)", "variant", shifts_widening)
             del prepared
 
@@ -212,7 +205,6 @@ def _triton_best_configs() -> dict[str, object]:
         ("w8a8_persistent", w8a8_gemm._w8a8_persistent_kernel),
         ("w8a16", w8a16_gemm._w8a16_kernel),
         ("w4", w4_gemm._w4_kernel),
-        ("w4_activations_first", w4_gemm._w4_plain_kernel),
         ("activation_quantization", act_quant._act_quant_kernel),
     ):
         found[label] = {str(key): str(config) for key, config in kernel.cache.items()}

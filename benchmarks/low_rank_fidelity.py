@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from four_bit_fidelity import CALIBRATION_SEEDS, STEPS, _adapter, _images
+from four_bit_fidelity import CALIBRATION_SEEDS, STEPS, _adapter, _images, demo_requests
 from result_names import result_path
 
 SEEDS = "2301-2304"
@@ -86,20 +86,14 @@ def main() -> int:
     parser.add_argument("--seeds", default=SEEDS, help="the judged seeds (default %(default)s)")
     parser.add_argument("--out", type=Path, default=result_path("low_rank_fidelity", "cpu"))
     args = parser.parse_args()
-    from ditq import demo
-    from ditq.calibration import fixture_requests
     from ditq.judge.stats import difference_interval, mean_interval
     from ditq.metrics import psnr, ssim
-    from ditq.probe.fixtures import load_fixtures, parse_seeds
+    from ditq.probe.fixtures import parse_seeds
     from ditq.quantization.in_memory import RECORD
 
     seeds = tuple(parse_seeds(args.seeds))
-    fixtures = load_fixtures(demo.fixtures_path(), demo.references_dir())
-    requests = {
-        (fixture_id, seed): fixture_requests({fixture_id: fixture}, (seed,), STEPS)[0]
-        for fixture_id, fixture in fixtures.items()
-        for seed in seeds
-    }
+    requests = demo_requests(seeds)
+    fixtures = list(dict.fromkeys(fixture_id for fixture_id, _ in requests))  # in the fixtures file's order
     started = time.time()
     source = _adapter(None, "rtn")
     weights = {n: m.weight.detach().clone() for n, m in source.pipeline.transformer.named_modules()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from four_bit_fidelity import demo_requests
 from result_names import result_path
 
 SEEDS = "2301-2303"
@@ -109,18 +110,12 @@ def main() -> int:
     parser.add_argument("--seeds", default=SEEDS, help="the judged seeds (default %(default)s)")
     parser.add_argument("--out", type=Path, default=result_path("step_cache_fidelity", "cpu"))
     args = parser.parse_args()
-    from ditq import demo
-    from ditq.calibration import fixture_requests
-    from ditq.probe.fixtures import load_fixtures, parse_seeds
+    from ditq.probe.fixtures import parse_seeds
     from ditq.runtime.step_cache import install_step_cache
 
     seeds = tuple(parse_seeds(args.seeds))
-    fixtures = load_fixtures(demo.fixtures_path(), demo.references_dir())
-    requests = {
-        (fixture_id, seed): fixture_requests({fixture_id: fixture}, (seed,), STEPS)[0]
-        for fixture_id, fixture in fixtures.items()
-        for seed in seeds
-    }
+    requests = demo_requests(seeds)
+    fixtures = list(dict.fromkeys(fixture_id for fixture_id, _ in requests))  # in the fixtures file's order
     started = time.time()
     rows: dict[str, dict] = {}  # type: ignore[type-arg]
     reference: dict[tuple[str, int], np.ndarray] = {}

@@ -119,20 +119,18 @@ w4a16_triton = cuda_op("ditq::w4a16_triton", _w4a16_gemm)
 w4a16_dequant_matmul = cuda_op("ditq::w4a16_dequant_matmul", _w4a16_dequant_matmul)
 register_row_fakes(w4a16_triton, w4a16_dequant_matmul)
 
-# K a multiple of 8: whole int32 words (the loads are masked pointer loads, so no wider alignment is needed).
-_ALIGNMENT = 8
+# What every 4-bit path shares; K a multiple of 8: whole int32 words (the loads are masked pointer loads, so no wider
+# alignment is needed).
+_COMMON = {"device_type": "cuda", "prepare": repack_int4, "alignment": 8, "available": triton_available}
 
 
 @register_kernel(
     name="triton-w4a8",
     scheme=W4A8,
-    device_type="cuda",
-    prepare=repack_int4,
     priority=80,
     min_capability=(8, 9),
     activation_dtypes=HALF_ACTIVATIONS,
-    alignment=_ALIGNMENT,
-    available=triton_available,
+    **_COMMON,  # type: ignore[arg-type]
 )
 def matmul_w4a8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """Triton: per-token fp8 quantization, int4 weights widened to e4m3 in registers, fp8 dot, group scales in
@@ -143,13 +141,10 @@ def matmul_w4a8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) 
 @register_kernel(
     name="triton-w4a16",
     scheme=W4A16,
-    device_type="cuda",
-    prepare=repack_int4,
     priority=80,
     min_capability=(8, 0),
     activation_dtypes=HALF_ACTIVATIONS,
-    alignment=_ALIGNMENT,
-    available=triton_available,
+    **_COMMON,  # type: ignore[arg-type]
 )
 def matmul_w4a16(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """Triton: int4 weights widened to 16 bits in registers, 16-bit dot, group scales in float32."""
@@ -159,13 +154,10 @@ def matmul_w4a16(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None)
 @register_kernel(
     name="dequant-matmul-w4a16",
     scheme=W4A16,
-    device_type="cuda",
-    prepare=repack_int4,
     priority=85,
     min_capability=(8, 0),
     activation_dtypes=HALF_ACTIVATIONS | {torch.float32},
-    alignment=_ALIGNMENT,
-    available=triton_available,
+    **_COMMON,  # type: ignore[arg-type]
 )
 def matmul_w4a16_dequant(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """The Triton GEMM up to 256 tokens; above, dequantize to the activation dtype (Triton), then cuBLAS."""

@@ -5,7 +5,7 @@ diffusers 0.42 ships them as hooks (``transformer.enable_cache(config)``); ditq 
 three things the hooks need and ditq's pipelines do not give them:
 
 - **A cache context around every transformer call.** The hooks keep their state per context
-  (``transformer.cache_context(name)``); ``DitqDemoPipeline`` opens none, and ``QwenImage21Pipeline`` opens one per
+  (``transformer.cache_context(name)``); ``DitqDemoPipeline`` opens none, and diffusers' Qwen-Image-2.1 pipeline opens one per
   guidance branch ("cond", "uncond") for the whole request. Under the prefix KV cache the first call (``extract``)
   runs the whole joint sequence and the later ones (``cached``) the target tokens only, so one context would compare
   a step with a step of another shape. Each call therefore runs in a context of its own kind: ``prefix`` for the
@@ -219,9 +219,7 @@ class StepCacheRun:
 
     def _enter(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         stage = "prefix" if kwargs.get("kv_cache_mode") == "extract" else "denoise"
-        outer = (
-            self._state._context
-        )  # the pipeline's own context (QwenImage21Pipeline: cond | uncond), if any
+        outer = self._state._context  # the pipeline's own context (Qwen-Image-2.1's: cond | uncond), if any
         name = stage if outer is None else f"{outer.name}/{stage}"
         self._open = self.transformer.cache_context(name)  # type: ignore[operator]
         self._open.__enter__()

@@ -209,7 +209,7 @@ def run_sweep(options: SweepOptions, command: str | None = None, shared: Path | 
 
     if options.load.cache == AUTO:
         check_sweep_output(options)
-        return search_step_cache(options, command or shell_command())
+        return search_step_cache(options, command or shell_command(), run_sweep)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /health poll is noise
     if (warning := seeds_warning(options.seeds)) is not None:  # said first: nothing it runs can decide
         logging.getLogger(__name__).warning("%s", warning)

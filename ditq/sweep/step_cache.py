@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,14 @@ _FIDELITY_MEASURES = ("psnr_db", "ssim", "psnr_minus_reference_db")
 
 
 def search_step_cache(
-    options: SweepOptions, command: str, settings: tuple[str, ...] = AUTO_SETTINGS
+    options: SweepOptions,
+    command: str,
+    run_sweep: Callable[..., ReportResult],
+    settings: tuple[str, ...] = AUTO_SETTINGS,
 ) -> ReportResult:
     """Run the search (``options.load.cache`` is ``auto``; ``SweepOptions`` refused it beside ``--seeds auto`` and
-    ``--endpoint-for``); returns the report of the sweep without a step cache."""
-    from ditq.sweep.run import run_sweep
-
+    ``--endpoint-for``) through ``run_sweep`` (``ditq.sweep.run.run_sweep``, which calls this); returns the report
+    of the sweep without a step cache."""
     uncached = run_sweep(_with_setting(options, None, options.schemes, options.out), command)
     by_name = {c.name: c for c in uncached.data.document.candidates}
     searched = {scheme: [_row(None, by_name[scheme], options)] for scheme in options.schemes}

@@ -111,6 +111,12 @@ def test_tiny_dry_run_fills_every_loop_row(tmp_path: Path) -> None:
                 if mode == "compiled":
                     assert row["graph_breaks"] == 0
     assert rows[("bf16", "eager", 4)]["loop_vs_bf16_same_mode"] == 1.0
+    # 4-bit: compiled at both ends without a graph break, every target through the CPU reference path
+    for references in (0, 4):
+        row = rows[("w4a8", "compiled", references)]
+        assert row["loop_ms"] > 0 and row["graph_breaks"] == 0
+        assert row["final_latents_rel_l2_vs_bf16_eager"] < 0.2
+        assert set(row["kernels"]) == {"cpu-reference-w4a8"}
     # quantized attention over the quantized models, through the path the doctor chose (the CPU reference here)
     for variant, kind in (("fp8+attn-int8-fp8", "int8-fp8"), ("w8a8+attn-int8", "int8")):
         for mode in ("eager", "compiled"):

@@ -191,6 +191,7 @@ def test_stage_metrics_from_one_generation_in_milliseconds() -> None:
         "memory_at_start_mb": None,
         "predicted_peak_memory_mb": None,  # no cost model here
         "rank_peak_memory_mb": None,  # one device
+        "skipped_steps": None,  # no step cache (--cache)
     }
     no_steps = GenerationResult(result.images, result.timings, [], None)
     in_process = StageMetrics.from_result(

@@ -19,6 +19,7 @@ from tiny_models import save_tiny_pipeline
 from ditq.errors import InputError
 from ditq.runtime.options import LoadOptions
 from ditq.sweep import SweepOptions
+from ditq.sweep.run import run_sweep
 from ditq.sweep.step_cache import STEP_CACHE_FILE, search_step_cache
 
 SETTINGS = ("first-block:0", "first-block:1e9")
@@ -52,7 +53,7 @@ def _options(root: Path, **changes: object) -> SweepOptions:
 @pytest.mark.slow
 def test_cache_auto_keeps_the_last_setting_inside_the_standard_and_stops_at_the_first_outside(tmp_path: Path):
     options = _options(tmp_path)
-    uncached = search_step_cache(options, "ditq sweep --cache auto (test)", SETTINGS)
+    uncached = search_step_cache(options, "ditq sweep --cache auto (test)", run_sweep, SETTINGS)
     assert uncached.verdict_json == options.out / "report" / "verdict.json"
     answer = json.loads((options.out / STEP_CACHE_FILE).read_text())["schemes"]["w8a8"]
     assert answer["chosen"] == "first-block:0" and answer["speedup"] is not None

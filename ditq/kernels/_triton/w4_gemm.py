@@ -18,8 +18,9 @@ and the group scaling. int4 values (-8..7) are exact in e4m3 and in 16-bit float
 
 Measured on an H100 (benchmarks/results/h100-four-bit/): correct, not fast. The fp8 GEMM ran at 0.39-0.59x ditq
 fp8's TFLOP/s from 4096 tokens up, the 16-bit one at 0.39-0.55x BF16 cuBLAS; at 16-256 tokens both are
-under-occupied (no split along K). The other operand order (``weights_first=False``) and the widening by shifts
-(``magic=False``) are kept to be measured against (benchmarks/kernels_bench.py).
+under-occupied (no split along K). The other operand order (activations first, the weights through shared memory)
+ran slower from 4096 tokens up (0.27-0.36x fp8) and was dropped; the widening by shifts (``magic=False``) is kept to
+be measured against (benchmarks/kernels_bench.py).
 """
 
 from __future__ import annotations
@@ -181,86 +182,6 @@ def _w4_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
 
 
-@triton.autotune(
-    configs=_configs(),
-    key=["M_BUCKET", "N", "K", "GROUP_SIZE", "MAGIC"],
-    prune_configs_by={"early_config_prune": _prune},
-)
-@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
-@triton.jit
-def _w4_plain_kernel(
-    x_ptr,
-    w_ptr,
-    c_ptr,
-    x_scale_ptr,
-    w_scale_ptr,
-    bias_ptr,
-    M,
-    N,
-    K,
-    M_BUCKET,
-    GROUP_SIZE,
-    stride_xm,
-    stride_wn,
-    stride_sn,
-    stride_cm,
-    HAS_BIAS: tl.constexpr,
-    IS_FP8: tl.constexpr,
-    GROUPED: tl.constexpr,
-    MAGIC: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    GROUP_N: tl.constexpr,
-    EVEN_K: tl.constexpr,
-):
-    # The same GEMM with the activations as the dot's first operand and the widened weights, transposed, as its
-    # second (through shared memory): kept to measure the weights-first layout against (benchmarks/kernels_bench.py).
-    pid_n, pid_m = _tile_ids(M, N, BLOCK_N, BLOCK_M, GROUP_N)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_b = tl.arange(0, BLOCK_K // 2)
-    rows_w = (offs_n % N).to(tl.int64)
-    rows_x = (offs_m % M).to(tl.int64)
-    w_ptrs = w_ptr + rows_w[:, None] * stride_wn + offs_b[None, :]  # (BLOCK_N, BLOCK_K // 2)
-    x_ptrs = x_ptr + rows_x[:, None] * stride_xm + offs_k[None, :]  # (BLOCK_M, BLOCK_K)
-    scale_ptrs = w_scale_ptr + rows_w * stride_sn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            b = tl.load(w_ptrs)
-            x = tl.load(x_ptrs)
-        else:
-            k_left = K - k * BLOCK_K
-            b = tl.load(w_ptrs, mask=offs_b[None, :] < k_left // 2, other=0)
-            x = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0)
-        q = _widen_f16(b, BLOCK_N, BLOCK_K, MAGIC)
-        if IS_FP8:
-            x = x.to(tl.float8e4nv, bitcast=True)
-            w = q.to(tl.float8e4nv)
-        else:
-            w = q.to(x.dtype)
-        if GROUPED:
-            part = tl.dot(x, w.T, out_dtype=tl.float32)
-            scale = tl.load(scale_ptrs + (k * BLOCK_K) // GROUP_SIZE)
-            acc += part * scale[None, :]
-        elif IS_FP8:
-            acc = tl.dot(x, w.T, acc, out_dtype=tl.float32, max_num_imprecise_acc=BLOCK_K)
-        else:
-            acc = tl.dot(x, w.T, acc, out_dtype=tl.float32)
-        w_ptrs += BLOCK_K // 2
-        x_ptrs += BLOCK_K
-    if not GROUPED:
-        acc *= tl.load(scale_ptrs)[None, :]
-    if IS_FP8:
-        acc *= tl.load(x_scale_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
 def w4_gemm(
     x: torch.Tensor,
     x_scale: torch.Tensor | None,
@@ -269,12 +190,11 @@ def w4_gemm(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     block_k: int,
-    weights_first: bool = True,
     magic: bool = True,
 ) -> torch.Tensor:
     """c (M, N) = x @ dequant(w)^T (* x_scale) + bias; x fp8 (with x_scale (M,)) or bf16/fp16 (x_scale None);
     ``block_k`` the K tile, which divides the group size (``ditq.kernels.w4_triton.block_k_for``).
-    ``weights_first`` False runs the other operand order, ``magic`` False the widening by shifts and an integer
+    ``magic`` False runs the widening by shifts and an integer
     conversion (measured against, not shipped: on an H100 the float16-bits widening ran the fp8 GEMM at 0.39-0.59x
     ditq fp8's TFLOP/s for 4096 tokens and more, the shifts at 0.33-0.44x)."""
     m, k = x.shape
@@ -293,8 +213,7 @@ def w4_gemm(
     def grid(meta: dict) -> tuple[int]:
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
-    kernel = _w4_kernel if weights_first else _w4_plain_kernel
-    kernel[grid](
+    _w4_kernel[grid](
         x_bytes,
         w,
         c,
