@@ -18,6 +18,7 @@ from ditq.report import ReportResult
 from ditq.report.provenance import shell_command
 from ditq.runfiles import (
     SWEEP_FILE,
+    StageEntry,
     SweepFile,
     read_model,
     write_model,
@@ -103,17 +104,8 @@ class Sweep(SeedSettling):
     def _shared_artifact(self, c: Candidate) -> bool:
         """A candidate that serves another's artifact (``fp8-fast`` serving ``fp8``'s): its quantize and verify are
         that candidate's, which ran first in this sweep; whole only where both passed there."""
-        shared = Candidate(self.options, str(c.shares))
-        for stage in ("quantize", "verify"):
-            entry = shared.stages.get(stage)
-            if entry is None or entry.status != "ok":
-                message = f"{c.shares}'s artifact is not whole: its {stage} did not pass"
-                c.record(stage, "failed", 0.0, None, message)
-                self._show(c, stage, "FAILED", message)
-                return False
-            c.record(stage, "skipped", 0.0, entry.command, f"{c.shares}'s artifact, {stage} by its candidate")
-            self._show(c, stage, "skipped", f"{c.shares}'s artifact")
-        return True
+        stages = Candidate(self.options, str(c.shares)).stages
+        return self._borrowed_stages(c, stages, f"{c.shares}'s artifact", "by its candidate")
 
     def _earlier_artifact(self, c: Candidate) -> bool:
         """A candidate that serves the artifact an earlier sweep quantized and verified (``artifacts_from``: the
@@ -122,15 +114,22 @@ class Sweep(SeedSettling):
         # the candidate that quantized it there (fp8's for fp8-fast)
         earlier = dataclasses.replace(self.options, out=c.earlier, artifacts_from=None)
         stages = Candidate(earlier, c.shares or c.scheme).stages
+        return self._borrowed_stages(c, stages, f"the artifact of {c.earlier}", "there")
+
+    def _borrowed_stages(
+        self, c: Candidate, stages: dict[str, StageEntry], artifact: str, where: str
+    ) -> bool:
+        """Record ``stages``' quantize and verify (another candidate's, of ``artifact``) as ``c``'s, skipped; False,
+        recording the failure, where either did not pass there."""
         for stage in ("quantize", "verify"):
             entry = stages.get(stage)
             if entry is None or entry.status != "ok":
-                message = f"the artifact of {c.earlier} is not whole: its {stage} did not pass"
+                message = f"{artifact} is not whole: its {stage} did not pass"
                 c.record(stage, "failed", 0.0, None, message)
                 self._show(c, stage, "FAILED", message)
                 return False
-            c.record(stage, "skipped", 0.0, entry.command, f"the artifact of {c.earlier}, {stage} there")
-            self._show(c, stage, "skipped", f"the artifact of {c.earlier}")
+            c.record(stage, "skipped", 0.0, entry.command, f"{artifact}, {stage} {where}")
+            self._show(c, stage, "skipped", artifact)
         return True
 
 

@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ditq.kernels._triton.w8a8_gemm import _tile_ids
+
 __all__ = ["dequantize_int4", "w4_gemm"]
 
 # (BLOCK_N: weight rows, the dot's M; BLOCK_M: tokens, the dot's N; warps; stages). BLOCK_K comes from the group size.
@@ -64,21 +66,6 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
     widest = max(16, triton.next_power_of_2(m))
     kept = [c for c in configs if c.kwargs["BLOCK_M"] <= widest and (m <= 1024 or c.kwargs["BLOCK_M"] >= 64)]
     return kept or configs
-
-
-@triton.jit
-def _tile_ids(M, N, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_N: tl.constexpr):
-    # consecutive programs share a band of GROUP_N weight tiles (the larger operand stays in L2)
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_in_group = GROUP_N * num_pid_m
-    group_id = pid // num_pid_in_group
-    first_pid_n = group_id * GROUP_N
-    group_size_n = min(num_pid_n - first_pid_n, GROUP_N)
-    pid_n = first_pid_n + ((pid % num_pid_in_group) % group_size_n)
-    pid_m = (pid % num_pid_in_group) // group_size_n
-    return pid_n, pid_m
 
 
 @triton.jit
@@ -136,7 +123,8 @@ def _w4_kernel(
     GROUP_N: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
-    pid_n, pid_m = _tile_ids(M, N, BLOCK_N, BLOCK_M, GROUP_N)
+    # w8a8's tile order with the roles swapped: consecutive programs share a band of GROUP_N weight tiles
+    pid_n, pid_m = _tile_ids(N, M, BLOCK_N, BLOCK_M, GROUP_N)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
