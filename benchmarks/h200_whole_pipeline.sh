@@ -40,7 +40,12 @@
 #   whole    the same on the whole device (no --max-memory, --offload none) for each of $WHOLE (default fp8): the
 #            s/image the budgets are held against, from the same run; bf16+compile, fp8+compile: ditq serve --compile;
 #            +fast: --accumulate fast; +attn-KIND: --attention KIND; +again: the same server started a second time
-#            (compiled code from the cache the first start filled: the warm start)
+#            (compiled code from the cache the first start filled: the warm start); +cache-KIND-VALUE: --cache
+#            KIND:VALUE (diffusers' step cache: cache-first-block-0.4); +steps-N: N denoising steps instead of $STEPS
+#   cachecompare  ditq compare of each whole entry with a +cache- option against the same entry without it (the
+#            step cache's own deviation, PSNR and SSIM over the seeds; unsealed: the uncached run is no baseline)
+#   democache the trained demo model on the GPU: ditq sweep --schemes $DEMO_SCHEMES --cache auto at each of
+#            $DEMO_STEPS (the threshold the evidence picks under --standard lossless, on weights that make images)
 #   clear    remove the artifacts the quantize stage made (ditbench writes its own; the disk holds two)
 #   prune    remove the 24 GiB sweep's artifacts other than fp8's (the disk holds the model and two artifacts, barely)
 # The run lives in $RUN (default /root/ditq-whole); results go to $OUT (default ./h200-out).
@@ -58,6 +63,9 @@ VARIANTS=${VARIANTS:-base,cache-held,vae-tiling,kv-int8,keep-unused}  # the memo
 MEMORY_MODELS=${MEMORY_MODELS:-bf16 fp8}  # the memory stage's models: bf16 (the source) and schemes' artifacts
 MEMORY_SEEDS=${MEMORY_SEEDS:-$SEEDS}
 STEPS=${STEPS:-10}
+DEMO_SCHEMES=${DEMO_SCHEMES:-fp8}
+DEMO_STEPS=${DEMO_STEPS:-28 10}
+DEMO_SEEDS=${DEMO_SEEDS:-2301-2304}
 SEEDS=${SEEDS:-2301}
 MODEL=$RUN/qwen-image-21-random
 # Every Linear geometry ditq quantizes in the full-size pipeline (in x out): the transformer's three and the
@@ -191,6 +199,31 @@ run_stages() {
       whole)
         for entry in $WHOLE; do serve_probe "$entry" whole; done
         ;;
+      cachecompare)
+        for entry in $WHOLE; do
+          case "$entry" in *+cache-*) ;; *) continue ;; esac
+          local uncached dir=$RUN/serve-whole/$entry
+          uncached=$(echo "$entry" | sed -E 's/\+cache-[^+]*//')
+          python3 -m ditq.cli compare --baseline "$RUN/serve-whole/$uncached/run" --allow-unsealed --no-lpips \
+            --standard lossless "$dir/run" >"$dir/compare.log" 2>&1
+          echo "$entry against $uncached: exit $?"
+          tail -8 "$dir/compare.log"
+        done
+        tar czf "$RUN/serve-whole.tgz" -C "$RUN" --exclude='*/images' serve-whole
+        ;;
+      democache)
+        for steps in $DEMO_STEPS; do
+          rm -rf "$RUN/demo-cache-$steps"
+          timeout "${DEMO_S:-600}" python3 -m ditq.cli sweep ditq/demo/model --schemes "$DEMO_SCHEMES" --cache auto \
+            --fixtures ditq/demo/fixtures.json --refs ditq/demo/references --out "$RUN/demo-cache-$steps" \
+            --seeds "$DEMO_SEEDS" --steps "$steps" --device cuda:0 --offload none --no-progress \
+            >"$RUN/demo-cache-$steps.log" 2>&1
+          echo "demo at $steps steps: exit $?"
+          tail -6 "$RUN/demo-cache-$steps.log"
+          tar czf "$RUN/demo-cache-$steps.tgz" -C "$RUN" --exclude='*/artifact' --exclude='*/images' \
+            --exclude='*/grids' --exclude='*/report.html' "demo-cache-$steps" "demo-cache-$steps.log"
+        done
+        ;;
       quantize)
         for scheme in $QUANTIZE; do echo "$scheme: $(artifact_for "$scheme")"; done
         ;;
@@ -244,13 +277,16 @@ gpu_tests() {
 # +kv-int8 (--kv-cache int8) and +compile (--compile); what a user runs by hand: ditq serve under the budget with
 # --offload auto, then ditq probe against it.
 serve_probe() {
-  local entry=$1 budget=$2 scheme=${1%%+*} extra=() model dir port=8941 option logs=
+  local entry=$1 budget=$2 scheme=${1%%+*} extra=() model dir port=8941 option logs= steps=$STEPS
   for option in $(echo "${entry#"$scheme"}" | tr '+' ' '); do
     case "$option" in
       kv-*) extra+=(--kv-cache "${option#kv-}") ;;
       compile) extra+=(--compile); logs=recompiles ;;
       fast) extra+=(--accumulate fast) ;;
       attn-*) extra+=(--attention "${option#attn-}") ;;
+      # cache-KIND-VALUE: --cache KIND:VALUE (cache-first-block-0.4, cache-taylorseer-2); the step cache is eager only
+      cache-*) option=${option#cache-} && extra+=(--cache "${option%-*}:${option##*-}") ;;
+      steps-*) steps=${option#steps-} ;;  # this entry's num_inference_steps instead of $STEPS
       again) ;;  # the same server again: dir and options as given, the compile cache as the first start left it
       *) echo "unknown option $option in $entry"; return ;;
     esac
@@ -274,7 +310,7 @@ serve_probe() {
     curl -s "http://127.0.0.1:$port/health" >"$dir/health.json"
     timeout "${PROBE_S:-400}" python3 -m ditq.cli probe --endpoint "http://127.0.0.1:$port" \
       --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" --out "$dir/run" --seeds "$SEEDS" \
-      --steps "$STEPS" --server-pid $pid --no-progress >"$dir/probe.log" 2>&1
+      --steps "$steps" --server-pid $pid --no-progress >"$dir/probe.log" 2>&1
     echo "$entry at $budget: probe exit $?"
     curl -s "http://127.0.0.1:$port/health" >"$dir/health_after.json"  # graphs compiled while serving, say
   else
@@ -287,8 +323,8 @@ serve_probe() {
   tar czf "$RUN/serve-${budget,,}.tgz" -C "$RUN" --exclude='*/images' "serve-${budget,,}"
 }
 
-COLLECT="run.log gpu_tests.log decode_answer_bench.json decode_answer_bench.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
-EXPORTS="TREE SWEEP_ARGS DECODEBENCH_S ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+COLLECT="run.log gpu_tests.log demo-cache-28.tgz demo-cache-10.tgz decode_answer_bench.json decode_answer_bench.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
+EXPORTS="TREE DEMO_SCHEMES DEMO_STEPS DEMO_SEEDS DEMO_S SWEEP_ARGS DECODEBENCH_S ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"
