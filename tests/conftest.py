@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from lora_kit import add_seeded_adapter, save_adapter_files
 from tiny_models import make_model_dir, plan_file, save_tiny_pipeline
 
 import ditq
@@ -78,6 +79,16 @@ def demo_artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for scheme in ("w8a8", "w8a16", "fp8", "w4a16", "w4a8"):
         dirs[scheme] = ditq.quantize(root / "source", root / scheme, scheme).path
     return dirs
+
+
+@pytest.fixture(scope="session")
+def lora_files(demo_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A seeded rank-4 adapter on the fp8 demo's attention projections (``lora_kit.add_seeded_adapter``), saved with
+    peft's keys (``peft``: a file) and with diffusers' (``diffusers``: a folder). Shared: copy before changing."""
+    pytest.importorskip("peft")
+    pipeline = ditq.load_pipeline(demo_artifacts["fp8"], device="cpu")
+    state = add_seeded_adapter(pipeline.transformer)
+    return save_adapter_files(state, tmp_path_factory.mktemp("lora"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -50,6 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_load_arguments(parser, flags=[f for f in LOAD_FLAGS if f not in ("max_memory", "skip_doctor")])
     parser.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=PATH[:SCALE]",
+        help="draw with a LoRA adapter (repeatable), as ditq serve --lora loads it: PATH a .safetensors file or a "
+        "folder holding one (diffusers' or peft's format), SCALE its weight (default 1)",
+    )
+    parser.add_argument(
         "--on-collapse",
         choices=("error", "warn"),
         default="error",
@@ -112,6 +120,14 @@ def _print_report(report: GenerationReport) -> None:
                 f"   ({len(result.step_times)} steps, {1000 * seconds / len(result.step_times):.1f} ms/step)"
             )
         print(f"{stage:<10} {seconds:8.3f} s{extra}")
+    if report.lora:
+        print(
+            "lora       "
+            + ", ".join(
+                f"{lora.name} x{lora.scale:g} ({lora.layers} layers, {lora.parameter_bytes} bytes)"
+                for lora in report.lora
+            )
+        )
     if result.skipped_steps is not None:
         print(
             f"cache      {report.cache}: {result.skipped_steps} of {len(result.step_times)} steps from the cache"
@@ -143,7 +159,9 @@ def _check_collapse(images: list[Image.Image], on_collapse: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from ditq.pipeline.generate import generate, save_images
     from ditq.runtime.adapter import GenerationRequest, parse_size
+    from ditq.runtime.lora_adapters import parse_lora_specs
 
+    lora = parse_lora_specs(args.lora)
     width, height = parse_size(args.size, "--size") if args.size else (None, None)
     request = GenerationRequest(
         prompt=args.prompt,
@@ -156,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     options = load_options_from_args(args)  # before the model is looked up: a bad option is one line
-    report = generate(None if args.path is None else resolve_model(args.path, args.variant), request, options)
+    model = None if args.path is None else resolve_model(args.path, args.variant)
+    report = generate(model, request, options, lora=lora)
     _print_report(report)
     _check_collapse(report.result.images, args.on_collapse)
     for path in save_images(report.result.images, args.out):

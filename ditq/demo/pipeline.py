@@ -175,17 +175,21 @@ class DitqDemoPipeline(DiffusionPipeline):
             if guided:
                 model_input = torch.cat([model_input, model_input])
             mode = None if cache is None else ("extract" if index == 0 else "cached")
-            prediction = self.transformer(
-                hidden_states=model_input.to(self.transformer.dtype),
-                encoder_hidden_states=embeds,
-                encoder_hidden_states_mask=text_mask,
-                timestep=(t / 1000).expand(model_input.shape[0]).to(self.transformer.dtype),
-                img_shapes=img_shapes,
-                img_mask=img_mask,
-                kv_cache=cache,
-                kv_cache_mode=mode,
-                return_dict=False,
-            )[0][:, -shape[1] :].float()
+            # a step cache's context (diffusers' pipelines open one per call): the extract call, which runs the
+            # whole joint sequence, apart from the later calls on the target tokens, so that a step cache compares
+            # a call only with one of its own shape; both guidance branches run in one batched call
+            with self.transformer.cache_context("extract" if mode == "extract" else "denoise"):
+                prediction = self.transformer(
+                    hidden_states=model_input.to(self.transformer.dtype),
+                    encoder_hidden_states=embeds,
+                    encoder_hidden_states_mask=text_mask,
+                    timestep=(t / 1000).expand(model_input.shape[0]).to(self.transformer.dtype),
+                    img_shapes=img_shapes,
+                    img_mask=img_mask,
+                    kv_cache=cache,
+                    kv_cache_mode=mode,
+                    return_dict=False,
+                )[0][:, -shape[1] :].float()
             if guided:
                 conditional, unconditional = prediction.chunk(2)
                 prediction = unconditional + scale * (conditional - unconditional)

@@ -18,7 +18,10 @@ here and nowhere else; it adds, idempotently:
 - ``from_pretrained`` of ``ModelMixin`` and ``DiffusionPipeline``: wrapped so that a local folder passes
   ``refuse_before_diffusers`` first (the loader's refusals, one line naming the file, before diffusers reads it);
 - with peft installed, ditq's quantized Linears as a module peft wraps in a LoRA layer
-  (``ditq.runtime.lora.register_with_peft``), so that ``load_lora_weights`` takes adapters on them.
+  (``ditq.runtime.lora.register_with_peft``), so that ``load_lora_weights`` takes adapters on them;
+- diffusers' block registry (``TransformerBlockRegistry``, which its step caches read): the repeated blocks of each
+  model family ditq knows that diffusers leaves out (``ModelFamily.register_cache_blocks``), so that
+  ``transformer.enable_cache(FirstBlockCacheConfig(...))`` takes them.
 
 What diffusers would need to host such a backend without this module is in docs/diffusers.md.
 """
@@ -41,6 +44,7 @@ from ditq.runtime.diffusers_quantizer import (
     refuse_before_diffusers,
 )
 from ditq.runtime.lora import register_with_peft
+from ditq.runtime.models import FAMILIES
 
 __all__ = ["CompressedTensorsConfig", "CompressedTensorsQuantizer", "register"]
 
@@ -76,6 +80,8 @@ def register() -> None:
     for owner in (ModelMixin, DiffusionPipeline):
         _checked(owner)
     register_with_peft()
+    for family in FAMILIES.values():
+        family.register_cache_blocks()
 
 
 register()

@@ -12,6 +12,7 @@ import dataclasses
 import io
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from ditq.progress import progress_bar
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.compile import compiled_graphs
 from ditq.runtime.loader import pipeline_summary
+from ditq.runtime.lora_adapters import LoadedLora, LoraSpec, load_lora_adapters, refuse_beside_lora
 from ditq.runtime.options import LoadOptions, resolve_load_options
 
 __all__ = ["GenerationReport", "generate", "save_images"]
@@ -47,6 +49,7 @@ class GenerationReport:
     result: GenerationResult
     compile: dict[str, Any] | None = None  # --compile: backend, what, warm-up seconds (CompileFacts.to_json)
     cache: str | None = None  # --cache: the step cache's setting (``ditq.runtime.step_cache``); None: none
+    lora: tuple[LoadedLora, ...] = ()  # --lora: the adapters the image was drawn with, each at its scale then
 
 
 def _run(adapter: PipelineAdapter, request: GenerationRequest) -> GenerationResult:
@@ -68,9 +71,15 @@ def _run(adapter: PipelineAdapter, request: GenerationRequest) -> GenerationResu
 
 
 def generate(
-    model_dir: str | Path | None, request: GenerationRequest, options: LoadOptions, progress: bool = True
+    model_dir: str | Path | None,
+    request: GenerationRequest,
+    options: LoadOptions,
+    progress: bool = True,
+    lora: Sequence[LoraSpec] = (),
 ) -> GenerationReport:
     """Open ``model_dir`` (None: the bundled demo model) as ``options`` say and run one request; nothing is written.
+    ``lora``'s adapters load once the model is open, as ``ditq serve --lora`` loads them, and the request runs with
+    each at its scale (unless ``request.lora`` chooses); they are refused beside an offload or compilation first.
 
     Under ``offload="auto"`` a request that runs out of memory moves the placement one step and runs again.
     ``progress`` draws a bar of the denoising steps on a terminal (never in a log). With ``compile`` the transformer
@@ -79,6 +88,8 @@ def generate(
     """
     from ditq.demo import default_model_dir
 
+    if lora:
+        refuse_beside_lora("run", options.offload, options.compile)
     directory = Path(model_dir) if model_dir is not None else default_model_dir()
     load = resolve_load_options(options)
     torch_device = load.device
@@ -86,6 +97,8 @@ def generate(
         torch.cuda.reset_peak_memory_stats(torch_device)
     start = time.perf_counter()
     adapter = open_pipeline(directory, load)
+    if lora:
+        adapter.lora = load_lora_adapters(adapter.pipeline, lora)
     pipeline = adapter.pipeline
     load_seconds = time.perf_counter() - start
     compiled = getattr(pipeline, "ditq_compile", None)
@@ -120,6 +133,18 @@ def generate(
         result=result,
         compile=None if compiled is None else compiled.to_json(),
         cache=adapter.load_facts.get("cache"),
+        lora=_drawn_with(adapter, request),
+    )
+
+
+def _drawn_with(adapter: PipelineAdapter, request: GenerationRequest) -> tuple[LoadedLora, ...]:
+    """The adapters ``request`` ran with (``LoraAdapters.resolve``: every one loaded at its scale, unless the request
+    chose), each at the scale it ran at."""
+    if adapter.lora is None:
+        return ()
+    loaded = adapter.lora.loaded
+    return tuple(
+        dataclasses.replace(loaded[name], scale=scale) for name, scale in adapter.lora.resolve(request.lora)
     )
 
 

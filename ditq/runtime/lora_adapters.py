@@ -39,6 +39,7 @@ __all__ = [
     "check_lora_scale",
     "load_lora_adapters",
     "parse_lora_specs",
+    "refuse_beside_lora",
 ]
 
 MAX_LORA_SCALE = 10.0  # |scale| at most: past it an adapter's update swamps the weights it adjusts
@@ -204,6 +205,24 @@ def parse_lora_specs(texts: Sequence[str], flag: str = "--lora") -> tuple[LoraSp
     if twice is not None:
         raise InputError(f"{flag}: the name {twice!r} is given twice")
     return specs
+
+
+def refuse_beside_lora(verb: str, offload: str, compile: str | None, *beside: tuple[str, bool]) -> None:
+    """``--lora`` beside what a command does not run it with yet, in one line (``not {verb} beside ...``): the flags
+    of ``beside`` that are given (a command's own: ``--parallel``, whose every rank would need the adapters), an
+    offload other than ``none`` (its placement is sized and its weights placed before the adapters exist) and
+    compilation (the blocks are traced before they load)."""
+    given = [
+        flag
+        for flag, on in (
+            *beside,
+            (f"--offload {offload}", offload != "none"),
+            ("--compile", compile is not None),
+        )
+        if on
+    ]
+    if given:
+        raise InputError(f"--lora: not {verb} beside {', '.join(given)} yet; drop one or the other")
 
 
 def _read(spec: LoraSpec) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:

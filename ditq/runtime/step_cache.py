@@ -5,11 +5,12 @@ diffusers 0.42 ships them as hooks (``transformer.enable_cache(config)``); ditq 
 three things the hooks need and ditq's pipelines do not give them:
 
 - **A cache context around every transformer call.** The hooks keep their state per context
-  (``transformer.cache_context(name)``); ``DitqDemoPipeline`` opens none, and diffusers' Qwen-Image-2.1 pipeline opens one per
-  guidance branch ("cond", "uncond") for the whole request. Under the prefix KV cache the first call (``extract``)
-  runs the whole joint sequence and the later ones (``cached``) the target tokens only, so one context would compare
-  a step with a step of another shape. Each call therefore runs in a context of its own kind: ``prefix`` for the
-  extract call, ``denoise`` for the others (inside the pipeline's branch, where it names one). A context's first
+  (``transformer.cache_context(name)``); ``DitqDemoPipeline`` opens one per kind of call ("extract", "denoise"), and
+  diffusers' Qwen-Image-2.1 pipeline one per guidance branch ("cond", "uncond") for the whole request. Under the
+  prefix KV cache the first call (``extract``) runs the whole joint sequence and the later ones (``cached``) the
+  target tokens only, so one context would compare a step with a step of another shape. Each call therefore runs in
+  a context of its own kind: ``prefix`` for the extract call, ``denoise`` for the others (inside the pipeline's own
+  context, where it opens one). A context's first
   call is always computed by every kind offered here (First Block Cache has no residual to compare with;
   TaylorSeer's warm-up is at least one call), so the extract call, the only one of its context, is never skipped
   and the KV cache is always filled.

@@ -34,7 +34,7 @@ from ditq.errors import (
 from ditq.fsutil import sha256_file
 from ditq.pipeline.open import open_pipeline
 from ditq.runtime.adapter import PipelineAdapter
-from ditq.runtime.lora_adapters import LoraSpec, load_lora_adapters
+from ditq.runtime.lora_adapters import LoraSpec, load_lora_adapters, refuse_beside_lora
 from ditq.runtime.options import LoadOptions, ResolvedLoad, resolve_load_options
 from ditq.runtime.parallel import ParallelSpec, check_parallel, rank_devices, refuse_beside_parallel
 from ditq.serve.access import exposure_warning
@@ -177,7 +177,7 @@ def serving_app(
     if not (model_dir / "model_index.json").is_file():
         raise InputError(f"{model_dir}: no model_index.json (not a diffusers model directory)")
     if lora:
-        _refuse_beside_lora(options, parallel)
+        refuse_beside_lora("served", options.offload, options.compile, ("--parallel", parallel is not None))
     if parallel is not None:
         refuse_beside_parallel(
             parallel, options.offload, options.max_memory, options.attention, options.compile, options.cache
@@ -221,22 +221,6 @@ def serving_app(
         ranks=ranks,
     )
     return app, ranks
-
-
-def _refuse_beside_lora(options: LoadOptions, parallel: ParallelSpec | None) -> None:
-    """--lora with what it is not served beside yet, in one line: parallel ranks (each would load it), an offload
-    that places or streams the weights (sized before the adapters exist), compilation (traced before they load)."""
-    given = [
-        flag
-        for flag, on in (
-            ("--parallel", parallel is not None),
-            (f"--offload {options.offload}", options.offload != "none"),
-            ("--compile", options.compile is not None),
-        )
-        if on
-    ]
-    if given:
-        raise InputError(f"--lora: not served beside {', '.join(given)} yet; drop one or the other")
 
 
 def _facts(model_dir: Path, load: ResolvedLoad, device: str, ranks: RankGroup | None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from ditq.errors import InputError
 from ditq.judge.compare import MAX_SEEDS
 from ditq.probe.fixtures import DEFAULT_SEEDS, load_fixtures, parse_seeds
 from ditq.quantization.plan_file import PlanFile, read_plan
-from ditq.runtime.lora_adapters import LoraSpec
+from ditq.runtime.lora_adapters import LoraSpec, refuse_beside_lora
 from ditq.runtime.options import LoadOptions
 from ditq.runtime.parallel import parse_parallel, refuse_beside_parallel
 from ditq.schemes import get_scheme
@@ -254,19 +254,14 @@ class SweepOptions:
         """--lora beside what would draw an image without the adapter, or serve it where ditq serve will not."""
         if self.lora is None:
             return
-        beside = [
-            flag
-            for flag, given in (
-                ("--endpoint-for", bool(self.endpoint_for)),  # a server started elsewhere, without it
-                ("--parity-in-process", self.parity_in_process),  # the in-process run has no adapter
-                ("--parallel", self.parallel is not None),
-                ("--compile", self.load.compile is not None),
-                (f"--offload {','.join(self.offload)}", self.offload != ("none",)),
-            )
-            if given
-        ]
-        if beside:
-            raise InputError(f"--lora: not swept beside {', '.join(beside)} yet; drop one or the other")
+        refuse_beside_lora(
+            "swept",
+            ",".join(self.offload),
+            self.load.compile,
+            ("--endpoint-for", bool(self.endpoint_for)),  # a server started elsewhere, without it
+            ("--parity-in-process", self.parity_in_process),  # the in-process run has no adapter
+            ("--parallel", self.parallel is not None),
+        )
 
     @property
     def candidates(self) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from lora_kit import add_seeded_adapter
 
 import ditq
 from ditq.demo import load_demo_pipeline
@@ -17,9 +18,7 @@ from ditq.errors import InputError
 from ditq.metrics import psnr
 from ditq.runtime.modules import QuantizedLinear
 
-peft = pytest.importorskip("peft")  # installed by `make test` (the test extra); ditq[lora] for users
-
-TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
+pytest.importorskip("peft")  # installed by `make test` (the test extra); ditq[lora] for users
 
 
 def _image(pipeline: object) -> np.ndarray:
@@ -31,17 +30,8 @@ def _image(pipeline: object) -> np.ndarray:
 @pytest.fixture(scope="module")
 def adapter(demo_artifacts: dict[str, Path]) -> tuple[dict[str, torch.Tensor], np.ndarray, np.ndarray]:
     """(the adapter's state dict, the source's image with it, the source's image without it)."""
-    torch.manual_seed(0)
     source = load_demo_pipeline(demo_artifacts["source"])
-    # random A and B (init_lora_weights=False), B 16 times larger: an adapter that visibly changes the image (its
-    # state dict carries no alpha, so alpha = r as diffusers reads it back)
-    config = peft.LoraConfig(r=4, lora_alpha=4, target_modules=TARGETS, init_lora_weights=False)
-    source.transformer.add_adapter(config, adapter_name="style")
-    with torch.no_grad():
-        for module in source.transformer.modules():
-            if isinstance(module, peft.tuners.lora.LoraLayer):
-                module.lora_B["style"].weight.mul_(16)
-    state = peft.utils.get_peft_model_state_dict(source.transformer, adapter_name="style")
+    state = add_seeded_adapter(source.transformer)  # an adapter that visibly changes the image
     adapted = _image(source)
     source.transformer.disable_adapters()
     return state, adapted, _image(source)

@@ -2,13 +2,17 @@
 
 What is served from the cache is counted per request; a setting that never skips changes no pixel; the prefix KV
 cache's extract call is always computed; a cancelled request leaves nothing behind; and the settings and
-combinations that cannot be served are refused in one line naming the flag.
+combinations that cannot be served are refused in one line naming the flag. Without ditq's option, diffusers' own
+``enable_cache`` works on a pipeline diffusers' ``from_pretrained`` loads from an artifact.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from tiny_models import tiny_adapter
 
@@ -153,3 +157,45 @@ def test_removed_the_transformer_computes_every_step_again() -> None:
     adapter, run = _cached("first-block:1e9")
     run.remove()
     assert np.array_equal(_pixels(adapter, request), reference)
+
+
+def test_diffusers_own_pipeline_and_enable_cache_skip_steps_on_an_artifact(
+    demo_artifacts: dict[str, Path],
+) -> None:
+    """No ditq option: ``import ditq.diffusers``, diffusers' ``DiffusionPipeline.from_pretrained`` of the fp8 demo
+    artifact, diffusers' ``transformer.enable_cache(FirstBlockCacheConfig(...))`` and the pipeline's own call, which
+    opens a cache context per kind of call as diffusers' pipelines do. Threshold 0 changes no pixel; a threshold
+    nothing stays above serves all but each context's first call from the cache: the last block's attention runs
+    for the extract call and the first cached call only."""
+    from diffusers import DiffusionPipeline, FirstBlockCacheConfig
+
+    import ditq.diffusers  # noqa: F401 - the compressed-tensors backend and the model family's blocks
+
+    pipe = DiffusionPipeline.from_pretrained(str(demo_artifacts["fp8"]))
+    computed: list[int] = []
+    pipe.transformer.transformer_blocks[-1].attn.register_forward_hook(lambda *_: computed.append(1))
+    references = _request().images
+
+    def draw(threshold: float | None) -> tuple[np.ndarray, int]:
+        if threshold is not None:
+            pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+        computed.clear()
+        generator = torch.Generator().manual_seed(3)
+        image = pipe(
+            prompt="a red square",
+            image=references,
+            width=32,
+            height=32,
+            num_inference_steps=STEPS,
+            generator=generator,
+        ).images[0]
+        if threshold is not None:
+            pipe.transformer.disable_cache()
+        return np.asarray(image, dtype=np.int16), len(computed)
+
+    plain, plain_calls = draw(None)
+    assert plain_calls == STEPS
+    zero, zero_calls = draw(0.0)
+    assert zero_calls == STEPS and np.array_equal(zero, plain)
+    skipping, skipping_calls = draw(1e9)
+    assert skipping_calls == 2 and np.abs(skipping - plain).max() > 0

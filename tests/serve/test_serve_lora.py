@@ -1,5 +1,5 @@
 """`ditq serve --lora`: LoRA adapters loaded at start onto the demo's fp8 artifact, picked per request by the `lora`
-field through the official `openai` client on a live loopback server. A seeded adapter is made with peft in the test
+field through the official `openai` client on a live loopback server. A seeded adapter is made with peft (``lora_kit``)
 and saved in peft's keys (a file) and in diffusers' (a folder); each request's image is the one ditq's Python pipeline
 draws with the same adapters through diffusers' own calls, whatever the requests around it chose; /health and the
 cost model count the adapters' bytes; bad input is one line naming the flag or field."""
@@ -20,6 +20,7 @@ import numpy as np
 import openai
 import pytest
 import torch
+from lora_kit import TARGETS
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from serve_testkit import LiveServer, png_bytes
@@ -35,49 +36,19 @@ from ditq.serve.server import serving_app
 
 peft = pytest.importorskip("peft")
 
-TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 ASK: dict[str, Any] = {"seed": 1, "num_inference_steps": 3}  # with size 32x32 and prompt PROMPT
 PROMPT = "a red circle"
 
 
 @pytest.fixture(scope="module")
-def adapter_files(
-    demo_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Path]:
-    """A seeded rank-4 adapter on the fp8 demo's attention projections, saved with peft's keys
-    (``style.safetensors``) and with diffusers' (``diffusers/pytorch_lora_weights.safetensors``, keys
-    ``transformer.…``)."""
-    folder = tmp_path_factory.mktemp("lora")
-    pipeline = ditq.load_pipeline(demo_artifacts["fp8"], device="cpu")
-    torch.manual_seed(0)
-    config = peft.LoraConfig(r=4, lora_alpha=4, target_modules=TARGETS, init_lora_weights=False)
-    pipeline.transformer.add_adapter(config, adapter_name="style")
-    with torch.no_grad():  # B 16 times larger: an adapter that visibly changes the image
-        for module in pipeline.transformer.modules():
-            if isinstance(module, peft.tuners.lora.LoraLayer):
-                module.lora_B["style"].weight.mul_(16)
-    state = {
-        k: v.contiguous()
-        for k, v in peft.utils.get_peft_model_state_dict(pipeline.transformer, adapter_name="style").items()
-    }
-    (folder / "diffusers").mkdir()
-    save_file(state, folder / "style.safetensors")
-    save_file(
-        {f"transformer.{k}": v for k, v in state.items()},
-        folder / "diffusers/pytorch_lora_weights.safetensors",
-    )
-    return {"peft": folder / "style.safetensors", "diffusers": folder / "diffusers"}
-
-
-@pytest.fixture(scope="module")
-def reference(demo_artifacts: dict[str, Path], adapter_files: dict[str, Path]) -> Any:
+def reference(demo_artifacts: dict[str, Path], lora_files: dict[str, Path]) -> Any:
     """ditq's Python pipeline with the same two adapters, loaded by diffusers' own calls."""
     pipeline = ditq.load_pipeline(demo_artifacts["fp8"], device="cpu")
-    pipeline.transformer.load_lora_adapter(str(adapter_files["peft"]), adapter_name="style", prefix=None)
+    pipeline.transformer.load_lora_adapter(str(lora_files["peft"]), adapter_name="style", prefix=None)
     with warnings.catch_warnings():  # peft's note that the model holds an adapter already
         warnings.simplefilter("ignore", UserWarning)
         pipeline.transformer.load_lora_adapter(
-            str(adapter_files["diffusers"]),
+            str(lora_files["diffusers"]),
             weight_name="pytorch_lora_weights.safetensors",
             adapter_name="bold",
         )
@@ -101,10 +72,10 @@ def drawn(pipeline: Any, adapters: dict[str, float]) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def server(demo_artifacts: dict[str, Path], adapter_files: dict[str, Path]) -> Iterator[LiveServer]:
+def server(demo_artifacts: dict[str, Path], lora_files: dict[str, Path]) -> Iterator[LiveServer]:
     """``serving_app`` as ``ditq serve ARTIFACT --lora style=FILE --lora bold=FOLDER:0.5 --skip-doctor`` builds it
     (the registry's first kernel paths, as ``ditq.load_pipeline`` without a chooser)."""
-    lora = (LoraSpec("style", adapter_files["peft"]), LoraSpec("bold", adapter_files["diffusers"], 0.5))
+    lora = (LoraSpec("style", lora_files["peft"]), LoraSpec("bold", lora_files["diffusers"], 0.5))
     # one reference and 32x32 at most: four shapes to calibrate
     config = ServeConfig(served_model_name="demo", on_collapse="warn", max_pixels=32 * 32, max_references=1)
     app, _ = serving_app(
@@ -161,7 +132,7 @@ REFUSED: list[tuple[Any, str]] = [
 
 
 def test_a_request_naming_no_loaded_adapter_is_a_400_and_health_counts_the_adapters_bytes(
-    client: openai.OpenAI, server: LiveServer, adapter_files: dict[str, Path]
+    client: openai.OpenAI, server: LiveServer, lora_files: dict[str, Path]
 ) -> None:
     for lora, message in REFUSED:
         with pytest.raises(openai.BadRequestError) as caught:
@@ -186,7 +157,7 @@ def test_a_request_naming_no_loaded_adapter_is_a_400_and_health_counts_the_adapt
             message is None or message in answer.json()["error"]["message"]
         )
 
-    stored = sum(t.numel() for t in load_file(adapter_files["peft"]).values())  # A and B of 8 projections
+    stored = sum(t.numel() for t in load_file(lora_files["peft"]).values())  # A and B of 8 projections
     answer = httpx.get(f"{server.base_url}/health")
     health = answer.json()
     adapters = {adapter["name"]: adapter for adapter in health["lora"]["adapters"]}
@@ -197,13 +168,13 @@ def test_a_request_naming_no_loaded_adapter_is_a_400_and_health_counts_the_adapt
     assert ServerHealth.model_validate(health).lora == LoraFacts.model_validate(
         health["lora"]
     )  # as the report reads it
-    assert str(adapter_files["peft"].parent) not in answer.text  # /health names no local path
+    assert str(lora_files["peft"].parent) not in answer.text  # /health names no local path
 
 
 def test_an_adapter_that_fits_no_layer_only_some_or_asks_for_dora_is_refused_naming_it(
-    demo_artifacts: dict[str, Path], adapter_files: dict[str, Path], tmp_path: Path
+    demo_artifacts: dict[str, Path], lora_files: dict[str, Path], tmp_path: Path
 ) -> None:
-    state = load_file(adapter_files["peft"])
+    state = load_file(lora_files["peft"])
     save_file({f"x{k}": v for k, v in state.items()}, tmp_path / "other.safetensors")
     save_file(
         {(f"x{k}" if ".0.attn.to_q" in k else k): v for k, v in state.items()}, tmp_path / "part.safetensors"
@@ -256,11 +227,11 @@ def test_bad_lora_flags_are_one_line_usage_errors_before_the_model_loads(
 
 
 def test_a_peft_folder_loads_with_the_alpha_its_config_records(
-    demo_artifacts: dict[str, Path], adapter_files: dict[str, Path], tmp_path: Path
+    demo_artifacts: dict[str, Path], lora_files: dict[str, Path], tmp_path: Path
 ) -> None:
     """peft's save_pretrained layout: keys under ``base_model.model.``, alpha in ``adapter_config.json`` (here twice
     the rank, so the update is scaled by 2 before the --lora scale)."""
-    state = load_file(adapter_files["peft"])
+    state = load_file(lora_files["peft"])
     save_file({f"base_model.model.{k}": v for k, v in state.items()}, tmp_path / "adapter_model.safetensors")
     (tmp_path / "adapter_config.json").write_text(
         json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": TARGETS})

@@ -581,3 +581,43 @@ def test_the_qwen3_vl_processor_loads_without_torchvision_and_a_class_that_needs
     assert str(missing_library(caught.value, where)) == (
         f"{where}: Qwen3VLVideoProcessor needs torchvision, which is not installed: {TORCHVISION_HINT}"
     )
+
+
+def test_diffusers_own_step_cache_runs_in_its_pipelines_guidance_contexts_on_an_artifact(
+    quantized: Path,
+) -> None:
+    """diffusers' Qwen-Image-2.1 pipeline opens a cache context per guidance branch ("cond", "uncond"), and its own
+    ``enable_cache(FirstBlockCacheConfig(...))`` runs on the w8a8 artifact's quantized blocks once ``import
+    ditq.diffusers`` has made them known to its block registry: threshold 0 changes no pixel, a threshold nothing
+    stays above computes the last block for each branch's first call only. Run without the prefix KV cache
+    (``use_kv_cache=False``): with it the pipeline runs its extract and cached calls in one context, whose residuals
+    differ in length, and diffusers' hook fails on any Qwen-Image-2.1 model, quantized or not (``--cache`` gives each
+    kind of call its own context)."""
+    from diffusers import FirstBlockCacheConfig
+
+    import ditq.diffusers  # the model family's blocks in diffusers' block registry
+
+    pipeline = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32)
+    computed: list[int] = []
+    pipeline.transformer.transformer_blocks[-1].attn.register_forward_hook(lambda *_: computed.append(1))
+    steps = 4
+
+    def draw(threshold: float | None) -> tuple[np.ndarray, int]:
+        if threshold is not None:
+            pipeline.transformer.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+        computed.clear()
+        image = pipeline(
+            prompt="a red square", negative_prompt="blue", true_cfg_scale=4.0, width=SIZE, height=SIZE,
+            output_resolution=SIZE, num_inference_steps=steps, use_kv_cache=False,
+            generator=torch.Generator().manual_seed(0),
+        ).images[0]  # fmt: skip
+        if threshold is not None:
+            pipeline.transformer.disable_cache()
+        return np.asarray(image, dtype=np.int16), len(computed)
+
+    plain, plain_calls = draw(None)
+    assert plain_calls == 2 * steps  # cond and uncond, every step
+    zero, zero_calls = draw(0.0)
+    assert zero_calls == 2 * steps and np.array_equal(zero, plain)
+    skipping, skipping_calls = draw(1e9)
+    assert skipping_calls == 2 and np.abs(skipping - plain).max() > 0
