@@ -7,7 +7,9 @@ schemes store the embedding (``ditq.schemes.W4A16.embedding``).
 Tables: a seeded random one (normal, rows of varied scale, as trained tables have: each row's standard deviation
 drawn log-uniformly over a factor of 10), and the bundled demo model's text encoder's ``token_embedding`` (trained,
 small). Each row is quantized as ditq quantizes a Linear's rows (``ditq.numerics.quantize_weight``: symmetric, round
-to nearest) and its SQNR is 10 log10(||row||^2 / ||row - dequantized||^2), in dB (higher is better).
+to nearest) and its SQNR is 10 log10(||row||^2 / ||row - dequantized||^2), in dB (higher is better). Beside them,
+the whole tiny Qwen3-VL text encoder's output error with the embedding in int8 rows, alone and with w4a16 Linears
+(``encoder_error``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 FULL_SIZE = (151936, 4096)  # Qwen3-VL-8B-Instruct's vocabulary x hidden size
 SEED = 0
@@ -85,6 +89,45 @@ def tables() -> dict[str, torch.Tensor]:
     }
 
 
+def encoder_error() -> dict[str, float]:
+    """Relative L2 of the last hidden state of the tiny Qwen3-VL text encoder (``tools/full_size_pipeline.py``'s
+    ``tiny`` preset, random weights, seed 0) against its source, over 2 x 48 seeded token ids: the embedding alone in
+    int8 rows, every target Linear in w4a16 with the embedding kept (``--ignore embed_tokens``), and both (w4a16)."""
+    import tempfile
+
+    import full_size_pipeline as fsp
+    from transformers import Qwen3VLForConditionalGeneration
+
+    import ditq
+    from ditq.numerics import relative_l2
+    from ditq.runtime.loader import load_component
+
+    variants: dict[str, dict[str, Any]] = {
+        "embedding alone, int8 rows": {"targets": ["embed_tokens"]},
+        "w4a16 Linears, embedding in BF16": {"ignore": ["embed_tokens"]},
+        "w4a16 (Linears and int8 embedding rows)": {},
+    }
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        source = Path(folder) / "source"
+        fsp.build(source, "tiny", seed=SEED)
+        reference = Qwen3VLForConditionalGeneration.from_pretrained(
+            str(source / "text_encoder"), dtype=torch.float32
+        )
+        vocabulary = reference.config.text_config.vocab_size
+        ids = torch.randint(0, vocabulary, (2, 48), generator=torch.Generator().manual_seed(SEED))
+        with torch.no_grad():
+            expected = reference(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+            for index, (name, options) in enumerate(variants.items()):
+                artifact = ditq.quantize(
+                    source, Path(folder) / f"a{index}", "w4a16", components=["text_encoder"], **options
+                )
+                model = load_component(artifact.path, "text_encoder", device="cpu", dtype=torch.float32)
+                hidden = model(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+                out[name] = round(relative_l2(hidden, expected), 5)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -94,11 +137,14 @@ def main() -> int:
     results["full_size_bytes"] = {"bf16": bf16} | {c: full_size_bytes(*how) for c, how in CHOICES.items()}
     for name, table in tables().items():
         results["tables"][name] = {c: summary(row_sqnr_db(table, *how)) for c, how in CHOICES.items()}
+    results["tiny_text_encoder_rel_l2"] = encoder_error()  # lower is better
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     for name, rows in results["tables"].items():
         for choice, numbers in rows.items():
             print(f"{name:45s} {choice:20s} {numbers} {results['full_size_bytes'][choice] / 1e9:.3f} GB")
+    for name, error in results["tiny_text_encoder_rel_l2"].items():
+        print(f"tiny Qwen3-VL text encoder, last hidden state rel-L2: {name}: {error}")
     return 0
 
 

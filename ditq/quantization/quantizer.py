@@ -160,7 +160,9 @@ def _layout(rule: TargetPlan, scheme: Scheme | None, plan: _Plan | None) -> _Lay
     if plan is None:
         assert scheme is not None
         schemes = rule.uniform(scheme)
-        if len(set(schemes.values())) > 1:  # 4-bit groups and per-channel fall-backs side by side
+        # 4-bit groups and per-channel fall-backs side by side, or a token embedding (a group that targets
+        # "Linear" does not take an Embedding): one group per scheme, each targeting its layers by name
+        if len(set(schemes.values())) > 1 or rule.embeddings:
             return _Layout(rule, schemes, mixed_quantization_config(schemes, list(rule.ignored)))
         return _Layout(rule, schemes, quantization_config(next(iter(schemes.values())), list(rule.ignored)))
     targets, schemes = apply_plan(rule, plan.plan, plan.where)

@@ -122,3 +122,14 @@ def test_eight_bit_schemes_keep_the_embedding(tmp_path: Path) -> None:
         _stored(result.path)[f"{EMBEDDING}.weight"],
         load_file(str(weight_files(source / "text_encoder")[0]))[f"{EMBEDDING}.weight"],
     )
+
+
+def test_the_embedding_alone_loads(tmp_path: Path) -> None:
+    source = make_model_dir(tmp_path, "flux", dtype=torch.float32, text_encoder="clip")
+    out = ditq.quantize(
+        source, tmp_path / "only", "w4a16", components=["text_encoder"], targets=["token_embedding"]
+    )
+    config = json.loads((out.path / "text_encoder/config.json").read_text())["quantization_config"]
+    assert [g["targets"] for g in config["config_groups"].values()] == [[EMBEDDING]]  # by name: not "Linear"
+    model = load_component(out.path, "text_encoder", device="cpu", dtype=torch.float32)
+    assert isinstance(model.get_submodule(EMBEDDING), QuantizedEmbedding)
