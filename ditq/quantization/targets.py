@@ -20,8 +20,8 @@ from its ``config.json`` (no weights read); its ``named_modules`` are walked:
 - with ``embeddings`` (the 4-bit schemes: ``Scheme.embedding``), the model's token embedding (transformers'
   ``get_input_embeddings()``, a ``torch.nn.Embedding``) is a target too, its rows read as a Linear's output
   channels (out = vocabulary, in = hidden size), as compressed-tensors quantizes an Embedding's weight
-  (``COMPRESSIBLE_MODULE_TYPES``); it is kept where another module shares it (**shared**), where its weight is
-  the output head's (**tied**), or where a forward reads its ``.weight``.
+  (``COMPRESSIBLE_MODULE_TYPES``); it is kept where another module holds its weight too (**shared**: T5's
+  ``encoder.embed_tokens``, a tied output head) or where a forward reads its ``.weight``.
 - every other module that stores a ``weight`` (norms, convolutions,
   embeddings) is listed too (**not a Linear**), as llm-compressor lists them:
   compressed-tensors' file-level tools treat each ``<prefix>.weight`` that
@@ -231,12 +231,10 @@ def token_embedding(
         embedding = get() if callable(get) else None
     except (AttributeError, NotImplementedError):  # a class that declares the method but has no embedding
         return None
-    if (
-        not isinstance(embedding, torch.nn.Embedding) or embedding.max_norm is not None
-    ):  # max_norm: rows rewritten
-        return None
+    if not isinstance(embedding, torch.nn.Embedding) or embedding.max_norm is not None:
+        return None  # (with max_norm, a lookup rewrites the rows it reads: they must stay a floating weight)
     names = [name for name, module in model.named_modules(remove_duplicate=False) if module is embedding]
-    names += [  # modules of their own that hold the same weight (tied: T5's shared and encoder.embed_tokens)
+    names += [  # modules of their own that hold the same weight (tied: T5's encoder.embed_tokens, an output head)
         name
         for name, module in model.named_modules()
         if module is not embedding and any(p is embedding.weight for p in module.parameters(recurse=False))
@@ -244,12 +242,8 @@ def token_embedding(
     prefix = _checkpoint_prefix(names[0], weight_shapes) if names else None
     if prefix is None:
         return None
-    heads = output_heads(model)
-    head = model.get_submodule(next(iter(heads))) if heads else None
     if len(names) > 1:
         return prefix, f"shared: its weight is also {', '.join(names[1:])}'s"
-    if head is not None and head.weight is embedding.weight:
-        return prefix, "tied: its weight is the output head's"
     layer = LinearLayer(prefix, embedding.embedding_dim, embedding.num_embeddings)
     reason = _weight_read_reason(model, names[0]) or _shape_reason(layer, min_features, None)
     return prefix, layer if reason is None else reason

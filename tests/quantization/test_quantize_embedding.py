@@ -1,7 +1,8 @@
 """The 4-bit schemes store a text encoder's token embedding as int8 rows (``Scheme.embedding``: w8a16's codec, one
 scale per row) in its own config group; verify with the source passes, compressed-tensors' own file-level decoder
 reads it back as ditq decodes it, the loader builds a QuantizedEmbedding without the BF16 table, in-memory
-quantization stores the same bytes, and the 8-bit schemes keep the embedding as it was."""
+quantization stores the same bytes, and the 8-bit schemes keep the embedding as it was, as the 4-bit ones keep one
+whose weight another module shares."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny_models import build_tiny_clip_text_encoder, make_model_dir
+from tiny_models import build_tiny_clip_text_encoder, build_tiny_text_encoder, make_model_dir
 
 import ditq
 from ditq.checkpoint.codecs import codec_for
 from ditq.checkpoint.layout import weight_files
 from ditq.checkpoint.safetensors_io import read_header
 from ditq.cli import main
+from ditq.quantization.targets import plan_targets
 from ditq.runtime.embedding import QuantizedEmbedding
 from ditq.runtime.loader import load_component
 from ditq.schemes import W8A16
@@ -133,3 +135,25 @@ def test_the_embedding_alone_loads(tmp_path: Path) -> None:
     assert [g["targets"] for g in config["config_groups"].values()] == [[EMBEDDING]]  # by name: not "Linear"
     model = load_component(out.path, "text_encoder", device="cpu", dtype=torch.float32)
     assert isinstance(model.get_submodule(EMBEDDING), QuantizedEmbedding)
+
+
+def test_shared_and_tied_embeddings_stay() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    cases = [
+        (LlamaForCausalLM(config), "model.embed_tokens", "shared: its weight is also lm_head's"),  # tied
+        (build_tiny_text_encoder(), "shared", "shared: its weight is also encoder.embed_tokens's"),  # T5
+    ]
+    for model, prefix, reason in cases:
+        shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        plan = plan_targets(model, "text_encoder", shapes, embeddings=True)
+        assert plan.ignored[prefix] == reason and not plan.embeddings
