@@ -7,7 +7,9 @@ transformer at diffusers' defaults, the text encoder at Qwen3-VL-8B-Instruct's s
 ``ditq quantize --components auto`` decides them (``ditq.quantization.targets.plan_targets``), and every tensor
 counted as the artifact stores it: a quantized Linear by its scheme's codec (``codec_for(scheme).specs``, the
 scheme fitted to the layer: 4-bit groups of 128, per channel where 128 does not divide the layer's in_features),
-everything else in BF16. No weights, no device: the bytes follow from the shapes alone (the on-GPU footprint is the
+the 4-bit schemes' token embedding by its ``Scheme.embedding`` (int8 rows, ``w8a16``'s codec), everything else in
+BF16, itemised by kind in ``kept_bf16_bytes`` (the embedding, each reason the planner keeps a Linear for with the
+module names, biases, norms...). No weights, no device: the bytes follow from the shapes alone (the on-GPU footprint is the
 same, but for the 4-bit paths' repack, which keeps 4 bits: ``ditq.kernels.w4_triton``). Goal (issue 46): transformer
 + text encoder in w4a8 at most 0.55x their fp8 bytes.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,9 +31,45 @@ SCHEMES = ("fp8", "w8a8", "w4a16", "w4a8")
 GOAL = 0.55
 
 
+def _pattern(prefix: str) -> str:
+    """A module name with its block indices as N (``model.language_model.layers.N.mlp.up_proj``)."""
+    return re.sub(r"\.\d+(?=\.|$)", ".N", prefix)
+
+
+def kept_breakdown(
+    model: torch.nn.Module, plan: Any, sizes: dict[str, int], heads: set[str]
+) -> dict[str, dict[str, int]]:
+    """The BF16 bytes a scheme keeps, by kind: the token embedding, the Linears the planner keeps (by its reason,
+    then by module name with block indices as N), the quantized Linears' biases, the unused output head, and every
+    other module by its class (norms, other embeddings...)."""
+    from ditq.quantization.targets import token_embedding
+
+    found = token_embedding(model, {name: tuple(t.shape) for name, t in model.state_dict().items()})
+    embedding = None if found is None else found[0]
+    kinds: dict[str, dict[str, int]] = {}
+    for name, size in sizes.items():
+        prefix, _, local = name.rpartition(".")
+        if prefix in plan.targets and local == "weight":
+            continue
+        if prefix in heads:
+            kind, detail = "output head (declared unused: not loaded)", prefix
+        elif prefix == embedding:
+            kind, detail = "token embedding", f"{prefix}: {plan.ignored.get(prefix, 'kept')}"
+        elif prefix in plan.targets:
+            kind, detail = "biases of quantized Linears", _pattern(prefix)
+        elif isinstance(model.get_submodule(prefix), torch.nn.Linear):
+            kind, detail = f"Linear kept: {plan.ignored[prefix]}", _pattern(prefix)
+        else:
+            kind, detail = f"not a Linear: {type(model.get_submodule(prefix)).__name__}", _pattern(prefix)
+        bucket = kinds.setdefault(kind, {})
+        bucket[detail] = bucket.get(detail, 0) + size
+    ordered = sorted(kinds.items(), key=lambda item: -sum(item[1].values()))
+    return {kind: dict(sorted(d.items(), key=lambda i: -i[1])) for kind, d in ordered}
+
+
 def component_bytes(model: torch.nn.Module, component: str) -> dict[str, Any]:
     """BF16 and each scheme's bytes of one component, as stored and as loaded (less the output head the quantizer
-    declares unused where the pipeline reads no logits: ``ditq.runtime.unused``)."""
+    declares unused where the pipeline reads no logits: ``ditq.runtime.unused``), and what each keeps in BF16."""
     from diffusers import QwenImage21Pipeline
 
     from ditq.checkpoint.codecs import codec_for
@@ -39,24 +78,37 @@ def component_bytes(model: torch.nn.Module, component: str) -> dict[str, Any]:
 
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     sizes = {name: t.numel() * t.element_size() for name, t in model.state_dict().items()}
-    plan = plan_targets(model, component, shapes)
+    # the 8-bit schemes keep the token embedding; the 4-bit ones store it as Scheme.embedding says
+    plans = {
+        embeddings: plan_targets(model, component, shapes, embeddings=embeddings)
+        for embeddings in (False, True)
+    }
     bf16 = sum(sizes.values())
-    out: dict[str, Any] = {"bf16": bf16, "targets": len(plan.targets), "kept": len(plan.ignored)}
-    target_weights = sum(sizes[f"{prefix}.weight"] for prefix in plan.targets)
+    heads = {} if reads_logits(QwenImage21Pipeline) else output_heads(model)
+    out: dict[str, Any] = {"bf16": bf16}
+    kept: dict[str, Any] = {}
     for name in SCHEMES:
+        scheme = get_scheme(name)
+        plan = plans[scheme.embedding is not None]
         stored = 0
-        for prefix, scheme in plan.uniform(get_scheme(name)).items():
+        for prefix, layer_scheme in plan.uniform(scheme).items():
             layer = plan.targets[prefix]
-            specs = codec_for(scheme).specs(layer.out_features, layer.in_features, scheme.group_size)
+            specs = codec_for(layer_scheme).specs(
+                layer.out_features, layer.in_features, layer_scheme.group_size
+            )
             for dtype, shape in specs.values():
                 stored += torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        out[name] = bf16 - target_weights + stored
-    heads = {} if reads_logits(QwenImage21Pipeline) else output_heads(model)
+        out[name] = bf16 - sum(sizes[f"{prefix}.weight"] for prefix in plan.targets) + stored
+        out.setdefault("targets", {})[name] = len(plan.targets)
+        out.setdefault("kept", {})[name] = len(plan.ignored)
+        out.setdefault("quantized_embeddings", {})[name] = sorted(plan.embeddings)
+        kept[name] = kept_breakdown(model, plan, sizes, set(heads))
     unused = sum(
         sizes[f"{head}.weight"] for head in heads
     )  # kept in BF16 (not a target): the same in every scheme
     out["unused_output_heads"] = {"modules": sorted(heads), "bytes": unused}
     out["loaded"] = {name: out[name] - unused for name in ("bf16", *SCHEMES)}
+    out["kept_bf16_bytes"] = kept
     return out
 
 
@@ -90,8 +142,15 @@ def main() -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for component, counted in components.items():
+        for scheme in ("fp8", "w4a8"):
+            print(f"{component} {scheme}: kept in BF16")
+            for kind, details in counted["kept_bf16_bytes"][scheme].items():
+                top = ", ".join(f"{d} {b / 1e9:.3f}" for d, b in list(details.items())[:3])
+                print(f"  {sum(details.values()) / 1e9:7.3f} GB  {kind}  ({top})")
     for name, value in loaded.items():
-        print(f"{name:6s} {value / 2**30:8.2f} GiB loaded  x fp8 {ratios[name]:.3f}")
+        print(f"{name:6s} {value / 1e9:8.3f} GB loaded  x fp8 {ratios[name]:.4f}")
+    print(f"goal: w4a8 at most {GOAL}x fp8 loaded: {'met' if ratios['w4a8'] <= GOAL else 'not met'}")
     return 0
 
 

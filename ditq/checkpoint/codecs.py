@@ -48,6 +48,7 @@ __all__ = [
     "register_codec",
     "scheme_in_format",
     "scheme_of_config",
+    "weight_features",
 ]
 
 StoredSpec = tuple[torch.dtype, tuple[int, ...]]  # (dtype, shape) of one stored tensor
@@ -299,6 +300,17 @@ def is_quantized_tensor(name: str, dtype: torch.dtype) -> bool:
     """Whether a tensor of a source checkpoint shows that the checkpoint is already quantized."""
     local = name.rpartition(".")[2]
     return local in _QUANTIZED_ONLY_NAMES or (local == "weight" and dtype in _STORED_WEIGHT_DTYPES)
+
+
+def weight_features(module: torch.nn.Module) -> tuple[int, int] | None:
+    """(out, in) of the weight a quantized module stores: a Linear's (out_features, in_features), a token
+    embedding's (num_embeddings, embedding_dim) (its rows are stored as a Linear's output channels, as
+    compressed-tensors compresses both: ``COMPRESSIBLE_MODULE_TYPES``); None for any other module."""
+    if isinstance(module, torch.nn.Linear):
+        return module.out_features, module.in_features
+    if isinstance(module, torch.nn.Embedding):
+        return module.num_embeddings, module.embedding_dim
+    return None
 
 
 def quantized_layers(names: Iterable[str]) -> dict[str, list[str]]:

@@ -39,11 +39,12 @@ from ditq.quantization.quantizer import DEFAULTS, QuantizeResult, auto_component
 from ditq.quantization.quantizer import quantize as write_artifact
 from ditq.quantization.rewrite import StoredLayer, band_workers, encode_weight
 from ditq.quantization.targets import MIN_FEATURES, linear_at, plan_targets
+from ditq.runtime.embedding import QuantizedEmbedding, embedding_from_stored
 from ditq.runtime.loader import KernelChooser, prepare_quantized
 from ditq.runtime.modules import QuantizedLinear, linear_from_stored, quantized_linears
 from ditq.schemes import SCHEMES, Scheme, get_scheme
 
-__all__ = ["InMemoryQuantization", "quantize_", "quantized_linear", "save"]
+__all__ = ["InMemoryQuantization", "quantize_", "quantized_embedding", "quantized_linear", "save"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,18 @@ def quantized_linear(
     return _held(linear, stored, scheme, device)
 
 
+def quantized_embedding(
+    embedding: torch.nn.Module, scheme: Scheme, device: torch.device, pool: ThreadPoolExecutor
+) -> tuple[QuantizedEmbedding, float]:
+    """(the token ``embedding`` stored in ``scheme`` as ``ditq quantize`` stores it, held by the runtime's
+    QuantizedEmbedding on ``device``, its relative L2 error); ``embedding`` is not changed."""
+    assert isinstance(embedding, torch.nn.Embedding)  # plan_targets chose it
+    weight = embedding.weight.detach()
+    stored = encode_weight(weight, scheme, device, DEFAULTS["band_bytes"], pool)
+    tensors = {n: t.to(device) for n, t in stored.tensors.items()}
+    return embedding_from_stored(tensors, scheme, weight.dtype, embedding.padding_idx), stored.rel_l2
+
+
 def _held(
     linear: torch.nn.Linear, stored: StoredLayer, scheme: Scheme, device: torch.device
 ) -> tuple[QuantizedLinear, float]:
@@ -141,7 +154,9 @@ def _quantize_module(
         raise InputError(f"{component}: already quantized (holds QuantizedLinear layers)")
     shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
     group_size = None if scheme is None else scheme.guarded_group_size
-    rule = plan_targets(module, component, shapes, targets, (), MIN_FEATURES, group_size)
+    # the token embedding as the offline quantizer decides it (``quantizer._plan_component``)
+    embeddings = plan is None and scheme is not None and scheme.embedding is not None and not low_rank
+    rule = plan_targets(module, component, shapes, targets, (), MIN_FEATURES, group_size, embeddings)
     if plan is None:
         assert scheme is not None
         schemes = rule.uniform(scheme)
@@ -152,13 +167,22 @@ def _quantize_module(
         check_rank(low_rank, f"{component}.{prefix}", target.out_features, target.in_features)
         if not torch.isfinite(target.weight).all():
             raise InputError(f"{component}: tensor {prefix}.weight holds NaN or Inf")
+    rows = {
+        p: schemes.pop(p) for p in rule.embeddings
+    }  # token embeddings: rounded to nearest, never calibrated
     first = linear_at(module, next(iter(schemes))).weight
     run_device = device if device is not None else first.device
     errors: dict[str, float] = {}
-    layers: dict[str, QuantizedLinear] = {}
+    layers: dict[str, QuantizedLinear | QuantizedEmbedding] = {}
     # calibrated: every layer rounded before any is swapped (the requests run the source layers)
     calibrated = calibrated_layers(module, schemes, calibration, low_rank) if calibration else {}
     with band_workers() as pool:
+        for prefix, layer_scheme in rows.items():
+            layers[prefix], errors[prefix] = quantized_embedding(
+                module.get_submodule(prefix), layer_scheme, run_device, pool
+            )
+            if not torch.isfinite(layers[prefix].stored_tensors()[SCALE]).all():
+                raise InputError(f"{component}: tensor {prefix}.weight holds NaN or Inf")
         for prefix, layer_scheme in schemes.items():
             linear = linear_at(module, prefix)
             if prefix in calibrated:
@@ -275,16 +299,20 @@ def quantize_(
 
 
 def _stored_layers(module: torch.nn.Module, record: InMemoryQuantization) -> dict[str, StoredLayer]:
-    layers = quantized_linears(module)
+    layers: dict[str, QuantizedLinear | QuantizedEmbedding] = dict(quantized_linears(module))
+    layers |= {n: m for n, m in module.named_modules() if isinstance(m, QuantizedEmbedding)}
     out: dict[str, StoredLayer] = {}
     for prefix, error in record.errors.items():
         layer = layers.get(prefix)
         if layer is None:
-            raise InputError(f"pipeline: {record.component}.{prefix}: no longer a QuantizedLinear")
+            raise InputError(
+                f"pipeline: {record.component}.{prefix}: no longer a QuantizedLinear or QuantizedEmbedding"
+            )
         try:
-            tensors = {
-                n: t.detach().cpu() for n, t in (layer.stored_tensors() | layer.low_rank_tensors()).items()
-            }
+            held = layer.stored_tensors() | (
+                layer.low_rank_tensors() if isinstance(layer, QuantizedLinear) else {}
+            )
+            tensors = {n: t.detach().cpu() for n, t in held.items()}
         except DitqError as error_:
             raise InputError(
                 f"pipeline: {record.component}.{prefix}: its stored tensors were released by the kernel repack "

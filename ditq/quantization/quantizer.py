@@ -160,7 +160,9 @@ def _layout(rule: TargetPlan, scheme: Scheme | None, plan: _Plan | None) -> _Lay
     if plan is None:
         assert scheme is not None
         schemes = rule.uniform(scheme)
-        if len(set(schemes.values())) > 1:  # 4-bit groups and per-channel fall-backs side by side
+        # 4-bit groups and per-channel fall-backs side by side, or a token embedding (a group that targets
+        # "Linear" does not take an Embedding): one group per scheme, each targeting its layers by name
+        if len(set(schemes.values())) > 1 or rule.embeddings:
             return _Layout(rule, schemes, mixed_quantization_config(schemes, list(rule.ignored)))
         return _Layout(rule, schemes, quantization_config(next(iter(schemes.values())), list(rule.ignored)))
     targets, schemes = apply_plan(rule, plan.plan, plan.where)
@@ -176,6 +178,7 @@ def _plan_component(
     ignore: Sequence[str],
     variant: str | None,
     plan: _Plan | None,
+    low_rank: int = 0,
 ) -> _Layout:
     library, class_name = component_class(index, component)
     component_dir = source / component
@@ -188,7 +191,10 @@ def _plan_component(
     shapes = {name: entry.shape for name, entry in entries.items()}
     model = build_meta_model(component_dir, library, class_name, entries)
     group_size = None if scheme is None else scheme.guarded_group_size
-    rule = plan_targets(model, component, shapes, targets, ignore, MIN_FEATURES, group_size)
+    # the token embedding under the 4-bit schemes (``Scheme.embedding``); not beside a low-rank branch, which
+    # only Linears carry
+    embeddings = scheme is not None and scheme.embedding is not None and not low_rank
+    rule = plan_targets(model, component, shapes, targets, ignore, MIN_FEATURES, group_size, embeddings)
     return _layout(rule, scheme, plan)
 
 
@@ -653,7 +659,8 @@ def quantize(
         digests = digest_pool.submit(source_tree_digest, tree, stop)  # overlaps planning and writing
         try:
             layouts = {
-                c: _plan_component(source, index, c, chosen, targets, ignore, variant, checked) for c in names
+                c: _plan_component(source, index, c, chosen, targets, ignore, variant, checked, rank)
+                for c in names
             }
             for layout in layouts.values() if rank else ():
                 for prefix, layer in layout.targets.targets.items():

@@ -17,6 +17,11 @@ from its ``config.json`` (no weights read); its ``named_modules`` are walked:
   multiple of 16 (no 8-bit kernel takes them) or below ``min_features``.
 - ``--targets`` regexes replace the block rule, ``--ignore`` regexes remove
   matches (**user choice**). Regexes are searched in the tensor-name prefix.
+- with ``embeddings`` (the 4-bit schemes: ``Scheme.embedding``), the model's token embedding (transformers'
+  ``get_input_embeddings()``, a ``torch.nn.Embedding``) is a target too, its rows read as a Linear's output
+  channels (out = vocabulary, in = hidden size), as compressed-tensors quantizes an Embedding's weight
+  (``COMPRESSIBLE_MODULE_TYPES``); it is kept where another module holds its weight too (**shared**: T5's
+  ``encoder.embed_tokens``, a tied output head) or where a forward reads its ``.weight``.
 - every other module that stores a ``weight`` (norms, convolutions,
   embeddings) is listed too (**not a Linear**), as llm-compressor lists them:
   compressed-tensors' file-level tools treat each ``<prefix>.weight`` that
@@ -43,7 +48,7 @@ from ditq.checkpoint.patterns import compile_pattern
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
 from ditq.quantization.defaults import AUTO_MIN_SHARE
-from ditq.schemes import Scheme
+from ditq.schemes import SCHEMES, Scheme
 
 __all__ = [
     "ALIGNMENT",
@@ -57,6 +62,7 @@ __all__ = [
     "output_heads",
     "plan_targets",
     "reads_logits",
+    "token_embedding",
 ]
 
 ALIGNMENT = 16  # in and out features must be multiples of this for every 8-bit kernel path
@@ -80,11 +86,21 @@ class TargetPlan:
     targets: dict[str, LinearLayer] = field(default_factory=dict)
     ignored: dict[str, str] = field(default_factory=dict)  # prefix -> reason
     block_lists: list[str] = field(default_factory=list)
+    embeddings: set[str] = field(default_factory=set)  # the targets that are token embeddings, not Linears
 
     def uniform(self, scheme: Scheme) -> dict[str, Scheme]:
         """Target prefix -> ``scheme`` as it fits that layer (``Scheme.fitted``: 4-bit groups that do not divide a
-        layer's in_features become per-channel scales)."""
-        return {prefix: scheme.fitted(layer.in_features) for prefix, layer in self.targets.items()}
+        layer's in_features become per-channel scales); a token embedding gets ``scheme.embedding``."""
+        if self.embeddings and scheme.embedding is None:
+            raise InputError(
+                f"{self.component}: scheme {scheme.name} keeps token embeddings in source precision"
+            )
+        return {
+            prefix: SCHEMES[scheme.embedding]
+            if prefix in self.embeddings and scheme.embedding
+            else scheme.fitted(layer.in_features)
+            for prefix, layer in self.targets.items()
+        }
 
 
 def build_meta_model(
@@ -204,6 +220,35 @@ def linear_at(module: torch.nn.Module, prefix: str) -> torch.nn.Linear:
     return layer
 
 
+def token_embedding(
+    model: torch.nn.Module, weight_shapes: dict[str, tuple[int, ...]], min_features: int = MIN_FEATURES
+) -> tuple[str, LinearLayer | str] | None:
+    """The model's stored token embedding (``get_input_embeddings()``, a ``torch.nn.Embedding``) as (its checkpoint
+    prefix, its rows as a layer: out = num_embeddings, in = embedding_dim), or (prefix, why it stays in source
+    precision); None where the model has none, or none of its own in the checkpoint."""
+    get = getattr(model, "get_input_embeddings", None)
+    try:
+        embedding = get() if callable(get) else None
+    except (AttributeError, NotImplementedError):  # a class that declares the method but has no embedding
+        return None
+    if not isinstance(embedding, torch.nn.Embedding) or embedding.max_norm is not None:
+        return None  # (with max_norm, a lookup rewrites the rows it reads: they must stay a floating weight)
+    names = [name for name, module in model.named_modules(remove_duplicate=False) if module is embedding]
+    names += [  # modules of their own that hold the same weight (tied: T5's encoder.embed_tokens, an output head)
+        name
+        for name, module in model.named_modules()
+        if module is not embedding and any(p is embedding.weight for p in module.parameters(recurse=False))
+    ]
+    prefix = _checkpoint_prefix(names[0], weight_shapes) if names else None
+    if prefix is None:
+        return None
+    if len(names) > 1:
+        return prefix, f"shared: its weight is also {', '.join(names[1:])}'s"
+    layer = LinearLayer(prefix, embedding.embedding_dim, embedding.num_embeddings)
+    reason = _weight_read_reason(model, names[0]) or _shape_reason(layer, min_features, None)
+    return prefix, layer if reason is None else reason
+
+
 def plan_targets(
     model: torch.nn.Module,
     component: str,
@@ -212,8 +257,10 @@ def plan_targets(
     ignore: Sequence[str] = (),
     min_features: int = MIN_FEATURES,
     group_size: int | None = None,
+    embeddings: bool = False,
 ) -> TargetPlan:
-    """Decide every Linear of ``model``; ``weight_shapes`` is the checkpoint's tensor name -> shape."""
+    """Decide every Linear of ``model`` (with ``embeddings``, its token embedding too: ``token_embedding``);
+    ``weight_shapes`` is the checkpoint's tensor name -> shape."""
     target_res, ignore_res = _compile(targets, "--targets"), _compile(ignore, "--ignore")
     plan = TargetPlan(component=component, block_lists=block_lists(model))
     for module_name, module in model.named_modules():
@@ -246,6 +293,19 @@ def plan_targets(
             plan.targets[prefix] = layer
         else:
             plan.ignored[prefix] = reason
+    found = token_embedding(model, weight_shapes, min_features) if embeddings else None
+    if found is not None:
+        prefix, outcome = found
+        hit = next((r.pattern for r in ignore_res if r.search(prefix)), None)
+        if isinstance(outcome, str):
+            plan.ignored[prefix] = outcome
+        elif target_res and not any(r.search(prefix) for r in target_res):
+            plan.ignored[prefix] = "user choice: not matched by --targets"
+        elif hit is not None:
+            plan.ignored[prefix] = f"user choice: --ignore {hit!r}"
+        else:
+            plan.targets[prefix] = outcome
+            plan.embeddings.add(prefix)
     for name in sorted(weight_shapes):
         prefix, _, local = name.rpartition(".")
         if local == "weight" and prefix and prefix not in plan.targets and prefix not in plan.ignored:

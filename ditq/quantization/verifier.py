@@ -16,7 +16,8 @@ Checks, each reported pass/fail with a one-line detail:
   loader's reading, ``ditq.runtime.swap.layer_schemes``), so a mixed-precision component is checked layer by
   layer; stored dtypes and shapes follow that scheme; scales are finite
   and positive; ditq's decoder and compressed-tensors' decoder agree bit for
-  bit; every Linear of the model is either quantized or in ``ignore``; a low-rank branch
+  bit (a token embedding stored as int8 rows, ``Scheme.embedding``, is decoded and bounded as the Linear its rows
+  would be); every Linear of the model is either quantized or in ``ignore``; a low-rank branch
   (``ditq.checkpoint.low_rank``) is where the manifest's ``low_rank`` says, on every quantized layer or none, of
   its rank, dtype and shapes. compressed-tensors decodes the stored residual only: the decoders are compared on it,
   and the layer's weight (branch included) is ditq's alone;
@@ -46,7 +47,15 @@ from typing import Any
 
 import torch
 
-from ditq.checkpoint.codecs import SCALE, SCALE_DTYPES, Codec, codec_for, config_groups, quantized_layers
+from ditq.checkpoint.codecs import (
+    SCALE,
+    SCALE_DTYPES,
+    Codec,
+    codec_for,
+    config_groups,
+    quantized_layers,
+    weight_features,
+)
 from ditq.checkpoint.component import TRUSTED_LIBRARIES, check_component_classes
 from ditq.checkpoint.layout import (
     MODEL_INDEX,
@@ -299,8 +308,13 @@ def _linears(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
-def _shape(linear: torch.nn.Linear | None) -> tuple[int, int] | None:
-    return None if linear is None else (linear.out_features, linear.in_features)
+def _stored_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """Every module a quantized weight may belong to (Linears and token embeddings: ``weight_features``)."""
+    return {n: m for n, m in model.named_modules() if weight_features(m) is not None}
+
+
+def _shape(module: torch.nn.Module | None) -> tuple[int, int] | None:
+    return None if module is None else weight_features(module)
 
 
 def _layout_problem(
@@ -415,6 +429,7 @@ def _check_tensors(
         report.add(f"{component}: tensors", [str(error)], "")
         return
     linears = _linears(model)
+    modules = _stored_modules(model)
     layers = quantized_layers(where)
     quantized = set(layers)
     _check_coverage(component, info, linears, set(where), quantized, report)
@@ -434,7 +449,7 @@ def _check_tensors(
         codec, bound = codec_for(scheme), REL_L2_BOUNDS[scheme.name]
         stored = {n: _read(where, f"{prefix}.{n}") for n in names}
         row: dict[str, Any] = {"component": component, "tensor": prefix, "scheme": scheme.name}
-        layout_problem = _layout_problem(codec, stored, _shape(linears.get(prefix)), scheme.group_size)
+        layout_problem = _layout_problem(codec, stored, _shape(modules.get(prefix)), scheme.group_size)
         if layout_problem is not None:
             problems.append(f"{prefix}: {layout_problem}")
             report.tensors.append({**row, "layout_ok": False})
@@ -443,7 +458,7 @@ def _check_tensors(
         scale_problem = codec.scale_problem(scale)
         row["scale_ok"] = scale_problem is None
         # in the scale's dtype, as compressed-tensors decodes (float32 for ditq's scales)
-        ours, theirs = codec.decode(stored, scale.dtype), decoder.decode(stored, prefix, linears.get(prefix))
+        ours, theirs = codec.decode(stored, scale.dtype), decoder.decode(stored, prefix, modules.get(prefix))
         row["decoders_agree"] = ours.dtype == theirs.dtype and torch.equal(ours, theirs)
         try:  # the shapes come from the stored tensors, as checked above
             rank = stored_rank(prefix, entries, *codec.features(stored))

@@ -1,4 +1,4 @@
-"""Running ditq artifacts: quantized Linear modules, the loader, offload, the pipeline adapter, and how a pipeline
+"""Running ditq artifacts: quantized Linear and token-embedding modules, the loader, offload, the pipeline adapter, and how a pipeline
 is opened as one value (``LoadOptions``, which the opener one stage up, ``ditq.pipeline.open_pipeline``, takes).
 
 The adapter's names import eagerly (they are light); the loader and modules on first use, so
@@ -16,6 +16,7 @@ _LAZY: dict[str, str] = {
     "resolve_load_options": "ditq.runtime.options",
     "load_component": "ditq.runtime.loader",
     "prepare_quantized": "ditq.runtime.loader",
+    "QuantizedEmbedding": "ditq.runtime.embedding",
     "QuantizedLinear": "ditq.runtime.modules",
     "linear_from_stored": "ditq.runtime.modules",
     "quantized_linear_class": "ditq.runtime.modules",

@@ -45,6 +45,7 @@ from ditq.checkpoint.layout import load_component_config
 from ditq.checkpoint.manifest import check_sealed_reads, is_sealed
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
+from ditq.runtime.embedding import QuantizedEmbedding
 from ditq.runtime.fill import assign_tensor
 from ditq.runtime.loader import check_complete, check_tensor_places, file_entries
 from ditq.runtime.modules import QuantizedLinear
@@ -193,7 +194,7 @@ class CompressedTensorsQuantizer(DiffusersQuantizer):
     ) -> bool:
         module_name, _, attr = param_name.rpartition(".")
         module = model.get_submodule(module_name)
-        return isinstance(module, QuantizedLinear) and attr in module.stored_names
+        return isinstance(module, QuantizedLinear | QuantizedEmbedding) and attr in module.stored_names
 
     def create_quantized_param(  # type: ignore[override]
         self,

@@ -13,6 +13,7 @@ import torch
 from ditq.checkpoint.codecs import SCALE, codec_for
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
+from ditq.runtime.embedding import QuantizedEmbedding
 from ditq.runtime.modules import QuantizedLinear
 
 __all__ = ["assign_tensor"]
@@ -40,9 +41,11 @@ def assign_tensor(
         raise InputError(
             f"{entry.path}: tensor {name!r} has shape {tuple(tensor.shape)}, {type(model).__name__} expects {tuple(placeholder.shape)}"
         )
-    stored_quantized = isinstance(module, QuantizedLinear) and attr in module.stored_names
+    stored_quantized = (
+        isinstance(module, QuantizedLinear | QuantizedEmbedding) and attr in module.stored_names
+    )
     if stored_quantized and attr == SCALE:
-        assert isinstance(module, QuantizedLinear)
+        assert isinstance(module, QuantizedLinear | QuantizedEmbedding)
         # (a scale's dtype was checked against verify's before anything was read: ditq.runtime.swap)
         problem = codec_for(module.scheme).scale_problem(tensor)
         if problem is not None:

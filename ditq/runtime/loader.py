@@ -195,7 +195,8 @@ def stored_layer_schemes(
 ) -> dict[str, Scheme]:
     """Prefix of every stored quantized Linear of a compressed-tensors component -> its scheme, decided as the
     loader decides it (the config group that targets it, cross-checked against its tensors); no tensor data is
-    read. An InputError names the layer and the file where config and tensors disagree."""
+    read. An InputError names the layer and the file where config and tensors disagree. A quantized token
+    embedding is checked as the loader checks it, and left out: no kernel path runs it (``ditq.runtime.embedding``)."""
     model_dir = Path(model_dir)
     qconfig = is_quantized_component(model_dir, component)
     if qconfig is None:
@@ -206,7 +207,8 @@ def stored_layer_schemes(
     refuse_remote_code(component_dir, library)
     entries = component_entries(component_dir, variant)
     model = build_on_meta(cls, load_component_config(component_dir), component_dir, entries, exact=True)
-    return swap_quantized_linears(model, entries, qconfig, component_dir, torch.float32)
+    schemes = swap_quantized_linears(model, entries, qconfig, component_dir, torch.float32)
+    return {p: s for p, s in schemes.items() if isinstance(model.get_submodule(p), QuantizedLinear)}
 
 
 def _load_quantized(
@@ -238,7 +240,7 @@ def _load_quantized(
     for scheme in schemes.values():
         counts[scheme.name] = counts.get(scheme.name, 0) + 1
     log.info(
-        "%s: %s quantized Linears (%s), loaded on %s",
+        "%s: %s quantized layers (%s), loaded on %s",
         component_dir.name,
         len(schemes),
         ", ".join(f"{n} {s}" for s, n in sorted(counts.items())),

@@ -1,4 +1,5 @@
-"""Replacing each stored quantized Linear of a meta-built model with its scheme's QuantizedLinear.
+"""Replacing each stored quantized Linear of a meta-built model with its scheme's QuantizedLinear, and a stored
+quantized token embedding with a QuantizedEmbedding (``ditq.runtime.embedding``).
 
 A layer's scheme comes from the config group that targets it (``targets``,
 ``ignore``, ``format``, ``weights``, ``input_activations``), cross-checked
@@ -23,11 +24,13 @@ from ditq.checkpoint.codecs import (
     detect_codec,
     layer_scheme,
     quantized_layers,
+    weight_features,
 )
 from ditq.checkpoint.low_rank import stored_rank
 from ditq.checkpoint.patterns import matches
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
+from ditq.runtime.embedding import QuantizedEmbedding
 from ditq.runtime.modules import quantized_linear_class
 from ditq.schemes import Scheme
 
@@ -54,15 +57,21 @@ def layer_schemes(
             linear = model.get_submodule(prefix)
         except AttributeError:
             raise InputError(f"{where}: {prefix}.{SCALE} names no module of {type(model).__name__}") from None
-        if not isinstance(linear, torch.nn.Linear):
-            raise InputError(f"{where}: {prefix} is a {type(linear).__name__}, not a Linear")
+        features = weight_features(linear)
+        if features is None:
+            raise InputError(f"{where}: {prefix} is a {type(linear).__name__}, not a Linear or an Embedding")
         codec = detect_codec(prefix, dtypes, str(entries.get(f"{prefix}.weight", scale).path))
         group = next((g for g in groups if matches(list(g.targets), prefix, linear)), None)
         if group is None or matches(ignore, prefix, linear):
             why = "is listed in ignore" if group is not None else "is targeted by no config group"
             raise InputError(f"{config_path}: {prefix} is stored quantized but {why}")
+        if isinstance(linear, torch.nn.Embedding) and group.activations is not None:
+            raise InputError(
+                f"{config_path}: {prefix} is an Embedding, and config group {group.name!r} quantizes "
+                f"{group.activations} input activations; an embedding's lookup has none (weight-only groups)"
+            )
         columns = scale.shape[1] if len(scale.shape) == 2 else 1
-        schemes[prefix] = layer_scheme(group, codec, linear.in_features, columns, f"{config_path}: {prefix}")
+        schemes[prefix] = layer_scheme(group, codec, features[1], columns, f"{config_path}: {prefix}")
     return schemes
 
 
@@ -78,6 +87,16 @@ def swap_quantized_linears(
     schemes = layer_schemes(model, entries, qconfig, f"{component_dir}/config.json")
     for prefix, scheme in schemes.items():
         linear = model.get_submodule(prefix)
+        parent_name, _, attr = prefix.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if isinstance(
+            linear, torch.nn.Embedding
+        ):  # a token embedding (the 4-bit schemes' ``Scheme.embedding``)
+            rows = QuantizedEmbedding(
+                linear.num_embeddings, linear.embedding_dim, scheme, linear.padding_idx, "meta", dtype
+            )
+            setattr(parent, attr, rows)
+            continue
         assert isinstance(linear, torch.nn.Linear)  # layer_schemes checked it
         replacement = quantized_linear_class(scheme.name)(
             linear.in_features,
@@ -89,8 +108,7 @@ def swap_quantized_linears(
             scheme=scheme,
             low_rank=stored_rank(prefix, entries, linear.out_features, linear.in_features),
         )
-        parent_name, _, attr = prefix.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, attr, replacement)
+        setattr(parent, attr, replacement)
     targets = [t for g in config_groups(qconfig, f"{component_dir}/config.json") for t in g.targets]
     ignore = list(qconfig.get("ignore") or [])
     for name, module in model.named_modules():
