@@ -38,8 +38,9 @@ test-fast: $(STAMP)
 	$(VENV)/bin/pytest -q -n 2 --dist worksteal -m "not slow" tests
 
 # The project's adversarial suite: every hostile input of tests/adversarial/attack_inputs.py through the CLI, each
-# classified clean, weak or defect; fails on any defect. CI runs it after `make test` (6 minutes on 2 cores);
-# `make test` runs a slice of it (tests/adversarial/test_fast_slice.py).
+# classified clean, weak or defect; fails on any defect. CI runs it after `make test`; most cases run forked from
+# one process that has imported torch and ditq once (tests/adversarial/fork_server.py; --fresh: a new process each,
+# about three times as long). `make test` runs a slice of it (tests/adversarial/test_fast_slice.py).
 ATTACKS_OUT ?= test-artifacts/attack_inputs.json
 test-attacks: $(STAMP)
 	PYTHONPATH=$(CURDIR) $(PY) tests/adversarial/attack_inputs.py --fail-on-defects --out $(ATTACKS_OUT)
