@@ -95,6 +95,7 @@ def _child(request: dict[str, Any], protocol: tuple[int, int]) -> None:
         except BaseException:  # the interpreter's own report of an uncaught exception
             sys.excepthook(*sys.exc_info())
             code = 1
+        threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter ends: its threads, then atexit
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -125,11 +126,10 @@ def serve(preload: list[str]) -> None:
     pending = b""
     while True:
         readable, _, _ = select.select([requests], [], [], 0.05)
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            reply({"id": children.pop(pid), "exit": os.waitstatus_to_exitcode(status)})
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                reply({"id": children.pop(pid), "exit": os.waitstatus_to_exitcode(status)})
         if not readable:
             continue
         chunk = os.read(requests, 65536)
