@@ -92,6 +92,7 @@ def lora_files(demo_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPat
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests marked slow run first, in their order, so that under ``-n 2`` (``make test``) the two workers
-    start on the long ones side by side instead of leaving one of them for last."""
+    """The tests marked slow run first, in their order, so that under ``-n 2 --dist worksteal`` (``make test``) they
+    are not left for last: the first worker starts on them, the second on the rest, and whichever runs out first
+    takes over what is left of the other's."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -1,5 +1,5 @@
 """Hostile inputs through the real `ditq` CLI (issues 28 and 48): crafted from the bundled demo model, each run as
-its own subprocess and classified clean, weak or defect.
+its own process and classified clean, weak or defect.
 
     PYTHONPATH=$PWD python tests/adversarial/attack_inputs.py   # -> benchmarks/results/attack_inputs_cpu_COMMIT.json
     PYTHONPATH=$PWD python tests/adversarial/attack_inputs.py --only paths,evidence --keep    # some groups; keep $TMP
@@ -12,7 +12,9 @@ directory, the home folder, a failed write), ``hub`` (confined resolution of a h
 text inputs), ``evidence`` (a sweep's candidates chained to their artifacts; forged runs) and ``markdown``
 (REPORT.md cannot be restructured).
 
-About 170 cases, two at a time: 10-15 minutes on 2 CPU cores (each command spends 3-5 s importing torch).
+About 170 cases, two at a time. A fresh ``python -m ditq.cli`` spends 3-5 s importing torch and diffusers, so
+most cases run as children forked from one process that imported them once (tests/adversarial/fork_server.py;
+``forkable`` says which may); the others, and every case under ``--fresh``, as a fresh ``python -m ditq.cli``.
 
 Setup (in this process, once): a copy of the demo model (``source``), its w8a8 artifact made by
 ``ditq.quantize`` (``artifact``; ``bare`` is the same without MANIFEST.json; ``keyed`` a --copy one sealed with
@@ -21,8 +23,8 @@ reference PNGs, a sealed baseline made by ``ditq baseline`` in process (2 seeds,
 candidate run made by ``ditq probe`` against a deterministic stub images server on loopback, judged by
 ``ditq gate`` and ``ditq compare``, and a sweep's two candidates over copies of it (``sweep``: CANDIDATE.json and
 its run, each naming its own artifact digest). Each case copies what it needs into its own folder (hard links; every edit
-replaces a file, never writes into one), crafts one hostile change, and runs ``python -m ditq.cli ...`` with
-stdin from /dev/null, its working directory inside the case folder and a time limit.
+replaces a file, never writes into one), crafts one hostile change, and runs ``python -m ditq.cli ...`` (or its
+forked stand-in) with stdin from /dev/null, its working directory inside the case folder and a time limit.
 
 Classification, per case:
 
@@ -67,6 +69,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))  # the tests' shared pieces, when run as a script
+from fork_server import ForkServer  # noqa: E402
 from harness_kit import mine, write_fixture_set  # noqa: E402
 from stub_images_server import StubServer  # noqa: E402
 
@@ -2078,7 +2081,20 @@ def build_shared(tmp: Path) -> dict[str, Any]:
     return {"url": server.url, "server": server}
 
 
-def run_case(spec: Case, tmp: Path, env: dict[str, Any], slow_s: float) -> dict[str, Any]:
+def forkable(spec: Case, argv: list[str]) -> bool:
+    """Whether a child of the fork server (fork_server.py) runs the case as ``python -m ditq.cli`` would: not when
+    it sets the environment (read at import), runs the console script or a person's script, starts a server, or
+    ships modules that must never be imported (the server has imported the libraries they are named after)."""
+    return (
+        not (spec.env or spec.console or spec.python is not None or spec.group == "model_code")
+        and argv[0] != "serve"
+    )
+
+
+def run_case(
+    spec: Case, tmp: Path, env: dict[str, Any], slow_s: float, forks: ForkServer | None = None
+) -> dict[str, Any]:
+    """One case; with ``forks``, the cases it can run (``forkable``) run as children of that fork server."""
     d = tmp / "cases" / spec.id
     d.mkdir(parents=True)
     for base in spec.base:
@@ -2095,7 +2111,14 @@ def run_case(spec: Case, tmp: Path, env: dict[str, Any], slow_s: float) -> dict[
         }
     before = snapshot(d)
     extra = {k: v.replace("$CASE", str(d)) for k, v in spec.env.items()}
-    code, seconds, stdout, stderr = cli(argv, spec.timeout, d / spec.cwd, spec.console, extra, spec.python)
+    forked = forks is not None and forkable(spec, argv)
+    if forks is not None and forked:
+        (tmp / "io").mkdir(exist_ok=True)  # the children's stdout and stderr, outside every case's folder
+        code, seconds, stdout, stderr = forks.run(argv, d / spec.cwd, spec.timeout, tmp / "io")
+    else:
+        code, seconds, stdout, stderr = cli(
+            argv, spec.timeout, d / spec.cwd, spec.console, extra, spec.python
+        )
     stdout, stderr = (
         stdout.replace(str(d), "$CASE"),
         stderr.replace(str(d), "$CASE"),
@@ -2114,6 +2137,7 @@ def run_case(spec: Case, tmp: Path, env: dict[str, Any], slow_s: float) -> dict[
         "group": spec.group,
         "command": clean_up("ditq " + " ".join(argv)),
         "expect": spec.expect,
+        "launch": "forked" if forked else "fresh",
         "exit_code": code,
         "seconds": round(seconds, 2),
         "stderr_first_line": clean_up(err_lines[0] if err_lines else "")[:300],
@@ -2170,6 +2194,12 @@ def main() -> int:
     )
     parser.add_argument("--only", default=None, help="comma list of case ids or groups")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="every case a fresh python -m ditq.cli (default: the cases that allow it forked from one process "
+        "that has imported torch, diffusers and ditq's commands: tests/adversarial/fork_server.py)",
+    )
     parser.add_argument("--fail-on-defects", action="store_true", help="exit 1 when any case is a defect")
     args = parser.parse_args()
     if args.out is None:  # results are named <bench>_<card>_<commit>; the suite runs on the CPU
@@ -2182,14 +2212,17 @@ def main() -> int:
     chosen = [
         c for c in CASES if not args.only or c.id in args.only.split(",") or c.group in args.only.split(",")
     ]
+    forks = None if args.fresh else ForkServer(command_env(), tmp)  # its imports run beside the set-up
     env = build_shared(tmp)
+    if forks is not None:
+        forks.wait_ready()
     setup_s = time.perf_counter() - started
     shared_before = snapshot(tmp / "shared")
     demo_before = snapshot(DEMO_MODEL)
     lock = threading.Lock()
 
     def one(spec: Case) -> dict[str, Any]:
-        row = run_case(spec, tmp, env, args.slow)
+        row = run_case(spec, tmp, env, args.slow, forks)
         with lock:
             print(
                 f"{row['classification']:7} {row.get('seconds', 0):6.1f}s  {spec.group:15} {spec.id}: {row['reason']}",
@@ -2200,6 +2233,8 @@ def main() -> int:
     with ThreadPoolExecutor(max_workers=max(1, min(args.jobs, 2))) as pool:
         results = list(pool.map(one, chosen))
     env["server"].__exit__(None, None, None)
+    if forks is not None:
+        forks.close()
     shared_touched = touched_outside(shared_before, snapshot(tmp / "shared"), ())
     demo_touched = touched_outside(demo_before, snapshot(DEMO_MODEL), ())
     result = {
@@ -2208,7 +2243,12 @@ def main() -> int:
         "git_commit": git_commit(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": sys.version.split()[0],
-        "settings": {"jobs": args.jobs, "slow_s": args.slow, "cpu_count": os.cpu_count()},
+        "settings": {
+            "jobs": args.jobs,
+            "slow_s": args.slow,
+            "cpu_count": os.cpu_count(),
+            "fresh": args.fresh,
+        },
         "setup_seconds": round(setup_s, 1),
         "wall_seconds": round(time.perf_counter() - started, 1),
         "shared_inputs_touched": shared_touched,  # a command that wrote through a hard link into the shared inputs

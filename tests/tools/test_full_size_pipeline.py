@@ -436,20 +436,18 @@ def test_a_compiled_pipeline_serves_any_prompt_length_and_reference_layout_from_
 
 
 def test_compile_takes_the_text_encoders_decoder_layers_and_leaves_its_vision_tower(
-    source: Path, quantized: Path
+    source: Path, quantized: Path, images: dict[tuple[str, int], Image.Image]
 ) -> None:
     """--compile compiles Qwen3-VL's language-model layers (not its vision blocks; here quantized, w8a8) with its
-    KV cache off: the same pixels as eager, with and without references, and no graph for a longer prompt, other
-    reference sizes or per layer."""
+    KV cache off: the same pixels as eager (``images``: the eager w8a8 pictures of this prompt and seed), with and
+    without references, and no graph for a longer prompt, other reference sizes or per layer."""
     from ditq.runtime.compile import compiled_graphs
 
-    directory = quantized
     fixture = load_fixtures(source / "fixtures" / "fixtures.json", source / "fixtures" / "refs")["edit-2ref"]
     references = [Image.open(path) for path in fixture.reference_paths]
-    expected = _generate(directory, fixture.prompt, references)
     torch._dynamo.reset()
     # as --compile --compile-backend aot_eager loads it
-    pipeline = ditq.load_pipeline(directory, device="cpu", dtype=torch.float32, compile="aot_eager")
+    pipeline = ditq.load_pipeline(quantized, device="cpu", dtype=torch.float32, compile="aot_eager")
     facts = pipeline.ditq_compile
     encoder = pipeline.text_encoder
     layers = encoder.model.language_model.layers
@@ -462,7 +460,7 @@ def test_compile_takes_the_text_encoders_decoder_layers_and_leaves_its_vision_to
     for count, picture in _draw(pipeline, fixture.prompt, references).items():
         # the traced VAE decoder's decompositions (F.normalize, the upsampling) round differently from eager's:
         # at most one level of 255 (the decode alone: tests/runtime/test_compile.py)
-        difference = np.abs(np.asarray(picture).astype(np.int16) - np.asarray(expected[count]))
+        difference = np.abs(np.asarray(picture).astype(np.int16) - np.asarray(images["w8a8", count]))
         assert difference.max() <= 1 and difference.mean() <= 0.01, count
     graphs = compiled_graphs()
     longer = fixture.prompt + " on a long wooden table by a window, late in the day"
