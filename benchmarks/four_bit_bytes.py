@@ -5,7 +5,7 @@
 Each component is built on the meta device at its full size (``tools/full_size_pipeline.py``'s preset: the
 transformer at diffusers' defaults, the text encoder at Qwen3-VL-8B-Instruct's sizes), its Linears decided as
 ``ditq quantize --components auto`` decides them (``ditq.quantization.targets.plan_targets``), and every tensor
-counted as the artifact stores it: a quantized Linear by its scheme's codec (``codec_for(scheme).specs``, the
+counted as the artifact stores it: a quantized Linear by its scheme's stored tensors (``stored_bytes``, the
 scheme fitted to the layer: 4-bit groups of 128, per channel where 128 does not divide the layer's in_features),
 everything else in BF16. No weights, no device: the bytes follow from the shapes alone (the on-GPU footprint is the
 same, but for the 4-bit paths' repack, which keeps 4 bits: ``ditq.kernels.w4_triton``). Goal (issue 46): transformer
@@ -33,7 +33,7 @@ def component_bytes(model: torch.nn.Module, component: str) -> dict[str, Any]:
     declares unused where the pipeline reads no logits: ``ditq.runtime.unused``)."""
     from diffusers import QwenImage21Pipeline
 
-    from ditq.checkpoint.codecs import codec_for
+    from ditq.checkpoint.stored import stored_bytes
     from ditq.quantization.targets import output_heads, plan_targets, reads_logits
     from ditq.schemes import get_scheme
 
@@ -47,9 +47,7 @@ def component_bytes(model: torch.nn.Module, component: str) -> dict[str, Any]:
         stored = 0
         for prefix, scheme in plan.uniform(get_scheme(name)).items():
             layer = plan.targets[prefix]
-            specs = codec_for(scheme).specs(layer.out_features, layer.in_features, scheme.group_size)
-            for dtype, shape in specs.values():
-                stored += torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            stored += stored_bytes(scheme, layer.out_features, layer.in_features)
         out[name] = bf16 - target_weights + stored
     heads = {} if reads_logits(QwenImage21Pipeline) else output_heads(model)
     unused = sum(
