@@ -1,7 +1,7 @@
 """`ditq plan` on the bundled demo model: the plan, its end-to-end check, what the search cost; optionally the sweep.
 
     python benchmarks/plan_demo.py --schemes fp8,w8a8 --out benchmarks/results/plan_demo_cpu_COMMIT.json \\
-        [--calibrate gptq] [--low-rank R] [--sweep demo-plan-out [--sweep-seeds auto]]
+        [--calibrate gptq] [--low-rank R] [--sweep demo-plan-out [--sweep-seeds auto] [--sweep-standard parity]]
 
 Runs ``ditq plan ditq/demo/model --schemes S --out PLAN.json`` (the demo's fixtures, seeds 2301-2304, 8 steps, the
 parity target measured in process) and records its wall and CPU time, the machine's core count and load average
@@ -35,6 +35,8 @@ from pathlib import Path
 from result_names import result_path
 
 MODEL = "ditq/demo/model"  # relative to the repository root, so the plan names no machine path
+# each fixture's parity decision as compare records it: candidate minus pair (dB), its interval, over n seeds
+PARITY_FIELDS = ("decision", "difference_db", "low_db", "high_db", "floor_db", "n")
 
 
 def _ditq(*args: str) -> list[str]:
@@ -143,8 +145,10 @@ def _summary(plan: dict) -> dict[str, object]:
     }
 
 
-def _run_sweep(out: Path, plan_path: Path, seeds: str | None) -> dict[str, object]:
+def _run_sweep(out: Path, plan_path: Path, seeds: str | None, standard: str | None) -> dict[str, object]:
     argv = _ditq("demo", "--out", str(out), "--plan", str(plan_path), "--no-progress")
+    if standard is not None:
+        argv += ["--standard", standard]
     if seeds is not None:
         argv += ["--seeds", seeds]
     started = time.monotonic()
@@ -158,7 +162,17 @@ def _run_sweep(out: Path, plan_path: Path, seeds: str | None) -> dict[str, objec
         if entry is not None:
             fit = entry["objectives"]["fit_to_serve"]
             planned = {"fit_to_serve": fit["answer"], "reasons": [r["message"] for r in fit["reasons"]]}
+    compared = out / "plan" / "run" / "compare.json"  # the planned candidate's, against the baseline
+    parity = None
+    if compared.is_file():
+        fixtures = json.loads(compared.read_text())["fixtures"]
+        parity = {
+            fixture: {"psnr_db": entry["psnr_db"]["mean"]}
+            | {key: (entry.get("parity") or {}).get(key) for key in PARITY_FIELDS}
+            for fixture, entry in fixtures.items()
+        }
     return {
+        "planned_candidate_parity": parity,
         # the folder as a placeholder: the result names no machine path
         "command": shlex.join(["ditq", *argv[3:]]).replace(str(out), "<sweep dir>"),
         "exit_code": done.returncode,
@@ -179,6 +193,11 @@ def main() -> int:
     parser.add_argument("--sweep", type=Path, help="also run `ditq demo --plan` into this folder")
     parser.add_argument(
         "--sweep-seeds", help="the sweep's --seeds (default: the demo's; auto: settle undecided fixtures)"
+    )
+    parser.add_argument(
+        "--sweep-standard",
+        choices=("lossless", "parity"),
+        help="the sweep's --standard, which its fit-to-serve answers use (default: the demo's)",
     )
     args = parser.parse_args()
     argv = [*sys.argv[1:]]
@@ -201,7 +220,7 @@ def main() -> int:
     if args.sweep is not None:
         if args.sweep.exists():
             shutil.rmtree(args.sweep)
-        payload["sweep"] = _run_sweep(args.sweep, plan_path, args.sweep_seeds)
+        payload["sweep"] = _run_sweep(args.sweep, plan_path, args.sweep_seeds, args.sweep_standard)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=1) + "\n")
     print(json.dumps(payload["result"], indent=1))
