@@ -664,7 +664,7 @@ def _rounding(setting: _Setting, bench: Workbench, targets: dict[str, int]) -> R
 
     options = setting.options
     if options.calibrate == "rtn":
-        return Rounding(PlanRounding(low_rank=options.low_rank))
+        return Rounding(PlanRounding(method="rtn", low_rank=options.low_rank))
     requests = CalibrationOptions(
         fixtures=setting.fixtures_file,
         refs=setting.refs,
