@@ -5,7 +5,7 @@
 Each component is built on the meta device at its full size (``tools/full_size_pipeline.py``'s preset: the
 transformer at diffusers' defaults, the text encoder at Qwen3-VL-8B-Instruct's sizes), its Linears decided as
 ``ditq quantize --components auto`` decides them (``ditq.quantization.targets.plan_targets``), and every tensor
-counted as the artifact stores it: a quantized Linear by its scheme's codec (``codec_for(scheme).specs``, the
+counted as the artifact stores it: a quantized Linear by its scheme's stored tensors (``stored_bytes``, the
 scheme fitted to the layer: 4-bit groups of 128, per channel where 128 does not divide the layer's in_features),
 the 4-bit schemes' token embedding by its ``Scheme.embedding`` (int8 rows, ``w8a16``'s codec), everything else in
 BF16, itemised by kind in ``kept_bf16_bytes`` (the embedding, each reason the planner keeps a Linear for with the
@@ -72,7 +72,7 @@ def component_bytes(model: torch.nn.Module, component: str) -> dict[str, Any]:
     declares unused where the pipeline reads no logits: ``ditq.runtime.unused``), and what each keeps in BF16."""
     from diffusers import QwenImage21Pipeline
 
-    from ditq.checkpoint.codecs import codec_for
+    from ditq.checkpoint.stored import stored_bytes
     from ditq.quantization.targets import output_heads, plan_targets, reads_logits
     from ditq.schemes import get_scheme
 
@@ -93,11 +93,7 @@ def component_bytes(model: torch.nn.Module, component: str) -> dict[str, Any]:
         stored = 0
         for prefix, layer_scheme in plan.uniform(scheme).items():
             layer = plan.targets[prefix]
-            specs = codec_for(layer_scheme).specs(
-                layer.out_features, layer.in_features, layer_scheme.group_size
-            )
-            for dtype, shape in specs.values():
-                stored += torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            stored += stored_bytes(layer_scheme, layer.out_features, layer.in_features)
         out[name] = bf16 - sum(sizes[f"{prefix}.weight"] for prefix in plan.targets) + stored
         out.setdefault("targets", {})[name] = len(plan.targets)
         out.setdefault("kept", {})[name] = len(plan.ignored)

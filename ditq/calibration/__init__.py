@@ -17,6 +17,7 @@ from pathlib import Path
 from ditq.errors import InputError
 from ditq.probe.fixtures import Fixture, fixture_digest, load_fixtures
 from ditq.quantization.calibrated import Calibration
+from ditq.quantization.defaults import CALIBRATION_MEMORY, CALIBRATION_SEEDS, CALIBRATION_STEPS
 from ditq.quantization.quantizer import QuantizeResult
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.options import LoadOptions
@@ -35,13 +36,13 @@ class CalibrationOptions:
     fixtures: Path
     refs: Path
     seeds: tuple[int, ...] = (
-        0,
-        1,
-    )  # apart from the probe's (2301-2304): the judged images are not the calibrated ones
-    steps: int = 8
-    memory_bytes: int = 4 * 2**30
+        CALIBRATION_SEEDS  # apart from the probe's: the judged images are not the calibrated ones
+    )
+    steps: int = CALIBRATION_STEPS
+    memory_bytes: int = CALIBRATION_MEMORY
     act_order: bool = True  # GPTQ's columns by decreasing input energy (``gptq.gptq_quantize``)
     load: LoadOptions = field(default_factory=LoadOptions)
+    only: tuple[str, ...] | None = None  # the fixtures of the file that are run (a plan's); None: every one
 
     def __post_init__(self) -> None:
         if not self.seeds:
@@ -60,6 +61,13 @@ def fixture_requests(
 def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Calibration:
     """The calibration that sends every fixture at every seed through ``adapter`` once per pass."""
     fixtures = load_fixtures(options.fixtures, options.refs)
+    if options.only is not None:
+        missing = sorted(set(options.only) - set(fixtures))
+        if missing:
+            raise InputError(
+                f"{options.fixtures}: no fixture {missing[0]!r}, which the calibration requests name"
+            )
+        fixtures = {f: fixtures[f] for f in options.only}
     requests = fixture_requests(fixtures, options.seeds, options.steps)
 
     def run() -> None:
@@ -79,16 +87,17 @@ def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Ca
 def calibrate_and_save(
     source: str | Path,
     output: str | Path,
-    scheme: str,
+    scheme_or_plan: str | Path,
     options: CalibrationOptions,
     *,
     targets: list[str] | None = None,
     force: bool = False,
     low_rank: int | None = None,
 ) -> QuantizeResult:
-    """``source`` opened as served, its ``--components auto`` components GPTQ-rounded in ``scheme`` on the
-    fixtures' requests (with ``low_rank``: each residual of its rank-``low_rank`` branch), written to ``output`` as
-    ``ditq quantize`` writes an artifact."""
+    """``source`` opened as served, its ``--components auto`` components GPTQ-rounded in a scheme on the
+    fixtures' requests (with ``low_rank``: each residual of its rank-``low_rank`` branch), or a PLAN.json's
+    component as the plan rounds it (its int-weight layers so, its fp8 ones to nearest, its own low rank),
+    written to ``output`` as ``ditq quantize`` writes an artifact."""
     from ditq.pipeline.open import open_pipeline
     from ditq.quantization.in_memory import quantize_, save
     from ditq.runtime.options import resolve_load_options
@@ -99,7 +108,7 @@ def calibrate_and_save(
     log.info("calibrating on %d requests of %d steps", calibration.record["requests"], options.steps)
     quantize_(
         adapter.pipeline,
-        scheme,
+        scheme_or_plan,
         targets=targets,
         device=load.device,
         calibration=calibration,

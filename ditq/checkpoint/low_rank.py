@@ -26,12 +26,14 @@ import torch
 
 from ditq.checkpoint.safetensors_io import TensorEntry
 from ditq.errors import InputError
+from ditq.schemes import Scheme
 
 __all__ = [
     "LOW_RANK_DOWN",
     "LOW_RANK_DTYPE",
     "LOW_RANK_NAMES",
     "LOW_RANK_UP",
+    "branch_rank",
     "check_rank",
     "low_rank_record",
     "low_rank_specs",
@@ -42,6 +44,12 @@ LOW_RANK_UP = "low_rank_up"  # (out, R)
 LOW_RANK_DOWN = "low_rank_down"  # (R, in)
 LOW_RANK_NAMES = (LOW_RANK_UP, LOW_RANK_DOWN)  # in file order, after the codec's tensors
 LOW_RANK_DTYPE = torch.bfloat16
+
+
+def branch_rank(scheme: Scheme, rank: int) -> int:
+    """The rank of the branch a layer of ``scheme`` carries when ``rank`` is asked for: ``rank`` beside 4-bit
+    weights, 0 (none) beside 8-bit ones, whose rounding error is already small (a plan mixes both)."""
+    return rank if scheme.num_bits == 4 else 0
 
 
 def low_rank_specs(

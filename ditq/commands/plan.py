@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 
 from ditq.checkpoint.hub import resolve_model
 from ditq.commands import MAX_SEEDS, PLAN_SCHEMES, TOLERANCE_DB, add_load_arguments, load_options_from_args
+from ditq.commands.quantize import add_rounding_arguments
 from ditq.probe.fixtures import DEFAULT_SEEDS
+from ditq.quantization.defaults import CALIBRATION_SEEDS, CALIBRATION_STEPS
 
 if TYPE_CHECKING:
     from ditq.quantization.plan_file import PlanFile
@@ -65,8 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--budget",
         metavar="SIZE|P%",
-        help="the most the plan may keep in source precision: the component's weight bytes (12MiB, 1.5GB) or "
-        "a share of the planned Linears' parameters (10%%)",
+        help="the component's weight bytes at most (12MiB, 1.5GB; each Linear counted as stored: a 4-bit one half "
+        "a byte a weight plus its scales and any low-rank branch, an 8-bit one a byte plus its scales, a kept one "
+        "its source dtype), or the share of the planned Linears' parameters kept in source precision at most (10%%)",
     )
     parser.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"image seeds (default {DEFAULT_SEEDS})")
     parser.add_argument(
@@ -115,14 +118,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "afresh; default: a temporary folder, removed)",
     )
     add_load_arguments(parser, "where the pipeline runs", flags=("device", "dtype", "variant"))
+    # ditq quantize's own flags: each candidate is measured rounded as the plan's artifact will be, and the plan
+    # records it (``rounding``) for ditq quantize --plan; GPTQ's requests are the plan's fixtures
+    add_rounding_arguments(parser, fixtures=False)
 
 
 def summary(plan: PlanFile, out: Path) -> list[str]:
     """What the command prints: the mix, the verification and the cost."""
     counts = Counter(plan.layers.values())
     mix = ", ".join(f"{n} {scheme}" for scheme, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    rounding = plan.rounding.method + (
+        f", low rank {plan.rounding.low_rank}" if plan.rounding.low_rank else ""
+    )
     lines = [f"{out}: {len(plan.layers)} Linears of {plan.component}: {mix}; {plan.quantized_fraction:.1%} of "
-             f"their parameters quantized"]  # fmt: skip
+             f"their parameters quantized ({rounding})"]  # fmt: skip
     if plan.verification is not None:
         v = plan.verification
         per_fixture = ", ".join(
@@ -174,6 +183,11 @@ def run(args: argparse.Namespace) -> int:
             accept=args.accept,
             max_seeds=args.max_seeds,
             command=("ditq", *sys.argv[1:]),
+            calibrate=args.calibrate or "rtn",
+            low_rank=args.low_rank,
+            calibration_seeds=args.calibration_seeds or CALIBRATION_SEEDS,
+            calibration_steps=args.calibration_steps or CALIBRATION_STEPS,
+            calibration_memory=args.calibration_memory,
         ),
         say=lambda line: print(line, file=sys.stderr, flush=True),
     )

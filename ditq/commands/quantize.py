@@ -11,14 +11,22 @@ from ditq.checkpoint.qconfig import CONFIG_FORMS
 from ditq.devices import add_device_arguments, parse_memory_size
 from ditq.errors import InputError
 from ditq.probe.fixtures import parse_seeds
-from ditq.quantization.defaults import AUTO_MIN_SHARE, CALIBRATIONS, DEFAULTS
+from ditq.quantization.defaults import (
+    AUTO_MIN_SHARE,
+    CALIBRATION_MEMORY,
+    CALIBRATION_SEEDS,
+    CALIBRATION_STEPS,
+    CALIBRATIONS,
+    DEFAULTS,
+)
 from ditq.quantization.links import COPY_MAX_BYTES
 from ditq.schemes import SCHEMES
 
 if TYPE_CHECKING:
+    from ditq.quantization.plan_file import PlanFile
     from ditq.quantization.quantizer import QuantizeResult
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "add_rounding_arguments", "run"]
 
 
 def _comma_list(text: str) -> list[str]:
@@ -101,26 +109,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
     add_device_arguments(parser, DEFAULTS["device"], "where to encode the weights")
+    add_rounding_arguments(parser, fixtures=True)
+    parser.add_argument("--json", action="store_true", help="print the manifest's statistics as JSON")
+
+
+def add_rounding_arguments(parser: argparse.ArgumentParser, fixtures: bool) -> None:
+    """How 4- and 8-bit int weights are rounded: ``--calibrate`` and its requests, ``--low-rank`` (``ditq quantize``
+    and ``ditq plan``, which measures each layer as its plan's artifact will round it). ``fixtures``: add
+    ``--fixtures`` and ``--refs`` (``ditq plan`` calibrates on the fixtures it judges)."""
     calibration = parser.add_argument_group("calibrated rounding (int weights: w4a16, w4a8, w8a16, w8a8)")
     calibration.add_argument(
         "--calibrate",
         choices=CALIBRATIONS,
-        default="rtn",
-        help="rtn: round to nearest (default, no data); gptq: GPTQ's error feedback from each Linear's input "
-        "Hessian, gathered by running the fixtures' requests through the source model on --device",
+        help="rtn: round to nearest (the default, no data); gptq: GPTQ's error feedback from each Linear's input "
+        "Hessian, gathered by running the fixtures' requests through the source model on --device (with a "
+        "plan: its int-weight layers; fp8 ones round to nearest). With --plan: the plan's own, recorded by "
+        "ditq plan --calibrate",
     )
-    calibration.add_argument(
-        "--fixtures",
-        type=Path,
-        help="--calibrate gptq: fixtures JSON (default for the bundled demo model: its own)",
-    )
-    calibration.add_argument(
-        "--refs", type=Path, help="--calibrate gptq: reference image folder (demo: its own)"
-    )
+    if fixtures:
+        calibration.add_argument(
+            "--fixtures",
+            type=Path,
+            help="--calibrate gptq: fixtures JSON (default for the bundled demo model: its own)",
+        )
+        calibration.add_argument(
+            "--refs", type=Path, help="--calibrate gptq: reference image folder (demo: its own)"
+        )
     calibration.add_argument(
         "--calibration-seeds",
         type=_seeds,
-        default=(0, 1),
         metavar="S[,S...]",
         help="--calibrate gptq: the seeds each fixture is run at, e.g. 0,1 or 0-3 (default 0,1: not the probe's "
         "2301-2304)",
@@ -128,13 +145,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     calibration.add_argument(
         "--calibration-steps",
         type=int,
-        default=8,
         help="--calibrate gptq: denoising steps a request (default 8)",
     )
     calibration.add_argument(
         "--calibration-memory",
         type=parse_memory_size,
-        default=4 * 2**30,
+        default=CALIBRATION_MEMORY,
         metavar="SIZE",
         help="--calibrate gptq: the input Hessians held at once (default 4GiB); more layers than fit are "
         "calibrated in further passes over the requests",
@@ -143,11 +159,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--low-rank",
         type=int,
         metavar="R",
-        help="w4a16, w4a8: keep each target's R largest directions (SVDQuant's low-rank branch) in bfloat16 beside "
-        "its quantized residual, stored as <prefix>.low_rank_up and .low_rank_down; R below every target's "
-        "smaller dimension. Readers other than ditq ignore the branch: they get the residual only",
+        help="w4a16, w4a8: keep each 4-bit target's R largest directions (SVDQuant's low-rank branch) in bfloat16 "
+        "beside its quantized residual, stored as <prefix>.low_rank_up and .low_rank_down; R below every such "
+        "target's smaller dimension (8-bit layers carry none). Readers other than ditq ignore the branch: they "
+        "get the residual only. With --plan: the plan's own, recorded by ditq plan --low-rank",
     )
-    parser.add_argument("--json", action="store_true", help="print the manifest's statistics as JSON")
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -158,13 +174,16 @@ def _seeds(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"not a list of seeds: {text!r} (e.g. 0,1 or 0-3)") from None
 
 
-def _calibrated(args: argparse.Namespace) -> QuantizeResult:
-    """--calibrate gptq: the options the in-memory path takes, the rest refused by name."""
+def _calibrated(args: argparse.Namespace, plan: PlanFile | None) -> QuantizeResult:
+    """--calibrate gptq (given, or a plan's): the options the in-memory path takes, the rest refused by name; a
+    plan's requests are the ones it was measured with (its fixtures, seeds and steps)."""
     from ditq import demo
     from ditq.calibration import CalibrationOptions, calibrate_and_save
     from ditq.runtime.options import LoadOptions
 
-    given = [flag for flag, value in (("--plan", args.plan), ("--components", args.components),
+    if plan is not None and args.scheme:
+        raise InputError("--plan and --scheme are mutually exclusive: the plan names each layer's scheme")
+    given = [flag for flag, value in (("--components", args.components),
              ("--ignore", args.ignore), ("--group-size", args.group_size), ("--variant", args.variant),
              ("--link", args.link), ("--copy", args.copy), ("--follow-links", args.follow_links),
              ("--keep-unused", args.keep_unused),
@@ -176,19 +195,32 @@ def _calibrated(args: argparse.Namespace) -> QuantizeResult:
         raise InputError(
             "--calibrate gptq: --fixtures and --refs are needed for a model other than the demo model"
         )
+    requests = None if plan is None else plan.rounding.calibration
+    seeds, steps = args.calibration_seeds or CALIBRATION_SEEDS, args.calibration_steps or CALIBRATION_STEPS
+    if requests is not None:
+        planned = (("--calibration-seeds", args.calibration_seeds, tuple(requests.seeds), "seeds"),
+                   ("--calibration-steps", args.calibration_steps, requests.steps, "steps"))  # fmt: skip
+        for flag, value, measured, field in planned:
+            if value is not None and value != measured:
+                raise InputError(
+                    f"{flag}: {args.plan} was measured with rounding.calibration.{field} {measured}; leave the "
+                    "flag out to quantize it as planned"
+                )
+        seeds, steps = tuple(requests.seeds), requests.steps
     options = CalibrationOptions(
         fixtures=args.fixtures or demo.fixtures_path(),
         refs=args.refs or demo.references_dir(),
-        seeds=args.calibration_seeds,
-        steps=args.calibration_steps,
+        seeds=seeds,
+        steps=steps,
         memory_bytes=args.calibration_memory,
+        act_order=True if requests is None else requests.act_order,
         load=LoadOptions(device=args.device),
+        only=None if requests is None else tuple(requests.fixtures),
     )
-    scheme = args.scheme or DEFAULTS["scheme"]
     return calibrate_and_save(
         args.source,
         args.output,
-        scheme,
+        args.plan if plan is not None else args.scheme or DEFAULTS["scheme"],
         options,
         targets=args.targets,
         force=args.force,
@@ -197,10 +229,15 @@ def _calibrated(args: argparse.Namespace) -> QuantizeResult:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditq.quantization.plan_file import planned_rounding, read_plan
     from ditq.quantization.quantizer import quantize
 
-    if args.calibrate == "gptq":
-        result = _calibrated(args)
+    plan = None if args.plan is None else read_plan(args.plan)
+    method = args.calibrate or "rtn"
+    if plan is not None:  # the plan's rounding; flags that say otherwise are refused
+        method = planned_rounding(plan, str(args.plan), args.calibrate, args.low_rank).method
+    if method == "gptq":
+        result = _calibrated(args, plan)
     else:
         result = quantize(
             args.source,

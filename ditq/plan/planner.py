@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,22 +26,28 @@ from typing import Any
 
 import torch
 
+from ditq.checkpoint.stored import stored_bytes
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import ARTIFACT, RUN, check_output
 from ditq.judge.compare import MAX_SEEDS, TOLERANCE_DB, ParityBand, seeds_to_add
-from ditq.plan.search import Calibration, calibrate, predict, search_assignment
-from ditq.plan.sensitivity import Sensitivity, Unit, Workbench, measure_sensitivity
+from ditq.plan.search import Budget, Calibration, calibrate, predict, search_assignment
+from ditq.plan.sensitivity import Rounding, Sensitivity, Unit, Workbench, measure_sensitivity
 from ditq.probe.fixtures import DEFAULT_SEEDS, Fixture, load_fixtures, parse_seeds
 from ditq.probe.runner import Executor
+from ditq.quantization.defaults import CALIBRATION_MEMORY, CALIBRATION_SEEDS, CALIBRATION_STEPS, CALIBRATIONS
+from ditq.quantization.low_rank import check_low_rank
 from ditq.quantization.plan_file import (
     KEEP,
+    PlanCalibration,
     PlanCost,
     PlanFile,
+    PlanRounding,
     PlanTarget,
     PlanVerification,
     ProxyCalibration,
     write_plan,
 )
+from ditq.quantization.targets import linear_at
 from ditq.runtime.options import LoadOptions, ResolvedLoad, resolve_load_options
 from ditq.schemes import get_scheme
 
@@ -83,12 +89,32 @@ class PlanOptions:
     # number of --seeds: none added
     max_seeds: int = MAX_SEEDS
     command: tuple[str, ...] = ()
+    # how each candidate is rounded when measured, and so in the plan's artifact (``ditq quantize``'s flags):
+    # rtn or gptq (every int-weight candidate GPTQ-rounded from Hessians gathered once, on the fixtures' requests at
+    # ``calibration_seeds``, ``calibration_steps`` steps each); the rank of the low-rank branch of 4-bit layers
+    calibrate: str = "rtn"
+    low_rank: int | None = None
+    calibration_seeds: tuple[int, ...] = CALIBRATION_SEEDS
+    calibration_steps: int = CALIBRATION_STEPS
+    calibration_memory: int = CALIBRATION_MEMORY
 
     def __post_init__(self) -> None:
         if not self.schemes:
             raise InputError("--schemes: name at least one scheme (fp8, w8a8, w8a16)")
-        for name in self.schemes:
-            get_scheme(name)
+        schemes = [get_scheme(name) for name in self.schemes]
+        if self.calibrate not in CALIBRATIONS:
+            raise InputError(f"--calibrate: one of {', '.join(CALIBRATIONS)}, got {self.calibrate!r}")
+        if self.calibrate == "gptq" and all(s.weight_type != "int" for s in schemes):
+            raise InputError(
+                f"--calibrate gptq rounds int weights (w4a16, w4a8, w8a16, w8a8); the candidates "
+                f"{', '.join(self.schemes)} hold none"
+            )
+        if self.low_rank is not None:
+            check_low_rank(self.low_rank, schemes, mixed=True)
+        if not self.calibration_seeds:
+            raise InputError("--calibration-seeds: give at least one seed")
+        if self.calibration_steps < 1:
+            raise InputError(f"--calibration-steps must be at least 1, got {self.calibration_steps}")
         if not Path(self.model).is_dir():
             raise InputError(f"{self.model}: model directory not found")
         for value, flag in ((self.proxy_seeds, "--proxy-seeds"), (self.proxy_steps, "--proxy-steps")):
@@ -128,20 +154,45 @@ def read_budget(text: str) -> tuple[str, float]:
         raise InputError(f"--budget: cannot read {text!r} (examples: 10%, 12MiB, 1.5GB)") from None
 
 
-def parse_budget(text: str, planned_params: int, stored_itemsize: int, fixed_bytes: int) -> int:
-    """``--budget`` as the most parameters the plan may keep: ``P%`` of the planned Linears' parameters, or a
-    SIZE the component's weights may take, each kept parameter costing its stored bytes and each quantized one a
-    byte (scales left out); ``fixed_bytes`` is what the component's other tensors take."""
+def parse_budget(
+    text: str,
+    shapes: Mapping[str, tuple[int, int]],
+    schemes: Sequence[str],
+    stored_itemsize: int,
+    fixed_bytes: int,
+    low_rank: int = 0,
+) -> Budget:
+    """``--budget`` as the search's ``Budget`` over the planned Linears (``shapes``: name -> (out, in)). ``P%``: the
+    kept parameters at most P% of theirs. A SIZE: the component's weights at most that many bytes, each Linear
+    counted as the artifact stores it (``stored_bytes``: a 4-bit one half a byte a weight plus its scales and any
+    low-rank branch, an 8-bit one a byte plus its scales; kept, ``stored_itemsize`` a weight); ``fixed_bytes``
+    is what the component's other tensors take."""
     kind, value = read_budget(text)
+    params = {name: out * inp for name, (out, inp) in shapes.items()}
     if kind == "share":
-        return int(planned_params * value / 100)
-    spare = int(value) - fixed_bytes - planned_params  # left once every planned Linear is one byte a weight
-    if spare < 0:
-        raise InputError(
-            f"--budget {text}: under the component's size with every planned Linear quantized "
-            f"({fixed_bytes + planned_params} bytes)"
+        return Budget(
+            {name: {KEEP: n} for name, n in params.items()}, int(sum(params.values()) * value / 100)
         )
-    return spare // max(stored_itemsize - 1, 1)
+    cost = {
+        name: {
+            **{s: stored_bytes(get_scheme(s).fitted(inp), out, inp, low_rank) for s in schemes},
+            KEEP: params[name] * stored_itemsize,
+        }
+        for name, (out, inp) in shapes.items()
+    }
+    smallest = fixed_bytes + sum(min(c.values()) for c in cost.values())
+    if smallest > value:
+        raise InputError(
+            f"--budget {text}: under the component's size with every planned Linear at its smallest candidate "
+            f"({smallest} bytes)"
+        )
+    first = fixed_bytes + sum(c[schemes[0]] for c in cost.values())
+    if first > value:
+        raise InputError(
+            f"--budget {text}: under the component's size with every planned Linear at {schemes[0]}, where the "
+            f"search starts ({first} bytes); list a smaller scheme first"
+        )
+    return Budget(cost, int(value) - fixed_bytes)
 
 
 def _bundled_defaults(options: PlanOptions, work: Path) -> tuple[Path, Path, int]:
@@ -267,6 +318,8 @@ class _Setting:
     work: Path
     # each fixture's seeds: ``seeds``, and those the verification added to it (see ``_settle``)
     seeds_by_fixture: dict[str, list[int]] = field(default_factory=dict)
+    rounding: Rounding = field(default_factory=Rounding)  # the workbench's: how every layer is rounded
+    component: torch.nn.Module | None = None  # the source component, in memory (its layers' GPTQ rounding)
 
     def __post_init__(self) -> None:
         for fixture_id in self.fixtures:
@@ -338,7 +391,15 @@ def _verify(
     options = setting.options
     artifact = setting.work / f"artifact-{round_index}"
     variant = options.load.variant
-    quantize(options.model, artifact, plan=plan, device=setting.device, variant=variant, force=True)
+    quantize(
+        options.model,
+        artifact,
+        plan=plan,
+        device=setting.device,
+        variant=variant,
+        force=True,
+        **_calibrated_layers(setting, plan),
+    )
     # the artifact records its variant: opened without one, in the setting's device and dtype
     adapter = open_pipeline(
         artifact, dataclasses.replace(setting.load, options=setting.load.options.replace(variant=None))
@@ -347,6 +408,22 @@ def _verify(
     run = setting.work / f"verify-{round_index}"
     _run_seeds(setting, run, candidate, setting.seeds_by_fixture, artifact)
     return _settle(setting, run, band, candidate, source, artifact)
+
+
+def _calibrated_layers(setting: _Setting, plan: PlanFile) -> dict[str, Any]:
+    """Under GPTQ, the quantizer's ``stored`` layers and ``calibration``: every planned layer as the sensitivity
+    measured it (rounded once from the plan's Hessians), written as ``ditq.save`` writes them; else nothing (the
+    quantizer rounds to nearest from the source files, as ``ditq quantize --plan`` does)."""
+    rounding, component = setting.rounding, setting.component
+    if rounding.record.calibration is None:
+        return {}
+    assert component is not None
+    layers = {
+        name: rounding.stored(name, linear_at(component, name), choice)
+        for name, choice in plan.layers.items()
+        if choice != KEEP
+    }
+    return {"stored": {plan.component: layers}, "calibration": rounding.record.calibration.model_dump()}
 
 
 def _run_seeds(
@@ -495,6 +572,12 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
             f"plan: the source-precision run ({setting.dtype}) done; its recorded calls replayed differ from it by "
             f"{max(bench.replay_vs_run.values(), default=0.0):.3g} (relative L2, worst fixture) ({clock()})"
         )
+        bench.rounding = _rounding(setting, bench, targets)
+        setting = dataclasses.replace(setting, rounding=bench.rounding, component=component)
+        if options.calibrate == "gptq":
+            say(
+                f"plan: GPTQ rounding of {len(targets)} Linears x their int schemes, from one calibration ({clock()})"
+            )
         band, target = _target(setting)
         say(f"plan: target {target.kind}: {_fmt(target.per_fixture_db)} dB ({clock()})")
 
@@ -532,9 +615,9 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
             f"prediction off by {fit.residual_db} dB"
         )
         found = (layer_found, whole_found, fit)
-        max_kept = _max_kept(options, targets)
+        budget = _budget(options, {name: (t.out_features, t.in_features) for name, t in rule.targets.items()})
         assignment, verified, rounds = _search_and_verify(
-            setting, target, band, targets, found, max_kept, (bench.executor(), say, clock)
+            setting, target, band, targets, found, budget, (bench.executor(), say, clock)
         )
         if verified.band is not None:
             target = _parity_target(verified.band, setting)  # over every fixture's seeds, as it was judged
@@ -557,18 +640,59 @@ def make_plan(options: PlanOptions, say: Callable[[str], None] = lambda line: No
             device=device,
         )
         plan = _plan_file(
-            options, target, assignment, targets, found, verification, cost, bench.replay_vs_run
+            options,
+            target,
+            assignment,
+            targets,
+            found,
+            verification,
+            cost,
+            setting.rounding.record,
+            bench.replay_vs_run,
         )
         write_plan(options.out, plan)
         return plan
 
 
-def _max_kept(options: PlanOptions, targets: dict[str, int]) -> int | None:
+def _rounding(setting: _Setting, bench: Workbench, targets: dict[str, int]) -> Rounding:
+    """The plan's rounding. Under GPTQ the fixtures' requests (``ditq quantize --calibrate gptq``'s, at the
+    calibration seeds and steps) run through the source pipeline once per Hessian group (once where they all fit
+    ``calibration_memory``), and every layer is rounded in each of its int candidates then: no trial gathers
+    Hessians again."""
+    from ditq.calibration import CalibrationOptions, calibration_for
+    from ditq.quantization.calibrated import calibrated_choices
+
+    options = setting.options
+    if options.calibrate == "rtn":
+        return Rounding(PlanRounding(method="rtn", low_rank=options.low_rank))
+    requests = CalibrationOptions(
+        fixtures=setting.fixtures_file,
+        refs=setting.refs,
+        seeds=options.calibration_seeds,
+        steps=options.calibration_steps,
+        memory_bytes=options.calibration_memory,
+    )
+    calibration = calibration_for(bench.adapter, requests)
+    component = bench.component
+    choices = {
+        name: [get_scheme(s).fitted(linear_at(component, name).in_features) for s in options.schemes]
+        for name in targets
+    }
+    with torch.no_grad():
+        calibrated = calibrated_choices(component, choices, calibration, options.low_rank or 0)
+    record = PlanRounding(
+        method="gptq", low_rank=options.low_rank, calibration=PlanCalibration(**calibration.manifest())
+    )
+    return Rounding(record, calibrated)
+
+
+def _budget(options: PlanOptions, shapes: Mapping[str, tuple[int, int]]) -> Budget | None:
     if options.budget is None:
         return None
     itemsize, component_bytes = _stored_itemsize(Path(options.model), options.component, options.load.variant)
-    planned = sum(targets.values())
-    return parse_budget(options.budget, planned, itemsize, component_bytes - planned * itemsize)
+    planned = sum(out * inp for out, inp in shapes.values())
+    fixed = component_bytes - planned * itemsize
+    return parse_budget(options.budget, shapes, options.schemes, itemsize, fixed, options.low_rank or 0)
 
 
 def _search_and_verify(
@@ -577,7 +701,7 @@ def _search_and_verify(
     band: ParityBand | None,
     targets: dict[str, int],
     found: tuple[Sensitivity, Sensitivity, Calibration],
-    max_kept: int | None,
+    budget: Budget | None,
     tools: tuple[Executor, Callable[[str], None], Callable[[], str]],
 ) -> tuple[dict[str, str], _Verified, list[_Verified]]:
     """Search, verify end to end, correct the predictions by what was measured, and again, up to max_rounds.
@@ -592,11 +716,11 @@ def _search_and_verify(
     tried: list[tuple[dict[str, str], _Verified, bool]] = []  # (mix, its verification, target met)
     round_started = time.monotonic()
     for round_index in range(1, options.max_rounds + 1):
-        assignment = search_assignment(targets, options.schemes, layer_found.proxy, offsets, aim, max_kept)
+        assignment = search_assignment(targets, options.schemes, layer_found.proxy, offsets, aim, budget)
         if any(assignment == earlier for earlier, _, _ in tried):
             break  # the corrected predictions lead back to a mix already verified
         predicted = predict(assignment, layer_found.proxy, offsets)
-        plan = _plan_file(options, target, assignment, targets, found, None, None)
+        plan = _plan_file(options, target, assignment, targets, found, None, None, setting.rounding.record)
         verified = _verify(setting, plan, band, round_index, source)
         if verified.band is not None and verified.band is not band:  # seeds were added: the floors over them
             moved = _parity_target(verified.band, setting)
@@ -710,6 +834,7 @@ def _plan_file(
     found: tuple[Sensitivity, Sensitivity, Calibration],
     verification: PlanVerification | None,
     cost: PlanCost | None,
+    rounding: PlanRounding,
     replay_vs_run: dict[str, float] | None = None,
 ) -> PlanFile:
     layer_found, whole_found, fit = found
@@ -733,4 +858,5 @@ def _plan_file(
         reasons=_reasons(assignment, options.schemes, layer_found, list(target.per_fixture_db)),
         cost=cost,
         command=list(options.command),
+        rounding=rounding,
     )

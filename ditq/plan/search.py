@@ -16,7 +16,8 @@ over the measured units says whether it orders them as the images do (``Calibrat
 ``keep``. Every layer starts at the first scheme. While a fixture is predicted below its target, the move with the
 largest gain per parameter is taken, where the gain is the error power it removes from the fixtures still below
 target, each relative to the error power that fixture may hold: first only moves to a slower scheme, and only
-when none helps any more, moves to ``keep`` (within the budget of kept parameters). Then, largest layers first,
+when none helps any more, moves to ``keep``; a move that would take the mix over its ``Budget`` (what each layer
+costs at each option: kept parameters, or stored bytes) is not taken. Then, largest layers first,
 each layer is moved back to the cheapest option that keeps every prediction on target. The predictions are only
 predictions: the planner runs the final mix end to end and, where it falls short, corrects the offsets by what it
 measured and searches again (``ditq.plan.planner``).
@@ -34,7 +35,7 @@ import numpy as np
 from ditq.judge.compare import PSNR_CAP_DB
 from ditq.quantization.plan_file import KEEP
 
-__all__ = ["Calibration", "ProxyTable", "calibrate", "predict", "search_assignment", "spearman"]
+__all__ = ["Budget", "Calibration", "ProxyTable", "calibrate", "predict", "search_assignment", "spearman"]
 
 # (layer, scheme) -> fixture -> proxy error of that layer alone
 ProxyTable = Mapping[tuple[str, str], Mapping[str, float]]
@@ -46,6 +47,22 @@ class Calibration:
     residual_db: float | None  # median absolute error of the fitted prediction over the measured units
     spearman: float | None  # rank correlation of -proxy and PSNR over the measured units and fixtures
     points: int
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a mix may cost at most: the sum over layers of ``cost[layer][option]`` (an option not listed costs
+    nothing) stays at or under ``limit``. ``--budget P%``: a kept layer costs its parameters; ``--budget SIZE``:
+    every option costs its stored bytes (``ditq.checkpoint.stored.stored_bytes``; kept, the source's)."""
+
+    cost: Mapping[str, Mapping[str, int]]
+    limit: int
+
+    def of(self, layer: str, option: str) -> int:
+        return self.cost[layer].get(option, 0)
+
+    def spent(self, mix: Mapping[str, str]) -> int:
+        return sum(self.of(layer, option) for layer, option in mix.items())
 
 
 def _power(errors: Sequence[float]) -> float:
@@ -130,10 +147,10 @@ def search_assignment(
     layer_proxy: ProxyTable,
     offset_db: Mapping[str, float],
     target_db: Mapping[str, float],
-    max_kept_params: int | None = None,
+    budget: Budget | None = None,
 ) -> dict[str, str]:
     """The cheapest assignment (layer -> scheme or keep) predicted to meet every fixture's target, or the
-    closest the moves allowed. ``layers``: name -> parameters."""
+    closest the moves allowed within ``budget``. ``layers``: name -> parameters."""
     options = [*schemes, KEEP]
     assignment = dict.fromkeys(layers, schemes[0])
     allowed = _allowed_power(offset_db, target_db)
@@ -141,8 +158,12 @@ def search_assignment(
     def power(f: str, mix: Mapping[str, str]) -> float:
         return _power([layer_proxy[(name, s)][f] for name, s in mix.items() if s != KEEP])
 
-    def kept_params(mix: Mapping[str, str]) -> int:
-        return sum(layers[name] for name, s in mix.items() if s == KEEP)
+    def affordable(mix: Mapping[str, str], layer: str, option: str) -> bool:
+        """Whether moving ``layer`` to ``option`` keeps ``mix`` within the budget (or costs nothing more)."""
+        if budget is None:
+            return True
+        more = budget.of(layer, option) - budget.of(layer, mix[layer])
+        return more <= 0 or budget.spent(mix) + more <= budget.limit
 
     def failing(mix: Mapping[str, str]) -> list[str]:
         return [f for f in target_db if power(f, mix) > allowed[f]]
@@ -153,17 +174,13 @@ def search_assignment(
     for allow_keep in (False, True):
         while below := failing(assignment):
             best: tuple[float, str, str] | None = None
-            kept = kept_params(assignment)
             for layer, current in assignment.items():
                 index = options.index(current)
                 moves = options[index + 1 : index + 2]  # the next option down the list
                 if allow_keep and current != KEEP and KEEP not in moves:
                     moves.append(KEEP)  # once schemes no longer help: straight to keep
                 for option in moves:
-                    if option == KEEP and not allow_keep:
-                        continue
-                    over_budget = max_kept_params is not None and kept + layers[layer] > max_kept_params
-                    if option == KEEP and over_budget:
+                    if (option == KEEP and not allow_keep) or not affordable(assignment, layer, option):
                         continue
                     gain = sum(
                         (error(layer, current, f) - error(layer, option, f)) / allowed[f] for f in below
@@ -180,7 +197,7 @@ def search_assignment(
             position = options.index(assignment[layer])
             for option in options[:position]:
                 trial = {**assignment, layer: option}
-                if not failing(trial):
+                if affordable(assignment, layer, option) and not failing(trial):
                     assignment[layer] = option
                     break
     return assignment

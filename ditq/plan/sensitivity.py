@@ -2,7 +2,9 @@
 
 A unit is one Linear, one block's Linears or the whole component's; it is quantized in memory with ditq's own
 arithmetic (``ditq.numerics.quantize_weight``, the codec's stored form, the runtime's ``QuantizedLinear`` and its
-kernel path), so a unit computes exactly as the same layer of a quantized checkpoint does on this device.
+kernel path), so a unit computes exactly as the same layer of a quantized checkpoint does on this device. Its
+rounding is the artifact's (``Rounding``): to nearest, or GPTQ from Hessians gathered once per plan (every
+(layer, scheme) rounded then and kept), with the low-rank branch beside 4-bit layers where asked for.
 
 Two measures per unit and scheme:
 
@@ -36,14 +38,17 @@ from ditq.judge.compare import PSNR_CAP_DB
 from ditq.metrics import fidelity_arrays, load_png_array, psnr
 from ditq.probe.fixtures import Fixture
 from ditq.probe.runner import Reply, run_matrix
-from ditq.quantization.in_memory import quantized_linear
-from ditq.quantization.plan_file import KEEP, LayerSensitivity
+from ditq.quantization.defaults import DEFAULTS
+from ditq.quantization.in_memory import held_linear
+from ditq.quantization.plan_file import KEEP, LayerSensitivity, PlanRounding
+from ditq.quantization.rewrite import StoredLayer, band_workers, encode_weight
 from ditq.runfiles import RunDescription
 from ditq.runtime.adapter import PipelineAdapter
 from ditq.runtime.modules import QuantizedLinear
 from ditq.schemes import SCHEMES
 
 __all__ = [
+    "Rounding",
     "Sensitivity",
     "Unit",
     "Workbench",
@@ -59,15 +64,46 @@ log = logging.getLogger(__name__)
 _CACHE_ARGUMENTS = ("kv_cache", "kv_cache_mode")
 
 
+@dataclass
+class Rounding:
+    """How a unit's Linears are rounded, as ``ditq quantize --plan`` will round them (``record``, the plan's
+    ``rounding``): to nearest, with the low-rank branch beside 4-bit layers where ``record.low_rank`` asks for it;
+    or, for ``calibrated``'s (layer, scheme) pairs, GPTQ's stored layers, rounded once from the plan's Hessians."""
+
+    record: PlanRounding = field(default_factory=PlanRounding)
+    calibrated: dict[str, dict[str, StoredLayer]] = field(default_factory=dict)  # layer -> scheme -> stored
+
+    def stored(self, name: str, linear: torch.nn.Linear, scheme_name: str) -> StoredLayer:
+        """Layer ``name`` (``linear``) in ``scheme_name`` (fitted to it) as the artifact stores it."""
+        found = self.calibrated.get(name, {}).get(scheme_name)
+        if found is not None:
+            return found
+        weight = linear.weight.detach()
+        scheme = SCHEMES[scheme_name].fitted(linear.in_features)
+        with band_workers() as pool:
+            return encode_weight(
+                weight, scheme, weight.device, DEFAULTS["band_bytes"], pool, self.record.low_rank or 0
+            )
+
+    def copy(self, name: str, linear: torch.nn.Linear, scheme_name: str) -> QuantizedLinear:
+        """``stored``'s layer held by the runtime's QuantizedLinear on ``linear``'s device; ``linear`` unchanged."""
+        scheme = SCHEMES[scheme_name].fitted(linear.in_features)
+        return held_linear(linear, self.stored(name, linear, scheme_name), scheme, linear.weight.device)[0]
+
+
 def quantized_copy(linear: torch.nn.Linear, scheme_name: str) -> QuantizedLinear:
-    """``linear`` quantized by the in-memory quantizer (``ditq.quantize_``'s arithmetic: as ``ditq quantize``
-    stores it), held by the runtime's QuantizedLinear on the same device; ``linear`` is not changed."""
-    return quantized_linear(linear, SCHEMES[scheme_name])[0]
+    """``linear`` rounded to nearest by the in-memory quantizer (``ditq.quantize_``'s arithmetic: as ``ditq
+    quantize`` stores it), held by the runtime's QuantizedLinear on the same device; ``linear`` is not changed."""
+    return Rounding().copy("", linear, scheme_name)
 
 
 @contextmanager
-def layers_quantized(component: torch.nn.Module, assignment: Mapping[str, str]) -> Iterator[None]:
-    """Inside the block, each named Linear of ``component`` is its quantized copy (``keep``: left as it is)."""
+def layers_quantized(
+    component: torch.nn.Module, assignment: Mapping[str, str], rounding: Rounding | None = None
+) -> Iterator[None]:
+    """Inside the block, each named Linear of ``component`` is its quantized copy, rounded as ``rounding`` says
+    (None: to nearest) (``keep``: left as it is)."""
+    rounding = rounding if rounding is not None else Rounding()
     swapped: dict[str, torch.nn.Module] = {}
     try:
         for name, scheme in assignment.items():
@@ -79,7 +115,7 @@ def layers_quantized(component: torch.nn.Module, assignment: Mapping[str, str]) 
             if not isinstance(original, torch.nn.Linear):
                 raise InputError(f"{name}: not a Linear of the component ({type(original).__name__})")
             swapped[name] = original
-            setattr(parent, attr, quantized_copy(original, scheme))
+            setattr(parent, attr, rounding.copy(name, original, scheme))
         yield
     finally:
         for name, original in swapped.items():
@@ -200,6 +236,7 @@ class Workbench:
     # itself replayed again (non-determinism; zero where the kernels are deterministic)
     replay_vs_run: dict[str, float] = field(default_factory=dict)
     _replay_floor: dict[str, float] = field(default_factory=dict)
+    rounding: Rounding = field(default_factory=Rounding)  # how every unit is rounded (the plan's rounding)
 
     def __post_init__(self) -> None:
         component = getattr(self.pipeline, self.component_name, None)
@@ -277,7 +314,7 @@ class Workbench:
         """Per fixture: the output's relative L2 error with ``assignment`` quantized, over the replayed steps,
         against the unquantized replay (its own run-to-run difference, zero with deterministic kernels, taken
         out)."""
-        with layers_quantized(self.component, assignment):
+        with layers_quantized(self.component, assignment, self.rounding):
             raw = self._proxy_raw()
         return {f: max(e * e - self._replay_floor.get(f, 0.0) ** 2, 0.0) ** 0.5 for f, e in raw.items()}
 
@@ -285,7 +322,7 @@ class Workbench:
         """Per fixture and seed: the final image's PSNR (dB) against the source-precision image."""
         executor = self.executor()
         out: dict[str, dict[int, float]] = {}
-        with layers_quantized(self.component, assignment):
+        with layers_quantized(self.component, assignment, self.rounding):
             for fixture_id, fixture in self.fixtures.items():
                 for seed in seeds:
                     reply = executor(fixture, seed)

@@ -15,13 +15,14 @@ Hessian: the branch runs in 16 bits on the same inputs, so the residual's output
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ditq.checkpoint.codecs import codec_for
+from ditq.checkpoint.low_rank import branch_rank
 from ditq.errors import InputError
 from ditq.numerics import dequantize_weight, relative_l2
 from ditq.quantization.gptq import gptq_quantize, hessian_hooks
@@ -30,7 +31,7 @@ from ditq.quantization.rewrite import StoredLayer
 from ditq.quantization.targets import linear_at
 from ditq.schemes import Scheme
 
-__all__ = ["Calibration", "calibrated_layers", "hessian_groups"]
+__all__ = ["Calibration", "calibrated_choices", "calibrated_layers", "hessian_groups"]
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +84,11 @@ def _encode(
     weight: torch.Tensor, hessian: torch.Tensor, scheme: Scheme, calibration: Calibration, low_rank: int
 ) -> StoredLayer:
     """One weight GPTQ-rounded with its Hessian, as its codec stores it (on the CPU), with its relative L2; with
-    ``low_rank``, its residual rounded so and its branch after the codec's tensors."""
+    ``low_rank`` (a 4-bit ``scheme``: ``branch_rank``), its residual rounded so and its branch after the codec's
+    tensors."""
     reference = weight.detach().to(torch.float32)
-    split = split_low_rank(reference, low_rank) if low_rank else None
+    rank = branch_rank(scheme, low_rank)
+    split = split_low_rank(reference, rank) if rank else None
     q, scale = gptq_quantize(
         reference if split is None else split.residual,
         hessian,
@@ -106,17 +109,34 @@ def calibrated_layers(
     module: torch.nn.Module, schemes: Mapping[str, Scheme], calibration: Calibration, low_rank: int = 0
 ) -> dict[str, StoredLayer]:
     """Target -> its GPTQ-rounded stored layer, for ``module``'s targets (prefix -> scheme: int weights only), with
-    a branch of rank ``low_rank`` (0: none); ``module`` is not changed. A target the requests never reach is an
-    InputError."""
+    a branch of rank ``low_rank`` beside the 4-bit ones (0: none); ``module`` is not changed. A target the
+    requests never reach is an InputError."""
     floats = sorted(prefix for prefix, scheme in schemes.items() if scheme.weight_type != "int")
     if floats:
         raise InputError(
             f"--calibrate gptq rounds int weights (w4a16, w4a8, w8a16, w8a8); {floats[0]} is "
             f"{schemes[floats[0]].name}"
         )
-    layers = {prefix: linear_at(module, prefix) for prefix in schemes}
+    found = calibrated_choices(module, {p: [s] for p, s in schemes.items()}, calibration, low_rank)
+    return {prefix: found[prefix][scheme.name] for prefix, scheme in schemes.items()}
+
+
+def calibrated_choices(
+    module: torch.nn.Module,
+    choices: Mapping[str, Sequence[Scheme]],
+    calibration: Calibration,
+    low_rank: int = 0,
+) -> dict[str, dict[str, StoredLayer]]:
+    """Target -> scheme name -> its GPTQ-rounded stored layer, for every int scheme among each target's
+    ``choices`` (fp8 ones are left out: GPTQ here rounds to an int grid); each Hessian is gathered once and rounds
+    every choice of its target (``ditq plan`` measures several). Hessians are held ``calibration.memory_bytes``
+    at most at once (``hessian_groups``: one pass over the requests per group), the stored layers on the CPU.
+    ``module`` is not changed; a target the requests never reach is an InputError."""
+    wanted = {p: [s for s in c if s.weight_type == "int"] for p, c in choices.items()}
+    wanted = {p: c for p, c in wanted.items() if c}
+    layers = {prefix: linear_at(module, prefix) for prefix in wanted}
     groups = hessian_groups({p: m.in_features for p, m in layers.items()}, calibration.memory_bytes)
-    stored: dict[str, StoredLayer] = {}
+    stored: dict[str, dict[str, StoredLayer]] = {}
     for number, group in enumerate(groups, 1):
         log.info("calibration pass %d of %d: %d layers", number, len(groups), len(group))
         with hessian_hooks(module, group) as found:
@@ -126,7 +146,10 @@ def calibrated_layers(
                 raise InputError(
                     f"{prefix}: the calibration requests never ran this layer; it has no Hessian"
                 )
-            weight = layers[prefix].weight
-            stored[prefix] = _encode(weight, found[prefix].hessian, schemes[prefix], calibration, low_rank)
+            weight, hessian = layers[prefix].weight, found[prefix].hessian
+            stored[prefix] = {
+                scheme.name: _encode(weight, hessian, scheme, calibration, low_rank)
+                for scheme in wanted[prefix]
+            }
         del found
     return stored

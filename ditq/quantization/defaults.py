@@ -8,9 +8,23 @@ from typing import Any
 
 from ditq.quantization.links import COPY_MAX_BYTES
 
-__all__ = ["AUTO", "AUTO_MIN_SHARE", "CALIBRATIONS", "DEFAULTS", "REL_L2_BOUNDS"]
+__all__ = [
+    "AUTO",
+    "AUTO_MIN_SHARE",
+    "CALIBRATIONS",
+    "CALIBRATION_MEMORY",
+    "CALIBRATION_SEEDS",
+    "CALIBRATION_STEPS",
+    "DEFAULTS",
+    "REL_L2_BOUNDS",
+]
 
 CALIBRATIONS = ("rtn", "gptq")  # --calibrate: round to nearest (no data), or GPTQ on calibration requests
+# --calibrate gptq's requests: each fixture at these seeds (apart from the probe's 2301-2304: the judged images are
+# not the calibrated ones), this many denoising steps; the input Hessians held at once
+CALIBRATION_SEEDS = (0, 1)
+CALIBRATION_STEPS = 8
+CALIBRATION_MEMORY = 4 * 2**30
 
 # `--components auto`: a component is quantized when its target Linears hold at least this share of the pipeline's
 # parameters (Qwen-Image-2.1: transformer 43 %, text encoder 45 %, VAE 0 %; the demo's text encoder 2 %).

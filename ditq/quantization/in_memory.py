@@ -28,13 +28,13 @@ import torch
 
 from ditq.checkpoint.codecs import SCALE
 from ditq.checkpoint.layout import MODEL_INDEX
-from ditq.checkpoint.low_rank import check_rank
+from ditq.checkpoint.low_rank import branch_rank, check_rank
 from ditq.devices import resolve_device
 from ditq.errors import DitqError, InputError
 from ditq.quantization.calibrated import Calibration, calibrated_layers
 from ditq.quantization.low_rank import check_low_rank
 from ditq.quantization.plan_apply import apply_plan
-from ditq.quantization.plan_file import PlanFile, read_plan
+from ditq.quantization.plan_file import PlanFile, planned_rounding, read_plan
 from ditq.quantization.quantizer import DEFAULTS, QuantizeResult, auto_components
 from ditq.quantization.quantizer import quantize as write_artifact
 from ditq.quantization.rewrite import StoredLayer, band_workers, encode_weight
@@ -44,7 +44,14 @@ from ditq.runtime.loader import KernelChooser, prepare_quantized
 from ditq.runtime.modules import QuantizedLinear, linear_from_stored, quantized_linears
 from ditq.schemes import SCHEMES, Scheme, get_scheme
 
-__all__ = ["InMemoryQuantization", "quantize_", "quantized_embedding", "quantized_linear", "save"]
+__all__ = [
+    "InMemoryQuantization",
+    "held_linear",
+    "quantize_",
+    "quantized_embedding",
+    "quantized_linear",
+    "save",
+]
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +121,7 @@ def quantized_linear(
     weight = linear.weight.detach()
     device = device if device is not None else weight.device
     stored = encode_weight(weight, scheme, device, DEFAULTS["band_bytes"], pool, low_rank)
-    return _held(linear, stored, scheme, device)
+    return held_linear(linear, stored, scheme, device)
 
 
 def quantized_embedding(
@@ -129,7 +136,7 @@ def quantized_embedding(
     return embedding_from_stored(tensors, scheme, weight.dtype, embedding.padding_idx), stored.rel_l2
 
 
-def _held(
+def held_linear(
     linear: torch.nn.Linear, stored: StoredLayer, scheme: Scheme, device: torch.device
 ) -> tuple[QuantizedLinear, float]:
     """(the runtime's QuantizedLinear holding ``stored`` and ``linear``'s bias on ``device``, its error)."""
@@ -163,6 +170,8 @@ def _quantize_module(
     else:
         schemes = apply_plan(rule, plan, where)[1]
     for prefix in schemes if low_rank else ():  # before any SVD: its rank bound, a weight it can decompose
+        if not branch_rank(schemes[prefix], low_rank):
+            continue
         target = linear_at(module, prefix)
         check_rank(low_rank, f"{component}.{prefix}", target.out_features, target.in_features)
         if not torch.isfinite(target.weight).all():
@@ -174,8 +183,10 @@ def _quantize_module(
     run_device = device if device is not None else first.device
     errors: dict[str, float] = {}
     layers: dict[str, QuantizedLinear | QuantizedEmbedding] = {}
-    # calibrated: every layer rounded before any is swapped (the requests run the source layers)
-    calibrated = calibrated_layers(module, schemes, calibration, low_rank) if calibration else {}
+    # calibrated: every layer rounded before any is swapped (the requests run the source layers); a plan's fp8
+    # layers round to nearest (GPTQ rounds to int grids), as ``ditq plan --calibrate gptq`` measured them
+    rounded = schemes if plan is None else {p: s for p, s in schemes.items() if s.weight_type == "int"}
+    calibrated = calibrated_layers(module, rounded, calibration, low_rank) if calibration and rounded else {}
     with band_workers() as pool:
         for prefix, layer_scheme in rows.items():
             layers[prefix], errors[prefix] = quantized_embedding(
@@ -186,7 +197,9 @@ def _quantize_module(
         for prefix, layer_scheme in schemes.items():
             linear = linear_at(module, prefix)
             if prefix in calibrated:
-                layers[prefix], errors[prefix] = _held(linear, calibrated[prefix], layer_scheme, run_device)
+                layers[prefix], errors[prefix] = held_linear(
+                    linear, calibrated[prefix], layer_scheme, run_device
+                )
             else:
                 layers[prefix], errors[prefix] = quantized_linear(
                     linear, layer_scheme, run_device, pool, low_rank
@@ -207,6 +220,16 @@ def _quantize_module(
     )  # the repack: on the first forward
     log.info("%s: %d Linear layers quantized in memory (%d kept)", component, len(layers), len(rule.ignored))
     return errors, run_device
+
+
+def _same_requests(planned: dict[str, Any], given: dict[str, Any]) -> None:
+    """A plan's GPTQ layers rounded from other requests than it measured them with are another rounding."""
+    for key, value in planned.items():
+        if given.get(key) != value:
+            raise InputError(
+                f"calibration: {key} is {given.get(key)!r}; the plan's rounding.calibration.{key} is {value!r} "
+                "(quantize a plan with the calibration requests it was measured with)"
+            )
 
 
 def _options(
@@ -277,9 +300,12 @@ def quantize_(
     (``--low-rank``; 4-bit schemes, below every target's smaller dimension).
     """
     scheme, plan, plan_path = _scheme_or_plan(scheme_or_plan)
-    if low_rank is not None:
-        if plan is not None:
-            raise InputError("low_rank: not with a plan (its schemes are 8-bit)")
+    if plan is not None:  # the plan's rounding, which its sensitivity was measured with
+        rounding = planned_rounding(plan, "plan", "gptq" if calibration else "rtn", low_rank)
+        low_rank = rounding.low_rank
+        if calibration is not None and rounding.calibration is not None:
+            _same_requests(rounding.calibration.model_dump(), calibration.manifest())
+    elif low_rank is not None:
         assert scheme is not None
         low_rank = check_low_rank(low_rank, [scheme])
     patterns = [targets] if isinstance(targets, str) else list(targets or [])

@@ -37,12 +37,19 @@ class LowRankSplit:
         return {LOW_RANK_UP: self.up, LOW_RANK_DOWN: self.down}
 
 
-def check_low_rank(rank: object, schemes: Iterable[Scheme]) -> int:
-    """``--low-rank``'s value, checked once at the edge: a positive int, with 4-bit schemes only."""
+def check_low_rank(rank: object, schemes: Iterable[Scheme], mixed: bool = False) -> int:
+    """``--low-rank``'s value, checked once at the edge: a positive int, with 4-bit schemes only; ``mixed`` (a
+    plan's candidates): with at least one 4-bit scheme, whose layers carry the branch (``branch_rank``)."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise InputError(f"--low-rank must be a positive integer (a rank), got {rank!r}")
+    schemes = list(schemes)
     wide = sorted({s.name for s in schemes if s.num_bits != 4})
-    if wide:
+    if mixed and len(wide) == len({s.name for s in schemes}):
+        raise InputError(
+            f"--low-rank goes with the 4-bit schemes (w4a16, w4a8), as SVDQuant uses it; the candidates "
+            f"{', '.join(wide)} hold none"
+        )
+    if wide and not mixed:
         raise InputError(
             f"--low-rank goes with the 4-bit schemes (w4a16, w4a8), as SVDQuant uses it; not with {wide[0]}"
         )

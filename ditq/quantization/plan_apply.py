@@ -41,7 +41,12 @@ def apply_plan(rule: TargetPlan, plan: PlanFile, where: str) -> tuple[TargetPlan
                 f"{where}: layers.{name}: the quantizer keeps it in source precision ({rule.ignored[name]}); "
                 f"plan it as {KEEP!r} or leave it out"
             )
-    schemes = {name: get_scheme(choice) for name, choice in plan.layers.items() if choice != KEEP}
+    # a 4-bit scheme as it fits the layer (``Scheme.fitted``), as ``TargetPlan.uniform`` fits it
+    schemes = {
+        name: get_scheme(choice).fitted(rule.targets[name].in_features)
+        for name, choice in plan.layers.items()
+        if choice != KEEP
+    }
     if not schemes:
         raise InputError(
             f"{where}: layers: the plan quantizes no layer of {rule.component} (every one is keep)"

@@ -34,14 +34,17 @@ __all__ = [
     "PLAN_FILE",
     "PLAN_FORMAT",
     "LayerSensitivity",
+    "PlanCalibration",
     "PlanCost",
     "PlanFile",
+    "PlanRounding",
     "PlanTarget",
     "PlanVerification",
     "ProxyCalibration",
     "parse_plan",
     "plan_bytes",
     "plan_sha256",
+    "planned_rounding",
     "read_plan",
     "write_plan",
 ]
@@ -116,6 +119,38 @@ class ProxyCalibration(_Plan):
     replay_vs_run: dict[str, float] = {}
 
 
+class PlanCalibration(_Plan):
+    """The calibration requests GPTQ's Hessians came from (``calibrated.Calibration.manifest``): the fixtures (ids
+    and their digest, references included), the seeds each ran at, the denoising steps, GPTQ's damping and column
+    order. ``ditq quantize --plan`` runs the same requests, so that its rounding is the one measured."""
+
+    method: Literal["gptq"] = "gptq"
+    fixtures: list[str]
+    fixtures_digest: str
+    seeds: list[int]
+    steps: int = Field(ge=1)
+    requests: int = Field(ge=1)
+    damp: float = Field(gt=0, lt=1)
+    act_order: bool
+
+
+class PlanRounding(_Plan):
+    """How the plan's layers were rounded when their sensitivity was measured, which is how ``ditq quantize
+    --plan`` rounds them. ``rtn``: round to nearest; ``gptq``: every int-weight layer (w4a16, w4a8, w8a16, w8a8)
+    GPTQ-rounded from the input Hessians of ``calibration``'s requests, fp8 layers to nearest. ``low_rank``: the
+    rank of SVDQuant's 16-bit branch beside every 4-bit layer (8-bit layers carry none)."""
+
+    method: Literal["rtn", "gptq"] = "rtn"
+    low_rank: int | None = Field(default=None, ge=1)
+    calibration: PlanCalibration | None = None
+
+    @model_validator(mode="after")
+    def _calibrated(self) -> PlanRounding:
+        if (self.method == "gptq") != (self.calibration is not None):
+            raise ValueError("calibration: gptq records its calibration requests, rtn none")
+        return self
+
+
 class PlanCost(_Plan):
     """What the search cost: wall seconds, and pipeline or transformer forwards run."""
 
@@ -138,6 +173,7 @@ class PlanFile(_Plan):
     reasons: dict[str, str] = {}  # layer -> why it is not at the fastest scheme (kept or slower)
     cost: PlanCost | None = None
     command: list[str] = []
+    rounding: PlanRounding = PlanRounding()  # a plan written before it was recorded: round to nearest
 
     @model_validator(mode="after")
     def _known_schemes(self) -> PlanFile:
@@ -147,7 +183,38 @@ class PlanFile(_Plan):
         for layer, name in self.layers.items():
             if name != KEEP and name not in self.schemes:
                 raise ValueError(f"layers.{layer}: {name!r} is neither 'keep' nor one of schemes")
+        bits = {SCHEMES[name].num_bits for name in self.schemes}
+        if self.rounding.low_rank is not None and 4 not in bits:
+            raise ValueError(
+                f"rounding.low_rank: goes with the 4-bit schemes; schemes are {', '.join(self.schemes)}"
+            )
+        if self.rounding.method == "gptq" and all(
+            SCHEMES[name].weight_type != "int" for name in self.schemes
+        ):
+            raise ValueError(
+                f"rounding.method: gptq rounds int weights; schemes are {', '.join(self.schemes)}"
+            )
         return self
+
+
+def planned_rounding(plan: PlanFile, where: str, method: str | None, low_rank: int | None) -> PlanRounding:
+    """The plan's rounding, which ``ditq quantize --plan`` applies; ``method`` and ``low_rank`` (``--calibrate``,
+    ``--low-rank``; None: not given) may only repeat it: another is a one-line InputError naming the field."""
+    rounding = plan.rounding
+    if method is not None and method != rounding.method:
+        raise InputError(
+            f"--calibrate {method}: {where} was measured with rounding.method {rounding.method}; leave the flag "
+            "out to quantize it as planned, or plan again with it"
+        )
+    if low_rank is not None and low_rank != rounding.low_rank:
+        planned = (
+            "no low-rank branch" if rounding.low_rank is None else f"rounding.low_rank {rounding.low_rank}"
+        )
+        raise InputError(
+            f"--low-rank {low_rank}: {where} was measured with {planned}; leave the flag out to quantize it as "
+            "planned, or plan again with it"
+        )
+    return rounding
 
 
 def parse_plan(raw: Any, where: str) -> PlanFile:

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ditq.checkpoint.codecs import codec_for
 from ditq.checkpoint.component import check_component_classes
 from ditq.checkpoint.hub import HubSource, refuse_missing_source, resolve_source
 from ditq.checkpoint.layout import (
@@ -50,7 +49,7 @@ from ditq.checkpoint.layout import (
     quantization_config_of,
     read_model_index,
 )
-from ditq.checkpoint.low_rank import check_rank, low_rank_record, low_rank_specs
+from ditq.checkpoint.low_rank import branch_rank, check_rank, low_rank_record
 from ditq.checkpoint.manifest import (
     ERRORS_FILE,
     SCHEMA_VERSION,
@@ -68,6 +67,7 @@ from ditq.checkpoint.qconfig import (
 )
 from ditq.checkpoint.seal import seal_key
 from ditq.checkpoint.source_tree import scan_tree
+from ditq.checkpoint.stored import stored_specs
 from ditq.devices import resolve_device
 from ditq.errors import DitqError, InputError
 from ditq.fsutil import (
@@ -83,7 +83,7 @@ from ditq.quantization.defaults import AUTO, AUTO_MIN_SHARE, DEFAULTS
 from ditq.quantization.links import place_entries
 from ditq.quantization.low_rank import check_low_rank
 from ditq.quantization.plan_apply import apply_plan
-from ditq.quantization.plan_file import KEEP, PlanFile, plan_sha256, read_plan
+from ditq.quantization.plan_file import KEEP, PlanFile, plan_sha256, planned_rounding, read_plan
 from ditq.quantization.rewrite import ComponentResult, StoredLayer, read_component_headers, rewrite_component
 from ditq.quantization.targets import (
     MIN_FEATURES,
@@ -270,7 +270,7 @@ def _check_stored(
     stored: Mapping[str, Mapping[str, StoredLayer]], layouts: dict[str, _Layout], low_rank: int
 ) -> None:
     """Layers quantized in memory (``ditq.save``) must be exactly the layouts' targets, each in its scheme (and
-    with a branch of rank ``low_rank``)."""
+    with a branch of rank ``low_rank`` where it is 4-bit)."""
     if set(stored) != set(layouts):
         raise InputError(
             f"pipeline: quantized in memory: {', '.join(sorted(stored))}; ditq quantize would quantize "
@@ -290,8 +290,7 @@ def _check_stored(
                 layout.targets.targets[prefix].out_features,
                 layout.targets.targets[prefix].in_features,
             )
-            specs = codec_for(scheme).specs(out_features, in_features, scheme.group_size)
-            specs |= low_rank_specs(out_features, in_features, low_rank)
+            specs = stored_specs(scheme, out_features, in_features, low_rank)
             got = {n: (t.dtype, tuple(t.shape)) for n, t in stored[component][prefix].tensors.items()}
             if list(got.items()) != list(specs.items()):
                 raise InputError(
@@ -481,7 +480,10 @@ def _manifest(
                 "block_lists": layout.targets.block_lists,
                 "quantized": sorted(layout.targets.targets),
                 "ignored": dict(sorted(layout.targets.ignored.items())),
-                "low_rank": low_rank_record(options["low_rank"], len(layout.targets.targets)),
+                "low_rank": low_rank_record(
+                    options["low_rank"],
+                    sum(1 for s in layout.schemes.values() if branch_rank(s, options["low_rank"] or 0)),
+                ),
                 "statistics": _statistics({name: results[name]}),
             }
             for name, layout in layouts.items()
@@ -568,9 +570,9 @@ def quantize(
     from the source, and are written as they are instead of being quantized again; ``calibration`` is how they
     were rounded (``calibrated.Calibration.manifest``: GPTQ and its requests), recorded as the manifest's
     ``options.calibration`` (round to nearest, ``{"method": "rtn"}``, where none is given).
-    ``low_rank`` (a rank R, 4-bit schemes, not with a plan) keeps every target's SVDQuant branch of rank R in
-    bfloat16 beside its quantized residual (``ditq.quantization.low_rank``); R must be below every target's
-    smaller dimension. The manifest records it in ``options.low_rank`` and each component's ``low_rank``.
+    ``low_rank`` (a rank R, 4-bit schemes; with a plan, its 4-bit layers) keeps every such target's SVDQuant
+    branch of rank R in bfloat16 beside its quantized residual (``ditq.quantization.low_rank``); R must be below
+    every such target's smaller dimension. The manifest records it in ``options.low_rank`` and each component's ``low_rank``.
     """
     if copy and link:
         raise InputError("--link and --copy are mutually exclusive")
@@ -587,9 +589,15 @@ def quantize(
     checked = None if plan is None else _checked_plan(plan, scheme, named, targets, ignore, group_size)
     chosen = None if checked is not None else get_scheme(scheme or DEFAULTS["scheme"], group_size)
     rank = 0  # the low-rank branch's, 0: none
-    if low_rank is not None:
-        if checked is not None:
-            raise InputError("--low-rank and --plan are mutually exclusive: a plan's schemes are 8-bit")
+    if checked is not None:  # the plan's own, which its sensitivity was measured with
+        rank = planned_rounding(checked.plan, checked.where, None, low_rank).low_rank or 0
+        if calibration is None and stored is None and checked.plan.rounding.method != "rtn":
+            raise InputError(
+                f"{checked.where}: rounding.method: {checked.plan.rounding.method}: the plan's layers are rounded "
+                "from calibration requests (ditq quantize --plan runs them; in Python, ditq.quantize_ with a "
+                "calibration, then ditq.save)"
+            )
+    elif low_rank is not None:
         assert chosen is not None
         rank = check_low_rank(low_rank, [chosen])
     given_output = Path(output)
@@ -664,7 +672,8 @@ def quantize(
             }
             for layout in layouts.values() if rank else ():
                 for prefix, layer in layout.targets.targets.items():
-                    check_rank(rank, prefix, layer.out_features, layer.in_features)
+                    if branch_rank(layout.schemes[prefix], rank):
+                        check_rank(rank, prefix, layer.out_features, layer.in_features)
             if stored is not None:
                 _check_stored(stored, layouts, rank)
             with atomic_directory(output, ARTIFACT, [source], force=force) as tmp:

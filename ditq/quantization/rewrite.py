@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from ditq.checkpoint.codecs import SCALE, codec_for, is_quantized_tensor
 from ditq.checkpoint.layout import weight_files
-from ditq.checkpoint.low_rank import low_rank_specs
+from ditq.checkpoint.low_rank import branch_rank
 from ditq.checkpoint.safetensors_io import (
     OutputTensor,
     SafetensorsHeader,
@@ -39,6 +39,7 @@ from ditq.checkpoint.safetensors_io import (
     read_header,
     read_rows,
 )
+from ditq.checkpoint.stored import stored_specs
 from ditq.errors import InputError
 from ditq.fsutil import open_regular
 from ditq.numerics import dequantize_weight, quantize_weight
@@ -110,8 +111,7 @@ def _outputs(
     prefix = name[: -len(".weight")]
     if name.endswith(".weight") and prefix in plan.targets:
         layer, scheme = plan.targets[prefix], schemes[prefix]
-        specs = codec_for(scheme).specs(layer.out_features, layer.in_features, scheme.group_size)
-        specs |= low_rank_specs(layer.out_features, layer.in_features, low_rank)
+        specs = stored_specs(scheme, layer.out_features, layer.in_features, low_rank)
         return [OutputTensor(f"{prefix}.{local}", dtype, shape) for local, (dtype, shape) in specs.items()]
     return [OutputTensor(name, entry.dtype, entry.shape)]
 
@@ -208,11 +208,13 @@ def encode_weight(
 ) -> StoredLayer:
     """A whole (out, in) weight quantized as ``rewrite_component`` quantizes it from a file of the weight's dtype:
     the same bands of rows (``band_bytes`` of source bytes each), encoded on ``pool`` (``band_workers``), their
-    errors summed in the same order; with ``low_rank``, the residual of its branch encoded so. The stored tensors
+    errors summed in the same order; with ``low_rank`` (a 4-bit ``scheme``: ``branch_rank``), the residual of its
+    branch encoded so. The stored tensors
     come back on the CPU."""
     entry_bytes = weight.element_size() * weight.shape[1]
     rows = max(1, band_bytes // max(1, entry_bytes))
-    split = split_low_rank(weight.to(device), low_rank) if low_rank else None
+    rank = branch_rank(scheme, low_rank)
+    split = split_low_rank(weight.to(device), rank) if rank else None
     values = weight if split is None else split.residual
     bands = [
         (values[i : i + rows], None if split is None else weight[i : i + rows])
@@ -353,11 +355,12 @@ class _Streamer:
             tuple[torch.Tensor, torch.Tensor | None]
         ]  # (rows to encode, the weight's where they differ)
         # With a branch the SVD needs the whole weight: it is read at once, its residual encoded in the same bands.
-        if self.low_rank:
+        rank = branch_rank(scheme, self.low_rank)
+        if rank:
             weight = next(read_rows(handle, entry, entry.shape[0]))[1]
             if not torch.isfinite(weight).all():
                 raise InputError(f"{handle.name}: tensor {entry.name} holds NaN or Inf")
-            split = split_low_rank(weight.to(self.device), self.low_rank)
+            split = split_low_rank(weight.to(self.device), rank)
             residual = split.residual
             bands = [(residual[i : i + rows], weight[i : i + rows]) for i in range(0, entry.shape[0], rows)]
         else:
@@ -393,7 +396,8 @@ def rewrite_component(
     low_rank: int = 0,
 ) -> ComponentResult:
     """Write the component's weights into ``out_dir`` (one file or shards, and their index); ``schemes`` gives
-    each of ``plan.targets`` its scheme, ``low_rank`` the rank of every target's low-rank branch (0: none).
+    each of ``plan.targets`` its scheme, ``low_rank`` the rank of the low-rank branch of every 4-bit target (0:
+    none; ``branch_rank``).
     ``stored`` holds targets already quantized in memory (``ditq.save``): they are written as they are, every
     other target is quantized from the source, every other tensor copied."""
     entries = read_component_headers(src_dir, variant)

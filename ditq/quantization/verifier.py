@@ -18,7 +18,7 @@ Checks, each reported pass/fail with a one-line detail:
   and positive; ditq's decoder and compressed-tensors' decoder agree bit for
   bit (a token embedding stored as int8 rows, ``Scheme.embedding``, is decoded and bounded as the Linear its rows
   would be); every Linear of the model is either quantized or in ``ignore``; a low-rank branch
-  (``ditq.checkpoint.low_rank``) is where the manifest's ``low_rank`` says, on every quantized layer or none, of
+  (``ditq.checkpoint.low_rank``) is where the manifest's ``low_rank`` says, on every 4-bit layer or none, of
   its rank, dtype and shapes. compressed-tensors decodes the stored residual only: the decoders are compared on it,
   and the layer's weight (branch included) is ditq's alone;
 - with ``source``: every dequantized weight (with its low-rank branch) is within its scheme's relative
@@ -67,7 +67,7 @@ from ditq.checkpoint.layout import (
     read_json,
     read_model_index,
 )
-from ditq.checkpoint.low_rank import LOW_RANK_DOWN, LOW_RANK_NAMES, LOW_RANK_UP, stored_rank
+from ditq.checkpoint.low_rank import LOW_RANK_DOWN, LOW_RANK_NAMES, LOW_RANK_UP, branch_rank, stored_rank
 from ditq.checkpoint.manifest import (
     ERRORS_FILE,
     MANIFEST,
@@ -443,7 +443,7 @@ def _check_tensors(
     problems: list[str] = []
     source_problems: list[str] = []
     recorded = (info.get("low_rank") or {}).get("rank", 0)
-    ranks: Counter[int] = Counter()
+    ranks: Counter[tuple[int, int]] = Counter()  # (rank found, rank expected: ``branch_rank``) -> layers
     for prefix, names in progress_bar(len(layers), f"verify {component}", "layer", iterable=layers.items()):
         scheme = schemes[prefix]
         codec, bound = codec_for(scheme), REL_L2_BOUNDS[scheme.name]
@@ -465,7 +465,7 @@ def _check_tensors(
         except InputError as error:
             problems.append(str(error))
             rank = 0
-        ranks[rank] += 1
+        ranks[(rank, branch_rank(scheme, recorded))] += 1
         if rank:  # compressed-tensors decodes the residual; the layer's weight adds the branch
             row["low_rank"] = rank
             up, down = (_read(where, f"{prefix}.{n}").to(torch.float32) for n in (LOW_RANK_UP, LOW_RANK_DOWN))
@@ -485,12 +485,17 @@ def _check_tensors(
                     )
         report.tensors.append(row)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(Counter(s.name for s in schemes.values()).items()))
-    if layers and set(ranks) != {recorded}:
-        found = ", ".join(f"{n} of rank {r}" if r else f"{n} without" for r, n in sorted(ranks.items()))
+    if any(found != expected for found, expected in ranks):
+        found = ", ".join(f"{n} of rank {r}" if r else f"{n} without" for (r, _), n in sorted(ranks.items()))
         problems.append(
-            f"low-rank branch: the manifest records rank {recorded or 'none'}, the files hold {found}"
+            f"low-rank branch: the manifest records rank {recorded or 'none'} (beside 4-bit layers), the files "
+            f"hold {found}"
         )
-    branch = f"; a rank-{recorded} low-rank branch on each (residual decoded by both)" if recorded else ""
+    branch = (
+        f"; a rank-{recorded} low-rank branch on each 4-bit one (residual decoded by both)"
+        if recorded
+        else ""
+    )
     report.add(
         f"{component}: decode",
         problems,

@@ -85,7 +85,8 @@ class Sweep(SeedSettling):
             quantize = ditq_argv(
                 "quantize", options.model, c.artifact, "--scheme", candidate_scheme(c.scheme), "--force"
             )
-        if c.scheme.endswith(GPTQ):  # calibrated on the sweep's own fixtures, at seeds the probes do not use
+        # calibrated on the sweep's own fixtures, at seeds the probes do not use (a plan: the seeds it records)
+        if c.scheme.endswith(GPTQ) or (c.plan is not None and c.plan.rounding.method == "gptq"):
             quantize += [
                 "--calibrate",
                 "gptq",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ditq.plan.search import calibrate, predict, search_assignment, spearman
+from ditq.plan.search import Budget, calibrate, predict, search_assignment, spearman
 from ditq.quantization.plan_file import KEEP
 
 FIXTURES = ("a", "b")
@@ -66,8 +66,19 @@ def test_keep_only_when_no_scheme_is_enough():
 
 
 def test_the_budget_caps_what_is_kept():
-    mix = search_assignment(PARAMS, SCHEMES, TABLE, OFFSET, {"a": 200.0, "b": 0.0}, max_kept_params=2000)
-    assert sum(PARAMS[name] for name, choice in mix.items() if choice == KEEP) <= 2000
+    kept = Budget({name: {KEEP: n} for name, n in PARAMS.items()}, 2000)
+    mix = search_assignment(PARAMS, SCHEMES, TABLE, OFFSET, {"a": 200.0, "b": 0.0}, kept)
+    assert sum(PARAMS[name] for name, choice in mix.items() if choice == KEEP) == 2000
+
+
+def test_a_byte_budget_holds_back_moves_to_wider_schemes():
+    # fp8 costs 1 byte a weight here, w8a8 2, keep 4: room for one layer at w8a8 and none kept
+    costs = {name: {"fp8": n, "w8a8": 2 * n, KEEP: 4 * n} for name, n in PARAMS.items()}
+    room = Budget(costs, sum(PARAMS.values()) + 1000)
+    mix = search_assignment(PARAMS, SCHEMES, TABLE, OFFSET, {"a": 200.0, "b": 0.0}, room)
+    assert room.spent(mix) <= room.limit
+    assert sorted(mix.values()) == ["fp8"] * 4 + ["w8a8"]
+    assert mix["l3"] == "w8a8"  # the most sensitive layer gets the room
 
 
 def test_calibration_recovers_the_offset_from_measured_units():
