@@ -179,7 +179,9 @@ def _quantize_module(
     rows = {
         p: schemes.pop(p) for p in rule.embeddings
     }  # token embeddings: rounded to nearest, never calibrated
-    first = linear_at(module, next(iter(schemes))).weight
+    first = (
+        linear_at(module, next(iter(schemes))) if schemes else module.get_submodule(next(iter(rows)))
+    ).weight
     run_device = device if device is not None else first.device
     errors: dict[str, float] = {}
     layers: dict[str, QuantizedLinear | QuantizedEmbedding] = {}

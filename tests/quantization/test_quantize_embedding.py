@@ -135,6 +135,9 @@ def test_the_embedding_alone_loads(tmp_path: Path) -> None:
     assert [g["targets"] for g in config["config_groups"].values()] == [[EMBEDDING]]  # by name: not "Linear"
     model = load_component(out.path, "text_encoder", device="cpu", dtype=torch.float32)
     assert isinstance(model.get_submodule(EMBEDDING), QuantizedEmbedding)
+    in_memory = build_tiny_clip_text_encoder(seed=0, dtype=torch.float32)  # the same alone target, in memory
+    ditq.quantize_(in_memory, "w4a16", targets=["token_embedding"])
+    assert [n for n, m in in_memory.named_modules() if isinstance(m, QuantizedEmbedding)] == [EMBEDDING]
 
 
 def test_shared_and_tied_embeddings_stay() -> None:
