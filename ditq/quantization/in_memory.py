@@ -179,9 +179,12 @@ def _quantize_module(
     rows = {
         p: schemes.pop(p) for p in rule.embeddings
     }  # token embeddings: rounded to nearest, never calibrated
-    first = (
-        linear_at(module, next(iter(schemes))) if schemes else module.get_submodule(next(iter(rows)))
-    ).weight
+    # the run device: the first Linear's, or the embedding's where it is the component's only target
+    first: torch.Tensor = (
+        linear_at(module, next(iter(schemes))).weight
+        if schemes
+        else module.get_submodule(next(iter(rows))).get_parameter("weight")
+    )
     run_device = device if device is not None else first.device
     errors: dict[str, float] = {}
     layers: dict[str, QuantizedLinear | QuantizedEmbedding] = {}
