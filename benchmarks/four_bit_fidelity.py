@@ -79,6 +79,59 @@ def demo_requests(seeds: tuple[int, ...], steps: int = STEPS) -> dict[tuple[str,
     }
 
 
+def fidelity_scores(
+    images: dict[tuple[str, int], np.ndarray],
+    against: dict[tuple[str, int], np.ndarray],
+    fixtures: list[str],
+    seeds: tuple[int, ...],
+    per_fixture: bool = False,
+) -> tuple[dict[str, Any], dict[int, float]]:
+    """(PSNR and SSIM of each image against its reference: their means over every image, the mean PSNR per seed
+    over the fixtures and its interval, with ``per_fixture`` the mean PSNR per fixture over the seeds, as a result
+    row's fields; the per-seed means, for paired gains). Identical images score the cap ``ditq compare`` writes for
+    them, not infinity."""
+    from ditq.judge.compare import PSNR_CAP_DB
+    from ditq.judge.stats import mean_interval
+    from ditq.metrics import psnr, ssim
+
+    pairs = {
+        key: (min(psnr(images[key], against[key]), PSNR_CAP_DB), ssim(images[key], against[key]))
+        for key in images
+    }
+    per_seed = {s: float(np.mean([pairs[f, s][0] for f in fixtures])) for s in seeds}
+    interval = mean_interval(list(per_seed.values()))
+    fields = {
+        "psnr_db": round(float(np.mean([v[0] for v in pairs.values()])), 2),
+        "ssim": round(float(np.mean([v[1] for v in pairs.values()])), 4),
+        "psnr_db_per_seed": {str(s): round(v, 2) for s, v in per_seed.items()},
+        "psnr_db_interval": [round(interval.low, 2), round(interval.high, 2)],
+    }
+    if per_fixture:
+        fields["psnr_db_per_fixture"] = {
+            f: round(float(np.mean([pairs[f, s][0] for s in seeds])), 2) for f in fixtures
+        }
+    return fields, per_seed
+
+
+def write_result(script: str, args: argparse.Namespace, fields: dict[str, Any]) -> None:
+    """``args.out``: the command (``--out`` relative to the working directory where it lies inside it), ``fields``
+    and the software it ran on."""
+    out = args.out
+    shown = (
+        str(out.resolve().relative_to(Path.cwd())) if out.resolve().is_relative_to(Path.cwd()) else out.name
+    )
+    payload = {
+        "command": f"python benchmarks/{script} --seeds {args.seeds} --out {shown}",
+        **fields,
+        "torch": torch.__version__,
+        "platform": platform.machine(),
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=1) + "\n")
+
+
 def _images(adapter, requests) -> dict[tuple[str, int], np.ndarray]:  # type: ignore[no-untyped-def]
     return {key: np.asarray(adapter(request).images[0].convert("RGBA")) for key, request in requests.items()}
 
@@ -92,8 +145,7 @@ def main() -> int:
 
     seeds = tuple(parse_seeds(args.seeds))
 
-    from ditq.judge.stats import difference_interval, mean_interval
-    from ditq.metrics import psnr, ssim
+    from ditq.judge.stats import difference_interval
 
     requests = demo_requests(seeds)
     fixtures = list(dict.fromkeys(fixture_id for fixture_id, _ in requests))  # in the fixtures file's order
@@ -104,21 +156,11 @@ def main() -> int:
     for name, (scheme, calibrate) in ROWS.items():
         begun = time.time()
         images = _images(_adapter(scheme, calibrate), requests)
-        scores = {
-            key: (psnr(images[key], reference[key]), ssim(images[key], reference[key])) for key in requests
-        }
-        per_seed[name] = {s: float(np.mean([scores[f, s][0] for f in fixtures])) for s in seeds}
-        interval = mean_interval(list(per_seed[name].values()))
+        scores, per_seed[name] = fidelity_scores(images, reference, fixtures, seeds, per_fixture=True)
         rows[name] = {
             "scheme": scheme,
             "calibrate": calibrate,
-            "psnr_db": round(float(np.mean([v[0] for v in scores.values()])), 2),
-            "ssim": round(float(np.mean([v[1] for v in scores.values()])), 4),
-            "psnr_db_per_seed": {str(s): round(v, 2) for s, v in per_seed[name].items()},
-            "psnr_db_interval": [round(interval.low, 2), round(interval.high, 2)],
-            "psnr_db_per_fixture": {
-                f: round(float(np.mean([scores[f, s][0] for s in seeds])), 2) for f in fixtures
-            },
+            **scores,
             "seconds": round(time.time() - begun, 1),
         }
         print(f"{name:<11} PSNR {rows[name]['psnr_db']:6.2f} dB {rows[name]['psnr_db_interval']}", flush=True)
@@ -132,27 +174,19 @@ def main() -> int:
                 "at_least_3_db": gain.low >= 3.0,
             }
             print(f"{name}: {row['gain_over_rtn_db']}")
-    payload = {
-        "command": f"python benchmarks/four_bit_fidelity.py --seeds {args.seeds} --out "
-        + (
-            str(args.out.resolve().relative_to(Path.cwd()))
-            if args.out.resolve().is_relative_to(Path.cwd())
-            else args.out.name
-        ),
-        "what": "demo model, transformer quantized in memory; PSNR/SSIM against the unquantized float32 run",
-        "steps": STEPS,
-        "seeds": list(seeds),
-        "calibration_seeds": list(CALIBRATION_SEEDS),
-        "fixtures": list(fixtures),
-        "rows": rows,
-        "total_seconds": round(time.time() - started, 1),
-        "torch": torch.__version__,
-        "platform": platform.machine(),
-        "python": platform.python_version(),
-        "torch_threads": torch.get_num_threads(),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    write_result(
+        "four_bit_fidelity.py",
+        args,
+        {
+            "what": "demo model, transformer quantized in memory; PSNR/SSIM against the unquantized float32 run",
+            "steps": STEPS,
+            "seeds": list(seeds),
+            "calibration_seeds": list(CALIBRATION_SEEDS),
+            "fixtures": list(fixtures),
+            "rows": rows,
+            "total_seconds": round(time.time() - started, 1),
+        },
+    )
     return 0
 
 

@@ -18,16 +18,22 @@ rounding without the branch (paired seed by seed), and per layer two SQNRs (dB, 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from four_bit_fidelity import CALIBRATION_SEEDS, STEPS, _adapter, _images, demo_requests
+from four_bit_fidelity import (
+    CALIBRATION_SEEDS,
+    STEPS,
+    _adapter,
+    _images,
+    demo_requests,
+    fidelity_scores,
+    write_result,
+)
 from result_names import result_path
 
 SEEDS = "2301-2304"
@@ -86,8 +92,7 @@ def main() -> int:
     parser.add_argument("--seeds", default=SEEDS, help="the judged seeds (default %(default)s)")
     parser.add_argument("--out", type=Path, default=result_path("low_rank_fidelity", "cpu"))
     args = parser.parse_args()
-    from ditq.judge.stats import difference_interval, mean_interval
-    from ditq.metrics import psnr, ssim
+    from ditq.judge.stats import difference_interval
     from ditq.probe.fixtures import parse_seeds
     from ditq.quantization.in_memory import RECORD
 
@@ -110,21 +115,14 @@ def main() -> int:
         for key, request in requests.items():
             outputs.active = key[1] == seeds[0]
             images.update(_images(adapter, {key: request}))
-        scores = {
-            key: (psnr(images[key], reference[key]), ssim(images[key], reference[key])) for key in requests
-        }
-        per_seed[name] = {s: float(np.mean([scores[f, s][0] for f in fixtures])) for s in seeds}
-        interval = mean_interval(list(per_seed[name].values()))
+        scores, per_seed[name] = fidelity_scores(images, reference, fixtures, seeds)
         weight_sqnr = {p: _sqnr_db(1.0, e * e) for p, e in record.errors.items()}
         output_sqnr = outputs.sqnr_db()
         rows[name] = {
             "scheme": scheme,
             "calibrate": calibrate,
             "low_rank": low_rank,
-            "psnr_db": round(float(np.mean([v[0] for v in scores.values()])), 2),
-            "ssim": round(float(np.mean([v[1] for v in scores.values()])), 4),
-            "psnr_db_per_seed": {str(s): round(v, 2) for s, v in per_seed[name].items()},
-            "psnr_db_interval": [round(interval.low, 2), round(interval.high, 2)],
+            **scores,
             "weight_sqnr_db": _summary(list(weight_sqnr.values())),
             "output_sqnr_db": _summary(list(output_sqnr.values())),
             "per_layer": {
@@ -150,27 +148,20 @@ def main() -> int:
                 "method": gain.method,
             }
             print(f"{name}: {row['gain_db']}")
-    out = args.out
-    shown = (
-        str(out.resolve().relative_to(Path.cwd())) if out.resolve().is_relative_to(Path.cwd()) else out.name
+    write_result(
+        "low_rank_fidelity.py",
+        args,
+        {
+            "what": "demo model, transformer quantized in memory; PSNR/SSIM against the unquantized float32 run; "
+            "per-layer weight and output SQNR (dB)",
+            "steps": STEPS,
+            "seeds": list(seeds),
+            "calibration_seeds": list(CALIBRATION_SEEDS),
+            "fixtures": list(fixtures),
+            "rows": rows,
+            "total_seconds": round(time.time() - started, 1),
+        },
     )
-    payload = {
-        "command": f"python benchmarks/low_rank_fidelity.py --seeds {args.seeds} --out {shown}",
-        "what": "demo model, transformer quantized in memory; PSNR/SSIM against the unquantized float32 run; "
-        "per-layer weight and output SQNR (dB)",
-        "steps": STEPS,
-        "seeds": list(seeds),
-        "calibration_seeds": list(CALIBRATION_SEEDS),
-        "fixtures": list(fixtures),
-        "rows": rows,
-        "total_seconds": round(time.time() - started, 1),
-        "torch": torch.__version__,
-        "platform": platform.machine(),
-        "python": platform.python_version(),
-        "torch_threads": torch.get_num_threads(),
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1) + "\n")
     return 0
 
 

@@ -14,16 +14,13 @@ alone costs), and the median seconds per request (a shared CPU: read it as a rat
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
-from four_bit_fidelity import demo_requests
+from four_bit_fidelity import demo_requests, fidelity_scores, write_result
 from result_names import result_path
 
 SEEDS = "2301-2303"
@@ -60,49 +57,27 @@ def _run(adapter, requests):  # type: ignore[no-untyped-def]
     return out
 
 
-def _scores(images, against, fixtures, seeds) -> dict:  # type: ignore[no-untyped-def,type-arg]
-    from ditq.judge.compare import PSNR_CAP_DB
-    from ditq.judge.stats import mean_interval
-    from ditq.metrics import psnr, ssim
-
-    pairs = {  # identical images: the cap compare writes for them, not infinity
-        key: (min(psnr(images[key][0], against[key]), PSNR_CAP_DB), ssim(images[key][0], against[key]))
-        for key in images
-    }
-    per_seed = {s: float(np.mean([pairs[f, s][0] for f in fixtures])) for s in seeds}
-    interval = mean_interval(list(per_seed.values()))
-    return {
-        "psnr_db": round(float(np.mean([v[0] for v in pairs.values()])), 2),
-        "ssim": round(float(np.mean([v[1] for v in pairs.values()])), 4),
-        "psnr_db_per_seed": {str(s): round(v, 2) for s, v in per_seed.items()},
-        "psnr_db_interval": [round(interval.low, 2), round(interval.high, 2)],
-    }
+def _scores(results, against, fixtures, seeds) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    return fidelity_scores({key: value[0] for key, value in results.items()}, against, fixtures, seeds)[0]
 
 
 def _write(args, seeds, fixtures, rows, started) -> None:  # type: ignore[no-untyped-def]
-    payload = {
-        "command": f"python benchmarks/step_cache_fidelity.py --seeds {args.seeds} --out "
-        + (
-            str(args.out.resolve().relative_to(Path.cwd()))
-            if args.out.resolve().is_relative_to(Path.cwd())
-            else args.out.name
-        ),
-        "what": "demo model (prefix KV cache on), transformer quantized in memory or not, a diffusers step cache "
-        "installed per row; PSNR/SSIM against the unquantized float32 run without a step cache, and against "
-        "the same scheme without one",
-        "steps": STEPS,
-        "seeds": list(seeds),
-        "fixtures": list(fixtures),
-        "rows": rows,
-        "complete": len(rows) == len(SCHEMES) * len(SETTINGS),  # False: the run stopped before its last row
-        "total_seconds": round(time.time() - started, 1),
-        "torch": torch.__version__,
-        "platform": platform.machine(),
-        "python": platform.python_version(),
-        "torch_threads": torch.get_num_threads(),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    write_result(
+        "step_cache_fidelity.py",
+        args,
+        {
+            "what": "demo model (prefix KV cache on), transformer quantized in memory or not, a diffusers step cache "
+            "installed per row; PSNR/SSIM against the unquantized float32 run without a step cache, and against "
+            "the same scheme without one",
+            "steps": STEPS,
+            "seeds": list(seeds),
+            "fixtures": list(fixtures),
+            "rows": rows,
+            "complete": len(rows)
+            == len(SCHEMES) * len(SETTINGS),  # False: the run stopped before its last row
+            "total_seconds": round(time.time() - started, 1),
+        },
+    )
 
 
 def main() -> int:
