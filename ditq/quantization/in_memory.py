@@ -38,7 +38,7 @@ from ditq.quantization.plan_file import PlanFile, planned_rounding, read_plan
 from ditq.quantization.quantizer import DEFAULTS, QuantizeResult, auto_components
 from ditq.quantization.quantizer import quantize as write_artifact
 from ditq.quantization.rewrite import StoredLayer, band_workers, encode_weight
-from ditq.quantization.targets import MIN_FEATURES, linear_at, plan_targets
+from ditq.quantization.targets import MIN_FEATURES, embedding_targeted, linear_at, plan_targets
 from ditq.runtime.embedding import QuantizedEmbedding, embedding_from_stored
 from ditq.runtime.loader import KernelChooser, prepare_quantized
 from ditq.runtime.modules import QuantizedLinear, linear_from_stored, quantized_linears
@@ -161,8 +161,7 @@ def _quantize_module(
         raise InputError(f"{component}: already quantized (holds QuantizedLinear layers)")
     shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
     group_size = None if scheme is None else scheme.guarded_group_size
-    # the token embedding as the offline quantizer decides it (``quantizer._plan_component``)
-    embeddings = plan is None and scheme is not None and scheme.embedding is not None and not low_rank
+    embeddings = embedding_targeted(None if plan is not None else scheme, low_rank)
     rule = plan_targets(module, component, shapes, targets, (), MIN_FEATURES, group_size, embeddings)
     if plan is None:
         assert scheme is not None

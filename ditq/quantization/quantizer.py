@@ -89,6 +89,7 @@ from ditq.quantization.targets import (
     MIN_FEATURES,
     TargetPlan,
     build_meta_model,
+    embedding_targeted,
     output_heads,
     plan_targets,
     reads_logits,
@@ -191,9 +192,7 @@ def _plan_component(
     shapes = {name: entry.shape for name, entry in entries.items()}
     model = build_meta_model(component_dir, library, class_name, entries)
     group_size = None if scheme is None else scheme.guarded_group_size
-    # the token embedding under the 4-bit schemes (``Scheme.embedding``); not beside a low-rank branch, which
-    # only Linears carry
-    embeddings = scheme is not None and scheme.embedding is not None and not low_rank
+    embeddings = embedding_targeted(scheme, low_rank)
     rule = plan_targets(model, component, shapes, targets, ignore, MIN_FEATURES, group_size, embeddings)
     return _layout(rule, scheme, plan)
 

@@ -58,6 +58,7 @@ __all__ = [
     "TargetPlan",
     "block_lists",
     "build_meta_model",
+    "embedding_targeted",
     "linear_at",
     "output_heads",
     "plan_targets",
@@ -247,6 +248,13 @@ def token_embedding(
     layer = LinearLayer(prefix, embedding.embedding_dim, embedding.num_embeddings)
     reason = _weight_read_reason(model, names[0]) or _shape_reason(layer, min_features, None)
     return prefix, layer if reason is None else reason
+
+
+def embedding_targeted(scheme: Scheme | None, low_rank: int) -> bool:
+    """Whether the token embedding is a target (``plan_targets``' ``embeddings``): under a uniform scheme that names
+    one for it (``Scheme.embedding``: the 4-bit schemes), never beside a low-rank branch, which only Linears carry,
+    nor under a plan (``scheme`` None), which names every layer's scheme itself."""
+    return scheme is not None and scheme.embedding is not None and not low_rank
 
 
 def plan_targets(
