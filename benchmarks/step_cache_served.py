@@ -23,13 +23,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from served_speed import _records_file
+
 from ditq.fsutil import atomic_write_json
 
 _CACHE = re.compile(r"\+cache-([a-z-]+)-([0-9.:]+)")
 
 
 def _records(folder: Path) -> list[dict[str, Any]]:
-    path = folder / "run" / "records.jsonl"
+    path = _records_file(folder)
+    assert path is not None  # main lists only the folders that hold one
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
@@ -76,7 +79,7 @@ def main() -> int:
     parser.add_argument("serve_dir", type=Path, help="the whole stage's folder: one sub-folder per server")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    entries = {f.name: f for f in sorted(args.serve_dir.iterdir()) if (f / "run" / "records.jsonl").is_file()}
+    entries = {f.name: f for f in sorted(args.serve_dir.iterdir()) if _records_file(f) is not None}
     if not entries:
         parser.error(f"{args.serve_dir}: no SERVER/run/records.jsonl")
     rows = {name: {"by_references": _by_references(_records(folder))} for name, folder in entries.items()}
