@@ -9,6 +9,7 @@
 #   tiny     the chain on the GPU at the tiny preset: ditq sweep --schemes w4a8,w4a16 --offload auto --max-memory 4GiB
 #            (quantize, verify, doctor, load, serve, compare: every 4-bit stage on CUDA)
 #   kernels  benchmarks/kernels_bench.py --shapes four-bit: the 4-bit paths against BF16 cuBLAS and ditq fp8
+#            (KERNEL_SCHEMES: the schemes timed, default fp8,w4a8,w4a16)
 #   ditbench benchmarks/dit_bench.py: the full-size DiT's denoising loop, BF16 / fp8 / w4a8 / w4a16, compiled (and
 #            DITBENCH_ARGS), 0-4 references at 1024x1024
 # The run lives in $RUN (default /root/ditq-four-bit); results go to $OUT.
@@ -22,7 +23,7 @@ DITBENCH_ARGS=${DITBENCH_ARGS:---variants bf16,fp8,w4a8,w4a16 --modes compiled}
 DITBENCH_BUDGET_S=${DITBENCH_BUDGET_S:-480}
 export PYTHONUNBUFFERED=1 DITQ_CACHE_DIR=$RUN/cache
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-EXPORTS="TREE GEOMETRIES DITBENCH_ARGS DITBENCH_BUDGET_S PYTHONPATH"
+EXPORTS="KERNEL_SCHEMES TREE GEOMETRIES DITBENCH_ARGS DITBENCH_BUDGET_S PYTHONPATH"
 COLLECT="run.log tests.log doctor.json tiny_sweep.tgz kernels.json kernels.log ditbench.json ditbench.log"
 
 run_stages() {
@@ -51,7 +52,7 @@ run_stages() {
         tar czf "$RUN/tiny_sweep.tgz" -C "$RUN" --exclude='*/artifact' --exclude='*/images' --exclude='*/grids' tiny-sweep
         ;;
       kernels)
-        timeout 420 python3 benchmarks/kernels_bench.py --shapes four-bit --schemes fp8,w4a8,w4a16 --no-torchao \
+        timeout 420 python3 benchmarks/kernels_bench.py --shapes four-bit --schemes "${KERNEL_SCHEMES:-fp8,w4a8,w4a16}" --no-torchao \
           --out "$RUN/kernels.json" >"$RUN/kernels.log" 2>&1
         tail -90 "$RUN/kernels.log"
         ;;

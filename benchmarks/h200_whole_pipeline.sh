@@ -35,6 +35,7 @@
 #            not run: their artifacts quantized here as the sweep quantizes, without its verify and doctor stages)
 #   serve16  the same under 16GiB for each of $SERVE16 (bf16, fp8, fp8+kv-int8, w8a8, fp8+compile), with the 24 GiB
 #            sweep's artifacts where it made them
+#   serve12  the same under 12GiB for each of $SERVE12 (w4a8, say)
 #   quantize quantize each of $QUANTIZE (components auto, on the GPU) unless the sweep did: before the stages that
 #            time it, so that the GPU tests may run beside it (TESTS_BESIDE=build) and be joined (join) first
 #   whole    the same on the whole device (no --max-memory, --offload none) for each of $WHOLE (default fp8): the
@@ -57,6 +58,7 @@ SCHEMES=${SCHEMES:-fp8,w8a8}
 SWEEP_WHOLE=${SWEEP_WHOLE:-fp8 w8a8}
 SERVE24=${SERVE24:-}
 SERVE16=${SERVE16:-fp8 bf16 fp8+kv-int8 w8a8}
+SERVE12=${SERVE12:-w4a8}
 WHOLE=${WHOLE:-fp8}
 QUANTIZE=${QUANTIZE:-fp8}
 VARIANTS=${VARIANTS:-base,cache-held,vae-tiling,kv-int8,keep-unused}  # the memory stage's
@@ -196,6 +198,9 @@ run_stages() {
       serve16)
         for entry in $SERVE16; do serve_probe "$entry" 16GiB; done
         ;;
+      serve12)
+        for entry in $SERVE12; do serve_probe "$entry" 12GiB; done
+        ;;
       whole)
         for entry in $WHOLE; do serve_probe "$entry" whole; done
         ;;
@@ -323,8 +328,8 @@ serve_probe() {
   tar czf "$RUN/serve-${budget,,}.tgz" -C "$RUN" --exclude='*/images' "serve-${budget,,}"
 }
 
-COLLECT="run.log gpu_tests.log demo-cache-28.tgz demo-cache-10.tgz decode_answer_bench.json decode_answer_bench.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-whole.tgz"
-EXPORTS="TREE DEMO_SCHEMES DEMO_STEPS DEMO_SEEDS DEMO_S SWEEP_ARGS DECODEBENCH_S ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+COLLECT="run.log gpu_tests.log demo-cache-28.tgz demo-cache-10.tgz decode_answer_bench.json decode_answer_bench.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-12gib.tgz serve-whole.tgz"
+EXPORTS="TREE DEMO_SCHEMES DEMO_STEPS DEMO_SEEDS DEMO_S SWEEP_ARGS DECODEBENCH_S ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 SERVE12 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"

@@ -1,0 +1,113 @@
+"""What users put around a quantized model, on a GPU: a LoRA adapter on the demo's quantized artifacts (fp8, w4a8,
+w4a16 with a low-rank branch) loaded onto CUDA, diffusers' step cache on a CUDA pipeline, and the 4-bit schemes'
+int8 token embedding looked up on CUDA. The CPU tests (test_lora.py, test_step_cache.py, test_embedding.py) hold
+the same properties on the CPU; these run the CUDA kernels under them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import ditq
+from ditq.checkpoint.codecs import codec_for
+from ditq.demo import load_demo_pipeline
+from ditq.metrics import psnr
+from ditq.numerics import quantize_weight
+from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
+from ditq.runtime.embedding import embedding_from_stored
+from ditq.runtime.modules import QuantizedLinear
+from ditq.runtime.step_cache import install_step_cache
+from ditq.schemes import get_scheme
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+STEPS = 6
+
+
+def _image(pipeline: object) -> np.ndarray:
+    generator = torch.Generator().manual_seed(1)
+    out = pipeline(prompt="a red circle", num_inference_steps=3, width=64, height=64, generator=generator)  # type: ignore[operator]
+    return np.asarray(out.images[0]).astype(np.float64)
+
+
+@pytest.fixture(scope="module")
+def adapted_source(demo_artifacts: dict[str, Path]) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    """(a seeded adapter's state dict, the source pipeline's image with it, on the CPU)."""
+    pytest.importorskip("peft")
+    from lora_kit import add_seeded_adapter
+
+    source = load_demo_pipeline(demo_artifacts["source"])
+    state = add_seeded_adapter(source.transformer)
+    return state, _image(source)
+
+
+@pytest.fixture(scope="module")
+def low_rank_artifact(demo_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("low-rank") / "w4a16-r8"
+    return ditq.quantize(demo_artifacts["source"], out, "w4a16", low_rank=8).path
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "w4a8", "w4a16-low-rank"])
+def test_an_adapter_on_a_cuda_quantized_pipeline_follows_the_source_with_it(
+    demo_artifacts: dict[str, Path],
+    low_rank_artifact: Path,
+    adapted_source: tuple[dict[str, torch.Tensor], np.ndarray],
+    scheme: str,
+) -> None:
+    state, source_adapted = adapted_source
+    artifact = low_rank_artifact if scheme == "w4a16-low-rank" else demo_artifacts[scheme]
+    pipeline = ditq.load_pipeline(artifact, device="cuda")
+    layers = {n: m for n, m in pipeline.transformer.named_modules() if isinstance(m, QuantizedLinear)}
+    plain = _image(pipeline)
+    assert layers and all(m.kernel is not None and m.kernel.device_type == "cuda" for m in layers.values())
+    pipeline.transformer.load_lora_adapter(state, adapter_name="style", prefix=None)
+    adapted = _image(pipeline)
+    # the adapter's change is reproduced beside the CUDA GEMMs: near the adapted source, far from the plain image
+    assert psnr(adapted, source_adapted) > psnr(adapted, plain) + 15.0
+    assert psnr(adapted, source_adapted) >= 30.0
+    pipeline.transformer.unload_lora()
+    after = {n: m for n, m in pipeline.transformer.named_modules() if isinstance(m, QuantizedLinear)}
+    assert after.keys() == layers.keys() and all(after[n] is layers[n] for n in layers)
+    assert np.array_equal(_image(pipeline), plain)
+
+
+def _request() -> GenerationRequest:
+    references = [Image.new("RGBA", (32, 32), (200, 40 * i, 30, 255)) for i in range(2)]
+    return GenerationRequest(
+        prompt="a red square", images=references, width=32, height=32, num_inference_steps=STEPS, seed=3
+    )  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "w4a8"])
+def test_the_step_cache_skips_on_a_cuda_pipeline_and_threshold_zero_changes_no_pixel(
+    demo_artifacts: dict[str, Path], scheme: str
+) -> None:
+    adapter = PipelineAdapter(ditq.load_pipeline(demo_artifacts[scheme], device="cuda"))
+    reference = np.asarray(adapter(_request()).images[0], dtype=np.int16)
+    run = install_step_cache(adapter.pipeline, "first-block:0")
+    result = adapter(_request())
+    assert result.skipped_steps == 0
+    assert np.array_equal(np.asarray(result.images[0], dtype=np.int16), reference)
+    run.remove()
+    run = install_step_cache(adapter.pipeline, "first-block:1e9")
+    result = adapter(_request())
+    assert run.calls == [False, False] + [True] * (STEPS - 2) and result.skipped_steps == STEPS - 2
+    assert np.abs(np.asarray(result.images[0], dtype=np.int16) - reference).max() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_int8_token_embedding_looks_up_on_cuda_what_the_codec_decodes(dtype: torch.dtype) -> None:
+    scheme = get_scheme("w8a16")
+    table = (
+        torch.randn(512, 256, generator=torch.Generator().manual_seed(0))
+        * torch.linspace(0.01, 3, 512)[:, None]
+    )
+    stored = codec_for(scheme).encode(*quantize_weight(table, scheme))
+    module = embedding_from_stored(stored, scheme, dtype).to("cuda")
+    reference = codec_for(scheme).decode(stored, dtype)
+    ids = torch.randint(0, 512, (4, 33), generator=torch.Generator().manual_seed(1))
+    out = module(ids.to("cuda"))
+    assert out.device.type == "cuda" and torch.equal(out.cpu(), reference[ids])
