@@ -174,13 +174,13 @@ def _rows_for_shape(
                 from ditq.kernels._triton.w4_gemm import w4_gemm
                 from ditq.kernels.w4_triton import block_k_for
 
-                def triton_widening(pr: Prepared = prepared) -> torch.Tensor:
+                def shifts_widening(pr: Prepared = prepared) -> torch.Tensor:
                     x_q, x_scale = quantize_rows(x, "fp8")
                     return w4_gemm(x_q, x_scale.reshape(-1), pr["weight"], pr["weight_scale"], None,
                                    torch.bfloat16, block_k_for(k, pr["weight_scale"].shape[1]) or 128,
-                                   widen_asm=False)  # fmt: skip
+                                   magic=False)  # fmt: skip
 
-                record("w4a8 Triton-arithmetic widening (not shipped)", "variant", triton_widening)
+                record("w4a8 shifts widening (not shipped)", "variant", shifts_widening)
             del prepared
 
     if torchao_ok:

@@ -2,11 +2,10 @@
 weights x bf16/fp16 activations, sm_80+) through one Triton GEMM (``_triton.w4_gemm``), and w4a16 as dequantize +
 cuBLAS (ops ``ditq::w4a8_triton``, ``ditq::w4a16_triton``, ``ditq::w4a16_dequant_matmul``).
 
-The repack keeps the weights at 4 bits and compressed-tensors' nibble values (biased by 8), and only moves them:
-within each K tile of the kernel, the first half of the tile's k go to the low nibbles of its bytes and the second
-half to the high ones, so that the kernel widens a byte into one value of each half with no exchange between
-threads. The scales stay (N, groups) float32. No 16-bit weight is ever materialised, except transiently, one layer
-at a time, by the dequantize path.
+The repack keeps the weights at 4 bits: compressed-tensors' int32 words hold eight nibbles biased by 8, low nibble
+first, so their bytes (little-endian) are already two values each in k order; flipping each nibble's top bit
+(``^ 0x88``) makes them two's complement, which the kernel widens with two shifts. The scales stay (N, groups)
+float32. No 16-bit weight is ever materialised, except transiently, one layer at a time, by the dequantize path.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from ditq.kernels.cuda_common import (
 from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, StoredWeight, register_kernel
 from ditq.schemes import W4A8, W4A16
 
-__all__ = ["block_k_for", "repack_int4", "split_halves"]
+__all__ = ["block_k_for", "repack_int4"]
 
 # Tokens up to which the w4a16 path runs the Triton GEMM on the packed weights; above, dequantize + cuBLAS. On an
 # H100 (benchmarks/results/h100-four-bit/) dequantize + cuBLAS ran at 0.88-1.07x BF16 from 4096 tokens up, the Triton
@@ -45,9 +44,8 @@ def block_k_for(in_features: int, groups: int) -> int | None:
 
 
 def repack_int4(stored: StoredWeight, device: torch.device) -> Prepared:
-    """The 4-bit paths' repack: weight (N, K / 2) uint8 of biased nibbles in halves of each K tile
-    (``split_halves``); weight_scale (N, G) float32. A group size that no K tile of the kernel divides is an
-    InputError (the doctor then refuses the path)."""
+    """The 4-bit paths' repack: weight (N, K / 2) int8, two's-complement nibbles, even k low; weight_scale (N, G)
+    float32. A group size that no K tile of the kernel divides is an InputError (the doctor then refuses the path)."""
     codec = codec_for(W4A16)
     out_features, in_features = codec.features(stored)
     packed = stored["weight_packed"]
@@ -65,32 +63,15 @@ def repack_int4(stored: StoredWeight, device: torch.device) -> Prepared:
         raise InputError(
             f"stored 'weight_scale' {tuple(scale.shape)} does not fit ({out_features}, {in_features})"
         )
-    block_k = block_k_for(in_features, scale.shape[1])
-    if block_k is None:
+    if block_k_for(in_features, scale.shape[1]) is None:
         raise InputError(
             f"group size {in_features // scale.shape[1]}: the 4-bit CUDA kernels take groups of a multiple of 32"
         )
-    # compressed-tensors' words: eight nibbles, k order, low nibble first, so their bytes hold (k, k + 1) each
-    data = packed.to(device).contiguous().view(torch.uint8)
-    nibbles = torch.stack([data & 0xF, data >> 4], dim=-1).reshape(out_features, in_features)
+    flipped = packed.to(device).contiguous().view(torch.uint8) ^ 0x88
     return {
-        "weight": split_halves(nibbles, block_k),
+        "weight": flipped.view(torch.int8).reshape(out_features, in_features // 2),
         "weight_scale": scale.to(device, torch.float32).contiguous(),
     }
-
-
-def split_halves(nibbles: torch.Tensor, block_k: int) -> torch.Tensor:
-    """(N, K) values 0..15 -> (N, K / 2) uint8: each K tile of ``block_k`` (the last one per channel may be shorter,
-    of even length) as bytes whose low nibbles are the tile's first half and high nibbles its second."""
-    rows, k = nibbles.shape
-    cut = k - k % block_k
-    parts = []
-    for start, length, tile in ((0, cut, block_k), (cut, k - cut, k - cut)):
-        if not length:
-            continue
-        halves = nibbles[:, start : start + length].reshape(rows, length // tile, 2, tile // 2)
-        parts.append((halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(rows, length // 2))
-    return torch.cat(parts, dim=1).to(torch.uint8).contiguous()
 
 
 def _block_k(weight: torch.Tensor, weight_scale: torch.Tensor) -> int:
@@ -128,7 +109,7 @@ def _w4a16_dequant_matmul(
 
     if x.shape[0] <= W4A16_TRITON_MAX_ROWS and x.dtype in HALF_ACTIVATIONS:
         return w4_gemm(x, None, weight, weight_scale, bias, x.dtype, _block_k(weight, weight_scale))
-    w = dequantize_int4(weight, weight_scale, x.dtype, _block_k(weight, weight_scale))  # (N, K), transient
+    w = dequantize_int4(weight, weight_scale, x.dtype)  # (N, K) in x's dtype, transient
     return torch.nn.functional.linear(x, w, bias)
 
 

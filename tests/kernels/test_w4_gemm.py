@@ -1,6 +1,6 @@
-"""The 4-bit Triton GEMM on the weights' halves layout: against the dequantized weight, grouped and per channel, with
-a last K tile shorter than the others; under Triton's interpreter on the CPU (a session with ``TRITON_INTERPRET=1``
-and Triton installed), and on a GPU, where the fp8 widening in PTX must give what Triton's arithmetic gives."""
+"""The 4-bit Triton GEMM against the dequantized weight, grouped and per channel, with a last K tile shorter than the
+others: under Triton's interpreter on the CPU (a session with ``TRITON_INTERPRET=1`` and Triton installed), and on a
+GPU, where the shipped widening (through float16 bits) must give what the widening by shifts gives."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_interpreted_gemm_and_dequantize_match_the_weight(m: int, k: int, n: int
     x, prepared, weight = _case(m, k, n, groups, cpu)
     block_k = block_k_for(k, groups)
     assert block_k is not None
-    dequantized = dequantize_int4(prepared["weight"], prepared["weight_scale"], torch.float32, block_k)
+    dequantized = dequantize_int4(prepared["weight"], prepared["weight_scale"], torch.float32)
     assert torch.equal(dequantized, weight.to(torch.float32))
     x_q, x_scale = _fp8_rows(x)
     out = w4_gemm(x_q, x_scale, prepared["weight"], prepared["weight_scale"], None, torch.float32, block_k)
@@ -60,7 +60,7 @@ def test_interpreted_gemm_and_dequantize_match_the_weight(m: int, k: int, n: int
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize(("m", "k", "n", "groups"), [*CASES, (4096, 4096, 1024, 32), (300, 4304, 1152, 1)])
-def test_the_ptx_widening_gives_what_triton_arithmetic_gives(m: int, k: int, n: int, groups: int) -> None:
+def test_the_float16_bits_widening_gives_what_the_shifts_give(m: int, k: int, n: int, groups: int) -> None:
     from ditq.kernels._triton.w4_gemm import w4_gemm
 
     if torch.cuda.get_device_capability() < (8, 9):
@@ -79,9 +79,9 @@ def test_the_ptx_widening_gives_what_triton_arithmetic_gives(m: int, k: int, n: 
             None,
             torch.float32,
             block_k,
-            widen_asm=asm,
+            magic=magic,
         )
-        for asm in (True, False)
+        for magic in (True, False)
     ]
     expected = (x_q.to(torch.float64) * x_scale[:, None].to(torch.float64)) @ weight.T
     for out in outs:
