@@ -134,8 +134,9 @@ def calibrate_and_save(
             result = save(adapter.pipeline, output, force=force)
         except BaseException:
             if kept := resume.held():
-                log.warning("calibration stopped; %d finished groups are kept in %s: run the same command again "
-                            "to resume", len(kept), resume.folder)  # fmt: skip
+                groups = f"{len(kept)} finished group{'s' if len(kept) > 1 else ''}"
+                log.warning("calibration stopped; %s kept in %s: run the same command again to resume", groups,
+                            resume.folder)  # fmt: skip
             raise
         resume.remove()
     return result

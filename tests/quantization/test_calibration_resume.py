@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -147,6 +148,12 @@ def test_a_group_from_other_inputs_or_corrupt_is_ignored_with_a_line(
     with caplog.at_level(logging.WARNING):
         _rounded(model, resume, seed=2)
     assert passes == [1, 2, 3, 4, 5] and f"ignoring {group_1}: not a whole group file" in caplog.text
+
+    caplog.clear()
+    os.utime(tmp_path / "model" / "weights.bin", ns=(1, 1))  # the model file rewritten (or copied) since
+    with caplog.at_level(logging.WARNING):
+        _rounded(model, _resume(tmp_path), seed=2)
+    assert passes == [1, 2, 3, 4, 5, 6, 7] and "made from other inputs (source changed)" in caplog.text
 
 
 def test_the_resume_folder_is_only_ever_ditqs_own(tmp_path: Path) -> None:
