@@ -23,6 +23,7 @@ from ditq.errors import InputError
 
 __all__ = [
     "ARTIFACT",
+    "CALIBRATION_RESUME",
     "DOCTOR_REPORT",
     "FIXTURES_SET",
     "REPORT",
@@ -197,6 +198,8 @@ RUN = OutputKind("a run directory", ("RUN.json",), (".probe.lock",))  # ditq pro
 REPORT = OutputKind("a report", ("verdict.json", "REPORT.md", "report.html"))  # ditq report
 SWEEP = OutputKind("a sweep", ("SWEEP.json",))  # ditq sweep
 DOCTOR_REPORT = OutputKind("a doctor report", ("evidence.json",))  # ditq doctor --report
+# ditq quantize --calibrate gptq: its finished groups, beside the output until it is written
+CALIBRATION_RESUME = OutputKind("a calibration resume folder", ("RESUME.json",))
 
 
 def _marked(folder: Path, kind: OutputKind) -> bool:

@@ -5,18 +5,23 @@ requests sent through it to gather each target Linear's input Hessian, every tar
 The requests are the fixtures' own (prompt, references, size) at each calibration seed, with a few denoising
 steps: the Hessians see the text encoder's and the transformer's inputs as serving gives them, at every timestep the
 steps visit. The manifest records them (``options.calibration``: fixture ids, their digest, seeds, steps, request
-count, damping). This stage sits above the fixtures (``ditq.probe``) and below the judge (``tests/test_layers.py``).
+count, damping). A killed calibration resumes: the same command run again takes back every Hessian group it
+finished (``ditq.quantization.calibration_resume``). This stage sits above the fixtures (``ditq.probe``) and below
+the judge (``tests/test_layers.py``).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ditq.errors import InputError
+from ditq.fsutil import ARTIFACT, check_output, exclusive_lock
 from ditq.probe.fixtures import Fixture, fixture_digest, load_fixtures
 from ditq.quantization.calibrated import Calibration
+from ditq.quantization.calibration_resume import CalibrationResume
 from ditq.quantization.defaults import CALIBRATION_MEMORY, CALIBRATION_SEEDS, CALIBRATION_STEPS
 from ditq.quantization.quantizer import QuantizeResult
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
@@ -97,21 +102,41 @@ def calibrate_and_save(
     """``source`` opened as served, its ``--components auto`` components GPTQ-rounded in a scheme on the
     fixtures' requests (with ``low_rank``: each residual of its rank-``low_rank`` branch), or a PLAN.json's
     component as the plan rounds it (its int-weight layers so, its fp8 ones to nearest, its own low rank),
-    written to ``output`` as ``ditq quantize`` writes an artifact."""
+    written to ``output`` as ``ditq quantize`` writes an artifact.
+
+    Resumable: each finished Hessian group is kept beside ``output`` (``CalibrationResume.beside``) until the
+    artifact is written, and the same call after a kill takes back every group kept from the same inputs."""
+    from ditq.checkpoint.hub import resolve_source
     from ditq.pipeline.open import open_pipeline
     from ditq.quantization.in_memory import quantize_, save
     from ditq.runtime.options import resolve_load_options
 
+    output = Path(output)
+    if os.path.lexists(output) and not force:  # said before the requests run, not after
+        raise InputError(f"{output}: already exists (use --force to replace it)")
     load = resolve_load_options(options.load.replace(skip_doctor=True, compile=None))
     adapter = open_pipeline(source, load)
-    calibration = calibration_for(adapter, options)
+    model = resolve_source(source)[0].resolve()
+    check_output(output, ARTIFACT, [model])  # what --force may replace, said before the requests run
+    resume = CalibrationResume.beside(output, model)
+    calibration = replace(calibration_for(adapter, options), resume=resume)
     log.info("calibrating on %d requests of %d steps", calibration.record["requests"], options.steps)
-    quantize_(
-        adapter.pipeline,
-        scheme_or_plan,
-        targets=targets,
-        device=load.device,
-        calibration=calibration,
-        low_rank=low_rank,
-    )
-    return save(adapter.pipeline, output, force=force)
+    with exclusive_lock(resume.folder, "ditq quantize --calibrate gptq"):
+        try:
+            quantize_(
+                adapter.pipeline,
+                scheme_or_plan,
+                targets=targets,
+                device=load.device,
+                calibration=calibration,
+                low_rank=low_rank,
+            )
+            result = save(adapter.pipeline, output, force=force)
+        except BaseException:
+            if kept := resume.held():
+                groups = f"{len(kept)} finished group{'s' if len(kept) > 1 else ''}"
+                log.warning("calibration stopped; %s kept in %s: run the same command again to resume", groups,
+                            resume.folder)  # fmt: skip
+            raise
+        resume.remove()
+    return result

@@ -8,6 +8,9 @@ fit runs them once). Every layer sees the source model's own inputs: the layers 
 precision while it is calibrated (nothing is swapped until every layer is quantized), which is GPTQ without the
 sequential re-run through already quantized layers.
 
+With ``Calibration.resume`` every group's stored layers are kept on disk as soon as it is done, and a group kept
+by an earlier run from the same inputs is taken back instead of calibrated again (``calibration_resume``).
+
 With a low-rank branch (``ditq.quantization.low_rank``) GPTQ rounds the residual W - up @ down with the layer's own
 Hessian: the branch runs in 16 bits on the same inputs, so the residual's output error is the layer's.
 """
@@ -25,6 +28,7 @@ from ditq.checkpoint.codecs import codec_for
 from ditq.checkpoint.low_rank import branch_rank
 from ditq.errors import InputError
 from ditq.numerics import dequantize_weight, relative_l2
+from ditq.quantization.calibration_resume import CalibrationResume, group_inputs
 from ditq.quantization.gptq import gptq_quantize, hessian_hooks
 from ditq.quantization.low_rank import split_low_rank
 from ditq.quantization.rewrite import StoredLayer
@@ -48,6 +52,9 @@ class Calibration:
     memory_bytes: int = 4 * 2**30  # the Hessians held at once
     damp: float = 0.01  # GPTQ's damping, a fraction of the Hessian's mean diagonal
     act_order: bool = True  # columns by decreasing Hessian diagonal, static group scales (gptq_quantize)
+    resume: CalibrationResume | None = (
+        None  # where finished groups are kept and taken back from (None: nowhere)
+    )
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
@@ -106,18 +113,22 @@ def _encode(
 
 
 def calibrated_layers(
-    module: torch.nn.Module, schemes: Mapping[str, Scheme], calibration: Calibration, low_rank: int = 0
+    module: torch.nn.Module,
+    schemes: Mapping[str, Scheme],
+    calibration: Calibration,
+    low_rank: int = 0,
+    component: str = "module",
 ) -> dict[str, StoredLayer]:
     """Target -> its GPTQ-rounded stored layer, for ``module``'s targets (prefix -> scheme: int weights only), with
     a branch of rank ``low_rank`` beside the 4-bit ones (0: none); ``module`` is not changed. A target the
-    requests never reach is an InputError."""
+    requests never reach is an InputError. ``component`` names ``module``'s groups in ``calibration.resume``."""
     floats = sorted(prefix for prefix, scheme in schemes.items() if scheme.weight_type != "int")
     if floats:
         raise InputError(
             f"--calibrate gptq rounds int weights (w4a16, w4a8, w8a16, w8a8); {floats[0]} is "
             f"{schemes[floats[0]].name}"
         )
-    found = calibrated_choices(module, {p: [s] for p, s in schemes.items()}, calibration, low_rank)
+    found = calibrated_choices(module, {p: [s] for p, s in schemes.items()}, calibration, low_rank, component)
     return {prefix: found[prefix][scheme.name] for prefix, scheme in schemes.items()}
 
 
@@ -126,30 +137,51 @@ def calibrated_choices(
     choices: Mapping[str, Sequence[Scheme]],
     calibration: Calibration,
     low_rank: int = 0,
+    component: str = "module",
 ) -> dict[str, dict[str, StoredLayer]]:
     """Target -> scheme name -> its GPTQ-rounded stored layer, for every int scheme among each target's
     ``choices`` (fp8 ones are left out: GPTQ here rounds to an int grid); each Hessian is gathered once and rounds
     every choice of its target (``ditq plan`` measures several). Hessians are held ``calibration.memory_bytes``
-    at most at once (``hessian_groups``: one pass over the requests per group), the stored layers on the CPU.
+    at most at once (``hessian_groups``: one pass over the requests per group), the stored layers on the CPU; with
+    ``calibration.resume``, each group is kept there under ``component`` once done, or taken back from there.
     ``module`` is not changed; a target the requests never reach is an InputError."""
     wanted = {p: [s for s in c if s.weight_type == "int"] for p, c in choices.items()}
     wanted = {p: c for p, c in wanted.items() if c}
     layers = {prefix: linear_at(module, prefix) for prefix in wanted}
     groups = hessian_groups({p: m.in_features for p, m in layers.items()}, calibration.memory_bytes)
+    resume = calibration.resume
+    inputs = group_inputs(module, wanted, groups, calibration.manifest(), low_rank) if resume else {}
     stored: dict[str, dict[str, StoredLayer]] = {}
     for number, group in enumerate(groups, 1):
+        here = {p: wanted[p] for p in group}
+        if resume is not None and (kept := resume.load(component, number, inputs, here)) is not None:
+            where = resume.path(component, number)
+            log.info("calibration pass %d of %d: %d layers taken back from %s", number, len(groups), len(group),
+                     where)  # fmt: skip
+            stored |= kept
+            continue
         log.info("calibration pass %d of %d: %d layers", number, len(groups), len(group))
-        with hessian_hooks(module, group) as found:
-            calibration.run()
-        for prefix in group:
-            if found[prefix].samples == 0:
-                raise InputError(
-                    f"{prefix}: the calibration requests never ran this layer; it has no Hessian"
-                )
-            weight, hessian = layers[prefix].weight, found[prefix].hessian
-            stored[prefix] = {
-                scheme.name: _encode(weight, hessian, scheme, calibration, low_rank)
-                for scheme in wanted[prefix]
-            }
-        del found
+        stored |= _calibrated_group(module, layers, here, calibration, low_rank)
+        if resume is not None:
+            resume.save(component, number, inputs, {p: stored[p] for p in group})
+    return stored
+
+
+def _calibrated_group(
+    module: torch.nn.Module,
+    layers: Mapping[str, torch.nn.Linear],
+    group: Mapping[str, Sequence[Scheme]],
+    calibration: Calibration,
+    low_rank: int,
+) -> dict[str, dict[str, StoredLayer]]:
+    """One pass over the requests gathering the Hessians of ``group``'s targets (prefix -> its schemes), then each
+    target rounded in each of its schemes."""
+    stored: dict[str, dict[str, StoredLayer]] = {}
+    with hessian_hooks(module, group) as found:
+        calibration.run()
+    for prefix, schemes in group.items():
+        if found[prefix].samples == 0:
+            raise InputError(f"{prefix}: the calibration requests never ran this layer; it has no Hessian")
+        weight, hessian = layers[prefix].weight, found[prefix].hessian
+        stored[prefix] = {s.name: _encode(weight, hessian, s, calibration, low_rank) for s in schemes}
     return stored

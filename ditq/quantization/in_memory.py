@@ -190,7 +190,11 @@ def _quantize_module(
     # calibrated: every layer rounded before any is swapped (the requests run the source layers); a plan's fp8
     # layers round to nearest (GPTQ rounds to int grids), as ``ditq plan --calibrate gptq`` measured them
     rounded = schemes if plan is None else {p: s for p, s in schemes.items() if s.weight_type == "int"}
-    calibrated = calibrated_layers(module, rounded, calibration, low_rank) if calibration and rounded else {}
+    calibrated = (
+        calibrated_layers(module, rounded, calibration, low_rank, component)
+        if calibration and rounded
+        else {}
+    )
     with band_workers() as pool:
         for prefix, layer_scheme in rows.items():
             layers[prefix], errors[prefix] = quantized_embedding(
