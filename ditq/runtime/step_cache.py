@@ -27,6 +27,8 @@ are computed on the first WARMUP calls (default 3) and then every INTERVAL-th, a
 series in between; 1 never predicts). MagCache is refused: it needs magnitude ratios calibrated per model and step
 count. Refused beside ``--compile`` (the hooks decide per call, in Python, around each block) and ``--parallel``
 (each rank would decide alone). The model family says which blocks the hooks wrap (``register_cache_blocks``).
+diffusers' public calls drive the hooks; the two things read from its private internals (the block registry, a
+hook's state) are ``ditq.runtime.diffusers_hooks``'s, one guarded function each.
 Every ``--offload`` mode composes with the hooks: they are registered after the offload hooks, so they run first and
 a block they skip is not copied (``StepCacheRun.wrap_outermost`` registers them again where the transformer begins
 to stream later, ``Placement.demote``).
@@ -43,6 +45,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ditq.errors import InputError
+from ditq.runtime.diffusers_hooks import hook_states
 
 __all__ = [
     "AUTO",
@@ -204,21 +207,12 @@ class StepCacheRun:
     def _enable(self) -> None:
         """diffusers' hooks registered (outside every hook already on a block: the last registered runs first), and
         the state this run reads after each call."""
-        from diffusers.hooks.hooks import StateManager
-
         # the compute dtype (diffusers' first floating parameter: never a quantized weight)
         dtype: torch.dtype = self.transformer.dtype  # type: ignore[assignment]
         self.transformer.enable_cache(STEP_CACHE_KINDS[self.spec.kind].config(self.spec.values, dtype))  # type: ignore[operator]
         # the first hook's state (diffusers keeps one per hook, or one shared by a kind's hooks): every hook of a
         # kind decides alike at a call
-        self._state = next(
-            attr
-            for module in self.transformer.modules()
-            if (registry := getattr(module, "_diffusers_hook", None)) is not None
-            for hook in registry.hooks.values()
-            for attr in vars(hook).values()
-            if isinstance(attr, StateManager)
-        )
+        self._state = hook_states(self.transformer)[0]
 
     def wrap_outermost(self) -> None:
         """The hooks registered again, outside the hooks added to the blocks since: a transformer that began to
@@ -233,12 +227,14 @@ class StepCacheRun:
 
     def begin(self) -> None:
         """A request begins: the hooks' state of the last one dropped (a cancelled one never reset it)."""
-        self.transformer._reset_stateful_cache()  # type: ignore[operator]
+        from diffusers.hooks import HookRegistry
+
+        HookRegistry.check_if_exists_or_initialize(self.transformer).reset_stateful_hooks()
         self.calls = []
 
     def _enter(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         stage = "prefix" if kwargs.get("kv_cache_mode") == "extract" else "denoise"
-        outer = self._state._context  # the pipeline's own context (Qwen-Image-2.1's: cond | uncond), if any
+        outer = _open_context(self._state)  # the pipeline's own (Qwen-Image-2.1's: cond | uncond), if any
         name = stage if outer is None else f"{outer.name}/{stage}"
         self._open = self.transformer.cache_context(name)  # type: ignore[operator]
         self._open.__enter__()
@@ -257,6 +253,15 @@ class StepCacheRun:
         for handle in self._handles:
             handle.remove()
         self.transformer.disable_cache()  # type: ignore[operator]
+
+
+def _open_context(state: Any) -> Any:
+    """The cache context a hook's ``StateManager`` is in, or None: its public ``context`` raises ValueError for
+    none."""
+    try:
+        return state.context
+    except ValueError:
+        return None
 
 
 def install_step_cache(pipeline: Any, text: str) -> StepCacheRun:
