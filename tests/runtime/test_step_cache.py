@@ -279,3 +279,15 @@ def test_auto_offload_streams_a_cached_transformer_loaded_or_demoted_alike(
     for image, calls, _copies in drawn.values():
         assert calls == reference_calls and np.array_equal(image, reference)
     assert drawn["demoted"][2] == drawn["loaded"][2] > 0
+
+
+def test_the_open_context_is_read_through_diffusers_public_property() -> None:
+    """``StateManager.context`` raises for none: a transformer called outside any pipeline context reads None."""
+    from diffusers.hooks.hooks import CacheContext, StateManager
+
+    from ditq.runtime.step_cache import _open_context
+
+    state = StateManager(object)
+    assert _open_context(state) is None
+    state.set_context(CacheContext("cond"))
+    assert _open_context(state) == CacheContext("cond")
