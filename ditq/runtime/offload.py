@@ -253,6 +253,9 @@ class Placement:
             name = self.resident.pop()
             module = _modules(pipeline)[name]
             _stream(module, self.device, denoiser=name in DENOISERS)
+            step_cache = getattr(pipeline, "ditq_step_cache", None)  # ditq.runtime.step_cache.StepCacheRun
+            if step_cache is not None and step_cache.transformer is module:
+                step_cache.wrap_outermost()  # a block the cache skips is not copied
             self.streamed.insert(0, name)
             if self.transfer_gbps is None:
                 self.transfer_gbps = transfer_rate_gbps(self.device)

@@ -27,6 +27,11 @@ are computed on the first WARMUP calls (default 3) and then every INTERVAL-th, a
 series in between; 1 never predicts). MagCache is refused: it needs magnitude ratios calibrated per model and step
 count. Refused beside ``--compile`` (the hooks decide per call, in Python, around each block) and ``--parallel``
 (each rank would decide alone). The model family says which blocks the hooks wrap (``register_cache_blocks``).
+diffusers' public calls drive the hooks; the two things read from its private internals (the block registry, a
+hook's state) are ``ditq.runtime.diffusers_hooks``'s, one guarded function each.
+Every ``--offload`` mode composes with the hooks: they are registered after the offload hooks, so they run first and
+a block they skip is not copied (``StepCacheRun.wrap_outermost`` registers them again where the transformer begins
+to stream later, ``Placement.demote``).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ditq.errors import InputError
+from ditq.runtime.diffusers_hooks import hook_states
 
 __all__ = [
     "AUTO",
@@ -186,20 +192,9 @@ class StepCacheRun:
     """The step cache installed on one transformer: each call's cache context, and what each request skipped."""
 
     def __init__(self, transformer: torch.nn.Module, spec: StepCacheSpec) -> None:
-        from diffusers.hooks.hooks import StateManager
-
         self.transformer, self.spec = transformer, spec
         self._skipped = STEP_CACHE_KINDS[spec.kind].skipped
-        # the first hook's state (diffusers keeps one per hook, or one shared by a kind's hooks): every hook of a
-        # kind decides alike at a call
-        self._state = next(
-            attr
-            for module in transformer.modules()
-            if (registry := getattr(module, "_diffusers_hook", None)) is not None
-            for hook in registry.hooks.values()
-            for attr in vars(hook).values()
-            if isinstance(attr, StateManager)
-        )
+        self._enable()
         self._open: Any = None  # the context manager of the call running now
         self.calls: list[
             bool
@@ -209,18 +204,37 @@ class StepCacheRun:
             transformer.register_forward_hook(self._exit, always_call=True),
         ]
 
+    def _enable(self) -> None:
+        """diffusers' hooks registered (outside every hook already on a block: the last registered runs first), and
+        the state this run reads after each call."""
+        # the compute dtype (diffusers' first floating parameter: never a quantized weight)
+        dtype: torch.dtype = self.transformer.dtype  # type: ignore[assignment]
+        self.transformer.enable_cache(STEP_CACHE_KINDS[self.spec.kind].config(self.spec.values, dtype))  # type: ignore[operator]
+        # the first hook's state (diffusers keeps one per hook, or one shared by a kind's hooks): every hook of a
+        # kind decides alike at a call
+        self._state = hook_states(self.transformer)[0]
+
+    def wrap_outermost(self) -> None:
+        """The hooks registered again, outside the hooks added to the blocks since: a transformer that began to
+        stream after the cache was installed (``Placement.demote``) copies no weights of a block the cache skips,
+        as one that streamed from the start does. Between requests: the state of the last one is dropped."""
+        self.transformer.disable_cache()  # type: ignore[operator]
+        self._enable()
+
     @property
     def skipped_steps(self) -> int:
         return sum(self.calls)
 
     def begin(self) -> None:
         """A request begins: the hooks' state of the last one dropped (a cancelled one never reset it)."""
-        self.transformer._reset_stateful_cache()  # type: ignore[operator]
+        from diffusers.hooks import HookRegistry
+
+        HookRegistry.check_if_exists_or_initialize(self.transformer).reset_stateful_hooks()
         self.calls = []
 
     def _enter(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         stage = "prefix" if kwargs.get("kv_cache_mode") == "extract" else "denoise"
-        outer = self._state._context  # the pipeline's own context (Qwen-Image-2.1's: cond | uncond), if any
+        outer = _open_context(self._state)  # the pipeline's own (Qwen-Image-2.1's: cond | uncond), if any
         name = stage if outer is None else f"{outer.name}/{stage}"
         self._open = self.transformer.cache_context(name)  # type: ignore[operator]
         self._open.__enter__()
@@ -241,6 +255,15 @@ class StepCacheRun:
         self.transformer.disable_cache()  # type: ignore[operator]
 
 
+def _open_context(state: Any) -> Any:
+    """The cache context a hook's ``StateManager`` is in, or None: its public ``context`` raises ValueError for
+    none."""
+    try:
+        return state.context
+    except ValueError:
+        return None
+
+
 def install_step_cache(pipeline: Any, text: str) -> StepCacheRun:
     """``--cache TEXT`` on ``pipeline``'s transformer through diffusers' own hooks; the run is
     ``pipeline.ditq_step_cache`` (the adapter begins each request with it and reads its count)."""
@@ -256,8 +279,6 @@ def install_step_cache(pipeline: Any, text: str) -> StepCacheRun:
             field="cache",
         )
     family.register_cache_blocks()
-    # the compute dtype (diffusers' first floating parameter: never a quantized weight)
-    transformer.enable_cache(STEP_CACHE_KINDS[spec.kind].config(spec.values, transformer.dtype))
     run = StepCacheRun(transformer, spec)
     pipeline.ditq_step_cache = run
     return run

@@ -199,3 +199,95 @@ def test_diffusers_own_pipeline_and_enable_cache_skip_steps_on_an_artifact(
     assert zero_calls == STEPS and np.array_equal(zero, plain)
     skipping, skipping_calls = draw(1e9)
     assert skipping_calls == 2 and np.abs(skipping - plain).max() > 0
+
+
+def _open_cached(artifact: Path, setting: str, offload: str = "none", **options: object) -> PipelineAdapter:
+    from ditq.pipeline.open import open_pipeline
+
+    return open_pipeline(
+        artifact,
+        LoadOptions(device="cpu", offload=offload, cache=setting, skip_doctor=True, **options),  # type: ignore[arg-type]
+    )
+
+
+def _draw(adapter: PipelineAdapter) -> tuple[np.ndarray, list[bool]]:
+    """The image of one request and, per transformer call, whether the cache served it."""
+    image = _pixels(adapter, _request())
+    return image, list(adapter.pipeline.ditq_step_cache.calls)
+
+
+SKIPPING = ("first-block:1e9", "taylorseer:2:1")  # each serves some calls of the demo's six from the cache
+
+
+@pytest.mark.parametrize("setting", SKIPPING)
+@pytest.mark.parametrize("offload", ["model", "block"])
+def test_an_offloaded_transformer_skips_the_steps_a_resident_one_skips_and_draws_its_image(
+    demo_artifacts: dict[str, Path], offload: str, setting: str
+) -> None:
+    """diffusers' cache hooks wrap the offload hooks (``model``: accelerate's around the whole transformer;
+    ``block``: diffusers' group offload around each block): the same calls are served from the cache, and the image
+    is the resident cached run's, bit for bit (on the CPU the hooks move nothing, but every one of them runs)."""
+    resident, resident_calls = _draw(_open_cached(demo_artifacts["source"], setting))
+    image, calls = _draw(_open_cached(demo_artifacts["source"], setting, offload))
+    assert sum(calls) > 0 and calls == resident_calls
+    assert np.array_equal(image, resident)
+
+
+@pytest.mark.parametrize("offload", ["model", "block", "auto"])
+def test_a_cache_that_skips_nothing_changes_no_pixel_of_an_offloaded_run(
+    demo_artifacts: dict[str, Path], offload: str
+) -> None:
+    """Threshold 0 under each offload mode: every call computed, the uncached offloaded run's image."""
+    budget = {"memory_budget_bytes": 1} if offload == "auto" else {}
+    uncached = _pixels(_open_cached(demo_artifacts["source"], None, offload, **budget), _request())  # type: ignore[arg-type]
+    image, calls = _draw(_open_cached(demo_artifacts["source"], "first-block:0", offload, **budget))
+    assert calls == [False] * STEPS and np.array_equal(image, uncached)
+
+
+@pytest.mark.parametrize("setting", SKIPPING)
+def test_auto_offload_streams_a_cached_transformer_loaded_or_demoted_alike(
+    demo_artifacts: dict[str, Path], setting: str
+) -> None:
+    """``--offload auto``: a transformer that streams from the start (a budget nothing fits, so its hooks come
+    first) and one demoted to streaming after the cache was installed skip the same calls, draw the image of the
+    resident transformer beside the same streamed text encoder (the text encoder's hooks cost it torch's fused
+    path: ``test_auto_offload_keeps_what_runs_most_and_streams_the_rest``), and copy the same blocks: a block the
+    cache skips is not copied in either."""
+    from diffusers.hooks.group_offloading import ModuleGroup
+
+    copies: list[int] = []
+    onload = ModuleGroup.onload_
+
+    def counted(group: ModuleGroup) -> None:
+        copies.append(1)
+        onload(group)
+
+    demoted = _open_cached(demo_artifacts["source"], setting, "auto")  # no budget on the CPU: all resident
+    placement = demoted.pipeline.ditq_placement
+    assert placement.demote(demoted.pipeline) == "text_encoder streams from pinned host memory"
+    reference, reference_calls = _draw(demoted)
+    assert placement.demote(demoted.pipeline) == "transformer streams from pinned host memory"
+    loaded = _open_cached(demo_artifacts["source"], setting, "auto", memory_budget_bytes=1)
+    assert loaded.pipeline.ditq_placement.streamed == ["transformer", "text_encoder"]
+    drawn = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ModuleGroup, "onload_", counted)
+        for name, adapter in (("demoted", demoted), ("loaded", loaded)):
+            copies.clear()
+            drawn[name] = (*_draw(adapter), len(copies))
+    assert sum(reference_calls) > 0
+    for image, calls, _copies in drawn.values():
+        assert calls == reference_calls and np.array_equal(image, reference)
+    assert drawn["demoted"][2] == drawn["loaded"][2] > 0
+
+
+def test_the_open_context_is_read_through_diffusers_public_property() -> None:
+    """``StateManager.context`` raises for none: a transformer called outside any pipeline context reads None."""
+    from diffusers.hooks.hooks import CacheContext, StateManager
+
+    from ditq.runtime.step_cache import _open_context
+
+    state = StateManager(object)
+    assert _open_context(state) is None
+    state.set_context(CacheContext("cond"))
+    assert _open_context(state) == CacheContext("cond")
