@@ -12,6 +12,9 @@ calls directly. Two things it needs have no public form:
   attribute ``HookRegistry.check_if_exists_or_initialize`` sets, and their ``StateManager``s in the hooks' own
   attributes (``hook_states``; asking every module for its registry through the public call would add one to each).
 
+``--offload auto`` needs one more: taking diffusers' group offload off a transformer that streamed during calibration
+when streaming it bought nothing (``remove_group_offloading``: the hooks' registered names, private constants).
+
 Tested against diffusers 0.42.1, within pyproject's pin (``diffusers>=0.42,<0.43``).
 """
 
@@ -24,7 +27,7 @@ import torch
 
 from ditq.errors import DitqError
 
-__all__ = ["TESTED_DIFFUSERS", "hook_states", "register_cache_block"]
+__all__ = ["TESTED_DIFFUSERS", "hook_states", "register_cache_block", "remove_group_offloading"]
 
 TESTED_DIFFUSERS = "0.42.1"  # the diffusers every access here is tested against
 
@@ -69,3 +72,25 @@ def hook_states(transformer: torch.nn.Module) -> list[Any]:
     if not states:
         raise _moved("hook registry at module._diffusers_hook holding the cache's stateful hooks")
     return states
+
+
+def remove_group_offloading(module: torch.nn.Module) -> None:
+    """diffusers' group offload (``apply_group_offloading``) taken off ``module`` and its submodules: its hooks, by
+    the names ``diffusers.hooks.group_offloading`` registers them under (diffusers has no public call that removes
+    it); the weights stay where the hooks left them (the caller moves the module)."""
+    try:
+        from diffusers.hooks import HookRegistry
+        from diffusers.hooks.group_offloading import (
+            _GROUP_OFFLOADING,
+            _LAYER_EXECUTION_TRACKER,
+            _LAZY_PREFETCH_GROUP_OFFLOADING,
+        )
+    except ImportError:
+        raise DitqError(
+            f"--offload auto: diffusers {version('diffusers')} has no group offloading hook names in "
+            f"diffusers.hooks.group_offloading, which ditq reads to make a streamed transformer resident again "
+            f"(tested against diffusers {TESTED_DIFFUSERS}); install diffusers>=0.42,<0.43"
+        ) from None
+    registry = HookRegistry.check_if_exists_or_initialize(module)
+    for name in (_LAZY_PREFETCH_GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER, _GROUP_OFFLOADING):
+        registry.remove_hook(name, recurse=True)

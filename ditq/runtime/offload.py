@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 DENOISERS = ("transformer", "unet", "transformer_2", "prior")  # the components a request runs at every step
 VAE_STAGES = ("decoding", "image_encoding")  # the stage clock's stages that VAE tiling makes smaller
 _TRANSFER_PROBE_BYTES = 256 * 2**20
+_TILING = "the VAE decodes in tiles"  # Placement.demote's first step
 
 
 def module_bytes(module: torch.nn.Module) -> int:
@@ -164,6 +165,14 @@ class _Streamed:
             tensor.data = self.home[id(tensor)]
             self.onloaded.discard(id(tensor))
 
+    def remove(self, component: torch.nn.Module) -> None:
+        """The hooks removed and every weight copied to the device for good (``Placement.restore``)."""
+        for handle in self.handles:
+            handle.remove()
+        for tensor in dict.fromkeys([*component.parameters(), *component.buffers()]):
+            tensor.data = self.home[id(tensor)].to(self.device)
+        self.home.clear()
+
 
 def _stream(component: torch.nn.Module, device: torch.device, denoiser: bool) -> None:
     """``component``'s weights from pinned host memory to ``device`` as it runs. The denoiser streams through
@@ -186,6 +195,18 @@ def _stream(component: torch.nn.Module, device: torch.device, denoiser: bool) ->
         low_cpu_mem_usage=False,  # pinned copies made once, not per transfer
         exclude_kwargs=getattr(component, "_skip_keys", None),
     )
+
+
+def _unstream(component: torch.nn.Module, device: torch.device, denoiser: bool) -> None:
+    """What ``_stream`` did to ``component``, undone: its hooks removed and its weights resident on ``device``."""
+    if not denoiser:
+        component.ditq_streamed.remove(component)  # type: ignore[operator,union-attr]
+        del component.ditq_streamed
+        return
+    from ditq.runtime.diffusers_hooks import remove_group_offloading
+
+    remove_group_offloading(component)
+    component.to(device)
 
 
 @dataclass
@@ -248,7 +269,7 @@ class Placement:
         ):
             vae.enable_tiling()
             self.vae_tiling = True
-            step = "the VAE decodes in tiles"
+            step = _TILING
         elif self.resident:
             name = self.resident.pop()
             module = _modules(pipeline)[name]
@@ -267,6 +288,31 @@ class Placement:
         self.steps.append(step)
         log.info("placement on %s: %s; now %s", self.device, step, self.summary())
         return step
+
+    def restore(self, pipeline: Any, keep: int) -> list[str]:
+        """The demotions after the first ``keep`` undone, the latest first (a streamed component resident again,
+        the VAE's tiles off): a shape that ran out of memory with nothing left to move gained nothing by them, and
+        every smaller shape would pay for them (``ditq.serve.cost.calibrate``). What it undid."""
+        undone = []
+        while len(self.steps) > keep:
+            step = self.steps.pop()
+            if step == _TILING:
+                pipeline.vae.disable_tiling()
+                self.vae_tiling = False
+            else:
+                name = self.streamed.pop(0)
+                module = _modules(pipeline)[name]
+                _unstream(module, self.device, denoiser=name in DENOISERS)
+                step_cache = getattr(pipeline, "ditq_step_cache", None)
+                if step_cache is not None and step_cache.transformer is module:
+                    step_cache.wrap_outermost()
+                self.resident.append(name)
+            undone.append(step)
+        if not self.streamed:
+            self.transfer_gbps = None
+        if undone:
+            log.info("placement on %s: undone: %s; now %s", self.device, "; ".join(undone), self.summary())
+        return undone
 
     def summary(self) -> str:
         resident = ", ".join(self.resident) or "nothing"

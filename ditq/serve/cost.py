@@ -437,7 +437,9 @@ def calibrate(
     passed. A compiled pipeline (``--compile``) runs each shape once before measuring it, so that no measurement and
     no request pays a compilation; that warm-up is recorded (``CompileFacts.warmup_seconds``) and not held against
     the limit. A shape that runs out of memory makes an ``auto`` placement take its next step, and every shape is
-    measured again under the new placement; with nothing left to move it is recorded as out of memory."""
+    measured again under the new placement; with nothing left to move it is recorded as out of memory, and the steps
+    taken for it are undone (``Placement.restore``) before the rest are measured again: a shape no placement serves
+    does not leave the servable ones streamed."""
     started = clock()
     shapes = calibration_shapes(adapter, max_pixels)
     probe = MemoryProbe(device)
@@ -462,10 +464,18 @@ def calibrate(
     # first-call costs (and, compiled, the first compilation); eager, every shape is then measured as it first runs
     warm_up(min(shapes, key=lambda s: (s[0] * s[1], s[2])))
     free_accelerator_memory()
+    never: set[tuple[int, int, int]] = set()  # shapes out of memory with everything moved off the device
+    chased: dict[tuple[int, int, int], int] = {}  # shape -> the placement's steps when it first ran out
     while True:
         measurements: list[Measurement] = []
         demoted = False
         for index, (width, height, count) in enumerate(shapes, 1):
+            if (width, height, count) in never:
+                reference_pixels = adapter.reference_pixels or width * height
+                measurements.append(
+                    Measurement(width * height, count, reference_pixels, {}, None, None, True)
+                )
+                continue
             if measurements and clock() - started - warming > CALIBRATION_LIMIT_S:
                 logger.info(
                     "calibration: %.0f s spent; the shapes left are priced from the fit", clock() - started
@@ -487,12 +497,24 @@ def calibrate(
                 if not is_out_of_memory(error):
                     raise
                 free_accelerator_memory()
-                if (
-                    placement is not None
-                    and placement.demote(adapter.pipeline, adapter.failed_stage(error)) is not None
-                ):
-                    demoted = True
-                    break
+                if placement is not None:
+                    chased.setdefault((width, height, count), len(placement.steps))
+                    if placement.demote(adapter.pipeline, adapter.failed_stage(error)) is not None:
+                        demoted = True
+                        break
+                    # nothing left to move: this shape can never run here, and what was moved for it bought
+                    # nothing; undone, the shapes that fit are measured again where they were (resident)
+                    never.add((width, height, count))
+                    if placement.restore(adapter.pipeline, chased[(width, height, count)]):
+                        demoted = True
+                        logger.info(
+                            "calibration: %dx%d with %d references ran out of memory with everything moved; "
+                            "the placement is put back",
+                            width,
+                            height,
+                            count,
+                        )
+                        break
                 logger.info("calibration: %dx%d with %d references ran out of memory", width, height, count)
                 reference_pixels = adapter.reference_pixels or width * height
                 measurements.append(

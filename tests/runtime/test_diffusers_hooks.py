@@ -1,4 +1,4 @@
-"""The private diffusers internals the step cache reads, one guarded function each: each works on the diffusers
+"""The private diffusers internals the step cache and `--offload auto` read, one guarded function each: each works on the diffusers
 installed (the version ``TESTED_DIFFUSERS`` names), and where a diffusers lacks the name it fails in one line naming
 it and the tested version, never with an AttributeError or ImportError traceback."""
 
@@ -76,3 +76,21 @@ def test_a_diffusers_without_state_manager_is_refused_in_one_line(monkeypatch: p
     with pytest.raises(DitqError) as caught:
         hook_states(adapter.pipeline.transformer)
     _one_line(caught.value, "diffusers.hooks.hooks.StateManager")
+
+
+def test_a_diffusers_without_the_group_offload_hook_names_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``remove_group_offloading`` (``--offload auto`` putting a streamed transformer back): the same one line."""
+    import diffusers.hooks.group_offloading
+
+    from ditq.runtime.diffusers_hooks import remove_group_offloading
+
+    monkeypatch.delattr(diffusers.hooks.group_offloading, "_LAYER_EXECUTION_TRACKER")
+    with pytest.raises(DitqError) as caught:
+        remove_group_offloading(tiny_adapter().pipeline.transformer)
+    said = str(caught.value)
+    assert said.startswith(
+        f"--offload auto: diffusers {version('diffusers')} has no group offloading hook names"
+    )
+    assert f"tested against diffusers {TESTED_DIFFUSERS}" in said and "\n" not in said

@@ -64,6 +64,35 @@ def test_auto_offload_keeps_what_runs_most_and_streams_the_rest(demo_artifacts: 
     assert everything.ditq_placement.streamed == []
 
 
+def test_demotions_undone_leave_the_pipeline_as_it_was_placed(demo_artifacts: dict[str, Path]) -> None:
+    """``Placement.restore``: the text encoder's hooks and the transformer's group offload taken off again, every
+    weight resident, and the image the resident pipeline's, bit for bit."""
+    from diffusers.hooks import HookRegistry
+
+    pipeline = load_pipeline(demo_artifacts["w8a8"], device="cpu", offload="auto")  # no budget: all resident
+    expected = _pixels(pipeline)
+    placement = pipeline.ditq_placement
+    assert placement.demote(pipeline) == "text_encoder streams from pinned host memory"
+    assert placement.demote(pipeline) == "transformer streams from pinned host memory"
+    assert (
+        HookRegistry.check_if_exists_or_initialize(pipeline.transformer).get_hook("group_offloading")
+        is not None
+    )
+    assert placement.restore(pipeline, 0) == [
+        "transformer streams from pinned host memory",
+        "text_encoder streams from pinned host memory",
+    ]
+    assert (placement.resident, placement.streamed, placement.steps) == (
+        ["transformer", "text_encoder"],
+        [],
+        [],
+    )
+    assert not hasattr(pipeline.text_encoder, "ditq_streamed")
+    registries = [getattr(m, "_diffusers_hook", None) for m in pipeline.transformer.modules()]
+    assert not any(r is not None and r.hooks for r in registries)
+    assert np.array_equal(_pixels(pipeline), expected)
+
+
 def test_an_8bit_prefix_kv_cache_holds_the_references_in_half_the_bytes(
     demo_artifacts: dict[str, Path],
 ) -> None:

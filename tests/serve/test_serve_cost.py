@@ -183,6 +183,11 @@ class _Placement:
         self.steps.append("streamed")
         return "streamed"
 
+    def restore(self, _pipeline: object, keep: int) -> list[str]:
+        undone = self.steps[keep:][::-1]
+        del self.steps[keep:]
+        return undone
+
 
 class _RunsOutAtTheLargest(PipelineAdapter):
     """The tiny pipeline, out of accelerator memory at the default size with the most references while
@@ -222,6 +227,42 @@ def test_a_calibration_that_runs_out_of_memory_demotes_the_placement_and_measure
     shape = RequestCost(width * height, 3, 1, stuck.max_reference_images, stuck.reference_pixels or 0)
     why = measured.refusal(shape)
     assert why is not None and why.budget == "memory" and "ran out of memory" in why.message
+
+
+class _Undoable:
+    """An auto placement that can take two steps and undo them."""
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+        self.undone: list[str] = []
+
+    def demote(self, _pipeline: object, _stage: str | None = None) -> str | None:
+        if len(self.steps) == 2:
+            return None
+        self.steps.append(f"step {len(self.steps) + 1}")
+        return self.steps[-1]
+
+    def restore(self, _pipeline: object, keep: int) -> list[str]:
+        undone = self.steps[keep:][::-1]
+        del self.steps[keep:]
+        self.undone += undone
+        return undone
+
+
+def test_a_shape_out_of_memory_with_everything_moved_leaves_the_placement_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The largest shape runs out of memory whatever moves: the two steps taken for it are undone, it is recorded
+    as out of memory without running again, and every other shape is measured under the placement it started with
+    (not left streamed for a shape no placement serves)."""
+    placement = _Undoable()
+    adapter = _RunsOutAtTheLargest(lambda: False)
+    monkeypatch.setattr(adapter.pipeline, "ditq_placement", placement, raising=False)
+    measured = calibrate(adapter, torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
+    assert adapter.failures == 3  # as placed, after one step, after both
+    assert placement.steps == [] and placement.undone == ["step 2", "step 1"]
+    assert [m.out_of_memory for m in measured.measurements][:2] == [True, False]
+    assert not any(m.out_of_memory for m in measured.measurements[1:])
 
 
 def test_a_request_that_can_never_fit_is_413_before_it_runs_and_the_next_one_is_served() -> None:
