@@ -1,9 +1,10 @@
 """Where the doctor ran (the environment a report states and a cached verdict is keyed by) and the cache
-of verdicts: per (device, driver, library versions, path, geometries, settings), under the user cache
-directory (``DITQ_CACHE_DIR`` overrides)."""
+of verdicts: per (device, driver, library versions, the code a verdict depends on, path, geometries, settings),
+under the user cache directory (``DITQ_CACHE_DIR`` overrides)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import platform
@@ -19,7 +20,11 @@ from ditq.fsutil import user_cache_dir
 from ditq.kernels.registry import KernelPath
 from ditq.runfiles import DoctorEnvironment, DoctorPath, read_model, write_model
 
-__all__ = ["cache_dir", "cache_entry", "environment", "read_cached", "write_cached"]
+__all__ = ["cache_dir", "cache_entry", "code_digest", "environment", "read_cached", "write_cached"]
+
+# What a verdict depends on besides the environment: the kernels, the checks, and the stored layout and numerics
+# they are checked against (ditq's version alone does not move when these do)
+_VERDICT_CODE = ("kernels", "doctor", "checkpoint/codecs.py", "numerics.py")
 
 
 def _driver_version() -> str | None:
@@ -68,6 +73,19 @@ def cache_dir() -> Path:
     return user_cache_dir()
 
 
+@functools.cache
+def code_digest() -> str:
+    """sha256 over ditq's source files a verdict depends on (``_VERDICT_CODE``), by their paths and bytes: a
+    changed kernel is checked again rather than vouched for by a verdict on the code it replaced."""
+    root = Path(ditq.__file__).parent
+    digest = hashlib.sha256()
+    for name in _VERDICT_CODE:
+        found = root / name
+        for file in sorted(found.rglob("*.py")) if found.is_dir() else [found]:
+            digest.update(file.relative_to(root).as_posix().encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def cache_entry(
     env: DoctorEnvironment, path: KernelPath, geometries: Sequence[Geometry], settings: Mapping[str, Any]
 ) -> Path:
@@ -76,7 +94,9 @@ def cache_entry(
         k: getattr(env, k) for k in ("gpu", "capability", "driver", "cuda", "torch", "triton", "ditq", "cpu")
     }
     blob = json.dumps(
-        [keyed, path.name, [str(g) for g in geometries], dict(settings)], sort_keys=True, default=str
+        [keyed, code_digest(), path.name, [str(g) for g in geometries], dict(settings)],
+        sort_keys=True,
+        default=str,
     )
     return cache_dir() / "doctor" / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
 

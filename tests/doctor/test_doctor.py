@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ditq
 from ditq import doctor
 from ditq.checkpoint.codecs import codec_for
 from ditq.cli import main
@@ -144,6 +145,36 @@ def test_verdicts_are_cached_per_environment_and_path(
     # Another geometry is another key.
     with pytest.raises(AssertionError, match="recomputed"):
         doctor.choose_kernel(FP8, torch.device("cpu"), torch.bfloat16, 128, 32)
+    # Changed kernel code is another key: a verdict on the code it replaced vouches for nothing.
+    monkeypatch.setattr("ditq.doctor.cache.code_digest", lambda: "0" * 64)
+    with pytest.raises(AssertionError, match="recomputed"):
+        doctor.choose_kernel(FP8, torch.device("cpu"), torch.bfloat16, 64, 32)
+
+
+def test_the_code_digest_moves_with_a_nested_kernel_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A copy of the files a verdict depends on: the digest is theirs, and one byte more in a nested kernel module
+    (``kernels/_triton``) gives another."""
+    import shutil
+
+    from ditq.doctor import cache
+
+    root = Path(ditq.__file__).parent
+    for name in cache._VERDICT_CODE:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        copy = shutil.copytree if (root / name).is_dir() else shutil.copy
+        copy(root / name, tmp_path / name)
+    monkeypatch.setattr(ditq, "__file__", str(tmp_path / "__init__.py"))
+    cache.code_digest.cache_clear()
+    try:
+        before = cache.code_digest()
+        kernel = tmp_path / "kernels" / "_triton" / "w4_gemm.py"
+        kernel.write_bytes(kernel.read_bytes() + b"\n")
+        cache.code_digest.cache_clear()
+        assert cache.code_digest() != before
+    finally:
+        cache.code_digest.cache_clear()
 
 
 def _layer(scheme_name: str, in_features: int, out_features: int):  # type: ignore[no-untyped-def]
