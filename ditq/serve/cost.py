@@ -425,6 +425,12 @@ def _measure(adapter: PipelineAdapter, shape: tuple[int, int, int], probe: Memor
     return Measurement.of(request_cost(request, count, adapter), result, probe.peak_above_start())
 
 
+def _ran_out(adapter: PipelineAdapter, width: int, height: int, count: int) -> Measurement:
+    """What calibration records of a shape that ran out of memory: the shape, and nothing measured."""
+    reference_pixels = adapter.reference_pixels or width * height
+    return Measurement(width * height, count, reference_pixels, {}, None, None, True)
+
+
 def calibrate(
     adapter: PipelineAdapter,
     device: torch.device,
@@ -471,10 +477,7 @@ def calibrate(
         demoted = False
         for index, (width, height, count) in enumerate(shapes, 1):
             if (width, height, count) in never:
-                reference_pixels = adapter.reference_pixels or width * height
-                measurements.append(
-                    Measurement(width * height, count, reference_pixels, {}, None, None, True)
-                )
+                measurements.append(_ran_out(adapter, width, height, count))
                 continue
             if measurements and clock() - started - warming > CALIBRATION_LIMIT_S:
                 logger.info(
@@ -516,10 +519,7 @@ def calibrate(
                         )
                         break
                 logger.info("calibration: %dx%d with %d references ran out of memory", width, height, count)
-                reference_pixels = adapter.reference_pixels or width * height
-                measurements.append(
-                    Measurement(width * height, count, reference_pixels, {}, None, None, True)
-                )
+                measurements.append(_ran_out(adapter, width, height, count))
             finally:
                 free_accelerator_memory()
         if not demoted:
