@@ -15,6 +15,7 @@ calibrated again: a resumed run stores exactly the bytes an uninterrupted one st
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -76,22 +77,14 @@ def group_inputs(
         "format": RESUME_FORMAT,
         "versions": library_versions(),
         "targets": {
-            p: {"shape": list(weights[p].shape), "schemes": [_scheme(s) for s in wanted[p]]} for p in wanted
+            p: {"shape": list(weights[p].shape), "schemes": [dataclasses.asdict(s) for s in wanted[p]]}
+            for p in wanted
         },
         "low_rank": low_rank,
         "calibration": dict(calibration),
         "groups": [list(g) for g in groups],
         "device": sorted({w.device.type for w in weights.values()}),
         "dtypes": sorted({str(w.dtype) for w in weights.values()}),
-    }
-
-
-def _scheme(scheme: Scheme) -> dict[str, Any]:
-    return {
-        "name": scheme.name,
-        "bits": scheme.num_bits,
-        "group_size": scheme.group_size,
-        "format": scheme.format,
     }
 
 

@@ -209,6 +209,15 @@ def _unstream(component: torch.nn.Module, device: torch.device, denoiser: bool) 
     component.to(device)
 
 
+def _step_cache_outermost(pipeline: Any, module: torch.nn.Module) -> None:
+    """Where ``module`` is the transformer under a step cache (``ditq.runtime.step_cache.StepCacheRun``) whose
+    offload hooks just changed: the cache's hooks registered again outside them, so a block it skips is not
+    copied."""
+    step_cache = getattr(pipeline, "ditq_step_cache", None)
+    if step_cache is not None and step_cache.transformer is module:
+        step_cache.wrap_outermost()
+
+
 @dataclass
 class Placement:
     """``auto`` offload: which components stay on the device, which stream, and whether the VAE decodes in tiles."""
@@ -274,9 +283,7 @@ class Placement:
             name = self.resident.pop()
             module = _modules(pipeline)[name]
             _stream(module, self.device, denoiser=name in DENOISERS)
-            step_cache = getattr(pipeline, "ditq_step_cache", None)  # ditq.runtime.step_cache.StepCacheRun
-            if step_cache is not None and step_cache.transformer is module:
-                step_cache.wrap_outermost()  # a block the cache skips is not copied
+            _step_cache_outermost(pipeline, module)
             self.streamed.insert(0, name)
             if self.transfer_gbps is None:
                 self.transfer_gbps = transfer_rate_gbps(self.device)
@@ -303,9 +310,7 @@ class Placement:
                 name = self.streamed.pop(0)
                 module = _modules(pipeline)[name]
                 _unstream(module, self.device, denoiser=name in DENOISERS)
-                step_cache = getattr(pipeline, "ditq_step_cache", None)
-                if step_cache is not None and step_cache.transformer is module:
-                    step_cache.wrap_outermost()
+                _step_cache_outermost(pipeline, module)
                 self.resident.append(name)
             undone.append(step)
         if not self.streamed:

@@ -27,9 +27,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 STEPS = 6
 
 
-def _image(pipeline: object) -> np.ndarray:
+def _image(pipeline: object, side: int = 64) -> np.ndarray:
     generator = torch.Generator().manual_seed(1)
-    out = pipeline(prompt="a red circle", num_inference_steps=3, width=64, height=64, generator=generator)  # type: ignore[operator]
+    out = pipeline(prompt="a red circle", num_inference_steps=3, width=side, height=side, generator=generator)  # type: ignore[operator]
     return np.asarray(out.images[0]).astype(np.float64)
 
 
@@ -113,12 +113,6 @@ def test_the_int8_token_embedding_looks_up_on_cuda_what_the_codec_decodes(dtype:
     assert out.device.type == "cuda" and torch.equal(out.cpu(), reference[ids])
 
 
-def _drawn(pipeline: object, seed: int = 1) -> np.ndarray:
-    generator = torch.Generator().manual_seed(seed)
-    image = pipeline(prompt="a red circle", width=32, height=32, num_inference_steps=3, generator=generator)  # type: ignore[operator]
-    return np.asarray(image.images[0])
-
-
 @pytest.mark.parametrize("scheme", ["fp8", "w4a8"])
 def test_generate_with_adapters_on_cuda_draws_what_the_python_pipeline_draws(
     demo_artifacts: dict[str, Path],
@@ -133,7 +127,7 @@ def test_generate_with_adapters_on_cuda_draws_what_the_python_pipeline_draws(
     from ditq.cli import main
 
     pipeline = ditq.load_pipeline(demo_artifacts[scheme], device="cuda")
-    plain = _drawn(pipeline)
+    plain = _image(pipeline, 32)
     pipeline.transformer.load_lora_adapter(str(lora_files["peft"]), adapter_name="style", prefix=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
@@ -141,7 +135,7 @@ def test_generate_with_adapters_on_cuda_draws_what_the_python_pipeline_draws(
             str(lora_files["diffusers"]), weight_name="pytorch_lora_weights.safetensors", adapter_name="bold"
         )
     pipeline.transformer.set_adapters(["style", "bold"], [1.0, 0.5])
-    adapted = _drawn(pipeline)
+    adapted = _image(pipeline, 32)
     out = tmp_path / "out.png"
     argv = [
         "generate",
