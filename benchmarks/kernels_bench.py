@@ -35,9 +35,9 @@ SHAPES_KN = [(4096, 12288), (4096, 4096), (12288, 4096)]
 SHAPES_M = [4352, 20736]
 # --shapes four-bit: the full-size transformer's and text encoder's Linears (K, N: hidden 4096, MLP 12288, the
 # text encoder's key/value 1024) at the token counts 4-bit serving meets: a prompt (16, 256), a cached step at
-# 1024x1024 (4096 target tokens), a prefix step with 4 references (20736)
+# 1024x1024 (4096 target tokens), a prefix step with 4 references (20736); 1024 between, where the w4a8 paths split
 FOUR_BIT_KN = [(4096, 12288), (4096, 4096), (12288, 4096), (4096, 1024)]
-FOUR_BIT_M = [16, 256, 4096, 20736]
+FOUR_BIT_M = [16, 256, 1024, 4096, 20736]
 SHAPE_SETS = {"seed": (SHAPES_M, SHAPES_KN), "four-bit": (FOUR_BIT_M, FOUR_BIT_KN)}
 
 
@@ -170,6 +170,20 @@ def _rows_for_shape(
         for path, prepared in prepared_paths(w, scheme):
             record(f"ditq:{path.name}", path.scheme.name, lambda p=path, pr=prepared: p.matmul(x, pr, None),
                    chosen=path.name == chosen)  # fmt: skip
+            if path.name == "widen-scaled-mm-w4a8":  # both sides of its split at every token count
+                from ditq.kernels import w4_triton
+                from ditq.kernels._triton.w4_gemm import widen_int4_fp8
+
+                def widened_always(pr: Prepared = prepared, p: KernelPath = path) -> torch.Tensor:
+                    split, w4_triton.W4A8_WIDEN_MIN_ROWS = w4_triton.W4A8_WIDEN_MIN_ROWS, 0
+                    try:
+                        return p.matmul(x, pr, None)
+                    finally:
+                        w4_triton.W4A8_WIDEN_MIN_ROWS = split
+
+                record("w4a8 widened + cuBLAS at any M (variant)", "variant", widened_always)
+                record("w4a8 widening to e4m3 alone", "part", lambda pr=prepared: widen_int4_fp8(pr["weight"]),
+                       check=False)  # fmt: skip
             if path.name == "triton-w4a8":  # the other widening, measured against the shipped one
                 from ditq.kernels._triton.w4_gemm import w4_gemm
                 from ditq.kernels.w4_triton import block_k_for

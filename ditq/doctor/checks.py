@@ -282,19 +282,21 @@ def check_path(
                     ok, message, value = False, raised(error), None
                 checks.append(DoctorCheck(step=step, geometry=where, weights=weights, dtype="-", passed=ok,
                                           message=message, value=value, bound=None))  # fmt: skip
-            for dtype in supported:
+            counts = path.rows_checked(rows)  # a path that runs other code from some token count: both sides
+            for dtype, count in ((d, c) for d in supported for c in counts):
                 dtype_name = str(dtype).removeprefix("torch.")
+                at = where if len(counts) == 1 else f"{where} M={count}"
                 try:
                     if bound is None:
                         bound = _output_bound(path, geometry, device, rows)
                         bounds.append(bound)
-                    out, ref = _layer_output(path, case, device, dtype, rows, geometry.in_features)
+                    out, ref = _layer_output(path, case, device, dtype, count, geometry.in_features)
                     outcomes = _output_checks(out, ref, case, geometry.in_features, bound, path.accumulate)
                 except Exception as error:
                     outcomes = [(step, False, raised(error), None, None) for step in ("finite", "output")]
-                for step, ok, message, value, bound in outcomes:
-                    checks.append(DoctorCheck(step=step, geometry=where, weights=weights, dtype=dtype_name,
-                                              passed=ok, message=message, value=value, bound=bound))  # fmt: skip
+                for step, ok, message, value, limit in outcomes:
+                    checks.append(DoctorCheck(step=step, geometry=at, weights=weights, dtype=dtype_name,
+                                              passed=ok, message=message, value=value, bound=limit))  # fmt: skip
     skipped = None
     if not claimed:
         reasons = {

@@ -166,6 +166,17 @@ class KernelPath:
     available: Callable[[], str | None] = field(default=always_available)
     description: str = ""
     accumulate: str = "exact"  # one of ACCUMULATE_MODES
+    # Tokens (rows of x) from which the matmul runs other code than below them (None: one code for every count):
+    # the doctor checks such a path on each side (``rows_checked``)
+    split_rows: int | None = None
+
+    def rows_checked(self, rows: int) -> tuple[int, ...]:
+        """The token counts the doctor checks this path at when asked for ``rows``: ``rows``, and for a path that
+        splits at ``split_rows``, a count on the other side of the split too."""
+        split = self.split_rows
+        if split is None or split <= 1:
+            return (rows,)
+        return (rows, split) if rows < split else (split - 1, rows)
 
     def supports(
         self,
@@ -204,12 +215,14 @@ def register_kernel(
     available: Callable[[], str | None] = always_available,
     description: str = "",
     accumulate: str = "exact",
+    split_rows: int | None = None,
 ) -> Callable[[MatmulFn], MatmulFn]:
     """Decorator: register the decorated matmul as kernel path ``name``; returns the function unchanged.
 
     ``scheme`` is a ``Scheme`` or its name or alias ("w8a16", "int8dq"...); anything else is an InputError in one
     line. Higher ``priority`` is preferred. ``accumulate`` ("exact" | "fast") says how it accumulates: a fast path
-    is a candidate only where fast accumulation was asked for (``candidate_paths``)."""
+    is a candidate only where fast accumulation was asked for (``candidate_paths``). ``split_rows``: the token count
+    from which the matmul runs other code (the doctor then checks both sides)."""
     preset = _scheme_of(scheme, f"kernel path {name!r}")  # chosen by scheme, whatever a layer's group size
     if accumulate not in ACCUMULATE_MODES:
         raise InputError(
@@ -232,6 +245,7 @@ def register_kernel(
             available=available,
             description=description or first_line(matmul.__doc__),
             accumulate=accumulate,
+            split_rows=split_rows,
         )
         return matmul
 

@@ -1,11 +1,15 @@
 """CUDA 4-bit weights: w4a8 (int4 weights x per-token fp8 activations on fp8 tensor cores, sm_89+) and w4a16 (int4
-weights x bf16/fp16 activations, sm_80+) through one Triton GEMM (``_triton.w4_gemm``), and w4a16 as dequantize +
-cuBLAS (ops ``ditq::w4a8_triton``, ``ditq::w4a16_triton``, ``ditq::w4a16_dequant_matmul``).
+weights x bf16/fp16 activations, sm_80+) through one Triton GEMM (``_triton.w4_gemm``), w4a16 as dequantize +
+cuBLAS, and w4a8 from ``W4A8_WIDEN_MIN_ROWS`` tokens as widen + cuBLAS's fp8 GEMM (sm_90: the int4 values widened to
+e4m3 unscaled, which is exact, and the group scales handed to ``torch._scaled_mm`` as its 1x128 blockwise scaling,
+the fp32 promotion per 128 of K that the Triton GEMM does by hand) (ops ``ditq::w4a8_triton``, ``ditq::w4a8_widened``,
+``ditq::w4a16_triton``, ``ditq::w4a16_dequant_matmul``).
 
 The repack keeps the weights at 4 bits: compressed-tensors' int32 words hold eight nibbles biased by 8, low nibble
 first, so their bytes (little-endian) are already two values each in k order; flipping each nibble's top bit
 (``^ 0x88``) makes them two's complement, which the kernel widens with two shifts. The scales stay (N, groups)
-float32. No 16-bit weight is ever materialised, except transiently, one layer at a time, by the dequantize path.
+float32. No 16-bit weight is ever materialised, except transiently, one layer at a time, by the dequantize path (and
+the widened e4m3 weight, one byte a value, by the widening path).
 """
 
 from __future__ import annotations
@@ -25,12 +29,15 @@ from ditq.kernels.cuda_common import (
 from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, StoredWeight, register_kernel
 from ditq.schemes import W4A8, W4A16
 
-__all__ = ["block_k_for", "repack_int4"]
+__all__ = ["block_k_for", "cublas_weight_scales", "repack_int4"]
 
 # Tokens up to which the w4a16 path runs the Triton GEMM on the packed weights; above, dequantize + cuBLAS. On an
 # H100 (benchmarks/results/h100-four-bit/) dequantize + cuBLAS ran at 0.88-1.07x BF16 from 4096 tokens up, the Triton
 # GEMM at 0.39-0.55x; at 16 and 256 tokens only the Triton GEMM was measured (0.31-1.16x BF16: no split along K).
 W4A16_TRITON_MAX_ROWS = 256
+# Tokens from which the widen-scaled-mm-w4a8 path widens the int4 weight to e4m3 and leaves the GEMM to cuBLAS; below,
+# the Triton GEMM on the packed weight (benchmarks/results/h100-four-bit/: both timed at every token count).
+W4A8_WIDEN_MIN_ROWS = 512
 
 
 def block_k_for(in_features: int, groups: int) -> int | None:
@@ -113,8 +120,53 @@ def _w4a16_dequant_matmul(
     return torch.nn.functional.linear(x, w, bias)
 
 
+def cublas_weight_scales(weight_scale: torch.Tensor, in_features: int) -> torch.Tensor | None:
+    """The (N, G) group scales as ``torch._scaled_mm`` takes them for the widened (N, K) weight: per channel, (1, N)
+    (rowwise); groups of a multiple of 128, one scale per 128 of K as a (K / 128, N) row-major tensor (cuBLAS's 1x128
+    blockwise scaling, sm_90), a group of 256 or more repeated over its 128s. None for any other grouping, and for a
+    K cuBLAS's fp8 GEMM does not take (a multiple of 16)."""
+    groups = weight_scale.shape[1]
+    if in_features % 16:
+        return None
+    if groups == 1:
+        return weight_scale.reshape(1, -1)
+    group_size = in_features // groups
+    if group_size % 128:
+        return None
+    return weight_scale.repeat_interleave(group_size // 128, dim=1).t().contiguous()
+
+
+def _w4a8_widened_gemm(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    from ditq.kernels._triton.w4_gemm import widen_int4_fp8
+
+    m, k = x_q.shape
+    scale_b = None
+    if m >= W4A8_WIDEN_MIN_ROWS and out_dtype == torch.bfloat16:
+        scale_b = cublas_weight_scales(weight_scale, k)
+    if scale_b is None:
+        return _w4a8_gemm(x_q, x_scale, weight, weight_scale, bias, out_dtype)
+    if weight_scale.shape[1] == 1:
+        scale_a = x_scale.reshape(m, 1)
+    else:  # the token's one scale for each 128 of K, (M, K / 128) column-major as cuBLAS reads it
+        scale_a = x_scale.reshape(1, m).expand(k // 128, m).contiguous().t()
+    y = torch._scaled_mm(
+        x_q, widen_int4_fp8(weight).t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16
+    )
+    if bias is not None:
+        y.add_(bias.to(y.dtype))
+    return y
+
+
 w4a8_triton = cuda_op("ditq::w4a8_triton", _w4a8_gemm)
-register_quantized_row_fakes(w4a8_triton)
+w4a8_widened = cuda_op("ditq::w4a8_widened", _w4a8_widened_gemm)
+register_quantized_row_fakes(w4a8_triton, w4a8_widened)
 w4a16_triton = cuda_op("ditq::w4a16_triton", _w4a16_gemm)
 w4a16_dequant_matmul = cuda_op("ditq::w4a16_dequant_matmul", _w4a16_dequant_matmul)
 register_row_fakes(w4a16_triton, w4a16_dequant_matmul)
@@ -139,6 +191,21 @@ def matmul_w4a8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) 
 
 
 @register_kernel(
+    name="widen-scaled-mm-w4a8",
+    scheme=W4A8,
+    priority=85,
+    min_capability=(9, 0),
+    activation_dtypes=frozenset({torch.bfloat16}),
+    split_rows=W4A8_WIDEN_MIN_ROWS,
+    **_COMMON,  # type: ignore[arg-type]
+)
+def matmul_w4a8_widened(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """From W4A8_WIDEN_MIN_ROWS tokens: the int4 weight widened to e4m3 (Triton), then cuBLAS's fp8 GEMM scaling
+    each 128 of K (sm_90) or each channel; below, and for other groupings, the Triton GEMM."""
+    return matmul_quantized_rows(w4a8_widened, x, prepared, bias, "fp8")
+
+
+@register_kernel(
     name="triton-w4a16",
     scheme=W4A16,
     priority=80,
@@ -157,6 +224,7 @@ def matmul_w4a16(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None)
     priority=85,
     min_capability=(8, 0),
     activation_dtypes=HALF_ACTIVATIONS | {torch.float32},
+    split_rows=W4A16_TRITON_MAX_ROWS + 1,
     **_COMMON,  # type: ignore[arg-type]
 )
 def matmul_w4a16_dequant(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:

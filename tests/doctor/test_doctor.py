@@ -121,6 +121,42 @@ def test_chooser_refuses_a_broken_path_and_falls_back(broken, caplog: pytest.Log
     assert (Path(report_dir) / "evidence.json").is_file()
 
 
+def _wrong_from_40_rows(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
+    """Right below 40 tokens, transposed from 40 up: a path whose second code runs above the doctor's rows."""
+    return (_transposes if x.reshape(-1, x.shape[-1]).shape[0] >= 40 else get_kernel(REFERENCE).matmul)(
+        x, prepared, bias
+    )
+
+
+@pytest.mark.parametrize("split_rows", [None, 40])
+def test_a_path_that_splits_by_token_count_is_checked_on_both_sides(
+    split_rows: int | None, tmp_path: Path
+) -> None:
+    """Checked at 32 tokens, a path wrong only from 40 passes when it does not declare its split, and fails at
+    M=40 when it does; declared, the load-time chooser then refuses it too."""
+    name = "test-split-w8a8"
+    reference = get_kernel(REFERENCE)
+    register_kernel(name=name, scheme=W8A8, device_type="cpu", prepare=reference.prepare, priority=100,
+                    split_rows=split_rows)(_wrong_from_40_rows)  # fmt: skip
+    try:
+        (result,) = doctor.run_doctor("cpu", kernels=[name], geometries=SQUARE, rows=32, report_root=tmp_path)
+        if split_rows is None:
+            assert result.verdict == "PASS"
+            return
+        assert result.verdict == "FAIL"
+        failure = result.first_failure
+        assert failure is not None and failure.step == "output" and failure.geometry.endswith("M=40")
+        synthetic = [c for c in result.checks if c.step == "output" and c.weights == "synthetic"]
+        assert {(c.geometry, c.passed) for c in synthetic} == {
+            (f"{SQUARE[0]} M=32", True),
+            (f"{SQUARE[0]} M=40", False),
+        }
+        choice = doctor.choose_kernel(W8A8, torch.device("cpu"), torch.bfloat16, 64, 64, rows=32)
+        assert choice.path.name == REFERENCE and choice.refused == (name,)
+    finally:
+        unregister_kernel(name)
+
+
 def test_no_passing_path_is_an_error_naming_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
     _register("test-only-nan-w8a8", matmul=_returns_nan)
     try:

@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from ditq.checkpoint.codecs import codec_for
-from ditq.kernels.w4_triton import block_k_for, repack_int4
+from ditq.kernels.w4_triton import (
+    W4A8_WIDEN_MIN_ROWS,
+    _w4a8_widened_gemm,
+    block_k_for,
+    cublas_weight_scales,
+    repack_int4,
+)
 from ditq.numerics import relative_l2
 from ditq.schemes import W4A16
 
@@ -55,6 +61,98 @@ def test_interpreted_gemm_and_dequantize_match_the_weight(m: int, k: int, n: int
     x16 = x.to(torch.float16)
     out = w4_gemm(x16, None, prepared["weight"], prepared["weight_scale"], None, torch.float32, block_k)
     assert relative_l2(out, x16.to(torch.float64) @ weight.T) < 1e-6
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="needs TRITON_INTERPRET=1 and Triton")
+@pytest.mark.parametrize(("m", "k", "n", "groups"), CASES)
+def test_interpreted_widening_to_e4m3_holds_the_int4_values(m: int, k: int, n: int, groups: int) -> None:
+    from ditq.kernels._triton.w4_gemm import widen_int4_fp8
+
+    generator = torch.Generator().manual_seed(k + n)
+    q = torch.randint(-8, 8, (n, k), generator=generator, dtype=torch.int8)
+    prepared = repack_int4(codec_for(W4A16).encode(q, torch.ones(n, groups)), torch.device("cpu"))
+    widened = widen_int4_fp8(prepared["weight"])
+    assert widened.dtype == torch.float8_e4m3fn and widened.shape == (n, k)
+    assert torch.equal(widened.view(torch.uint8), q.to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+def _cublas_scaled(
+    x_q: torch.Tensor, scale_a: torch.Tensor, q: torch.Tensor, scale_b: torch.Tensor
+) -> torch.Tensor:
+    """What cuBLAS's fp8 GEMM computes from these scales (float64): rowwise scale_a (M, 1) x scale_b (1, N); 1x128
+    blockwise, each 128 of K's dot times scale_a[m, block] x scale_b[block, n]."""
+    a, b = x_q.to(torch.float64), q.to(torch.float64)
+    if scale_b.shape[0] == 1:
+        return (a @ b.T) * scale_a.to(torch.float64) * scale_b.to(torch.float64)
+    out = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float64)
+    for block in range(scale_b.shape[0]):
+        ks = slice(block * 128, (block + 1) * 128)
+        part = a[:, ks] @ b[:, ks].T
+        out += part * scale_a[:, block, None].to(torch.float64) * scale_b[block][None, :].to(torch.float64)
+    return out
+
+
+@pytest.mark.parametrize(("k", "groups"), [(1104, 1), (1024, 8), (1024, 4), (4096, 2)])
+def test_the_scales_handed_to_cublas_weigh_each_k_as_the_checkpoint_does(k: int, groups: int) -> None:
+    """Per channel (rowwise), groups of 128, of 256 and of 2048 (repeated over their 128s): the scale layouts
+    cuBLAS is handed give the checkpoint's x @ dequant(w)^T, and are the sizes and strides torch._scaled_mm takes."""
+    m, n = 6, 48
+    generator = torch.Generator().manual_seed(k + groups)
+    q = torch.randint(-8, 8, (n, k), generator=generator, dtype=torch.int8)
+    scale = torch.rand(n, groups, generator=generator) * 1e-2 + 1e-3
+    weight = q.to(torch.float64) * scale.to(torch.float64).repeat_interleave(k // groups, dim=1)
+    x_q, x_scale = _fp8_rows(torch.randn(m, k, generator=generator))
+    scale_b = cublas_weight_scales(scale, k)
+    assert scale_b is not None
+    if groups == 1:
+        scale_a = x_scale.reshape(m, 1)
+        assert scale_b.shape == (1, n)
+    else:
+        scale_a = x_scale.reshape(1, m).expand(k // 128, m).contiguous().t()
+        assert scale_b.shape == (k // 128, n) and scale_b.stride() == (n, 1) and scale_a.stride() == (1, m)
+    expected = (x_q.to(torch.float64) * x_scale[:, None].to(torch.float64)) @ weight.T
+    assert relative_l2(_cublas_scaled(x_q, scale_a, q, scale_b), expected) < 1e-12
+    meta = [t.to("meta") for t in (x_q, q.to(torch.float8_e4m3fn), scale_a, scale_b)]
+    assert torch._scaled_mm(meta[0], meta[1].t(), scale_a=meta[2], scale_b=meta[3],
+                            out_dtype=torch.bfloat16).shape == (m, n)  # fmt: skip
+
+
+def test_groupings_cublas_cannot_scale_are_left_to_the_triton_gemm() -> None:
+    assert cublas_weight_scales(torch.ones(8, 32), 1024) is None  # groups of 32
+    assert cublas_weight_scales(torch.ones(8, 3), 576) is None  # groups of 192
+    assert cublas_weight_scales(torch.ones(8, 1), 1000) is None  # K not a multiple of 16
+    assert cublas_weight_scales(torch.ones(8, 1), 1008) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    ("m", "k", "n", "groups"),
+    [(W4A8_WIDEN_MIN_ROWS, 4096, 1024, 32), (4096, 4096, 512, 16), (600, 4304, 1152, 1), (700, 1024, 256, 32),
+     (W4A8_WIDEN_MIN_ROWS - 1, 4096, 1024, 32)],
+)  # fmt: skip
+def test_the_widened_cublas_gemm_gives_what_the_triton_gemm_gives(
+    m: int, k: int, n: int, groups: int
+) -> None:
+    """Groups of 128 and of 256, per channel, groups of 32 (Triton's alone) and one token short of the widening:
+    the widen-scaled-mm-w4a8 GEMM against the float64 reference and the Triton GEMM, with a bias."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("cuBLAS's 1x128 blockwise fp8 scaling: sm_90")
+    cuda = torch.device("cuda")
+    x, prepared, weight = _case(m, k, n, groups, cuda)
+    bias = torch.randn(n, device=cuda).to(torch.bfloat16)
+    x_q, x_scale = _fp8_rows(x)
+    args = (x_q, x_scale, prepared["weight"], prepared["weight_scale"], bias, torch.bfloat16)
+    widened = _w4a8_widened_gemm(*args)
+    from ditq.kernels.w4_triton import _w4a8_gemm
+
+    triton_out = _w4a8_gemm(*args)
+    expected = (x_q.to(torch.float64) * x_scale[:, None].to(torch.float64)) @ weight.T + bias.to(
+        torch.float64
+    )
+    assert widened.dtype == torch.bfloat16 and widened.shape == (m, n)
+    assert relative_l2(widened, expected) < 5e-3
+    assert relative_l2(widened, triton_out) < 5e-3
 
 
 @pytest.mark.gpu

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from ditq.kernels._triton.w8a8_gemm import _tile_ids
 
-__all__ = ["dequantize_int4", "w4_gemm"]
+__all__ = ["dequantize_int4", "w4_gemm", "widen_int4_fp8"]
 
 # (BLOCK_N: weight rows, the dot's M; BLOCK_M: tokens, the dot's N; warps; stages). BLOCK_K comes from the group size.
 _SHAPES = [
@@ -250,3 +250,26 @@ def dequantize_int4(w: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype) 
         w, w_scale, out, k, k // w_scale.shape[1], w_scale.stride(0), BLOCK=block
     )
     return out
+
+
+@triton.jit
+def _widen_fp8_kernel(w_ptr, out_ptr, NUMEL, BLOCK: tl.constexpr):
+    """BLOCK bytes of two int4 values each -> 2 * BLOCK e4m3 bytes, each byte's low nibble first."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    word = tl.load(w_ptr + offs, mask=offs < NUMEL, other=0).to(tl.int32)
+    low = (word << 28) >> 28
+    high = (word << 24) >> 28
+    values = tl.reshape(tl.join(low, high), (2 * BLOCK,)).to(tl.float16).to(tl.float8e4nv)
+    out_offs = tl.program_id(0).to(tl.int64) * (2 * BLOCK) + tl.arange(0, 2 * BLOCK)
+    tl.store(out_ptr + out_offs, values.to(tl.uint8, bitcast=True), mask=out_offs < 2 * NUMEL)
+
+
+def widen_int4_fp8(w: torch.Tensor) -> torch.Tensor:
+    """w (N, K // 2) int8 (the kernels' repack) -> (N, K) float8 e4m3 holding the int4 values themselves (-8..7 are
+    exact in e4m3): the unscaled weight a cuBLAS fp8 GEMM takes, the scales left to it. Transient, one layer at a
+    time: K bytes a row against the repack's K / 2."""
+    n, k = w.shape[0], w.shape[1] * 2
+    out = torch.empty((n, k), dtype=torch.uint8, device=w.device)
+    block = 1024
+    _widen_fp8_kernel[(triton.cdiv(w.numel(), block),)](w, out, w.numel(), BLOCK=block)
+    return out.view(torch.float8_e4m3fn)
