@@ -154,11 +154,16 @@ def _w4a8_widened_gemm(
         return _w4a8_gemm(x_q, x_scale, weight, weight_scale, bias, out_dtype)
     if weight_scale.shape[1] == 1:
         scale_a = x_scale.reshape(m, 1)
-    else:  # the token's one scale for each 128 of K, (M, K / 128) column-major as cuBLAS reads it
-        scale_a = x_scale.reshape(1, m).expand(k // 128, m).contiguous().t()
+    else:  # the token's one scale for each 128 of K, (M, K / 128) column-major as cuBLAS reads it; cuBLAS finds no
+        # blockwise algorithm for a token count that is not a multiple of 4: pad the rows, drop them after
+        rows = -(-m // 4) * 4
+        if rows != m:
+            x_q = torch.nn.functional.pad(x_q.view(torch.uint8), (0, 0, 0, rows - m)).view(x_q.dtype)
+            x_scale = torch.nn.functional.pad(x_scale, (0, rows - m), value=1.0)
+        scale_a = x_scale.reshape(1, rows).expand(k // 128, rows).contiguous().t()
     y = torch._scaled_mm(
         x_q, widen_int4_fp8(weight).t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16
-    )
+    )[:m]
     if bias is not None:
         y.add_(bias.to(y.dtype))
     return y

@@ -12,14 +12,21 @@ calls directly. Two things it needs have no public form:
   attribute ``HookRegistry.check_if_exists_or_initialize`` sets, and their ``StateManager``s in the hooks' own
   attributes (``hook_states``; asking every module for its registry through the public call would add one to each).
 
-``--offload auto`` needs one more: taking diffusers' group offload off a transformer that streamed during calibration
-when streaming it bought nothing (``remove_group_offloading``: the hooks' registered names, private constants).
+``--offload auto`` needs two more: taking diffusers' group offload off a transformer that streamed during calibration
+when streaming it bought nothing (``remove_group_offloading``: the hooks' registered names, private constants); and
+mending what its streams do to a block cache (``prefetch_pending``, ``reconnect_cut_hooks``): with
+``use_stream=True`` diffusers registers a layer-execution tracker on every block, and removes them after the
+transformer's first call; ``HookRegistry.remove_hook`` then points the hook registered after each (the block cache's)
+at what the tracker wrapped, through its ``fn_ref.forward``, which for a hook that replaces ``forward``
+(``new_forward``: First Block Cache's) is that replacement: the block would compute at every step from the second call
+on. Measured on an H100: a First Block Cache that skipped every call it could resident skipped none streamed.
 
 Tested against diffusers 0.42.1, within pyproject's pin (``diffusers>=0.42,<0.43``).
 """
 
 from __future__ import annotations
 
+import functools
 from importlib.metadata import version
 from typing import Any
 
@@ -27,7 +34,14 @@ import torch
 
 from ditq.errors import DitqError
 
-__all__ = ["TESTED_DIFFUSERS", "hook_states", "register_cache_block", "remove_group_offloading"]
+__all__ = [
+    "TESTED_DIFFUSERS",
+    "hook_states",
+    "prefetch_pending",
+    "reconnect_cut_hooks",
+    "register_cache_block",
+    "remove_group_offloading",
+]
 
 TESTED_DIFFUSERS = "0.42.1"  # the diffusers every access here is tested against
 
@@ -94,3 +108,39 @@ def remove_group_offloading(module: torch.nn.Module) -> None:
     registry = HookRegistry.check_if_exists_or_initialize(module)
     for name in (_LAZY_PREFETCH_GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER, _GROUP_OFFLOADING):
         registry.remove_hook(name, recurse=True)
+
+
+def prefetch_pending(module: torch.nn.Module) -> bool:
+    """Whether ``module`` carries diffusers' lazy prefetch hook (group offload with streams, before its first call
+    has recorded the blocks' order and removed its trackers)."""
+    try:
+        from diffusers.hooks.group_offloading import _LAZY_PREFETCH_GROUP_OFFLOADING
+    except ImportError:
+        raise _moved("diffusers.hooks.group_offloading._LAZY_PREFETCH_GROUP_OFFLOADING") from None
+    registry = getattr(module, "_diffusers_hook", None)
+    return registry is not None and registry.get_hook(_LAZY_PREFETCH_GROUP_OFFLOADING) is not None
+
+
+def reconnect_cut_hooks(module: torch.nn.Module) -> int:
+    """Every hook under ``module`` that replaces ``forward`` (``new_forward``) and was cut out of its chain by the
+    removal of a hook registered before it (see above) put back: its ``fn_ref.forward`` its ``new_forward`` again,
+    and what it wraps (``original_forward``) what the removal left it pointing at. Its state is kept. How many."""
+    mended = 0
+    for submodule in module.modules():
+        registry = getattr(submodule, "_diffusers_hook", None)
+        if registry is None:
+            continue
+        for hook in registry.hooks.values():
+            replacement = getattr(hook, "new_forward", None)
+            fn_ref = getattr(hook, "fn_ref", None)
+            if replacement is None or fn_ref is None:
+                continue
+            current = fn_ref.forward
+            if isinstance(current, functools.partial) and current.func == replacement:
+                continue
+            fn_ref.original_forward = current
+            fn_ref.forward = functools.update_wrapper(
+                functools.partial(replacement, registry._module_ref), replacement
+            )
+            mended += 1
+    return mended

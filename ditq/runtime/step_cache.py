@@ -45,7 +45,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ditq.errors import InputError
-from ditq.runtime.diffusers_hooks import hook_states
+from ditq.runtime.diffusers_hooks import hook_states, prefetch_pending, reconnect_cut_hooks
 
 __all__ = [
     "AUTO",
@@ -196,6 +196,7 @@ class StepCacheRun:
         self._skipped = STEP_CACHE_KINDS[spec.kind].skipped
         self._enable()
         self._open: Any = None  # the context manager of the call running now
+        self._prefetch_pending = False
         self.calls: list[
             bool
         ] = []  # this request's transformer calls: whether each was served from the cache
@@ -233,6 +234,9 @@ class StepCacheRun:
         self.calls = []
 
     def _enter(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        # group offload with streams removes its trackers at the end of this call, cutting the block hooks
+        # registered after them out: mended in _exit (``ditq.runtime.diffusers_hooks.reconnect_cut_hooks``)
+        self._prefetch_pending = prefetch_pending(self.transformer)
         stage = "prefix" if kwargs.get("kv_cache_mode") == "extract" else "denoise"
         outer = _open_context(self._state)  # the pipeline's own (Qwen-Image-2.1's: cond | uncond), if any
         name = stage if outer is None else f"{outer.name}/{stage}"
@@ -240,6 +244,9 @@ class StepCacheRun:
         self._open.__enter__()
 
     def _exit(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._prefetch_pending and not prefetch_pending(self.transformer):
+            reconnect_cut_hooks(self.transformer)
+        self._prefetch_pending = False
         if self._open is None:
             return
         try:

@@ -492,6 +492,7 @@ def calibrate(
                 height,
                 count,
             )
+            ran_out, failed_stage = False, None
             try:
                 if compiled is not None and (width, height, count) not in warm:
                     warm_up((width, height, count))
@@ -499,29 +500,33 @@ def calibrate(
             except Exception as error:
                 if not is_out_of_memory(error):
                     raise
-                free_accelerator_memory()
-                if placement is not None:
-                    chased.setdefault((width, height, count), len(placement.steps))
-                    if placement.demote(adapter.pipeline, adapter.failed_stage(error)) is not None:
-                        demoted = True
-                        break
-                    # nothing left to move: this shape can never run here, and what was moved for it bought
-                    # nothing; undone, the shapes that fit are measured again where they were (resident)
-                    never.add((width, height, count))
-                    if placement.restore(adapter.pipeline, chased[(width, height, count)]):
-                        demoted = True
-                        logger.info(
-                            "calibration: %dx%d with %d references ran out of memory with everything moved; "
-                            "the placement is put back",
-                            width,
-                            height,
-                            count,
-                        )
-                        break
-                logger.info("calibration: %dx%d with %d references ran out of memory", width, height, count)
-                measurements.append(_ran_out(adapter, width, height, count))
+                ran_out, failed_stage = True, adapter.failed_stage(error)
             finally:
+                # out of the handler: the failed call's frames (and the activations they hold) are let go first,
+                # so that the placement's moves below have the memory they freed
                 free_accelerator_memory()
+            if not ran_out:
+                continue
+            if placement is not None:
+                chased.setdefault((width, height, count), len(placement.steps))
+                if placement.demote(adapter.pipeline, failed_stage) is not None:
+                    demoted = True
+                    break
+                # nothing left to move: this shape can never run here, and what was moved for it bought
+                # nothing; undone, the shapes that fit are measured again where they were (resident)
+                never.add((width, height, count))
+                if placement.restore(adapter.pipeline, chased[(width, height, count)]):
+                    demoted = True
+                    logger.info(
+                        "calibration: %dx%d with %d references ran out of memory with everything moved; "
+                        "the placement is put back",
+                        width,
+                        height,
+                        count,
+                    )
+                    break
+            logger.info("calibration: %dx%d with %d references ran out of memory", width, height, count)
+            measurements.append(_ran_out(adapter, width, height, count))
         if not demoted:
             break
         warm.clear()  # a new placement: compiled code may differ (streamed weights), warm every shape again

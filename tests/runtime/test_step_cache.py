@@ -121,6 +121,49 @@ def test_first_block_skips_every_call_it_may_but_never_the_kv_cache_extract_call
     assert np.abs(np.asarray(result.images[0], dtype=np.int16) - reference).max() > 0
 
 
+def test_block_hooks_cut_out_when_a_stream_prefetch_ends_its_tracing_are_mended_after_that_call() -> None:
+    """diffusers' group offload with streams (CUDA only) registers a layer-execution tracker on every block before
+    the cache's hooks, and removes them with its own lazy hook at the end of the transformer's first call, which cuts
+    First Block Cache's block hooks out of their chain (``ditq.runtime.diffusers_hooks.reconnect_cut_hooks``).
+    Reproduced on the CPU with diffusers' own tracker hook and registry: the calls skipped and the image are the
+    run's without them, in the first request and the next."""
+    from diffusers.hooks import HookRegistry, ModelHook
+    from diffusers.hooks.group_offloading import (
+        _LAYER_EXECUTION_TRACKER,
+        _LAZY_PREFETCH_GROUP_OFFLOADING,
+        LayerExecutionTrackerHook,
+    )
+
+    request = _request()
+    plain, plain_run = _cached("first-block:1e9")
+    expected = _pixels(plain, request)
+    adapter = tiny_adapter()
+    transformer = adapter.pipeline.transformer
+    blocks = list(transformer.transformer_blocks)
+    for block in blocks:
+        HookRegistry.check_if_exists_or_initialize(block).register_hook(
+            LayerExecutionTrackerHook(lambda: None), _LAYER_EXECUTION_TRACKER
+        )
+
+    class LazyPrefetch(
+        ModelHook
+    ):  # what diffusers' LazyPrefetchGroupOffloadingHook removes after its first call
+        def post_forward(self, module: torch.nn.Module, output: object) -> object:
+            for block in blocks:
+                block._diffusers_hook.remove_hook(_LAYER_EXECUTION_TRACKER, recurse=False)
+            module._diffusers_hook.remove_hook(_LAZY_PREFETCH_GROUP_OFFLOADING, recurse=False)
+            return output
+
+    HookRegistry.check_if_exists_or_initialize(transformer).register_hook(
+        LazyPrefetch(), _LAZY_PREFETCH_GROUP_OFFLOADING
+    )
+    run = install_step_cache(adapter.pipeline, "first-block:1e9")
+    for _ in range(2):
+        image = _pixels(adapter, request)
+        assert sum(run.calls) > 0 and run.calls == plain_run.calls
+        assert np.array_equal(image, expected)
+
+
 def test_taylorseer_predicts_between_its_computed_calls() -> None:
     """interval 2, warm-up 1: the extract call, then the cached calls 0, 2, 4 of their context computed."""
     adapter, run = _cached("taylorseer:2:1")

@@ -9,6 +9,7 @@ import io
 import socket
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import httpx
@@ -263,6 +264,46 @@ def test_a_shape_out_of_memory_with_everything_moved_leaves_the_placement_as_it_
     assert placement.steps == [] and placement.undone == ["step 2", "step 1"]
     assert [m.out_of_memory for m in measured.measurements][:2] == [True, False]
     assert not any(m.out_of_memory for m in measured.measurements[1:])
+
+
+class _Held:
+    """What a failed call's frame holds (its activations, on a GPU)."""
+
+
+class _HoldsWhatItRanOutWith(_RunsOutAtTheLargest):
+    """Out of memory at the largest shape with an object alive in the failing call's frame, as a CUDA out-of-memory
+    error keeps the forward's activations alive through its traceback."""
+
+    def __call__(self, request: GenerationRequest) -> GenerationResult:
+        held = _Held()
+        self.held = weakref.ref(held)
+        return super().__call__(request)
+
+
+class _ChecksTheFailedCallIsGone(_Undoable):
+    """Each placement move asserts that the failed call's frame was let go before it: moving a component back onto
+    a full device needs the memory that call held."""
+
+    def __init__(self, adapter: _HoldsWhatItRanOutWith) -> None:
+        super().__init__()
+        self.adapter = adapter
+
+    def demote(self, pipeline: object, stage: str | None = None) -> str | None:
+        assert self.adapter.held() is None, "the placement moved while the failed call was still held"
+        return super().demote(pipeline, stage)
+
+    def restore(self, pipeline: object, keep: int) -> list[str]:
+        assert self.adapter.held() is None, "the placement moved while the failed call was still held"
+        return super().restore(pipeline, keep)
+
+
+def test_the_placement_moves_only_after_the_failed_call_is_let_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter = _HoldsWhatItRanOutWith(lambda: False)
+    placement = _ChecksTheFailedCallIsGone(adapter)
+    monkeypatch.setattr(adapter.pipeline, "ditq_placement", placement, raising=False)
+    measured = calibrate(adapter, torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
+    assert adapter.failures == 3 and placement.undone == ["step 2", "step 1"]
+    assert [m.out_of_memory for m in measured.measurements][:2] == [True, False]
 
 
 def test_a_request_that_can_never_fit_is_413_before_it_runs_and_the_next_one_is_served() -> None:
