@@ -129,12 +129,13 @@ def test_groupings_cublas_cannot_scale_are_left_to_the_triton_gemm() -> None:
 @pytest.mark.parametrize(
     ("m", "k", "n", "groups"),
     [(W4A8_WIDEN_MIN_ROWS, 4096, 1024, 32), (4096, 4096, 512, 16), (600, 4304, 1152, 1), (700, 1024, 256, 32),
-     (W4A8_WIDEN_MIN_ROWS - 1, 4096, 1024, 32)],
+     (W4A8_WIDEN_MIN_ROWS - 1, 4096, 1024, 32), (513, 4096, 1024, 32)],
 )  # fmt: skip
 def test_the_widened_cublas_gemm_gives_what_the_triton_gemm_gives(
     m: int, k: int, n: int, groups: int
 ) -> None:
-    """Groups of 128 and of 256, per channel, groups of 32 (Triton's alone) and one token short of the widening:
+    """Groups of 128 and of 256, per channel, groups of 32 (Triton's alone), one token short of the widening and a
+    token count cuBLAS's blockwise GEMM does not take (513: the rows padded to a multiple of 4):
     the widen-scaled-mm-w4a8 GEMM against the float64 reference and the Triton GEMM, with a bias."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("cuBLAS's 1x128 blockwise fp8 scaling: sm_90")
