@@ -1,22 +1,31 @@
 """`ditq serve --max-memory` on a CUDA device, live on loopback: a request past the budget is refused (413
 ``over_memory_budget`` when the calibrated lower bound already passes it, else 503 ``out_of_memory`` once it runs out)
 and the server serves the next one; a model past the budget stops start-up with exit code 3; the cost model
-measures the allocator on CUDA."""
+measures the allocator on CUDA. `ditq serve --lora` on CUDA: each request's adapters draw what ditq's Python pipeline
+draws with them."""
 
 from __future__ import annotations
 
+import base64
 import gc
+import io
 import subprocess
+import warnings
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from serve_testkit import serve_process
 
+import ditq
 from ditq.demo import default_model_dir
 from ditq.errors import EXIT_OUT_OF_MEMORY
+from ditq.metrics import psnr
 from ditq.pipeline.open import open_pipeline
 from ditq.runtime.adapter import GenerationRequest
 from ditq.runtime.options import LoadOptions
@@ -137,3 +146,51 @@ def test_the_cost_model_measures_the_cuda_allocator_and_refuses_what_cannot_fit(
         del adapter
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def test_serve_with_adapters_on_cuda_draws_what_the_python_pipeline_draws(
+    tmp_path: Path, demo_artifacts: dict[str, Path], lora_files: dict[str, Path]
+) -> None:
+    """``ditq serve --lora`` on CUDA (the doctor choosing each layer's kernel), each request's ``lora`` field
+    picking its adapters, against ditq's Python pipeline on CUDA with the same adapters loaded by diffusers' own
+    calls: one adapter, both at their loaded scales (the field left out), none."""
+    pytest.importorskip("peft")
+    ask = {"prompt": "a red circle", "size": "32x32", "num_inference_steps": 3, "seed": 1}
+    pipeline = ditq.load_pipeline(demo_artifacts["fp8"], device="cuda")
+    pipeline.transformer.load_lora_adapter(str(lora_files["peft"]), adapter_name="style", prefix=None)
+    with warnings.catch_warnings():  # peft's note that the model holds an adapter already
+        warnings.simplefilter("ignore", UserWarning)
+        pipeline.transformer.load_lora_adapter(
+            str(lora_files["diffusers"]), weight_name="pytorch_lora_weights.safetensors", adapter_name="bold"
+        )
+
+    def drawn(pipeline: Any, adapters: dict[str, float]) -> np.ndarray:
+        if adapters:
+            pipeline.transformer.enable_lora()
+            pipeline.transformer.set_adapters(list(adapters), list(adapters.values()))
+        else:
+            pipeline.transformer.disable_lora()
+        generator = torch.Generator().manual_seed(1)
+        image = pipeline(
+            prompt="a red circle", width=32, height=32, num_inference_steps=3, generator=generator
+        )
+        return np.asarray(image.images[0].convert("RGB")).astype(np.float64)
+
+    choices = [({"name": "style"}, {"style": 1.0}), (None, {"style": 1.0, "bold": 0.5}), ([], {})]
+    expected = [drawn(pipeline, adapters) for _, adapters in choices]
+    assert not np.array_equal(expected[0], expected[2]) and not np.array_equal(expected[0], expected[1])
+    del pipeline
+    gc.collect()
+    torch.cuda.empty_cache()
+    lora = ["--lora", f"style={lora_files['peft']}", "--lora", f"bold={lora_files['diffusers']}:0.5"]
+    args = [str(demo_artifacts["fp8"]), *lora, "--max-pixels", str(32 * 32), "--max-references", "0"]
+    with _server(tmp_path, *args, "--on-collapse", "warn") as (process, base, log):
+        assert wait_healthy(base, 300, process) is None, log.read_text()[-3000:]
+        with httpx.Client(base_url=base, timeout=300) as client:
+            for (field, _), want in zip(choices, expected, strict=True):
+                body = ask if field is None else {**ask, "lora": field}
+                answer = client.post("/v1/images/generations", json=body)
+                assert answer.status_code == 200, answer.text
+                png = base64.b64decode(answer.json()["data"][0]["b64_json"])
+                got = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(np.float64)
+                assert psnr(got, want) >= 40.0, field
