@@ -4,13 +4,15 @@ what the LoRA tests (``tests/runtime/test_lora.py``, ``tests/serve/test_serve_lo
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 
-__all__ = ["TARGETS", "add_seeded_adapter", "save_adapter_files"]
+__all__ = ["TARGETS", "add_seeded_adapter", "drawn_with", "load_both_adapters", "save_adapter_files"]
 
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]  # the attention projections of every block
 
@@ -42,3 +44,30 @@ def save_adapter_files(state: dict[str, torch.Tensor], folder: Path) -> dict[str
         folder / "diffusers/pytorch_lora_weights.safetensors",
     )
     return {"peft": folder / "style.safetensors", "diffusers": folder / "diffusers"}
+
+
+def load_both_adapters(pipeline: Any, files: dict[str, Path]) -> None:
+    """``save_adapter_files``' two files on ``pipeline``'s transformer by diffusers' own calls: ``style`` from peft's
+    file, ``bold`` from diffusers' folder."""
+    pipeline.transformer.load_lora_adapter(str(files["peft"]), adapter_name="style", prefix=None)
+    with warnings.catch_warnings():  # peft's note that the model holds an adapter already
+        warnings.simplefilter("ignore", UserWarning)
+        pipeline.transformer.load_lora_adapter(
+            str(files["diffusers"]), weight_name="pytorch_lora_weights.safetensors", adapter_name="bold"
+        )
+
+
+def drawn_with(
+    pipeline: Any, adapters: dict[str, float], prompt: str, seed: int = 1, steps: int = 3
+) -> np.ndarray:
+    """``pipeline``'s 32x32 RGB image of ``prompt`` with ``adapters`` (name -> scale; none: LoRA disabled)."""
+    if adapters:
+        pipeline.transformer.enable_lora()
+        pipeline.transformer.set_adapters(list(adapters), list(adapters.values()))
+    else:
+        pipeline.transformer.disable_lora()
+    generator = torch.Generator().manual_seed(seed)
+    image = pipeline(
+        prompt=prompt, width=32, height=32, num_inference_steps=steps, generator=generator
+    ).images[0]
+    return np.asarray(image.convert("RGB"))

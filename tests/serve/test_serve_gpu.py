@@ -10,15 +10,14 @@ import base64
 import gc
 import io
 import subprocess
-import warnings
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import torch
+from lora_kit import drawn_with, load_both_adapters
 from PIL import Image
 from serve_testkit import serve_process
 
@@ -157,27 +156,12 @@ def test_serve_with_adapters_on_cuda_draws_what_the_python_pipeline_draws(
     pytest.importorskip("peft")
     ask = {"prompt": "a red circle", "size": "32x32", "num_inference_steps": 3, "seed": 1}
     pipeline = ditq.load_pipeline(demo_artifacts["fp8"], device="cuda")
-    pipeline.transformer.load_lora_adapter(str(lora_files["peft"]), adapter_name="style", prefix=None)
-    with warnings.catch_warnings():  # peft's note that the model holds an adapter already
-        warnings.simplefilter("ignore", UserWarning)
-        pipeline.transformer.load_lora_adapter(
-            str(lora_files["diffusers"]), weight_name="pytorch_lora_weights.safetensors", adapter_name="bold"
-        )
-
-    def drawn(pipeline: Any, adapters: dict[str, float]) -> np.ndarray:
-        if adapters:
-            pipeline.transformer.enable_lora()
-            pipeline.transformer.set_adapters(list(adapters), list(adapters.values()))
-        else:
-            pipeline.transformer.disable_lora()
-        generator = torch.Generator().manual_seed(1)
-        image = pipeline(
-            prompt="a red circle", width=32, height=32, num_inference_steps=3, generator=generator
-        )
-        return np.asarray(image.images[0].convert("RGB")).astype(np.float64)
+    load_both_adapters(pipeline, lora_files)
 
     choices = [({"name": "style"}, {"style": 1.0}), (None, {"style": 1.0, "bold": 0.5}), ([], {})]
-    expected = [drawn(pipeline, adapters) for _, adapters in choices]
+    expected = [
+        drawn_with(pipeline, adapters, str(ask["prompt"])).astype(np.float64) for _, adapters in choices
+    ]
     assert not np.array_equal(expected[0], expected[2]) and not np.array_equal(expected[0], expected[1])
     del pipeline
     gc.collect()

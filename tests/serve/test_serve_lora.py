@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,8 +18,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import torch
-from lora_kit import TARGETS
+from lora_kit import TARGETS, drawn_with, load_both_adapters
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from serve_testkit import LiveServer, png_bytes
@@ -44,31 +42,12 @@ PROMPT = "a red circle"
 def reference(demo_artifacts: dict[str, Path], lora_files: dict[str, Path]) -> Any:
     """ditq's Python pipeline with the same two adapters, loaded by diffusers' own calls."""
     pipeline = ditq.load_pipeline(demo_artifacts["fp8"], device="cpu")
-    pipeline.transformer.load_lora_adapter(str(lora_files["peft"]), adapter_name="style", prefix=None)
-    with warnings.catch_warnings():  # peft's note that the model holds an adapter already
-        warnings.simplefilter("ignore", UserWarning)
-        pipeline.transformer.load_lora_adapter(
-            str(lora_files["diffusers"]),
-            weight_name="pytorch_lora_weights.safetensors",
-            adapter_name="bold",
-        )
+    load_both_adapters(pipeline, lora_files)
     return pipeline
 
 
 def drawn(pipeline: Any, adapters: dict[str, float]) -> np.ndarray:
-    if adapters:
-        pipeline.transformer.enable_lora()
-        pipeline.transformer.set_adapters(list(adapters), list(adapters.values()))
-    else:
-        pipeline.transformer.disable_lora()
-    image = pipeline(
-        prompt=PROMPT,
-        width=32,
-        height=32,
-        num_inference_steps=ASK["num_inference_steps"],
-        generator=torch.Generator().manual_seed(ASK["seed"]),
-    ).images[0]
-    return np.asarray(image.convert("RGB"))
+    return drawn_with(pipeline, adapters, PROMPT, ASK["seed"], ASK["num_inference_steps"])
 
 
 @pytest.fixture(scope="module")
