@@ -134,8 +134,9 @@ def _coverage(polygons: torch.Tensor, canvas: int, supersample: int) -> torch.Te
     crossing_x = torch.where(
         straddles, crossing_x, torch.full_like(crossing_x, -1.0)
     )  # -1: left of every pixel
-    # points right of an odd number of crossings are inside: (N, rows, 1, V) vs (1, 1, cols, 1)
-    inside = ((coords.view(1, 1, fine, 1) < crossing_x[:, :, None, :]).sum(-1) % 2).float()
+    # points right of an odd number of crossings are inside: (N, rows, 1, V) vs (1, 1, cols, 1); counted in uint8
+    # (at most _VERTICES crossings), whose sum of booleans runs about three times as fast as the default int64's
+    inside = ((coords.view(1, 1, fine, 1) < crossing_x[:, :, None, :]).sum(-1, dtype=torch.uint8) % 2).float()
     return torch.nn.functional.avg_pool2d(inside[:, None], supersample)[:, 0]
 
 
