@@ -13,6 +13,7 @@ import torch
 from ditq.checkpoint.codecs import codec_for
 from ditq.kernels.w4_triton import (
     W4A8_WIDEN_MIN_ROWS,
+    _w4a8_gemm,
     _w4a8_widened_gemm,
     block_k_for,
     cublas_weight_scales,
@@ -145,8 +146,6 @@ def test_the_widened_cublas_gemm_gives_what_the_triton_gemm_gives(
     x_q, x_scale = _fp8_rows(x)
     args = (x_q, x_scale, prepared["weight"], prepared["weight_scale"], bias, torch.bfloat16)
     widened = _w4a8_widened_gemm(*args)
-    from ditq.kernels.w4_triton import _w4a8_gemm
-
     triton_out = _w4a8_gemm(*args)
     expected = (x_q.to(torch.float64) * x_scale[:, None].to(torch.float64)) @ weight.T + bias.to(
         torch.float64
