@@ -7,7 +7,9 @@ Each ditq path the registry offers for the shape (``candidate_paths``, DITQ_KERN
 DITQ_DISABLE_KERNELS honoured) is timed end to end through its matmul on bf16 input (activation
 quantization included for w8a8/fp8), and the row of the path that ``ditq serve`` would choose for
 that shape (``ditq.doctor.choose_kernel``) says ``"chosen": true``; raw library GEMMs on
-pre-quantized operands are listed as ceilings (fp8 with and without cuBLAS fast accumulation), and ditq's
+pre-quantized operands are listed as ceilings (fp8 rowwise with and without cuBLAS fast accumulation, and on sm_90
+cuBLAS's 1x128 blockwise scaling, which w4a8's groups of 128 run on), w4a8 stored with one scale per output channel
+beside the grouped one (``--group-size channel``: the rowwise GEMM), and ditq's
 activation quantization alone as a part of the ditq rows' time (its TFLOP/s column counts the GEMM's
 operations, so read its ms). Times are medians of triton.testing.do_bench (CUDA events); TFLOP/s = 2*M*N*K / t.
 """
@@ -90,16 +92,19 @@ def _torchao_fns(w: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Te
     return fns
 
 
-def prepared_paths(w: torch.Tensor, scheme: Scheme) -> Iterator[tuple[KernelPath, Prepared]]:
+def prepared_paths(
+    w: torch.Tensor, scheme: Scheme, stored_as: Scheme | None = None
+) -> Iterator[tuple[KernelPath, Prepared]]:
     """Each CUDA path the registry offers for ``scheme`` at w's shape (N, K), with w quantized as ``ditq quantize``
-    stores it and repacked by the path, as the loader does."""
+    stores it (as ``stored_as``, another grouping of the scheme, where given) and repacked by the path, as the
+    loader does."""
     from ditq.checkpoint.codecs import codec_for
     from ditq.kernels import candidate_paths
     from ditq.numerics import quantize_weight
 
     n, k = w.shape
     for path in candidate_paths(scheme, w.device, torch.bfloat16, k, n):
-        q, scale = quantize_weight(w.float(), path.scheme.fitted(k))
+        q, scale = quantize_weight(w.float(), (stored_as or path.scheme).fitted(k))
         stored = {key: t.to(w.device) for key, t in codec_for(path.scheme).encode(q, scale).items()}
         yield path, path.prepare(stored, w.device)
 
@@ -150,6 +155,14 @@ def _rows_for_shape(
     record("torch._scaled_mm rowwise (raw, no quant, full accumulation)", "ceiling",
            lambda: torch._scaled_mm(x_f8, w_f8.t(), scale_a=one_a, scale_b=one_b, out_dtype=torch.bfloat16,
                                     use_fast_accum=False), check=False)  # fmt: skip
+    if torch.cuda.get_device_capability() >= (9, 0) and k % 128 == 0 and m % 4 == 0:
+        # cuBLAS's 1x128 blockwise scaling (sm_90), as widen-scaled-mm-w4a8 calls it for groups of 128: the same
+        # operands as the rowwise rows, one scale per 128 of K for each token and each output channel
+        blocks_a = torch.ones(k // 128, m, device="cuda").t()
+        blocks_b = torch.ones(k // 128, n, device="cuda")
+        record("torch._scaled_mm blockwise 1x128 (raw, no quant)", "ceiling",
+               lambda: torch._scaled_mm(x_f8, w_f8.t(), scale_a=blocks_a, scale_b=blocks_b, out_dtype=torch.bfloat16),
+               check=False)  # fmt: skip
     # The per-token activation quantization alone (what the eager ditq rows run before their GEMM): the parts
     # of each ditq row's time, with the raw rows above.
     from ditq.kernels.cuda_common import quantize_rows
@@ -196,6 +209,14 @@ def _rows_for_shape(
 
                 record("w4a8 shifts widening (not shipped)", "variant", shifts_widening)
             del prepared
+        if scheme.num_bits == 4 and scheme.activations is not None:
+            # the same scheme stored with one scale per output channel (ditq quantize --group-size channel): the
+            # widened path's GEMM is then cuBLAS's rowwise one
+            for path, prepared in prepared_paths(w, scheme, scheme.with_group_size(None)):
+                if path.name == "widen-scaled-mm-w4a8":
+                    record(f"ditq:{path.name} per channel", f"{scheme.name}-channel",
+                           lambda p=path, pr=prepared: p.matmul(x, pr, None))  # fmt: skip
+                del prepared
 
     if torchao_ok:
         try:
@@ -245,22 +266,29 @@ def _table(rows: list[dict[str, object]]) -> str:
 
 
 def four_bit_ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
-    """Per shape: ditq w4a8's TFLOP/s over the best ditq fp8 path's (issue 46's goal: at least 0.9), and the best
+    """Per shape: ditq w4a8's TFLOP/s over the best ditq fp8 path's (issue 46's goal: at least 0.9), the same for
+    w4a8 stored per output channel, and the best
     w4a16 path's over BF16 cuBLAS, from one run's rows."""
     best: dict[tuple[object, ...], float] = {}
     for r in rows:
         if "tflops" not in r:
             continue
-        label = {"w4a8": "w4a8", "fp8": "fp8", "w4a16": "w4a16"}.get(str(r["kind"]))
+        label = {"w4a8": "w4a8", "w4a8-channel": "w4a8-channel", "fp8": "fp8", "w4a16": "w4a16"}.get(
+            str(r["kind"])
+        )
         label = "bf16" if r["path"] == "bf16-cublas" else label
         if label is not None and str(r["path"]).startswith(("ditq:", "bf16")):
             key = (r["M"], r["K"], r["N"], label)
             best[key] = max(best.get(key, 0.0), float(r["tflops"]))  # type: ignore[arg-type]
     out = []
     for m, k, n in sorted({key[:3] for key in best}):  # type: ignore[type-var]
-        get = {label: best.get((m, k, n, label)) for label in ("w4a8", "fp8", "w4a16", "bf16")}
+        get = {
+            label: best.get((m, k, n, label)) for label in ("w4a8", "w4a8-channel", "fp8", "w4a16", "bf16")
+        }
         out.append({"M": m, "K": k, "N": n,
                     "w4a8_x_fp8": None if not (get["w4a8"] and get["fp8"]) else round(get["w4a8"] / get["fp8"], 3),
+                    "w4a8_channel_x_fp8": None if not (get["w4a8-channel"] and get["fp8"])
+                    else round(get["w4a8-channel"] / get["fp8"], 3),
                     "w4a16_x_bf16": None if not (get["w4a16"] and get["bf16"]) else round(get["w4a16"] / get["bf16"], 3)})  # fmt: skip
     return out
 
