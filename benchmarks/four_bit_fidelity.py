@@ -6,10 +6,11 @@ Every fixture of the demo (its references), seeds 2301-2304 (``--seeds``), 8 ste
 process: the unquantized model's images are the reference. Each row quantizes the transformer in memory
 (``ditq.quantize_``) and runs the same requests: w4a16 and w4a8 rounded to nearest and by GPTQ (``--calibrate
 gptq``: the fixtures' requests at calibration seeds 0 and 1, 8 steps, never the judged seeds; columns by
-decreasing input energy, the default, and in their own order), with w8a8 and fp8 beside them. Per row: mean PSNR
-and SSIM over every image, the mean per seed (over the fixtures) with its bootstrap interval, and for GPTQ the gain
-over the same scheme rounded to nearest, paired seed by seed. The issue's quality goal: GPTQ at least 3 dB above
-round to nearest at 4 bits.
+decreasing input energy, the default, and in their own order), with w8a8 and fp8 beside them; the ``-channel`` rows
+store one scale per output channel (``--group-size channel``) instead of the default groups of 128 (the demo's
+Linears take 256 or 768 inputs: two or six groups a row). Per row: mean PSNR and SSIM over every image, the mean per
+seed (over the fixtures) with its bootstrap interval, for GPTQ the gain over the same scheme and scales rounded to
+nearest, and for one scale per channel the change from groups of 128 rounded the same way, each paired seed by seed. The issue's quality goal: GPTQ at least 3 dB above round to nearest at 4 bits.
 """
 
 from __future__ import annotations
@@ -29,19 +30,27 @@ from result_names import result_path
 SEEDS = "2301-2304"
 CALIBRATION_SEEDS = (0, 1)
 STEPS = 8
-ROWS = {  # name -> (scheme, calibrate: rtn, gptq (act order, the default) or gptq-in-order)
-    "w8a8": ("w8a8", "rtn"),
-    "fp8": ("fp8", "rtn"),
-    "w4a16": ("w4a16", "rtn"),
-    "w4a16-gptq-in-order": ("w4a16", "gptq-in-order"),
-    "w4a16-gptq": ("w4a16", "gptq"),
-    "w4a8": ("w4a8", "rtn"),
-    "w4a8-gptq-in-order": ("w4a8", "gptq-in-order"),
-    "w4a8-gptq": ("w4a8", "gptq"),
+# name -> (scheme, calibrate: rtn, gptq (act order, the default) or gptq-in-order, --group-size: None, the scheme's
+# own, or "channel")
+ROWS: dict[str, tuple[str, str, str | None]] = {
+    "w8a8": ("w8a8", "rtn", None),
+    "fp8": ("fp8", "rtn", None),
+    "w4a16": ("w4a16", "rtn", None),
+    "w4a16-gptq-in-order": ("w4a16", "gptq-in-order", None),
+    "w4a16-gptq": ("w4a16", "gptq", None),
+    "w4a16-channel": ("w4a16", "rtn", "channel"),
+    "w4a16-channel-gptq": ("w4a16", "gptq", "channel"),
+    "w4a8": ("w4a8", "rtn", None),
+    "w4a8-gptq-in-order": ("w4a8", "gptq-in-order", None),
+    "w4a8-gptq": ("w4a8", "gptq", None),
+    "w4a8-channel": ("w4a8", "rtn", "channel"),
+    "w4a8-channel-gptq": ("w4a8", "gptq", "channel"),
 }
 
 
-def _adapter(scheme: str | None, calibrate: str, low_rank: int | None = None):  # type: ignore[no-untyped-def]
+def _adapter(  # type: ignore[no-untyped-def]
+    scheme: str | None, calibrate: str, low_rank: int | None = None, group_size: str | None = None
+):
     from ditq import demo
     from ditq.calibration import CalibrationOptions, calibration_for
     from ditq.pipeline.open import open_pipeline
@@ -61,7 +70,7 @@ def _adapter(scheme: str | None, calibrate: str, low_rank: int | None = None):  
                 act_order=calibrate == "gptq",
             )
             calibration = calibration_for(adapter, options)
-        quantize_(adapter.pipeline, scheme, calibration=calibration, low_rank=low_rank)
+        quantize_(adapter.pipeline, scheme, calibration=calibration, low_rank=low_rank, group_size=group_size)
     return adapter
 
 
@@ -146,6 +155,7 @@ def main() -> int:
     seeds = tuple(parse_seeds(args.seeds))
 
     from ditq.judge.stats import difference_interval
+    from ditq.schemes import CHANNEL, get_scheme
 
     requests = demo_requests(seeds)
     fixtures = list(dict.fromkeys(fixture_id for fixture_id, _ in requests))  # in the fixtures file's order
@@ -153,27 +163,42 @@ def main() -> int:
     reference = _images(_adapter(None, "rtn"), requests)
     rows: dict[str, dict] = {}  # type: ignore[type-arg]
     per_seed: dict[str, dict[int, float]] = {}
-    for name, (scheme, calibrate) in ROWS.items():
+    for name, (scheme, calibrate, group_size) in ROWS.items():
         begun = time.time()
-        images = _images(_adapter(scheme, calibrate), requests)
+        images = _images(_adapter(scheme, calibrate, group_size=group_size), requests)
         scores, per_seed[name] = fidelity_scores(images, reference, fixtures, seeds, per_fixture=True)
         rows[name] = {
             "scheme": scheme,
             "calibrate": calibrate,
+            # the scales every target of the demo gets (its in_features, 256 or 768, are multiples of 128)
+            "group_size": get_scheme(scheme, group_size).group_size or CHANNEL,
             **scores,
             "seconds": round(time.time() - begun, 1),
         }
-        print(f"{name:<11} PSNR {rows[name]['psnr_db']:6.2f} dB {rows[name]['psnr_db_interval']}", flush=True)
+        print(f"{name:<18} PSNR {rows[name]['psnr_db']:6.2f} dB {rows[name]['psnr_db_interval']}", flush=True)
     for name, row in rows.items():
-        if row["calibrate"].startswith("gptq"):
-            gain = difference_interval(per_seed[name], per_seed[row["scheme"]])
+        if row["calibrate"].startswith("gptq"):  # against the same scheme and scales rounded to nearest
+            (rtn,) = (n for n, r in ROWS.items() if r == (row["scheme"], "rtn", ROWS[name][2]))
+            gain = difference_interval(per_seed[name], per_seed[rtn])
             row["gain_over_rtn_db"] = {
+                "against": rtn,
                 "estimate": round(gain.estimate, 2),
                 "interval": [round(gain.low, 2), round(gain.high, 2)],
                 "method": gain.method,
                 "at_least_3_db": gain.low >= 3.0,
             }
             print(f"{name}: {row['gain_over_rtn_db']}")
+        # what one scale per row costs: against the same rounding in groups of 128
+        if ROWS[name][2] == CHANNEL:
+            (grouped,) = (n for n, r in ROWS.items() if r == (row["scheme"], row["calibrate"], None))
+            change = difference_interval(per_seed[name], per_seed[grouped])
+            row["change_over_groups_db"] = {
+                "against": grouped,
+                "estimate": round(change.estimate, 2),
+                "interval": [round(change.low, 2), round(change.high, 2)],
+                "method": change.method,
+            }
+            print(f"{name}: {row['change_over_groups_db']}")
     write_result(
         "four_bit_fidelity.py",
         args,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from ditq.errors import InputError
 
@@ -21,6 +21,7 @@ if (
     import torch
 
 __all__ = [
+    "CHANNEL",
     "FP8",
     "SCHEMES",
     "W4A8",
@@ -28,12 +29,18 @@ __all__ = [
     "W8A8",
     "W8A16",
     "ActivationKind",
+    "GroupSize",
     "Scheme",
     "get_scheme",
     "normalize_quant_method",
+    "parse_group_size",
 ]
 
 ActivationKind = Literal["int8", "fp8"]
+# ``--group-size`` (``group_size=`` in Python): N input features per scale, or CHANNEL, one scale per output channel
+# (a Scheme's ``group_size`` None); where it is not given (None), the scheme's own
+CHANNEL: Final = "channel"
+GroupSize = int | Literal["channel"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,24 @@ class Scheme:
         if self.num_bits == 4 and g is not None and (in_features % g or in_features == g):
             return self.with_group_size(None)
         return self
+
+    def grouped(self, group_size: GroupSize) -> Scheme:
+        """This scheme with a ``--group-size``: N input features per scale, or ``CHANNEL`` (every scheme's 8-bit
+        default; for the 4-bit schemes one scale per output channel instead of groups of 128)."""
+        if group_size == CHANNEL:
+            return self.with_group_size(None)
+        if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size <= 0:
+            raise InputError(
+                f"--group-size {group_size!r}: a positive number of input features per scale, or {CHANNEL!r}"
+            )
+        return self.with_group_size(group_size)
+
+    @property
+    def group_size_option(self) -> GroupSize | None:
+        """The ``--group-size`` that makes this scheme of its preset: None where it is the preset's own."""
+        if self.group_size == SCHEMES[self.name].group_size:
+            return None
+        return CHANNEL if self.group_size is None else self.group_size
 
     def with_group_size(self, group_size: int | None) -> Scheme:
         """A copy with another group size (validated)."""
@@ -220,8 +245,23 @@ _CALIBRATIONS = re.compile(r"gptq|awq")
 _UNSUPPORTED = re.compile(r"fp4|nf4|a4|mxfp6|fp6|int2|w2|w3|int3|marlin")
 
 
-def get_scheme(name: str, group_size: int | None = None) -> Scheme:
-    """The scheme for a name or alias (case-insensitive); an unknown name says what it may have meant."""
+def parse_group_size(text: str) -> GroupSize:
+    """``--group-size``'s value: a positive integer, or ``channel``."""
+    key = text.strip().lower()
+    if key == CHANNEL:
+        return CHANNEL
+    if key.isdigit() and int(key) > 0:
+        return int(key)
+    hint = f"; did you mean {CHANNEL!r}?" if difflib.get_close_matches(key, [CHANNEL], cutoff=0.6) else ""
+    raise InputError(
+        f"--group-size {text!r}: a positive number of input features per scale, or {CHANNEL!r} (one scale per "
+        f"output channel){hint}"
+    )
+
+
+def get_scheme(name: str, group_size: GroupSize | None = None) -> Scheme:
+    """The scheme for a name or alias (case-insensitive), with ``group_size`` (``Scheme.grouped``) where one is
+    given; an unknown name says what it may have meant."""
     key = name.strip().lower()
     if key not in _ALIASES and _CALIBRATIONS.search(key):
         raise InputError(
@@ -238,7 +278,7 @@ def get_scheme(name: str, group_size: int | None = None) -> Scheme:
         hint = f"; did you mean {_ALIASES[close[0]]!r}?" if close else ""
         raise InputError(f"unknown scheme {name!r} (known: {', '.join(SCHEMES)}){hint}")
     scheme = SCHEMES[_ALIASES[key]]
-    return scheme if group_size is None else scheme.with_group_size(group_size)
+    return scheme if group_size is None else scheme.grouped(group_size)
 
 
 def normalize_quant_method(method: str) -> str:

@@ -12,7 +12,18 @@ from ditq.checkpoint.codecs import scheme_of_config
 from ditq.checkpoint.layout import quantization_config_of
 from ditq.checkpoint.qconfig import quantization_config, with_quantization_config
 from ditq.errors import InputError
-from ditq.schemes import FP8, SCHEMES, W4A8, W4A16, W8A8, W8A16, get_scheme, normalize_quant_method
+from ditq.schemes import (
+    CHANNEL,
+    FP8,
+    SCHEMES,
+    W4A8,
+    W4A16,
+    W8A8,
+    W8A16,
+    get_scheme,
+    normalize_quant_method,
+    parse_group_size,
+)
 
 ALIASES = {
     "int8wo": "w8a16",
@@ -55,6 +66,35 @@ def test_group_size_only_for_weight_only() -> None:
         get_scheme("w8a8", group_size=128)
     with pytest.raises(InputError, match="positive"):
         get_scheme("w8a16", group_size=0)
+
+
+def test_group_size_channel_is_one_scale_per_output_channel() -> None:
+    """``channel``: the 4-bit schemes' choice of one scale per row instead of groups of 128; what the 8-bit schemes
+    are already. Each scheme says which option makes it of its preset (what ``ditq.quantize_`` records)."""
+    assert get_scheme("w4a8", CHANNEL) == W4A8.with_group_size(None) != W4A8
+    assert get_scheme("int4wo", CHANNEL).weight_strategy == "channel"
+    assert [get_scheme(name, CHANNEL) for name in ("w8a16", "w8a8", "fp8")] == [W8A16, W8A8, FP8]
+    assert (W4A8.group_size_option, W8A8.group_size_option) == (None, None)
+    assert (W4A8.with_group_size(None).group_size_option, W4A8.with_group_size(64).group_size_option) == (
+        CHANNEL,
+        64,
+    )
+    assert W8A16.with_group_size(32).group_size_option == 32
+
+
+@pytest.mark.parametrize(("text", "parsed"), [("channel", CHANNEL), (" Channel ", CHANNEL), ("64", 64)])
+def test_parse_group_size(text: str, parsed: object) -> None:
+    assert parse_group_size(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["chanel", "0", "-3", "12x", "1.5", ""])
+def test_a_bad_group_size_names_the_flag(text: str) -> None:
+    with pytest.raises(
+        InputError, match=r"^--group-size .*: a positive number of input features per scale, or "
+    ):
+        parse_group_size(text)
+    with pytest.raises(InputError, match=r"^--group-size "):
+        get_scheme("w4a8", text)  # type: ignore[arg-type]  # the API's value, not parsed: refused the same way
 
 
 def test_formats_and_storage_dtypes() -> None:

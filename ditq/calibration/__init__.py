@@ -26,6 +26,7 @@ from ditq.quantization.defaults import CALIBRATION_MEMORY, CALIBRATION_SEEDS, CA
 from ditq.quantization.quantizer import QuantizeResult
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.options import LoadOptions
+from ditq.schemes import GroupSize
 
 __all__ = ["CalibrationOptions", "calibrate_and_save", "calibration_for", "fixture_requests"]
 
@@ -98,11 +99,13 @@ def calibrate_and_save(
     targets: list[str] | None = None,
     force: bool = False,
     low_rank: int | None = None,
+    group_size: GroupSize | None = None,
 ) -> QuantizeResult:
     """``source`` opened as served, its ``--components auto`` components GPTQ-rounded in a scheme on the
     fixtures' requests (with ``low_rank``: each residual of its rank-``low_rank`` branch), or a PLAN.json's
     component as the plan rounds it (its int-weight layers so, its fp8 ones to nearest, its own low rank),
-    written to ``output`` as ``ditq quantize`` writes an artifact.
+    written to ``output`` as ``ditq quantize`` writes an artifact; ``group_size`` is ``--group-size``'s (a scheme's
+    only, not a plan's: ``quantize_``).
 
     Resumable: each finished Hessian group is kept beside ``output`` (``CalibrationResume.beside``) until the
     artifact is written, and the same call after a kill takes back every group kept from the same inputs."""
@@ -130,6 +133,7 @@ def calibrate_and_save(
                 device=load.device,
                 calibration=calibration,
                 low_rank=low_rank,
+                group_size=group_size,
             )
             result = save(adapter.pipeline, output, force=force)
         except BaseException:

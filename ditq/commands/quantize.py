@@ -20,7 +20,7 @@ from ditq.quantization.defaults import (
     DEFAULTS,
 )
 from ditq.quantization.links import COPY_MAX_BYTES
-from ditq.schemes import SCHEMES
+from ditq.schemes import SCHEMES, GroupSize, parse_group_size
 
 if TYPE_CHECKING:
     from ditq.quantization.plan_file import PlanFile
@@ -74,7 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ignore", nargs="+", default=[], metavar="RE", help="keep matching Linears in source precision"
     )
-    parser.add_argument("--group-size", type=int, help="w8a16 only: one scale per N input features")
+    parser.add_argument(
+        "--group-size",
+        metavar="N|channel",
+        help="one scale per N input features (w8a16, w4a16, w4a8; the 4-bit schemes' default is 128), or channel: "
+        "one per output channel (the 8-bit schemes' default; w4a8's runs cuBLAS's rowwise fp8 GEMM, at some "
+        "fidelity)",
+    )
     parser.add_argument(
         "--config-form",
         choices=(*CONFIG_FORMS, "component", "global"),
@@ -174,7 +180,9 @@ def _seeds(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"not a list of seeds: {text!r} (e.g. 0,1 or 0-3)") from None
 
 
-def _calibrated(args: argparse.Namespace, plan: PlanFile | None) -> QuantizeResult:
+def _calibrated(
+    args: argparse.Namespace, plan: PlanFile | None, group_size: GroupSize | None
+) -> QuantizeResult:
     """--calibrate gptq (given, or a plan's): the options the in-memory path takes, the rest refused by name; a
     plan's requests are the ones it was measured with (its fixtures, seeds and steps)."""
     from ditq import demo
@@ -183,8 +191,12 @@ def _calibrated(args: argparse.Namespace, plan: PlanFile | None) -> QuantizeResu
 
     if plan is not None and args.scheme:
         raise InputError("--plan and --scheme are mutually exclusive: the plan names each layer's scheme")
+    if plan is not None and group_size is not None:
+        raise InputError(
+            "--plan and --group-size are mutually exclusive: the plan names each layer, or 'keep'"
+        )
     given = [flag for flag, value in (("--components", args.components),
-             ("--ignore", args.ignore), ("--group-size", args.group_size), ("--variant", args.variant),
+             ("--ignore", args.ignore), ("--variant", args.variant),
              ("--link", args.link), ("--copy", args.copy), ("--follow-links", args.follow_links),
              ("--keep-unused", args.keep_unused),
              ("--config-form", args.config_form != DEFAULTS["config_form"])) if value]  # fmt: skip
@@ -225,6 +237,7 @@ def _calibrated(args: argparse.Namespace, plan: PlanFile | None) -> QuantizeResu
         targets=args.targets,
         force=args.force,
         low_rank=args.low_rank,
+        group_size=group_size,
     )
 
 
@@ -232,12 +245,13 @@ def run(args: argparse.Namespace) -> int:
     from ditq.quantization.plan_file import planned_rounding, read_plan
     from ditq.quantization.quantizer import quantize
 
+    group_size = None if args.group_size is None else parse_group_size(args.group_size)
     plan = None if args.plan is None else read_plan(args.plan)
     method = args.calibrate or "rtn"
     if plan is not None:  # the plan's rounding; flags that say otherwise are refused
         method = planned_rounding(plan, str(args.plan), args.calibrate, args.low_rank).method
     if method == "gptq":
-        result = _calibrated(args, plan)
+        result = _calibrated(args, plan, group_size)
     else:
         result = quantize(
             args.source,
@@ -247,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
             plan=args.plan,
             targets=args.targets,
             ignore=args.ignore,
-            group_size=args.group_size,
+            group_size=group_size,
             config_form=args.config_form,
             variant=args.variant,
             copy=args.copy,

@@ -42,7 +42,7 @@ from ditq.quantization.targets import MIN_FEATURES, embedding_targeted, linear_a
 from ditq.runtime.embedding import QuantizedEmbedding, embedding_from_stored
 from ditq.runtime.loader import KernelChooser, prepare_quantized
 from ditq.runtime.modules import QuantizedLinear, linear_from_stored, quantized_linears
-from ditq.schemes import SCHEMES, Scheme, get_scheme
+from ditq.schemes import SCHEMES, GroupSize, Scheme, get_scheme
 
 __all__ = [
     "InMemoryQuantization",
@@ -251,7 +251,7 @@ def _options(
         return {"plan": plan_path if plan_path is not None else plan}
     assert scheme is not None
     rank = {} if low_rank is None else {"low_rank": low_rank}
-    return {"scheme": scheme.name, "group_size": scheme.group_size, "targets": targets} | rank
+    return {"scheme": scheme.name, "group_size": scheme.group_size_option, "targets": targets} | rank
 
 
 def _chosen(module_or_pipeline: Any, plan: PlanFile | None) -> tuple[dict[str, torch.nn.Module], bool]:
@@ -292,6 +292,7 @@ def quantize_(
     chooser: KernelChooser | None = None,
     calibration: Calibration | None = None,
     low_rank: int | None = None,
+    group_size: GroupSize | None = None,
 ) -> None:
     """Quantize in place: every target Linear of a module, or of each component of a pipeline that
     ``ditq quantize --components auto`` would quantize (asked of the directory it was loaded from), becomes the
@@ -305,9 +306,15 @@ def quantize_(
     quantized module keeps how it was quantized, so that ``save`` can write the artifact. ``calibration``: GPTQ
     rounding from the Hessians its requests give each target (``calibrated``; int weights only), else round to
     nearest. ``low_rank``: SVDQuant's branch of that rank kept in bfloat16 beside every target's quantized residual
-    (``--low-rank``; 4-bit schemes, below every target's smaller dimension).
+    (``--low-rank``; 4-bit schemes, below every target's smaller dimension). ``group_size``: ``--group-size``, N
+    input features per scale or ``"channel"`` (``ditq.schemes.CHANNEL``: one scale per output channel; None: the
+    scheme's own); not with a plan.
     """
     scheme, plan, plan_path = _scheme_or_plan(scheme_or_plan)
+    if group_size is not None:
+        if scheme is None:
+            raise InputError("group_size: a plan names each layer's scheme, or 'keep'; give one or the other")
+        scheme = scheme.grouped(group_size)
     if plan is not None:  # the plan's rounding, which its sensitivity was measured with
         rounding = planned_rounding(plan, "plan", "gptq" if calibration else "rtn", low_rank)
         low_rank = rounding.low_rank

@@ -94,7 +94,7 @@ from ditq.quantization.targets import (
     plan_targets,
     reads_logits,
 )
-from ditq.schemes import SCHEMES, Scheme, get_scheme
+from ditq.schemes import SCHEMES, GroupSize, Scheme, get_scheme
 
 __all__ = ["AUTO", "DEFAULTS", "QuantizeResult", "auto_components", "quantize"]
 
@@ -501,12 +501,16 @@ def _checked_plan(
     components: Sequence[str] | None,
     targets: Sequence[str],
     ignore: Sequence[str],
-    group_size: int | None,
+    group_size: GroupSize | None,
 ) -> _Plan:
     """The plan, refused with the options it replaces: it names each layer's scheme and its component."""
     if scheme is not None:
         raise InputError("--plan and --scheme are mutually exclusive: the plan names each layer's scheme")
-    for flag, value in (("--targets", targets), ("--ignore", ignore), ("--group-size", group_size)):
+    for flag, value in (
+        ("--targets", targets),
+        ("--ignore", ignore),
+        ("--group-size", group_size is not None),
+    ):
         if value:
             raise InputError(
                 f"--plan and {flag} are mutually exclusive: the plan names each layer, or 'keep'"
@@ -528,7 +532,7 @@ def quantize(
     components: Sequence[str] | str | None = None,
     targets: Sequence[str] = (),
     ignore: Sequence[str] = (),
-    group_size: int | None = None,
+    group_size: GroupSize | None = None,
     config_form: str = DEFAULTS["config_form"],
     copy: bool = False,
     link: bool = False,
@@ -552,7 +556,9 @@ def quantize(
     the ``commit`` it resolved to (a local path records none: a folder's name proves nothing).
 
     ``scheme`` defaults to ``DEFAULTS["scheme"]`` and ``components`` to ``DEFAULTS["components"]`` ("auto": every
-    component whose block Linears hold at least ``AUTO_MIN_SHARE`` of the pipeline's parameters). ``plan`` (a
+    component whose block Linears hold at least ``AUTO_MIN_SHARE`` of the pipeline's parameters); ``group_size``
+    (``--group-size``: N input features per scale, or ``"channel"``, ``ditq.schemes.CHANNEL``, one scale per output
+    channel) changes the scheme's own, recorded as given in ``options.group_size``. ``plan`` (a
     PLAN.json path or a ``PlanFile``) instead gives each Linear of its component its own scheme or ``keep``;
     it excludes ``scheme``, ``targets``, ``ignore`` and ``group_size``, and ``components`` may only name the
     plan's component.

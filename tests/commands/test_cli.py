@@ -75,6 +75,13 @@ USAGE_ERRORS = [
         ["quantize", "{src}", "{out}", "--scheme", "w8a8", "--group-size", "128"],
         "w8a16 and the 4-bit schemes only",
     ),
+    *(
+        (
+            ["quantize", "{src}", "{out}", "--scheme", "w4a8", "--group-size", value],
+            f"--group-size {value!r}: a positive number of input features per scale, or 'channel'",
+        )
+        for value in ("chanel", "0", "-3")
+    ),
     (["verify", "{src}"], "neither a ditq artifact"),
 ]
 
