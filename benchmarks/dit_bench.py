@@ -107,7 +107,7 @@ PRESETS: dict[str, tuple[dict[str, Any], int, int]] = {
 }
 REFERENCES = (0, 1, 2, 3, 4)
 SCHEMES = ("w8a8", "fp8", "w8a16")
-FOUR_BIT = ("w4a8", "w4a16", "w4a8-channel")
+FOUR_BIT = ("w4a8", "w4a8-channel", "w4a16")
 # w4a8 with one scale per output channel (``ditq quantize --group-size channel``): cuBLAS's rowwise fp8 GEMM where
 # groups of 128 take its 1x128 blockwise one
 PER_CHANNEL = {"w4a8-channel": "w4a8"}
