@@ -35,7 +35,7 @@ from ditq.runfiles import (
     write_model,
 )
 from ditq.runtime.options import LoadOptions
-from ditq.sweep import SweepOptions, check_same_model, model_fingerprint, parse_endpoint_for
+from ditq.sweep import SCHEME_STAGES, SweepOptions, check_same_model, model_fingerprint, parse_endpoint_for
 
 SEEDS = "1-3"
 FIXTURES = {"edit-one": 1, "edit-two": 2}  # fixture id -> reference count; 2 fixtures x 3 seeds = 6 requests
@@ -429,13 +429,14 @@ def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumul
     """Issue 43: ``--schemes fp8-fast,fp8`` runs both as candidates, fp8 first; the fast one serves fp8's artifact
     (no second quantization: at full size an artifact is 17 GB of disk) and only its servers take ``--accumulate
     fast``; the report says how many layers accumulated fast (none on a CPU, which has no fast path: it must not
-    read as fast)."""
+    read as fast). A ``w4a8-channel`` candidate rides along: quantized with ``--group-size channel``, its chain
+    and report as any other's."""
     from ditq.sweep import run_sweep
 
     out = workspace / "out-fast"
     options = SweepOptions(
         model=workspace / "model",
-        schemes=("fp8-fast", "fp8"),
+        schemes=("fp8-fast", "fp8", "w4a8-channel"),
         fixtures=workspace / "fixtures.json",
         refs=workspace / "refs",
         out=out,
@@ -447,7 +448,7 @@ def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumul
         progress=False,
     )
     result = run_sweep(options, command="ditq sweep (test)")
-    assert set(result.verdicts) == {"fp8", "fp8-fast"}
+    assert set(result.verdicts) == {"fp8", "fp8-fast", "w4a8-channel"}
     candidates = {
         name: json.loads((out / name / "CANDIDATE.json").read_text()) for name in ("fp8", "fp8-fast")
     }
@@ -457,7 +458,7 @@ def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumul
     }
     serve = {name: c["attempts"][0]["command"] for name, c in candidates.items()}
     assert "--accumulate fast" in serve["fp8-fast"] and "--accumulate" not in serve["fp8"]
-    assert options.candidates == ("fp8", "fp8-fast")
+    assert options.candidates == ("fp8", "w4a8-channel", "fp8-fast")
     fast = candidates["fp8-fast"]
     assert fast["artifact"] == str(out / "fp8" / "artifact") and not (out / "fp8-fast" / "artifact").exists()
     assert fast["artifact_digest"] == candidates["fp8"]["artifact_digest"] is not None
@@ -471,6 +472,18 @@ def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumul
     layers = sum(health["health"]["kernel_paths"].values())
     report = (out / "report" / "REPORT.md").read_text()
     assert f"fast accumulation asked: 0 of {layers} layers fast" in report
+    channel = json.loads((out / "w4a8-channel" / "CANDIDATE.json").read_text())
+    assert (channel["name"], channel["scheme"], channel["artifact"]) == (
+        "w4a8-channel",
+        "w4a8",
+        str(out / "w4a8-channel" / "artifact"),
+    )
+    assert "--scheme w4a8 --force --group-size channel " in channel["stages"]["quantize"]["command"]
+    assert all(channel["stages"][s]["status"] == "ok" for s in SCHEME_STAGES), channel["stages"]
+    assert channel["weight_bytes"] and channel["doctor"] is not None
+    stored = json.loads((out / "w4a8-channel" / "artifact" / "MANIFEST.json").read_text())
+    assert (stored["options"]["group_size"], stored["scheme"]["group_size"]) == ("channel", None)
+    assert "w4a8-channel" in report and "w4a8-channel" in result.verdicts
     # resumed, it serves again only when the shared artifact is another than the one it served
     from ditq.sweep.candidate import Candidate
 
