@@ -106,13 +106,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="w8a16,w8a8,fp8",
         help="comma list; fp8-fast is fp8's candidate served with --accumulate fast, judged beside fp8 (exact) "
         "in the same sweep and serving fp8's artifact; SCHEME-gptq (w4a16, w4a8, w8a16, w8a8) is the scheme "
-        "quantized with --calibrate gptq on the sweep's fixtures (default: %(default)s)",
+        "quantized with --calibrate gptq on the sweep's fixtures; SCHEME-channel (w4a16, w4a8) is the scheme "
+        "quantized with --group-size channel, one scale per output channel (w4a8-channel-gptq: both) "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--calibrate",
         choices=CALIBRATIONS,
         default="rtn",
-        help="gptq: every int-weight scheme of --schemes is its SCHEME-gptq candidate (fp8 rounds to nearest)",
+        help="gptq: every int-weight scheme of --schemes is its SCHEME-gptq candidate (w4a8-channel: "
+        "w4a8-channel-gptq; fp8 rounds to nearest)",
     )
     parser.add_argument("--fixtures", type=Path, required=True, help="fixtures JSON")
     parser.add_argument("--refs", type=Path, required=True, help="directory of reference images, REF.png")

@@ -18,7 +18,7 @@ from ditq.quantization.plan_file import PlanFile, read_plan
 from ditq.runtime.lora_adapters import LoraSpec, refuse_beside_lora
 from ditq.runtime.options import LoadOptions
 from ditq.runtime.parallel import parse_parallel, refuse_beside_parallel
-from ditq.schemes import get_scheme
+from ditq.schemes import CHANNEL, GroupSize, get_scheme
 
 SCHEME_STAGES = ("quantize", "verify", "doctor", "serve", "probe", "gate", "compare")
 # Every answer is an interval over seeds (fidelity) or over requests (speed): one seed decides nothing.
@@ -31,34 +31,58 @@ FAST_SCHEMES = ("fp8",)
 # ``--schemes w4a8,w4a8-gptq`` (or ``--calibrate gptq``): a scheme's candidate quantized with GPTQ's calibrated
 # rounding on the sweep's fixtures (``ditq quantize --calibrate gptq``) beside the round-to-nearest one; int weights
 GPTQ = "-gptq"
+# ``--schemes w4a8,w4a8-channel``: a 4-bit scheme's candidate stored with one scale per output channel (``ditq
+# quantize --group-size channel``) beside its groups of 128; with GPTQ, ``w4a8-channel-gptq`` (the one order). The
+# 8-bit schemes are per channel already.
+CHANNEL_SUFFIX = "-" + CHANNEL
+SUFFIXES = (FAST, GPTQ, CHANNEL_SUFFIX)
 
 
 def candidate_name(text: str, calibrate: str = "rtn") -> str:
     """A ``--schemes`` entry as its candidate's name: a scheme (``get_scheme``'s spelling), ``SCHEME-fast`` for the
-    schemes that accumulate fast, or ``SCHEME-gptq`` for int-weight schemes rounded by GPTQ (every int-weight
-    scheme's under ``calibrate`` gptq); anything else is refused in one line naming it."""
+    schemes that accumulate fast, ``SCHEME-gptq`` for int-weight schemes rounded by GPTQ (every int-weight
+    scheme's under ``calibrate`` gptq), ``SCHEME-channel`` for a 4-bit scheme with one scale per output channel, or
+    ``SCHEME-channel-gptq`` (``SCHEME-gptq-channel`` is read as it); anything else is refused in one line naming
+    it."""
     text = text.strip()
-    suffix = next((s for s in (FAST, GPTQ) if text.endswith(s)), "")
-    scheme = get_scheme(text.removesuffix(suffix) if suffix else text)
-    if suffix == FAST and scheme.name not in FAST_SCHEMES:
+    base, suffixes = text, set()
+    while (suffix := next((s for s in SUFFIXES if base.endswith(s)), None)) is not None:
+        if suffix in suffixes:
+            raise InputError(f"--schemes {text}: {suffix.lstrip('-')} is named twice", field="schemes")
+        suffixes.add(suffix)
+        base = base.removesuffix(suffix)
+    scheme = get_scheme(base)
+    if FAST in suffixes and scheme.name not in FAST_SCHEMES:
         raise InputError(
             f"--schemes {text}: fast accumulation is {', '.join(FAST_SCHEMES)}'s only ({scheme.name} has no "
             f"fast-accumulating kernel path)",
             field="schemes",
         )
-    if suffix == GPTQ and scheme.weight_type != "int":
+    if GPTQ in suffixes and scheme.weight_type != "int":
         raise InputError(
             f"--schemes {text}: GPTQ rounds int weights; {scheme.name}'s are not", field="schemes"
         )
-    if not suffix and calibrate == "gptq" and scheme.weight_type == "int":
-        suffix = GPTQ
-    return scheme.name + suffix
+    if CHANNEL_SUFFIX in suffixes and scheme.num_bits != 4:
+        raise InputError(
+            f"--schemes {text}: one scale per output channel is the 4-bit schemes' option (w4a16, w4a8); "
+            f"{scheme.name}'s weights are per output channel already",
+            field="schemes",
+        )
+    if calibrate == "gptq" and scheme.weight_type == "int":
+        suffixes.add(GPTQ)
+    return scheme.name + "".join(s for s in (CHANNEL_SUFFIX, GPTQ, FAST) if s in suffixes)
 
 
 def candidate_scheme(name: str) -> str:
     """The scheme a uniform candidate quantizes with: ``fp8`` for both ``fp8`` and ``fp8-fast``, ``w4a8`` for
-    ``w4a8-gptq``."""
-    return name.removesuffix(FAST).removesuffix(GPTQ)
+    ``w4a8-gptq``, ``w4a8-channel`` and ``w4a8-channel-gptq``."""
+    return name.removesuffix(FAST).removesuffix(GPTQ).removesuffix(CHANNEL_SUFFIX)
+
+
+def candidate_group_size(name: str) -> GroupSize | None:
+    """The ``--group-size`` a uniform candidate quantizes with: ``channel`` for ``SCHEME-channel[-gptq]``; None
+    (the scheme's own) for every other."""
+    return CHANNEL if name.removesuffix(GPTQ).endswith(CHANNEL_SUFFIX) else None
 
 
 def shared_candidate(options: SweepOptions, name: str) -> str | None:

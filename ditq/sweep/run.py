@@ -25,7 +25,15 @@ from ditq.runfiles import (
 )
 from ditq.sweep import launch
 from ditq.sweep.candidate import Candidate, doctor_summary
-from ditq.sweep.options import GPTQ, SCHEME_STAGES, SweepOptions, candidate_scheme, ditq_argv, seeds_warning
+from ditq.sweep.options import (
+    GPTQ,
+    SCHEME_STAGES,
+    SweepOptions,
+    candidate_group_size,
+    candidate_scheme,
+    ditq_argv,
+    seeds_warning,
+)
 from ditq.sweep.seeds import SeedSettling
 
 
@@ -69,7 +77,6 @@ class Sweep(SeedSettling):
         """The candidate's own artifact: quantized (with its scheme, or its plan) and verified against the source."""
         options = self.options
         manifest = c.artifact / "MANIFEST.json"
-        # --force: an artifact left by an interrupted or older run is replaced (quantize writes atomically)
         if c.plan is not None:
             # a copy beside the candidate: what quantize reads and the report shows are the same file
             c.dir.mkdir(parents=True, exist_ok=True)
@@ -77,27 +84,7 @@ class Sweep(SeedSettling):
             if copy.is_file() and copy.read_bytes() != fresh:
                 c.dirty = True  # another plan than the one an earlier run quantized: every stage runs again
             atomic_write_bytes(copy, fresh)
-            quantize = ditq_argv(
-                "quantize", options.model, c.artifact, "--plan", c.dir / PLAN_FILE, "--force"
-            )
-        else:
-            # a -fast candidate quantizes as its scheme does; only its servers accumulate differently
-            quantize = ditq_argv(
-                "quantize", options.model, c.artifact, "--scheme", candidate_scheme(c.scheme), "--force"
-            )
-        # calibrated on the sweep's own fixtures, at seeds the probes do not use (a plan: the seeds it records)
-        if c.scheme.endswith(GPTQ) or (c.plan is not None and c.plan.rounding.method == "gptq"):
-            quantize += [
-                "--calibrate",
-                "gptq",
-                "--fixtures",
-                str(options.fixtures),
-                "--refs",
-                str(options.refs),
-            ]
-        quantize += ["--device", options.load.device]  # the device the servers use encodes fastest
-        quantize += ["--variant", options.load.variant] if options.load.variant else []
-        chain_ok = self._step(c, "quantize", quantize, [manifest])
+        chain_ok = self._step(c, "quantize", quantize_argv(options, c), [manifest])
         return chain_ok and self._step(
             c, "verify", ditq_argv("verify", c.artifact, "--source", options.model), []
         )
@@ -132,6 +119,27 @@ class Sweep(SeedSettling):
             c.record(stage, "skipped", 0.0, entry.command, f"{artifact}, {stage} {where}")
             self._show(c, stage, "skipped", artifact)
         return True
+
+
+def quantize_argv(options: SweepOptions, c: Candidate) -> list[str]:
+    """The ``ditq quantize`` that makes candidate ``c``'s artifact: with its plan (the copy beside it), or with its
+    scheme (``candidate_scheme``), ``--group-size channel`` for a ``-channel`` candidate and ``--calibrate gptq`` on
+    the sweep's fixtures for a ``-gptq`` one (or a plan rounded by GPTQ)."""
+    # --force: an artifact left by an interrupted or older run is replaced (quantize writes atomically)
+    if c.plan is not None:
+        argv = ditq_argv("quantize", options.model, c.artifact, "--plan", c.dir / PLAN_FILE, "--force")
+    else:
+        # a -fast candidate quantizes as its scheme does; only its servers accumulate differently
+        argv = ditq_argv(
+            "quantize", options.model, c.artifact, "--scheme", candidate_scheme(c.scheme), "--force"
+        )
+        group_size = candidate_group_size(c.scheme)
+        argv += ["--group-size", str(group_size)] if group_size is not None else []
+    # calibrated on the sweep's own fixtures, at seeds the probes do not use (a plan: the seeds it records)
+    if c.scheme.endswith(GPTQ) or (c.plan is not None and c.plan.rounding.method == "gptq"):
+        argv += ["--calibrate", "gptq", "--fixtures", str(options.fixtures), "--refs", str(options.refs)]
+    argv += ["--device", options.load.device]  # the device the servers use encodes fastest
+    return argv + (["--variant", options.load.variant] if options.load.variant else [])
 
 
 def model_fingerprint(model: Path) -> dict[str, list[int]]:

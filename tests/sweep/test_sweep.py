@@ -35,7 +35,7 @@ from ditq.runfiles import (
     write_model,
 )
 from ditq.runtime.options import LoadOptions
-from ditq.sweep import SweepOptions, check_same_model, model_fingerprint, parse_endpoint_for
+from ditq.sweep import SCHEME_STAGES, SweepOptions, check_same_model, model_fingerprint, parse_endpoint_for
 
 SEEDS = "1-3"
 FIXTURES = {"edit-one": 1, "edit-two": 2}  # fixture id -> reference count; 2 fixtures x 3 seeds = 6 requests
@@ -429,13 +429,14 @@ def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumul
     """Issue 43: ``--schemes fp8-fast,fp8`` runs both as candidates, fp8 first; the fast one serves fp8's artifact
     (no second quantization: at full size an artifact is 17 GB of disk) and only its servers take ``--accumulate
     fast``; the report says how many layers accumulated fast (none on a CPU, which has no fast path: it must not
-    read as fast)."""
+    read as fast). A ``w4a8-channel`` candidate rides along: quantized with ``--group-size channel``, its chain
+    and report as any other's."""
     from ditq.sweep import run_sweep
 
     out = workspace / "out-fast"
     options = SweepOptions(
         model=workspace / "model",
-        schemes=("fp8-fast", "fp8"),
+        schemes=("fp8-fast", "fp8", "w4a8-channel"),
         fixtures=workspace / "fixtures.json",
         refs=workspace / "refs",
         out=out,
@@ -447,7 +448,7 @@ def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumul
         progress=False,
     )
     result = run_sweep(options, command="ditq sweep (test)")
-    assert set(result.verdicts) == {"fp8", "fp8-fast"}
+    assert set(result.verdicts) == {"fp8", "fp8-fast", "w4a8-channel"}
     candidates = {
         name: json.loads((out / name / "CANDIDATE.json").read_text()) for name in ("fp8", "fp8-fast")
     }
@@ -457,7 +458,7 @@ def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumul
     }
     serve = {name: c["attempts"][0]["command"] for name, c in candidates.items()}
     assert "--accumulate fast" in serve["fp8-fast"] and "--accumulate" not in serve["fp8"]
-    assert options.candidates == ("fp8", "fp8-fast")
+    assert options.candidates == ("fp8", "w4a8-channel", "fp8-fast")
     fast = candidates["fp8-fast"]
     assert fast["artifact"] == str(out / "fp8" / "artifact") and not (out / "fp8-fast" / "artifact").exists()
     assert fast["artifact_digest"] == candidates["fp8"]["artifact_digest"] is not None
@@ -471,6 +472,18 @@ def test_fp8_fast_is_judged_beside_fp8_in_one_sweep_its_servers_asked_to_accumul
     layers = sum(health["health"]["kernel_paths"].values())
     report = (out / "report" / "REPORT.md").read_text()
     assert f"fast accumulation asked: 0 of {layers} layers fast" in report
+    channel = json.loads((out / "w4a8-channel" / "CANDIDATE.json").read_text())
+    assert (channel["name"], channel["scheme"], channel["artifact"]) == (
+        "w4a8-channel",
+        "w4a8",
+        str(out / "w4a8-channel" / "artifact"),
+    )
+    assert "--scheme w4a8 --force --group-size channel " in channel["stages"]["quantize"]["command"]
+    assert all(channel["stages"][s]["status"] == "ok" for s in SCHEME_STAGES), channel["stages"]
+    assert channel["weight_bytes"] and channel["doctor"] is not None
+    stored = json.loads((out / "w4a8-channel" / "artifact" / "MANIFEST.json").read_text())
+    assert (stored["options"]["group_size"], stored["scheme"]["group_size"]) == ("channel", None)
+    assert "w4a8-channel" in report and "w4a8-channel" in result.verdicts
     # resumed, it serves again only when the shared artifact is another than the one it served
     from ditq.sweep.candidate import Candidate
 
@@ -492,6 +505,84 @@ def test_a_gptq_candidate_is_an_int_weight_schemes_and_calibrate_gptq_names_them
     ]
     with pytest.raises(InputError, match=r"--schemes fp8-gptq: GPTQ rounds int weights; fp8's are not"):
         candidate_name("fp8-gptq")
+
+
+def test_a_channel_candidate_is_a_4_bit_schemes_named_before_gptq_and_refused_on_8_bits(workspace: Path):
+    """``--schemes w4a8,w4a8-channel``: a 4-bit scheme with one scale per output channel beside its groups of 128;
+    with GPTQ the one name is ``SCHEME-channel-gptq``; the 8-bit schemes, per output channel already, refuse it."""
+    from ditq.sweep.options import candidate_group_size, candidate_name, candidate_scheme
+
+    assert [candidate_name(s) for s in (" w4a8-channel ", "w4afp8-channel", "int4wo-channel")] == [
+        "w4a8-channel",
+        "w4a8-channel",
+        "w4a16-channel",
+    ]
+    # --calibrate gptq names it as it names w4a8; either order of the two suffixes is read as the one
+    assert candidate_name("w4a8-channel", "gptq") == "w4a8-channel-gptq"
+    assert candidate_name("w4a8-gptq-channel") == candidate_name("w4a8-channel-gptq") == "w4a8-channel-gptq"
+    for name, group_size in (
+        ("w4a8-channel-gptq", "channel"),
+        ("w4a8-channel", "channel"),
+        ("w4a8-gptq", None),
+    ):
+        assert (candidate_scheme(name), candidate_group_size(name)) == ("w4a8", group_size)
+    for text in ("w8a8-channel", "fp8-channel", "w8a16-channel-gptq"):
+        with pytest.raises(InputError, match=r"8-bit|per output channel already") as refused:
+            candidate_name(text)
+        assert refused.value.field == "schemes" and str(refused.value).startswith(f"--schemes {text}: ")
+        assert "\n" not in str(refused.value)
+    with pytest.raises(InputError, match=r"--schemes w4a8-channel-channel: channel is named twice"):
+        candidate_name("w4a8-channel-channel")
+    with pytest.raises(InputError, match=r"--schemes w4a8-channel-fast: fast accumulation is fp8's only"):
+        candidate_name("w4a8-channel-fast")
+    assert parse_endpoint_for(["w4a8-gptq-channel=http://127.0.0.1:9"]) == {
+        "w4a8-channel-gptq": "http://127.0.0.1:9"
+    }
+    with pytest.raises(InputError, match=r"--schemes w4a8-gptq-channel: name it as w4a8-channel-gptq"):
+        SweepOptions(
+            model=workspace / "model",
+            schemes=("w4a8-gptq-channel",),
+            fixtures=workspace / "fixtures.json",
+            refs=workspace / "refs",
+            out=workspace / "out-names",
+        )
+
+
+def test_a_channel_candidate_is_quantized_with_group_size_channel_and_gptq_when_named(workspace: Path):
+    """The ``ditq quantize`` each candidate runs: ``--group-size channel`` for a ``-channel`` one only, ``--calibrate
+    gptq`` on the sweep's fixtures for a ``-gptq`` one, ``--scheme`` the bare scheme, its directory its name; and
+    ``ditq quantize`` reads that command line."""
+    from ditq.cli import _build_parser
+    from ditq.sweep.candidate import Candidate
+    from ditq.sweep.run import quantize_argv
+
+    names = ("w4a8", "w4a8-channel", "w4a8-channel-gptq", "w4a16-channel", "fp8")
+    options = SweepOptions(
+        model=workspace / "model",
+        schemes=names,
+        fixtures=workspace / "fixtures.json",
+        refs=workspace / "refs",
+        out=workspace / "out-channel-argv",
+        load=LoadOptions(device="cpu"),
+    )
+    assert options.candidates == names
+    for name in names:
+        c = Candidate(options, name)
+        argv = quantize_argv(options, c)
+        assert c.dir == options.out / name
+        assert argv[3:6] == ["quantize", str(options.model), str(c.dir / "artifact")]
+        scheme = name.split("-")[0]
+        assert argv[argv.index("--scheme") + 1] == scheme
+        assert (argv[argv.index("--group-size") + 1] if "--group-size" in argv else None) == (
+            "channel" if "-channel" in name else None
+        )
+        assert ("--calibrate" in argv) == name.endswith("-gptq")
+        args = _build_parser(argv[3:]).parse_args(argv[3:])  # past ``python -m ditq.cli``
+        assert (args.scheme, args.group_size) == (scheme, "channel" if "-channel" in name else None)
+    # the record the report reads: the candidate's name, its scheme the bare one (as ditq doctor --scheme takes it)
+    Candidate(options, "w4a8-channel-gptq").save()
+    record = read_model(CandidateFile, options.out / "w4a8-channel-gptq" / "CANDIDATE.json")
+    assert (record.name, record.scheme) == ("w4a8-channel-gptq", "w4a8")
 
 
 def test_a_fast_candidate_is_fp8s_only_and_named_in_one_spelling(workspace: Path):
