@@ -122,6 +122,19 @@ def fidelity_scores(
     return fields, per_seed
 
 
+def paired_change(ours: dict[int, float], base: dict[int, float]) -> dict[str, Any]:
+    """The mean per-seed PSNR change of ``ours`` over ``base`` (seed by seed) with its interval, as a result row's
+    field."""
+    from ditq.judge.stats import difference_interval
+
+    change = difference_interval(ours, base)
+    return {
+        "estimate": round(change.estimate, 2),
+        "interval": [round(change.low, 2), round(change.high, 2)],
+        "method": change.method,
+    }
+
+
 def write_result(script: str, args: argparse.Namespace, fields: dict[str, Any]) -> None:
     """``args.out``: the command (``--out`` relative to the working directory where it lies inside it), ``fields``
     and the software it ran on."""
@@ -154,7 +167,6 @@ def main() -> int:
 
     seeds = tuple(parse_seeds(args.seeds))
 
-    from ditq.judge.stats import difference_interval
     from ditq.schemes import CHANNEL, get_scheme
 
     requests = demo_requests(seeds)
@@ -179,24 +191,15 @@ def main() -> int:
     for name, row in rows.items():
         if row["calibrate"].startswith("gptq"):  # against the same scheme and scales rounded to nearest
             (rtn,) = (n for n, r in ROWS.items() if r == (row["scheme"], "rtn", ROWS[name][2]))
-            gain = difference_interval(per_seed[name], per_seed[rtn])
-            row["gain_over_rtn_db"] = {
-                "against": rtn,
-                "estimate": round(gain.estimate, 2),
-                "interval": [round(gain.low, 2), round(gain.high, 2)],
-                "method": gain.method,
-                "at_least_3_db": gain.low >= 3.0,
-            }
+            gain = paired_change(per_seed[name], per_seed[rtn])
+            row["gain_over_rtn_db"] = {"against": rtn, **gain, "at_least_3_db": gain["interval"][0] >= 3.0}
             print(f"{name}: {row['gain_over_rtn_db']}")
         # what one scale per row costs: against the same rounding in groups of 128
         if ROWS[name][2] == CHANNEL:
             (grouped,) = (n for n, r in ROWS.items() if r == (row["scheme"], row["calibrate"], None))
-            change = difference_interval(per_seed[name], per_seed[grouped])
             row["change_over_groups_db"] = {
                 "against": grouped,
-                "estimate": round(change.estimate, 2),
-                "interval": [round(change.low, 2), round(change.high, 2)],
-                "method": change.method,
+                **paired_change(per_seed[name], per_seed[grouped]),
             }
             print(f"{name}: {row['change_over_groups_db']}")
     write_result(

@@ -32,6 +32,7 @@ from four_bit_fidelity import (
     _images,
     demo_requests,
     fidelity_scores,
+    paired_change,
     write_result,
 )
 from result_names import result_path
@@ -92,7 +93,6 @@ def main() -> int:
     parser.add_argument("--seeds", default=SEEDS, help="the judged seeds (default %(default)s)")
     parser.add_argument("--out", type=Path, default=result_path("low_rank_fidelity", "cpu"))
     args = parser.parse_args()
-    from ditq.judge.stats import difference_interval
     from ditq.probe.fixtures import parse_seeds
     from ditq.quantization.in_memory import RECORD
 
@@ -140,13 +140,7 @@ def main() -> int:
         if row["low_rank"] is not None:
             base = next(n for n, r in rows.items() if r["low_rank"] is None and r["scheme"] == row["scheme"]
                         and r["calibrate"] == row["calibrate"])  # fmt: skip
-            gain = difference_interval(per_seed[name], per_seed[base])
-            row["gain_db"] = {
-                "over": base,
-                "estimate": round(gain.estimate, 2),
-                "interval": [round(gain.low, 2), round(gain.high, 2)],
-                "method": gain.method,
-            }
+            row["gain_db"] = {"over": base, **paired_change(per_seed[name], per_seed[base])}
             print(f"{name}: {row['gain_db']}")
     write_result(
         "low_rank_fidelity.py",
