@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from ditq.quantization.plan_file import PlanFile, read_plan
 from ditq.runtime.lora_adapters import LoraSpec, refuse_beside_lora
 from ditq.runtime.options import LoadOptions
 from ditq.runtime.parallel import parse_parallel, refuse_beside_parallel
-from ditq.schemes import CHANNEL, GroupSize, get_scheme
+from ditq.schemes import CHANNEL, GroupSize, Scheme, get_scheme
 
 SCHEME_STAGES = ("quantize", "verify", "doctor", "serve", "probe", "gate", "compare")
 # Every answer is an interval over seeds (fidelity) or over requests (speed): one seed decides nothing.
@@ -51,7 +52,7 @@ def candidate_name(text: str, calibrate: str = "rtn") -> str:
             raise InputError(f"--schemes {text}: {suffix.lstrip('-')} is named twice", field="schemes")
         suffixes.add(suffix)
         base = base.removesuffix(suffix)
-    scheme = get_scheme(base)
+    scheme = _suffixed_scheme(text, base)
     if FAST in suffixes and scheme.name not in FAST_SCHEMES:
         raise InputError(
             f"--schemes {text}: fast accumulation is {', '.join(FAST_SCHEMES)}'s only ({scheme.name} has no "
@@ -71,6 +72,27 @@ def candidate_name(text: str, calibrate: str = "rtn") -> str:
     if calibrate == "gptq" and scheme.weight_type == "int":
         suffixes.add(GPTQ)
     return scheme.name + "".join(s for s in (CHANNEL_SUFFIX, GPTQ, FAST) if s in suffixes)
+
+
+def _suffixed_scheme(text: str, base: str) -> Scheme:
+    """The scheme ``base`` names; where it is a scheme and a misspelled suffix (``w4a8-chanel``), the suffix is what
+    is refused, with the one it is closest to; anything else is ``get_scheme``'s refusal."""
+    try:
+        return get_scheme(base)
+    except InputError as unknown:
+        head, _, word = base.rpartition("-")
+        try:
+            get_scheme(head)
+        except InputError:
+            raise unknown from None  # not a scheme with a suffix: get_scheme's own refusal
+        close = difflib.get_close_matches(word, [s.lstrip("-") for s in SUFFIXES], n=1)
+        if not close:
+            raise unknown from None
+        raise InputError(
+            f"--schemes {text}: unknown suffix -{word} (a candidate takes {', '.join(SUFFIXES)}); did you mean "
+            f"-{close[0]}?",
+            field="schemes",
+        ) from None
 
 
 def candidate_scheme(name: str) -> str:

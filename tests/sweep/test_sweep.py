@@ -533,6 +533,14 @@ def test_a_channel_candidate_is_a_4_bit_schemes_named_before_gptq_and_refused_on
         assert "\n" not in str(refused.value)
     with pytest.raises(InputError, match=r"--schemes w4a8-channel-channel: channel is named twice"):
         candidate_name("w4a8-channel-channel")
+    with pytest.raises(
+        InputError, match=r"--schemes w4a8-chanel: unknown suffix -chanel .*did you mean -channel\?"
+    ):
+        candidate_name("w4a8-chanel")
+    with pytest.raises(
+        InputError, match=r"unknown scheme 'w4a8-xyz'"
+    ):  # nothing near a suffix: the scheme's refusal
+        candidate_name("w4a8-xyz")
     with pytest.raises(InputError, match=r"--schemes w4a8-channel-fast: fast accumulation is fp8's only"):
         candidate_name("w4a8-channel-fast")
     assert parse_endpoint_for(["w4a8-gptq-channel=http://127.0.0.1:9"]) == {
