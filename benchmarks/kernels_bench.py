@@ -93,17 +93,19 @@ def _torchao_fns(w: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Te
 
 
 def prepared_paths(
-    w: torch.Tensor, scheme: Scheme, stored_as: Scheme | None = None
+    w: torch.Tensor, scheme: Scheme, stored_as: Scheme | None = None, only: str | None = None
 ) -> Iterator[tuple[KernelPath, Prepared]]:
-    """Each CUDA path the registry offers for ``scheme`` at w's shape (N, K), with w quantized as ``ditq quantize``
-    stores it (as ``stored_as``, another grouping of the scheme, where given) and repacked by the path, as the
-    loader does."""
+    """Each CUDA path the registry offers for ``scheme`` at w's shape (N, K) (or the one named ``only``), with w
+    quantized as ``ditq quantize`` stores it (as ``stored_as``, another grouping of the scheme, where given) and
+    repacked by the path, as the loader does."""
     from ditq.checkpoint.codecs import codec_for
     from ditq.kernels import candidate_paths
     from ditq.numerics import quantize_weight
 
     n, k = w.shape
     for path in candidate_paths(scheme, w.device, torch.bfloat16, k, n):
+        if only is not None and path.name != only:
+            continue
         q, scale = quantize_weight(w.float(), (stored_as or path.scheme).fitted(k))
         stored = {key: t.to(w.device) for key, t in codec_for(path.scheme).encode(q, scale).items()}
         yield path, path.prepare(stored, w.device)
@@ -212,10 +214,11 @@ def _rows_for_shape(
         if scheme.num_bits == 4 and scheme.activations is not None:
             # the same scheme stored with one scale per output channel (ditq quantize --group-size channel): the
             # widened path's GEMM is then cuBLAS's rowwise one
-            for path, prepared in prepared_paths(w, scheme, scheme.with_group_size(None)):
-                if path.name == "widen-scaled-mm-w4a8":
-                    record(f"ditq:{path.name} per channel", f"{scheme.name}-channel",
-                           lambda p=path, pr=prepared: p.matmul(x, pr, None))  # fmt: skip
+            for path, prepared in prepared_paths(
+                w, scheme, scheme.with_group_size(None), "widen-scaled-mm-w4a8"
+            ):
+                record(f"ditq:{path.name} per channel", f"{scheme.name}-channel",
+                       lambda p=path, pr=prepared: p.matmul(x, pr, None))  # fmt: skip
                 del prepared
 
     if torchao_ok:
@@ -265,26 +268,24 @@ def _table(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+FOUR_BIT_LABELS = ("w4a8", "w4a8-channel", "fp8", "w4a16")  # the row kinds four_bit_ratios compares
+
+
 def four_bit_ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     """Per shape: ditq w4a8's TFLOP/s over the best ditq fp8 path's (issue 46's goal: at least 0.9), the same for
-    w4a8 stored per output channel, and the best
-    w4a16 path's over BF16 cuBLAS, from one run's rows."""
+    w4a8 stored per output channel, and the best w4a16 path's over BF16 cuBLAS, from one run's rows."""
     best: dict[tuple[object, ...], float] = {}
     for r in rows:
         if "tflops" not in r:
             continue
-        label = {"w4a8": "w4a8", "w4a8-channel": "w4a8-channel", "fp8": "fp8", "w4a16": "w4a16"}.get(
-            str(r["kind"])
-        )
-        label = "bf16" if r["path"] == "bf16-cublas" else label
+        kind = str(r["kind"])
+        label = "bf16" if r["path"] == "bf16-cublas" else kind if kind in FOUR_BIT_LABELS else None
         if label is not None and str(r["path"]).startswith(("ditq:", "bf16")):
             key = (r["M"], r["K"], r["N"], label)
             best[key] = max(best.get(key, 0.0), float(r["tflops"]))  # type: ignore[arg-type]
     out = []
     for m, k, n in sorted({key[:3] for key in best}):  # type: ignore[type-var]
-        get = {
-            label: best.get((m, k, n, label)) for label in ("w4a8", "w4a8-channel", "fp8", "w4a16", "bf16")
-        }
+        get = {label: best.get((m, k, n, label)) for label in (*FOUR_BIT_LABELS, "bf16")}
         out.append({"M": m, "K": k, "N": n,
                     "w4a8_x_fp8": None if not (get["w4a8"] and get["fp8"]) else round(get["w4a8"] / get["fp8"], 3),
                     "w4a8_channel_x_fp8": None if not (get["w4a8-channel"] and get["fp8"])

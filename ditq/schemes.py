@@ -41,6 +41,7 @@ ActivationKind = Literal["int8", "fp8"]
 # (a Scheme's ``group_size`` None); where it is not given (None), the scheme's own
 CHANNEL: Final = "channel"
 GroupSize = int | Literal["channel"]
+_GROUP_SIZES = f"a positive number of input features per scale, or {CHANNEL!r}"  # what --group-size takes
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,7 @@ class Scheme:
         if group_size == CHANNEL:
             return self.with_group_size(None)
         if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size <= 0:
-            raise InputError(
-                f"--group-size {group_size!r}: a positive number of input features per scale, or {CHANNEL!r}"
-            )
+            raise InputError(f"--group-size {group_size!r}: {_GROUP_SIZES}")
         return self.with_group_size(group_size)
 
     @property
@@ -253,10 +252,7 @@ def parse_group_size(text: str) -> GroupSize:
     if key.isdigit() and int(key) > 0:
         return int(key)
     hint = f"; did you mean {CHANNEL!r}?" if difflib.get_close_matches(key, [CHANNEL], cutoff=0.6) else ""
-    raise InputError(
-        f"--group-size {text!r}: a positive number of input features per scale, or {CHANNEL!r} (one scale per "
-        f"output channel){hint}"
-    )
+    raise InputError(f"--group-size {text!r}: {_GROUP_SIZES} (one scale per output channel){hint}")
 
 
 def get_scheme(name: str, group_size: GroupSize | None = None) -> Scheme:
