@@ -27,7 +27,9 @@ first R of the largest rank's (one SVD; the test checks it equals ``split_low_ra
 Per layer and rounding, two SQNRs (dB, higher is better), as ``low_rank_fidelity.py`` defines them: the weight's,
 10 log10(|W|^2 / |W - W_q|^2), and the output's on the held-out inputs X, 10 log10(sum |X W^T|^2 / sum |X (W - W_q)^T|^2);
 per layer the gain of GPTQ over round to nearest and of each branch over the same rounding without it (output SQNR
-differences); per Linear kind (``attn.to_q``, ``img_mlp.out``...) the median and range over the blocks.
+differences); the calibration Hessian's effective rank, (tr H)^2 / |H|_F^2, which says how much room GPTQ has;
+per Linear kind (``attn.to_q``, ``img_mlp.out``...) the median and range over the blocks. The peak resident memory is
+recorded too: GPTQ's float64 inversion of img_mlp.out's 12288 x 12288 Hessian dominates it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import gc
 import json
 import math
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -96,6 +99,12 @@ class SqnrOptions:
 
 def sqnr_db(signal: float, noise: float) -> float:
     return round(10 * math.log10(signal / noise), 2) if noise > 0 else math.inf
+
+
+def effective_rank(hessian: torch.Tensor) -> float:
+    """(tr H)^2 / |H|_F^2 of an input Hessian (K, K): how many input directions carry the inputs' energy (K for
+    white inputs, 1 for a single direction); GPTQ gains most where it is small."""
+    return round(float(hessian.trace()) ** 2 / float(torch.linalg.vector_norm(hessian)) ** 2, 1)
 
 
 # ---- the model and its inputs -------------------------------------------------------------------------------
@@ -235,7 +244,11 @@ def measure_layer(
     branches = low_rank_branches(weight, options.ranks)
     signal_w = float(weight.double().square().sum())
     signal_out = float((inputs @ weight.T).double().square().sum())
-    found: dict[str, Any] = {"shape": list(weight.shape), "held_out_rows": inputs.shape[0]}
+    found: dict[str, Any] = {
+        "shape": list(weight.shape),
+        "calibration_effective_rank": effective_rank(hessian),
+        "held_out_rows": inputs.shape[0],
+    }
     for group_size in options.group_sizes:
         scheme = get_scheme(SCHEME, group_size).fitted(weight.shape[1])
         rows = {}
@@ -271,13 +284,15 @@ def by_kind(layers: Mapping[str, Mapping[str, Any]], group_key: str) -> dict[str
     each rounding's SQNRs and of each gain."""
     kinds: dict[str, list[Mapping[str, Any]]] = {}
     for name, layer in layers.items():
-        kinds.setdefault(name.split(".", 2)[2], []).append(layer[group_key])
-    kinds["all"] = [layer[group_key] for layer in layers.values()]
+        kinds.setdefault(name.split(".", 2)[2], []).append(layer)
+    kinds["all"] = list(layers.values())
     table = {}
-    for kind, entries in kinds.items():
+    for kind, found in kinds.items():
+        entries = [layer[group_key] for layer in found]
         rows, gain_names = entries[0]["rows"], entries[0]["gains_db"]
         table[kind] = {
             "layers": len(entries),
+            "calibration_effective_rank": spread([layer["calibration_effective_rank"] for layer in found]),
             **{
                 metric: {r: spread([e["rows"][r][metric] for e in entries]) for r in rows}
                 for metric in ("output_sqnr_db", "weight_sqnr_db")
@@ -443,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         "what": __doc__.splitlines()[0],
         **fields_,
         "device": "cpu",
+        "max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),  # Linux: KiB
         "torch": torch.__version__,
         "diffusers": _version("diffusers"),
         "platform": platform.machine(),
