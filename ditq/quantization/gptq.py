@@ -10,11 +10,14 @@ What this module does and does not do:
 
 - symmetric weights, q in [-2**(bits-1), 2**(bits-1) - 1] stored as int8, scale = amax(|w|) / (2**(bits-1) - 1)
   per group of ``group_size`` input columns (or per output row), float32, never below ``TINY``;
-- a group's scale is taken from the error-updated weights at the moment its first column is quantized (the
-  reference's ``static_groups=False``); later columns of the group keep that scale, so they may round to
-  -2**(bits-1), which the storage range admits;
-- columns are quantized in their own order: no ``act_order`` reordering;
-- everything is float32 except the damped Hessian's inversion, done in float64.
+- columns go in their own order, each group's scale taken from the error-updated weights at the moment its first
+  column is quantized (the reference's ``static_groups=False``); later columns of the group keep that scale, so
+  they may round to -2**(bits-1), which the storage range admits;
+- or, with ``act_order`` (``Calibration``'s default), in order of decreasing Hessian diagonal, every group's scale
+  taken up front from the weights as given (the reference's ``static_groups=True``);
+- everything is float32 except the damped Hessian's inversion, done in float64: several (K, K) float64 matrices
+  live at once (1.2 GB each at K = 12288), which ``--calibration-memory`` (the float32 Hessians' budget) does not
+  count.
 
 ``HessianAccumulator`` and ``hessian_hooks`` gather H from a module's forward passes; ``gptq_quantize`` rounds
 with it. Round to nearest and dequantization are ``ditq.numerics``' (the same conventions: H = I gives exactly
