@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 import time
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from result_names import result_path
+from result_names import result_path, shown_path
 
 SEEDS = "2301-2304"
 CALIBRATION_SEEDS = (0, 1)
@@ -122,6 +123,11 @@ def fidelity_scores(
     return fields, per_seed
 
 
+def sqnr_db(signal: float, noise: float) -> float:
+    """10 log10(signal / noise) in dB to two places (higher is better); +inf without noise."""
+    return round(10 * math.log10(signal / noise), 2) if noise > 0 else math.inf
+
+
 def paired_change(ours: dict[int, float], base: dict[int, float]) -> dict[str, Any]:
     """The mean per-seed PSNR change of ``ours`` over ``base`` (seed by seed) with its interval, as a result row's
     field."""
@@ -139,11 +145,8 @@ def write_result(script: str, args: argparse.Namespace, fields: dict[str, Any]) 
     """``args.out``: the command (``--out`` relative to the working directory where it lies inside it), ``fields``
     and the software it ran on."""
     out = args.out
-    shown = (
-        str(out.resolve().relative_to(Path.cwd())) if out.resolve().is_relative_to(Path.cwd()) else out.name
-    )
     payload = {
-        "command": f"python benchmarks/{script} --seeds {args.seeds} --out {shown}",
+        "command": f"python benchmarks/{script} --seeds {args.seeds} --out {shown_path(out)}",
         **fields,
         "torch": torch.__version__,
         "platform": platform.machine(),

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import platform
 import resource
 import statistics
@@ -50,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from result_names import RESULTS, commit
+from four_bit_fidelity import sqnr_db
+from result_names import RESULTS, commit, shown_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
@@ -95,10 +95,6 @@ class SqnrOptions:
     @property
     def image_tokens(self) -> int:
         return (self.image_side // PIXELS_PER_TOKEN) ** 2
-
-
-def sqnr_db(signal: float, noise: float) -> float:
-    return round(10 * math.log10(signal / noise), 2) if noise > 0 else math.inf
 
 
 def effective_rank(hessian: torch.Tensor) -> float:
@@ -313,8 +309,6 @@ def print_table(summary: Mapping[str, Mapping[str, Any]]) -> None:
 
 def _command(argv: list[str], out: Path) -> str:
     """The command as run, with ``--out`` shown relative to the working directory (its name alone outside it)."""
-    resolved = out.resolve()
-    shown = str(resolved.relative_to(Path.cwd())) if resolved.is_relative_to(Path.cwd()) else out.name
     words, skip = [], False
     for word in argv:
         if skip or word.startswith("--out="):
@@ -324,7 +318,7 @@ def _command(argv: list[str], out: Path) -> str:
             skip = True
             continue
         words.append(word)
-    return " ".join(["python benchmarks/four_bit_sqnr_full_size.py", *words, "--out", shown])
+    return " ".join(["python benchmarks/four_bit_sqnr_full_size.py", *words, "--out", shown_path(out)])
 
 
 def run(options: SqnrOptions) -> dict[str, Any]:

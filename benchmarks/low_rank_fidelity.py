@@ -18,7 +18,6 @@ rounding without the branch (paired seed by seed), and per layer two SQNRs (dB, 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from four_bit_fidelity import (
     demo_requests,
     fidelity_scores,
     paired_change,
+    sqnr_db,
     write_result,
 )
 from result_names import result_path
@@ -45,10 +45,6 @@ ROWS = {  # name -> (scheme, calibrate, low-rank R or None)
     "w4a16-gptq-lr16": ("w4a16", "gptq", 16),
     "w4a16-gptq-lr32": ("w4a16", "gptq", 32),
 }
-
-
-def _sqnr_db(signal: float, noise: float) -> float:
-    return round(10 * math.log10(signal / noise), 2) if noise > 0 else math.inf
 
 
 class _OutputError:
@@ -81,7 +77,7 @@ class _OutputError:
         return hook
 
     def sqnr_db(self) -> dict[str, float]:
-        return {prefix: _sqnr_db(signal, noise) for prefix, (signal, noise) in self.sums.items()}
+        return {prefix: sqnr_db(signal, noise) for prefix, (signal, noise) in self.sums.items()}
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -116,7 +112,7 @@ def main() -> int:
             outputs.active = key[1] == seeds[0]
             images.update(_images(adapter, {key: request}))
         scores, per_seed[name] = fidelity_scores(images, reference, fixtures, seeds)
-        weight_sqnr = {p: _sqnr_db(1.0, e * e) for p, e in record.errors.items()}
+        weight_sqnr = {p: sqnr_db(1.0, e * e) for p, e in record.errors.items()}
         output_sqnr = outputs.sqnr_db()
         rows[name] = {
             "scheme": scheme,

@@ -29,6 +29,13 @@ def card(device: str = "cuda") -> str:
     return (found.group(1) if found else name.split()[-1]).lower()
 
 
+def shown_path(out: Path) -> str:
+    """``out`` as a result's command shows it: relative to the working directory where it lies inside it, else its
+    name alone (no machine's paths in a committed result)."""
+    resolved = out.resolve()
+    return str(resolved.relative_to(Path.cwd())) if resolved.is_relative_to(Path.cwd()) else out.name
+
+
 def result_path(bench: str, device: str = "cuda") -> Path:
     """``benchmarks/results/<bench>_<card>_<commit>.json`` for a run on ``device`` (``cpu`` or a GPU)."""
     return RESULTS / f"{bench}_{card(device)}_{commit()}.json"

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -507,6 +508,20 @@ def test_a_gptq_candidate_is_an_int_weight_schemes_and_calibrate_gptq_names_them
         candidate_name("fp8-gptq")
 
 
+def _workspace_options(
+    workspace: Path, schemes: tuple[str, ...], out: str = "out-names", **given: Any
+) -> SweepOptions:
+    """Sweep options over the workspace's model, fixtures and references, with ``schemes`` (checked as built)."""
+    return SweepOptions(
+        model=workspace / "model",
+        schemes=schemes,
+        fixtures=workspace / "fixtures.json",
+        refs=workspace / "refs",
+        out=workspace / out,
+        **given,
+    )
+
+
 def test_a_channel_candidate_is_a_4_bit_schemes_named_before_gptq_and_refused_on_8_bits(workspace: Path):
     """``--schemes w4a8,w4a8-channel``: a 4-bit scheme with one scale per output channel beside its groups of 128;
     with GPTQ the one name is ``SCHEME-channel-gptq``; the 8-bit schemes, per output channel already, refuse it."""
@@ -547,13 +562,7 @@ def test_a_channel_candidate_is_a_4_bit_schemes_named_before_gptq_and_refused_on
         "w4a8-channel-gptq": "http://127.0.0.1:9"
     }
     with pytest.raises(InputError, match=r"--schemes w4a8-gptq-channel: name it as w4a8-channel-gptq"):
-        SweepOptions(
-            model=workspace / "model",
-            schemes=("w4a8-gptq-channel",),
-            fixtures=workspace / "fixtures.json",
-            refs=workspace / "refs",
-            out=workspace / "out-names",
-        )
+        _workspace_options(workspace, ("w4a8-gptq-channel",))
 
 
 def test_a_channel_candidate_is_quantized_with_group_size_channel_and_gptq_when_named(workspace: Path):
@@ -565,14 +574,7 @@ def test_a_channel_candidate_is_quantized_with_group_size_channel_and_gptq_when_
     from ditq.sweep.run import quantize_argv
 
     names = ("w4a8", "w4a8-channel", "w4a8-channel-gptq", "w4a16-channel", "fp8")
-    options = SweepOptions(
-        model=workspace / "model",
-        schemes=names,
-        fixtures=workspace / "fixtures.json",
-        refs=workspace / "refs",
-        out=workspace / "out-channel-argv",
-        load=LoadOptions(device="cpu"),
-    )
+    options = _workspace_options(workspace, names, "out-channel-argv", load=LoadOptions(device="cpu"))
     assert options.candidates == names
     for name in names:
         c = Candidate(options, name)
@@ -599,14 +601,7 @@ def test_a_fast_candidate_is_fp8s_only_and_named_in_one_spelling(workspace: Path
     assert candidate_name(" fp8-fast ") == "fp8-fast"
     with pytest.raises(InputError, match=r"--schemes w8a8-fast: fast accumulation is fp8's only"):
         candidate_name("w8a8-fast")
-    options = SweepOptions(
-        model=workspace / "model",
-        schemes=("fp8", "fp8-fast"),
-        fixtures=workspace / "fixtures.json",
-        refs=workspace / "refs",
-        out=workspace / "out-names",
-        load=LoadOptions(device="cpu"),
-    )
+    options = _workspace_options(workspace, ("fp8", "fp8-fast"), load=LoadOptions(device="cpu"))
     assert candidate_options(options, "fp8").load.accumulate == "exact"
     assert candidate_options(options, "fp8-fast").load.accumulate == "fast"
     assert candidate_options(options, "baseline") is options
@@ -615,10 +610,4 @@ def test_a_fast_candidate_is_fp8s_only_and_named_in_one_spelling(workspace: Path
     assert shared_candidate(alone, "fp8-fast") is None  # without fp8 in the sweep it quantizes its own
     assert parse_endpoint_for(["fp8-fast=http://127.0.0.1:9"]) == {"fp8-fast": "http://127.0.0.1:9"}
     with pytest.raises(InputError, match="w8a16-fast"):
-        SweepOptions(
-            model=workspace / "model",
-            schemes=("w8a16-fast",),
-            fixtures=workspace / "fixtures.json",
-            refs=workspace / "refs",
-            out=workspace / "out-names",
-        )
+        _workspace_options(workspace, ("w8a16-fast",))
