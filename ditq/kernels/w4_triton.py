@@ -8,8 +8,9 @@ the fp32 promotion per 128 of K that the Triton GEMM does by hand) (ops ``ditq::
 The repack keeps the weights at 4 bits: compressed-tensors' int32 words hold eight nibbles biased by 8, low nibble
 first, so their bytes (little-endian) are already two values each in k order; flipping each nibble's top bit
 (``^ 0x88``) makes them two's complement, which the kernel widens with two shifts. The scales stay (N, groups)
-float32. No 16-bit weight is ever materialised, except transiently, one layer at a time, by the dequantize path (and
-the widened e4m3 weight, one byte a value, by the widening path).
+float32; the widened path lays them out once, at load, as cuBLAS takes them (``repack_int4_widened``). No 16-bit
+weight is ever materialised, except transiently, one layer at a time, by the dequantize path (and the widened e4m3
+weight, one byte a value, by the widening path).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ditq.kernels.cuda_common import (
 from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, StoredWeight, register_kernel
 from ditq.schemes import W4A8, W4A16
 
-__all__ = ["block_k_for", "cublas_weight_scales", "repack_int4"]
+__all__ = ["block_k_for", "cublas_weight_scales", "repack_int4", "repack_int4_widened"]
 
 # Tokens up to which the w4a16 path runs the Triton GEMM on the packed weights; above, dequantize + cuBLAS. On an
 # H100 (benchmarks/results/h100-four-bit/) dequantize + cuBLAS ran at 0.88-1.07x BF16 from 4096 tokens up, the Triton
@@ -136,6 +137,24 @@ def cublas_weight_scales(weight_scale: torch.Tensor, in_features: int) -> torch.
     return weight_scale.repeat_interleave(group_size // 128, dim=1).t().contiguous()
 
 
+def repack_int4_widened(stored: StoredWeight, device: torch.device) -> Prepared:
+    """The widened w4a8 path's repack: ``repack_int4``'s weight, and its scales laid out once, at load, as
+    ``torch._scaled_mm`` takes them for the widened weight (``cublas_weight_scales``): (1, N) per channel,
+    (K / 128, N) for groups of a multiple of 128. A grouping cuBLAS cannot scale keeps its scales as (G, N). Either
+    way weight_scale is (G', N), and the Triton GEMM below the split reads it transposed."""
+    prepared = repack_int4(stored, device)
+    scale = prepared["weight_scale"]
+    cublas = cublas_weight_scales(scale, prepared["weight"].shape[1] * 2)
+    prepared["weight_scale"] = (cublas if cublas is not None else scale.t()).contiguous()
+    return prepared
+
+
+def _cublas_scales(in_features: int, scale_rows: int) -> bool:
+    """Whether weight scales laid out (scale_rows, N) by ``repack_int4_widened`` are cuBLAS's: rowwise, or one per
+    128 of K (the cases ``cublas_weight_scales`` lays out)."""
+    return in_features % 16 == 0 and (scale_rows == 1 or scale_rows * 128 == in_features)
+
+
 def _w4a8_widened_gemm(
     x_q: torch.Tensor,
     x_scale: torch.Tensor,
@@ -144,15 +163,13 @@ def _w4a8_widened_gemm(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
+    """weight_scale (G', N) as ``repack_int4_widened`` lays it out."""
     from ditq.kernels._triton.w4_gemm import widen_int4_fp8
 
     m, k = x_q.shape
-    scale_b = None
-    if m >= W4A8_WIDEN_MIN_ROWS and out_dtype == torch.bfloat16:
-        scale_b = cublas_weight_scales(weight_scale, k)
-    if scale_b is None:
-        return _w4a8_gemm(x_q, x_scale, weight, weight_scale, bias, out_dtype)
-    if weight_scale.shape[1] == 1:
+    if m < W4A8_WIDEN_MIN_ROWS or out_dtype != torch.bfloat16 or not _cublas_scales(k, weight_scale.shape[0]):
+        return _w4a8_gemm(x_q, x_scale, weight, weight_scale.t(), bias, out_dtype)
+    if weight_scale.shape[0] == 1:
         scale_a = x_scale.reshape(m, 1)
     else:  # the token's one scale for each 128 of K, (M, K / 128) column-major as cuBLAS reads it; cuBLAS finds no
         # blockwise algorithm for a token count that is not a multiple of 4: pad the rows, drop them after
@@ -162,7 +179,7 @@ def _w4a8_widened_gemm(
             x_scale = torch.nn.functional.pad(x_scale, (0, rows - m), value=1.0)
         scale_a = x_scale.reshape(1, rows).expand(k // 128, rows).contiguous().t()
     y = torch._scaled_mm(
-        x_q, widen_int4_fp8(weight).t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16
+        x_q, widen_int4_fp8(weight).t(), scale_a=scale_a, scale_b=weight_scale, out_dtype=torch.bfloat16
     )[:m]
     if bias is not None:
         y.add_(bias.to(y.dtype))
@@ -202,7 +219,7 @@ def matmul_w4a8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) 
     min_capability=(9, 0),
     activation_dtypes=frozenset({torch.bfloat16}),
     split_rows=W4A8_WIDEN_MIN_ROWS,
-    **_COMMON,  # type: ignore[arg-type]
+    **{**_COMMON, "prepare": repack_int4_widened},  # type: ignore[arg-type]
 )
 def matmul_w4a8_widened(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
     """From W4A8_WIDEN_MIN_ROWS tokens: the int4 weight widened to e4m3 (Triton), then cuBLAS's fp8 GEMM scaling

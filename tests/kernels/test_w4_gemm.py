@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from ditq.kernels.w4_triton import (
     block_k_for,
     cublas_weight_scales,
     repack_int4,
+    repack_int4_widened,
 )
 from ditq.numerics import relative_l2
 from ditq.schemes import W4A16
@@ -29,12 +31,12 @@ CASES = [(5, 256, 64, 2), (17, 1024, 64, 32), (33, 384, 48, 1), (20, 1104, 32, 1
 
 
 def _case(
-    m: int, k: int, n: int, groups: int, device: torch.device
+    m: int, k: int, n: int, groups: int, device: torch.device, repack: Callable = repack_int4
 ) -> tuple[torch.Tensor, dict, torch.Tensor]:
     generator = torch.Generator().manual_seed(m * k + n)
     q = torch.randint(-8, 8, (n, k), generator=generator, dtype=torch.int8)
     scale = torch.rand(n, groups, generator=generator) * 1e-2 + 1e-3
-    prepared = repack_int4(codec_for(W4A16).encode(q, scale), device)
+    prepared = repack(codec_for(W4A16).encode(q, scale), device)
     weight = q.to(torch.float64) * scale.to(torch.float64).repeat_interleave(k // groups, dim=1)
     return torch.randn(m, k, generator=generator).to(device), prepared, weight.to(device)
 
@@ -62,6 +64,14 @@ def test_interpreted_gemm_and_dequantize_match_the_weight(m: int, k: int, n: int
     x16 = x.to(torch.float16)
     out = w4_gemm(x16, None, prepared["weight"], prepared["weight_scale"], None, torch.float32, block_k)
     assert relative_l2(out, x16.to(torch.float64) @ weight.T) < 1e-6
+    # the widened path's scales, (G', N) as cuBLAS takes them, read transposed (strides (1, N)) below its split
+    _, widened, _ = _case(m, k, n, groups, cpu, repack_int4_widened)
+    assert torch.equal(widened["weight"], prepared["weight"])
+    scale_t = widened["weight_scale"].t()
+    widened_k = block_k_for(k, scale_t.shape[1])
+    assert widened_k is not None
+    out = w4_gemm(x_q, x_scale, prepared["weight"], scale_t, None, torch.float32, widened_k)
+    assert relative_l2(out, expected) < 1e-6
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="needs TRITON_INTERPRET=1 and Triton")
@@ -125,6 +135,29 @@ def test_groupings_cublas_cannot_scale_are_left_to_the_triton_gemm() -> None:
     assert cublas_weight_scales(torch.ones(8, 1), 1008) is not None
 
 
+@pytest.mark.parametrize(
+    ("k", "groups", "rows"), [(1104, 1, 1), (1024, 8, 8), (1024, 4, 8), (1024, 32, 32), (1000, 1, 1)]
+)
+def test_the_widened_repack_lays_the_scales_out_once_as_cublas_takes_them(
+    k: int, groups: int, rows: int
+) -> None:
+    """Per channel, groups of 128, of 256 (repeated over its 128s), of 32 and a K cuBLAS's fp8 GEMM does not take:
+    the widened path's weight_scale is (rows, N), contiguous, cuBLAS's layout where it has one, and weighs every k
+    as the checkpoint's scales do; the weight is the plain repack's."""
+    n = 24
+    _, plain, _ = _case(1, k, n, groups, torch.device("cpu"))
+    _, widened, _ = _case(1, k, n, groups, torch.device("cpu"), repack_int4_widened)
+    scale = widened["weight_scale"]
+    assert torch.equal(widened["weight"], plain["weight"])
+    assert scale.shape == (rows, n) and scale.is_contiguous() and scale.dtype == torch.float32
+    cublas = cublas_weight_scales(plain["weight_scale"], k)
+    assert (cublas is not None) == (k % 16 == 0 and groups in (1, k // 128, k // 256))
+    if cublas is not None:
+        assert torch.equal(scale, cublas)
+    per_k = plain["weight_scale"].repeat_interleave(k // groups, dim=1)
+    assert torch.equal(scale.t().repeat_interleave(k // rows, dim=1), per_k)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize(
@@ -142,11 +175,13 @@ def test_the_widened_cublas_gemm_gives_what_the_triton_gemm_gives(
         pytest.skip("cuBLAS's 1x128 blockwise fp8 scaling: sm_90")
     cuda = torch.device("cuda")
     x, prepared, weight = _case(m, k, n, groups, cuda)
+    _, laid_out, _ = _case(m, k, n, groups, cuda, repack_int4_widened)
     bias = torch.randn(n, device=cuda).to(torch.bfloat16)
     x_q, x_scale = _fp8_rows(x)
-    args = (x_q, x_scale, prepared["weight"], prepared["weight_scale"], bias, torch.bfloat16)
-    widened = _w4a8_widened_gemm(*args)
-    triton_out = _w4a8_gemm(*args)
+    widened = _w4a8_widened_gemm(
+        x_q, x_scale, laid_out["weight"], laid_out["weight_scale"], bias, torch.bfloat16
+    )
+    triton_out = _w4a8_gemm(x_q, x_scale, prepared["weight"], prepared["weight_scale"], bias, torch.bfloat16)
     expected = (x_q.to(torch.float64) * x_scale[:, None].to(torch.float64)) @ weight.T + bias.to(
         torch.float64
     )

@@ -5,7 +5,8 @@ Operands:
 - x (M, K): fp8 e4m3 per-token quantized activations, passed as their bytes (uint8; w4a8), or bf16/fp16 (w4a16);
 - w (N, K // 2) int8: two int4 values to a byte, two's complement, the even k in the low nibble (the repack of
   compressed-tensors' biased nibbles, ``ditq.kernels.w4_triton``);
-- w_scale (N, G) float32: one scale per output channel and group of K / G (G = 1: per channel);
+- w_scale (N, G) float32, any strides: one scale per output channel and group of K / G (G = 1: per channel); the
+  widened w4a8 path hands the (G, N) layout cuBLAS takes, transposed;
 - x_scale (M,) float32 (w4a8), bias (N,) or none.
 c (M, N) = sum over groups g of (x[:, g] @ q[:, g]^T) * w_scale[:, g] (* x_scale) + bias, in c's dtype.
 
@@ -114,6 +115,7 @@ def _w4_kernel(
     stride_xm,
     stride_wn,
     stride_sn,
+    stride_sg,
     stride_cm,
     HAS_BIAS: tl.constexpr,
     IS_FP8: tl.constexpr,
@@ -154,7 +156,7 @@ def _w4_kernel(
             w = q.to(x.dtype)
         if GROUPED:
             part = tl.dot(w, x, out_dtype=tl.float32)
-            scale = tl.load(scale_ptrs + (k * BLOCK_K) // GROUP_SIZE)
+            scale = tl.load(scale_ptrs + ((k * BLOCK_K) // GROUP_SIZE) * stride_sg)
             acc += part * scale[:, None]
         elif IS_FP8:
             acc = tl.dot(w, x, acc, out_dtype=tl.float32, max_num_imprecise_acc=BLOCK_K)
@@ -218,6 +220,7 @@ def w4_gemm(
         x_bytes.stride(0),
         w.stride(0),
         w_scale.stride(0),
+        w_scale.stride(1),
         c.stride(0),
         HAS_BIAS=bias is not None,
         IS_FP8=is_fp8,
