@@ -190,11 +190,15 @@ def _rows_for_shape(
                 from ditq.kernels._triton.w4_gemm import widen_int4_fp8
 
                 def widened_always(pr: Prepared = prepared, p: KernelPath = path) -> torch.Tensor:
-                    split, w4_triton.W4A8_WIDEN_MIN_ROWS = w4_triton.W4A8_WIDEN_MIN_ROWS, 0
+                    names = ("W4A8_WIDEN_MIN_ROWS", "W4A8_WIDEN_MIN_WORK", "W4A8_WIDEN_MIN_WEIGHTS")
+                    kept = [getattr(w4_triton, name) for name in names]
+                    for name in names:
+                        setattr(w4_triton, name, 0)
                     try:
                         return p.matmul(x, pr, None)
                     finally:
-                        w4_triton.W4A8_WIDEN_MIN_ROWS = split
+                        for name, value in zip(names, kept, strict=True):
+                            setattr(w4_triton, name, value)
 
                 record("w4a8 widened + cuBLAS at any M (variant)", "variant", widened_always)
                 record("w4a8 widening to e4m3 alone", "part", lambda pr=prepared: widen_int4_fp8(pr["weight"]),

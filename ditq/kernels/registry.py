@@ -166,14 +166,20 @@ class KernelPath:
     available: Callable[[], str | None] = field(default=always_available)
     description: str = ""
     accumulate: str = "exact"  # one of ACCUMULATE_MODES
-    # Tokens (rows of x) from which the matmul runs other code than below them (None: one code for every count):
-    # the doctor checks such a path on each side (``rows_checked``)
-    split_rows: int | None = None
+    # Tokens (rows of x) from which the matmul runs other code than below them (None: one code for every count), or
+    # that count as a function of the layer's (in_features, out_features) (None: none at that geometry): the doctor
+    # checks such a path on each side (``rows_checked``)
+    split_rows: int | Callable[[int, int], int | None] | None = None
 
-    def rows_checked(self, rows: int) -> tuple[int, ...]:
-        """The token counts the doctor checks this path at when asked for ``rows``: ``rows``, and for a path that
-        splits at ``split_rows``, a count on the other side of the split too."""
+    def split_at(self, in_features: int, out_features: int) -> int | None:
+        """The token count from which this path runs its other code at a layer of this shape, or None."""
         split = self.split_rows
+        return split(in_features, out_features) if callable(split) else split
+
+    def rows_checked(self, rows: int, in_features: int, out_features: int) -> tuple[int, ...]:
+        """The token counts the doctor checks this path at when asked for ``rows`` at a layer of this shape:
+        ``rows``, and for a path that splits there, a count on the other side of the split too."""
+        split = self.split_at(in_features, out_features)
         if split is None or split <= 1:
             return (rows,)
         return (rows, split) if rows < split else (split - 1, rows)
@@ -215,14 +221,15 @@ def register_kernel(
     available: Callable[[], str | None] = always_available,
     description: str = "",
     accumulate: str = "exact",
-    split_rows: int | None = None,
+    split_rows: int | Callable[[int, int], int | None] | None = None,
 ) -> Callable[[MatmulFn], MatmulFn]:
     """Decorator: register the decorated matmul as kernel path ``name``; returns the function unchanged.
 
     ``scheme`` is a ``Scheme`` or its name or alias ("w8a16", "int8dq"...); anything else is an InputError in one
     line. Higher ``priority`` is preferred. ``accumulate`` ("exact" | "fast") says how it accumulates: a fast path
     is a candidate only where fast accumulation was asked for (``candidate_paths``). ``split_rows``: the token count
-    from which the matmul runs other code (the doctor then checks both sides)."""
+    from which the matmul runs other code, or a function of (in_features, out_features) giving it (None: not at
+    that shape); the doctor then checks both sides."""
     preset = _scheme_of(scheme, f"kernel path {name!r}")  # chosen by scheme, whatever a layer's group size
     if accumulate not in ACCUMULATE_MODES:
         raise InputError(

@@ -1,6 +1,6 @@
 """CUDA 4-bit weights: w4a8 (int4 weights x per-token fp8 activations on fp8 tensor cores, sm_89+) and w4a16 (int4
 weights x bf16/fp16 activations, sm_80+) through one Triton GEMM (``_triton.w4_gemm``), w4a16 as dequantize +
-cuBLAS, and w4a8 from ``W4A8_WIDEN_MIN_ROWS`` tokens as widen + cuBLAS's fp8 GEMM (sm_90: the int4 values widened to
+cuBLAS, and w4a8 from ``widen_min_rows`` tokens as widen + cuBLAS's fp8 GEMM (sm_90: the int4 values widened to
 e4m3 unscaled, which is exact, and the group scales handed to ``torch._scaled_mm`` as its 1x128 blockwise scaling,
 the fp32 promotion per 128 of K that the Triton GEMM does by hand) (ops ``ditq::w4a8_triton``, ``ditq::w4a8_widened``,
 ``ditq::w4a16_triton``, ``ditq::w4a16_dequant_matmul``).
@@ -30,15 +30,31 @@ from ditq.kernels.cuda_common import (
 from ditq.kernels.registry import HALF_ACTIVATIONS, Prepared, StoredWeight, register_kernel
 from ditq.schemes import W4A8, W4A16
 
-__all__ = ["block_k_for", "cublas_weight_scales", "repack_int4", "repack_int4_widened"]
+__all__ = ["block_k_for", "cublas_weight_scales", "repack_int4", "repack_int4_widened", "widen_min_rows"]
 
 # Tokens up to which the w4a16 path runs the Triton GEMM on the packed weights; above, dequantize + cuBLAS. On an
 # H100 (benchmarks/results/h100-four-bit/) dequantize + cuBLAS ran at 0.88-1.07x BF16 from 4096 tokens up, the Triton
 # GEMM at 0.39-0.55x; at 16 and 256 tokens only the Triton GEMM was measured (0.31-1.16x BF16: no split along K).
 W4A16_TRITON_MAX_ROWS = 256
-# Tokens from which the widen-scaled-mm-w4a8 path widens the int4 weight to e4m3 and leaves the GEMM to cuBLAS; below,
-# the Triton GEMM on the packed weight (benchmarks/results/h100-four-bit/: both timed at every token count).
+# Where the widen-scaled-mm-w4a8 path widens the int4 weight to e4m3 and leaves the GEMM to cuBLAS (else the Triton
+# GEMM on the packed weight): from W4A8_WIDEN_MIN_ROWS tokens, and only once the GEMM's M x K x N reaches
+# W4A8_WIDEN_MIN_WORK, in a layer of at least W4A8_WIDEN_MIN_WEIGHTS values. On an H100 (run 4 in
+# benchmarks/results/h100-four-bit/, both timed at every token count) the widened GEMM lost to the Triton one below
+# 2^35 (1024 tokens at 4096 x 4096: 0.36x fp8 against 0.47x; 4096 tokens at 4096 x 1024: 0.46x against 0.51x) and
+# won above it (1024 tokens at 4096 x 12288 and 12288 x 4096: 0.64-0.65x against 0.44-0.45x; 20736 tokens at
+# 4096 x 1024: 0.84x against 0.50x). Smaller layers (the 64-wide patch projections) were not timed: Triton's.
 W4A8_WIDEN_MIN_ROWS = 512
+W4A8_WIDEN_MIN_WORK = 1 << 35
+W4A8_WIDEN_MIN_WEIGHTS = 1 << 22
+
+
+def widen_min_rows(in_features: int, out_features: int) -> int | None:
+    """The token count from which the widened w4a8 path hands a layer of this shape to cuBLAS, or None when it
+    never does (a layer under ``W4A8_WIDEN_MIN_WEIGHTS`` values)."""
+    weights = in_features * out_features
+    if weights < W4A8_WIDEN_MIN_WEIGHTS:
+        return None
+    return max(W4A8_WIDEN_MIN_ROWS, -(-W4A8_WIDEN_MIN_WORK // weights))
 
 
 def block_k_for(in_features: int, groups: int) -> int | None:
@@ -167,7 +183,13 @@ def _w4a8_widened_gemm(
     from ditq.kernels._triton.w4_gemm import widen_int4_fp8
 
     m, k = x_q.shape
-    if m < W4A8_WIDEN_MIN_ROWS or out_dtype != torch.bfloat16 or not _cublas_scales(k, weight_scale.shape[0]):
+    split = widen_min_rows(k, weight.shape[0])
+    if (
+        split is None
+        or m < split
+        or out_dtype != torch.bfloat16
+        or not _cublas_scales(k, weight_scale.shape[0])
+    ):
         return _w4a8_gemm(x_q, x_scale, weight, weight_scale.t(), bias, out_dtype)
     if weight_scale.shape[0] == 1:
         scale_a = x_scale.reshape(m, 1)
@@ -218,11 +240,11 @@ def matmul_w4a8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) 
     priority=85,
     min_capability=(9, 0),
     activation_dtypes=frozenset({torch.bfloat16}),
-    split_rows=W4A8_WIDEN_MIN_ROWS,
+    split_rows=lambda in_features, out_features: widen_min_rows(in_features, out_features),
     **{**_COMMON, "prepare": repack_int4_widened},  # type: ignore[arg-type]
 )
 def matmul_w4a8_widened(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:
-    """From W4A8_WIDEN_MIN_ROWS tokens: the int4 weight widened to e4m3 (Triton), then cuBLAS's fp8 GEMM scaling
+    """From ``widen_min_rows`` tokens: the int4 weight widened to e4m3 (Triton), then cuBLAS's fp8 GEMM scaling
     each 128 of K (sm_90) or each channel; below, and for other groupings, the Triton GEMM."""
     return matmul_quantized_rows(w4a8_widened, x, prepared, bias, "fp8")
 
