@@ -38,13 +38,14 @@ __all__ = ["block_k_for", "cublas_weight_scales", "repack_int4", "repack_int4_wi
 W4A16_TRITON_MAX_ROWS = 256
 # Where the widen-scaled-mm-w4a8 path widens the int4 weight to e4m3 and leaves the GEMM to cuBLAS (else the Triton
 # GEMM on the packed weight): from W4A8_WIDEN_MIN_ROWS tokens, and only once the GEMM's M x K x N reaches
-# W4A8_WIDEN_MIN_WORK, in a layer of at least W4A8_WIDEN_MIN_WEIGHTS values. On an H100 (run 4 in
-# benchmarks/results/h100-four-bit/, both timed at every token count) the widened GEMM lost to the Triton one below
-# 2^35 (1024 tokens at 4096 x 4096: 0.36x fp8 against 0.47x; 4096 tokens at 4096 x 1024: 0.46x against 0.51x) and
-# won above it (1024 tokens at 4096 x 12288 and 12288 x 4096: 0.64-0.65x against 0.44-0.45x; 20736 tokens at
-# 4096 x 1024: 0.84x against 0.50x). Smaller layers (the 64-wide patch projections) were not timed: Triton's.
-W4A8_WIDEN_MIN_ROWS = 512
-W4A8_WIDEN_MIN_WORK = 1 << 35
+# W4A8_WIDEN_MIN_WORK, in a layer of at least W4A8_WIDEN_MIN_WEIGHTS values. On an H100 (run 5 in
+# benchmarks/results/h100-four-bit/, both timed at 16-20736 tokens, the scales laid out at load) the widened GEMM won
+# from 2^33.6 up (256 tokens at 12288 x 4096: 0.083 ms against 0.130; 1024 tokens at 4096 x 4096: 0.080 against
+# 0.090; 4096 tokens at 4096 x 1024: 0.075 against 0.103; a tie at 256 tokens, 4096 x 12288) and lost from 2^32
+# down (256 tokens at 4096 x 4096: 0.077 against 0.056; 1024 tokens at 4096 x 1024: 0.074 against 0.060). Smaller
+# layers (the 64-wide patch projections) and fewer tokens were not timed on both sides: Triton's.
+W4A8_WIDEN_MIN_ROWS = 256
+W4A8_WIDEN_MIN_WORK = 1 << 33
 W4A8_WIDEN_MIN_WEIGHTS = 1 << 22
 
 

@@ -162,17 +162,15 @@ def test_the_widened_repack_lays_the_scales_out_once_as_cublas_takes_them(
 
 
 def test_the_widening_split_follows_the_gemm_s_work() -> None:
-    """From 512 tokens at the least, and where M x K x N reaches 2^35: the shapes run 4 timed on each side; a layer
+    """From 256 tokens at the least, and where M x K x N reaches 2^33: the shapes run 5 timed on each side; a layer
     under 2^22 weights never widens, and the doctor then checks it at one token count."""
-    assert widen_min_rows(4096, 12288) == widen_min_rows(12288, 4096) == 683  # MLP: widened at 1024 tokens
-    assert widen_min_rows(4096, 4096) == 2048  # Triton at 1024 tokens, widened at 4096
-    assert widen_min_rows(4096, 1024) == 8192  # Triton at 4096 tokens, widened at 20736
-    assert widen_min_rows(12288, 12288) == W4A8_WIDEN_MIN_ROWS  # never below 512 tokens
+    assert widen_min_rows(4096, 12288) == widen_min_rows(12288, 4096) == W4A8_WIDEN_MIN_ROWS == 256
+    assert widen_min_rows(4096, 4096) == 512  # Triton at 256 tokens, widened at 1024
+    assert widen_min_rows(4096, 1024) == 2048  # Triton at 1024 tokens, widened at 4096
     assert widen_min_rows(4096, 64) is None and widen_min_rows(1024, 256) is None
     path = get_kernel("widen-scaled-mm-w4a8")
-    assert path.rows_checked(32, 4096, 4096) == (32, 2048)
-    assert path.rows_checked(4352, 4096, 1024) == (4352, 8192)
-    assert path.rows_checked(4352, 4096, 12288) == (682, 4352)
+    assert path.rows_checked(32, 4096, 4096) == (32, 512)
+    assert path.rows_checked(4352, 4096, 1024) == (2047, 4352)
     assert path.rows_checked(32, 4096, 64) == (32,)
 
 
@@ -180,8 +178,8 @@ def test_the_widening_split_follows_the_gemm_s_work() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize(
     ("m", "k", "n", "groups"),
-    [(W4A8_WIDEN_MIN_ROWS, 4096, 1024, 32), (4096, 4096, 512, 16), (600, 4304, 1152, 1), (700, 1024, 256, 32),
-     (W4A8_WIDEN_MIN_ROWS - 1, 4096, 1024, 32), (513, 4096, 1024, 32)],
+    [(512, 4096, 1024, 32), (4096, 4096, 512, 16), (600, 4304, 1152, 1), (700, 1024, 256, 32),
+     (511, 4096, 1024, 32), (513, 4096, 1024, 32)],
 )  # fmt: skip
 def test_the_widened_cublas_gemm_gives_what_the_triton_gemm_gives(
     m: int, k: int, n: int, groups: int, monkeypatch: pytest.MonkeyPatch
@@ -189,9 +187,10 @@ def test_the_widened_cublas_gemm_gives_what_the_triton_gemm_gives(
     """Groups of 128 and of 256, per channel, groups of 32 (Triton's alone), one token short of the widening and a
     token count cuBLAS's blockwise GEMM does not take (513: the rows padded to a multiple of 4):
     the widen-scaled-mm-w4a8 GEMM against the float64 reference and the Triton GEMM, with a bias. These layers are
-    smaller than the shipped split widens (``widen_min_rows``): it is lowered to W4A8_WIDEN_MIN_ROWS tokens here."""
+    smaller than the shipped split widens (``widen_min_rows``): it is lowered to 512 tokens here."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("cuBLAS's 1x128 blockwise fp8 scaling: sm_90")
+    monkeypatch.setattr(w4_triton, "W4A8_WIDEN_MIN_ROWS", 512)
     monkeypatch.setattr(w4_triton, "W4A8_WIDEN_MIN_WORK", 0)
     monkeypatch.setattr(w4_triton, "W4A8_WIDEN_MIN_WEIGHTS", 0)
     cuda = torch.device("cuda")
