@@ -40,7 +40,8 @@
 #            time it, so that the GPU tests may run beside it (TESTS_BESIDE=build) and be joined (join) first
 #   whole    the same on the whole device (no --max-memory, --offload none) for each of $WHOLE (default fp8): the
 #            s/image the budgets are held against, from the same run; bf16+compile, fp8+compile: ditq serve --compile;
-#            +fast: --accumulate fast; +attn-KIND: --attention KIND; +again: the same server started a second time
+#            +fast: --accumulate fast; +attn-KIND: --attention KIND; +alloc-expandable: the server's allocator with
+#            expandable segments (PYTORCH_CUDA_ALLOC_CONF); +again: the same server started a second time
 #            (compiled code from the cache the first start filled: the warm start); +cache-KIND-VALUE: --cache
 #            KIND:VALUE (diffusers' step cache: cache-first-block-0.4); +steps-N: N denoising steps instead of $STEPS
 #   cachecompare  ditq compare of each whole entry with a +cache- option against the same entry without it (the
@@ -282,7 +283,7 @@ gpu_tests() {
 # +kv-int8 (--kv-cache int8) and +compile (--compile); what a user runs by hand: ditq serve under the budget with
 # --offload auto, then ditq probe against it.
 serve_probe() {
-  local entry=$1 budget=$2 scheme=${1%%+*} extra=() model dir port=8941 option logs= steps=$STEPS
+  local entry=$1 budget=$2 scheme=${1%%+*} extra=() model dir port=8941 option logs= steps=$STEPS alloc=
   for option in $(echo "${entry#"$scheme"}" | tr '+' ' '); do
     case "$option" in
       kv-*) extra+=(--kv-cache "${option#kv-}") ;;
@@ -293,6 +294,9 @@ serve_probe() {
       cache-*) option=${option#cache-} && extra+=(--cache "${option%-*}:${option##*-}") ;;
       steps-*) steps=${option#steps-} ;;  # this entry's num_inference_steps instead of $STEPS
       again) ;;  # the same server again: dir and options as given, the compile cache as the first start left it
+      # alloc-expandable: the server's CUDA caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF), the
+      # allocator's own answer to memory reserved but unallocated (fragmentation) under a --max-memory budget
+      alloc-expandable) alloc=expandable_segments:True ;;
       *) echo "unknown option $option in $entry"; return ;;
     esac
   done
@@ -303,7 +307,7 @@ serve_probe() {
   local placing=(--max-memory "$budget" --offload auto)
   [ "$budget" = whole ] && placing=(--offload none)
   # (an empty TORCH_LOGS stops `import torch`: set only where there is something to log)
-  env ${logs:+TORCH_LOGS=$logs} python3 -m ditq.cli serve "$model" --device cuda:0 "${placing[@]}" --port $port \
+  env ${logs:+TORCH_LOGS=$logs} ${alloc:+PYTORCH_CUDA_ALLOC_CONF=$alloc} python3 -m ditq.cli serve "$model" --device cuda:0 "${placing[@]}" --port $port \
     --on-collapse warn "${extra[@]}" >"$dir/serve.log" 2>&1 &
   local pid=$!
   local waited=0  # until /health answers 200, the server exits (a failed start) or 600 s pass
