@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol
 
 from ditq.errors import DitqError, error_line
 from ditq.runtime.adapter import PipelineAdapter
-from ditq.runtime.memory import is_out_of_memory
+from ditq.runtime.memory import empty_accelerator_cache, is_out_of_memory
 from ditq.serve import errors
 from ditq.serve.config import ServeConfig
 from ditq.serve.cost import CostModel
@@ -183,7 +183,15 @@ class ServerState:
             )
             return
         self.facts["cancellable"] = adapter.cancellable
-        self.worker = GenerationWorker(adapter, self.config.max_queue, resident_limit_bytes=resident_limit)
+        # on CUDA every request starts from an empty allocator cache, as calibration measured every shape
+        between_jobs = (
+            empty_accelerator_cache
+            if self.cost_model is not None and self.cost_model.device != "cpu"
+            else None
+        )
+        self.worker = GenerationWorker(
+            adapter, self.config.max_queue, resident_limit_bytes=resident_limit, between_jobs=between_jobs
+        )
         self.loaded_at = int(time.time())
         if self.phase == "loading":
             self.phase = "ready"

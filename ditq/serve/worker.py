@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Literal
@@ -101,6 +102,8 @@ class GenerationWorker:
 
     ``resident_limit_bytes`` (host generations): a running job stops as ``out_of_memory`` once the process's
     resident memory passes it, checked between steps, since the CPU has no allocator that raises.
+    ``between_jobs``: called after every job, before the next starts (on CUDA, emptying the allocator's cache: each
+    request then starts from the state the cost model measured its shape in).
     """
 
     def __init__(
@@ -109,10 +112,12 @@ class GenerationWorker:
         max_queue: int,
         name: str = "generation-worker",
         resident_limit_bytes: int | None = None,
+        between_jobs: Callable[[], None] | None = None,
     ) -> None:
         self.adapter = adapter
         self.max_queue = max_queue
         self.resident_limit_bytes = resident_limit_bytes
+        self.between_jobs = between_jobs
         self._waiting: collections.deque[Job] = collections.deque()
         self._lock = threading.Condition()
         self._running: Job | None = None
@@ -257,6 +262,8 @@ class GenerationWorker:
                 # Outside the except block: the traceback (and the tensors its frames hold) is gone.
                 self.oom_count += 1
                 free_accelerator_memory()
+            elif self.between_jobs is not None:
+                self.between_jobs()
             return_free_host_memory()
             job.finished_at = time.perf_counter()
             with self._lock:

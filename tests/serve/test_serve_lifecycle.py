@@ -68,6 +68,29 @@ def test_out_of_memory_is_reported_counted_and_the_worker_goes_on() -> None:
         assert worker.close(60)
 
 
+def test_between_jobs_runs_after_each_finished_job_before_the_next_starts() -> None:
+    """What a CUDA server empties the allocator's cache with: after every job that ended (a job out of memory frees
+    everything instead), each before the next job's request reaches the adapter."""
+    gated = GatedAdapter(tiny_adapter())
+    gated.release.set()
+    seen: list[list[str]] = []  # the requests the adapter had been given at each call
+    worker = GenerationWorker(
+        gated,  # type: ignore[arg-type]
+        max_queue=4,
+        between_jobs=lambda: seen.append(list(gated.prompts)),
+    )
+    try:
+        with transformer_hook(gated.adapter, raise_once(torch.OutOfMemoryError("CUDA out of memory"))):
+            jobs = [worker.submit(GenerationRequest(prompt=f"p{i}", **SMALL)) for i in range(3)]
+            with pytest.raises(OutOfMemory):
+                jobs[0].future.result(timeout=60)
+            assert all(len(job.future.result(timeout=60).images) == 1 for job in jobs[1:])
+    finally:
+        assert worker.close(60)
+    assert seen == [["p0", "p1"], ["p0", "p1", "p2"]]
+    assert worker.oom_count == 1
+
+
 def test_close_drains_queued_jobs_before_stopping() -> None:
     worker = GenerationWorker(tiny_adapter(), max_queue=4)
     jobs = [worker.submit(GenerationRequest(prompt=f"p{i}", **SMALL)) for i in range(3)]
