@@ -16,7 +16,8 @@
 #            options, --variants say)
 #   build    the full-size pipeline with random weights (tools/full_size_pipeline.py)
 #   sweep24  ditq sweep --schemes $SCHEMES --max-memory 24GiB --offload auto (quantize auto: transformer and text
-#            encoder), 0-4 references at 1024x1024
+#            encoder), 0-4 references at 1024x1024; sweep16, sweep12: the same under 16GiB, 12GiB (the tables
+#            in the sweep's form; SWEEP_ARGS: --calibrate gptq, say); the disk holds the model and two artifacts
 #   sweepwhole ditq sweep --compile --offload none on the whole device, 0-4 references at 1024x1024, its BF16 baseline
 #            compiled too: first with the first scheme of $SWEEP_WHOLE, then resumed with each further one added (each
 #            invocation's SWEEP_S), its files packed after each, so that a run stopped early keeps a whole report;
@@ -111,19 +112,20 @@ run_stages() {
         echo "exit $?"
         tail -2 "$RUN/build.log"
         ;;
-      sweep24)
+      sweep24|sweep16|sweep12)
+        local budget=${stage#sweep}GiB name=sweep-${stage#sweep}gib
         if [ -n "$TESTS_WITH_SWEEP" ]; then  # the GPU tests beside the first candidate's quantize, verify and doctor
-          (while ! grep -qE "${SCHEMES%%,*} +quantize +running" "$RUN/sweep-24gib.log" 2>/dev/null; do sleep 5; done
+          (while ! grep -qE "${SCHEMES%%,*} +quantize +running" "$RUN/$name.log" 2>/dev/null; do sleep 5; done
            gpu_tests) &
         fi
         timeout "${SWEEP_S:-1200}" python3 -m ditq.cli sweep "$MODEL" --schemes "$SCHEMES" \
-          --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" --out "$RUN/sweep-24gib" \
-          --seeds "$SEEDS" --steps "$STEPS" --device cuda:0 --max-memory 24GiB --offload auto --health-timeout 900 \
-          --no-progress --note "$NOTE" >"$RUN/sweep-24gib.log" 2>&1
+          --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs" --out "$RUN/$name" \
+          --seeds "$SEEDS" --steps "$STEPS" --device cuda:0 --max-memory "$budget" --offload auto --health-timeout 900 \
+          --no-progress --note "$NOTE" $SWEEP_ARGS >"$RUN/$name.log" 2>&1
         echo "exit $?"
-        tail -6 "$RUN/sweep-24gib.log"
-        tar czf "$RUN/sweep-24gib.tgz" -C "$RUN" --exclude='sweep-24gib/*/artifact' --exclude='*/images' \
-          --exclude='sweep-24gib/report/grids' --exclude='sweep-24gib/report/report.html' sweep-24gib sweep-24gib.log
+        tail -6 "$RUN/$name.log"
+        tar czf "$RUN/$name.tgz" -C "$RUN" --exclude="$name/*/artifact" --exclude='*/images' \
+          --exclude="$name/report/grids" --exclude="$name/report/report.html" "$name" "$name.log"
         ;;
       sweepwhole)
         local schemes= free
@@ -332,7 +334,7 @@ serve_probe() {
   tar czf "$RUN/serve-${budget,,}.tgz" -C "$RUN" --exclude='*/images' "serve-${budget,,}"
 }
 
-COLLECT="run.log gpu_tests.log demo-cache-28.tgz demo-cache-10.tgz decode_answer_bench.json decode_answer_bench.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-12gib.tgz serve-whole.tgz"
+COLLECT="run.log gpu_tests.log demo-cache-28.tgz demo-cache-10.tgz decode_answer_bench.json decode_answer_bench.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz sweep-16gib.tgz sweep-12gib.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-12gib.tgz serve-whole.tgz"
 EXPORTS="TREE DEMO_SCHEMES DEMO_STEPS DEMO_SEEDS DEMO_S SWEEP_ARGS DECODEBENCH_S ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 SERVE12 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
