@@ -282,9 +282,8 @@ def check_path(
                     ok, message, value = False, raised(error), None
                 checks.append(DoctorCheck(step=step, geometry=where, weights=weights, dtype="-", passed=ok,
                                           message=message, value=value, bound=None))  # fmt: skip
-            counts = path.rows_checked(
-                rows, geometry.in_features, geometry.out_features
-            )  # a path that runs other code from some token count: both sides
+            # a path that runs other code from some token count at this shape: both sides
+            counts = path.rows_checked(rows, geometry.in_features, geometry.out_features)
             for dtype, count in ((d, c) for d in supported for c in counts):
                 dtype_name = str(dtype).removeprefix("torch.")
                 at = where if len(counts) == 1 else f"{where} M={count}"

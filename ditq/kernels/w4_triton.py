@@ -138,20 +138,27 @@ def _w4a16_dequant_matmul(
     return torch.nn.functional.linear(x, w, bias)
 
 
-def cublas_weight_scales(weight_scale: torch.Tensor, in_features: int) -> torch.Tensor | None:
-    """The (N, G) group scales as ``torch._scaled_mm`` takes them for the widened (N, K) weight: per channel, (1, N)
-    (rowwise); groups of a multiple of 128, one scale per 128 of K as a (K / 128, N) row-major tensor (cuBLAS's 1x128
-    blockwise scaling, sm_90), a group of 256 or more repeated over its 128s. None for any other grouping, and for a
-    K cuBLAS's fp8 GEMM does not take (a multiple of 16)."""
-    groups = weight_scale.shape[1]
+def _cublas_scale_rows(in_features: int, groups: int) -> int | None:
+    """How many rows of scales cuBLAS's fp8 GEMM takes for a widened weight of ``in_features`` in ``groups`` scale
+    groups: 1 per channel (rowwise), K / 128 for groups of a multiple of 128 (1x128 blockwise, sm_90); None for any
+    other grouping, and for a K it does not take (not a multiple of 16)."""
     if in_features % 16:
         return None
     if groups == 1:
-        return weight_scale.reshape(1, -1)
-    group_size = in_features // groups
-    if group_size % 128:
+        return 1
+    return None if (in_features // groups) % 128 else in_features // 128
+
+
+def cublas_weight_scales(weight_scale: torch.Tensor, in_features: int) -> torch.Tensor | None:
+    """The (N, G) group scales as ``torch._scaled_mm`` takes them for the widened (N, K) weight: per channel, (1, N)
+    (rowwise); groups of a multiple of 128, one scale per 128 of K as a (K / 128, N) row-major tensor (cuBLAS's 1x128
+    blockwise scaling, sm_90), a group of 256 or more repeated over its 128s. None where ``_cublas_scale_rows`` is."""
+    rows = _cublas_scale_rows(in_features, weight_scale.shape[1])
+    if rows is None:
         return None
-    return weight_scale.repeat_interleave(group_size // 128, dim=1).t().contiguous()
+    if rows == 1:
+        return weight_scale.reshape(1, -1)
+    return weight_scale.repeat_interleave(rows // weight_scale.shape[1], dim=1).t().contiguous()
 
 
 def repack_int4_widened(stored: StoredWeight, device: torch.device) -> Prepared:
@@ -164,12 +171,6 @@ def repack_int4_widened(stored: StoredWeight, device: torch.device) -> Prepared:
     cublas = cublas_weight_scales(scale, prepared["weight"].shape[1] * 2)
     prepared["weight_scale"] = (cublas if cublas is not None else scale.t()).contiguous()
     return prepared
-
-
-def _cublas_scales(in_features: int, scale_rows: int) -> bool:
-    """Whether weight scales laid out (scale_rows, N) by ``repack_int4_widened`` are cuBLAS's: rowwise, or one per
-    128 of K (the cases ``cublas_weight_scales`` lays out)."""
-    return in_features % 16 == 0 and (scale_rows == 1 or scale_rows * 128 == in_features)
 
 
 def _w4a8_widened_gemm(
@@ -185,14 +186,15 @@ def _w4a8_widened_gemm(
 
     m, k = x_q.shape
     split = widen_min_rows(k, weight.shape[0])
+    scale_rows = weight_scale.shape[0]  # in cuBLAS's layout where it has one: as many rows as it takes
     if (
         split is None
         or m < split
         or out_dtype != torch.bfloat16
-        or not _cublas_scales(k, weight_scale.shape[0])
+        or _cublas_scale_rows(k, scale_rows) != scale_rows
     ):
         return _w4a8_gemm(x_q, x_scale, weight, weight_scale.t(), bias, out_dtype)
-    if weight_scale.shape[0] == 1:
+    if scale_rows == 1:
         scale_a = x_scale.reshape(m, 1)
     else:  # the token's one scale for each 128 of K, (M, K / 128) column-major as cuBLAS reads it; cuBLAS finds no
         # blockwise algorithm for a token count that is not a multiple of 4: pad the rows, drop them after
@@ -241,7 +243,7 @@ def matmul_w4a8(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) 
     priority=85,
     min_capability=(9, 0),
     activation_dtypes=frozenset({torch.bfloat16}),
-    split_rows=lambda in_features, out_features: widen_min_rows(in_features, out_features),
+    split_rows=widen_min_rows,
     **{**_COMMON, "prepare": repack_int4_widened},  # type: ignore[arg-type]
 )
 def matmul_w4a8_widened(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor:

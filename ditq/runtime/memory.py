@@ -28,8 +28,7 @@ def is_out_of_memory(error: BaseException) -> bool:
 def free_accelerator_memory() -> None:
     """Drop what a failed generation left behind (tensors held by its frames, the CUDA cache)."""
     gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    empty_accelerator_cache()
 
 
 def empty_accelerator_cache() -> None:
