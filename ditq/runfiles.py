@@ -361,6 +361,9 @@ class ServerHealth(BaseModel):
     offload: str | None = None  # none | model | block
     dtype: str | None = None
     max_memory: MemoryCapFacts | None = None
+    # the CUDA allocator where ditq fits the model (--offload auto, --max-memory): expandable_segments, or
+    # "environment: ..." where PYTORCH_CUDA_ALLOC_CONF set it; None: the allocator's default, or older servers
+    allocator: str | None = None
     load_seconds: float | None = None  # reading the weights onto the device, kernel choice included
     kernel_choice_seconds: float | None = (
         None  # of which: the doctor's checks choosing paths (compilation too)

@@ -137,6 +137,7 @@ class ResolvedLoad:
     device: torch.device
     dtype: torch.dtype
     memory_cap: MemoryCap | None = None
+    allocator: str | None = None  # the CUDA allocator's configuration where ditq manages the fit (memory_cap)
 
     @property
     def memory_budget_bytes(self) -> int | None:
@@ -149,12 +150,14 @@ class ResolvedLoad:
 def resolve_load_options(options: LoadOptions) -> ResolvedLoad:
     """The one place ``auto`` becomes a device and no dtype the device's default; with ``max_memory`` the cap is
     applied to the CUDA device (once: resolve once per process that loads)."""
-    from ditq.runtime.memory_cap import apply_memory_cap
+    from ditq.runtime.memory_cap import apply_memory_cap, expandable_segments
 
     device = resolve_device(options.device)
     dtype = resolve_dtype(options.dtype, device)
+    managed = options.offload == "auto" or options.max_memory is not None
+    allocator = expandable_segments(device, managed)  # before the cap's first allocation starts the allocator
     cap = apply_memory_cap(options.max_memory, str(device))
     if cap is not None:  # the budget is per device: the cap names the one it holds (cuda:N)
         device = resolve_device(cap.device)
     dtype_name = str(dtype).removeprefix("torch.")
-    return ResolvedLoad(options.replace(device=str(device), dtype=dtype_name), device, dtype, cap)
+    return ResolvedLoad(options.replace(device=str(device), dtype=dtype_name), device, dtype, cap, allocator)

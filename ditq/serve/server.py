@@ -234,6 +234,7 @@ def _facts(model_dir: Path, load: ResolvedLoad, device: str, ranks: RankGroup | 
         "offload": options.offload,
         "dtype": options.dtype,
         "max_memory": load.memory_cap.to_json() if load.memory_cap is not None else None,
+        **({"allocator": load.allocator} if load.allocator is not None else {}),
         **({"variant": options.variant} if options.variant is not None else {}),
         **({"parallel": ranks} if ranks is not None else {}),  # shown as it is at each /health
     }

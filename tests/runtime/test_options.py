@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,27 @@ def test_the_python_api_keeps_its_keywords_and_its_quiet_first_candidate(
         pipeline = ditq.load_pipeline(demo_artifacts["w8a8"], device="cpu", dtype=torch.float32)
     assert "without verification" not in caplog.text
     assert {p.dtype for p in pipeline.text_encoder.parameters()} == {torch.float32}
+
+
+def test_where_ditq_fits_the_model_on_cuda_the_allocator_grows_in_place_unless_the_environment_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--offload auto or --max-memory on CUDA: expandable segments, so that memory reserved between fixed segments
+    does not run out a request the budget fits; a PYTORCH_CUDA_ALLOC_CONF the user set is left as it is, and
+    nothing is set on the CPU or where ditq does not manage the fit."""
+    from ditq.runtime.memory_cap import ALLOCATOR_ENV, expandable_segments
+
+    cuda = torch.device("cuda", 0)  # the device's name only: nothing here starts CUDA
+    monkeypatch.delenv(ALLOCATOR_ENV, raising=False)
+    assert expandable_segments(torch.device("cpu"), managed=True) is None
+    assert expandable_segments(cuda, managed=False) is None
+    assert ALLOCATOR_ENV not in os.environ
+    assert expandable_segments(cuda, managed=True) == "expandable_segments"
+    assert os.environ[ALLOCATOR_ENV] == "expandable_segments:True"
+    monkeypatch.setenv(ALLOCATOR_ENV, "backend:native,max_split_size_mb:256")
+    assert expandable_segments(cuda, managed=True) == "environment: backend:native,max_split_size_mb:256"
+    assert os.environ[ALLOCATOR_ENV] == "backend:native,max_split_size_mb:256"
+    # the CPU load resolves with no allocator setting, offload auto or not
+    monkeypatch.delenv(ALLOCATOR_ENV)
+    assert resolve_load_options(LoadOptions(device="cpu", offload="auto")).allocator is None
+    assert ALLOCATOR_ENV not in os.environ
