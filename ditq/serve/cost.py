@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.compile import compiled_graphs
 from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory, return_free_host_memory
@@ -431,6 +432,44 @@ def _ran_out(adapter: PipelineAdapter, width: int, height: int, count: int) -> M
     return Measurement(width * height, count, reference_pixels, {}, None, None, True)
 
 
+def _undo_what_bought_nothing(
+    adapter: PipelineAdapter,
+    device: torch.device,
+    allocator_budget_bytes: int | None,
+    measurements: list[Measurement],
+    chased: dict[tuple[int, int, int], int],
+    never: set[tuple[int, int, int]],
+) -> bool:
+    """A shape the placement was demoted for that ran, but above what the cost model will let a request add (its
+    peak counts the streamed weights' copies on the device): refused anyway, it bought nothing with the moves that
+    every smaller shape now pays for, so they are undone and it is recorded as out of memory, as a shape out of
+    memory with everything moved is (on an H100 under 16 GiB: 4 references ran with every component streamed at
+    14.51 GiB above the model, against 11.82 GiB the model allowed, and 0-3 references were served streamed, 1.40-
+    1.85x slower). Whether anything was undone."""
+    placement = adapter.pipeline.ditq_placement
+    budget = free_memory_bytes(device, allocator_budget_bytes)
+    if budget is None:
+        return False
+    for measured in measurements:
+        shape = next(
+            (s for s in chased if (s[0] * s[1], s[2]) == (measured.pixels, measured.references)), None
+        )
+        if measured.out_of_memory or shape is None or (measured.memory_bytes or 0) <= budget:
+            continue
+        never.add(shape)
+        undone = placement.restore(adapter.pipeline, chased[shape])
+        logger.info(
+            "calibration: %dx%d with %d references needs %.2f GiB, more than the %.2f GiB a request may add as "
+            "placed for it; %s",
+            *shape,
+            (measured.memory_bytes or 0) / 2**30,
+            budget / 2**30,
+            "the placement is put back" if undone else "it is refused",
+        )
+        return bool(undone)
+    return False
+
+
 def calibrate(
     adapter: PipelineAdapter,
     device: torch.device,
@@ -445,7 +484,9 @@ def calibrate(
     the limit. A shape that runs out of memory makes an ``auto`` placement take its next step, and every shape is
     measured again under the new placement; with nothing left to move it is recorded as out of memory, and the steps
     taken for it are undone (``Placement.restore``) before the rest are measured again: a shape no placement serves
-    does not leave the servable ones streamed."""
+    does not leave the servable ones streamed. So too a shape that runs once moved but above what the model will let
+    a request add (``_undo_what_bought_nothing``). The warm-up itself, out of memory as placed, moves the placement
+    the same way; with nothing left to move the start fails in one line."""
     started = clock()
     shapes = calibration_shapes(adapter, max_pixels)
     probe = MemoryProbe(device)
@@ -468,8 +509,26 @@ def calibrate(
         CALIBRATION_LIMIT_S,
     )
     # first-call costs (and, compiled, the first compilation); eager, every shape is then measured as it first runs
-    warm_up(min(shapes, key=lambda s: (s[0] * s[1], s[2])))
-    free_accelerator_memory()
+    smallest = min(shapes, key=lambda s: (s[0] * s[1], s[2]))
+    while True:
+        failed: str | None = None
+        try:
+            warm_up(smallest)
+            break
+        except Exception as error:
+            if placement is None or not is_out_of_memory(error):
+                raise
+            failed = adapter.failed_stage(error) or ""
+        finally:
+            free_accelerator_memory()  # out of the handler, as below: the failed call let go before anything moves
+        # the smallest request does not fit as placed (on an H100 under 16 GiB, the BF16 model's streamed text
+        # encoder could not bring its 1.16 GiB embedding onto the device beside the resident transformer): the
+        # placement takes its next step, as for any shape, rather than the server failing to start
+        if placement.demote(adapter.pipeline, failed or None) is None:
+            raise InputError(
+                f"--max-memory/--offload auto: the smallest request ({smallest[0]}x{smallest[1]}) ran out of "
+                f"memory on {device} with everything moved off it: the budget is too small for this model"
+            )
     never: set[tuple[int, int, int]] = set()  # shapes out of memory with everything moved off the device
     chased: dict[tuple[int, int, int], int] = {}  # shape -> the placement's steps when it first ran out
     while True:
@@ -527,6 +586,10 @@ def calibrate(
                     break
             logger.info("calibration: %dx%d with %d references ran out of memory", width, height, count)
             measurements.append(_ran_out(adapter, width, height, count))
+        if not demoted and placement is not None:
+            demoted = _undo_what_bought_nothing(
+                adapter, device, allocator_budget_bytes, measurements, chased, never
+            )
         if not demoted:
             break
         warm.clear()  # a new placement: compiled code may differ (streamed weights), warm every shape again

@@ -28,6 +28,7 @@ from serve_testkit import (
     transformer_hook,
 )
 
+from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationCancelled, GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.serve import state as serve_state
 from ditq.serve.cost import CostModel, Measurement, RequestCost, calibrate
@@ -264,6 +265,93 @@ def test_a_shape_out_of_memory_with_everything_moved_leaves_the_placement_as_it_
     assert placement.steps == [] and placement.undone == ["step 2", "step 1"]
     assert [m.out_of_memory for m in measured.measurements][:2] == [True, False]
     assert not any(m.out_of_memory for m in measured.measurements[1:])
+
+
+class _RunsOutUntilMoved(PipelineAdapter):
+    """The tiny pipeline, out of accelerator memory at every shape until the placement has taken ``steps`` steps:
+    the smallest request too, which calibration runs first to warm up."""
+
+    def __init__(self, placement: _Undoable, steps: int) -> None:
+        super().__init__(tiny_adapter().pipeline)
+        self.placement, self.steps, self.failures = placement, steps, 0
+
+    def __call__(self, request: GenerationRequest) -> GenerationResult:
+        if len(self.placement.steps) < self.steps:
+            self.failures += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (test)")
+        return super().__call__(request)
+
+
+def test_a_smallest_request_out_of_memory_as_placed_moves_the_placement_instead_of_failing_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The warm-up at the smallest shape runs out of memory (on an H100 under 16 GiB, the BF16 model's streamed
+    text encoder's embedding beside the resident transformer): the placement takes a step and calibration goes on;
+    with nothing left to move the start fails in one line naming the budget."""
+    placement = _Undoable()
+    adapter = _RunsOutUntilMoved(placement, steps=1)
+    monkeypatch.setattr(adapter.pipeline, "ditq_placement", placement, raising=False)
+    measured = calibrate(adapter, torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
+    assert adapter.failures == 1 and placement.steps == ["step 1"]
+    assert not any(m.out_of_memory for m in measured.measurements)
+
+    placement = _Undoable()
+    stuck = _RunsOutUntilMoved(placement, steps=3)  # two steps are all it has
+    monkeypatch.setattr(stuck.pipeline, "ditq_placement", placement, raising=False)
+    with pytest.raises(
+        InputError, match=r"^--max-memory/--offload auto: the smallest request \(\d+x\d+\) ran out"
+    ):
+        calibrate(stuck, torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
+    assert stuck.failures == 3
+
+
+class _PeakWhenMoved:
+    """A memory probe whose peak is ``moved`` bytes once the placement has taken two steps (the streamed weights'
+    copies counted in it), else ``placed``."""
+
+    def __init__(self, placement: _Undoable, placed: int, moved: int) -> None:
+        self.placement, self.placed, self.moved = placement, placed, moved
+
+    def __call__(self, _device: torch.device) -> _PeakWhenMoved:
+        return self
+
+    def start(self) -> None:
+        pass
+
+    def peak_above_start(self) -> int:
+        return self.moved if len(self.placement.steps) == 2 else self.placed
+
+
+def test_a_shape_that_runs_only_above_the_budget_once_moved_leaves_the_placement_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The largest shape runs out of memory as placed and after one step, and runs after the second, but above
+    what the cost model lets a request add: it would be refused anyway, so the two steps are undone, it is recorded
+    as out of memory and the other shapes are measured where they were (on an H100 under 16 GiB, 0-3 references
+    were served streamed, 1.40-1.85x slower, for a 4-reference shape then refused)."""
+    from ditq.serve import cost as cost_module
+
+    placement = _Undoable()
+    adapter = _RunsOutAtTheLargest(lambda: len(placement.steps) == 2)
+    monkeypatch.setattr(adapter.pipeline, "ditq_placement", placement, raising=False)
+    monkeypatch.setattr(cost_module, "MemoryProbe", _PeakWhenMoved(placement, placed=1000, moved=10**9))
+    monkeypatch.setattr(cost_module, "free_memory_bytes", lambda _device, _budget: 10**6)
+    measured = calibrate(adapter, torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
+    assert adapter.failures == 2  # as placed, after one step; then it ran, above the budget
+    assert placement.steps == [] and placement.undone == ["step 2", "step 1"]
+    assert [m.out_of_memory for m in measured.measurements][:2] == [True, False]
+    assert all(m.memory_bytes == 1000 for m in measured.measurements[1:])
+    width, height = adapter.default_size
+    largest = RequestCost(width * height, 3, 1, adapter.max_reference_images, adapter.reference_pixels or 0)
+    assert measured.refusal(largest) is not None
+
+    # within the budget, the shape keeps the placement it ran under
+    placement = _Undoable()
+    adapter = _RunsOutAtTheLargest(lambda: len(placement.steps) == 2)
+    monkeypatch.setattr(adapter.pipeline, "ditq_placement", placement, raising=False)
+    monkeypatch.setattr(cost_module, "MemoryProbe", _PeakWhenMoved(placement, placed=1000, moved=10**5))
+    measured = calibrate(adapter, torch.device("cpu"), max_pixels=256 * 256, time_budget_s=600)
+    assert placement.steps == ["step 1", "step 2"] and not any(m.out_of_memory for m in measured.measurements)
 
 
 class _Held:
