@@ -256,14 +256,16 @@ run_stages() {
   touch "$RUN/finished"
 }
 
-# artifact_for SCHEME: the 24 GiB sweep's artifact of SCHEME, else one quantized here as the sweep quantizes
-# (components auto, on the GPU).
+# artifact_for SCHEME: a sweep's artifact of SCHEME (24, 16 or 12 GiB), else one quantized here as the sweep
+# quantizes (components auto, on the GPU).
 artifact_for() {
-  local scheme=$1
-  if [ -f "$RUN/sweep-24gib/$scheme/artifact/MANIFEST.json" ]; then
-    echo "$RUN/sweep-24gib/$scheme/artifact"
-    return
-  fi
+  local scheme=$1 sweep
+  for sweep in sweep-24gib sweep-16gib sweep-12gib; do
+    if [ -f "$RUN/$sweep/$scheme/artifact/MANIFEST.json" ]; then
+      echo "$RUN/$sweep/$scheme/artifact"
+      return
+    fi
+  done
   [ -f "$RUN/artifacts/$scheme/MANIFEST.json" ] ||
     python3 -m ditq.cli quantize "$MODEL" "$RUN/artifacts/$scheme" --scheme "$scheme" --device cuda:0 --force \
       >"$RUN/quantize-$scheme.log" 2>&1
