@@ -440,8 +440,8 @@ def _undo_what_bought_nothing(
     chased: dict[tuple[int, int, int], int],
     never: set[tuple[int, int, int]],
 ) -> bool:
-    """A shape the placement was demoted for that ran, but above what the cost model will let a request add (its
-    peak counts the streamed weights' copies on the device): refused anyway, it bought nothing with the moves that
+    """A shape the placement was demoted for that ran, but above what the cost model will let a request add:
+    refused anyway, it bought nothing with the moves that
     every smaller shape now pays for, so they are undone and it is recorded as out of memory, as a shape out of
     memory with everything moved is (on an H100 under 16 GiB: 4 references ran with every component streamed at
     14.51 GiB above the model, against 11.82 GiB the model allowed, and 0-3 references were served streamed, 1.40-
