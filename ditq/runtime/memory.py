@@ -34,9 +34,11 @@ def free_accelerator_memory() -> None:
 def empty_accelerator_cache() -> None:
     """Hand the CUDA caching allocator's unused blocks back to the driver (no garbage collection: after a job that
     finished, its tensors are already gone). What a job leaves reserved but unallocated, split between segments
-    still in use, can otherwise run the next one out under a budget its shape fits from an empty cache: on an H100
-    under 16 GiB a 3-reference request calibration had measured inside the budget ran out with 2.82 GiB so held
-    (benchmarks/results/h100-four-bit/, run 5)."""
+    still in use, would otherwise carry into the next one, which calibration measured from an empty cache. It does
+    not stop a request fragmenting its own allocations: on an H100 under 16 GiB a 3-reference request measured
+    inside the budget ran out with 2.82 GiB reserved but unallocated without this call and 2.88 GiB with it; the allocator's
+    expandable segments served it (``ditq.runtime.memory_cap.expandable_segments``; benchmarks/results/h100-four-bit/,
+    runs 5 and 6)."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
