@@ -195,6 +195,10 @@ def _stream(component: torch.nn.Module, device: torch.device, denoiser: bool) ->
         low_cpu_mem_usage=False,  # pinned copies made once, not per transfer
         exclude_kwargs=getattr(component, "_skip_keys", None),
     )
+    if cuda:  # diffusers' stream offload leaves blocks' buffers (ditq's quantized weights) on the device
+        from ditq.runtime.diffusers_hooks import mend_stream_offload
+
+        mend_stream_offload(component)
 
 
 def _unstream(component: torch.nn.Module, device: torch.device, denoiser: bool) -> None:
