@@ -195,3 +195,31 @@ def test_a_streamed_cuda_transformer_skips_the_steps_a_resident_one_skips_and_dr
     again, calls_again = drawn(streamed)
     assert sum(calls) > 0 and calls == resident_calls and calls_again == resident_calls
     assert np.abs(image - resident).max() <= 1 and np.array_equal(again, image)
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "w4a8"])
+def test_a_streamed_cuda_transformer_leaves_none_of_its_quantized_weights_on_the_device(
+    demo_artifacts: dict[str, Path], scheme: str
+) -> None:
+    """After its calls, a streamed quantized transformer holds nothing on the device: its quantized Linears keep
+    their weights in buffers, which diffusers 0.42's stream offload left there (huggingface/diffusers#13238;
+    ``ditq.runtime.diffusers_hooks.mend_offload_group``)."""
+    from ditq.pipeline.open import open_pipeline
+    from ditq.runtime.options import LoadOptions
+
+    adapter = open_pipeline(
+        demo_artifacts[scheme],
+        LoadOptions(device="cuda", offload="auto", memory_budget_bytes=1, skip_doctor=True),
+    )
+    assert "transformer" in adapter.pipeline.ditq_placement.streamed
+    transformer = adapter.pipeline.transformer
+    assert any(isinstance(m, QuantizedLinear) for m in transformer.modules())
+    for _ in range(
+        2
+    ):  # the first call records the blocks' order (diffusers' lazy prefetch), the second prefetches
+        adapter(_request())
+        torch.cuda.synchronize()
+        left = [
+            name for name, t in (*transformer.named_parameters(), *transformer.named_buffers()) if t.is_cuda
+        ]
+        assert left == [], f"left on the device after a call: {left[:5]} ({len(left)} tensors)"
