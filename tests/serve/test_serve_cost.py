@@ -200,9 +200,11 @@ class _RunsOutAtTheLargest(PipelineAdapter):
         self.fits = fits
         self.failures = 0
 
+    def runs_out_at(self, request: GenerationRequest) -> bool:
+        return len(request.images) == self.max_reference_images and request.width == self.default_size[0]
+
     def __call__(self, request: GenerationRequest) -> GenerationResult:
-        largest = len(request.images) == self.max_reference_images and request.width == self.default_size[0]
-        if largest and not self.fits():
+        if self.runs_out_at(request) and not self.fits():
             self.failures += 1
             raise torch.OutOfMemoryError("CUDA out of memory (test)")
         return super().__call__(request)
@@ -267,19 +269,15 @@ def test_a_shape_out_of_memory_with_everything_moved_leaves_the_placement_as_it_
     assert not any(m.out_of_memory for m in measured.measurements[1:])
 
 
-class _RunsOutUntilMoved(PipelineAdapter):
+class _RunsOutUntilMoved(_RunsOutAtTheLargest):
     """The tiny pipeline, out of accelerator memory at every shape until the placement has taken ``steps`` steps:
     the smallest request too, which calibration runs first to warm up."""
 
     def __init__(self, placement: _Undoable, steps: int) -> None:
-        super().__init__(tiny_adapter().pipeline)
-        self.placement, self.steps, self.failures = placement, steps, 0
+        super().__init__(lambda: len(placement.steps) >= steps)
 
-    def __call__(self, request: GenerationRequest) -> GenerationResult:
-        if len(self.placement.steps) < self.steps:
-            self.failures += 1
-            raise torch.OutOfMemoryError("CUDA out of memory (test)")
-        return super().__call__(request)
+    def runs_out_at(self, request: GenerationRequest) -> bool:
+        return True
 
 
 def test_a_smallest_request_out_of_memory_as_placed_moves_the_placement_instead_of_failing_the_start(
