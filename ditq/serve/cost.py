@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -432,6 +433,25 @@ def _ran_out(adapter: PipelineAdapter, width: int, height: int, count: int) -> M
     return Measurement(width * height, count, reference_pixels, {}, None, None, True)
 
 
+def _runs_out(
+    adapter: PipelineAdapter, call: Callable[[], None], catch: bool = True
+) -> tuple[bool, str | None]:
+    """``call`` run: (True, the stage it was in) where it ran out of accelerator memory, else (False, None); any
+    other error, and with ``catch`` False that one too, is raised. The memory is freed after it either way, out of
+    the handler: the failed call's frames (and the activations they hold) are let go first, so that the placement's
+    moves after it have the memory they freed."""
+    ran_out, stage = False, None
+    try:
+        call()
+    except Exception as error:
+        if not catch or not is_out_of_memory(error):
+            raise
+        ran_out, stage = True, adapter.failed_stage(error)
+    finally:
+        free_accelerator_memory()
+    return ran_out, stage
+
+
 def _undo_what_bought_nothing(
     adapter: PipelineAdapter,
     device: torch.device,
@@ -503,6 +523,11 @@ def calibrate(
         warming += clock() - begun
         warm.add(shape)
 
+    def measure(shape: tuple[int, int, int], into: list[Measurement]) -> None:
+        if compiled is not None and shape not in warm:
+            warm_up(shape)
+        into.append(_measure(adapter, shape, probe))
+
     logger.info(
         "calibrating the cost model: %d request shapes to time (up to %.0f s) before the server is ready",
         len(shapes),
@@ -511,20 +536,14 @@ def calibrate(
     # first-call costs (and, compiled, the first compilation); eager, every shape is then measured as it first runs
     smallest = min(shapes, key=lambda s: (s[0] * s[1], s[2]))
     while True:
-        failed: str | None = None
-        try:
-            warm_up(smallest)
+        ran_out, failed = _runs_out(adapter, lambda: warm_up(smallest), catch=placement is not None)
+        if not ran_out:
             break
-        except Exception as error:
-            if placement is None or not is_out_of_memory(error):
-                raise
-            failed = adapter.failed_stage(error) or ""
-        finally:
-            free_accelerator_memory()  # out of the handler, as below: the failed call let go before anything moves
+        assert placement is not None  # without one, _runs_out raised the error
         # the smallest request does not fit as placed (on an H100 under 16 GiB, the BF16 model's streamed text
         # encoder could not bring its 1.16 GiB embedding onto the device beside the resident transformer): the
         # placement takes its next step, as for any shape, rather than the server failing to start
-        if placement.demote(adapter.pipeline, failed or None) is None:
+        if placement.demote(adapter.pipeline, failed) is None:
             raise InputError(
                 f"--max-memory/--offload auto: the smallest request ({smallest[0]}x{smallest[1]}) ran out of "
                 f"memory on {device} with everything moved off it: the budget is too small for this model"
@@ -551,19 +570,7 @@ def calibrate(
                 height,
                 count,
             )
-            ran_out, failed_stage = False, None
-            try:
-                if compiled is not None and (width, height, count) not in warm:
-                    warm_up((width, height, count))
-                measurements.append(_measure(adapter, (width, height, count), probe))
-            except Exception as error:
-                if not is_out_of_memory(error):
-                    raise
-                ran_out, failed_stage = True, adapter.failed_stage(error)
-            finally:
-                # out of the handler: the failed call's frames (and the activations they hold) are let go first,
-                # so that the placement's moves below have the memory they freed
-                free_accelerator_memory()
+            ran_out, failed_stage = _runs_out(adapter, partial(measure, (width, height, count), measurements))
             if not ran_out:
                 continue
             if placement is not None:
