@@ -38,7 +38,8 @@
 #            sweep's artifacts where it made them
 #   serve12  the same under 12GiB for each of $SERVE12 (w4a8, say)
 #   quantize quantize each of $QUANTIZE (components auto, on the GPU) unless the sweep did: before the stages that
-#            time it, so that the GPU tests may run beside it (TESTS_BESIDE=build) and be joined (join) first
+#            time it, so that the GPU tests may run beside it (TESTS_BESIDE=build) and be joined (join) first;
+#            SCHEME-gptq: GPTQ-rounded under --max-memory $CALIBRATE_BUDGET with --offload auto (artifact_for)
 #   whole    the same on the whole device (no --max-memory, --offload none) for each of $WHOLE (default fp8): the
 #            s/image the budgets are held against, from the same run; bf16+compile, fp8+compile: ditq serve --compile;
 #            +fast: --accumulate fast; +attn-KIND: --attention KIND; +alloc-expandable: the server's allocator with
@@ -257,18 +258,28 @@ run_stages() {
 }
 
 # artifact_for SCHEME: a sweep's artifact of SCHEME (24, 16 or 12 GiB), else one quantized here as the sweep
-# quantizes (components auto, on the GPU).
+# quantizes (components auto, on the GPU). SCHEME-gptq: GPTQ-rounded on the model's fixtures as the sweep's -gptq
+# candidate is, its source placed with --offload auto under --max-memory $CALIBRATE_BUDGET (default 16GiB);
+# CALIBRATE_ARGS: more quantize options (--calibration-seeds 2301 --calibration-steps 2, say). The log ends with the
+# command's exit status and seconds.
 artifact_for() {
-  local scheme=$1 sweep
+  local scheme=$1 sweep flags=(--scheme "${1%-gptq}") began=$SECONDS
   for sweep in sweep-24gib sweep-16gib sweep-12gib; do
     if [ -f "$RUN/$sweep/$scheme/artifact/MANIFEST.json" ]; then
       echo "$RUN/$sweep/$scheme/artifact"
       return
     fi
   done
-  [ -f "$RUN/artifacts/$scheme/MANIFEST.json" ] ||
-    python3 -m ditq.cli quantize "$MODEL" "$RUN/artifacts/$scheme" --scheme "$scheme" --device cuda:0 --force \
+  case "$scheme" in
+    # shellcheck disable=SC2206
+    *-gptq) flags+=(--calibrate gptq --fixtures "$MODEL/fixtures/fixtures.json" --refs "$MODEL/fixtures/refs"
+                    --offload auto --max-memory "${CALIBRATE_BUDGET:-16GiB}" $CALIBRATE_ARGS) ;;
+  esac
+  if [ ! -f "$RUN/artifacts/$scheme/MANIFEST.json" ]; then
+    python3 -m ditq.cli quantize "$MODEL" "$RUN/artifacts/$scheme" "${flags[@]}" --device cuda:0 --force \
       >"$RUN/quantize-$scheme.log" 2>&1
+    echo "quantize $scheme: exit $? in $((SECONDS - began)) s" >>"$RUN/quantize-$scheme.log"
+  fi
   echo "$RUN/artifacts/$scheme"
 }
 
@@ -336,8 +347,8 @@ serve_probe() {
   tar czf "$RUN/serve-${budget,,}.tgz" -C "$RUN" --exclude='*/images' "serve-${budget,,}"
 }
 
-COLLECT="run.log gpu_tests.log demo-cache-28.tgz demo-cache-10.tgz decode_answer_bench.json decode_answer_bench.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz sweep-16gib.tgz sweep-12gib.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-12gib.tgz serve-whole.tgz"
-EXPORTS="TREE DEMO_SCHEMES DEMO_STEPS DEMO_SEEDS DEMO_S SWEEP_ARGS DECODEBENCH_S ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 SERVE12 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+COLLECT="run.log gpu_tests.log quantize-w4a8-gptq.log demo-cache-28.tgz demo-cache-10.tgz decode_answer_bench.json decode_answer_bench.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz sweep-16gib.tgz sweep-12gib.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-12gib.tgz serve-whole.tgz"
+EXPORTS="TREE CALIBRATE_BUDGET CALIBRATE_ARGS DEMO_SCHEMES DEMO_STEPS DEMO_SEEDS DEMO_S SWEEP_ARGS DECODEBENCH_S ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 SERVE12 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"

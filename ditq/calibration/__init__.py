@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
+
 from ditq.errors import InputError
 from ditq.fsutil import ARTIFACT, check_output, exclusive_lock
 from ditq.probe.fixtures import Fixture, fixture_digest, load_fixtures
@@ -25,10 +27,17 @@ from ditq.quantization.calibration_resume import CalibrationResume
 from ditq.quantization.defaults import CALIBRATION_MEMORY, CALIBRATION_SEEDS, CALIBRATION_STEPS
 from ditq.quantization.quantizer import QuantizeResult
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
+from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory
 from ditq.runtime.options import LoadOptions
 from ditq.schemes import GroupSize
 
-__all__ = ["CalibrationOptions", "calibrate_and_save", "calibration_for", "fixture_requests"]
+__all__ = [
+    "CalibrationOptions",
+    "calibrate_and_save",
+    "calibration_for",
+    "fixture_requests",
+    "place_for_calibration",
+]
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +73,8 @@ def fixture_requests(
     return [fixture.request(seed, steps) for fixture in fixtures.values() for seed in seeds]
 
 
-def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Calibration:
-    """The calibration that sends every fixture at every seed through ``adapter`` once per pass."""
+def _fixtures(options: CalibrationOptions) -> dict[str, Fixture]:
+    """The fixtures the calibration requests are made of: the file's, or the ones ``options.only`` names."""
     fixtures = load_fixtures(options.fixtures, options.refs)
     if options.only is not None:
         missing = sorted(set(options.only) - set(fixtures))
@@ -74,6 +83,12 @@ def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Ca
                 f"{options.fixtures}: no fixture {missing[0]!r}, which the calibration requests name"
             )
         fixtures = {f: fixtures[f] for f in options.only}
+    return fixtures
+
+
+def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Calibration:
+    """The calibration that sends every fixture at every seed through ``adapter`` once per pass."""
+    fixtures = _fixtures(options)
     requests = fixture_requests(fixtures, options.seeds, options.steps)
 
     def run() -> None:
@@ -88,6 +103,54 @@ def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Ca
         "requests": len(requests),
     }
     return Calibration(run=run, record=record, memory_bytes=options.memory_bytes, act_order=options.act_order)
+
+
+def place_for_calibration(
+    adapter: PipelineAdapter, requests: list[GenerationRequest], reserve_bytes: int
+) -> None:
+    """Under ``--offload auto`` on CUDA: each distinct request (prompt, references, size) run once for one denoising
+    step, its peak the same as at any number, beside a block the size of the Hessians it will hold
+    (``--calibration-memory``); where one runs out of memory the placement takes its next step
+    (``Placement.demote``: the VAE's tiles where it ran out decoding, else the last resident component streamed),
+    as a server's warm-up does, before a Hessian exists that a failed request would leave half-filled. With nothing
+    left to move, an InputError naming the budget. Elsewhere (CPU, another offload mode) nothing is run."""
+    placement = getattr(adapter.pipeline, "ditq_placement", None)
+    if placement is None or placement.device.type != "cuda":
+        return
+    distinct = {
+        (r.prompt, r.negative_prompt, r.width, r.height, tuple(i.size for i in r.images)): r for r in requests
+    }
+    try:
+        hold = torch.empty(reserve_bytes, dtype=torch.uint8, device=placement.device)
+    except torch.OutOfMemoryError:
+        raise InputError(
+            f"--calibration-memory ({reserve_bytes / 2**30:.2f} GiB of Hessians) does not fit on {placement.device} "
+            "within --max-memory: give it less"
+        ) from None
+    try:
+        for request in distinct.values():
+            while True:
+                stage, ran_out = None, False
+                try:
+                    adapter(replace(request, num_inference_steps=1))
+                except Exception as error:
+                    if not is_out_of_memory(error):
+                        raise
+                    stage, ran_out = adapter.failed_stage(error), True
+                free_accelerator_memory()  # out of the handler: the failed call's frames are gone
+                if not ran_out:
+                    break
+                if placement.demote(adapter.pipeline, stage) is None:
+                    raise InputError(
+                        f"--max-memory/--offload auto: a calibration request ({request.width}x{request.height}, "
+                        f"{len(request.images)} references) ran out of memory on {placement.device} with everything "
+                        f"moved off it beside {reserve_bytes / 2**30:.2f} GiB of Hessians: give --calibration-memory "
+                        "less, or the calibration more memory"
+                    )
+    finally:
+        del hold
+        free_accelerator_memory()
+    log.info("calibration placement on %s: %s", placement.device, placement.summary())
 
 
 def calibrate_and_save(
@@ -126,6 +189,8 @@ def calibrate_and_save(
     log.info("calibrating on %d requests of %d steps", calibration.record["requests"], options.steps)
     with exclusive_lock(resume.folder, "ditq quantize --calibrate gptq"):
         try:
+            requests = fixture_requests(_fixtures(options), options.seeds[:1], 1)
+            place_for_calibration(adapter, requests, calibration.memory_bytes)
             quantize_(
                 adapter.pipeline,
                 scheme_or_plan,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ditq.checkpoint.qconfig import CONFIG_FORMS
-from ditq.devices import add_device_arguments, parse_memory_size
+from ditq.devices import OFFLOAD_MODES, add_device_arguments, parse_memory_size
 from ditq.errors import InputError
 from ditq.probe.fixtures import parse_seeds
 from ditq.quantization.defaults import (
@@ -116,6 +116,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
     add_device_arguments(parser, DEFAULTS["device"], "where to encode the weights")
     add_rounding_arguments(parser, fixtures=True)
+    placing = parser.add_argument_group(
+        "where the source waits while --calibrate gptq runs its requests (round to nearest reads the files "
+        "band by band)"
+    )
+    placing.add_argument(
+        "--offload",
+        choices=OFFLOAD_MODES,
+        help="as ditq serve places a model: auto streams from pinned host memory what does not fit --max-memory "
+        "(the source in its dtype: Qwen-Image's transformer and text encoder are 32 GB), block streams every "
+        "component, model moves each in whole (default: none, every component on the device)",
+    )
+    placing.add_argument(
+        "--max-memory",
+        metavar="SIZE",
+        help="cap the accelerator memory the calibration may use, e.g. 16GiB (CUDA only); the input Hessians "
+        "(--calibration-memory) are held there too",
+    )
     parser.add_argument("--json", action="store_true", help="print the manifest's statistics as JSON")
 
 
@@ -226,7 +243,7 @@ def _calibrated(
         steps=steps,
         memory_bytes=args.calibration_memory,
         act_order=True if requests is None else requests.act_order,
-        load=LoadOptions(device=args.device),
+        load=LoadOptions(device=args.device, offload=args.offload or "none", max_memory=args.max_memory),
         only=None if requests is None else tuple(requests.fixtures),
     )
     return calibrate_and_save(
@@ -253,6 +270,14 @@ def run(args: argparse.Namespace) -> int:
     if method == "gptq":
         result = _calibrated(args, plan, group_size)
     else:
+        placed = [
+            flag for flag, value in (("--offload", args.offload), ("--max-memory", args.max_memory)) if value
+        ]
+        if placed:
+            raise InputError(
+                f"{placed[0]}: only with --calibrate gptq, whose requests run the source model (round to nearest "
+                "reads the weight files band by band, whatever their size)"
+            )
         result = quantize(
             args.source,
             args.output,

@@ -93,7 +93,8 @@ def _encode(
     """One weight GPTQ-rounded with its Hessian, as its codec stores it (on the CPU), with its relative L2; with
     ``low_rank`` (a 4-bit ``scheme``: ``branch_rank``), its residual rounded so and its branch after the codec's
     tensors."""
-    reference = weight.detach().to(torch.float32)
+    # rounded where the Hessian was gathered: a streamed layer's weight waits on the host, its inputs came on the device
+    reference = weight.detach().to(device=hessian.device, dtype=torch.float32)
     rank = branch_rank(scheme, low_rank)
     split = split_low_rank(reference, rank) if rank else None
     q, scale = gptq_quantize(

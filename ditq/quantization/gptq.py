@@ -51,18 +51,26 @@ class HessianAccumulator:
     Each row of an input (..., K) is one sample: a batch of B sequences of S tokens adds B * S. The update is the
     reference GPTQ's running average (H *= n / (n + m); x *= sqrt(2 / (n + m)); H += x^T x), so memory stays one
     (K, K) tensor of ``dtype`` (float32 or float64) however many inputs come. Inputs are cast to ``dtype`` and
-    moved to the accumulator's device.
+    moved to the accumulator's device; with ``device=None`` that is the first input's.
     """
 
     def __init__(
-        self, in_features: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+        self,
+        in_features: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = "cpu",
     ) -> None:
         if in_features < 1:
             raise ValueError(f"in_features must be positive, got {in_features}")
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"the Hessian is accumulated in float32 or float64, not {dtype}")
         self.in_features = in_features
-        self._hessian = torch.zeros(in_features, in_features, dtype=dtype, device=device)
+        self._dtype = dtype
+        # None: made on the first input's device (a streamed layer's weight waits on the host; its inputs do not)
+        self._hessian: torch.Tensor | None = (
+            None if device is None else torch.zeros(in_features, in_features, dtype=dtype, device=device)
+        )
         self._samples = 0
 
     @property
@@ -72,7 +80,9 @@ class HessianAccumulator:
 
     @property
     def hessian(self) -> torch.Tensor:
-        """H (K, K): all zeros until the first ``add``."""
+        """H (K, K): all zeros until the first ``add`` (on the CPU where no device was given and none came)."""
+        if self._hessian is None:
+            return torch.zeros(self.in_features, self.in_features, dtype=self._dtype)
         return self._hessian
 
     @torch.no_grad()
@@ -80,6 +90,10 @@ class HessianAccumulator:
         """Fold the rows of x (..., K) into H; an input with no rows changes nothing."""
         if x.shape[-1:] != (self.in_features,):
             raise ValueError(f"expected inputs of shape (..., {self.in_features}), got {tuple(x.shape)}")
+        if self._hessian is None:
+            self._hessian = torch.zeros(
+                self.in_features, self.in_features, dtype=self._dtype, device=x.device
+            )
         rows = (
             x.detach()
             .reshape(-1, self.in_features)
@@ -104,13 +118,12 @@ def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor
 
 
 def _accumulator_for(name: str, layer: torch.nn.Module) -> HessianAccumulator:
-    """An accumulator sized by ``layer.in_features``, on the device of its weight (CPU where it has none)."""
+    """An accumulator sized by ``layer.in_features``, on the device its inputs come on: where its weight is, for a
+    resident layer; the device, for a streamed one whose weight waits on the host between calls."""
     in_features = getattr(layer, "in_features", None)
     if not isinstance(in_features, int):
         raise ValueError(f"{name!r} is a {type(layer).__name__} with no in_features: not a Linear")
-    weight = getattr(layer, "weight", None)
-    device = weight.device if isinstance(weight, torch.Tensor) else torch.device("cpu")
-    return HessianAccumulator(in_features, device=device)
+    return HessianAccumulator(in_features, device=None)
 
 
 @contextmanager

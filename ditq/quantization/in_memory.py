@@ -42,6 +42,7 @@ from ditq.quantization.targets import MIN_FEATURES, embedding_targeted, linear_a
 from ditq.runtime.embedding import QuantizedEmbedding, embedding_from_stored
 from ditq.runtime.loader import KernelChooser, prepare_quantized
 from ditq.runtime.modules import QuantizedLinear, linear_from_stored, quantized_linears
+from ditq.runtime.offload import streams
 from ditq.schemes import SCHEMES, GroupSize, Scheme, get_scheme
 
 __all__ = [
@@ -111,28 +112,35 @@ def quantized_linear(
     device: torch.device | None = None,
     pool: ThreadPoolExecutor | None = None,
     low_rank: int = 0,
+    hold: torch.device | None = None,
 ) -> tuple[QuantizedLinear, float]:
-    """(``linear`` quantized as ``ditq quantize`` stores it, held by the runtime's QuantizedLinear on ``device``
-    (None: the weight's), its relative L2 error); ``linear`` is not changed. ``pool``: ``band_workers()``'s, else
-    one for this layer. ``low_rank``: the rank of its low-rank branch (0: none)."""
+    """(``linear`` quantized as ``ditq quantize`` stores it, encoded on ``device`` (None: the weight's) and held by
+    the runtime's QuantizedLinear on ``hold`` (None: ``device``), its relative L2 error); ``linear`` is not changed.
+    ``pool``: ``band_workers()``'s, else one for this layer. ``low_rank``: the rank of its low-rank branch (0:
+    none)."""
     if pool is None:
         with band_workers() as own:
-            return quantized_linear(linear, scheme, device, own, low_rank)
+            return quantized_linear(linear, scheme, device, own, low_rank, hold)
     weight = linear.weight.detach()
     device = device if device is not None else weight.device
     stored = encode_weight(weight, scheme, device, DEFAULTS["band_bytes"], pool, low_rank)
-    return held_linear(linear, stored, scheme, device)
+    return held_linear(linear, stored, scheme, hold if hold is not None else device)
 
 
 def quantized_embedding(
-    embedding: torch.nn.Module, scheme: Scheme, device: torch.device, pool: ThreadPoolExecutor
+    embedding: torch.nn.Module,
+    scheme: Scheme,
+    device: torch.device,
+    pool: ThreadPoolExecutor,
+    hold: torch.device | None = None,
 ) -> tuple[QuantizedEmbedding, float]:
-    """(the token ``embedding`` stored in ``scheme`` as ``ditq quantize`` stores it, held by the runtime's
-    QuantizedEmbedding on ``device``, its relative L2 error); ``embedding`` is not changed."""
+    """(the token ``embedding`` stored in ``scheme`` as ``ditq quantize`` stores it, encoded on ``device`` and held
+    by the runtime's QuantizedEmbedding on ``hold`` (None: ``device``), its relative L2 error); ``embedding`` is
+    not changed."""
     assert isinstance(embedding, torch.nn.Embedding)  # plan_targets chose it
     weight = embedding.weight.detach()
     stored = encode_weight(weight, scheme, device, DEFAULTS["band_bytes"], pool)
-    tensors = {n: t.to(device) for n, t in stored.tensors.items()}
+    tensors = {n: t.to(hold if hold is not None else device) for n, t in stored.tensors.items()}
     return embedding_from_stored(tensors, scheme, weight.dtype, embedding.padding_idx), stored.rel_l2
 
 
@@ -185,6 +193,11 @@ def _quantize_module(
         else module.get_submodule(next(iter(rows))).get_parameter("weight")
     )
     run_device = device if device is not None else first.device
+    # a streamed module (--offload: its weights wait on the host while it runs) is quantized to be saved: its layers
+    # are encoded on the run device and wait on the host beside its weights, unplaced (its offload hooks know only
+    # the layers they were given), and the module is not moved
+    streamed = streams(module)
+    hold = torch.device("cpu") if streamed else run_device
     errors: dict[str, float] = {}
     layers: dict[str, QuantizedLinear | QuantizedEmbedding] = {}
     # calibrated: every layer rounded before any is swapped (the requests run the source layers); a plan's fp8
@@ -198,19 +211,17 @@ def _quantize_module(
     with band_workers() as pool:
         for prefix, layer_scheme in rows.items():
             layers[prefix], errors[prefix] = quantized_embedding(
-                module.get_submodule(prefix), layer_scheme, run_device, pool
+                module.get_submodule(prefix), layer_scheme, run_device, pool, hold
             )
             if not torch.isfinite(layers[prefix].stored_tensors()[SCALE]).all():
                 raise InputError(f"{component}: tensor {prefix}.weight holds NaN or Inf")
         for prefix, layer_scheme in schemes.items():
             linear = linear_at(module, prefix)
             if prefix in calibrated:
-                layers[prefix], errors[prefix] = held_linear(
-                    linear, calibrated[prefix], layer_scheme, run_device
-                )
+                layers[prefix], errors[prefix] = held_linear(linear, calibrated[prefix], layer_scheme, hold)
             else:
                 layers[prefix], errors[prefix] = quantized_linear(
-                    linear, layer_scheme, run_device, pool, low_rank
+                    linear, layer_scheme, run_device, pool, low_rank, hold
                 )
             if not torch.isfinite(
                 layers[prefix].stored_tensors()[SCALE]
@@ -221,6 +232,11 @@ def _quantize_module(
         layer,
     ) in layers.items():  # only once every layer is quantized: a refusal leaves no layer swapped
         _swap(module, prefix, layer)
+    if streamed:
+        log.info("%s: %d Linear layers quantized in memory (%d kept), held on the host to be saved (ditq.save): "
+                 "the component streams, and its offload hooks do not place the new layers", component,
+                 len(layers), len(rule.ignored))  # fmt: skip
+        return errors, run_device
     if device is not None:
         module.to(device)
     prepare_quantized(
@@ -301,7 +317,8 @@ def quantize_(
     ``scheme_or_plan``: a scheme name (``"w8a8"``, ``"fp8"``, ``"w8a16"``) or ``Scheme``, or a plan (a PLAN.json
     path or ``PlanFile``), which names its component and each layer's scheme. ``targets`` are ``--targets``
     regexes (they replace the block rule; not with a plan). ``device``: where the weights are quantized and the
-    quantized modules are placed (None: where each weight is). ``chooser`` decides each geometry's kernel path
+    quantized modules are placed (None: where each weight is); a component that streams (``--offload``: its weights
+    wait on the host while it runs) is quantized to be saved, its layers held on the host and left unplaced. ``chooser`` decides each geometry's kernel path
     (the doctor's verified choice; None: the registry's first candidate), as ``load_pipeline``'s does. Each
     quantized module keeps how it was quantized, so that ``save`` can write the artifact. ``calibration``: GPTQ
     rounding from the Hessians its requests give each target (``calibrated``; int weights only), else round to

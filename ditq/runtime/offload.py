@@ -38,6 +38,7 @@ __all__ = [
     "apply_offload",
     "module_bytes",
     "run_order",
+    "streams",
     "transfer_rate_gbps",
 ]
 
@@ -172,6 +173,16 @@ class _Streamed:
         for tensor in dict.fromkeys([*component.parameters(), *component.buffers()]):
             tensor.data = self.home[id(tensor)].to(self.device)
         self.home.clear()
+
+
+def streams(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s weights wait on the host while it runs: streamed by ``_Streamed`` or diffusers' group
+    offload (``--offload auto``, ``block``), or moved in whole by accelerate's offload hook (``model``)."""
+    if hasattr(module, "ditq_streamed") or hasattr(module, "_hf_hook"):
+        return True
+    from diffusers.hooks.group_offloading import _is_group_offload_enabled
+
+    return bool(_is_group_offload_enabled(module))
 
 
 def _stream(component: torch.nn.Module, device: torch.device, denoiser: bool) -> None:

@@ -124,7 +124,8 @@ class Sweep(SeedSettling):
 def quantize_argv(options: SweepOptions, c: Candidate) -> list[str]:
     """The ``ditq quantize`` that makes candidate ``c``'s artifact: with its plan (the copy beside it), or with its
     scheme (``candidate_scheme``), ``--group-size channel`` for a ``-channel`` candidate and ``--calibrate gptq`` on
-    the sweep's fixtures for a ``-gptq`` one (or a plan rounded by GPTQ)."""
+    the sweep's fixtures for a ``-gptq`` one (or a plan rounded by GPTQ), its source placed as the servers' last
+    offload rung places it, under their ``--max-memory``."""
     # --force: an artifact left by an interrupted or older run is replaced (quantize writes atomically)
     if c.plan is not None:
         argv = ditq_argv("quantize", options.model, c.artifact, "--plan", c.dir / PLAN_FILE, "--force")
@@ -138,6 +139,9 @@ def quantize_argv(options: SweepOptions, c: Candidate) -> list[str]:
     # calibrated on the sweep's own fixtures, at seeds the probes do not use (a plan: the seeds it records)
     if c.scheme.endswith(GPTQ) or (c.plan is not None and c.plan.rounding.method == "gptq"):
         argv += ["--calibrate", "gptq", "--fixtures", str(options.fixtures), "--refs", str(options.refs)]
+        # the requests run the source model within what its servers are given: the ladder's last rung, the cap
+        argv += ["--offload", options.offload[-1]]
+        argv += ["--max-memory", options.load.max_memory] if options.load.max_memory else []
     argv += ["--device", options.load.device]  # the device the servers use encodes fastest
     return argv + (["--variant", options.load.variant] if options.load.variant else [])
 

@@ -107,3 +107,101 @@ def test_quantize_calibrate_gptq_on_the_demo_model(
     other = ["quantize", str(out), str(tmp_path / "y"), "--scheme", "w4a16", "--calibrate", "gptq"]
     assert main(other) == 2 and "--fixtures and --refs are needed" in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def _streamed_against_resident(tmp_path: Path, device: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The demo model GPTQ-rounded in w4a8 on ``device`` twice, resident and with nothing resident, compared."""
+    from safetensors.torch import load_file
+
+    from ditq.calibration import CalibrationOptions, calibrate_and_save
+    from ditq.checkpoint.codecs import codec_for
+    from ditq.demo import fixtures_path, references_dir
+    from ditq.runtime.options import LoadOptions
+    from ditq.schemes import W4A8
+
+    def calibrated(name: str, load: LoadOptions) -> Path:
+        options = CalibrationOptions(fixtures_path(), references_dir(), seeds=(0,), steps=2, load=load)
+        calibrate_and_save(default_model_dir(), tmp_path / name, "w4a8", options)
+        return tmp_path / name
+
+    def layers(artifact: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        tensors = load_file(artifact / "transformer" / "diffusion_pytorch_model.safetensors")
+        prefixes = {k.rsplit(".", 1)[0] for k in tensors if k.endswith(".weight_packed")}
+        return {
+            p: codec_for(W4A8).read(
+                {k.rsplit(".", 1)[1]: t for k, t in tensors.items() if k.startswith(f"{p}.")}
+            )
+            for p in prefixes
+        }
+
+    resident = calibrated("resident", LoadOptions(device=device))
+    with caplog.at_level("INFO", logger="ditq"):
+        streamed = calibrated("streamed", LoadOptions(device=device, offload="auto", memory_budget_bytes=1))
+    assert "resident nothing; streamed transformer, text_encoder" in caplog.text
+    assert "held on the host to be saved" in caplog.text
+    assert ditq.verify(streamed).ok
+    ours, theirs = layers(resident), layers(streamed)
+    assert len(ours) > 10 and ours.keys() == theirs.keys()
+    flipped = 0
+    for prefix, (q, scale) in ours.items():
+        q_streamed, scale_streamed = theirs[prefix]
+        assert torch.equal(scale, scale_streamed), prefix  # act order: static scales, from the weights
+        moved = (q.int() - q_streamed.int()).abs()
+        assert float((moved > 0).float().mean()) < 0.005, prefix
+        flipped += int((moved > 0).sum())
+    assert flipped < 0.001 * sum(q.numel() for q, _ in ours.values())
+    records = [read_manifest(d)["options"]["calibration"] for d in (resident, streamed)]
+    assert records[0] == records[1]
+
+
+def test_a_streamed_calibration_writes_what_a_resident_one_writes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--offload`` under calibration: with nothing resident (the denoiser in diffusers' group offload, the text
+    encoder in ditq's streaming hooks) every Hessian is gathered from the same requests (the same rows; sums that
+    differ by float32 rounding, about 1e-7 relative: the streamed copies' matmuls), so the artifact holds the
+    resident run's layers: the same scales, the same codes but for the few rounding ties those sums tip, and the
+    same calibration record. The streamed layers are held on the host, and the artifact verifies."""
+    _streamed_against_resident(tmp_path, "cpu", caplog)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_streamed_cuda_calibration_gathers_on_the_device_and_writes_what_a_resident_one_writes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same on CUDA: the streamed weights wait in pinned host memory, the Hessians are gathered where the
+    inputs come (the device) and each layer is rounded there, its weight brought to its Hessian."""
+    _streamed_against_resident(tmp_path, "cuda", caplog)
+
+
+def test_offload_and_max_memory_are_calibrations_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = str(default_model_dir())
+    for flags in (["--offload", "auto"], ["--max-memory", "16GiB"]):
+        out = tmp_path / flags[0].strip("-")
+        assert main(["quantize", source, str(out), "--scheme", "w4a8", *flags, "--device", "cpu"]) == 2
+        assert f"{flags[0]}: only with --calibrate gptq" in capsys.readouterr().err
+        assert not out.exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_hessians_past_the_cap_are_refused_in_one_line_before_any_request(tmp_path: Path) -> None:
+    from ditq.calibration import CalibrationOptions, calibrate_and_save
+    from ditq.demo import fixtures_path, references_dir
+    from ditq.runtime.options import LoadOptions
+
+    load = LoadOptions(device="cuda", offload="auto", max_memory="1GiB")
+    options = CalibrationOptions(
+        fixtures_path(), references_dir(), (0,), 2, memory_bytes=2 * 2**30, load=load
+    )
+    try:
+        with pytest.raises(
+            InputError, match=r"^--calibration-memory \(2\.00 GiB of Hessians\) does not fit on cuda"
+        ):
+            calibrate_and_save(default_model_dir(), tmp_path / "out", "w4a8", options)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert not (tmp_path / "out").exists()

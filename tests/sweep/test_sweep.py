@@ -593,6 +593,18 @@ def test_a_channel_candidate_is_quantized_with_group_size_channel_and_gptq_when_
     Candidate(options, "w4a8-channel-gptq").save()
     record = read_model(CandidateFile, options.out / "w4a8-channel-gptq" / "CANDIDATE.json")
     assert (record.name, record.scheme) == ("w4a8-channel-gptq", "w4a8")
+    # under a budget the calibration's requests run the source as the servers' last rung places it, within their cap
+    capped = _workspace_options(
+        workspace,
+        ("w4a8-gptq", "fp8"),
+        "out-capped-argv",
+        load=LoadOptions(device="cuda", max_memory="16GiB"),
+        offload=("none", "auto"),
+    )
+    calibrated, rounded = (quantize_argv(capped, Candidate(capped, n)) for n in ("w4a8-gptq", "fp8"))
+    args = _build_parser(calibrated[3:]).parse_args(calibrated[3:])
+    assert (args.calibrate, args.offload, args.max_memory) == ("gptq", "auto", "16GiB")
+    assert "--offload" not in rounded and "--max-memory" not in rounded  # round to nearest streams the files
 
 
 def test_a_fast_candidate_is_fp8s_only_and_named_in_one_spelling(workspace: Path):
