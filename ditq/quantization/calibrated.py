@@ -8,6 +8,9 @@ fit runs them once). Every layer sees the source model's own inputs: the layers 
 precision while it is calibrated (nothing is swapped until every layer is quantized), which is GPTQ without the
 sequential re-run through already quantized layers.
 
+A text encoder runs once per request, before the denoising loop: its passes send the requests for one denoising step
+(``Calibration.run_before_steps``), which gives its layers the rows every number of steps gives them.
+
 With ``Calibration.resume`` every group's stored layers are kept on disk as soon as it is done, and a group kept
 by an earlier run from the same inputs is taken back instead of calibrated again (``calibration_resume``).
 
@@ -40,6 +43,9 @@ __all__ = ["Calibration", "calibrated_choices", "calibrated_layers", "hessian_gr
 log = logging.getLogger(__name__)
 
 HESSIAN_BYTES = 4  # float32
+TEXT_ENCODERS = (
+    "text_encoder"  # diffusers' names of the components that run before the denoising loop (_2, _3...)
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,9 @@ class Calibration:
 
     run: Callable[[], None]
     record: dict[str, Any] = field(default_factory=dict)
+    # the requests at one denoising step: what a text encoder, which runs before the denoising loop, sees at any
+    # number of steps (the same rows); its passes take this one. None: ``run``
+    run_before_steps: Callable[[], None] | None = None
     memory_bytes: int = 4 * 2**30  # the Hessians held at once
     damp: float = 0.01  # GPTQ's damping, a fraction of the Hessian's mean diagonal
     act_order: bool = True  # columns by decreasing Hessian diagonal, static group scales (gptq_quantize)
@@ -145,13 +154,17 @@ def calibrated_choices(
     every choice of its target (``ditq plan`` measures several). Hessians are held ``calibration.memory_bytes``
     at most at once (``hessian_groups``: one pass over the requests per group), the stored layers on the CPU; with
     ``calibration.resume``, each group is kept there under ``component`` once done, or taken back from there.
-    ``module`` is not changed; a target the requests never reach is an InputError."""
+    ``module`` is not changed; a target the requests never reach is an InputError. A text encoder's passes
+    (``component`` named so) take ``calibration.run_before_steps`` where there is one."""
     wanted = {p: [s for s in c if s.weight_type == "int"] for p, c in choices.items()}
     wanted = {p: c for p, c in wanted.items() if c}
     layers = {prefix: linear_at(module, prefix) for prefix in wanted}
     groups = hessian_groups({p: m.in_features for p, m in layers.items()}, calibration.memory_bytes)
     resume = calibration.resume
     inputs = group_inputs(module, wanted, groups, calibration.manifest(), low_rank) if resume else {}
+    run = calibration.run
+    if component.startswith(TEXT_ENCODERS) and calibration.run_before_steps is not None:
+        run = calibration.run_before_steps
     stored: dict[str, dict[str, StoredLayer]] = {}
     for number, group in enumerate(groups, 1):
         here = {p: wanted[p] for p in group}
@@ -162,7 +175,7 @@ def calibrated_choices(
             stored |= kept
             continue
         log.info("calibration pass %d of %d: %d layers", number, len(groups), len(group))
-        stored |= _calibrated_group(module, layers, here, calibration, low_rank)
+        stored |= _calibrated_group(module, layers, here, calibration, low_rank, run)
         if resume is not None:
             resume.save(component, number, inputs, {p: stored[p] for p in group})
     return stored
@@ -174,12 +187,13 @@ def _calibrated_group(
     group: Mapping[str, Sequence[Scheme]],
     calibration: Calibration,
     low_rank: int,
+    run: Callable[[], None],
 ) -> dict[str, dict[str, StoredLayer]]:
-    """One pass over the requests gathering the Hessians of ``group``'s targets (prefix -> its schemes), then each
-    target rounded in each of its schemes."""
+    """One pass over the requests (``run``) gathering the Hessians of ``group``'s targets (prefix -> its schemes),
+    then each target rounded in each of its schemes."""
     stored: dict[str, dict[str, StoredLayer]] = {}
     with hessian_hooks(module, group) as found:
-        calibration.run()
+        run()
     for prefix, schemes in group.items():
         if found[prefix].samples == 0:
             raise InputError(f"{prefix}: the calibration requests never ran this layer; it has no Hessian")

@@ -205,3 +205,52 @@ def test_hessians_past_the_cap_are_refused_in_one_line_before_any_request(tmp_pa
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_text_encoders_passes_run_one_step_which_gives_it_the_rows_every_step_count_gives() -> None:
+    """A text encoder runs before the denoising loop: its Hessians from requests at one step are the ones at any
+    number of steps (bit for bit on the demo model), so its passes take ``run_before_steps``; a denoiser's, and a
+    module of any other name, take ``run``."""
+    from ditq.calibration import CalibrationOptions, calibration_for
+    from ditq.demo import fixtures_path, references_dir
+    from ditq.pipeline.open import open_pipeline
+    from ditq.quantization.gptq import hessian_hooks
+    from ditq.runtime.options import LoadOptions, resolve_load_options
+
+    adapter = open_pipeline(
+        default_model_dir(), resolve_load_options(LoadOptions(device="cpu", skip_doctor=True))
+    )
+    calibration = calibration_for(
+        adapter, CalibrationOptions(fixtures_path(), references_dir(), (0,), steps=3)
+    )
+    encoder = adapter.pipeline.text_encoder
+    # plain Linears: attention's out_proj is a subclass its module calls through its weight, never its forward
+    names = [n for n, m in encoder.named_modules() if type(m) is torch.nn.Linear][:3]
+    assert names
+    gathered = []
+    for run in (calibration.run, calibration.run_before_steps):
+        assert run is not None
+        with torch.no_grad(), hessian_hooks(encoder, names) as found:
+            run()
+        gathered.append({n: (found[n].samples, found[n].hessian) for n in names})
+    for name in names:
+        (rows, hessian), (rows_once, hessian_once) = gathered[0][name], gathered[1][name]
+        assert rows == rows_once > 0 and torch.equal(hessian, hessian_once), name
+
+    model = _layers()
+    runs: list[str] = []
+
+    def run_all() -> None:
+        runs.append("steps")
+        with torch.no_grad():
+            model(_correlated(256, seed=1))
+
+    def run_once() -> None:
+        runs.append("one step")
+        with torch.no_grad():
+            model(_correlated(256, seed=1))
+
+    counted = Calibration(run=run_all, run_before_steps=run_once)
+    for component in ("text_encoder_2", "transformer", "module"):
+        calibrated_layers(model, {"0": W4A16.with_group_size(32)}, counted, component=component)
+    assert runs == ["one step", "steps", "steps"]
