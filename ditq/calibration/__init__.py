@@ -117,12 +117,32 @@ def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Ca
     )
 
 
+def _hold(adapter: PipelineAdapter, reserve_bytes: int) -> torch.Tensor:
+    """``reserve_bytes`` held on the placement's device, its resident components streamed from the last one up
+    until they fit beside it (the transformer of the full-size pipeline, 14.2 GB in bfloat16, and 4 GiB of Hessians
+    do not fit 16 GiB together); with everything streamed and still no room, an InputError."""
+    placement = adapter.pipeline.ditq_placement
+    while True:
+        try:
+            return torch.empty(reserve_bytes, dtype=torch.uint8, device=placement.device)
+        except torch.OutOfMemoryError:
+            pass
+        free_accelerator_memory()
+        # a stage other than the VAE's: its tiles would free nothing that is held
+        if placement.demote(adapter.pipeline, "hessians") is None:
+            raise InputError(
+                f"--calibration-memory ({reserve_bytes / 2**30:.2f} GiB of Hessians) does not fit on "
+                f"{placement.device} within --max-memory with everything streamed: give it less"
+            )
+
+
 def place_for_calibration(
     adapter: PipelineAdapter, requests: list[GenerationRequest], reserve_bytes: int
 ) -> None:
     """Under ``--offload auto`` on CUDA: each distinct request (prompt, references, size) run once for one denoising
     step, its peak the same as at any number, beside a block the size of the Hessians it will hold
-    (``--calibration-memory``); where one runs out of memory the placement takes its next step
+    (``--calibration-memory``, ``_hold``: the placement streams what does not fit beside it); where one runs out of
+    memory the placement takes its next step
     (``Placement.demote``: the VAE's tiles where it ran out decoding, else the last resident component streamed),
     as a server's warm-up does, before a Hessian exists that a failed request would leave half-filled. With nothing
     left to move, an InputError naming the budget. Elsewhere (CPU, another offload mode) nothing is run."""
@@ -132,13 +152,7 @@ def place_for_calibration(
     distinct = {
         (r.prompt, r.negative_prompt, r.width, r.height, tuple(i.size for i in r.images)): r for r in requests
     }
-    try:
-        hold = torch.empty(reserve_bytes, dtype=torch.uint8, device=placement.device)
-    except torch.OutOfMemoryError:
-        raise InputError(
-            f"--calibration-memory ({reserve_bytes / 2**30:.2f} GiB of Hessians) does not fit on {placement.device} "
-            "within --max-memory: give it less"
-        ) from None
+    hold = _hold(adapter, reserve_bytes)
     try:
         for request in distinct.values():
             while True:
