@@ -22,7 +22,7 @@ import torch
 from ditq.errors import InputError
 from ditq.fsutil import ARTIFACT, check_output, exclusive_lock
 from ditq.probe.fixtures import Fixture, fixture_digest, load_fixtures
-from ditq.quantization.calibrated import Calibration
+from ditq.quantization.calibrated import HESSIAN_BYTES, Calibration
 from ditq.quantization.calibration_resume import CalibrationResume
 from ditq.quantization.defaults import CALIBRATION_MEMORY, CALIBRATION_SEEDS, CALIBRATION_STEPS
 from ditq.quantization.quantizer import QuantizeResult
@@ -117,6 +117,26 @@ def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Ca
     )
 
 
+def _room(adapter: PipelineAdapter, calibration: Calibration) -> int:
+    """What the Hessians take on the device beside a request's activations: all of a group's
+    (``calibration.memory_bytes``), or, summed on the host, one layer's (K, K) float32 product and its input rows
+    cast to float32 as they are made (bounded by twice the largest Linear's K x K x 4 bytes where a call has at most K
+    rows of it; the full-size pipeline's 12288: 1.13 GiB)."""
+    if not calibration.host:
+        return calibration.memory_bytes
+    widest = max(
+        (
+            m.in_features
+            for c in adapter.pipeline.components.values()
+            if isinstance(c, torch.nn.Module)
+            for m in c.modules()
+            if isinstance(m, torch.nn.Linear)
+        ),
+        default=1,
+    )
+    return 2 * widest * widest * HESSIAN_BYTES
+
+
 def _hold(adapter: PipelineAdapter, reserve_bytes: int) -> torch.Tensor:
     """``reserve_bytes`` held on the placement's device, its resident components streamed from the last one up
     until they fit beside it (the transformer of the full-size pipeline, 14.2 GB in bfloat16, and 4 GiB of Hessians
@@ -131,8 +151,8 @@ def _hold(adapter: PipelineAdapter, reserve_bytes: int) -> torch.Tensor:
         # a stage other than the VAE's: its tiles would free nothing that is held
         if placement.demote(adapter.pipeline, "hessians") is None:
             raise InputError(
-                f"--calibration-memory ({reserve_bytes / 2**30:.2f} GiB of Hessians) does not fit on "
-                f"{placement.device} within --max-memory with everything streamed: give it less"
+                f"--max-memory: the Hessians' {reserve_bytes / 2**30:.2f} GiB on {placement.device} do not fit "
+                "beside the model with everything streamed"
             )
 
 
@@ -170,8 +190,7 @@ def place_for_calibration(
                     raise InputError(
                         f"--max-memory/--offload auto: a calibration request ({request.width}x{request.height}, "
                         f"{len(request.images)} references) ran out of memory on {placement.device} with everything "
-                        f"moved off it beside {reserve_bytes / 2**30:.2f} GiB of Hessians: give --calibration-memory "
-                        "less, or the calibration more memory"
+                        f"moved off it beside {reserve_bytes / 2**30:.2f} GiB of Hessians"
                     )
     finally:
         del hold
@@ -211,12 +230,14 @@ def calibrate_and_save(
     model = resolve_source(source)[0].resolve()
     check_output(output, ARTIFACT, [model])  # what --force may replace, said before the requests run
     resume = CalibrationResume.beside(output, model)
-    calibration = replace(calibration_for(adapter, options), resume=resume)
+    # a source placed to stream (--offload): its Hessians are summed on the host, each layer rounded on the device
+    host = load.options.offload != "none"
+    calibration = replace(calibration_for(adapter, options), resume=resume, host=host, device=load.device)
     log.info("calibrating on %d requests of %d steps", calibration.record["requests"], options.steps)
     with exclusive_lock(resume.folder, "ditq quantize --calibrate gptq"):
         try:
             requests = fixture_requests(_fixtures(options), options.seeds[:1], 1)
-            place_for_calibration(adapter, requests, calibration.memory_bytes)
+            place_for_calibration(adapter, requests, _room(adapter, calibration))
             quantize_(
                 adapter.pipeline,
                 scheme_or_plan,

@@ -58,6 +58,11 @@ class Calibration:
     # the requests at one denoising step: what a text encoder, which runs before the denoising loop, sees at any
     # number of steps (the same rows); its passes take this one. None: ``run``
     run_before_steps: Callable[[], None] | None = None
+    # the Hessians summed on the host, each (K, K) product made where the inputs come and copied over (a streamed
+    # source: the device keeps its memory for the activations); False: where the inputs come
+    host: bool = False
+    # where each layer is rounded, its weight and Hessian brought there one layer at a time (None: the Hessian's)
+    device: torch.device | None = None
     memory_bytes: int = 4 * 2**30  # the Hessians held at once
     damp: float = 0.01  # GPTQ's damping, a fraction of the Hessian's mean diagonal
     act_order: bool = True  # columns by decreasing Hessian diagonal, static group scales (gptq_quantize)
@@ -102,8 +107,10 @@ def _encode(
     """One weight GPTQ-rounded with its Hessian, as its codec stores it (on the CPU), with its relative L2; with
     ``low_rank`` (a 4-bit ``scheme``: ``branch_rank``), its residual rounded so and its branch after the codec's
     tensors."""
-    # rounded where the Hessian was gathered: a streamed layer's weight waits on the host, its inputs came on the device
-    reference = weight.detach().to(device=hessian.device, dtype=torch.float32)
+    # rounded on the calibration's device, else where the Hessian was gathered (a streamed layer's weight waits on
+    # the host; its inputs came on the device)
+    at = calibration.device if calibration.device is not None else hessian.device
+    reference = weight.detach().to(device=at, dtype=torch.float32)
     rank = branch_rank(scheme, low_rank)
     split = split_low_rank(reference, rank) if rank else None
     q, scale = gptq_quantize(
@@ -192,7 +199,7 @@ def _calibrated_group(
     """One pass over the requests (``run``) gathering the Hessians of ``group``'s targets (prefix -> its schemes),
     then each target rounded in each of its schemes."""
     stored: dict[str, dict[str, StoredLayer]] = {}
-    with hessian_hooks(module, group) as found:
+    with hessian_hooks(module, group, "cpu" if calibration.host else None) as found:
         run()
     for prefix, schemes in group.items():
         if found[prefix].samples == 0:

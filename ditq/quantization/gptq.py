@@ -94,18 +94,15 @@ class HessianAccumulator:
             self._hessian = torch.zeros(
                 self.in_features, self.in_features, dtype=self._dtype, device=x.device
             )
-        rows = (
-            x.detach()
-            .reshape(-1, self.in_features)
-            .to(device=self._hessian.device, dtype=self._hessian.dtype)
-        )
+        # the product is made where the inputs are (a host accumulator takes only the (K, K) sum)
+        rows = x.detach().reshape(-1, self.in_features).to(dtype=self._hessian.dtype)
         m = rows.shape[0]
         if m == 0:
             return
         total = self._samples + m
         self._hessian *= self._samples / total
         rows = rows * math.sqrt(2.0 / total)
-        self._hessian += rows.T @ rows
+        self._hessian += (rows.T @ rows).to(self._hessian.device)
         self._samples = total
 
 
@@ -117,21 +114,27 @@ def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor
     raise ValueError("a hooked module was called without a tensor input")
 
 
-def _accumulator_for(name: str, layer: torch.nn.Module) -> HessianAccumulator:
-    """An accumulator sized by ``layer.in_features``, on the device its inputs come on: where its weight is, for a
-    resident layer; the device, for a streamed one whose weight waits on the host between calls."""
+def _accumulator_for(
+    name: str, layer: torch.nn.Module, device: torch.device | str | None
+) -> HessianAccumulator:
+    """An accumulator sized by ``layer.in_features``, on ``device``, or (None) on the device its inputs come on:
+    where its weight is, for a resident layer; the device, for a streamed one whose weight waits on the host."""
     in_features = getattr(layer, "in_features", None)
     if not isinstance(in_features, int):
         raise ValueError(f"{name!r} is a {type(layer).__name__} with no in_features: not a Linear")
-    return HessianAccumulator(in_features, device=None)
+    return HessianAccumulator(in_features, device=device)
 
 
 @contextmanager
-def hessian_hooks(module: torch.nn.Module, names: Iterable[str]) -> Iterator[dict[str, HessianAccumulator]]:
+def hessian_hooks(
+    module: torch.nn.Module, names: Iterable[str], device: torch.device | str | None = None
+) -> Iterator[dict[str, HessianAccumulator]]:
     """Within the block, every forward call of the named submodules feeds its input to its own accumulator.
 
     ``names`` are ``module.get_submodule`` paths of Linears (any module with an int ``in_features``); repeats
-    count once. Yields the dict name -> ``HessianAccumulator``, filled as the caller runs ``module``; the forward
+    count once. ``device``: where the accumulators sum (None: where each layer's inputs come; "cpu" keeps the
+    device's memory for the activations, each (K, K) product copied over as it is made). Yields the dict name ->
+    ``HessianAccumulator``, filled as the caller runs ``module``; the forward
     pre-hooks are removed on leaving, an exception included. An unknown name or a module without
     ``in_features`` raises ValueError before any hook is registered.
     """
@@ -141,7 +144,7 @@ def hessian_hooks(module: torch.nn.Module, names: Iterable[str]) -> Iterator[dic
             layers[name] = module.get_submodule(name)
         except AttributeError as error:
             raise ValueError(f"no submodule {name!r} in {type(module).__name__}: {error}") from None
-    accumulators = {name: _accumulator_for(name, layer) for name, layer in layers.items()}
+    accumulators = {name: _accumulator_for(name, layer, device) for name, layer in layers.items()}
     handles = []
     try:
         for name, layer in layers.items():

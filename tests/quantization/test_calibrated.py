@@ -134,9 +134,19 @@ def _streamed_against_resident(tmp_path: Path, device: str, caplog: pytest.LogCa
             for p in prefixes
         }
 
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     resident = calibrated("resident", LoadOptions(device=device))
+    if cuda:
+        resident_peak = torch.cuda.max_memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
     with caplog.at_level("INFO", logger="ditq"):
         streamed = calibrated("streamed", LoadOptions(device=device, offload="auto", memory_budget_bytes=1))
+    if (
+        cuda
+    ):  # the weights and the Hessians wait on the host: the device holds the activations and one product
+        assert torch.cuda.max_memory_allocated() < resident_peak
     assert "resident nothing; streamed transformer, text_encoder" in caplog.text
     assert "held on the host to be saved" in caplog.text
     assert ditq.verify(streamed).ok
@@ -161,7 +171,8 @@ def test_a_streamed_calibration_writes_what_a_resident_one_writes(
     encoder in ditq's streaming hooks) every Hessian is gathered from the same requests (the same rows; sums that
     differ by float32 rounding, about 1e-7 relative: the streamed copies' matmuls), so the artifact holds the
     resident run's layers: the same scales, the same codes but for the few rounding ties those sums tip, and the
-    same calibration record. The streamed layers are held on the host, and the artifact verifies."""
+    same calibration record. The streamed layers are held on the host, and the artifact verifies. (Streamed, the
+    Hessians sum on the host: on the CPU that is where they are anyway.)"""
     _streamed_against_resident(tmp_path, "cpu", caplog)
 
 
@@ -170,8 +181,9 @@ def test_a_streamed_calibration_writes_what_a_resident_one_writes(
 def test_a_streamed_cuda_calibration_gathers_on_the_device_and_writes_what_a_resident_one_writes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The same on CUDA: the streamed weights wait in pinned host memory, the Hessians are gathered where the
-    inputs come (the device) and each layer is rounded there, its weight brought to its Hessian."""
+    """The same on CUDA: the streamed weights wait in pinned host memory, each Hessian's products are made where
+    the inputs come (the device) and summed on the host, and each layer is rounded on the device, its weight and
+    Hessian brought there; the device's peak stays below the resident run's."""
     _streamed_against_resident(tmp_path, "cuda", caplog)
 
 
@@ -184,27 +196,6 @@ def test_offload_and_max_memory_are_calibrations_only(
         assert main(["quantize", source, str(out), "--scheme", "w4a8", *flags, "--device", "cpu"]) == 2
         assert f"{flags[0]}: only with --calibrate gptq" in capsys.readouterr().err
         assert not out.exists()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_hessians_past_the_cap_are_refused_in_one_line_before_any_request(tmp_path: Path) -> None:
-    from ditq.calibration import CalibrationOptions, calibrate_and_save
-    from ditq.demo import fixtures_path, references_dir
-    from ditq.runtime.options import LoadOptions
-
-    load = LoadOptions(device="cuda", offload="auto", max_memory="1GiB")
-    options = CalibrationOptions(
-        fixtures_path(), references_dir(), (0,), 2, memory_bytes=2 * 2**30, load=load
-    )
-    try:
-        with pytest.raises(
-            InputError, match=r"^--calibration-memory \(2\.00 GiB of Hessians\) does not fit on cuda"
-        ):
-            calibrate_and_save(default_model_dir(), tmp_path / "out", "w4a8", options)
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
-    assert not (tmp_path / "out").exists()
 
 
 def test_a_text_encoders_passes_run_one_step_which_gives_it_the_rows_every_step_count_gives() -> None:

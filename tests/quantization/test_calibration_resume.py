@@ -45,9 +45,9 @@ def _counted(monkeypatch: pytest.MonkeyPatch, stop_at: int | None = None) -> lis
     hooks = calibrated.hessian_hooks
 
     @contextmanager
-    def counting(module: torch.nn.Module, names: Any) -> Iterator[Any]:
+    def counting(module: torch.nn.Module, names: Any, device: Any = None) -> Iterator[Any]:
         passes.append(len(passes) + 1)
-        with hooks(module, names) as found:
+        with hooks(module, names, device) as found:
             if len(passes) == stop_at:
                 raise KeyboardInterrupt
             yield found
