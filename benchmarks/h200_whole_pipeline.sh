@@ -276,9 +276,10 @@ artifact_for() {
                     --offload auto --max-memory "${CALIBRATE_BUDGET:-16GiB}" $CALIBRATE_ARGS) ;;
   esac
   if [ ! -f "$RUN/artifacts/$scheme/MANIFEST.json" ]; then
-    python3 -m ditq.cli quantize "$MODEL" "$RUN/artifacts/$scheme" "${flags[@]}" --device cuda:0 --force \
-      >"$RUN/quantize-$scheme.log" 2>&1
-    echo "quantize $scheme: exit $? in $((SECONDS - began)) s" >>"$RUN/quantize-$scheme.log"
+    # each line stamped with the time it was written (a calibration's passes and rounding, timed)
+    python3 -m ditq.cli quantize "$MODEL" "$RUN/artifacts/$scheme" "${flags[@]}" --device cuda:0 --force 2>&1 |
+      while IFS= read -r line; do printf '%s %s\n' "$(date -u +%T)" "$line"; done >"$RUN/quantize-$scheme.log"
+    echo "quantize $scheme: exit ${PIPESTATUS[0]} in $((SECONDS - began)) s" >>"$RUN/quantize-$scheme.log"
   fi
   echo "$RUN/artifacts/$scheme"
 }
