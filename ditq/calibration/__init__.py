@@ -31,6 +31,11 @@ from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory
 from ditq.runtime.options import LoadOptions
 from ditq.schemes import GroupSize
 
+# The steps of a request that runs for its text encoder's rows or its memory peak only, which one step would give:
+# two, because a flow-match scheduler that stretches its shift to a terminal value (Qwen-Image's) divides by zero
+# at one (NaN timesteps and a RuntimeWarning, seen on an H100 at full size).
+FEW_STEPS = 2
+
 __all__ = [
     "CalibrationOptions",
     "calibrate_and_save",
@@ -99,7 +104,7 @@ def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Ca
         None
     ):  # a text encoder's passes: its rows, without the steps that do not change them
         for request in requests:
-            adapter(replace(request, num_inference_steps=1))
+            adapter(replace(request, num_inference_steps=min(FEW_STEPS, options.steps)))
 
     record = {
         "fixtures": sorted(fixtures),
@@ -159,10 +164,10 @@ def _hold(adapter: PipelineAdapter, reserve_bytes: int) -> torch.Tensor:
 def place_for_calibration(
     adapter: PipelineAdapter, requests: list[GenerationRequest], reserve_bytes: int
 ) -> None:
-    """Under ``--offload auto`` on CUDA: each distinct request (prompt, references, size) run once for one denoising
-    step, its peak the same as at any number, beside a block the size of the Hessians it will hold
-    (``--calibration-memory``, ``_hold``: the placement streams what does not fit beside it); where one runs out of
-    memory the placement takes its next step
+    """Under ``--offload auto`` on CUDA: each distinct request (prompt, references, size) of ``requests`` (given at
+    ``FEW_STEPS``: the peak is the same at any number) run once beside the room the Hessians take on the device
+    (``_room``; ``_hold``: the placement streams what does not fit beside it); where one runs out of memory the
+    placement takes its next step
     (``Placement.demote``: the VAE's tiles where it ran out decoding, else the last resident component streamed),
     as a server's warm-up does, before a Hessian exists that a failed request would leave half-filled. With nothing
     left to move, an InputError naming the budget. Elsewhere (CPU, another offload mode) nothing is run."""
@@ -178,7 +183,7 @@ def place_for_calibration(
             while True:
                 stage, ran_out = None, False
                 try:
-                    adapter(replace(request, num_inference_steps=1))
+                    adapter(request)
                 except Exception as error:
                     if not is_out_of_memory(error):
                         raise
@@ -236,7 +241,7 @@ def calibrate_and_save(
     log.info("calibrating on %d requests of %d steps", calibration.record["requests"], options.steps)
     with exclusive_lock(resume.folder, "ditq quantize --calibrate gptq"):
         try:
-            requests = fixture_requests(_fixtures(options), options.seeds[:1], 1)
+            requests = fixture_requests(_fixtures(options), options.seeds[:1], min(FEW_STEPS, options.steps))
             place_for_calibration(adapter, requests, _room(adapter, calibration))
             quantize_(
                 adapter.pipeline,

@@ -8,8 +8,8 @@ fit runs them once). Every layer sees the source model's own inputs: the layers 
 precision while it is calibrated (nothing is swapped until every layer is quantized), which is GPTQ without the
 sequential re-run through already quantized layers.
 
-A text encoder runs once per request, before the denoising loop: its passes send the requests for one denoising step
-(``Calibration.run_before_steps``), which gives its layers the rows every number of steps gives them.
+A text encoder runs once per request, before the denoising loop: its passes send the requests for a few denoising
+steps (``Calibration.run_before_steps``), which give its layers the rows every number of steps gives them.
 
 With ``Calibration.resume`` every group's stored layers are kept on disk as soon as it is done, and a group kept
 by an earlier run from the same inputs is taken back instead of calibrated again (``calibration_resume``).
@@ -55,7 +55,7 @@ class Calibration:
 
     run: Callable[[], None]
     record: dict[str, Any] = field(default_factory=dict)
-    # the requests at one denoising step: what a text encoder, which runs before the denoising loop, sees at any
+    # the requests at a few denoising steps: what a text encoder, which runs before the denoising loop, sees at any
     # number of steps (the same rows); its passes take this one. None: ``run``
     run_before_steps: Callable[[], None] | None = None
     # the Hessians summed on the host, each (K, K) product made where the inputs come and copied over (a streamed

@@ -50,8 +50,9 @@ class HessianAccumulator:
 
     Each row of an input (..., K) is one sample: a batch of B sequences of S tokens adds B * S. The update is the
     reference GPTQ's running average (H *= n / (n + m); x *= sqrt(2 / (n + m)); H += x^T x), so memory stays one
-    (K, K) tensor of ``dtype`` (float32 or float64) however many inputs come. Inputs are cast to ``dtype`` and
-    moved to the accumulator's device; with ``device=None`` that is the first input's.
+    (K, K) tensor of ``dtype`` (float32 or float64) however many inputs come. Inputs are cast to ``dtype`` where
+    they are and each update's product made there; an accumulator on another device (the host, for inputs on CUDA)
+    takes the product through a pinned buffer. With ``device=None`` the accumulator is made on the first input's.
     """
 
     def __init__(
@@ -102,8 +103,28 @@ class HessianAccumulator:
         total = self._samples + m
         self._hessian *= self._samples / total
         rows = rows * math.sqrt(2.0 / total)
-        self._hessian += (rows.T @ rows).to(self._hessian.device)
+        product = rows.T @ rows
+        if product.device != self._hessian.device:
+            product = _staged(product)
+        self._hessian += product
         self._samples = total
+
+
+_STAGING: list[torch.Tensor] = []  # one pinned host buffer, grown to the largest product copied through it
+
+
+def _staged(product: torch.Tensor) -> torch.Tensor:
+    """``product`` (on CUDA) copied to the host through a pinned buffer (a pageable copy runs several times slower),
+    as a view of that buffer: read it before the next call. The hooks run one layer at a time, on one thread."""
+    if product.device.type != "cuda":
+        return product.cpu()
+    held = _STAGING[0] if _STAGING else None
+    if held is None or held.dtype != product.dtype or held.numel() < product.numel():
+        held = torch.empty(product.numel(), dtype=product.dtype, pin_memory=True)
+        _STAGING[:] = [held]
+    view = held[: product.numel()].view(product.shape)
+    view.copy_(product)  # synchronous: the view is whole when this returns
+    return view
 
 
 def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
@@ -163,6 +184,7 @@ def hessian_hooks(
     finally:
         for handle in handles:
             handle.remove()
+        _STAGING.clear()  # the pinned buffer is let go with the hooks
 
 
 def _check(weight: torch.Tensor, bits: int, group_size: int | None) -> tuple[int, int, int]:

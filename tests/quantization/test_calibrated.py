@@ -14,7 +14,7 @@ from ditq.checkpoint.manifest import read_manifest
 from ditq.cli import main
 from ditq.demo import default_model_dir
 from ditq.errors import InputError
-from ditq.numerics import dequantize_weight, quantize_weight
+from ditq.numerics import dequantize_weight, quantize_weight, relative_l2
 from ditq.quantization.calibrated import Calibration, calibrated_layers, hessian_groups
 from ditq.schemes import FP8, W4A16
 
@@ -152,14 +152,23 @@ def _streamed_against_resident(tmp_path: Path, device: str, caplog: pytest.LogCa
     assert ditq.verify(streamed).ok
     ours, theirs = layers(resident), layers(streamed)
     assert len(ours) > 10 and ours.keys() == theirs.keys()
+    source = load_file(default_model_dir() / "transformer" / "diffusion_pytorch_model.safetensors")
     flipped = 0
     for prefix, (q, scale) in ours.items():
         q_streamed, scale_streamed = theirs[prefix]
         assert torch.equal(scale, scale_streamed), prefix  # act order: static scales, from the weights
+        weight = source[f"{prefix}.weight"].float()
+        error, error_streamed = (
+            relative_l2(dequantize_weight(*t), weight) for t in (ours[prefix], theirs[prefix])
+        )
+        assert abs(error_streamed / error - 1) < 0.05, (prefix, error, error_streamed)
         moved = (q.int() - q_streamed.int()).abs()
-        assert float((moved > 0).float().mean()) < 0.005, prefix
+        assert cuda or float((moved > 0).float().mean()) < 0.005, prefix
         flipped += int((moved > 0).sum())
-    assert flipped < 0.001 * sum(q.numel() for q, _ in ours.values())
+    # float32 on the CPU: the sums differ by rounding and tip 0.1 % of the codes. bfloat16 on CUDA: the streamed and
+    # resident activations differ by more (an H100 flipped 7.1 % of the first layer it compared), so the rounding is held
+    # to the same error, not the same codes
+    assert cuda or flipped < 0.001 * sum(q.numel() for q, _ in ours.values())
     records = [read_manifest(d)["options"]["calibration"] for d in (resident, streamed)]
     assert records[0] == records[1]
 
@@ -198,8 +207,8 @@ def test_offload_and_max_memory_are_calibrations_only(
         assert not out.exists()
 
 
-def test_a_text_encoders_passes_run_one_step_which_gives_it_the_rows_every_step_count_gives() -> None:
-    """A text encoder runs before the denoising loop: its Hessians from requests at one step are the ones at any
+def test_a_text_encoders_passes_run_few_steps_which_give_it_the_rows_every_step_count_gives() -> None:
+    """A text encoder runs before the denoising loop: its Hessians from requests at two steps are the ones at any
     number of steps (bit for bit on the demo model), so its passes take ``run_before_steps``; a denoiser's, and a
     module of any other name, take ``run``."""
     from ditq.calibration import CalibrationOptions, calibration_for
@@ -237,11 +246,11 @@ def test_a_text_encoders_passes_run_one_step_which_gives_it_the_rows_every_step_
             model(_correlated(256, seed=1))
 
     def run_once() -> None:
-        runs.append("one step")
+        runs.append("few steps")
         with torch.no_grad():
             model(_correlated(256, seed=1))
 
     counted = Calibration(run=run_all, run_before_steps=run_once)
     for component in ("text_encoder_2", "transformer", "module"):
         calibrated_layers(model, {"0": W4A16.with_group_size(32)}, counted, component=component)
-    assert runs == ["one step", "steps", "steps"]
+    assert runs == ["few steps", "steps", "steps"]
