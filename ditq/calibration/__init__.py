@@ -25,6 +25,7 @@ from ditq.probe.fixtures import Fixture, fixture_digest, load_fixtures
 from ditq.quantization.calibrated import HESSIAN_BYTES, Calibration
 from ditq.quantization.calibration_resume import CalibrationResume
 from ditq.quantization.defaults import CALIBRATION_MEMORY, CALIBRATION_SEEDS, CALIBRATION_STEPS
+from ditq.quantization.gptq import PRODUCT_ROWS
 from ditq.quantization.quantizer import QuantizeResult
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
 from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory
@@ -100,9 +101,8 @@ def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Ca
         for request in requests:
             adapter(request)
 
-    def run_before_steps() -> (
-        None
-    ):  # a text encoder's passes: its rows, without the steps that do not change them
+    def run_before_steps() -> None:
+        """A text encoder's passes: its rows, without the steps that do not change them."""
         for request in requests:
             adapter(replace(request, num_inference_steps=min(FEW_STEPS, options.steps)))
 
@@ -124,9 +124,9 @@ def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Ca
 
 def _room(adapter: PipelineAdapter, calibration: Calibration) -> int:
     """What the Hessians take on the device beside a request's activations: all of a group's
-    (``calibration.memory_bytes``), or, summed on the host, one layer's (K, K) float32 product and its input rows
-    cast to float32 as they are made (bounded by twice the largest Linear's K x K x 4 bytes where a call has at most K
-    rows of it; the full-size pipeline's 12288: 1.13 GiB)."""
+    (``calibration.memory_bytes``), or, summed on the host, one layer's (K, K) float32 product and one chunk of its
+    input rows cast to float32 (``PRODUCT_ROWS``), at the widest Linear (the full-size pipeline's K = 12288:
+    0.75 GiB)."""
     if not calibration.host:
         return calibration.memory_bytes
     widest = max(
@@ -139,7 +139,7 @@ def _room(adapter: PipelineAdapter, calibration: Calibration) -> int:
         ),
         default=1,
     )
-    return 2 * widest * widest * HESSIAN_BYTES
+    return (widest + PRODUCT_ROWS) * widest * HESSIAN_BYTES
 
 
 def _hold(adapter: PipelineAdapter, reserve_bytes: int) -> torch.Tensor:

@@ -51,8 +51,10 @@ class HessianAccumulator:
     Each row of an input (..., K) is one sample: a batch of B sequences of S tokens adds B * S. The update is the
     reference GPTQ's running average (H *= n / (n + m); x *= sqrt(2 / (n + m)); H += x^T x), so memory stays one
     (K, K) tensor of ``dtype`` (float32 or float64) however many inputs come. Inputs are cast to ``dtype`` where
-    they are and each update's product made there; an accumulator on another device (the host, for inputs on CUDA)
-    takes the product through a pinned buffer. With ``device=None`` the accumulator is made on the first input's.
+    they are and each update's product made there; for an accumulator on another device (the host, for inputs on
+    CUDA) the product is summed ``PRODUCT_ROWS`` rows at a time (one (K, K) product and one chunk in float32 beside
+    the activations), scaled, and taken over through a pinned buffer. With ``device=None`` the accumulator is made on
+    the first input's.
     """
 
     def __init__(
@@ -95,21 +97,25 @@ class HessianAccumulator:
             self._hessian = torch.zeros(
                 self.in_features, self.in_features, dtype=self._dtype, device=x.device
             )
-        # the product is made where the inputs are (a host accumulator takes only the (K, K) sum)
-        rows = x.detach().reshape(-1, self.in_features).to(dtype=self._hessian.dtype)
+        rows = x.detach().reshape(-1, self.in_features)
         m = rows.shape[0]
         if m == 0:
             return
         total = self._samples + m
         self._hessian *= self._samples / total
-        rows = rows * math.sqrt(2.0 / total)
-        product = rows.T @ rows
-        if product.device != self._hessian.device:
-            product = _staged(product)
-        self._hessian += product
+        if x.device == self._hessian.device:
+            rows = rows.to(dtype=self._hessian.dtype) * math.sqrt(2.0 / total)
+            self._hessian += rows.T @ rows
+        else:  # on the device for a host accumulator: one product and one chunk of rows in float32 at a time
+            product = torch.zeros_like(self._hessian, device=x.device)
+            for chunk in x.detach().reshape(-1, self.in_features).split(PRODUCT_ROWS):
+                cast = chunk.to(dtype=self._hessian.dtype)
+                product.addmm_(cast.T, cast)
+            self._hessian += _staged(product.mul_(2.0 / total))
         self._samples = total
 
 
+PRODUCT_ROWS = 4096  # rows cast to float32 at a time for a product made on the device for a host accumulator
 _STAGING: list[torch.Tensor] = []  # one pinned host buffer, grown to the largest product copied through it
 
 

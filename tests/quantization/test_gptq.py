@@ -205,3 +205,24 @@ def test_act_order_cuts_the_error_further_where_input_energies_differ() -> None:
     in_order, by_energy = error(), error(act_order=True)
     print(f"||X W^T - X Wq^T||: columns in order {in_order:.3f}, act order {by_energy:.3f}")
     assert by_energy < in_order
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_host_accumulator_fed_on_cuda_sums_what_one_on_the_host_sums() -> None:
+    """Inputs on CUDA into a host accumulator: each product made on the device a chunk of rows at a time (more rows
+    than one chunk here), taken over through the pinned buffer, which the hooks let go."""
+    from ditq.quantization import gptq
+
+    x = _correlated(gptq.PRODUCT_ROWS + 300, 64, seed=12)
+    on_host, fed_on_cuda = HessianAccumulator(64), HessianAccumulator(64, device="cpu")
+    for part in (x[:500], x[500:]):
+        on_host.add(part)
+        fed_on_cuda.add(part.cuda())
+    assert fed_on_cuda.hessian.device.type == "cpu" and fed_on_cuda.samples == on_host.samples == x.shape[0]
+    assert torch.allclose(fed_on_cuda.hessian, on_host.hessian, rtol=1e-4, atol=1e-5)
+    layer = torch.nn.Linear(64, 8).cuda()
+    with hessian_hooks(layer, [""], device="cpu") as found:
+        layer(x.cuda())
+    assert found[""].hessian.device.type == "cpu" and not gptq._STAGING
+    assert torch.allclose(found[""].hessian, _hessian(x), rtol=1e-4, atol=1e-5)
