@@ -43,9 +43,8 @@ __all__ = ["Calibration", "calibrated_choices", "calibrated_layers", "hessian_gr
 log = logging.getLogger(__name__)
 
 HESSIAN_BYTES = 4  # float32
-TEXT_ENCODERS = (
-    "text_encoder"  # diffusers' names of the components that run before the denoising loop (_2, _3...)
-)
+# the start of diffusers' names of the components that run before the denoising loop (text_encoder, _2, _3...)
+TEXT_ENCODERS = "text_encoder"
 
 
 @dataclass(frozen=True)
