@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -28,7 +29,8 @@ from ditq.quantization.defaults import CALIBRATION_MEMORY, CALIBRATION_SEEDS, CA
 from ditq.quantization.gptq import PRODUCT_ROWS
 from ditq.quantization.quantizer import QuantizeResult
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
-from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory
+from ditq.runtime.memory import free_accelerator_memory
+from ditq.runtime.offload import demote_until_it_runs
 from ditq.runtime.options import LoadOptions
 from ditq.schemes import GroupSize
 
@@ -92,9 +94,12 @@ def _fixtures(options: CalibrationOptions) -> dict[str, Fixture]:
     return fixtures
 
 
-def calibration_for(adapter: PipelineAdapter, options: CalibrationOptions) -> Calibration:
-    """The calibration that sends every fixture at every seed through ``adapter`` once per pass."""
-    fixtures = _fixtures(options)
+def calibration_for(
+    adapter: PipelineAdapter, options: CalibrationOptions, fixtures: dict[str, Fixture] | None = None
+) -> Calibration:
+    """The calibration that sends every fixture at every seed through ``adapter`` once per pass; ``fixtures``:
+    ``options``' as already loaded (None: loaded here)."""
+    fixtures = _fixtures(options) if fixtures is None else fixtures
     requests = fixture_requests(fixtures, options.seeds, options.steps)
 
     def run() -> None:
@@ -142,63 +147,43 @@ def _room(adapter: PipelineAdapter, calibration: Calibration) -> int:
     return (widest + PRODUCT_ROWS) * widest * HESSIAN_BYTES
 
 
-def _hold(adapter: PipelineAdapter, reserve_bytes: int) -> torch.Tensor:
-    """``reserve_bytes`` held on the placement's device, its resident components streamed from the last one up
-    until they fit beside it (the transformer of the full-size pipeline, 14.2 GB in bfloat16, and 4 GiB of Hessians
-    do not fit 16 GiB together); with everything streamed and still no room, an InputError."""
-    placement = adapter.pipeline.ditq_placement
-    while True:
-        try:
-            return torch.empty(reserve_bytes, dtype=torch.uint8, device=placement.device)
-        except torch.OutOfMemoryError:
-            pass
-        free_accelerator_memory()
-        # a stage other than the VAE's: its tiles would free nothing that is held
-        if placement.demote(adapter.pipeline, "hessians") is None:
-            raise InputError(
-                f"--max-memory: the Hessians' {reserve_bytes / 2**30:.2f} GiB on {placement.device} do not fit "
-                "beside the model with everything streamed"
-            )
-
-
 def place_for_calibration(
     adapter: PipelineAdapter, requests: list[GenerationRequest], reserve_bytes: int
 ) -> None:
-    """Under ``--offload auto`` on CUDA: each distinct request (prompt, references, size) of ``requests`` (given at
-    ``FEW_STEPS``: the peak is the same at any number) run once beside the room the Hessians take on the device
-    (``_room``; ``_hold``: the placement streams what does not fit beside it); where one runs out of memory the
-    placement takes its next step
-    (``Placement.demote``: the VAE's tiles where it ran out decoding, else the last resident component streamed),
-    as a server's warm-up does, before a Hessian exists that a failed request would leave half-filled. With nothing
-    left to move, an InputError naming the budget. Elsewhere (CPU, another offload mode) nothing is run."""
+    """Under ``--offload auto`` on CUDA: room for the Hessians on the device (``reserve_bytes``, ``_room``) taken
+    first, the resident components streamed from the last one up until it fits; then each distinct request
+    (prompt, references, size) of ``requests`` (given at ``FEW_STEPS``: the peak is the same at any number) run once
+    beside it, the placement taking its next step where one runs out of memory (``demote_until_it_runs``:
+    the VAE's tiles where it ran out decoding, else the last resident component streamed), as a server's warm-up
+    does, before a Hessian exists that a failed request would leave half-filled. With nothing left to move, an
+    InputError naming the budget. Elsewhere (CPU, another offload mode) nothing is run."""
     placement = getattr(adapter.pipeline, "ditq_placement", None)
     if placement is None or placement.device.type != "cuda":
         return
     distinct = {
         (r.prompt, r.negative_prompt, r.width, r.height, tuple(i.size for i in r.images)): r for r in requests
     }
-    hold = _hold(adapter, reserve_bytes)
+    held: list[torch.Tensor] = []
+    demote_until_it_runs(
+        placement,
+        adapter.pipeline,
+        lambda: held.append(torch.empty(reserve_bytes, dtype=torch.uint8, device=placement.device)),
+        f"--max-memory: the Hessians' {reserve_bytes / 2**30:.2f} GiB on {placement.device} do not fit beside the "
+        "model with everything streamed",
+        stage="hessians",  # not the VAE's: its tiles would free nothing that is held
+    )
     try:
         for request in distinct.values():
-            while True:
-                stage, ran_out = None, False
-                try:
-                    adapter(request)
-                except Exception as error:
-                    if not is_out_of_memory(error):
-                        raise
-                    stage, ran_out = adapter.failed_stage(error), True
-                free_accelerator_memory()  # out of the handler: the failed call's frames are gone
-                if not ran_out:
-                    break
-                if placement.demote(adapter.pipeline, stage) is None:
-                    raise InputError(
-                        f"--max-memory/--offload auto: a calibration request ({request.width}x{request.height}, "
-                        f"{len(request.images)} references) ran out of memory on {placement.device} with everything "
-                        f"moved off it beside {reserve_bytes / 2**30:.2f} GiB of Hessians"
-                    )
+            demote_until_it_runs(
+                placement,
+                adapter.pipeline,
+                partial(adapter, request),
+                f"--max-memory/--offload auto: a calibration request ({request.width}x{request.height}, "
+                f"{len(request.images)} references) ran out of memory on {placement.device} with everything moved "
+                f"off it beside {reserve_bytes / 2**30:.2f} GiB of Hessians",
+            )
     finally:
-        del hold
+        held.clear()
         free_accelerator_memory()
     log.info("calibration placement on %s: %s", placement.device, placement.summary())
 
@@ -237,11 +222,14 @@ def calibrate_and_save(
     resume = CalibrationResume.beside(output, model)
     # a source placed to stream (--offload): its Hessians are summed on the host, each layer rounded on the device
     host = load.options.offload != "none"
-    calibration = replace(calibration_for(adapter, options), resume=resume, host=host, device=load.device)
+    fixtures = _fixtures(options)
+    calibration = replace(
+        calibration_for(adapter, options, fixtures), resume=resume, host=host, device=load.device
+    )
     log.info("calibrating on %d requests of %d steps", calibration.record["requests"], options.steps)
     with exclusive_lock(resume.folder, "ditq quantize --calibrate gptq"):
         try:
-            requests = fixture_requests(_fixtures(options), options.seeds[:1], min(FEW_STEPS, options.steps))
+            requests = fixture_requests(fixtures, options.seeds[:1], min(FEW_STEPS, options.steps))
             place_for_calibration(adapter, requests, _room(adapter, calibration))
             quantize_(
                 adapter.pipeline,

@@ -108,7 +108,7 @@ class HessianAccumulator:
             self._hessian += rows.T @ rows
         else:  # on the device for a host accumulator: one product and one chunk of rows in float32 at a time
             product = torch.zeros_like(self._hessian, device=x.device)
-            for chunk in x.detach().reshape(-1, self.in_features).split(PRODUCT_ROWS):
+            for chunk in rows.split(PRODUCT_ROWS):
                 cast = chunk.to(dtype=self._hessian.dtype)
                 product.addmm_(cast.T, cast)
             self._hessian += _staged(product.mul_(2.0 / total))

@@ -12,9 +12,10 @@ calls directly. Two things it needs have no public form:
   attribute ``HookRegistry.check_if_exists_or_initialize`` sets, and their ``StateManager``s in the hooks' own
   attributes (``hook_states``; asking every module for its registry through the public call would add one to each).
 
-``--offload auto`` needs three more (the third, ``mend_stream_offload``, mends a bug of diffusers' own, below): taking diffusers' group offload off a transformer that streamed during calibration
-when streaming it bought nothing (``remove_group_offloading``: the hooks' registered names, private constants); and
-mending what its streams do to a block cache (``prefetch_pending``, ``reconnect_cut_hooks``): with
+``--offload auto`` needs three more (the third, ``mend_stream_offload``, mends a bug of diffusers' own, below):
+taking diffusers' group offload off a transformer that streamed during calibration when streaming it bought nothing
+(``remove_group_offloading``: the hooks' registered names, private constants); and mending what its streams do to a
+block cache (``prefetch_pending``, ``reconnect_cut_hooks``): with
 ``use_stream=True`` diffusers registers a layer-execution tracker on every block, and removes them after the
 transformer's first call; ``HookRegistry.remove_hook`` then points the hook registered after each (the block cache's)
 at what the tracker wrapped, through its ``fn_ref.forward``, which for a hook that replaces ``forward``

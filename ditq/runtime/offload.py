@@ -23,21 +23,24 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ditq.devices import OFFLOAD_MODES
-from ditq.errors import DitqError
+from ditq.errors import DitqError, InputError
 
 __all__ = [
     "DENOISERS",
     "VAE_STAGES",
     "Placement",
     "apply_offload",
+    "demote_until_it_runs",
     "module_bytes",
     "run_order",
+    "runs_out",
     "streams",
     "transfer_rate_gbps",
 ]
@@ -173,6 +176,40 @@ class _Streamed:
         for tensor in dict.fromkeys([*component.parameters(), *component.buffers()]):
             tensor.data = self.home[id(tensor)].to(self.device)
         self.home.clear()
+
+
+def runs_out(call: Callable[[], Any], catch: bool = True) -> tuple[bool, str | None]:
+    """``call`` run: (True, the stage it was in, ``PipelineAdapter.failed_stage``) where it ran out of accelerator
+    memory, else (False, None); any other error, and with ``catch`` False that one too, is raised. The memory is
+    freed after it either way, out of the handler: the failed call's frames (and the activations they hold) are let
+    go first, so that the placement's moves after it have the memory they freed."""
+    from ditq.runtime.adapter import PipelineAdapter
+    from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory
+
+    ran_out, stage = False, None
+    try:
+        call()
+    except Exception as error:
+        if not catch or not is_out_of_memory(error):
+            raise
+        ran_out, stage = True, PipelineAdapter.failed_stage(error)
+    finally:
+        free_accelerator_memory()
+    return ran_out, stage
+
+
+def demote_until_it_runs(
+    placement: Placement, pipeline: Any, call: Callable[[], Any], refusal: str, stage: str | None = None
+) -> None:
+    """``call`` run until it does not run out of memory (``runs_out``): each time it does, ``placement`` takes its
+    next step (``Placement.demote``, told the stage it ran out in, or ``stage`` where given); with nothing left to
+    move, an InputError ``refusal``."""
+    while True:
+        ran_out, failed = runs_out(call)
+        if not ran_out:
+            return
+        if placement.demote(pipeline, stage if stage is not None else failed) is None:
+            raise InputError(refusal)
 
 
 def streams(module: torch.nn.Module) -> bool:

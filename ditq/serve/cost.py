@@ -49,10 +49,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ditq.errors import InputError
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.compile import compiled_graphs
-from ditq.runtime.memory import free_accelerator_memory, is_out_of_memory, return_free_host_memory
+from ditq.runtime.memory import return_free_host_memory
+from ditq.runtime.offload import demote_until_it_runs, runs_out
 from ditq.serve.metrics import resident_memory_bytes
 
 __all__ = [
@@ -433,25 +433,6 @@ def _ran_out(adapter: PipelineAdapter, width: int, height: int, count: int) -> M
     return Measurement(width * height, count, reference_pixels, {}, None, None, True)
 
 
-def _runs_out(
-    adapter: PipelineAdapter, call: Callable[[], None], catch: bool = True
-) -> tuple[bool, str | None]:
-    """``call`` run: (True, the stage it was in) where it ran out of accelerator memory, else (False, None); any
-    other error, and with ``catch`` False that one too, is raised. The memory is freed after it either way, out of
-    the handler: the failed call's frames (and the activations they hold) are let go first, so that the placement's
-    moves after it have the memory they freed."""
-    ran_out, stage = False, None
-    try:
-        call()
-    except Exception as error:
-        if not catch or not is_out_of_memory(error):
-            raise
-        ran_out, stage = True, adapter.failed_stage(error)
-    finally:
-        free_accelerator_memory()
-    return ran_out, stage
-
-
 def _undo_what_bought_nothing(
     adapter: PipelineAdapter,
     device: torch.device,
@@ -535,19 +516,19 @@ def calibrate(
     )
     # first-call costs (and, compiled, the first compilation); eager, every shape is then measured as it first runs
     smallest = min(shapes, key=lambda s: (s[0] * s[1], s[2]))
-    while True:
-        ran_out, failed = _runs_out(adapter, lambda: warm_up(smallest), catch=placement is not None)
-        if not ran_out:
-            break
-        assert placement is not None  # without one, _runs_out raised the error
-        # the smallest request does not fit as placed (on an H100 under 16 GiB, the BF16 model's streamed text
+    if placement is None:
+        runs_out(lambda: warm_up(smallest), catch=False)
+    else:
+        # the smallest request may not fit as placed (on an H100 under 16 GiB, the BF16 model's streamed text
         # encoder could not bring its 1.16 GiB embedding onto the device beside the resident transformer): the
         # placement takes its next step, as for any shape, rather than the server failing to start
-        if placement.demote(adapter.pipeline, failed) is None:
-            raise InputError(
-                f"--max-memory/--offload auto: the smallest request ({smallest[0]}x{smallest[1]}) ran out of "
-                f"memory on {device} with everything moved off it: the budget is too small for this model"
-            )
+        demote_until_it_runs(
+            placement,
+            adapter.pipeline,
+            lambda: warm_up(smallest),
+            f"--max-memory/--offload auto: the smallest request ({smallest[0]}x{smallest[1]}) ran out of memory on "
+            f"{device} with everything moved off it: the budget is too small for this model",
+        )
     never: set[tuple[int, int, int]] = set()  # shapes out of memory with everything moved off the device
     chased: dict[tuple[int, int, int], int] = {}  # shape -> the placement's steps when it first ran out
     while True:
@@ -570,7 +551,7 @@ def calibrate(
                 height,
                 count,
             )
-            ran_out, failed_stage = _runs_out(adapter, partial(measure, (width, height, count), measurements))
+            ran_out, failed_stage = runs_out(partial(measure, (width, height, count), measurements))
             if not ran_out:
                 continue
             if placement is not None:
