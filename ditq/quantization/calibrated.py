@@ -21,6 +21,7 @@ Hessian: the branch runs in 16 bits on the same inputs, so the residual's output
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,11 +199,15 @@ def _calibrated_group(
     """One pass over the requests (``run``) gathering the Hessians of ``group``'s targets (prefix -> its schemes),
     then each target rounded in each of its schemes."""
     stored: dict[str, dict[str, StoredLayer]] = {}
+    start = time.perf_counter()
     with hessian_hooks(module, group, "cpu" if calibration.host else None) as found:
         run()
+    gathered = time.perf_counter()
     for prefix, schemes in group.items():
         if found[prefix].samples == 0:
             raise InputError(f"{prefix}: the calibration requests never ran this layer; it has no Hessian")
         weight, hessian = layers[prefix].weight, found[prefix].hessian
         stored[prefix] = {s.name: _encode(weight, hessian, s, calibration, low_rank) for s in schemes}
+    log.info("calibration pass: Hessians gathered in %.1f s, %d layers rounded in %.1f s", gathered - start,
+             len(group), time.perf_counter() - gathered)  # fmt: skip
     return stored

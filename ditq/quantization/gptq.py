@@ -46,15 +46,17 @@ TINY = (
 
 
 class HessianAccumulator:
-    """A running H = 2/n * sum x x^T (K, K) over every row x (K,) of the inputs given to ``add``.
+    """H = 2/n * sum x x^T (K, K) over every row x (K,) of the inputs given to ``add``.
 
-    Each row of an input (..., K) is one sample: a batch of B sequences of S tokens adds B * S. The update is the
-    reference GPTQ's running average (H *= n / (n + m); x *= sqrt(2 / (n + m)); H += x^T x), so memory stays one
-    (K, K) tensor of ``dtype`` (float32 or float64) however many inputs come. Inputs are cast to ``dtype`` where
-    they are and each update's product made there; for an accumulator on another device (the host, for inputs on
-    CUDA) the product is summed ``PRODUCT_ROWS`` rows at a time (one (K, K) product and one chunk in float32 beside
-    the activations), scaled, and taken over through a pinned buffer. With ``device=None`` the accumulator is made on
-    the first input's.
+    Each row of an input (..., K) is one sample: a batch of B sequences of S tokens adds B * S. The sum S = sum x x^T
+    is kept in one (K, K) tensor of ``dtype`` (float32 or float64) however many inputs come, and scaled by 2/n when
+    ``hessian`` is read: one pass over S per input, not the reference GPTQ's two (its running average rescales H
+    before each addition), which is what a host accumulator's time goes on. Each update's product is made where the
+    input is; for an accumulator on another device (the host, for inputs on CUDA) it is summed ``PRODUCT_ROWS`` rows
+    at a time (one (K, K) product and one chunk beside the activations) and taken over through a pinned buffer. A
+    bfloat16 or float16 input on CUDA is multiplied as it is, into a float32 product (``_product_into``): its
+    elements' products are exact in float32, as those of the input cast first are, and the tensor cores make them.
+    With ``device=None`` the accumulator is made on the first input's.
     """
 
     def __init__(
@@ -71,7 +73,7 @@ class HessianAccumulator:
         self.in_features = in_features
         self._dtype = dtype
         # None: made on the first input's device (a streamed layer's weight waits on the host; its inputs do not)
-        self._hessian: torch.Tensor | None = (
+        self._sum: torch.Tensor | None = (
             None if device is None else torch.zeros(in_features, in_features, dtype=dtype, device=device)
         )
         self._samples = 0
@@ -83,38 +85,47 @@ class HessianAccumulator:
 
     @property
     def hessian(self) -> torch.Tensor:
-        """H (K, K): all zeros until the first ``add`` (on the CPU where no device was given and none came)."""
-        if self._hessian is None:
+        """H (K, K), a new tensor where the sum is: all zeros until the first ``add`` (on the CPU where no device was
+        given and none came)."""
+        if self._sum is None:
             return torch.zeros(self.in_features, self.in_features, dtype=self._dtype)
-        return self._hessian
+        return self._sum * (2.0 / max(self._samples, 1))
 
     @torch.no_grad()
     def add(self, x: torch.Tensor) -> None:
         """Fold the rows of x (..., K) into H; an input with no rows changes nothing."""
         if x.shape[-1:] != (self.in_features,):
             raise ValueError(f"expected inputs of shape (..., {self.in_features}), got {tuple(x.shape)}")
-        if self._hessian is None:
-            self._hessian = torch.zeros(
-                self.in_features, self.in_features, dtype=self._dtype, device=x.device
-            )
+        if self._sum is None:
+            self._sum = torch.zeros(self.in_features, self.in_features, dtype=self._dtype, device=x.device)
         rows = x.detach().reshape(-1, self.in_features)
-        m = rows.shape[0]
-        if m == 0:
+        if rows.shape[0] == 0:
             return
-        total = self._samples + m
-        self._hessian *= self._samples / total
-        if x.device == self._hessian.device:
-            rows = rows.to(dtype=self._hessian.dtype) * math.sqrt(2.0 / total)
-            self._hessian += rows.T @ rows
-        else:  # on the device for a host accumulator: one product and one chunk of rows in float32 at a time
-            product = torch.zeros_like(self._hessian, device=x.device)
+        if x.device == self._sum.device:
+            _product_into(self._sum, rows)
+        else:  # on the device for a host accumulator: one product and one chunk of rows at a time
+            product = torch.zeros_like(self._sum, device=x.device)
             for chunk in rows.split(PRODUCT_ROWS):
-                cast = chunk.to(dtype=self._hessian.dtype)
-                product.addmm_(cast.T, cast)
-            self._hessian += _staged(product.mul_(2.0 / total))
-        self._samples = total
+                _product_into(product, chunk)
+            self._sum += _staged(product)
+        self._samples += rows.shape[0]
 
 
+def _product_into(total: torch.Tensor, rows: torch.Tensor) -> None:
+    """total (K, K) += rows^T rows, for rows (m, K) on total's device: a bfloat16 or float16 ``rows`` on CUDA
+    straight into total's float32 (``out_dtype``), anything else cast to total's dtype first."""
+    if rows.is_cuda and rows.dtype in (torch.bfloat16, torch.float16) and total.dtype == torch.float32:
+        if not _NO_OUT_DTYPE:
+            try:
+                torch.addmm(total, rows.T, rows, out_dtype=torch.float32, out=total)
+                return
+            except (RuntimeError, NotImplementedError, TypeError):  # a torch without addmm's out_dtype on CUDA
+                _NO_OUT_DTYPE.append(True)
+    cast = rows.to(dtype=total.dtype)
+    total.addmm_(cast.T, cast)
+
+
+_NO_OUT_DTYPE: list[bool] = []  # set once addmm(out_dtype=) is found missing: half inputs are then cast first
 PRODUCT_ROWS = 4096  # rows cast to float32 at a time for a product made on the device for a host accumulator
 _STAGING: list[torch.Tensor] = []  # one pinned host buffer, grown to the largest product copied through it
 

@@ -226,3 +226,9 @@ def test_a_host_accumulator_fed_on_cuda_sums_what_one_on_the_host_sums() -> None
         layer(x.cuda())
     assert found[""].hessian.device.type == "cpu" and not gptq._STAGING
     assert torch.allclose(found[""].hessian, _hessian(x), rtol=1e-4, atol=1e-5)
+    # bfloat16 inputs go into the float32 product as they are (out_dtype): what their float32 copies sum to
+    half = x.to(torch.bfloat16)
+    from_half = HessianAccumulator(64, device="cpu")
+    from_half.add(half.cuda())
+    assert not gptq._NO_OUT_DTYPE, "this torch has no addmm(out_dtype=) on CUDA"
+    assert torch.allclose(from_half.hessian, _hessian(half.float()), rtol=1e-4, atol=1e-5)
