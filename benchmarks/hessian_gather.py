@@ -89,7 +89,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     results = [
-        one_width(int(k), int(rows), args.repeat) for k in args.widths.split(",") for rows in args.rows.split(",")
+        one_width(int(k), int(rows), args.repeat)
+        for k in args.widths.split(",")
+        for rows in args.rows.split(",")
     ]
     report = {
         "device": torch.cuda.get_device_name(),

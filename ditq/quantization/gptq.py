@@ -114,13 +114,13 @@ class HessianAccumulator:
 def _product_into(total: torch.Tensor, rows: torch.Tensor) -> None:
     """total (K, K) += rows^T rows, for rows (m, K) on total's device: a bfloat16 or float16 ``rows`` on CUDA
     straight into total's float32 (``out_dtype``), anything else cast to total's dtype first."""
-    if rows.is_cuda and rows.dtype in (torch.bfloat16, torch.float16) and total.dtype == torch.float32:
-        if not _NO_OUT_DTYPE:
-            try:
-                torch.addmm(total, rows.T, rows, out_dtype=torch.float32, out=total)
-                return
-            except (RuntimeError, NotImplementedError, TypeError):  # a torch without addmm's out_dtype on CUDA
-                _NO_OUT_DTYPE.append(True)
+    half = rows.dtype in (torch.bfloat16, torch.float16)
+    if rows.is_cuda and half and total.dtype == torch.float32 and not _NO_OUT_DTYPE:
+        try:
+            torch.addmm(total, rows.T, rows, out_dtype=torch.float32, out=total)
+            return
+        except (RuntimeError, NotImplementedError, TypeError):  # a torch without addmm's out_dtype on CUDA
+            _NO_OUT_DTYPE.append(True)
     cast = rows.to(dtype=total.dtype)
     total.addmm_(cast.T, cast)
 
