@@ -6,12 +6,14 @@ from __future__ import annotations
 import ctypes
 import gc
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 __all__ = [
     "empty_accelerator_cache",
     "free_accelerator_memory",
+    "host_available_bytes",
     "is_out_of_memory",
     "return_free_host_memory",
 ]
@@ -60,3 +62,23 @@ def return_free_host_memory() -> None:
     resident size of a long-running server creeps up with fragmentation although nothing is live."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable, or less where this process's cgroup (v2) allows less."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    available = next(
+        (int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")),
+        None,
+    )
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        current = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return available
+    if limit.isdigit() and available is not None:
+        return min(available, int(limit) - current)
+    return available

@@ -51,7 +51,7 @@ from PIL import Image
 
 from ditq.runtime.adapter import GenerationRequest, GenerationResult, PipelineAdapter
 from ditq.runtime.compile import compiled_graphs
-from ditq.runtime.memory import return_free_host_memory
+from ditq.runtime.memory import host_available_bytes, return_free_host_memory
 from ditq.runtime.offload import demote_until_it_runs, runs_out
 from ditq.serve.metrics import resident_memory_bytes
 
@@ -348,31 +348,11 @@ class MemoryProbe:
         return None
 
 
-def _host_available_bytes() -> int | None:
-    """MemAvailable, or less where this process's cgroup (v2) allows less."""
-    try:
-        meminfo = Path("/proc/meminfo").read_text()
-    except OSError:
-        return None
-    available = next(
-        (int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")),
-        None,
-    )
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        current = int(Path("/sys/fs/cgroup/memory.current").read_text())
-    except (OSError, ValueError):
-        return available
-    if limit.isdigit() and available is not None:
-        return min(available, int(limit) - current)
-    return available
-
-
 def free_memory_bytes(device: torch.device, allocator_budget_bytes: int | None) -> int | None:
     """What generations may add on ``device`` now: the CUDA allocator's room (under the --max-memory budget
     where given), or the host's available memory for the CPU."""
     if device.type != "cuda":
-        return _host_available_bytes()
+        return host_available_bytes()
     allocated = torch.cuda.memory_allocated(device)
     free, _total = torch.cuda.mem_get_info(device)
     room = free + torch.cuda.memory_reserved(device) - allocated
