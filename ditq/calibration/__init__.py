@@ -29,7 +29,7 @@ from ditq.quantization.defaults import CALIBRATION_MEMORY, CALIBRATION_SEEDS, CA
 from ditq.quantization.gptq import PRODUCT_ROWS
 from ditq.quantization.quantizer import QuantizeResult
 from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
-from ditq.runtime.memory import free_accelerator_memory
+from ditq.runtime.memory import free_accelerator_memory, host_available_bytes
 from ditq.runtime.offload import demote_until_it_runs
 from ditq.runtime.options import LoadOptions
 from ditq.schemes import GroupSize
@@ -44,6 +44,7 @@ __all__ = [
     "calibrate_and_save",
     "calibration_for",
     "fixture_requests",
+    "host_share",
     "place_for_calibration",
 ]
 
@@ -62,7 +63,8 @@ class CalibrationOptions:
         CALIBRATION_SEEDS  # apart from the probe's: the judged images are not the calibrated ones
     )
     steps: int = CALIBRATION_STEPS
-    memory_bytes: int = CALIBRATION_MEMORY
+    # the Hessians held at once; None: CALIBRATION_MEMORY, or where they are summed on the host ``host_share``'s
+    memory_bytes: int | None = None
     act_order: bool = True  # GPTQ's columns by decreasing input energy (``gptq.gptq_quantize``)
     load: LoadOptions = field(default_factory=LoadOptions)
     only: tuple[str, ...] | None = None  # the fixtures of the file that are run (a plan's); None: every one
@@ -121,10 +123,22 @@ def calibration_for(
     return Calibration(
         run=run,
         record=record,
-        memory_bytes=options.memory_bytes,
+        memory_bytes=options.memory_bytes or CALIBRATION_MEMORY,
         act_order=options.act_order,
         run_before_steps=run_before_steps,
     )
+
+
+def host_share(available: int | None) -> int:
+    """``--calibration-memory``'s default where the Hessians are summed on the host (a source placed with
+    ``--offload``): half of ``available`` (the host's available bytes once the source is placed: pinned streamed
+    weights included), in whole multiples of ``CALIBRATION_MEMORY`` so that a rerun after a kill cuts the same groups
+    (and resumes) unless the host's memory moved by that much; never below ``CALIBRATION_MEMORY``, nor where
+    ``available`` is not known. Fewer passes over the requests: the full-size pipeline's 30 GiB of transformer
+    Hessians take 8 at 4 GiB."""
+    if available is None:
+        return CALIBRATION_MEMORY
+    return max(CALIBRATION_MEMORY, available // 2 // CALIBRATION_MEMORY * CALIBRATION_MEMORY)
 
 
 def _room(adapter: PipelineAdapter, calibration: Calibration) -> int:
@@ -231,6 +245,10 @@ def calibrate_and_save(
         try:
             requests = fixture_requests(fixtures, options.seeds[:1], min(FEW_STEPS, options.steps))
             place_for_calibration(adapter, requests, _room(adapter, calibration))
+            if host and options.memory_bytes is None:
+                calibration = replace(calibration, memory_bytes=host_share(host_available_bytes()))
+                log.info("Hessians summed on the host, %.0f GiB of them at once (half the host's available memory; "
+                         "--calibration-memory sets it)", calibration.memory_bytes / 2**30)  # fmt: skip
             quantize_(
                 adapter.pipeline,
                 scheme_or_plan,

@@ -13,7 +13,6 @@ from ditq.errors import InputError
 from ditq.probe.fixtures import parse_seeds
 from ditq.quantization.defaults import (
     AUTO_MIN_SHARE,
-    CALIBRATION_MEMORY,
     CALIBRATION_SEEDS,
     CALIBRATION_STEPS,
     CALIBRATIONS,
@@ -130,8 +129,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     placing.add_argument(
         "--max-memory",
         metavar="SIZE",
-        help="cap the accelerator memory the calibration may use, e.g. 16GiB (CUDA only); the input Hessians "
-        "(--calibration-memory) are held there too",
+        help="cap the accelerator memory the calibration may use, e.g. 16GiB (CUDA only); with --offload the input "
+        "Hessians are summed on the host, the device making one layer's product at a time",
     )
     parser.add_argument("--json", action="store_true", help="print the manifest's statistics as JSON")
 
@@ -173,10 +172,10 @@ def add_rounding_arguments(parser: argparse.ArgumentParser, fixtures: bool) -> N
     calibration.add_argument(
         "--calibration-memory",
         type=parse_memory_size,
-        default=CALIBRATION_MEMORY,
         metavar="SIZE",
-        help="--calibrate gptq: the input Hessians held at once (default 4GiB); more layers than fit are "
-        "calibrated in further passes over the requests",
+        help="--calibrate gptq: the input Hessians held at once (default 4GiB; with --offload, which sums them on "
+        "the host, half the host's available memory once the source is placed, in multiples of 4GiB); more "
+        "layers than fit are calibrated in further passes over the requests",
     )
     parser.add_argument(
         "--low-rank",

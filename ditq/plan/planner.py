@@ -34,7 +34,7 @@ from ditq.plan.search import Budget, Calibration, calibrate, predict, search_ass
 from ditq.plan.sensitivity import Rounding, Sensitivity, Unit, Workbench, measure_sensitivity
 from ditq.probe.fixtures import DEFAULT_SEEDS, Fixture, load_fixtures, parse_seeds
 from ditq.probe.runner import Executor
-from ditq.quantization.defaults import CALIBRATION_MEMORY, CALIBRATION_SEEDS, CALIBRATION_STEPS, CALIBRATIONS
+from ditq.quantization.defaults import CALIBRATION_SEEDS, CALIBRATION_STEPS, CALIBRATIONS
 from ditq.quantization.low_rank import check_low_rank
 from ditq.quantization.plan_file import (
     KEEP,
@@ -96,7 +96,9 @@ class PlanOptions:
     low_rank: int | None = None
     calibration_seeds: tuple[int, ...] = CALIBRATION_SEEDS
     calibration_steps: int = CALIBRATION_STEPS
-    calibration_memory: int = CALIBRATION_MEMORY
+    calibration_memory: int | None = (
+        None  # None: CALIBRATION_MEMORY (the plan holds its Hessians on the device)
+    )
 
     def __post_init__(self) -> None:
         if not self.schemes:

@@ -149,6 +149,7 @@ def _streamed_against_resident(tmp_path: Path, device: str, caplog: pytest.LogCa
         assert torch.cuda.max_memory_allocated() < resident_peak
     assert "resident nothing; streamed transformer, text_encoder" in caplog.text
     assert "held on the host to be saved" in caplog.text
+    assert "Hessians summed on the host" in caplog.text  # --calibration-memory left to the host's share
     assert ditq.verify(streamed).ok
     ours, theirs = layers(resident), layers(streamed)
     assert len(ours) > 10 and ours.keys() == theirs.keys()
@@ -254,3 +255,16 @@ def test_a_text_encoders_passes_run_few_steps_which_give_it_the_rows_every_step_
     for component in ("text_encoder_2", "transformer", "module"):
         calibrated_layers(model, {"0": W4A16.with_group_size(32)}, counted, component=component)
     assert runs == ["few steps", "steps", "steps"]
+
+
+def test_hessians_summed_on_the_host_take_half_its_available_memory_in_whole_4gib() -> None:
+    """``--calibration-memory``'s default under ``--offload``: half the host's available memory, whole multiples of
+    4 GiB (a rerun after a kill cuts the same groups), never below 4 GiB; 4 GiB where the host does not say."""
+    from ditq.calibration import host_share
+    from ditq.quantization.defaults import CALIBRATION_MEMORY
+
+    gib = 2**30
+    assert CALIBRATION_MEMORY == 4 * gib
+    assert host_share(None) == host_share(0) == host_share(7 * gib) == 4 * gib
+    assert host_share(90 * gib) == host_share(95 * gib) == 44 * gib
+    assert host_share(96 * gib) == 48 * gib
