@@ -264,7 +264,7 @@ def test_hessians_summed_on_the_host_take_half_its_available_memory_in_whole_4gi
     from ditq.quantization.defaults import CALIBRATION_MEMORY
 
     gib = 2**30
-    assert CALIBRATION_MEMORY == 4 * gib
+    assert 4 * gib == CALIBRATION_MEMORY
     assert host_share(None) == host_share(0) == host_share(7 * gib) == 4 * gib
     assert host_share(90 * gib) == host_share(95 * gib) == 44 * gib
     assert host_share(96 * gib) == 48 * gib
