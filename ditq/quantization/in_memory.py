@@ -38,7 +38,7 @@ from ditq.quantization.plan_file import PlanFile, planned_rounding, read_plan
 from ditq.quantization.quantizer import DEFAULTS, QuantizeResult, auto_components
 from ditq.quantization.quantizer import quantize as write_artifact
 from ditq.quantization.rewrite import StoredLayer, band_workers, encode_weight
-from ditq.quantization.targets import MIN_FEATURES, embedding_targeted, linear_at, plan_targets
+from ditq.quantization.targets import MIN_FEATURES, TargetPlan, embedding_targeted, linear_at, plan_targets
 from ditq.runtime.embedding import QuantizedEmbedding, embedding_from_stored
 from ditq.runtime.loader import KernelChooser, prepare_quantized
 from ditq.runtime.modules import QuantizedLinear, linear_from_stored, quantized_linears
@@ -153,18 +153,28 @@ def held_linear(
     return linear_from_stored(tensors, scheme, bias), stored.rel_l2
 
 
-def _quantize_module(
+@dataclass
+class _Targets:
+    """A component's targets as ``_targets`` chose them: the rule, each Linear's scheme, each token embedding's."""
+
+    rule: TargetPlan  # plan_targets': its ``ignored`` layers are kept
+    schemes: dict[str, Scheme]  # Linear prefix -> its scheme
+    rows: dict[str, Scheme]  # token embedding prefix -> its scheme (rounded to nearest, never calibrated)
+    rounded: dict[
+        str, Scheme
+    ]  # the Linears GPTQ rounds under a calibration: int weights (a plan's fp8 ones not)
+
+
+def _targets(
     module: torch.nn.Module,
     component: str,
     scheme: Scheme | None,
     plan: PlanFile | None,
     where: str,
     targets: list[str],
-    device: torch.device | None,
-    chooser: KernelChooser | None,
-    calibration: Calibration | None = None,
-    low_rank: int = 0,
-) -> tuple[dict[str, float], torch.device]:
+    low_rank: int,
+) -> _Targets:
+    """``module``'s targets and their schemes, every refusal said before any weight is encoded or request run."""
     if quantized_linears(module):
         raise InputError(f"{component}: already quantized (holds QuantizedLinear layers)")
     shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
@@ -183,9 +193,24 @@ def _quantize_module(
         check_rank(low_rank, f"{component}.{prefix}", target.out_features, target.in_features)
         if not torch.isfinite(target.weight).all():
             raise InputError(f"{component}: tensor {prefix}.weight holds NaN or Inf")
-    rows = {
-        p: schemes.pop(p) for p in rule.embeddings
-    }  # token embeddings: rounded to nearest, never calibrated
+    rows = {p: schemes.pop(p) for p in rule.embeddings}
+    # a plan's fp8 layers round to nearest (GPTQ rounds to int grids), as ``ditq plan --calibrate gptq`` measured them
+    rounded = schemes if plan is None else {p: s for p, s in schemes.items() if s.weight_type == "int"}
+    return _Targets(rule, schemes, rows, rounded)
+
+
+def _quantize_module(
+    module: torch.nn.Module,
+    component: str,
+    chosen: _Targets,
+    device: torch.device | None,
+    chooser: KernelChooser | None,
+    calibrated: dict[str, StoredLayer],
+    low_rank: int = 0,
+) -> tuple[dict[str, float], torch.device]:
+    """``module``'s ``chosen`` targets quantized and swapped in: the ``calibrated`` ones as GPTQ rounded them, the
+    others encoded here."""
+    schemes, rows, rule = chosen.schemes, chosen.rows, chosen.rule
     # the run device: the first Linear's, or the embedding's where it is the component's only target
     first: torch.Tensor = (
         linear_at(module, next(iter(schemes))).weight
@@ -200,14 +225,6 @@ def _quantize_module(
     hold = torch.device("cpu") if streamed else run_device
     errors: dict[str, float] = {}
     layers: dict[str, QuantizedLinear | QuantizedEmbedding] = {}
-    # calibrated: every layer rounded before any is swapped (the requests run the source layers); a plan's fp8
-    # layers round to nearest (GPTQ rounds to int grids), as ``ditq plan --calibrate gptq`` measured them
-    rounded = schemes if plan is None else {p: s for p, s in schemes.items() if s.weight_type == "int"}
-    calibrated = (
-        calibrated_layers(module, rounded, calibration, low_rank, component)
-        if calibration and rounded
-        else {}
-    )
     with band_workers() as pool:
         for prefix, layer_scheme in rows.items():
             layers[prefix], errors[prefix] = quantized_embedding(
@@ -346,9 +363,22 @@ def quantize_(
     run_device = None if device is None else resolve_device(device, option="device")
     where = str(plan_path) if plan_path is not None else "plan"
     chosen, auto = _chosen(module_or_pipeline, plan)
+    picked = {
+        name: _targets(module, name, scheme, plan, where, patterns, low_rank or 0)
+        for name, module in chosen.items()
+    }
+    # calibrated: every component's layers rounded before any layer is swapped, so that every request runs the
+    # source model (a component quantized first would feed the next one's Hessians its quantized outputs, and a
+    # streamed one's layers, held on the host to be saved, could not run)
+    calibrated = {
+        name: calibrated_layers(module, picked[name].rounded, calibration, low_rank or 0, name)
+        if calibration and picked[name].rounded
+        else {}
+        for name, module in chosen.items()
+    }
     for name, module in chosen.items():
         errors, on = _quantize_module(
-            module, name, scheme, plan, where, patterns, run_device, chooser, calibration, low_rank or 0
+            module, name, picked[name], run_device, chooser, calibrated[name], low_rank or 0
         )
         options = _options(scheme, plan_path, plan, patterns, low_rank) | {"device": on.type}
         if calibration is not None:

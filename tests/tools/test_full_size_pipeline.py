@@ -619,3 +619,61 @@ def test_diffusers_own_step_cache_runs_in_its_pipelines_guidance_contexts_on_an_
     assert zero_calls == 2 * steps and np.array_equal(zero, plain)
     skipping, skipping_calls = draw(1e9)
     assert skipping_calls == 2 and np.abs(skipping - plain).max() > 0
+
+
+def test_a_calibration_rounds_the_transformer_on_the_source_text_encoders_outputs(
+    source: Path, tmp_path: Path
+) -> None:
+    """GPTQ over two components (``--components auto``: the text encoder, then the transformer): every component is
+    rounded before any is swapped, so the transformer's Hessians come from the source text encoder's prompt
+    embeddings, and its layers are the ones a calibration of the transformer alone writes. (Swapped in first, the
+    quantized text encoder ran in the transformer's passes: resident, its first forward's repack let go of the
+    tensors the artifact is written from; streamed on CUDA, its layers, held on the host to be saved, could not run,
+    where an H100 at full size stopped.)"""
+    from safetensors.torch import load_file
+
+    from ditq.calibration import CalibrationOptions, calibrate_and_save, calibration_for
+    from ditq.pipeline.open import open_pipeline
+    from ditq.runtime.modules import quantized_linears
+    from ditq.runtime.options import LoadOptions
+
+    fixtures = source / "fixtures"
+    # one fixture with references: the text encoder's vision tower runs too (each request takes seconds on the CPU)
+    options = CalibrationOptions(
+        fixtures / "fixtures.json", fixtures / "refs", seeds=(0,), steps=STEPS, only=("edit-1ref",)
+    )
+    both = tmp_path / "both"
+    calibrate_and_save(source, both, "w4a8", options)
+    written = load_file(both / "transformer" / "diffusion_pytorch_model.safetensors")
+    assert any(k.endswith(".weight_packed") for k in load_file(both / "text_encoder" / "model.safetensors"))
+
+    adapter = open_pipeline(source, LoadOptions(device="cpu"))
+    transformer = adapter.pipeline.transformer
+    ditq.quantize_(transformer, "w4a8", calibration=calibration_for(adapter, options))
+    alone = quantized_linears(transformer)
+    assert len(alone) > 10
+    for prefix, layer in alone.items():
+        stored = {n: written[f"{prefix}.{n}"] for n in layer.stored_tensors()}
+        for name, tensor in layer.stored_tensors().items():
+            assert torch.equal(tensor.cpu(), stored[name]), (prefix, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_streamed_cuda_calibration_of_both_components_writes_an_artifact_that_verifies(
+    source: Path, tmp_path: Path
+) -> None:
+    """The same two components on CUDA with nothing resident (``--offload auto`` under a 1-byte budget): the text
+    encoder's layers wait on the host to be saved while the transformer's requests run the source one."""
+    from ditq.calibration import CalibrationOptions, calibrate_and_save
+    from ditq.runtime.options import LoadOptions
+
+    fixtures = source / "fixtures"
+    load = LoadOptions(device="cuda", offload="auto", memory_budget_bytes=1)
+    options = CalibrationOptions(
+        fixtures / "fixtures.json", fixtures / "refs", seeds=(0,), steps=STEPS, only=("edit-1ref",), load=load
+    )
+    out = tmp_path / "streamed"
+    calibrate_and_save(source, out, "w4a8", options)
+    report = ditq.verify(out, source)
+    assert report.ok, report.table()
