@@ -16,11 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ditq from this checkout, installed or not
 
 from ditq.fsutil import atomic_write_json
 from ditq.quantization.gptq import PRODUCT_ROWS, HessianAccumulator
