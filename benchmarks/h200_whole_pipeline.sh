@@ -276,9 +276,11 @@ artifact_for() {
                     --offload auto --max-memory "${CALIBRATE_BUDGET:-16GiB}" $CALIBRATE_ARGS) ;;
   esac
   if [ ! -f "$RUN/artifacts/$scheme/MANIFEST.json" ]; then
-    # each line stamped with the time it was written (a calibration's passes and rounding, timed)
+    # each line stamped with the time it was written (a calibration's passes and rounding, timed); appended, so that
+    # a later stage asking again after a failure keeps the first attempt's log (run 8 lost one so)
+    echo "== ditq quantize $scheme at $(date -u +%T)" >>"$RUN/quantize-$scheme.log"
     python3 -m ditq.cli quantize "$MODEL" "$RUN/artifacts/$scheme" "${flags[@]}" --device cuda:0 --force 2>&1 |
-      while IFS= read -r line; do printf '%s %s\n' "$(date -u +%T)" "$line"; done >"$RUN/quantize-$scheme.log"
+      while IFS= read -r line; do printf '%s %s\n' "$(date -u +%T)" "$line"; done >>"$RUN/quantize-$scheme.log"
     echo "quantize $scheme: exit ${PIPESTATUS[0]} in $((SECONDS - began)) s" >>"$RUN/quantize-$scheme.log"
   fi
   echo "$RUN/artifacts/$scheme"
