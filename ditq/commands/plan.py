@@ -120,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_load_arguments(parser, "where the pipeline runs", flags=("device", "dtype", "variant"))
     # ditq quantize's own flags: each candidate is measured rounded as the plan's artifact will be, and the plan
     # records it (``rounding``) for ditq quantize --plan; GPTQ's requests are the plan's fixtures
-    add_rounding_arguments(parser, fixtures=False)
+    add_rounding_arguments(parser, quantize=False)
 
 
 def summary(plan: PlanFile, out: Path) -> list[str]:

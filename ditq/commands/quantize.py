@@ -114,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
     add_device_arguments(parser, DEFAULTS["device"], "where to encode the weights")
-    add_rounding_arguments(parser, fixtures=True)
+    add_rounding_arguments(parser, quantize=True)
     placing = parser.add_argument_group(
         "where the source waits while --calibrate gptq runs its requests (round to nearest reads the files "
         "band by band)"
@@ -135,10 +135,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the manifest's statistics as JSON")
 
 
-def add_rounding_arguments(parser: argparse.ArgumentParser, fixtures: bool) -> None:
+def add_rounding_arguments(parser: argparse.ArgumentParser, quantize: bool) -> None:
     """How 4- and 8-bit int weights are rounded: ``--calibrate`` and its requests, ``--low-rank`` (``ditq quantize``
-    and ``ditq plan``, which measures each layer as its plan's artifact will round it). ``fixtures``: add
-    ``--fixtures`` and ``--refs`` (``ditq plan`` calibrates on the fixtures it judges)."""
+    and ``ditq plan``, which measures each layer as its plan's artifact will round it). ``quantize``: ``ditq
+    quantize``'s form, with ``--fixtures`` and ``--refs`` (``ditq plan`` calibrates on the fixtures it judges) and
+    the host's share of memory for ``--calibration-memory`` under its ``--offload`` (the plan has none)."""
     calibration = parser.add_argument_group("calibrated rounding (int weights: w4a16, w4a8, w8a16, w8a8)")
     calibration.add_argument(
         "--calibrate",
@@ -148,7 +149,7 @@ def add_rounding_arguments(parser: argparse.ArgumentParser, fixtures: bool) -> N
         "plan: its int-weight layers; fp8 ones round to nearest). With --plan: the plan's own, recorded by "
         "ditq plan --calibrate",
     )
-    if fixtures:
+    if quantize:
         calibration.add_argument(
             "--fixtures",
             type=Path,
@@ -173,9 +174,14 @@ def add_rounding_arguments(parser: argparse.ArgumentParser, fixtures: bool) -> N
         "--calibration-memory",
         type=parse_memory_size,
         metavar="SIZE",
-        help="--calibrate gptq: the input Hessians held at once (default 4GiB; with --offload, which sums them on "
-        "the host, half the host's available memory once the source is placed, in multiples of 4GiB); more "
-        "layers than fit are calibrated in further passes over the requests",
+        help="--calibrate gptq: the input Hessians held at once (default 4GiB"
+        + (
+            "; with --offload, which sums them on the host, half the host's available memory once the source is "
+            "placed, in multiples of 4GiB"
+            if quantize
+            else ""
+        )
+        + "); more layers than fit are calibrated in further passes over the requests",
     )
     parser.add_argument(
         "--low-rank",

@@ -96,9 +96,8 @@ class PlanOptions:
     low_rank: int | None = None
     calibration_seeds: tuple[int, ...] = CALIBRATION_SEEDS
     calibration_steps: int = CALIBRATION_STEPS
-    calibration_memory: int | None = (
-        None  # None: CALIBRATION_MEMORY (the plan holds its Hessians on the device)
-    )
+    # None: CALIBRATION_MEMORY (a plan's calibration holds its Hessians where the inputs come)
+    calibration_memory: int | None = None
 
     def __post_init__(self) -> None:
         if not self.schemes:

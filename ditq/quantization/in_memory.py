@@ -153,16 +153,15 @@ def held_linear(
     return linear_from_stored(tensors, scheme, bias), stored.rel_l2
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Targets:
     """A component's targets as ``_targets`` chose them: the rule, each Linear's scheme, each token embedding's."""
 
     rule: TargetPlan  # plan_targets': its ``ignored`` layers are kept
     schemes: dict[str, Scheme]  # Linear prefix -> its scheme
     rows: dict[str, Scheme]  # token embedding prefix -> its scheme (rounded to nearest, never calibrated)
-    rounded: dict[
-        str, Scheme
-    ]  # the Linears GPTQ rounds under a calibration: int weights (a plan's fp8 ones not)
+    # the Linears GPTQ rounds under a calibration: int weights (a plan's fp8 ones round to nearest)
+    rounded: dict[str, Scheme]
 
 
 def _targets(
@@ -338,8 +337,8 @@ def quantize_(
     wait on the host while it runs) is quantized to be saved, its layers held on the host and left unplaced. ``chooser`` decides each geometry's kernel path
     (the doctor's verified choice; None: the registry's first candidate), as ``load_pipeline``'s does. Each
     quantized module keeps how it was quantized, so that ``save`` can write the artifact. ``calibration``: GPTQ
-    rounding from the Hessians its requests give each target (``calibrated``; int weights only), else round to
-    nearest. ``low_rank``: SVDQuant's branch of that rank kept in bfloat16 beside every target's quantized residual
+    rounding from the Hessians its requests give each target (``calibrated``; int weights only), every component
+    rounded before any is swapped so that every request runs the source model; else round to nearest. ``low_rank``: SVDQuant's branch of that rank kept in bfloat16 beside every target's quantized residual
     (``--low-rank``; 4-bit schemes, below every target's smaller dimension). ``group_size``: ``--group-size``, N
     input features per scale or ``"channel"`` (``ditq.schemes.CHANNEL``: one scale per output channel; None: the
     scheme's own); not with a plan.
