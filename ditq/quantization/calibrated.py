@@ -33,6 +33,7 @@ from ditq.checkpoint.low_rank import branch_rank
 from ditq.errors import InputError
 from ditq.numerics import dequantize_weight, relative_l2
 from ditq.quantization.calibration_resume import CalibrationResume, group_inputs
+from ditq.quantization.defaults import CALIBRATION_MEMORY
 from ditq.quantization.gptq import gptq_quantize, hessian_hooks
 from ditq.quantization.low_rank import split_low_rank
 from ditq.quantization.rewrite import StoredLayer
@@ -63,7 +64,7 @@ class Calibration:
     host: bool = False
     # where each layer is rounded, its weight and Hessian brought there one layer at a time (None: the Hessian's)
     device: torch.device | None = None
-    memory_bytes: int = 4 * 2**30  # the Hessians held at once
+    memory_bytes: int = CALIBRATION_MEMORY  # the Hessians held at once
     damp: float = 0.01  # GPTQ's damping, a fraction of the Hessian's mean diagonal
     act_order: bool = True  # columns by decreasing Hessian diagonal, static group scales (gptq_quantize)
     resume: CalibrationResume | None = (
