@@ -172,7 +172,7 @@ def add_rounding_arguments(parser: argparse.ArgumentParser, quantize: bool) -> N
     )
     calibration.add_argument(
         "--calibration-memory",
-        type=parse_memory_size,
+        type=_memory_size,
         metavar="SIZE",
         help="--calibrate gptq: the input Hessians held at once (default 4GiB"
         + (
@@ -192,6 +192,15 @@ def add_rounding_arguments(parser: argparse.ArgumentParser, quantize: bool) -> N
         "target's smaller dimension (8-bit layers carry none). Readers other than ditq ignore the branch: they "
         "get the residual only. With --plan: the plan's own, recorded by ditq plan --low-rank",
     )
+
+
+def _memory_size(text: str) -> int:
+    """A size (``parse_memory_size``), its error said as argparse says one, naming the flag it was given to (the
+    parser's own names --max-memory, and raised in argparse's type call it ended in a traceback)."""
+    try:
+        return parse_memory_size(text)
+    except InputError:
+        raise argparse.ArgumentTypeError(f"not a positive size: {text!r} (e.g. 16GiB, 20000MiB)") from None
 
 
 def _seeds(text: str) -> tuple[int, ...]:

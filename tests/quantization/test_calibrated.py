@@ -208,6 +208,23 @@ def test_offload_and_max_memory_are_calibrations_only(
         assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["quantize", "plan"])
+def test_a_calibration_memory_that_is_no_size_is_one_line_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    source, out = str(default_model_dir()), tmp_path / "out"
+    for size in ("0", "lots"):
+        argv = [command, source, *([str(out)] if command == "quantize" else []), "--calibration-memory", size]
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert (
+            f"argument --calibration-memory: not a positive size: '{size}'" in err and "Traceback" not in err
+        )
+        assert not out.exists()
+
+
 def test_a_text_encoders_passes_run_few_steps_which_give_it_the_rows_every_step_count_gives() -> None:
     """A text encoder runs before the denoising loop: its Hessians from requests at two steps are the ones at any
     number of steps (bit for bit on the demo model), so its passes take ``run_before_steps``; a denoiser's, and a
