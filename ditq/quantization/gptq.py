@@ -21,11 +21,13 @@ What this module does and does not do:
 
 ``HessianAccumulator`` and ``hessian_hooks`` gather H from a module's forward passes; ``gptq_quantize`` rounds
 with it. Round to nearest and dequantization are ``ditq.numerics``' (the same conventions: H = I gives exactly
-their rounding). Nothing here imports from ditq: ``calibrated`` wires it in.
+their rounding). On CUDA, with Triton, the act-order sweep runs as ``gptq_triton``'s kernel, one launch a block of
+columns, with the loop's codes bit for bit; nothing else here imports from ditq: ``calibrated`` wires it in.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -43,6 +45,7 @@ __all__ = [
 TINY = (
     1e-12  # the smallest amax a scale is taken from (an all-zero group quantizes to zeros); as ditq.numerics
 )
+BLOCK_SIZE = 128  # columns whose errors propagate at once (the lazy update's blocks); the Triton sweep's too
 
 
 class HessianAccumulator:
@@ -279,7 +282,7 @@ def gptq_quantize(
     bits: int = 4,
     group_size: int | None = 128,
     damp: float = 0.01,
-    block_size: int = 128,
+    block_size: int = BLOCK_SIZE,
     act_order: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ-round weight (N, K) against the input Hessian (K, K): (q int8 (N, K), scale float32 (N, G)).
@@ -360,5 +363,16 @@ def _act_order(
     scale = w.reshape(out_features, -1, width).abs().amax(dim=2).clamp_min(TINY) / qmax  # (N, G), as given
     order = torch.argsort(h.diagonal(), descending=True, stable=True)
     h_inv = _inverse_cholesky(h[order][:, order], damp)
-    q, _ = _gptq_columns(w[:, order], h_inv, qmax, width, block_size, scale[:, order // width])
+    if _triton_sweeps(w, block_size):  # the same sweep, one launch a block of columns (gptq_triton)
+        from ditq.quantization.gptq_triton import sweep_columns
+
+        q = sweep_columns(w[:, order].contiguous(), h_inv, qmax, scale[:, order // width])
+    else:
+        q, _ = _gptq_columns(w[:, order], h_inv, qmax, width, block_size, scale[:, order // width])
     return q[:, torch.argsort(order)], scale.contiguous()
+
+
+def _triton_sweeps(w: torch.Tensor, block_size: int) -> bool:
+    """Whether the act-order sweep of w runs as ``gptq_triton``'s kernel: on CUDA, with Triton installed, at the
+    kernel's block size (the blocks cut the lazy updates' matmuls, so another size rounds differently)."""
+    return w.is_cuda and block_size == BLOCK_SIZE and importlib.util.find_spec("triton") is not None

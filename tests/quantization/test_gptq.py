@@ -232,3 +232,42 @@ def test_a_host_accumulator_fed_on_cuda_sums_what_one_on_the_host_sums() -> None
     from_half.add(half.cuda())
     assert not gptq._NO_OUT_DTYPE, "this torch has no addmm(out_dtype=) on CUDA"
     assert torch.allclose(from_half.hessian, _hessian(half.float()), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    ("out_features", "in_features", "group_size"),
+    # four whole blocks; a short last block; one scale a row, over rows that end inside a program's
+    [(96, 512, 128), (40, 200, 8), (300, 384, None)],
+)
+def test_the_triton_sweep_on_cuda_rounds_as_the_torch_loop_does(
+    out_features: int, in_features: int, group_size: int | None
+) -> None:
+    """Act order on CUDA runs gptq_triton's one-launch-a-block sweep: the torch loop's codes bit for bit (both
+    round once an operation, the kernel compiled without contraction), and the CPU's output error to within a
+    percent (CUDA's matmuls round differently from the CPU's)."""
+    from ditq.quantization import gptq
+
+    x = _correlated(4 * in_features, in_features, seed=out_features)
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(5)) * 0.02
+    hessian = _hessian(x)
+    assert gptq._triton_sweeps(weight.cuda(), gptq.BLOCK_SIZE), "Triton is not installed with this CUDA torch"
+    kwargs = {"bits": 4, "group_size": group_size, "act_order": True}
+    q_triton, s_triton = gptq_quantize(weight.cuda(), hessian.cuda(), **kwargs)  # type: ignore[arg-type]
+    saved = gptq._triton_sweeps
+    gptq._triton_sweeps = lambda w, block_size: False
+    try:
+        q_loop, s_loop = gptq_quantize(weight.cuda(), hessian.cuda(), **kwargs)  # type: ignore[arg-type]
+    finally:
+        gptq._triton_sweeps = saved
+    assert q_triton.device.type == "cuda" and q_triton.dtype == torch.int8
+    assert torch.equal(q_triton, q_loop) and torch.equal(s_triton, s_loop)
+    q_cpu, s_cpu = gptq_quantize(weight, hessian, **kwargs)  # type: ignore[arg-type]
+
+    def output_error(q: torch.Tensor, scale: torch.Tensor) -> float:
+        return float((x @ (weight - dequantize(q.cpu(), scale.cpu())).T).norm() / (x @ weight.T).norm())
+
+    on_cuda, on_cpu = output_error(q_triton, s_triton), output_error(q_cpu, s_cpu)
+    rtn = output_error(*rtn_quantize(weight, group_size))
+    assert abs(on_cuda - on_cpu) < 0.01 * on_cpu and on_cuda < rtn
