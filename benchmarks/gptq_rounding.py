@@ -83,7 +83,7 @@ def one_shape(n: int, k: int, repeat: int) -> dict[str, float | int]:
         "sweep_loop_s": best_s(
             lambda: gptq._gptq_columns(w_perm.clone(), h_inv, 7, 128, 128, s_perm), repeat
         ),
-        "sweep_triton_s": best_s(lambda: sweep_columns(w_perm.clone(), h_inv, 7, s_perm), repeat),
+        "sweep_triton_s": best_s(lambda: sweep_columns(w_perm.clone(), h_inv, 7, s_perm, 128), repeat),
     }
 
 

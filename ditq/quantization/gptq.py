@@ -366,7 +366,7 @@ def _act_order(
     if _triton_sweeps(w, block_size):  # the same sweep, one launch a block of columns (gptq_triton)
         from ditq.quantization.gptq_triton import sweep_columns
 
-        q = sweep_columns(w[:, order].contiguous(), h_inv, qmax, scale[:, order // width])
+        q = sweep_columns(w[:, order].contiguous(), h_inv, qmax, scale[:, order // width], block_size)
     else:
         q, _ = _gptq_columns(w[:, order], h_inv, qmax, width, block_size, scale[:, order // width])
     return q[:, torch.argsort(order)], scale.contiguous()

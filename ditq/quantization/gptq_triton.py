@@ -3,7 +3,7 @@
 The sweep in ``gptq._gptq_columns`` quantizes one column at a time: about ten small kernels a column, so a 4096-wide
 layer launches some 40 000 of them and its rounding is bound by the launches, not the arithmetic. GPTQ's rows are
 independent (a row's errors only move along that row), so here each Triton program takes ``ROWS`` rows and walks a
-whole block of ``gptq.BLOCK_SIZE`` columns in order, the rows' block held in registers: one launch per block. What crosses
+whole block of columns (``gptq.BLOCK_SIZE``) in order, the rows' block held in registers: one launch per block. What crosses
 blocks, the lazy update of the columns after the block (errors @ h_inv[block, after]), stays one torch matmul, as in
 the loop.
 
@@ -21,8 +21,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from ditq.quantization.gptq import BLOCK_SIZE as BLOCK  # columns a launch walks: the loop's blocks
 
 __all__ = ["sweep_columns"]
 
@@ -78,23 +76,27 @@ def _sweep_block(
 
 
 def sweep_columns(
-    w: torch.Tensor, h_inv: torch.Tensor, qmax: int, column_scale: torch.Tensor
+    w: torch.Tensor, h_inv: torch.Tensor, qmax: int, column_scale: torch.Tensor, block_size: int
 ) -> torch.Tensor:
     """``gptq._gptq_columns``' act-order sweep on CUDA: w (N, K) float32, rounded in place with error feedback
     through h_inv (K, K, float32, upper Cholesky factor of H^-1), every column's scale in column_scale (N, K) ->
-    q int8 (N, K), in blocks of ``BLOCK`` columns."""
+    q int8 (N, K), in blocks of ``block_size`` columns (a power of two: the kernel's tile)."""
     n, k = w.shape
     if not (w.dtype == torch.float32 and w.is_contiguous()):
         raise ValueError("the Triton GPTQ sweep takes a contiguous float32 weight")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(
+            f"the Triton GPTQ sweep takes a block size that is a power of two from 16, not {block_size}"
+        )
     h_inv, column_scale = h_inv.contiguous(), column_scale.contiguous()
     q = torch.empty(n, k, dtype=torch.int8, device=w.device)
-    errors = torch.empty(n, BLOCK, dtype=torch.float32, device=w.device)
+    errors = torch.empty(n, block_size, dtype=torch.float32, device=w.device)
     grid = (triton.cdiv(n, ROWS),)
-    for start in range(0, k, BLOCK):
-        stop = min(start + BLOCK, k)
+    for start in range(0, k, block_size):
+        stop = min(start + block_size, k)
         _sweep_block[grid](
             w, column_scale, h_inv, q, errors, n, k, start, stop - start, qmax,
-            BLOCK_COLS=BLOCK, ROWS_PER_PROGRAM=ROWS, enable_fp_fusion=False,
+            BLOCK_COLS=block_size, ROWS_PER_PROGRAM=ROWS, enable_fp_fusion=False,
         )  # fmt: skip
         if stop < k:
             w[:, stop:].sub_(errors[:, : stop - start] @ h_inv[start:stop, stop:])
