@@ -8,9 +8,9 @@ blocks, the lazy update of the columns after the block (errors @ h_inv[block, af
 the loop.
 
 Every operation is the loop's, one rounding each, in the loop's order: q = round_half_even(w / s) clamped, the
-error (w - q * s) / d, and the update w - error * h. The kernel is compiled without floating-point contraction
-(``enable_fp_fusion=False``), so that no multiply and subtract become one fused rounding: on CUDA it gives the
-torch loop's codes bit for bit (``tests/quantization/test_gptq.py``'s GPU test checks it;
+error (w - q * s) / d, and the update w - error * h. The divisions are IEEE's (``div_rn``: Triton's ``/`` is an approximate division
+on CUDA) and the kernel is compiled without floating-point contraction (``enable_fp_fusion=False``), so that no
+multiply and subtract become one fused rounding: on CUDA it gives the torch loop's codes bit for bit (``tests/quantization/test_gptq.py``'s GPU test checks it;
 ``benchmarks/gptq_rounding.py`` times both).
 
 Imported only when a CUDA calibration rounds: the package imports without Triton.
@@ -66,9 +66,9 @@ def _sweep_block(
         here = (cols == i)[None, :]
         current = tl.sum(tl.where(here, block, 0.0), axis=1)  # column i: one value and zeros, summed exactly
         step = tl.load(s_ptr + rows * k_cols + start + i, mask=in_rows, other=1.0)
-        q = tl.minimum(tl.maximum(_round_half_even(current / step), -qmax - 1.0), qmax * 1.0)
+        q = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(current, step)), -qmax - 1.0), qmax * 1.0)
         diagonal = tl.load(h_ptr + (start + i) * k_cols + start + i)
-        error = (current - q * step) / diagonal
+        error = tl.math.div_rn(current - q * step, diagonal)
         h_row = tl.load(h_ptr + (start + i) * k_cols + start + cols, mask=in_cols & (cols >= i), other=0.0)
         block = block - error[:, None] * h_row[None, :]  # columns before i: h_row is 0 there, nothing changes
         tl.store(q_ptr + rows * k_cols + start + i, q.to(tl.int8), mask=in_rows)
