@@ -7,7 +7,8 @@ For each (N, K) weight (float32 on the device, seeded) and a Hessian made from 2
 ``gptq_quantize`` whole (4 bits, group 128, act order, damp 0.01: ``Calibration``'s defaults) with each sweep, the
 device synchronized, best of ``--repeat`` after one warm-up (Triton compiles there); and, with the Hessian's
 inversion taken out, the sweep alone. It records the fraction of codes equal between the two and each one's relative
-output error ||X (W - Wq)^T|| / ||X W^T|| on the inputs.
+output error ||X (W - Wq)^T|| / ||X W^T|| on the inputs; and, to find where codes differ, the two sweeps'
+codes on one inverse, and each whole rounding's codes against the same rounding run again.
 """
 
 from __future__ import annotations
@@ -70,12 +71,23 @@ def one_shape(n: int, k: int, repeat: int) -> dict[str, float | int]:
     def output_error(q: torch.Tensor, s: torch.Tensor) -> float:
         return float(((x @ (weight - dequantize_weight(q, s)).T).norm() / (x @ weight.T).norm()).item())
 
+    def equal(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a == b).float().mean().item())
+
     q_loop, s_loop = whole(False)
     q_triton, s_triton = whole(True)
+    swept_loop, _ = gptq._gptq_columns(w_perm.clone(), h_inv, 7, 128, 128, s_perm)
     return {
         "n": n,
         "k": k,
-        "codes_equal": float((q_loop == q_triton).float().mean().item()),
+        "codes_equal": equal(q_loop, q_triton),
+        # where they differ: each sweep on one inverse, and each whole rounding against itself run again (the
+        # Hessian's inversion and the lazy updates' matmuls are the device libraries')
+        "sweep_codes_equal": equal(
+            swept_loop.to(torch.int8), sweep_columns(w_perm.clone(), h_inv, 7, s_perm, 128)
+        ),
+        "loop_again_codes_equal": equal(q_loop, whole(False)[0]),
+        "triton_again_codes_equal": equal(q_triton, whole(True)[0]),
         "output_error_loop": output_error(q_loop, s_loop),
         "output_error_triton": output_error(q_triton, s_triton),
         "gptq_quantize_loop_s": best_s(lambda: whole(False), repeat),
