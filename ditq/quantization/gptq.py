@@ -22,7 +22,8 @@ What this module does and does not do:
 ``HessianAccumulator`` and ``hessian_hooks`` gather H from a module's forward passes; ``gptq_quantize`` rounds
 with it. Round to nearest and dequantization are ``ditq.numerics``' (the same conventions: H = I gives exactly
 their rounding). On CUDA, with Triton, the act-order sweep runs as ``gptq_triton``'s kernel, one launch a block of
-columns, with the loop's codes bit for bit; nothing else here imports from ditq: ``calibrated`` wires it in.
+columns, the loop's arithmetic in the loop's order (its codes, all but a few in millions at full size); nothing
+else here imports from ditq: ``calibrated`` wires it in.
 """
 
 from __future__ import annotations
