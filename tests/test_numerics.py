@@ -69,6 +69,64 @@ def test_four_bit_packing_matches_compressed_tensors(in_features: int) -> None:
     assert torch.equal(unpack_from_int32(ours, 4, torch.Size([32, in_features])), q)
 
 
+@pytest.mark.parametrize("num_bits", [4, 8])
+def test_unpacking_a_byte_at_a_time_reads_every_word_as_shifting_it_does(
+    num_bits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every 16-bit half-word value in both halves of a word (so every byte in every position), and rows cut
+    into several reads at a time, some of them past a padded last word: the byte path gives the word-shifting
+    path's values, and compressed-tensors'."""
+    from ditq import numerics
+
+    halves = torch.arange(0, 1 << 16, dtype=torch.int64)
+    words = halves | (halves.roll(1) << 16)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).reshape(-1, 16)
+    shape = (words.shape[0], 16 * 32 // num_bits)
+    assert torch.equal(
+        unpack_int32_to_int(words, shape, num_bits), numerics._unpack_shifting(words, shape, num_bits)
+    )
+    monkeypatch.setattr(numerics, "UNPACK_ROWS", 3 * 4 * 8)  # three rows of eight words a read
+    q = torch.randint(-(1 << num_bits - 1), 1 << num_bits - 1, (10, 61), dtype=torch.int8)
+    packed = pack_int_to_int32(q, num_bits)
+    assert torch.equal(unpack_int32_to_int(packed, (10, 61), num_bits), q)
+    assert torch.equal(unpack_from_int32(packed, num_bits, torch.Size([10, 61])), q)
+    with pytest.raises(ValueError, match="cannot hold"):
+        unpack_int32_to_int(packed, (10, 62 + 32 // num_bits * 8), num_bits)
+
+
+def test_relative_l2_summed_a_chunk_at_a_time_is_the_whole_float64_norm_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chunks that end inside a row, bfloat16 against float32, inputs left as they were, broadcasting kept."""
+    from ditq import numerics
+
+    monkeypatch.setattr(numerics, "L2_CHUNK", 1000)
+    generator = torch.Generator().manual_seed(3)
+    reference = torch.randn(37, 129, generator=generator, dtype=torch.float64)
+    actual = reference + 1e-3 * torch.randn(37, 129, generator=generator, dtype=torch.float64)
+    kept = actual.clone()
+    whole = float((actual - reference).norm() / reference.norm())
+    assert relative_l2(actual, reference) == pytest.approx(whole, rel=1e-12)
+    assert torch.equal(actual, kept)
+    half = actual.to(torch.bfloat16)
+    assert relative_l2(half, reference.float()) == pytest.approx(
+        float((half.double() - reference).norm() / reference.norm()), rel=1e-6
+    )
+    assert relative_l2(actual, reference[0]) == pytest.approx(
+        float((actual - reference[0]).norm() / reference[0].norm()), rel=1e-12
+    )
+    assert relative_l2(torch.zeros(0), torch.zeros(0)) == 0.0
+
+
+def test_dequantizing_a_float32_q_leaves_it_as_it_was() -> None:
+    q = torch.randint(-7, 8, (8, 64)).to(torch.float32)
+    kept, scale = q.clone(), torch.rand(8, 2) + 0.5
+    assert torch.equal(
+        dequantize_weight(q, scale), (q.reshape(8, 2, 32) * scale.unsqueeze(-1)).reshape(8, 64)
+    )
+    assert torch.equal(q, kept)
+
+
 def test_four_bit_weights_use_seven_levels_each_side() -> None:
     q, scale = quantize_weight(_weight(), W4A16.with_group_size(32))
     assert int(q.abs().amax()) == 7 and int(q.min()) >= -7
