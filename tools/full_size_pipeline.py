@@ -38,7 +38,7 @@ environment) the processor is built, and can be loaded, without it inside ``with
 as usual, video processor included.
 
 Usage:
-    python tools/full_size_pipeline.py --out DIR [--preset full|tiny] [--device cpu|cuda] [--seed 0]
+    python tools/full_size_pipeline.py --out DIR [--preset full|slim|tiny] [--device cpu|cuda] [--seed 0]
         [--fixtures-out DIR] [--force]
     python tools/full_size_pipeline.py --preset full --dry-run   # counts on the meta device, no files
 """
@@ -52,7 +52,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -206,48 +206,58 @@ class Preset:
 
 
 TINY_Z = 16
+_FULL = Preset(
+    transformer={},  # QwenImage21Transformer2DModel() defaults: 32 blocks, 32 x 128 heads, context 4096
+    vae={},  # AutoencoderKLQwenImage21() defaults: z_dim 64, 16x spatial compression
+    # Qwen/Qwen3-VL-8B-Instruct config.json, text_config (rope_scaling there = rope_parameters here)
+    text_config=dict(
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        hidden_act="silu",
+        max_position_embeddings=262144,
+        rms_norm_eps=1e-6,
+        attention_bias=False,
+        initializer_range=0.02,
+        rope_parameters=dict(
+            rope_type="default", rope_theta=5000000, mrope_section=[24, 20, 20], mrope_interleaved=True
+        ),
+    ),
+    # Qwen/Qwen3-VL-8B-Instruct config.json, vision_config
+    vision_config=dict(
+        depth=27,
+        hidden_size=1152,
+        intermediate_size=4304,
+        num_heads=16,
+        hidden_act="gelu_pytorch_tanh",
+        in_channels=3,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=4096,
+        num_position_embeddings=2304,
+        deepstack_visual_indexes=[8, 16, 24],
+        initializer_range=0.02,
+    ),
+    image_min_pixels=65536,  # Qwen3-VL's preprocessor_config.json
+    image_max_pixels=16777216,
+    fixture_size=1024,
+    notes="real sizes: transformer and VAE at diffusers defaults, text encoder at Qwen3-VL-8B-Instruct",
+)
 PRESETS: dict[str, Preset] = {
-    "full": Preset(
-        transformer={},  # QwenImage21Transformer2DModel() defaults: 32 blocks, 32 x 128 heads, context 4096
-        vae={},  # AutoencoderKLQwenImage21() defaults: z_dim 64, 16x spatial compression
-        # Qwen/Qwen3-VL-8B-Instruct config.json, text_config (rope_scaling there = rope_parameters here)
-        text_config=dict(
-            vocab_size=151936,
-            hidden_size=4096,
-            intermediate_size=12288,
-            num_hidden_layers=36,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            hidden_act="silu",
-            max_position_embeddings=262144,
-            rms_norm_eps=1e-6,
-            attention_bias=False,
-            initializer_range=0.02,
-            rope_parameters=dict(
-                rope_type="default", rope_theta=5000000, mrope_section=[24, 20, 20], mrope_interleaved=True
-            ),
-        ),
-        # Qwen/Qwen3-VL-8B-Instruct config.json, vision_config
-        vision_config=dict(
-            depth=27,
-            hidden_size=1152,
-            intermediate_size=4304,
-            num_heads=16,
-            hidden_act="gelu_pytorch_tanh",
-            in_channels=3,
-            patch_size=16,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            out_hidden_size=4096,
-            num_position_embeddings=2304,
-            deepstack_visual_indexes=[8, 16, 24],
-            initializer_range=0.02,
-        ),
-        image_min_pixels=65536,  # Qwen3-VL's preprocessor_config.json
-        image_max_pixels=16777216,
-        fixture_size=1024,
-        notes="real sizes: transformer and VAE at diffusers defaults, text encoder at Qwen3-VL-8B-Instruct",
+    "full": _FULL,
+    # the full widths with two of each stack of layers: what one full-width layer costs (to quantize, verify, load),
+    # on a CPU, in about 5.4 GB (the text encoder's token embedding and lm_head are whole)
+    "slim": replace(
+        _FULL,
+        transformer={"num_layers": 2},
+        text_config={**_FULL.text_config, "num_hidden_layers": 2},
+        vision_config={**_FULL.vision_config, "depth": 2, "deepstack_visual_indexes": [0, 1]},
+        notes="full widths, two transformer blocks, two text-encoder layers, two vision blocks",
     ),
     "tiny": Preset(
         transformer=dict(
