@@ -37,11 +37,12 @@ def commit_of(checkout: Path) -> str:
     return done.stdout.strip() or "unknown"
 
 
-def timed(argv: list[str], pythonpath: Path) -> dict[str, Any]:
-    """One run of argv with ``pythonpath`` first on PYTHONPATH: its exit code, wall, user, sys and peak RSS."""
-    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+def timed(argv: list[str], checkout: Path) -> dict[str, Any]:
+    """One run of argv in ``checkout`` (``python -m`` puts the working directory first on the path, before
+    PYTHONPATH and an installed ditq), with it on PYTHONPATH too: its exit code, wall, user, sys and peak RSS."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
     start = time.perf_counter()
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(argv, cwd=checkout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert process.stderr is not None
     errors = process.stderr.read()
     _, status, usage = os.wait4(process.pid, 0)
@@ -66,7 +67,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    model, artifact = args.work / "slim", args.work / f"slim-{args.scheme}"
+    work = args.work.resolve()
+    model, artifact = work / "slim", work / f"slim-{args.scheme}"
     if not (model / "model_index.json").is_file():
         subprocess.run(
             [
@@ -97,7 +99,16 @@ def main() -> int:
     argv = [sys.executable, "-m", "ditq.cli", "verify", str(artifact), "--source", str(model)]
     checkouts = {"this": REPO} | ({"against": args.against.resolve()} if args.against else {})
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in checkouts}
-    for checkout in checkouts.values():  # warm-up: the page cache holds both trees after it
+    for name, checkout in checkouts.items():  # each runs its own ditq; a warm-up fills the page cache
+        where = subprocess.run(
+            [sys.executable, "-c", "import ditq; print(ditq.__file__)"],
+            cwd=checkout,
+            env={**os.environ, "PYTHONPATH": str(checkout)},
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        if not Path(where).is_relative_to(checkout):
+            raise SystemExit(f"{name}: ditq imports from {where}, not from {checkout}")
         timed(argv, checkout)
     for _ in range(args.repeat):
         for name, checkout in checkouts.items():
