@@ -5,7 +5,8 @@
 # EXPORTS (the variables run_stages reads):
 #   launch      start run_stages in the background, in its own process session, so it outlasts the shell
 #   resume      the same over the run folder as it is (what earlier stages made stays), its log run-resumed.log
-#   wait [S]    follow the log for up to S seconds (default 540), or until the run ends
+#   wait [S]    follow the log for up to S seconds (default 540), or until the run ends; at once, status 3,
+#               where $RUN is not there (a machine that went back idle took the run with it)
 #   collect     copy the COLLECT files of $RUN to $OUT
 detached_main() {
   case "$1" in
@@ -26,6 +27,10 @@ detached_main() {
       echo "resumed: $STAGES"
       ;;
     wait)
+      if [ ! -d "$RUN" ]; then  # a fresh machine (the one that ran it went back idle): nothing to wait for
+        echo "no run at $RUN: nothing to wait for" >&2
+        return 3
+      fi
       local deadline=$((SECONDS + ${2:-540}))
       while [ ! -f "$RUN/finished" ] && [ $SECONDS -lt $deadline ]; do sleep 5; done
       cat "$RUN/run.log" "$RUN/run-resumed.log" 2>/dev/null
