@@ -136,10 +136,11 @@ def unpack_int32_to_int(packed: torch.Tensor, shape: tuple[int, int], num_bits: 
     are read a byte at a time, ``UNPACK_ROWS`` rows at a time into the output: flipping each field's top bit makes
     it two's complement (the bias of 2**(num_bits - 1) taken off), and a nibble is sign-extended by shifts. No
     temporary is wider than a byte a value, where shifting whole words made four (unpacking was about 30 % of
-    ``ditq verify``'s time). Other widths, and big-endian hosts, shift the words.
+    ``ditq verify``'s time). Other widths, big-endian hosts and tensors on a GPU (the w8a16 repack, the int8
+    embedding's rows; the byte path has not run there yet) shift the words.
     """
     out_features, in_features = shape
-    if num_bits not in (4, 8) or sys.byteorder != "little" or packed.ndim != 2:
+    if num_bits not in (4, 8) or sys.byteorder != "little" or packed.ndim != 2 or packed.device.type != "cpu":
         return _unpack_shifting(packed, shape, num_bits)
     if packed.shape[0] != out_features or packed.shape[1] * 32 // num_bits < in_features:
         raise ValueError(
@@ -173,11 +174,11 @@ def _unpack_shifting(packed: torch.Tensor, shape: tuple[int, int], num_bits: int
 def relative_l2(actual: torch.Tensor, reference: torch.Tensor) -> float:
     """||actual - reference|| / ||reference||, in float64.
 
-    Tensors of one shape are summed ``L2_CHUNK`` elements at a time (their float64 copies never made whole: a
-    full-size layer's were gigabytes), the sums of squares kept on their device until the end; others broadcast
-    as ``actual - reference`` does.
+    Tensors of one shape on the CPU are summed ``L2_CHUNK`` elements at a time (their float64 copies never made
+    whole: a full-size layer's were gigabytes); others (broadcast as ``actual - reference`` does, or on a GPU,
+    where the chunked form has not run yet) are copied whole.
     """
-    if actual.shape != reference.shape:
+    if actual.shape != reference.shape or actual.device.type != "cpu":
         a, r = actual.to(torch.float64), reference.to(torch.float64)
         return float((a - r).norm() / r.norm().clamp_min(1e-30))
     flat_a, flat_r = actual.reshape(-1), reference.reshape(-1)
