@@ -375,5 +375,7 @@ def _act_order(
 
 def _triton_sweeps(w: torch.Tensor, block_size: int) -> bool:
     """Whether the act-order sweep of w runs as ``gptq_triton``'s kernel: on CUDA, with Triton installed, at the
-    kernel's block size (the blocks cut the lazy updates' matmuls, so another size rounds differently)."""
-    return w.is_cuda and block_size == BLOCK_SIZE and importlib.util.find_spec("triton") is not None
+    kernel's block size (the blocks cut the lazy updates' matmuls, so another size rounds differently), for K * K
+    below 2**31 (the kernel's offsets into the Hessian's factor are 32-bit)."""
+    small = w.shape[1] ** 2 < 2**31
+    return w.is_cuda and small and block_size == BLOCK_SIZE and importlib.util.find_spec("triton") is not None

@@ -3,9 +3,9 @@
 The sweep in ``gptq._gptq_columns`` quantizes one column at a time: about ten small kernels a column, so a 4096-wide
 layer launches some 40 000 of them and its rounding is bound by the launches, not the arithmetic. GPTQ's rows are
 independent (a row's errors only move along that row), so here each Triton program takes ``ROWS`` rows and walks a
-whole block of columns (``gptq.BLOCK_SIZE``) in order, the rows' block held in registers: one launch per block. What crosses
-blocks, the lazy update of the columns after the block (errors @ h_inv[block, after]), stays one torch matmul, as in
-the loop.
+whole block of columns (``gptq.BLOCK_SIZE``) in order, the rows' block held in registers: one launch per block.
+What crosses blocks, the lazy update of the columns after the block (errors @ h_inv[block, after]), stays one
+torch matmul, as in the loop. Offsets into the (K, K) factor are 32-bit: ``gptq`` hands it K below 46341 only.
 
 Every operation is the loop's, one rounding each, in the loop's order: q = round_half_even(w / s) clamped, the
 error (w - q * s) / d, and the update w - error * h. The divisions are IEEE's (``div_rn``: Triton's ``/`` is an
@@ -93,6 +93,8 @@ def sweep_columns(
         )
     h_inv, column_scale = h_inv.contiguous(), column_scale.contiguous()
     q = torch.empty(n, k, dtype=torch.int8, device=w.device)
+    if n == 0 or k == 0:
+        return q
     errors = torch.empty(n, block_size, dtype=torch.float32, device=w.device)
     grid = (triton.cdiv(n, ROWS),)
     for start in range(0, k, block_size):
