@@ -675,3 +675,27 @@ def test_a_streamed_cuda_calibration_of_both_components_writes_an_artifact_that_
     calibrate_and_save(source, out, "w4a8", options)
     report = ditq.verify(out, source)
     assert report.ok, report.table()
+
+
+def test_the_slim_preset_has_the_full_widths_with_two_of_each_stack_of_layers() -> None:
+    """Built on the meta device (no memory, no files): every Linear of the slim preset has a full-size one's
+    shape, and it is two blocks, two text layers and two vision blocks deep."""
+    full, slim = script.dry_run(script.PRESETS["full"]), script.dry_run(script.PRESETS["slim"])
+    assert slim["vae"] == full["vae"]
+    tokenizer = script.build_tokenizer()
+
+    def linear_shapes(preset: str) -> dict[str, set[tuple[int, int]]]:
+        shapes: dict[str, set[tuple[int, int]]] = {}
+        for name, builder in script.model_builders(script.PRESETS[preset], tokenizer).items():
+            with torch.device("meta"):
+                model = builder()
+            shapes[name] = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+        return shapes
+
+    assert linear_shapes("slim") == linear_shapes("full")
+    preset = script.PRESETS["slim"]
+    assert preset.transformer["num_layers"] == 2
+    assert preset.text_config["num_hidden_layers"] == 2 and preset.vision_config["depth"] == 2
+    assert (
+        2 / 32 < slim["transformer"]["parameters"] / full["transformer"]["parameters"] < 0.1
+    )  # 2 of 32 blocks
