@@ -62,11 +62,8 @@ def one_shape(n: int, k: int, repeat: int) -> dict[str, float | int]:
             gptq._triton_sweeps = saved
 
     # the sweep alone: the inputs _act_order hands it
-    h = hessian.double()
-    scale = weight.reshape(n, -1, 128).abs().amax(dim=2).clamp_min(gptq.TINY) / 7
-    order = torch.argsort(h.diagonal(), descending=True, stable=True)
-    h_inv = gptq._inverse_cholesky(h[order][:, order], 0.01)
-    w_perm, s_perm = weight[:, order].contiguous(), scale[:, order // 128].contiguous()
+    inputs = gptq._act_order_inputs(weight, hessian.double(), 7, 128, 0.01)
+    h_inv, w_perm, s_perm = inputs.h_inv, inputs.weight, inputs.column_scale
 
     def output_error(q: torch.Tensor, s: torch.Tensor) -> float:
         return float(((x @ (weight - dequantize_weight(q, s)).T).norm() / (x @ weight.T).norm()).item())
@@ -83,9 +80,7 @@ def one_shape(n: int, k: int, repeat: int) -> dict[str, float | int]:
         "codes_equal": equal(q_loop, q_triton),
         # where they differ: each sweep on one inverse, and each whole rounding against itself run again (the
         # Hessian's inversion and the lazy updates' matmuls are the device libraries')
-        "sweep_codes_equal": equal(
-            swept_loop.to(torch.int8), sweep_columns(w_perm.clone(), h_inv, 7, s_perm, 128)
-        ),
+        "sweep_codes_equal": equal(swept_loop, sweep_columns(w_perm.clone(), h_inv, 7, s_perm, 128)),
         "loop_again_codes_equal": equal(q_loop, whole(False)[0]),
         "triton_again_codes_equal": equal(q_triton, whole(True)[0]),
         "output_error_loop": output_error(q_loop, s_loop),

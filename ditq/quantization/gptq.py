@@ -32,7 +32,7 @@ import importlib.util
 import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -355,22 +355,38 @@ def _gptq_columns(
     return q.to(torch.int8), scale
 
 
+class _ActOrder(NamedTuple):
+    """What the act-order sweep takes, from the weights and the Hessian as given."""
+
+    order: torch.Tensor  # (K,) the columns by decreasing diag(H)
+    h_inv: torch.Tensor  # (K, K) float32, the upper Cholesky factor of the permuted damped H^-1
+    weight: torch.Tensor  # (N, K) float32, the columns in that order (a copy: the sweep rounds it in place)
+    column_scale: torch.Tensor  # (N, K) float32, every permuted column's group scale
+    scale: torch.Tensor  # (N, K // width) float32, the group scales in the original order
+
+
+def _act_order_inputs(w: torch.Tensor, h: torch.Tensor, qmax: int, width: int, damp: float) -> _ActOrder:
+    """w (N, K) float32 (dead columns zeroed), h (K, K) float64 (dead diagonal set) -> the sweep's inputs, every
+    group's scale taken up front from the weights as given."""
+    scale = w.reshape(w.shape[0], -1, width).abs().amax(dim=2).clamp_min(TINY) / qmax
+    order = torch.argsort(h.diagonal(), descending=True, stable=True)
+    h_inv = _inverse_cholesky(h[order][:, order], damp)
+    return _ActOrder(order, h_inv, w[:, order], scale[:, order // width], scale)
+
+
 def _act_order(
     w: torch.Tensor, h: torch.Tensor, qmax: int, width: int, damp: float, block_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ in order of decreasing diag(H) with static group scales: w (N, K) float32 (dead columns zeroed), h
     (K, K) float64 (dead diagonal set) -> (q int8 (N, K), scale (N, K // width)) in the original column order."""
-    out_features = w.shape[0]
-    scale = w.reshape(out_features, -1, width).abs().amax(dim=2).clamp_min(TINY) / qmax  # (N, G), as given
-    order = torch.argsort(h.diagonal(), descending=True, stable=True)
-    h_inv = _inverse_cholesky(h[order][:, order], damp)
+    inputs = _act_order_inputs(w, h, qmax, width, damp)
     if _triton_sweeps(w, block_size):  # the same sweep, one launch a block of columns (gptq_triton)
         from ditq.quantization.gptq_triton import sweep_columns
 
-        q = sweep_columns(w[:, order].contiguous(), h_inv, qmax, scale[:, order // width], block_size)
+        q = sweep_columns(inputs.weight, inputs.h_inv, qmax, inputs.column_scale, block_size)
     else:
-        q, _ = _gptq_columns(w[:, order], h_inv, qmax, width, block_size, scale[:, order // width])
-    return q[:, torch.argsort(order)], scale.contiguous()
+        q, _ = _gptq_columns(inputs.weight, inputs.h_inv, qmax, width, block_size, inputs.column_scale)
+    return q[:, torch.argsort(inputs.order)], inputs.scale.contiguous()
 
 
 def _triton_sweeps(w: torch.Tensor, block_size: int) -> bool:

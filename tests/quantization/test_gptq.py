@@ -242,7 +242,7 @@ def test_a_host_accumulator_fed_on_cuda_sums_what_one_on_the_host_sums() -> None
     [(96, 512, 128), (40, 200, 8), (300, 384, None)],
 )
 def test_the_triton_sweep_on_cuda_rounds_as_the_torch_loop_does(
-    out_features: int, in_features: int, group_size: int | None
+    out_features: int, in_features: int, group_size: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Act order on CUDA runs gptq_triton's one-launch-a-block sweep: the torch loop's codes bit for bit (both
     round once an operation, the kernel compiled without contraction), and the CPU's output error to within a
@@ -255,12 +255,8 @@ def test_the_triton_sweep_on_cuda_rounds_as_the_torch_loop_does(
     assert gptq._triton_sweeps(weight.cuda(), gptq.BLOCK_SIZE), "Triton is not installed with this CUDA torch"
     kwargs = {"bits": 4, "group_size": group_size, "act_order": True}
     q_triton, s_triton = gptq_quantize(weight.cuda(), hessian.cuda(), **kwargs)  # type: ignore[arg-type]
-    saved = gptq._triton_sweeps
-    gptq._triton_sweeps = lambda w, block_size: False
-    try:
-        q_loop, s_loop = gptq_quantize(weight.cuda(), hessian.cuda(), **kwargs)  # type: ignore[arg-type]
-    finally:
-        gptq._triton_sweeps = saved
+    monkeypatch.setattr(gptq, "_triton_sweeps", lambda w, block_size: False)
+    q_loop, s_loop = gptq_quantize(weight.cuda(), hessian.cuda(), **kwargs)  # type: ignore[arg-type]
     assert q_triton.device.type == "cuda" and q_triton.dtype == torch.int8
     assert torch.equal(q_triton, q_loop) and torch.equal(s_triton, s_loop)
     q_cpu, s_cpu = gptq_quantize(weight, hessian, **kwargs)  # type: ignore[arg-type]
