@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ditq.quantization.plan_file import PlanFile
     from ditq.quantization.quantizer import QuantizeResult
 
-__all__ = ["add_arguments", "add_rounding_arguments", "run"]
+__all__ = ["add_arguments", "add_rounding_arguments", "memory_size_type", "run", "seeds_type"]
 
 
 def _comma_list(text: str) -> list[str]:
@@ -160,7 +160,7 @@ def add_rounding_arguments(parser: argparse.ArgumentParser, quantize: bool) -> N
         )
     calibration.add_argument(
         "--calibration-seeds",
-        type=_seeds,
+        type=seeds_type,
         metavar="S[,S...]",
         help="--calibrate gptq: the seeds each fixture is run at, e.g. 0,1 or 0-3 (default 0,1: not the probe's "
         "2301-2304)",
@@ -172,7 +172,7 @@ def add_rounding_arguments(parser: argparse.ArgumentParser, quantize: bool) -> N
     )
     calibration.add_argument(
         "--calibration-memory",
-        type=_memory_size,
+        type=memory_size_type,
         metavar="SIZE",
         help="--calibrate gptq: the input Hessians held at once (default 4GiB"
         + (
@@ -194,7 +194,7 @@ def add_rounding_arguments(parser: argparse.ArgumentParser, quantize: bool) -> N
     )
 
 
-def _memory_size(text: str) -> int:
+def memory_size_type(text: str) -> int:
     """A size (``parse_memory_size``), its error said as argparse says one, naming the flag it was given to (the
     parser's own names --max-memory, and raised in argparse's type call it ended in a traceback)."""
     try:
@@ -203,7 +203,7 @@ def _memory_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a positive size: {text!r} (e.g. 16GiB, 20000MiB)") from None
 
 
-def _seeds(text: str) -> tuple[int, ...]:
+def seeds_type(text: str) -> tuple[int, ...]:
     """The probe's seed syntax (``parse_seeds``), its error said as argparse says one."""
     try:
         return tuple(parse_seeds(text))

@@ -117,6 +117,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="gptq: every int-weight scheme of --schemes is its SCHEME-gptq candidate (w4a8-channel: "
         "w4a8-channel-gptq; fp8 rounds to nearest)",
     )
+    calibration = parser.add_argument_group(
+        "GPTQ's requests (each candidate rounded by GPTQ; ditq quantize's options of the same names)"
+    )
+    calibration.add_argument(
+        "--calibration-seeds",
+        type=_seeds_text,
+        metavar="S[,S...]",
+        help="the seeds each fixture is run at, e.g. 0,1 or 0-3 (default: quantize's, 0,1)",
+    )
+    calibration.add_argument(
+        "--calibration-steps",
+        type=int,
+        metavar="N",
+        help="denoising steps a request (default: quantize's, 8)",
+    )
+    calibration.add_argument(
+        "--calibration-memory",
+        type=_size_text,
+        metavar="SIZE",
+        help="the input Hessians held at once, e.g. 16GiB (default: quantize's)",
+    )
     parser.add_argument("--fixtures", type=Path, required=True, help="fixtures JSON")
     parser.add_argument("--refs", type=Path, required=True, help="directory of reference images, REF.png")
     parser.add_argument("--out", type=Path, required=True, help="sweep directory (rerun to resume)")
@@ -170,6 +191,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sweep_arguments(parser, device="auto")
 
 
+def _seeds_text(text: str) -> str:
+    """--calibration-seeds as given, once ``ditq quantize`` would read it."""
+    from ditq.commands.quantize import seeds_type
+
+    seeds_type(text)
+    return text
+
+
+def _size_text(text: str) -> str:
+    """--calibration-memory as given, once ``ditq quantize`` would read it."""
+    from ditq.commands.quantize import memory_size_type
+
+    memory_size_type(text)
+    return text
+
+
 def print_verdicts(result: ReportResult) -> None:
     print_summary(result.data.document)
     print(f"report: {result.html}")
@@ -187,7 +224,7 @@ def stop_on_sigterm() -> None:
 def run(args: argparse.Namespace) -> int:
     from ditq.runtime.lora_adapters import LoraSpec
     from ditq.sweep import SweepOptions, check_seeds, parse_endpoint_for, run_sweep
-    from ditq.sweep.options import candidate_name
+    from ditq.sweep.options import Calibration, candidate_name
 
     check_seeds(args.seeds, args.max_seeds)  # before the model is looked for (on the hub, say)
     schemes = tuple(
@@ -222,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
         parallel=args.parallel,
         api_key=args.api_key,
         lora=None if args.lora is None else LoraSpec.of_path(args.lora, "adapter"),
+        calibration=Calibration(args.calibration_seeds, args.calibration_steps, args.calibration_memory),
     )
     stop_on_sigterm()
     print_verdicts(run_sweep(options))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import statistics
@@ -146,16 +147,43 @@ TICK_S = 10.0  # while a stage runs, a progress line at most this often (none is
 def run_logged(argv: list[str], log: Path, tick: Callable[[], None] | None = None) -> int:
     """``argv`` in a child process (``ditq.sweep.launch``), its output after the command line in ``log``; while it
     runs, ``tick`` every TICK_S seconds (a progress line)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as sink:
-        sink.write(f"$ {shlex.join(argv)}\n".encode())
-    child = launch.start(argv, log)
-    while True:
-        try:
-            return child.wait(timeout=TICK_S)
-        except subprocess.TimeoutExpired:
-            if tick is not None:
-                tick()
+    ((code, _),) = run_logged_beside([(argv, log, tick)])
+    return code
+
+
+def run_logged_beside(
+    commands: Sequence[tuple[list[str], Path, Callable[[], None] | None]], poll_s: float = 0.2
+) -> list[tuple[int, float]]:
+    """Each (argv, log, tick) as ``run_logged`` runs one, all at once: once every one has ended, in order, each one's
+    exit code and the seconds it ran (to ``poll_s``)."""
+    children = []
+    for argv, log, _ in commands:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as sink:
+            sink.write(f"$ {shlex.join(argv)}\n".encode())
+        children.append(launch.start(argv, log))
+    codes: list[int | None] = [None] * len(children)
+    started = time.monotonic()
+    seconds = [0.0] * len(children)
+    next_tick = started + TICK_S
+    while None in codes:
+        waiting = [i for i, code in enumerate(codes) if code is None]
+        if len(waiting) == 1:  # one left: wait on it until the next tick
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                codes[waiting[0]] = children[waiting[0]].wait(timeout=max(next_tick - time.monotonic(), 0.0))
+        else:
+            for i in waiting:
+                codes[i] = children[i].poll()
+            if None in codes:
+                time.sleep(poll_s)
+        for i in waiting:
+            seconds[i] = time.monotonic() - started
+        if None in codes and time.monotonic() >= next_tick:
+            next_tick = time.monotonic() + TICK_S
+            for (_, _, tick), code in zip(commands, codes, strict=True):
+                if tick is not None and code is None:
+                    tick()
+    return [(int(code), time_s) for code, time_s in zip(codes, seconds, strict=True) if code is not None]
 
 
 def probe_news(run_dir: Path, now: float | None = None) -> str | None:

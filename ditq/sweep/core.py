@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from ditq.devices import default_dtype
 from ditq.errors import DitqError
@@ -20,7 +20,7 @@ from ditq.runfiles import (
     read_model,
     write_model,
 )
-from ditq.sweep.candidate import Candidate, matrix_args, probe_news, run_logged
+from ditq.sweep.candidate import Candidate, matrix_args, probe_news, run_logged, run_logged_beside
 from ditq.sweep.health import Server, last_line, latest_news
 from ditq.sweep.options import SCHEME_STAGES, SweepOptions, ditq_argv
 
@@ -58,6 +58,22 @@ class Progress:
         return tick
 
 
+class Step(NamedTuple):
+    """One stage as a command: what it runs, the files it must leave, the exit codes that pass, and why its outputs
+    are not whole (None: they are)."""
+
+    stage: str
+    argv: list[str]
+    outputs: Sequence[Path]
+    ok_codes: tuple[int, ...] = (0,)
+    unfinished: Callable[[], str | None] = lambda: None
+
+
+def _news(log: Path) -> Callable[[], str | None]:
+    """What a stage writing ``log`` last said (its progress line's detail)."""
+    return lambda: latest_news(log)
+
+
 class SweepCore:
     def __init__(self, options: SweepOptions, command: str) -> None:
         self.options, self.command = options, command
@@ -89,20 +105,38 @@ class SweepCore:
         ok_codes: tuple[int, ...] = (0,),
         unfinished: Callable[[], str | None] = lambda: None,  # why the outputs are not whole (None: they are)
     ) -> bool:
-        if c.complete(stage, outputs, shell_command(argv)):
-            self._show(c, stage, "skipped", "complete from an earlier run")
-            return True
-        self._show(c, stage, "running")
-        log = c.logs / f"{stage}.log"
-        started = time.monotonic()
-        code = run_logged(argv, log, self.progress.ticker(c.scheme, stage, lambda: latest_news(log)))
-        ok = code in ok_codes and all(p.exists() for p in outputs)
-        message = None if ok else f"exit code {code}: {last_line(log)}"
-        if ok and (problem := unfinished()) is not None:
-            ok, message = False, f"exit code {code}, {problem}: {last_line(log)}"
-        c.record(stage, "ok" if ok else "failed", time.monotonic() - started, shell_command(argv), message)
-        self._show(c, stage, "ok" if ok else "FAILED", message or f"{time.monotonic() - started:.1f} s")
+        (ok,) = self._steps_beside(c, [Step(stage, argv, outputs, ok_codes, unfinished)])
         return ok
+
+    def _steps_beside(self, c: Candidate, steps: Sequence[Step]) -> list[bool]:
+        """Each stage of ``steps`` that an earlier run did not complete, all at once (each its own command), and
+        whether each passed, in order: stages that wait on different parts of the machine (verify on the host's
+        memory and cores, the doctor on the device) overlap instead of adding up."""
+        passed: dict[str, bool] = {}
+        todo = []
+        for step in steps:
+            if c.complete(step.stage, step.outputs, shell_command(step.argv)):
+                self._show(c, step.stage, "skipped", "complete from an earlier run")
+                passed[step.stage] = True
+            else:
+                self._show(c, step.stage, "running")
+                todo.append(step)
+        logs = [c.logs / f"{step.stage}.log" for step in todo]
+        ticks = [
+            self.progress.ticker(c.scheme, s.stage, _news(log)) for s, log in zip(todo, logs, strict=True)
+        ]
+        ended = run_logged_beside(
+            [(s.argv, log, tick) for s, log, tick in zip(todo, logs, ticks, strict=True)]
+        )
+        for step, log, (code, seconds) in zip(todo, logs, ended, strict=True):
+            ok = code in step.ok_codes and all(p.exists() for p in step.outputs)
+            message = None if ok else f"exit code {code}: {last_line(log)}"
+            if ok and (problem := step.unfinished()) is not None:
+                ok, message = False, f"exit code {code}, {problem}: {last_line(log)}"
+            c.record(step.stage, "ok" if ok else "failed", seconds, shell_command(step.argv), message)
+            self._show(c, step.stage, "ok" if ok else "FAILED", message or f"{seconds:.1f} s")
+            passed[step.stage] = ok
+        return [passed[step.stage] for step in steps]
 
     # -- the BF16 baseline: required; without it nothing can be judged -------------------------------
     def _baseline_argv(

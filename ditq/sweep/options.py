@@ -167,6 +167,22 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """How a GPTQ candidate's quantize gathers its Hessians: ``ditq quantize``'s calibration options, None where
+    the sweep leaves quantize's default (seeds 0,1, 8 steps a request, 4GiB of Hessians at once)."""
+
+    seeds: str | None = None  # as --calibration-seeds reads it (0,1 or 0-3)
+    steps: int | None = None
+    memory: str | None = None  # a size (16GiB)
+
+    def flags(self) -> list[str]:
+        """The options given, as quantize takes them."""
+        pairs = (("--calibration-seeds", self.seeds), ("--calibration-steps", self.steps),
+                 ("--calibration-memory", self.memory))  # fmt: skip
+        return [part for flag, value in pairs if value is not None for part in (flag, str(value))]
+
+
+@dataclass(frozen=True)
 class SweepOptions:
     model: Path
     schemes: tuple[str, ...]
@@ -212,6 +228,9 @@ class SweepOptions:
     # the folder of an earlier sweep of the same model whose candidates' artifacts this one serves instead of
     # quantizing its own (``--cache auto``'s sweep per setting: ``ditq.sweep.step_cache``); None: its own
     artifacts_from: Path | None = None
+    # ``ditq quantize``'s --calibration-seeds, --calibration-steps and --calibration-memory, as given, for every
+    # candidate GPTQ rounds (None: quantize's defaults)
+    calibration: Calibration = field(default_factory=Calibration)
 
     def __post_init__(self) -> None:
         check_seeds(self.seeds, self.max_seeds)
@@ -276,6 +295,7 @@ class SweepOptions:
         object.__setattr__(self, "max_references", max(len(f.references) for f in fixtures.values()))
         if self.plan is not None:
             object.__setattr__(self, "plan_file", read_plan(self.plan))
+        self._check_calibration()
 
     def _check_budgets(self) -> None:
         """Steps, timeouts and --max-memory, as the servers and probes would read them, before any starts."""
@@ -295,6 +315,18 @@ class SweepOptions:
                 raise InputError(
                     f"--max-memory {self.load.max_memory}: caps accelerator memory; device '{self.load.device}' has none to cap"
                 )
+
+    def _check_calibration(self) -> None:
+        """The calibration's options only where a candidate is rounded by GPTQ (with them, quantize's requests)."""
+        given = self.calibration.flags()
+        plan_gptq = self.plan_file is not None and self.plan_file.rounding.method == "gptq"
+        if given and not any(name.endswith(GPTQ) for name in self.schemes) and not plan_gptq:
+            raise InputError(
+                f"{given[0]}: no candidate of this sweep is rounded by GPTQ (--calibrate gptq, a SCHEME-gptq "
+                "scheme or a --plan rounded by GPTQ)"
+            )
+        if self.calibration.steps is not None and self.calibration.steps < 1:
+            raise InputError(f"--calibration-steps: at least 1, got {self.calibration.steps}")
 
     def _check_lora(self) -> None:
         """--lora beside what would draw an image without the adapter, or serve it where ditq serve will not."""

@@ -25,6 +25,7 @@ from ditq.runfiles import (
 )
 from ditq.sweep import launch
 from ditq.sweep.candidate import Candidate, doctor_summary
+from ditq.sweep.core import Step
 from ditq.sweep.options import (
     GPTQ,
     SCHEME_STAGES,
@@ -47,23 +48,12 @@ class Sweep(SeedSettling):
             for stage in ("gate", "compare"):
                 c.stages.pop(stage, None)
         c.save()
-        options = self.options
         if c.earlier is not None:
-            chain_ok = self._earlier_artifact(c)
+            chain_ok = self._earlier_artifact(c) and self._doctor(c)
+        elif c.shares is not None:
+            chain_ok = self._shared_artifact(c) and self._doctor(c)
         else:
-            chain_ok = self._quantize_and_verify(c) if c.shares is None else self._shared_artifact(c)
-        if chain_ok:
-            # A failing kernel path is a finding, not the end of the chain: the server falls back to a path
-            # that passed, the numbers show what that gives, and the verdict carries the doctor's finding.
-            doctor_json, reports = c.dir / "doctor.json", c.dir / "doctor-reports"
-            # a plan's: every scheme it holds
-            only = [] if c.plan is not None else ["--scheme", candidate_scheme(scheme)]
-            doctor = ditq_argv("doctor", "--artifact", c.artifact, *only, "--device", options.load.device)
-            doctor += ["--json", str(doctor_json)]
-            chain_ok = self._step(c, "doctor", [*doctor, "--report", str(reports)], [doctor_json], (0, 1))
-            if chain_ok and c.stages["doctor"].status == "ok":
-                c.doctor = doctor_summary(doctor_json, reports)
-                c.save()
+            chain_ok = self._quantize_verify_and_doctor(c)
         chain_ok = chain_ok and self._serve_and_probe(c)
         if chain_ok:
             self._gate_and_compare(c)
@@ -73,8 +63,28 @@ class Sweep(SeedSettling):
                 self._show(c, stage, "not reached", "an earlier stage failed")
         c.save()
 
-    def _quantize_and_verify(self, c: Candidate) -> bool:
-        """The candidate's own artifact: quantized (with its scheme, or its plan) and verified against the source."""
+    def _doctor_step(self, c: Candidate) -> Step:
+        """The doctor on the candidate's artifact: its kernel paths (a plan's: every scheme it holds) on the
+        servers' device. Exit code 1 (a path failed) passes the stage: a failing kernel path is a finding, not the end
+        of the chain; the server falls back to a path that passed, the numbers show what that gives, and the verdict
+        carries the doctor's finding."""
+        only = [] if c.plan is not None else ["--scheme", candidate_scheme(c.scheme)]
+        argv = ditq_argv("doctor", "--artifact", c.artifact, *only, "--device", self.options.load.device)
+        argv += ["--json", str(c.dir / "doctor.json"), "--report", str(c.dir / "doctor-reports")]
+        return Step("doctor", argv, [c.dir / "doctor.json"], (0, 1))
+
+    def _doctor(self, c: Candidate, passed: bool | None = None) -> bool:
+        """The doctor's stage (run here unless ``passed`` says how it went beside another) and its summary."""
+        if passed is None:
+            (passed,) = self._steps_beside(c, [self._doctor_step(c)])
+        if passed and c.stages["doctor"].status == "ok":
+            c.doctor = doctor_summary(c.dir / "doctor.json", c.dir / "doctor-reports")
+            c.save()
+        return passed
+
+    def _quantize_verify_and_doctor(self, c: Candidate) -> bool:
+        """The candidate's own artifact: quantized (with its scheme, or its plan), then verified against the source
+        beside the doctor (the host's work beside the device's)."""
         options = self.options
         manifest = c.artifact / "MANIFEST.json"
         if c.plan is not None:
@@ -84,10 +94,11 @@ class Sweep(SeedSettling):
             if copy.is_file() and copy.read_bytes() != fresh:
                 c.dirty = True  # another plan than the one an earlier run quantized: every stage runs again
             atomic_write_bytes(copy, fresh)
-        chain_ok = self._step(c, "quantize", quantize_argv(options, c), [manifest])
-        return chain_ok and self._step(
-            c, "verify", ditq_argv("verify", c.artifact, "--source", options.model), []
-        )
+        if not self._step(c, "quantize", quantize_argv(options, c), [manifest]):
+            return False
+        verify = Step("verify", ditq_argv("verify", c.artifact, "--source", options.model), [])
+        verified, doctored = self._steps_beside(c, [verify, self._doctor_step(c)])
+        return self._doctor(c, doctored) and verified
 
     def _shared_artifact(self, c: Candidate) -> bool:
         """A candidate that serves another's artifact (``fp8-fast`` serving ``fp8``'s): its quantize and verify are
@@ -139,6 +150,7 @@ def quantize_argv(options: SweepOptions, c: Candidate) -> list[str]:
     # calibrated on the sweep's own fixtures, at seeds the probes do not use (a plan: the seeds it records)
     if c.scheme.endswith(GPTQ) or (c.plan is not None and c.plan.rounding.method == "gptq"):
         argv += ["--calibrate", "gptq", "--fixtures", str(options.fixtures), "--refs", str(options.refs)]
+        argv += options.calibration.flags()
         # the requests run the source model within what its servers are given: the ladder's last rung, the cap
         argv += ["--offload", options.offload[-1]]
         argv += ["--max-memory", options.load.max_memory] if options.load.max_memory else []

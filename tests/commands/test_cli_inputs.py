@@ -24,6 +24,8 @@ REFUSED = [
     (["sweep", DEMO_MODEL, *FIXTURES, "--out", "{out}", "--device", "cpu", "--max-memory", "24GiB"],
      "--max-memory 24GiB: caps accelerator memory; device 'cpu' has none to cap"),
     (["sweep", DEMO_MODEL, *FIXTURES, "--out", "{out}", "--schemes", "int8"], "scheme 'int8' fits more than one"),
+    (["sweep", DEMO_MODEL, *FIXTURES, "--out", "{out}", "--schemes", "fp8", "--calibration-steps", "2"],
+     "--calibration-steps: no candidate of this sweep is rounded by GPTQ"),
     (["sweep", DEMO_MODEL, *FIXTURES, "--out", "{out}", "--schemes", "w4a8-channel,w8a8-channel"],
      "--schemes w8a8-channel: one scale per output channel is the 4-bit schemes' option"),
     (["sweep", DEMO_MODEL, "--fixtures", "{tmp}/none.json", "--refs", "{tmp}", "--out", "{out}"],

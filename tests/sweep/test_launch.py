@@ -64,3 +64,35 @@ def test_a_forked_command_runs_the_sweeps_ditq_whatever_folder_it_works_in(tmp_p
     assert (tmp_path / "v.log").read_text().strip().splitlines()[
         -1
     ] == "ditq verify: error: missing: no such directory"
+
+
+def test_commands_run_beside_each_other_run_at_once_and_each_keeps_its_log_and_exit_code(
+    tmp_path: Path,
+) -> None:
+    """``run_logged_beside``: two commands that can each end only once the other has started (each writes its own
+    file, then waits for the other's) both end, with their own exit codes and logs; run one after the other,
+    the first would wait out its 60 s and fail."""
+    from ditq.sweep import candidate
+
+    def waiter(mine: str, theirs: str, code: int) -> list[str]:
+        body = (
+            "import pathlib, sys, time; d = pathlib.Path(sys.argv[1]); (d / sys.argv[2]).touch(); "
+            "t = time.monotonic()\n"
+            "while not (d / sys.argv[3]).exists():\n"
+            "    if time.monotonic() - t > 60: sys.exit(9)\n"
+            "    time.sleep(0.05)\n"
+            "print('saw', sys.argv[3]); sys.exit(int(sys.argv[4]))"
+        )
+        return [sys.executable, "-c", body, str(tmp_path), mine, theirs, str(code)]
+
+    ended = candidate.run_logged_beside(
+        [
+            (waiter("a", "b", 0), tmp_path / "logs" / "verify.log", lambda: None),
+            (waiter("b", "a", 1), tmp_path / "logs" / "doctor.log", None),
+        ]
+    )
+    assert [code for code, _ in ended] == [0, 1]
+    assert all(seconds >= 0 for _, seconds in ended)
+    for stage, other in (("verify", "b"), ("doctor", "a")):
+        lines = (tmp_path / "logs" / f"{stage}.log").read_text().splitlines()
+        assert lines[0].startswith(f"$ {sys.executable} -c ") and lines[-1] == f"saw {other}"

@@ -607,6 +607,39 @@ def test_a_channel_candidate_is_quantized_with_group_size_channel_and_gptq_when_
     assert "--offload" not in rounded and "--max-memory" not in rounded  # round to nearest streams the files
 
 
+def test_the_calibrations_options_reach_every_gptq_candidates_quantize_and_only_where_one_is(workspace: Path):
+    """``--calibration-seeds/-steps/-memory`` as ``ditq quantize`` reads them, on each GPTQ candidate's command line
+    and no other's (quantize's defaults without them); a sweep that rounds nothing by GPTQ refuses them by name."""
+    from ditq.cli import _build_parser
+    from ditq.sweep.candidate import Candidate
+    from ditq.sweep.options import Calibration
+    from ditq.sweep.run import quantize_argv
+
+    given = Calibration(seeds="0-2", steps=2, memory="16GiB")
+    options = _workspace_options(
+        workspace, ("w4a8-gptq", "w4a8", "fp8"), "out-calibration", calibration=given
+    )
+    calibrated, rounded, fp8 = (quantize_argv(options, Candidate(options, n)) for n in options.candidates)
+    args = _build_parser(calibrated[3:]).parse_args(calibrated[3:])
+    assert (args.calibration_seeds, args.calibration_steps, args.calibration_memory) == (
+        (0, 1, 2),
+        2,
+        16 << 30,
+    )
+    assert not any(a.startswith("--calibration") for a in rounded + fp8)
+    plain = _workspace_options(workspace, ("w4a8-gptq",), "out-calibration-default")
+    args = _build_parser(quantize_argv(plain, Candidate(plain, "w4a8-gptq"))[3:]).parse_args(
+        quantize_argv(plain, Candidate(plain, "w4a8-gptq"))[3:]
+    )
+    assert (args.calibration_seeds, args.calibration_steps, args.calibration_memory) == (None, None, None)
+    with pytest.raises(
+        InputError, match=r"^--calibration-steps: no candidate of this sweep is rounded by GPTQ"
+    ):
+        _workspace_options(workspace, ("w4a8", "fp8"), "out-no-gptq", calibration=Calibration(steps=2))
+    with pytest.raises(InputError, match=r"^--calibration-steps: at least 1, got 0"):
+        _workspace_options(workspace, ("w4a8-gptq",), "out-zero", calibration=Calibration(steps=0))
+
+
 def test_a_fast_candidate_is_fp8s_only_and_named_in_one_spelling(workspace: Path):
     from ditq.sweep.options import candidate_name, candidate_options, shared_candidate
 
