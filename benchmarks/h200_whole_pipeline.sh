@@ -40,6 +40,7 @@
 #   quantize quantize each of $QUANTIZE (components auto, on the GPU) unless the sweep did: before the stages that
 #            time it, so that the GPU tests may run beside it (TESTS_BESIDE=build) and be joined (join) first;
 #            SCHEME-gptq: GPTQ-rounded under --max-memory $CALIBRATE_BUDGET with --offload auto (artifact_for)
+#   check    verify and the doctor of each $QUANTIZE artifact, beside each other as ditq sweep runs them (CHECK_S)
 #   whole    the same on the whole device (no --max-memory, --offload none) for each of $WHOLE (default fp8): the
 #            s/image the budgets are held against, from the same run; bf16+compile, fp8+compile: ditq serve --compile;
 #            +fast: --accumulate fast; +attn-KIND: --attention KIND; +alloc-expandable: the server's allocator with
@@ -236,6 +237,20 @@ run_stages() {
       quantize)
         for scheme in $QUANTIZE; do echo "$scheme: $(artifact_for "$scheme")"; done
         ;;
+      check)
+        # verify (against the source) and the doctor (its artifact's shapes, autotuning as a server does) of each
+        # $QUANTIZE artifact, beside each other as ditq sweep runs them; each log ends with its exit status and time
+        for scheme in $QUANTIZE; do
+          local art began=$SECONDS
+          art=$(artifact_for "$scheme")
+          (timeout "${CHECK_S:-300}" python3 -m ditq.cli verify "$art" --source "$MODEL" >"$RUN/verify-$scheme.log" 2>&1
+           echo "verify $scheme: exit $? in $((SECONDS - began)) s" | tee -a "$RUN/verify-$scheme.log") &
+          timeout "${CHECK_S:-300}" python3 -m ditq.cli doctor --artifact "$art" --scheme "${scheme%-gptq}" --device cuda:0 \
+            --json "$RUN/doctor-$scheme.json" >"$RUN/doctor-$scheme.log" 2>&1
+          echo "doctor $scheme: exit $? in $((SECONDS - began)) s" | tee -a "$RUN/doctor-$scheme.log"
+          wait
+        done
+        ;;
       clear)
         rm -rf "$RUN/artifacts" && echo "removed $RUN/artifacts"  # room for ditbench's own artifacts
         df -h "$RUN" | tail -1
@@ -350,8 +365,8 @@ serve_probe() {
   tar czf "$RUN/serve-${budget,,}.tgz" -C "$RUN" --exclude='*/images' "serve-${budget,,}"
 }
 
-COLLECT="run.log gpu_tests.log quantize-w4a8-gptq.log demo-cache-28.tgz demo-cache-10.tgz decode_answer_bench.json decode_answer_bench.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz sweep-16gib.tgz sweep-12gib.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-12gib.tgz serve-whole.tgz"
-EXPORTS="TREE CALIBRATE_BUDGET CALIBRATE_ARGS DEMO_SCHEMES DEMO_STEPS DEMO_SEEDS DEMO_S SWEEP_ARGS DECODEBENCH_S ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 SERVE12 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
+COLLECT="run.log gpu_tests.log quantize-w4a8-gptq.log verify-w4a8-gptq.log doctor-w4a8-gptq.log doctor-w4a8-gptq.json demo-cache-28.tgz demo-cache-10.tgz decode_answer_bench.json decode_answer_bench.log attention_bench.json sdpa_first_call.json text_encoder_bench.json text_encoder_bench.log sweep-whole.tgz sweep-16gib.tgz sweep-12gib.tgz dit_bench.json doctor_full_size.json tiny_sweep.tgz sweep-24gib.tgz serve-24gib.tgz pipeline_memory.json serve-16gib.tgz serve-12gib.tgz serve-whole.tgz"
+EXPORTS="CHECK_S TREE CALIBRATE_BUDGET CALIBRATE_ARGS DEMO_SCHEMES DEMO_STEPS DEMO_SEEDS DEMO_S SWEEP_ARGS DECODEBENCH_S ATTN_KINDS ATTNBENCH_S GPU_TESTS_ARGS SWEEP_WHOLE SWEEP_FREE_GB SDPA_S GPU_TESTS DITBENCH_ARGS TESTS_WITH_SWEEP TESTS_BESIDE SCHEMES SERVE24 SERVE16 SERVE12 WHOLE QUANTIZE VARIANTS MEMORY_MODELS MEMORY_SEEDS DITBENCH_S DITBENCH_BUDGET_S STEPS SEEDS MODEL GEOMETRIES NOTE TESTS_S TINY_S DOCTOR_S SWEEP_S MEMORY_S PROBE_S"
 export -f serve_probe gpu_tests artifact_for
 # shellcheck source=benchmarks/h200_detached.sh
 source "$(dirname "$0")/h200_detached.sh"
