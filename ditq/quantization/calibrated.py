@@ -206,9 +206,21 @@ def _calibrated_group(
     gathered = time.perf_counter()
     for prefix, schemes in group.items():
         if found[prefix].samples == 0:
-            raise InputError(f"{prefix}: the calibration requests never ran this layer; it has no Hessian")
+            why = f"gave it no finite input ({found[prefix].dropped} rows with a NaN or an infinity)"
+            raise InputError(
+                f"{prefix}: the calibration requests {why if found[prefix].dropped else 'never ran this layer'}; "
+                "it has no Hessian"
+            )
         weight, hessian = layers[prefix].weight, found[prefix].hessian
         stored[prefix] = {s.name: _encode(weight, hessian, s, calibration, low_rank) for s in schemes}
     log.info("calibration pass: Hessians gathered in %.1f s, %d layers rounded in %.1f s", gathered - start,
              len(group), time.perf_counter() - gathered)  # fmt: skip
+    partial = {prefix: a for prefix, a in found.items() if a.dropped}
+    if partial:
+        worst, most = max(
+            partial.items(), key=lambda item: item[1].dropped / (item[1].dropped + item[1].samples)
+        )
+        log.warning("calibration pass: %d layers had input rows with a NaN or an infinity, left out of their Hessians "
+                    "(most: %s, %d of %d rows)", len(partial), worst, most.dropped,
+                    most.dropped + most.samples)  # fmt: skip
     return stored

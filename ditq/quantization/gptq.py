@@ -61,6 +61,10 @@ class HessianAccumulator:
     bfloat16 or float16 input on CUDA is multiplied as it is, into a float32 product (``_product_into``): its
     elements' products are exact in float32, as those of the input cast first are, and the tensor cores make them.
     With ``device=None`` the accumulator is made on the first input's.
+
+    A row with a NaN or an infinity is left out (``dropped`` counts them): it carries no usable sample, and one would
+    make the whole sum NaN (at one denoising step the tiny Qwen-Image pipeline's image tokens are NaN: its
+    scheduler divides by zero there).
     """
 
     def __init__(
@@ -80,12 +84,18 @@ class HessianAccumulator:
         self._sum: torch.Tensor | None = (
             None if device is None else torch.zeros(in_features, in_features, dtype=dtype, device=device)
         )
-        self._samples = 0
+        self._rows = 0
+        self._dropped = 0
 
     @property
     def samples(self) -> int:
-        """How many rows (K,) have been added."""
-        return self._samples
+        """How many rows (K,) have been added, the non-finite ones left out."""
+        return self._rows
+
+    @property
+    def dropped(self) -> int:
+        """How many rows were left out for a NaN or an infinity."""
+        return self._dropped
 
     @property
     def hessian(self) -> torch.Tensor:
@@ -93,7 +103,7 @@ class HessianAccumulator:
         given and none came)."""
         if self._sum is None:
             return torch.zeros(self.in_features, self.in_features, dtype=self._dtype)
-        return self._sum * (2.0 / max(self._samples, 1))
+        return self._sum * (2.0 / max(self.samples, 1))
 
     @torch.no_grad()
     def add(self, x: torch.Tensor) -> None:
@@ -105,6 +115,11 @@ class HessianAccumulator:
         rows = x.detach().reshape(-1, self.in_features)
         if rows.shape[0] == 0:
             return
+        # a row's sum is NaN or infinite where any of its values is: one value a row, not a mask of the input's size
+        finite = torch.isfinite(rows.sum(dim=1, dtype=torch.float32))
+        if not bool(finite.all()):  # the rare case pays for the copy
+            self._dropped += int(finite.logical_not().sum())
+            rows = rows[finite]
         if x.device == self._sum.device:
             _product_into(self._sum, rows)
         else:  # on the device for a host accumulator: one product and one chunk of rows at a time
@@ -112,7 +127,7 @@ class HessianAccumulator:
             for chunk in rows.split(PRODUCT_ROWS):
                 _product_into(product, chunk)
             self._sum += _staged(product)
-        self._samples += rows.shape[0]
+        self._rows += rows.shape[0]
 
 
 def _product_into(total: torch.Tensor, rows: torch.Tensor) -> None:

@@ -4,6 +4,7 @@ artifact on the bundled demo model: written, verified by compressed-tensors' dec
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,11 @@ def test_refusals_are_one_line() -> None:
         calibrated_layers(model, {"0": FP8}, calibration)
     with pytest.raises(InputError, match=r"^0: the calibration requests never ran this layer"):
         calibrated_layers(model, {"0": W4A16.with_group_size(None)}, calibration)
+    nan_inputs = Calibration(run=lambda: model(torch.full((3, K), math.nan)))
+    with pytest.raises(
+        InputError, match=r"^0: the calibration requests gave it no finite input \(3 rows with a NaN"
+    ):
+        calibrated_layers(model, {"0": W4A16.with_group_size(None)}, nan_inputs)
     with pytest.raises(InputError, match="--calibration-memory must be positive"):
         Calibration(run=lambda: None, memory_bytes=0)
 

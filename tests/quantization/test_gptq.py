@@ -3,6 +3,8 @@ the inputs are uncorrelated, its gain over it where they are not, and the Hessia
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -132,6 +134,26 @@ def test_hessian_accumulator_is_two_over_n_x_transpose_x_however_it_is_fed() -> 
     assert torch.allclose(whole.hessian, _hessian(x), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=r"\(\.\.\., 32\)"):
         whole.add(torch.zeros(4, 31))
+
+
+def test_rows_with_a_nan_or_an_infinity_are_left_out_of_the_hessian_and_counted() -> None:
+    """Rows a request computed as NaN (the tiny Qwen-Image pipeline's image tokens at one denoising step) left out:
+    the Hessian is the finite rows' own, where one such row made all of it NaN."""
+    x = _correlated(300, 32, seed=12)
+    bad = x.clone()
+    bad[7, 3], bad[100] = math.nan, math.inf
+    bad[200, 0], bad[200, 1] = math.inf, -math.inf  # a row whose values would cancel to NaN in a sum
+    kept = torch.ones(300, dtype=torch.bool)
+    kept[[7, 100, 200]] = False
+    accumulator = HessianAccumulator(32)
+    accumulator.add(bad[:150])
+    accumulator.add(bad[150:].reshape(3, 50, 32))
+    assert (accumulator.samples, accumulator.dropped) == (297, 3)
+    assert bool(torch.isfinite(accumulator.hessian).all())
+    assert torch.allclose(accumulator.hessian, _hessian(x[kept]), rtol=1e-5, atol=1e-6)
+    clean = HessianAccumulator(32)
+    clean.add(x)
+    assert (clean.samples, clean.dropped) == (300, 0)
 
 
 def test_hessian_hooks_collect_the_named_layers_only_and_are_removed() -> None:

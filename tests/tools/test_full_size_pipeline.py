@@ -530,13 +530,14 @@ def test_ditq_sweep_runs_the_tiny_qwen_image_pipeline_on_the_cpu(source: Path, t
     fixtures = tmp_path / "fixtures.json"
     fixtures.write_text(json.dumps(chosen))
     out = tmp_path / "sweep"
-    argv = [sys.executable, "-m", "ditq.cli", "sweep", str(source), "--schemes", "w8a8", "--fixtures", str(fixtures),
+    argv = [sys.executable, "-m", "ditq.cli", "sweep", str(source), "--schemes", "w4a8", "--calibrate", "gptq",
+            "--calibration-seeds", "0", "--calibration-steps", "2", "--fixtures", str(fixtures),
             "--refs", str(source / "fixtures" / "refs"), "--seeds", "1-2", "--steps", str(STEPS), "--device", "cpu",
             "--out", str(out), "--note", "random weights: deviation, not quality"]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert importlib.util.find_spec("torchvision") is None  # what this test is for: it ran without it
-    candidate = json.loads((out / "w8a8" / "CANDIDATE.json").read_text())
+    candidate = json.loads((out / "w4a8-gptq" / "CANDIDATE.json").read_text())
     assert {stage: entry["status"] for stage, entry in candidate["stages"].items()} == dict.fromkeys(
         SCHEME_STAGES, "ok"
     )
