@@ -327,6 +327,18 @@ class SweepOptions:
             )
         if self.calibration.steps is not None and self.calibration.steps < 1:
             raise InputError(f"--calibration-steps: at least 1, got {self.calibration.steps}")
+        if self.calibration.seeds is not None:  # the judged images are never the calibrated ones
+            start = parse_seeds(DEFAULT_SEEDS if self.seeds in (None, "auto") else self.seeds)
+            # --seeds auto adds the seeds after the default's, up to --max-seeds a fixture
+            probed = (
+                set(range(min(start), min(start) + self.max_seeds)) if self.seeds == "auto" else set(start)
+            )
+            shared = sorted(probed & set(parse_seeds(self.calibration.seeds)))
+            if shared:
+                raise InputError(
+                    f"--calibration-seeds {self.calibration.seeds}: seed {shared[0]} is one the probes judge "
+                    "(calibrate at others: the default is 0,1)"
+                )
 
     def _check_lora(self) -> None:
         """--lora beside what would draw an image without the adapter, or serve it where ditq serve will not."""

@@ -638,6 +638,21 @@ def test_the_calibrations_options_reach_every_gptq_candidates_quantize_and_only_
         _workspace_options(workspace, ("w4a8", "fp8"), "out-no-gptq", calibration=Calibration(steps=2))
     with pytest.raises(InputError, match=r"^--calibration-steps: at least 1, got 0"):
         _workspace_options(workspace, ("w4a8-gptq",), "out-zero", calibration=Calibration(steps=0))
+    # calibrated at a seed the probes judge, a candidate would be judged on images it was fitted to
+    with pytest.raises(InputError, match=r"^--calibration-seeds 0,2302: seed 2302 is one the probes judge"):
+        _workspace_options(workspace, ("w4a8-gptq",), "out-shared", calibration=Calibration(seeds="0,2302"))
+    with pytest.raises(InputError, match=r"^--calibration-seeds 7: seed 7 is one the probes judge"):
+        _workspace_options(
+            workspace, ("w4a8-gptq",), "out-own", seeds="5-8", calibration=Calibration(seeds="7")
+        )
+    with pytest.raises(InputError, match=r"^--calibration-seeds 2310: seed 2310 is one the probes judge"):
+        _workspace_options(
+            workspace, ("w4a8-gptq",), "out-auto", seeds="auto", calibration=Calibration(seeds="2310")
+        )
+    apart = _workspace_options(
+        workspace, ("w4a8-gptq",), "out-apart", seeds="5-8", calibration=Calibration(seeds="0-4")
+    )
+    assert apart.calibration.flags() == ["--calibration-seeds", "0-4"]
 
 
 def test_a_fast_candidate_is_fp8s_only_and_named_in_one_spelling(workspace: Path):
