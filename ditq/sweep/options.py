@@ -169,7 +169,8 @@ def default_serve_argv(model: Path, port: int, options: SweepOptions, offload: s
 @dataclass(frozen=True)
 class Calibration:
     """How a GPTQ candidate's quantize gathers its Hessians: ``ditq quantize``'s calibration options, None where
-    the sweep leaves quantize's default (seeds 0,1, 8 steps a request, 4GiB of Hessians at once)."""
+    the sweep leaves quantize's default (seeds 0,1; 8 steps a request; its --calibration-memory default, which
+    depends on the candidate's --offload)."""
 
     seeds: str | None = None  # as --calibration-seeds reads it (0,1 or 0-3)
     steps: int | None = None
