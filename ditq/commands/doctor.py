@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ditq.commands import ATTENTION_CHOICES
-from ditq.devices import add_device_arguments, resolve_device
+from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device
 from ditq.errors import InputError
 from ditq.report.provenance import shell_command
 from ditq.runfiles import DoctorFile, to_json, write_model
@@ -37,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rows", type=int, default=512, metavar="M", help="tokens per checked matmul (default 512)"
+    )
+    parser.add_argument(
+        "--dtype",
+        nargs="+",
+        choices=DTYPE_CHOICES,
+        metavar="DTYPE",
+        help="the activation dtypes to check each path at, where it takes them: the one a server computes in, say "
+        "(ditq sweep gives its servers'; default: bfloat16 float16)",
     )
     parser.add_argument(
         "--attention",
@@ -70,6 +78,8 @@ def _geometry(text: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from ditq import doctor
     from ditq.schemes import get_scheme
 
@@ -88,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         report_root=report_root,
         geometries=geometries,
         rows=args.rows,
+        dtypes=tuple(getattr(torch, name) for name in args.dtype) if args.dtype else doctor.CHECK_DTYPES,
     )
     if args.attention:
         from ditq.doctor.attention import run_attention_doctor

@@ -105,8 +105,10 @@ def run_doctor(
     report_root: Path | None = None,
     geometries: Sequence[Geometry] = SEED_GEOMETRIES,
     rows: int = ROWS,
+    dtypes: Sequence[torch.dtype] = CHECK_DTYPES,
 ) -> list[DoctorPath]:
-    """The `ditq doctor` run: the selected paths over the artifact's geometries (or ``geometries``)."""
+    """The `ditq doctor` run: the selected paths over the artifact's geometries (or ``geometries``), at the
+    activation dtypes of ``dtypes`` each path takes."""
     device = torch.device(device)
     from_artifact = artifact_cases(Path(artifact)) if artifact is not None else None
     weights = ["analytic"] + (["synthetic"] if synthetic or from_artifact is None else [])
@@ -145,6 +147,7 @@ def run_doctor(
                 path_geometries,
                 device,
                 rows=rows,
+                dtypes=dtypes,
                 report_root=report_root,
                 cases=cases,
                 report_progress=True,

@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from ditq.devices import default_dtype
 from ditq.errors import InputError
 from ditq.fsutil import SWEEP, atomic_write_bytes, check_output
 from ditq.probe.fixtures import seeds_text
@@ -65,11 +66,13 @@ class Sweep(SeedSettling):
 
     def _doctor_step(self, c: Candidate) -> Step:
         """The doctor on the candidate's artifact: its kernel paths (a plan's: every scheme it holds) on the
-        servers' device. Exit code 1 (a path failed) passes the stage: a failing kernel path is a finding, not the end
+        servers' device, in their dtype. Exit code 1 (a path failed) passes the stage: a failing kernel path is a finding, not the end
         of the chain; the server falls back to a path that passed, the numbers show what that gives, and the verdict
         carries the doctor's finding."""
         only = [] if c.plan is not None else ["--scheme", candidate_scheme(c.scheme)]
         argv = ditq_argv("doctor", "--artifact", c.artifact, *only, "--device", self.options.load.device)
+        # at the dtype its servers compute in (each path that takes it): what the candidate is served with
+        argv += ["--dtype", self.options.load.dtype or default_dtype(self.options.load.device)]
         argv += ["--json", str(c.dir / "doctor.json"), "--report", str(c.dir / "doctor-reports")]
         return Step("doctor", argv, [c.dir / "doctor.json"], (0, 1))
 

@@ -326,6 +326,18 @@ def test_cli_table_json_exit_code_and_reports(tmp_path: Path, capsys: pytest.Cap
     assert main(["doctor", "--geometry", "64", "--rows", "4"]) == 2
 
 
+def test_the_dtype_option_checks_each_path_at_those_activation_dtypes_only(tmp_path: Path) -> None:
+    """``--dtype``: the output checks at the dtypes given (what a server computes in: ditq sweep passes its servers'),
+    against both half dtypes by default."""
+    for given, expected in ((["--dtype", "float32"], {"float32"}), ([], {"bfloat16", "float16"})):
+        out = tmp_path / f"{'-'.join(given) or 'default'}.json"
+        argv = ["doctor", "--device", "cpu", "--kernels", REFERENCE, "--geometry", "64x32", "--rows", "4"]
+        assert main([*argv, *given, "--json", str(out)]) == 0
+        (path,) = json.loads(out.read_text())["paths"]
+        assert path["verdict"] == "PASS"
+        assert {c["dtype"] for c in path["checks"] if c["step"] == "output"} == expected
+
+
 def test_artifact_mode_on_a_mixed_plan_checks_each_scheme_on_its_own_layers(mixed_artifact) -> None:  # type: ignore[no-untyped-def]
     from tiny_models import MIXED_FLUX_LAYERS
 

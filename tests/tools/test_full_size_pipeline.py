@@ -541,6 +541,8 @@ def test_ditq_sweep_runs_the_tiny_qwen_image_pipeline_on_the_cpu(source: Path, t
     assert {stage: entry["status"] for stage, entry in candidate["stages"].items()} == dict.fromkeys(
         SCHEME_STAGES, "ok"
     )
+    # the doctor checks the dtype the CPU's servers compute in
+    assert "--dtype float32" in candidate["stages"]["doctor"]["command"]
     document = validate_verdict_file(out / "report" / "verdict.json")
     (verdict,) = document.candidates
     answers = [
