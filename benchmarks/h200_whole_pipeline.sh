@@ -241,12 +241,13 @@ run_stages() {
         # verify (against the source) and the doctor (its artifact's shapes, autotuning as a server does) of each
         # $QUANTIZE artifact, beside each other as ditq sweep runs them; each log ends with its exit status and time
         for scheme in $QUANTIZE; do
-          local art began=$SECONDS
+          local art began
           art=$(artifact_for "$scheme")
+          began=$SECONDS  # after the quantize artifact_for runs where no earlier stage made the artifact
           (timeout "${CHECK_S:-300}" python3 -m ditq.cli verify "$art" --source "$MODEL" >"$RUN/verify-$scheme.log" 2>&1
            echo "verify $scheme: exit $? in $((SECONDS - began)) s" | tee -a "$RUN/verify-$scheme.log") &
           timeout "${CHECK_S:-300}" python3 -m ditq.cli doctor --artifact "$art" --scheme "${scheme%-gptq}" --device cuda:0 \
-            --json "$RUN/doctor-$scheme.json" >"$RUN/doctor-$scheme.log" 2>&1
+            --dtype bfloat16 --json "$RUN/doctor-$scheme.json" >"$RUN/doctor-$scheme.log" 2>&1
           echo "doctor $scheme: exit $? in $((SECONDS - began)) s" | tee -a "$RUN/doctor-$scheme.log"
           wait
         done
