@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ditq.commands import ATTENTION_CHOICES
-from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device
+from ditq.devices import DTYPE_CHOICES, add_device_arguments, resolve_device, resolve_dtype
 from ditq.errors import InputError
 from ditq.report.provenance import shell_command
 from ditq.runfiles import DoctorFile, to_json, write_model
@@ -78,8 +78,6 @@ def _geometry(text: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from ditq import doctor
     from ditq.schemes import get_scheme
 
@@ -98,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
         report_root=report_root,
         geometries=geometries,
         rows=args.rows,
-        dtypes=tuple(getattr(torch, name) for name in args.dtype) if args.dtype else doctor.CHECK_DTYPES,
+        dtypes=tuple(resolve_dtype(name, device) for name in args.dtype)
+        if args.dtype
+        else doctor.CHECK_DTYPES,
     )
     if args.attention:
         from ditq.doctor.attention import run_attention_doctor

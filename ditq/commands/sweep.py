@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from ditq.commands import (
     load_options_from_args,
 )
 from ditq.commands.probe import add_api_key_argument
+from ditq.commands.quantize import memory_size_type, seeds_type
 from ditq.commands.report import add_objective_argument, print_summary
 from ditq.devices import DTYPE_CHOICES, parse_offload, resolve_device
 from ditq.quantization.defaults import CALIBRATIONS
@@ -122,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     calibration.add_argument(
         "--calibration-seeds",
-        type=_seeds_text,
+        type=_as_given(seeds_type),
         metavar="S[,S...]",
         help="the seeds each fixture is run at, e.g. 0,1 or 0-3 (default: quantize's, 0,1)",
     )
@@ -134,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     calibration.add_argument(
         "--calibration-memory",
-        type=_size_text,
+        type=_as_given(memory_size_type),
         metavar="SIZE",
         help="the input Hessians held at once, e.g. 16GiB (default: quantize's)",
     )
@@ -191,20 +193,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sweep_arguments(parser, device="auto")
 
 
-def _seeds_text(text: str) -> str:
-    """--calibration-seeds as given, once ``ditq quantize`` would read it."""
-    from ditq.commands.quantize import seeds_type
+def _as_given(read: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse type that keeps the text as given, once ``read`` (the type ``ditq quantize`` gives the option of
+    the same name) has taken it: quantize is handed the same words, refused here first."""
 
-    seeds_type(text)
-    return text
+    def checked(text: str) -> str:
+        read(text)
+        return text
 
-
-def _size_text(text: str) -> str:
-    """--calibration-memory as given, once ``ditq quantize`` would read it."""
-    from ditq.commands.quantize import memory_size_type
-
-    memory_size_type(text)
-    return text
+    return checked
 
 
 def print_verdicts(result: ReportResult) -> None:

@@ -117,8 +117,9 @@ class HessianAccumulator:
             return
         # a row's sum is NaN or infinite where any of its values is: one value a row, not a mask of the input's size
         finite = torch.isfinite(rows.sum(dim=1, dtype=torch.float32))
-        if not bool(finite.all()):  # the rare case pays for the copy
-            self._dropped += int(finite.logical_not().sum())
+        dropped = int(finite.logical_not().sum())
+        if dropped:  # the rare case pays for the copy
+            self._dropped += dropped
             rows = rows[finite]
         if x.device == self._sum.device:
             _product_into(self._sum, rows)

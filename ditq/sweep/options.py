@@ -330,10 +330,12 @@ class SweepOptions:
             raise InputError(f"--calibration-steps: at least 1, got {self.calibration.steps}")
         if self.calibration.seeds is not None:  # the judged images are never the calibrated ones
             start = parse_seeds(DEFAULT_SEEDS if self.seeds in (None, "auto") else self.seeds)
-            # --seeds auto adds the seeds after the default's, up to --max-seeds a fixture
-            probed = (
-                set(range(min(start), min(start) + self.max_seeds)) if self.seeds == "auto" else set(start)
+            # --seeds auto numbers its seeds on from the default's highest, up to --max-seeds a fixture (seeds_to_add)
+            top = max(start)
+            added = (
+                range(top + 1, top + 1 + self.max_seeds - len(start)) if self.seeds == "auto" else range(0)
             )
+            probed = {*start, *added}
             shared = sorted(probed & set(parse_seeds(self.calibration.seeds)))
             if shared:
                 raise InputError(

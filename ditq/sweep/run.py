@@ -76,10 +76,13 @@ class Sweep(SeedSettling):
         argv += ["--json", str(c.dir / "doctor.json"), "--report", str(c.dir / "doctor-reports")]
         return Step("doctor", argv, [c.dir / "doctor.json"], (0, 1))
 
-    def _doctor(self, c: Candidate, passed: bool | None = None) -> bool:
-        """The doctor's stage (run here unless ``passed`` says how it went beside another) and its summary."""
-        if passed is None:
-            (passed,) = self._steps_beside(c, [self._doctor_step(c)])
+    def _doctor(self, c: Candidate) -> bool:
+        """The doctor's stage alone (the artifact verified by an earlier run or another candidate)."""
+        (passed,) = self._steps_beside(c, [self._doctor_step(c)])
+        return self._doctor_found(c, passed)
+
+    def _doctor_found(self, c: Candidate, passed: bool) -> bool:
+        """``passed``, with the doctor's summary kept on the candidate where its stage ran whole."""
         if passed and c.stages["doctor"].status == "ok":
             c.doctor = doctor_summary(c.dir / "doctor.json", c.dir / "doctor-reports")
             c.save()
@@ -101,7 +104,7 @@ class Sweep(SeedSettling):
             return False
         verify = Step("verify", ditq_argv("verify", c.artifact, "--source", options.model), [])
         verified, doctored = self._steps_beside(c, [verify, self._doctor_step(c)])
-        return self._doctor(c, doctored) and verified
+        return self._doctor_found(c, doctored) and verified
 
     def _shared_artifact(self, c: Candidate) -> bool:
         """A candidate that serves another's artifact (``fp8-fast`` serving ``fp8``'s): its quantize and verify are
