@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -212,7 +212,13 @@ def _calibrated_group(
                 "it has no Hessian"
             )
         weight, hessian = layers[prefix].weight, found[prefix].hessian
-        stored[prefix] = {s.name: _encode(weight, hessian, s, calibration, low_rank) for s in schemes}
+        left_out, rows = found[prefix].dropped, found[prefix].dropped + found[prefix].samples
+        stored[prefix] = {
+            s.name: replace(
+                _encode(weight, hessian, s, calibration, low_rank), rows_left_out=left_out, rows=rows
+            )
+            for s in schemes
+        }
     log.info("calibration pass: Hessians gathered in %.1f s, %d layers rounded in %.1f s", gathered - start,
              len(group), time.perf_counter() - gathered)  # fmt: skip
     partial = {prefix: a for prefix, a in found.items() if a.dropped}

@@ -49,7 +49,9 @@ __all__ = ["RESUME_FORMAT", "CalibrationResume", "group_inputs", "source_fingerp
 
 log = logging.getLogger(__name__)
 
-RESUME_FORMAT = 1  # of a group file; another format is another input, so its files are ignored
+# of a group file; another format is another input, so its files are ignored (2: each layer's calibration rows left
+# out of its Hessian, and all its rows)
+RESUME_FORMAT = 2
 _MARKER = CALIBRATION_RESUME.markers[0]
 
 Layers = dict[str, dict[str, StoredLayer]]  # target -> scheme name -> its stored layer
@@ -176,7 +178,15 @@ class CalibrationResume:
             for n, t in layer.tensors.items()
         }
         record = {
-            p: {s: {"rel_l2": layer.rel_l2, "tensors": list(layer.tensors)} for s, layer in b.items()}
+            p: {
+                s: {
+                    "rel_l2": layer.rel_l2,
+                    "tensors": list(layer.tensors),
+                    "rows_left_out": layer.rows_left_out,
+                    "rows": layer.rows,
+                }
+                for s, layer in b.items()
+            }
             for p, b in layers.items()
         }
         metadata = {
@@ -213,7 +223,10 @@ def _layers(path: Path, header: Any, wanted: Mapping[str, Sequence[Scheme]]) -> 
                 tensors = {
                     n: read_tensor(handle, header.entries[f"{prefix}/{scheme}/{n}"]) for n in entry["tensors"]
                 }
-                layers[prefix][scheme] = StoredLayer(tensors, float(entry["rel_l2"]))
+                left_out, rows = entry["rows_left_out"], entry["rows"]
+                if not all(type(n) is int for n in (left_out, rows)) or not 0 <= left_out <= rows:
+                    raise InputError(f"{path}: {prefix}: its row counts are not 0 <= rows left out <= rows")
+                layers[prefix][scheme] = StoredLayer(tensors, float(entry["rel_l2"]), left_out, rows)
     if _tensor_digest(layers) != header.metadata.get("sha256"):
         raise InputError(f"{path}: its tensors do not match their digest")
     return layers

@@ -484,6 +484,12 @@ def _manifest(
                     sum(1 for s in layout.schemes.values() if branch_rank(s, options["low_rank"] or 0)),
                 ),
                 "statistics": _statistics({name: results[name]}),
+                # GPTQ: each layer's calibration input rows left out of its Hessian (a NaN or an infinity in
+                # them), of all it was given; only layers that had any
+                "calibration_rows_left_out": {
+                    prefix: {"left_out": left_out, "of": rows}
+                    for prefix, (left_out, rows) in sorted(results[name].rows_left_out.items())
+                },
             }
             for name, layout in layouts.items()
         },

@@ -70,6 +70,8 @@ class ComponentResult:
     quantized_params: int = 0
     kept_params: int = 0
     errors: dict[str, float] = field(default_factory=dict)  # target prefix -> relative L2 error
+    # target prefix -> (calibration rows left out of its Hessian, all its rows), where GPTQ left any out
+    rows_left_out: dict[str, tuple[int, int]] = field(default_factory=dict)
     written_files: dict[str, tuple[int, str]] = field(default_factory=dict)  # file name -> (size, sha256)
 
 
@@ -191,11 +193,14 @@ def _relative_l2(error_sq: float, reference_sq: float) -> float:
 @dataclass(frozen=True)
 class StoredLayer:
     """One Linear quantized in memory (``ditq.quantize_``): its codec's stored tensors and its relative L2 error,
-    computed band by band exactly as the streamer computes them from the source file."""
+    computed band by band exactly as the streamer computes them from the source file; a GPTQ-rounded one also
+    says how many of its calibration input rows held a NaN or an infinity and were left out of its Hessian."""
 
     # local name -> stored tensor, in file order (the codec's, then any low-rank branch's)
     tensors: dict[str, torch.Tensor]
     rel_l2: float
+    rows_left_out: int = 0  # calibration input rows left out of the Hessian (GPTQ only)
+    rows: int = 0  # every calibration input row the layer was given, those left out included (GPTQ only)
 
 
 def encode_weight(
@@ -329,6 +334,8 @@ class _Streamer:
             for local, tensor in layer.tensors.items():
                 self.writer.write(f"{prefix}.{local}", tensor)
             self.result.errors[prefix] = layer.rel_l2
+            if layer.rows_left_out:
+                self.result.rows_left_out[prefix] = (layer.rows_left_out, layer.rows)
 
         self.pipeline.submit(lambda: None, take)
         self.bar.update(entry.nbytes)

@@ -13,7 +13,7 @@ import torch
 import ditq
 from ditq.checkpoint.manifest import read_manifest
 from ditq.cli import main
-from ditq.demo import default_model_dir
+from ditq.demo import default_model_dir, load_demo_pipeline
 from ditq.errors import InputError
 from ditq.numerics import dequantize_weight, quantize_weight, relative_l2
 from ditq.quantization.calibrated import Calibration, calibrated_layers, hessian_groups
@@ -82,6 +82,30 @@ def test_refusals_are_one_line() -> None:
         calibrated_layers(model, {"0": W4A16.with_group_size(None)}, nan_inputs)
     with pytest.raises(InputError, match="--calibration-memory must be positive"):
         Calibration(run=lambda: None, memory_bytes=0)
+
+
+def test_the_manifest_records_each_layers_calibration_rows_left_out_of_its_hessian(tmp_path: Path) -> None:
+    pipeline = load_demo_pipeline()
+    poisoned = "transformer_blocks.1.attn.to_q"
+    linear = pipeline.transformer.get_submodule(poisoned)
+    rows = torch.randn(7, linear.in_features, generator=torch.Generator().manual_seed(3))
+    rows[2:5, 0] = math.nan  # three rows a request computed NaN in, as Qwen-Image's one step does
+    rows[5, 1] = math.inf
+
+    def run() -> None:  # one small request, then the poisoned rows into one layer alone
+        with torch.no_grad():
+            pipeline(prompt="a red circle", num_inference_steps=1, width=64, height=64,
+                     generator=torch.Generator().manual_seed(0))  # fmt: skip
+            linear(rows)
+
+    ditq.quantize_(pipeline, "w4a16", calibration=Calibration(run=run))
+    ditq.save(pipeline, tmp_path / "out")
+    components = read_manifest(tmp_path / "out")["components"]
+    left_out = components["transformer"]["calibration_rows_left_out"]
+    assert list(left_out) == [poisoned] and left_out[poisoned]["left_out"] == 4
+    assert left_out[poisoned]["of"] > 4  # the request's rows too, all kept
+    assert all(c["calibration_rows_left_out"] == {} for n, c in components.items() if n != "transformer")
+    assert ditq.verify(tmp_path / "out").ok
 
 
 def test_quantize_calibrate_gptq_on_the_demo_model(

@@ -156,6 +156,28 @@ def test_a_group_from_other_inputs_or_corrupt_is_ignored_with_a_line(
     assert passes == [1, 2, 3, 4, 5, 6, 7] and "made from other inputs (source changed)" in caplog.text
 
 
+def test_a_group_taken_back_keeps_its_layers_rows_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, resume = _layers(), _resume(tmp_path)
+
+    def run() -> None:
+        rows = torch.randn(256, 64, generator=torch.Generator().manual_seed(1))
+        rows[:5, 0] = float("nan")  # NaN through the first Linear, then the ReLU: the second's 5 rows too
+        with torch.no_grad():
+            model(rows)
+
+    calibration = Calibration(run=run, record={"seed": 1}, memory_bytes=64 * 64 * 4, resume=resume)
+    first = calibrated_layers(model, SCHEMES, calibration, component="c")
+    assert {p: (s.rows_left_out, s.rows) for p, s in first.items()} == {"0": (5, 256), "2": (5, 256)}
+    passes = _counted(monkeypatch)
+    again = calibrated_layers(model, SCHEMES, calibration, component="c")
+    assert passes == [] and {p: (s.rows_left_out, s.rows) for p, s in again.items()} == {
+        "0": (5, 256),
+        "2": (5, 256),
+    }
+
+
 def test_the_resume_folder_is_only_ever_ditqs_own(tmp_path: Path) -> None:
     theirs = tmp_path / ".ditq-resume-out"
     theirs.mkdir()
