@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from ditq.errors import InputError
@@ -43,6 +46,7 @@ __all__ = [
     "CalibrationOptions",
     "calibrate_and_save",
     "calibration_for",
+    "check_scheduler_steps",
     "fixture_requests",
     "host_share",
     "place_for_calibration",
@@ -74,6 +78,34 @@ class CalibrationOptions:
             raise InputError("--calibration-seeds: give at least one seed")
         if self.steps < 1:
             raise InputError(f"--calibration-steps must be at least 1, got {self.steps}")
+
+
+def check_scheduler_steps(pipeline: Any, steps: int) -> None:
+    """An InputError where the pipeline's scheduler computes a NaN or an infinite sigma at ``steps`` denoising steps
+    (``--calibration-steps``), said before any request runs: a flow-match scheduler that stretches its shift to a
+    terminal value (Qwen-Image's) divides by zero at one step, every request's noisy image tokens are then NaN, and
+    the transformer's Hessians would be left with the text tokens alone. A scheduler whose timesteps need what only
+    its pipeline passes is not judged here."""
+    scheduler = getattr(pipeline, "scheduler", None)
+    config = getattr(scheduler, "config", None)
+    if scheduler is None or config is None or not hasattr(scheduler, "set_timesteps"):
+        return
+    probe = type(scheduler).from_config(config)  # a copy: the pipeline's own keeps its state
+    # a dynamic shift's mu comes from the image's size; any mu meets the division at the terminal
+    shift = {"mu": 1.0} if getattr(config, "use_dynamic_shifting", False) else {}
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            probe.set_timesteps(steps, **shift)
+    except (TypeError, ValueError):
+        return
+    sigmas = getattr(probe, "sigmas", None)
+    if sigmas is not None and not torch.isfinite(torch.as_tensor(sigmas)).all():
+        raise InputError(
+            f"--calibration-steps {steps}: the model's scheduler ({type(scheduler).__name__}) computes NaN "
+            f"sigmas at {steps} step{'s' if steps != 1 else ''}, which would leave every noisy image token NaN; "
+            "give more steps"
+        )
 
 
 def fixture_requests(
@@ -231,6 +263,7 @@ def calibrate_and_save(
         raise InputError(f"{output}: already exists (use --force to replace it)")
     load = resolve_load_options(options.load.replace(skip_doctor=True, compile=None))
     adapter = open_pipeline(source, load)
+    check_scheduler_steps(adapter.pipeline, options.steps)
     model = resolve_source(source)[0].resolve()
     check_output(output, ARTIFACT, [model])  # what --force may replace, said before the requests run
     resume = CalibrationResume.beside(output, model)

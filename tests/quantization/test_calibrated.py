@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import ditq
+from ditq.calibration import check_scheduler_steps
 from ditq.checkpoint.manifest import read_manifest
 from ditq.cli import main
 from ditq.demo import default_model_dir, load_demo_pipeline
@@ -106,6 +108,23 @@ def test_the_manifest_records_each_layers_calibration_rows_left_out_of_its_hessi
     assert left_out[poisoned]["of"] > 4  # the request's rows too, all kept
     assert all(c["calibration_rows_left_out"] == {} for n, c in components.items() if n != "transformer")
     assert ditq.verify(tmp_path / "out").ok
+
+
+def test_a_scheduler_that_computes_nan_sigmas_at_the_calibration_steps_is_refused() -> None:
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    # Qwen-Image's: the shift stretched to a terminal value, which divides by zero at one step
+    terminal = FlowMatchEulerDiscreteScheduler(shift_terminal=0.02, use_dynamic_shifting=True)
+    pipeline, before = SimpleNamespace(scheduler=terminal), terminal.sigmas.clone()
+    with pytest.raises(InputError, match=r"^--calibration-steps 1: the model's scheduler "
+                       r"\(FlowMatchEulerDiscreteScheduler\) computes NaN sigmas at 1 step"):  # fmt: skip
+        check_scheduler_steps(pipeline, 1)
+    check_scheduler_steps(pipeline, 2)
+    assert torch.equal(terminal.sigmas, before)  # a copy was set: the pipeline's own is untouched
+    check_scheduler_steps(
+        SimpleNamespace(scheduler=FlowMatchEulerDiscreteScheduler()), 1
+    )  # no terminal: fine
+    check_scheduler_steps(SimpleNamespace(), 1)  # no scheduler: nothing to judge
 
 
 def test_quantize_calibrate_gptq_on_the_demo_model(

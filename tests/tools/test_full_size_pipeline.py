@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 import ditq
+import ditq.cli
 from ditq.probe.fixtures import load_fixtures
 from ditq.report import validate_verdict_file
 from ditq.sweep import SCHEME_STAGES
@@ -514,6 +515,21 @@ def test_inductor_compiles_the_quantized_text_encoder_on_cuda_to_the_pixels_of_e
         for images in (None, wide[:1]):
             pipeline.encode_prompt(longer, image=images, device="cuda")
     assert compiled_graphs() == graphs
+
+
+def test_one_calibration_step_is_refused_before_any_request_runs(
+    source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Qwen-Image's scheduler stretches its shift to a terminal value, which divides by zero at one step
+    fixtures = source / "fixtures"
+    argv = ["quantize", str(source), str(tmp_path / "out"), "--scheme", "w4a8", "--calibrate", "gptq", "--fixtures",
+            str(fixtures / "fixtures.json"), "--refs", str(fixtures / "refs"), "--calibration-steps", "1",
+            "--device", "cpu"]  # fmt: skip
+    assert ditq.cli.main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("ditq quantize: error: --calibration-steps 1: the model's scheduler ")
+    assert "computes NaN sigmas at 1 step" in error
+    assert not (tmp_path / "out").exists() and not (tmp_path / ".ditq-resume-out").exists()
 
 
 @pytest.mark.slow
