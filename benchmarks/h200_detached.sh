@@ -8,6 +8,8 @@
 #   wait [S]    follow the log for up to S seconds (default 540), or until the run ends; at once, status 3,
 #               where $RUN is not there (a machine that went back idle took the run with it)
 #   collect     copy the COLLECT files of $RUN to $OUT
+#   snapshot    pack what the run has written so far, its small text files only (logs, JSON; no model, artifact
+#               or image), into $OUT/snapshot.tgz: a machine lost mid-run then leaves its logs with the last call
 detached_main() {
   case "$1" in
     launch)
@@ -34,6 +36,20 @@ detached_main() {
       local deadline=$((SECONDS + ${2:-540}))
       while [ ! -f "$RUN/finished" ] && [ $SECONDS -lt $deadline ]; do sleep 5; done
       cat "$RUN/run.log" "$RUN/run-resumed.log" 2>/dev/null
+      # where a stage is still running: the last lines of the log written last
+      local newest
+      newest=$(find "$RUN" -type f -name '*.log' -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2-)
+      [ ! -f "$RUN/finished" ] && [ -n "$newest" ] && { echo "-- ${newest#"$RUN"/}:"; tail -5 "$newest" | cut -c1-300; }
+      ;;
+    snapshot)
+      if [ ! -d "$RUN" ]; then
+        echo "no run at $RUN: nothing to pack" >&2
+        return 3
+      fi
+      mkdir -p "$OUT"
+      (cd "$RUN" && find . -type f -size -4M \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.txt' \) \
+        -print0 | tar czf "$OUT/snapshot.tgz" --null -T -)
+      ls -la "$OUT/snapshot.tgz"
       ;;
     collect)
       mkdir -p "$OUT"
@@ -43,7 +59,7 @@ detached_main() {
       ls -la "$OUT"
       ;;
     *)
-      echo "usage: $0 launch | wait [seconds] | collect" >&2
+      echo "usage: $0 launch | resume | wait [seconds] | collect | snapshot" >&2
       exit 2
       ;;
   esac
