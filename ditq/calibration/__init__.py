@@ -18,11 +18,13 @@ import warnings
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
 
+from ditq.checkpoint.layout import read_model_index
 from ditq.errors import InputError
 from ditq.fsutil import ARTIFACT, check_output, exclusive_lock
 from ditq.probe.fixtures import Fixture, fixture_digest, load_fixtures
@@ -46,6 +48,7 @@ __all__ = [
     "CalibrationOptions",
     "calibrate_and_save",
     "calibration_for",
+    "check_model_scheduler_steps",
     "check_scheduler_steps",
     "fixture_requests",
     "host_share",
@@ -106,6 +109,26 @@ def check_scheduler_steps(pipeline: Any, steps: int) -> None:
             f"sigmas at {steps} step{'s' if steps != 1 else ''}, which would leave every noisy image token NaN; "
             "give more steps"
         )
+
+
+def check_model_scheduler_steps(model_dir: Path, steps: int) -> None:
+    """``check_scheduler_steps`` on the scheduler a diffusers model directory names (``model_index.json``: one of
+    diffusers' own scheduler classes), read from its config before any weight is loaded: ``ditq sweep`` says so
+    before its baseline runs. A scheduler of another library, or one that does not load, is left to the check
+    ``ditq quantize`` makes once the model is open."""
+    import diffusers
+
+    entry = read_model_index(model_dir).get("scheduler")
+    if not (isinstance(entry, list) and len(entry) == 2 and entry[0] == "diffusers" and isinstance(entry[1], str)):
+        return
+    kind = getattr(diffusers, entry[1], None)
+    if not (isinstance(kind, type) and issubclass(kind, diffusers.SchedulerMixin)):
+        return
+    try:
+        scheduler = kind.from_pretrained(model_dir, subfolder="scheduler")
+    except (OSError, ValueError, TypeError):
+        return
+    check_scheduler_steps(SimpleNamespace(scheduler=scheduler), steps)
 
 
 def fixture_requests(

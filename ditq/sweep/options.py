@@ -328,6 +328,10 @@ class SweepOptions:
             )
         if self.calibration.steps is not None and self.calibration.steps < 1:
             raise InputError(f"--calibration-steps: at least 1, got {self.calibration.steps}")
+        if self.calibration.steps is not None:  # steps the scheduler cannot take, before the baseline runs
+            from ditq.calibration import check_model_scheduler_steps
+
+            check_model_scheduler_steps(self.model, self.calibration.steps)
         if self.calibration.seeds is not None:  # the judged images are never the calibrated ones
             start = parse_seeds(DEFAULT_SEEDS if self.seeds in (None, "auto") else self.seeds)
             # --seeds auto numbers its seeds on from the default's highest, up to --max-seeds a fixture (seeds_to_add)

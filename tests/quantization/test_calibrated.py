@@ -4,6 +4,7 @@ artifact on the bundled demo model: written, verified by compressed-tensors' dec
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import ditq
-from ditq.calibration import check_scheduler_steps
+from ditq.calibration import check_model_scheduler_steps, check_scheduler_steps
 from ditq.checkpoint.manifest import read_manifest
 from ditq.cli import main
 from ditq.demo import default_model_dir, load_demo_pipeline
@@ -125,6 +126,29 @@ def test_a_scheduler_that_computes_nan_sigmas_at_the_calibration_steps_is_refuse
         SimpleNamespace(scheduler=FlowMatchEulerDiscreteScheduler()), 1
     )  # no terminal: fine
     check_scheduler_steps(SimpleNamespace(), 1)  # no scheduler: nothing to judge
+
+
+def test_a_model_directorys_scheduler_is_judged_from_its_config_and_only_diffusers_own(
+    tmp_path: Path,
+) -> None:
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    FlowMatchEulerDiscreteScheduler(shift_terminal=0.02, use_dynamic_shifting=True).save_config(
+        tmp_path / "scheduler"
+    )
+    index = tmp_path / "model_index.json"
+    index.write_text(json.dumps({"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]}))
+    with pytest.raises(InputError, match=r"^--calibration-steps 1: the model's scheduler"):
+        check_model_scheduler_steps(tmp_path, 1)
+    check_model_scheduler_steps(tmp_path, 2)
+    # not a scheduler of diffusers' own: left to quantize's check, once the model is open
+    for entry in (
+        ["diffusers", "AutoencoderKL"],
+        ["diffusers", "NoSuchScheduler"],
+        ["mylib", "FlowMatchEulerDiscreteScheduler"],
+    ):
+        index.write_text(json.dumps({"scheduler": entry}))
+        check_model_scheduler_steps(tmp_path, 1)
 
 
 def test_quantize_calibrate_gptq_on_the_demo_model(

@@ -517,7 +517,7 @@ def test_inductor_compiles_the_quantized_text_encoder_on_cuda_to_the_pixels_of_e
     assert compiled_graphs() == graphs
 
 
-def test_one_calibration_step_is_refused_before_any_request_runs(
+def test_one_calibration_step_is_refused_before_any_request_or_server_runs(
     source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Qwen-Image's scheduler stretches its shift to a terminal value, which divides by zero at one step
@@ -530,6 +530,14 @@ def test_one_calibration_step_is_refused_before_any_request_runs(
     assert error.startswith("ditq quantize: error: --calibration-steps 1: the model's scheduler ")
     assert "computes NaN sigmas at 1 step" in error
     assert not (tmp_path / "out").exists() and not (tmp_path / ".ditq-resume-out").exists()
+    # a sweep says so from the scheduler's config, before its baseline runs
+    sweep = ["sweep", str(source), "--schemes", "w4a8", "--calibrate", "gptq", "--calibration-steps", "1",
+             "--fixtures", str(fixtures / "fixtures.json"), "--refs", str(fixtures / "refs"), "--out",
+             str(tmp_path / "sweep"), "--device", "cpu"]  # fmt: skip
+    assert ditq.cli.main(sweep) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("ditq sweep: error: --calibration-steps 1: the model's scheduler ")
+    assert not (tmp_path / "sweep").exists()
 
 
 @pytest.mark.slow
