@@ -105,9 +105,9 @@ def check_scheduler_steps(pipeline: Any, steps: int) -> None:
     sigmas = getattr(probe, "sigmas", None)
     if sigmas is not None and not torch.isfinite(torch.as_tensor(sigmas)).all():
         raise InputError(
-            f"--calibration-steps {steps}: the model's scheduler ({type(scheduler).__name__}) computes NaN "
-            f"sigmas at {steps} step{'s' if steps != 1 else ''}, which would leave every noisy image token NaN; "
-            "give more steps"
+            f"--calibration-steps {steps}: the model's scheduler ({type(scheduler).__name__}) computes a NaN or "
+            f"infinite sigma at {steps} step{'s' if steps != 1 else ''}, which would leave every noisy image token "
+            "NaN; give more steps"
         )
 
 
@@ -119,7 +119,9 @@ def check_model_scheduler_steps(model_dir: Path, steps: int) -> None:
     import diffusers
 
     entry = read_model_index(model_dir).get("scheduler")
-    if not (isinstance(entry, list) and len(entry) == 2 and entry[0] == "diffusers" and isinstance(entry[1], str)):
+    if not (
+        isinstance(entry, list) and len(entry) == 2 and entry[0] == "diffusers" and isinstance(entry[1], str)
+    ):
         return
     kind = getattr(diffusers, entry[1], None)
     if not (isinstance(kind, type) and issubclass(kind, diffusers.SchedulerMixin)):

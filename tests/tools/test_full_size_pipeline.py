@@ -528,7 +528,7 @@ def test_one_calibration_step_is_refused_before_any_request_or_server_runs(
     assert ditq.cli.main(argv) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("ditq quantize: error: --calibration-steps 1: the model's scheduler ")
-    assert "computes NaN sigmas at 1 step" in error
+    assert "computes a NaN or infinite sigma at 1 step" in error
     assert not (tmp_path / "out").exists() and not (tmp_path / ".ditq-resume-out").exists()
     # a sweep says so from the scheduler's config, before its baseline runs
     sweep = ["sweep", str(source), "--schemes", "w4a8", "--calibrate", "gptq", "--calibration-steps", "1",
