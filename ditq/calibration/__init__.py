@@ -18,7 +18,6 @@ import warnings
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -83,13 +82,12 @@ class CalibrationOptions:
             raise InputError(f"--calibration-steps must be at least 1, got {self.steps}")
 
 
-def check_scheduler_steps(pipeline: Any, steps: int) -> None:
-    """An InputError where the pipeline's scheduler computes a NaN or an infinite sigma at ``steps`` denoising steps
+def check_scheduler_steps(scheduler: Any, steps: int) -> None:
+    """An InputError where a pipeline's ``scheduler`` computes a NaN or an infinite sigma at ``steps`` denoising steps
     (``--calibration-steps``), said before any request runs: a flow-match scheduler that stretches its shift to a
     terminal value (Qwen-Image's) divides by zero at one step, every request's noisy image tokens are then NaN, and
     the transformer's Hessians would be left with the text tokens alone. A scheduler whose timesteps need what only
     its pipeline passes is not judged here."""
-    scheduler = getattr(pipeline, "scheduler", None)
     config = getattr(scheduler, "config", None)
     if scheduler is None or config is None or not hasattr(scheduler, "set_timesteps"):
         return
@@ -130,7 +128,7 @@ def check_model_scheduler_steps(model_dir: Path, steps: int) -> None:
         scheduler = kind.from_pretrained(model_dir, subfolder="scheduler")
     except (OSError, ValueError, TypeError):
         return
-    check_scheduler_steps(SimpleNamespace(scheduler=scheduler), steps)
+    check_scheduler_steps(scheduler, steps)
 
 
 def fixture_requests(
@@ -288,7 +286,7 @@ def calibrate_and_save(
         raise InputError(f"{output}: already exists (use --force to replace it)")
     load = resolve_load_options(options.load.replace(skip_doctor=True, compile=None))
     adapter = open_pipeline(source, load)
-    check_scheduler_steps(adapter.pipeline, options.steps)
+    check_scheduler_steps(getattr(adapter.pipeline, "scheduler", None), options.steps)
     model = resolve_source(source)[0].resolve()
     check_output(output, ARTIFACT, [model])  # what --force may replace, said before the requests run
     resume = CalibrationResume.beside(output, model)

@@ -69,7 +69,7 @@ class InMemoryQuantization:
     auto: bool  # its pipeline's components were chosen as ``--components auto`` chooses them
     errors: dict[str, float] = field(default_factory=dict)  # target prefix -> relative L2 error
     # target prefix -> (calibration rows left out of its Hessian, all its rows), where GPTQ left any out
-    rows_left_out: dict[str, tuple[int, int]] = field(default_factory=dict)
+    calibration_rows_left_out: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def _source_dir(pipeline: Any, argument: str, needed_for: str) -> Path:
@@ -408,7 +408,7 @@ def _stored_layers(module: torch.nn.Module, record: InMemoryQuantization) -> dic
                 f"pipeline: {record.component}.{prefix}: its stored tensors were released by the kernel repack "
                 "of its first forward; call ditq.save before running the pipeline"
             ) from error_
-        out[prefix] = StoredLayer(tensors, error, *record.rows_left_out.get(prefix, (0, 0)))
+        out[prefix] = StoredLayer(tensors, error, *record.calibration_rows_left_out.get(prefix, (0, 0)))
     return out
 
 

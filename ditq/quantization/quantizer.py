@@ -488,7 +488,7 @@ def _manifest(
                 # them), of all it was given; only layers that had any
                 "calibration_rows_left_out": {
                     prefix: {"left_out": left_out, "of": rows}
-                    for prefix, (left_out, rows) in sorted(results[name].rows_left_out.items())
+                    for prefix, (left_out, rows) in sorted(results[name].calibration_rows_left_out.items())
                 },
             }
             for name, layout in layouts.items()

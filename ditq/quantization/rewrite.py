@@ -71,7 +71,7 @@ class ComponentResult:
     kept_params: int = 0
     errors: dict[str, float] = field(default_factory=dict)  # target prefix -> relative L2 error
     # target prefix -> (calibration rows left out of its Hessian, all its rows), where GPTQ left any out
-    rows_left_out: dict[str, tuple[int, int]] = field(default_factory=dict)
+    calibration_rows_left_out: dict[str, tuple[int, int]] = field(default_factory=dict)
     written_files: dict[str, tuple[int, str]] = field(default_factory=dict)  # file name -> (size, sha256)
 
 
@@ -335,7 +335,7 @@ class _Streamer:
                 self.writer.write(f"{prefix}.{local}", tensor)
             self.result.errors[prefix] = layer.rel_l2
             if layer.rows_left_out:
-                self.result.rows_left_out[prefix] = (layer.rows_left_out, layer.rows)
+                self.result.calibration_rows_left_out[prefix] = (layer.rows_left_out, layer.rows)
 
         self.pipeline.submit(lambda: None, take)
         self.bar.update(entry.nbytes)

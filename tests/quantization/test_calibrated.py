@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -116,16 +115,14 @@ def test_a_scheduler_that_computes_nan_sigmas_at_the_calibration_steps_is_refuse
 
     # Qwen-Image's: the shift stretched to a terminal value, which divides by zero at one step
     terminal = FlowMatchEulerDiscreteScheduler(shift_terminal=0.02, use_dynamic_shifting=True)
-    pipeline, before = SimpleNamespace(scheduler=terminal), terminal.sigmas.clone()
+    before = terminal.sigmas.clone()
     with pytest.raises(InputError, match=r"^--calibration-steps 1: the model's scheduler "
                        r"\(FlowMatchEulerDiscreteScheduler\) computes a NaN or infinite sigma at 1 step"):  # fmt: skip
-        check_scheduler_steps(pipeline, 1)
-    check_scheduler_steps(pipeline, 2)
+        check_scheduler_steps(terminal, 1)
+    check_scheduler_steps(terminal, 2)
     assert torch.equal(terminal.sigmas, before)  # a copy was set: the pipeline's own is untouched
-    check_scheduler_steps(
-        SimpleNamespace(scheduler=FlowMatchEulerDiscreteScheduler()), 1
-    )  # no terminal: fine
-    check_scheduler_steps(SimpleNamespace(), 1)  # no scheduler: nothing to judge
+    check_scheduler_steps(FlowMatchEulerDiscreteScheduler(), 1)  # no terminal: fine
+    check_scheduler_steps(None, 1)  # no scheduler: nothing to judge
 
 
 def test_a_model_directorys_scheduler_is_judged_from_its_config_and_only_diffusers_own(
