@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ditq.checkpoint.layout import read_model_index
@@ -32,7 +30,7 @@ from ditq.quantization.calibration_resume import CalibrationResume
 from ditq.quantization.defaults import CALIBRATION_MEMORY, CALIBRATION_SEEDS, CALIBRATION_STEPS
 from ditq.quantization.gptq import PRODUCT_ROWS
 from ditq.quantization.quantizer import QuantizeResult
-from ditq.runtime.adapter import GenerationRequest, PipelineAdapter
+from ditq.runtime.adapter import GenerationRequest, PipelineAdapter, sigmas_finite
 from ditq.runtime.memory import free_accelerator_memory, host_available_bytes
 from ditq.runtime.offload import demote_until_it_runs
 from ditq.runtime.options import LoadOptions
@@ -82,34 +80,20 @@ class CalibrationOptions:
             raise InputError(f"--calibration-steps must be at least 1, got {self.steps}")
 
 
-def check_scheduler_steps(scheduler: Any, steps: int) -> None:
-    """An InputError where a pipeline's ``scheduler`` computes a NaN or an infinite sigma at ``steps`` denoising steps
-    (``--calibration-steps``), said before any request runs: a flow-match scheduler that stretches its shift to a
-    terminal value (Qwen-Image's) divides by zero at one step, every request's noisy image tokens are then NaN, and
-    the transformer's Hessians would be left with the text tokens alone. A scheduler whose timesteps need what only
-    its pipeline passes is not judged here."""
-    config = getattr(scheduler, "config", None)
-    if scheduler is None or config is None or not hasattr(scheduler, "set_timesteps"):
-        return
-    probe = type(scheduler).from_config(config)  # a copy: the pipeline's own keeps its state
-    # a dynamic shift's mu comes from the image's size; any mu meets the division at the terminal
-    shift = {"mu": 1.0} if getattr(config, "use_dynamic_shifting", False) else {}
-    try:
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.simplefilter("ignore")
-            probe.set_timesteps(steps, **shift)
-    except (TypeError, ValueError):
-        return
-    sigmas = getattr(probe, "sigmas", None)
-    if sigmas is not None and not torch.isfinite(torch.as_tensor(sigmas)).all():
+def check_scheduler_steps(scheduler: Any, steps: int, flag: str = "--calibration-steps") -> None:
+    """An InputError naming ``flag`` where a pipeline's ``scheduler`` computes a NaN or an infinite sigma at ``steps``
+    denoising steps (``sigmas_finite``), said before any request runs: at one step Qwen-Image's scheduler
+    divides by zero, every request's noisy image tokens are then NaN, and the transformer's Hessians would be left
+    with the text tokens alone. A scheduler whose timesteps need what only its pipeline passes is not judged here."""
+    if sigmas_finite(scheduler, steps) is False:
         raise InputError(
-            f"--calibration-steps {steps}: the model's scheduler ({type(scheduler).__name__}) computes a NaN or "
+            f"{flag} {steps}: the model's scheduler ({type(scheduler).__name__}) computes a NaN or "
             f"infinite sigma at {steps} step{'s' if steps != 1 else ''}, which would leave every noisy image token "
             "NaN; give more steps"
         )
 
 
-def check_model_scheduler_steps(model_dir: Path, steps: int) -> None:
+def check_model_scheduler_steps(model_dir: Path, steps: int, flag: str = "--calibration-steps") -> None:
     """``check_scheduler_steps`` on the scheduler a diffusers model directory names (``model_index.json``: one of
     diffusers' own scheduler classes), read from its config before any weight is loaded: ``ditq sweep`` says so
     before its baseline runs. A scheduler of another library, or one that does not load, is left to the check
@@ -128,7 +112,7 @@ def check_model_scheduler_steps(model_dir: Path, steps: int) -> None:
         scheduler = kind.from_pretrained(model_dir, subfolder="scheduler")
     except (OSError, ValueError, TypeError):
         return
-    check_scheduler_steps(scheduler, steps)
+    check_scheduler_steps(scheduler, steps, flag)
 
 
 def fixture_requests(

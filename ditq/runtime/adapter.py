@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -36,7 +38,14 @@ from ditq.runtime.postprocess import pixels_on_device
 from ditq.runtime.prefix_release import released_at_decode
 from ditq.runtime.stage_clock import StageClock
 
-__all__ = ["GenerationCancelled", "GenerationRequest", "GenerationResult", "PipelineAdapter", "parse_size"]
+__all__ = [
+    "GenerationCancelled",
+    "GenerationRequest",
+    "GenerationResult",
+    "PipelineAdapter",
+    "parse_size",
+    "sigmas_finite",
+]
 
 # Generic request field -> pipeline parameter names that carry it, in preference order.
 _PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
@@ -107,6 +116,27 @@ class GenerationResult:
     skipped_steps: int | None = None
 
 
+def sigmas_finite(scheduler: Any, steps: int) -> bool | None:
+    """Whether a diffusers ``scheduler`` computes finite sigmas at ``steps`` denoising steps, set on a copy (the
+    scheduler itself keeps its state); None where that cannot be told without its pipeline (no config or
+    ``set_timesteps``, or timesteps that need what only the pipeline passes). A flow-match scheduler that stretches
+    its shift to a terminal value (Qwen-Image's) divides by zero at one step: every noisy latent is then NaN."""
+    config = getattr(scheduler, "config", None)
+    if config is None or not hasattr(scheduler, "set_timesteps") or not hasattr(scheduler, "from_config"):
+        return None
+    copy = type(scheduler).from_config(config)
+    # a dynamic shift's mu comes from the image's size; any mu meets the division at the terminal
+    shift = {"mu": 1.0} if getattr(config, "use_dynamic_shifting", False) else {}
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            copy.set_timesteps(steps, **shift)
+    except (TypeError, ValueError):
+        return None
+    sigmas = getattr(copy, "sigmas", None)
+    return None if sigmas is None else bool(torch.isfinite(torch.as_tensor(sigmas)).all())
+
+
 class PipelineAdapter:
     """Maps a GenerationRequest onto one diffusers pipeline's ``__call__``."""
 
@@ -145,6 +175,15 @@ class PipelineAdapter:
         self.reference_pixels = int(reference_size) ** 2 if isinstance(reference_size, int) else None
         # the LoRA adapters loaded on the pipeline (``ditq.runtime.lora_adapters``); each call activates its choice
         self.lora: LoraAdapters | None = None
+        self._steps_taken: dict[int, bool] = {}  # steps -> whether the scheduler's sigmas are finite there
+
+    def takes_steps(self, steps: int) -> bool:
+        """False where the pipeline's scheduler computes a NaN or an infinite sigma at ``steps`` steps (its image
+        would be NaN: ``sigmas_finite``); True where they are finite or that cannot be told. Cached by count."""
+        if steps not in self._steps_taken:
+            finite = sigmas_finite(getattr(self.pipeline, "scheduler", None), steps)
+            self._steps_taken[steps] = finite is not False
+        return self._steps_taken[steps]
 
     @property
     def cancellable(self) -> bool:

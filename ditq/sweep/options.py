@@ -296,7 +296,19 @@ class SweepOptions:
         object.__setattr__(self, "max_references", max(len(f.references) for f in fixtures.values()))
         if self.plan is not None:
             object.__setattr__(self, "plan_file", read_plan(self.plan))
+        self._check_steps()
+
+    def _check_steps(self) -> None:
+        """--steps and --calibration-steps that the model's scheduler cannot take (a NaN sigma: one step for
+        Qwen-Image), from its config before the baseline runs: every server would answer 400, and GPTQ would
+        calibrate on NaN image tokens."""
+        from ditq.calibration import check_model_scheduler_steps
+
+        if self.steps is not None:
+            check_model_scheduler_steps(self.model, self.steps, "--steps")
         self._check_calibration()
+        if self.calibration.steps is not None:
+            check_model_scheduler_steps(self.model, self.calibration.steps)
 
     def _check_budgets(self) -> None:
         """Steps, timeouts and --max-memory, as the servers and probes would read them, before any starts."""
@@ -328,10 +340,6 @@ class SweepOptions:
             )
         if self.calibration.steps is not None and self.calibration.steps < 1:
             raise InputError(f"--calibration-steps: at least 1, got {self.calibration.steps}")
-        if self.calibration.steps is not None:  # steps the scheduler cannot take, before the baseline runs
-            from ditq.calibration import check_model_scheduler_steps
-
-            check_model_scheduler_steps(self.model, self.calibration.steps)
         if self.calibration.seeds is not None:  # the judged images are never the calibrated ones
             start = parse_seeds(DEFAULT_SEEDS if self.seeds in (None, "auto") else self.seeds)
             # --seeds auto numbers its seeds on from the default's highest, up to --max-seeds a fixture (seeds_to_add)

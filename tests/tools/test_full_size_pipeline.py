@@ -382,6 +382,11 @@ def test_serve_answers_an_edit_with_the_quantized_text_encoder(quantized: Path) 
         assert (
             health["placement"]["resident"] and health["placement"]["streamed"] == []
         )  # no budget on the CPU
+        # one step: Qwen-Image's scheduler divides by zero there (a NaN image), refused before the queue
+        one = client.post("/v1/images/generations", json={"prompt": "a red star", "num_inference_steps": 1})
+        assert one.status_code == 400, one.text
+        assert one.json()["error"]["param"] == "num_inference_steps"
+        assert "scheduler computes a NaN or infinite sigma at 1 step" in one.json()["error"]["message"]
         response = client.post(
             "/v1/images/edits",
             data={"prompt": "a red star", "size": f"{SIZE}x{SIZE}", "num_inference_steps": "2", "seed": "0"},
@@ -517,7 +522,7 @@ def test_inductor_compiles_the_quantized_text_encoder_on_cuda_to_the_pixels_of_e
     assert compiled_graphs() == graphs
 
 
-def test_one_calibration_step_is_refused_before_any_request_or_server_runs(
+def test_one_step_is_refused_before_any_request_or_server_runs(
     source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Qwen-Image's scheduler stretches its shift to a terminal value, which divides by zero at one step
@@ -537,6 +542,10 @@ def test_one_calibration_step_is_refused_before_any_request_or_server_runs(
     assert ditq.cli.main(sweep) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("ditq sweep: error: --calibration-steps 1: the model's scheduler ")
+    # and the probes' own steps, which every server would refuse
+    assert ditq.cli.main([*sweep[:4], *sweep[8:], "--steps", "1"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("ditq sweep: error: --steps 1: the model's scheduler ")
     assert not (tmp_path / "sweep").exists()
 
 
