@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from ditq.errors import InputError
 from ditq.fsutil import atomic_write_bytes
 from ditq.pipeline.open import open_pipeline
 from ditq.progress import progress_bar
@@ -97,6 +98,12 @@ def generate(
         torch.cuda.reset_peak_memory_stats(torch_device)
     start = time.perf_counter()
     adapter = open_pipeline(directory, load)
+    steps = request.num_inference_steps
+    if steps is not None and not adapter.takes_steps(steps):  # a NaN image, said before it is drawn
+        raise InputError(
+            f"--steps {steps}: the model's scheduler computes a NaN or infinite sigma at {steps} "
+            f"step{'s' if steps != 1 else ''}, which would leave the image NaN; give more steps"
+        )
     if lora:
         adapter.lora = load_lora_adapters(adapter.pipeline, lora)
     pipeline = adapter.pipeline

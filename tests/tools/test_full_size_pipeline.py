@@ -547,6 +547,15 @@ def test_one_step_is_refused_before_any_request_or_server_runs(
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("ditq sweep: error: --steps 1: the model's scheduler ")
     assert not (tmp_path / "sweep").exists()
+    # ditq generate: once the model is open, before the image is drawn (it would be NaN, all black)
+    generate = ["generate", str(source), "--prompt", "a red star", "--steps", "1", "--out", str(tmp_path / "one.png"),
+                "--device", "cpu"]  # fmt: skip
+    assert ditq.cli.main(generate) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(
+        "ditq generate: error: --steps 1: the model's scheduler computes a NaN or infinite sigma"
+    )
+    assert not (tmp_path / "one.png").exists()
 
 
 @pytest.mark.slow
