@@ -155,7 +155,9 @@ REQUEST_FIELDS: dict[str, RequestField] = {
         RequestField(
             "num_inference_steps",
             "used",
-            "1 to 200, where the served pipeline takes it (else 400); omitted: the pipeline's default",
+            "1 to 200, where the served pipeline takes it (else 400), and not a count at which the model's "
+            "scheduler computes a NaN sigma (400 naming the field: one step on Qwen-Image, whose scheduler divides "
+            "by zero there and draws a NaN image); omitted: the pipeline's default",
             origin="vLLM-Omni",
             pipeline_argument=True,
         ),
