@@ -30,7 +30,7 @@ from ditq.quantization.calibration_resume import CalibrationResume
 from ditq.quantization.defaults import CALIBRATION_MEMORY, CALIBRATION_SEEDS, CALIBRATION_STEPS
 from ditq.quantization.gptq import PRODUCT_ROWS
 from ditq.quantization.quantizer import QuantizeResult
-from ditq.runtime.adapter import GenerationRequest, PipelineAdapter, sigmas_finite
+from ditq.runtime.adapter import GenerationRequest, PipelineAdapter, nan_sigmas, sigmas_finite
 from ditq.runtime.memory import free_accelerator_memory, host_available_bytes
 from ditq.runtime.offload import demote_until_it_runs
 from ditq.runtime.options import LoadOptions
@@ -87,9 +87,8 @@ def check_scheduler_steps(scheduler: Any, steps: int, flag: str = "--calibration
     with the text tokens alone. A scheduler whose timesteps need what only its pipeline passes is not judged here."""
     if sigmas_finite(scheduler, steps) is False:
         raise InputError(
-            f"{flag} {steps}: the model's scheduler ({type(scheduler).__name__}) computes a NaN or "
-            f"infinite sigma at {steps} step{'s' if steps != 1 else ''}, which would leave every noisy image token "
-            "NaN; give more steps"
+            f"{flag} {steps}: {nan_sigmas(scheduler, steps)}, which would leave every noisy image token NaN; give "
+            "more steps"
         )
 
 

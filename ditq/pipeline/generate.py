@@ -99,11 +99,8 @@ def generate(
     start = time.perf_counter()
     adapter = open_pipeline(directory, load)
     steps = request.num_inference_steps
-    if steps is not None and not adapter.takes_steps(steps):  # a NaN image, said before it is drawn
-        raise InputError(
-            f"--steps {steps}: the model's scheduler computes a NaN or infinite sigma at {steps} "
-            f"step{'s' if steps != 1 else ''}, which would leave the image NaN; give more steps"
-        )
+    if steps is not None and (why := adapter.steps_refusal(steps)):  # a NaN image, said before it is drawn
+        raise InputError(f"--steps {steps}: {why}, which would leave the image NaN; give more steps")
     if lora:
         adapter.lora = load_lora_adapters(adapter.pipeline, lora)
     pipeline = adapter.pipeline

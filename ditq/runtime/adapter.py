@@ -137,6 +137,12 @@ def sigmas_finite(scheduler: Any, steps: int) -> bool | None:
     return None if sigmas is None else bool(torch.isfinite(torch.as_tensor(sigmas)).all())
 
 
+def nan_sigmas(scheduler: Any, steps: int) -> str:
+    """What a refusal of ``steps`` says where ``sigmas_finite`` found a NaN or an infinite sigma there."""
+    count = f"{steps} step{'s' if steps != 1 else ''}"
+    return f"the model's scheduler ({type(scheduler).__name__}) computes a NaN or infinite sigma at {count}"
+
+
 class PipelineAdapter:
     """Maps a GenerationRequest onto one diffusers pipeline's ``__call__``."""
 
@@ -177,13 +183,13 @@ class PipelineAdapter:
         self.lora: LoraAdapters | None = None
         self._steps_taken: dict[int, bool] = {}  # steps -> whether the scheduler's sigmas are finite there
 
-    def takes_steps(self, steps: int) -> bool:
-        """False where the pipeline's scheduler computes a NaN or an infinite sigma at ``steps`` steps (its image
-        would be NaN: ``sigmas_finite``); True where they are finite or that cannot be told. Cached by count."""
+    def steps_refusal(self, steps: int) -> str | None:
+        """Why the pipeline's scheduler cannot take ``steps`` steps (``nan_sigmas``: its image would be NaN), or
+        None where it can or that cannot be told. Cached by count."""
         if steps not in self._steps_taken:
-            finite = sigmas_finite(getattr(self.pipeline, "scheduler", None), steps)
-            self._steps_taken[steps] = finite is not False
-        return self._steps_taken[steps]
+            scheduler = getattr(self.pipeline, "scheduler", None)
+            self._steps_taken[steps] = sigmas_finite(scheduler, steps) is not False
+        return None if self._steps_taken[steps] else nan_sigmas(self.pipeline.scheduler, steps)
 
     @property
     def cancellable(self) -> bool:

@@ -91,11 +91,9 @@ def to_generation_request(
     _check_range("n", body.n, 1, config.max_n)
     _check_range("num_inference_steps", body.num_inference_steps, 1, config.max_steps)
     steps = body.num_inference_steps
-    if steps is not None and not adapter.takes_steps(steps):
+    if steps is not None and (why := adapter.steps_refusal(steps)):
         raise bad_field(
-            "num_inference_steps",
-            f"{steps}: the model's scheduler computes a NaN or infinite sigma at {steps} step"
-            f"{'s' if steps != 1 else ''}, which would leave the image NaN; ask for more steps",
+            "num_inference_steps", f"{steps}: {why}, which would leave the image NaN; ask for more steps"
         )
     _check_range("guidance_scale", body.guidance_scale, 0.0, config.max_scale)
     _check_range("true_cfg_scale", body.true_cfg_scale, 0.0, config.max_scale)

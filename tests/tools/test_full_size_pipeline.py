@@ -386,7 +386,10 @@ def test_serve_answers_an_edit_with_the_quantized_text_encoder(quantized: Path) 
         one = client.post("/v1/images/generations", json={"prompt": "a red star", "num_inference_steps": 1})
         assert one.status_code == 400, one.text
         assert one.json()["error"]["param"] == "num_inference_steps"
-        assert "scheduler computes a NaN or infinite sigma at 1 step" in one.json()["error"]["message"]
+        assert (
+            "scheduler (FlowMatchEulerDiscreteScheduler) computes a NaN or infinite sigma at 1 step"
+            in one.json()["error"]["message"]
+        )
         response = client.post(
             "/v1/images/edits",
             data={"prompt": "a red star", "size": f"{SIZE}x{SIZE}", "num_inference_steps": "2", "seed": "0"},
@@ -553,7 +556,7 @@ def test_one_step_is_refused_before_any_request_or_server_runs(
     assert ditq.cli.main(generate) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith(
-        "ditq generate: error: --steps 1: the model's scheduler computes a NaN or infinite sigma"
+        "ditq generate: error: --steps 1: the model's scheduler (FlowMatchEulerDiscreteScheduler) computes a NaN"
     )
     assert not (tmp_path / "one.png").exists()
 
