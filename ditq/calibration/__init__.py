@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-from ditq.checkpoint.layout import read_model_index
 from ditq.errors import InputError
 from ditq.fsutil import ARTIFACT, check_output, exclusive_lock
 from ditq.probe.fixtures import Fixture, fixture_digest, load_fixtures
@@ -30,7 +29,7 @@ from ditq.quantization.calibration_resume import CalibrationResume
 from ditq.quantization.defaults import CALIBRATION_MEMORY, CALIBRATION_SEEDS, CALIBRATION_STEPS
 from ditq.quantization.gptq import PRODUCT_ROWS
 from ditq.quantization.quantizer import QuantizeResult
-from ditq.runtime.adapter import GenerationRequest, PipelineAdapter, nan_sigmas, sigmas_finite
+from ditq.runtime.adapter import GenerationRequest, PipelineAdapter, steps_refusal
 from ditq.runtime.memory import free_accelerator_memory, host_available_bytes
 from ditq.runtime.offload import demote_until_it_runs
 from ditq.runtime.options import LoadOptions
@@ -45,7 +44,6 @@ __all__ = [
     "CalibrationOptions",
     "calibrate_and_save",
     "calibration_for",
-    "check_model_scheduler_steps",
     "check_scheduler_steps",
     "fixture_requests",
     "host_share",
@@ -81,37 +79,14 @@ class CalibrationOptions:
 
 
 def check_scheduler_steps(scheduler: Any, steps: int, flag: str = "--calibration-steps") -> None:
-    """An InputError naming ``flag`` where a pipeline's ``scheduler`` computes a NaN or an infinite sigma at ``steps``
-    denoising steps (``sigmas_finite``), said before any request runs: at one step Qwen-Image's scheduler
-    divides by zero, every request's noisy image tokens are then NaN, and the transformer's Hessians would be left
-    with the text tokens alone. A scheduler whose timesteps need what only its pipeline passes is not judged here."""
-    if sigmas_finite(scheduler, steps) is False:
+    """An InputError naming ``flag`` where ``scheduler`` cannot take ``steps`` denoising steps (``steps_refusal``:
+    a NaN or an infinite sigma), said before any request runs: at one step Qwen-Image's scheduler divides by zero,
+    every request's noisy image tokens are then NaN, and the transformer's Hessians would be left with the text
+    tokens alone."""
+    if why := steps_refusal(scheduler, steps):
         raise InputError(
-            f"{flag} {steps}: {nan_sigmas(scheduler, steps)}, which would leave every noisy image token NaN; give "
-            "more steps"
+            f"{flag} {steps}: {why}, which would leave every noisy image token NaN; give more steps"
         )
-
-
-def check_model_scheduler_steps(model_dir: Path, steps: int, flag: str = "--calibration-steps") -> None:
-    """``check_scheduler_steps`` on the scheduler a diffusers model directory names (``model_index.json``: one of
-    diffusers' own scheduler classes), read from its config before any weight is loaded: ``ditq sweep`` says so
-    before its baseline runs. A scheduler of another library, or one that does not load, is left to the check
-    ``ditq quantize`` makes once the model is open."""
-    import diffusers
-
-    entry = read_model_index(model_dir).get("scheduler")
-    if not (
-        isinstance(entry, list) and len(entry) == 2 and entry[0] == "diffusers" and isinstance(entry[1], str)
-    ):
-        return
-    kind = getattr(diffusers, entry[1], None)
-    if not (isinstance(kind, type) and issubclass(kind, diffusers.SchedulerMixin)):
-        return
-    try:
-        scheduler = kind.from_pretrained(model_dir, subfolder="scheduler")
-    except (OSError, ValueError, TypeError):
-        return
-    check_scheduler_steps(scheduler, steps, flag)
 
 
 def fixture_requests(

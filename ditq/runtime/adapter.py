@@ -23,9 +23,10 @@ from __future__ import annotations
 import inspect
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,8 +44,9 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "PipelineAdapter",
+    "model_scheduler",
     "parse_size",
-    "sigmas_finite",
+    "steps_refusal",
 ]
 
 # Generic request field -> pipeline parameter names that carry it, in preference order.
@@ -116,11 +118,10 @@ class GenerationResult:
     skipped_steps: int | None = None
 
 
-def sigmas_finite(scheduler: Any, steps: int) -> bool | None:
+def _sigmas_finite(scheduler: Any, steps: int) -> bool | None:
     """Whether a diffusers ``scheduler`` computes finite sigmas at ``steps`` denoising steps, set on a copy (the
     scheduler itself keeps its state); None where that cannot be told without its pipeline (no config or
-    ``set_timesteps``, or timesteps that need what only the pipeline passes). A flow-match scheduler that stretches
-    its shift to a terminal value (Qwen-Image's) divides by zero at one step: every noisy latent is then NaN."""
+    ``set_timesteps``, or timesteps that need what only the pipeline passes)."""
     config = getattr(scheduler, "config", None)
     if config is None or not hasattr(scheduler, "set_timesteps") or not hasattr(scheduler, "from_config"):
         return None
@@ -137,10 +138,34 @@ def sigmas_finite(scheduler: Any, steps: int) -> bool | None:
     return None if sigmas is None else bool(torch.isfinite(torch.as_tensor(sigmas)).all())
 
 
-def nan_sigmas(scheduler: Any, steps: int) -> str:
-    """What a refusal of ``steps`` says where ``sigmas_finite`` found a NaN or an infinite sigma there."""
+def steps_refusal(scheduler: Any, steps: int) -> str | None:
+    """Why ``scheduler`` cannot take ``steps`` denoising steps: it computes a NaN or an infinite sigma there (a
+    flow-match scheduler that stretches its shift to a terminal value, Qwen-Image's, divides by zero at one step,
+    and every noisy latent is then NaN); None where it can, or where that cannot be told without its pipeline."""
+    if _sigmas_finite(scheduler, steps) is not False:
+        return None
     count = f"{steps} step{'s' if steps != 1 else ''}"
     return f"the model's scheduler ({type(scheduler).__name__}) computes a NaN or infinite sigma at {count}"
+
+
+def model_scheduler(model_dir: Path, index: Mapping[str, Any]) -> Any | None:
+    """The scheduler a diffusers model directory names (``index``: its ``model_index.json``), made from its config
+    alone, where it is one of diffusers' own scheduler classes; None for another library's, or one that does not
+    load (what ``steps_refusal`` is asked of before any weight is loaded)."""
+    import diffusers
+
+    entry = index.get("scheduler")
+    if not (
+        isinstance(entry, list) and len(entry) == 2 and entry[0] == "diffusers" and isinstance(entry[1], str)
+    ):
+        return None
+    kind = getattr(diffusers, entry[1], None)
+    if not (isinstance(kind, type) and issubclass(kind, diffusers.SchedulerMixin)):
+        return None
+    try:
+        return kind.from_pretrained(model_dir, subfolder="scheduler")
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 class PipelineAdapter:
@@ -181,15 +206,13 @@ class PipelineAdapter:
         self.reference_pixels = int(reference_size) ** 2 if isinstance(reference_size, int) else None
         # the LoRA adapters loaded on the pipeline (``ditq.runtime.lora_adapters``); each call activates its choice
         self.lora: LoraAdapters | None = None
-        self._steps_taken: dict[int, bool] = {}  # steps -> whether the scheduler's sigmas are finite there
+        self._steps_refused: dict[int, str | None] = {}  # steps -> ``steps_refusal``'s answer
 
     def steps_refusal(self, steps: int) -> str | None:
-        """Why the pipeline's scheduler cannot take ``steps`` steps (``nan_sigmas``: its image would be NaN), or
-        None where it can or that cannot be told. Cached by count."""
-        if steps not in self._steps_taken:
-            scheduler = getattr(self.pipeline, "scheduler", None)
-            self._steps_taken[steps] = sigmas_finite(scheduler, steps) is not False
-        return None if self._steps_taken[steps] else nan_sigmas(self.pipeline.scheduler, steps)
+        """``steps_refusal`` of the pipeline's scheduler (its image would be NaN), cached by count."""
+        if steps not in self._steps_refused:
+            self._steps_refused[steps] = steps_refusal(getattr(self.pipeline, "scheduler", None), steps)
+        return self._steps_refused[steps]
 
     @property
     def cancellable(self) -> bool:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from ditq.checkpoint.layout import check_components_present, read_model_index
 from ditq.devices import OFFLOAD_MODES
@@ -286,9 +286,8 @@ class SweepOptions:
         for path, what in ((self.model, "model"), (self.fixtures, "--fixtures"), (self.refs, "--refs")):
             if not Path(path).exists():
                 raise InputError(f"{what}: {path} does not exist")
-        check_components_present(
-            self.model, read_model_index(self.model)
-        )  # a model, before a server loads it
+        index = read_model_index(self.model)
+        check_components_present(self.model, index)  # a model, before a server loads it
         fixtures = load_fixtures(
             self.fixtures, self.refs
         )  # every field and reference checked before a server starts
@@ -296,19 +295,25 @@ class SweepOptions:
         object.__setattr__(self, "max_references", max(len(f.references) for f in fixtures.values()))
         if self.plan is not None:
             object.__setattr__(self, "plan_file", read_plan(self.plan))
-        self._check_steps()
+        self._check_steps(index)
 
-    def _check_steps(self) -> None:
-        """--steps and --calibration-steps that the model's scheduler cannot take (a NaN sigma: one step for
-        Qwen-Image), from its config before the baseline runs: every server would answer 400, and GPTQ would
-        calibrate on NaN image tokens."""
-        from ditq.calibration import check_model_scheduler_steps
+    def _check_steps(self, index: dict[str, Any]) -> None:
+        """--steps and --calibration-steps that the model's scheduler (``index``'s, made from its config once)
+        cannot take (a NaN sigma: one step for Qwen-Image), before the baseline runs: every server would answer
+        400, and GPTQ would calibrate on NaN image tokens."""
+        from ditq.calibration import check_scheduler_steps
+        from ditq.runtime.adapter import model_scheduler
 
+        scheduler = (
+            model_scheduler(self.model, index)
+            if self.steps is not None or self.calibration.steps is not None
+            else None
+        )
         if self.steps is not None:
-            check_model_scheduler_steps(self.model, self.steps, "--steps")
+            check_scheduler_steps(scheduler, self.steps, "--steps")
         self._check_calibration()
         if self.calibration.steps is not None:
-            check_model_scheduler_steps(self.model, self.calibration.steps)
+            check_scheduler_steps(scheduler, self.calibration.steps)
 
     def _check_budgets(self) -> None:
         """Steps, timeouts and --max-memory, as the servers and probes would read them, before any starts."""

@@ -12,13 +12,15 @@ import pytest
 import torch
 
 import ditq
-from ditq.calibration import check_model_scheduler_steps, check_scheduler_steps
+from ditq.calibration import check_scheduler_steps
+from ditq.checkpoint.layout import read_model_index
 from ditq.checkpoint.manifest import read_manifest
 from ditq.cli import main
 from ditq.demo import default_model_dir, load_demo_pipeline
 from ditq.errors import InputError
 from ditq.numerics import dequantize_weight, quantize_weight, relative_l2
 from ditq.quantization.calibrated import Calibration, calibrated_layers, hessian_groups
+from ditq.runtime.adapter import model_scheduler
 from ditq.schemes import FP8, W4A16
 
 K = 128
@@ -136,8 +138,8 @@ def test_a_model_directorys_scheduler_is_judged_from_its_config_and_only_diffuse
     index = tmp_path / "model_index.json"
     index.write_text(json.dumps({"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]}))
     with pytest.raises(InputError, match=r"^--calibration-steps 1: the model's scheduler"):
-        check_model_scheduler_steps(tmp_path, 1)
-    check_model_scheduler_steps(tmp_path, 2)
+        check_scheduler_steps(model_scheduler(tmp_path, read_model_index(tmp_path)), 1)
+    check_scheduler_steps(model_scheduler(tmp_path, read_model_index(tmp_path)), 2)
     # not a scheduler of diffusers' own: left to quantize's check, once the model is open
     for entry in (
         ["diffusers", "AutoencoderKL"],
@@ -145,7 +147,7 @@ def test_a_model_directorys_scheduler_is_judged_from_its_config_and_only_diffuse
         ["mylib", "FlowMatchEulerDiscreteScheduler"],
     ):
         index.write_text(json.dumps({"scheduler": entry}))
-        check_model_scheduler_steps(tmp_path, 1)
+        check_scheduler_steps(model_scheduler(tmp_path, read_model_index(tmp_path)), 1)
 
 
 def test_quantize_calibrate_gptq_on_the_demo_model(
