@@ -194,8 +194,11 @@ def test_a_server_that_went_away_is_waited_for(tmp_path: Path, fixture_set) -> N
     while _listening(first.port):  # it takes no new connections ...
         time.sleep(0.01)
     assert held.hold is not None
-    held.hold.set()  # ... answers the one in flight, and stops
-    first.thread.join(timeout=30)
+    # the port held at once: the probe finds it gone before a server is back on it
+    with _HangingUp(first.port) as gone:
+        held.hold.set()  # ... answers the one in flight, and stops
+        first.thread.join(timeout=30)
+        gone.wait_for_a_connection(timeout_s=60)
     with StubServer(port=first.port) as second:
         thread.join(timeout=300)
     assert not thread.is_alive()
@@ -209,6 +212,54 @@ def test_a_server_that_went_away_is_waited_for(tmp_path: Path, fixture_set) -> N
 def _listening(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+class _HangingUp:
+    """The port of a server that went away, held so that no other takes it: every connection is accepted and closed
+    before a byte is answered (a lost connection to httpx, as a refused one is). The second server starts only
+    once the probe has met this, so its request cannot find the new server up without having lost the old one."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.connections = port, 0
+        self._stop = threading.Event()
+        self._met = threading.Event()
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> _HangingUp:
+        deadline = time.monotonic() + 30
+        # the first server may still hold its listening socket for a moment after it stopped accepting
+        while True:
+            try:
+                self._sock.bind(("127.0.0.1", self.port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        self._sock.listen()
+        self._sock.settimeout(0.05)
+        self._thread.start()
+        return self
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                connection, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            connection.close()
+            self.connections += 1
+            self._met.set()
+
+    def wait_for_a_connection(self, timeout_s: float) -> None:
+        assert self._met.wait(timeout_s), "the probe never came back to the port after the server went away"
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._sock.close()
 
 
 def test_a_server_gone_for_good_fails_the_rest_saying_so(tmp_path: Path, fixture_set) -> None:
