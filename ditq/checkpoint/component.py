@@ -19,6 +19,7 @@ sizes its config declares checked against its stored tensors before any real mem
 from __future__ import annotations
 
 import importlib
+import math
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -145,6 +146,7 @@ def build_on_meta(
     field of the wrong kind is an InputError naming config.json."""
     where = f"{component_dir}/config.json"
     plain = {k: v for k, v in config.items() if k != "quantization_config"}
+    _check_numbers(plain, where)
     _check_rotary_axes(plain, entries, where)
     with torch.device("meta"), _parameter_budget(len(entries), where):
         model = from_config(cls, plain, where)
@@ -173,6 +175,19 @@ def from_config(cls: type, config: dict[str, Any], where: str) -> torch.nn.Modul
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"{where}: {cls.__name__} is not a torch module")
     return model
+
+
+def _check_numbers(config: Mapping[str, Any], where: str) -> None:
+    """No number of a model's config is NaN or infinite (JSON has neither; Python's reader takes them, and an
+    ``eps`` of NaN draws a blank picture), and no count (a ``num_*`` field: layers, heads, blocks) is negative,
+    which a constructor's ``range`` takes for none."""
+    for key, value in _fields(config, ""):
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise InputError(f"{where}: {key} is {value}; a config's numbers are finite")
+        count = key.rsplit(".", 1)[-1].startswith("num_")
+        if count and any(type(v) is int and v < 0 for v in values):
+            raise InputError(f"{where}: {key} is {value}; a count is never negative")
 
 
 def _check_rotary_axes(config: Mapping[str, Any], entries: Mapping[str, TensorEntry], where: str) -> None:

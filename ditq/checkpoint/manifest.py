@@ -217,11 +217,24 @@ class _FileRecord(_Fields):
     size: int = Field(ge=0)
 
 
+class _Statistics(_Fields):
+    """The quantizer's report of what it did: counts, and the layers' relative errors, always finite (it refuses a
+    non-finite weight, and ``ditq.numerics.relative_l2`` never divides by zero): a NaN or an infinity here is a
+    manifest ditq did not write."""
+
+    quantized_tensors: int = Field(ge=0)
+    quantized_params: int = Field(ge=0)
+    kept_params: int = Field(ge=0)
+    mean_rel_l2: float = Field(ge=0, allow_inf_nan=False)
+    max_rel_l2: float = Field(ge=0, allow_inf_nan=False)
+
+
 class _Component(_Fields):
     # [library, class], as model_index.json names it
     class_: list[str] = Field(alias="class", min_length=2, max_length=2)
     quantization_config: dict[str, Any]
     quantized: list[str] | None = None
+    statistics: _Statistics | None = None
 
 
 class _Options(_Fields):
@@ -235,6 +248,7 @@ class _Manifest(_Fields):
     components: dict[str, _Component]
     source_files: dict[str, _FileRecord] | None = None
     options: _Options | None = None
+    statistics: _Statistics | None = None
 
 
 def check_manifest(manifest: Any, where: str) -> dict[str, Any]:

@@ -156,6 +156,20 @@ CASES: dict[str, tuple[str, str, Callable[[Path, Path], None], str, int]] = {
         "transformer/config.json: declares more than",
         1,
     ),
+    "quantize: negative num_layers": (
+        "quantize",
+        "source",
+        lambda d, m: _update(d / "transformer" / "config.json", num_layers=-1),
+        "transformer/config.json: num_layers is -1; a count is never negative",
+        2,
+    ),
+    "generate: NaN eps": (
+        "generate",
+        "demo",
+        lambda d, m: _update(d / "transformer" / "config.json", eps=float("nan")),  # written as JSON's NaN
+        "transformer/config.json: eps is nan; a config's numbers are finite",
+        2,
+    ),
     "verify: axes_dims_rope": (
         "verify",
         "artifact",

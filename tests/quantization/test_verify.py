@@ -230,6 +230,49 @@ def test_not_an_artifact(model_dir) -> None:  # type: ignore[no-untyped-def]
         verify(model_dir("wan"))
 
 
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [(("statistics",), float("nan")), (("components", "transformer", "statistics"), float("inf"))],
+)
+def test_a_manifest_whose_statistics_are_not_finite_does_not_parse(artifact, where, value) -> None:  # type: ignore[no-untyped-def]
+    """The quantizer's report is finite for every artifact it writes: a NaN or an infinity in a re-sealed
+    manifest fails verify naming the field, and the loader refuses it."""
+    _, out = artifact("flux", "w8a8")
+    manifest = read_manifest(out)
+    stats = manifest
+    for key in where:
+        stats = stats[key]
+    stats["max_rel_l2"] = value
+    write_manifest(out, manifest)  # sealed again: only the fields can object
+    report = verify(out)
+    assert _failed(report) == ["manifest parses"]
+    field = ".".join((*where, "max_rel_l2"))
+    assert f"MANIFEST.json: {field}: Input should be a finite number" in _detail(report, "manifest parses")
+    with pytest.raises(InputError, match=f"{field}: Input should be a finite number"):
+        read_manifest(out)
+
+
+def test_a_checkpoint_without_manifest_or_quantized_config_says_which_component_it_could_not_read(
+    artifact,  # type: ignore[no-untyped-def]
+) -> None:
+    """A folder whose one quantized component lost its config.json, or became a file: verify's one line names it
+    (the tokenizer's and scheduler's folders, which never have a config.json, are not named)."""
+    _, out = artifact("flux", "w8a8")
+    for name in ("MANIFEST.json", "MANIFEST.json.sha256"):
+        (out / name).unlink()
+    (out / "transformer" / "config.json").unlink()
+    with pytest.raises(
+        InputError, match=r"quantization_config; transformer/config.json: missing beside its weights\)$"
+    ):
+        verify(out)
+    for path in (out / "transformer").iterdir():
+        path.unlink()
+    (out / "transformer").rmdir()
+    (out / "transformer").write_text("{}")
+    with pytest.raises(InputError, match=r"quantization_config; transformer: a file, not a folder\)$"):
+        verify(out)
+
+
 def _flip_last_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[-1] ^= 0x01
