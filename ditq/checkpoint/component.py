@@ -183,11 +183,12 @@ def _check_numbers(config: Mapping[str, Any], where: str) -> None:
     which a constructor's ``range`` takes for none."""
     for key, value in _fields(config, ""):
         values = value if isinstance(value, list) else [value]
+        shown = f"{value!r:.80}"  # a long list is cut: the line names the field
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-            raise InputError(f"{where}: {key} is {value}; a config's numbers are finite")
+            raise InputError(f"{where}: {key} is {shown}; a config's numbers are finite")
         count = key.rsplit(".", 1)[-1].startswith("num_")
         if count and any(type(v) is int and v < 0 for v in values):
-            raise InputError(f"{where}: {key} is {value}; a count is never negative")
+            raise InputError(f"{where}: {key} is {shown}; a count is never negative")
 
 
 def _check_rotary_axes(config: Mapping[str, Any], entries: Mapping[str, TensorEntry], where: str) -> None:

@@ -104,6 +104,11 @@ def test_code_shipped_with_a_component_is_refused(tmp_path: Path) -> None:
         ),
         ({"mlp_ratio": 300}, r"has shape \[768, 256\], .*config.json declares \[76800, 256\]"),
         ({"num_layers": "six"}, r"config.json: cannot build a QwenImage21Transformer2DModel from it"),
+        ({"num_attention_heads": -4}, r"config.json: num_attention_heads is -4; a count is never negative"),
+        (  # JSON's Infinity, which Python's reader takes, in a list
+            {"axes_dims_rope": [8, float("inf"), 12]},
+            r"config.json: axes_dims_rope is \[8, inf, 12\]; a config's numbers are finite",
+        ),
     ],
 )
 def test_declared_sizes_beyond_the_files_are_refused_before_building(
