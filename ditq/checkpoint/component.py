@@ -182,7 +182,14 @@ def _check_numbers(config: Mapping[str, Any], where: str) -> None:
     ``eps`` of NaN draws a blank picture), and no count (a ``num_*`` field: layers, heads, blocks) is negative,
     which a constructor's ``range`` takes for none."""
     for key, value in _fields(config, ""):
-        values = value if isinstance(value, list) else [value]
+        values: list[Any] = []
+        nested = [value]
+        while nested:  # the numbers of a list, at any depth
+            item = nested.pop()
+            if isinstance(item, list):
+                nested.extend(item)
+            else:
+                values.append(item)
         shown = f"{value!r:.80}"  # a long list is cut: the line names the field
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             raise InputError(f"{where}: {key} is {shown}; a config's numbers are finite")

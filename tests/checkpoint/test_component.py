@@ -109,6 +109,10 @@ def test_code_shipped_with_a_component_is_refused(tmp_path: Path) -> None:
             {"axes_dims_rope": [8, float("inf"), 12]},
             r"config.json: axes_dims_rope is \[8, inf, 12\]; a config's numbers are finite",
         ),
+        (
+            {"extra_grid": [[1.0], [float("nan")]]},
+            r"config.json: extra_grid is \[\[1.0\], \[nan\]\]; a config's",
+        ),
     ],
 )
 def test_declared_sizes_beyond_the_files_are_refused_before_building(

@@ -220,7 +220,7 @@ class _HangingUp:
     once the probe has met this, so its request cannot find the new server up without having lost the old one."""
 
     def __init__(self, port: int) -> None:
-        self.port, self.connections = port, 0
+        self.port = port
         self._stop = threading.Event()
         self._met = threading.Event()
         self._sock = socket.socket()
@@ -250,7 +250,6 @@ class _HangingUp:
             except TimeoutError:
                 continue
             connection.close()
-            self.connections += 1
             self._met.set()
 
     def wait_for_a_connection(self, timeout_s: float) -> None:
