@@ -84,9 +84,7 @@ def check_scheduler_steps(scheduler: Any, steps: int, flag: str = "--calibration
     every request's noisy image tokens are then NaN, and the transformer's Hessians would be left with the text
     tokens alone."""
     if why := steps_refusal(scheduler, steps):
-        raise InputError(
-            f"{flag} {steps}: {why}, which would leave every noisy image token NaN; give more steps"
-        )
+        raise InputError(f"{flag} {steps}: {why}")
 
 
 def fixture_requests(

@@ -100,7 +100,7 @@ def generate(
     adapter = open_pipeline(directory, load)
     steps = request.num_inference_steps
     if steps is not None and (why := adapter.steps_refusal(steps)):  # a NaN image, said before it is drawn
-        raise InputError(f"--steps {steps}: {why}, which would leave the image NaN; give more steps")
+        raise InputError(f"--steps {steps}: {why}")
     if lora:
         adapter.lora = load_lora_adapters(adapter.pipeline, lora)
     pipeline = adapter.pipeline

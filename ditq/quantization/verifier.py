@@ -580,20 +580,15 @@ def _no_manifest(root: Path, key: bytes | None) -> str:
     )
 
 
-def _unread_components(root: Path, components: list[str]) -> list[str]:
-    """Why a component of ``model_index.json`` had no config.json to read: not there, not a folder, or a folder of
-    weights without its config (a tokenizer's or a scheduler's folder has no config.json, and is not named)."""
-    why = []
-    for name in components:
-        folder = root / name
-        if not os.path.lexists(folder):
-            why.append(f"{name}: missing")
-        elif not folder.is_dir():
-            kind = "a link to nothing" if not folder.exists() else file_kind(os.stat(folder).st_mode)
-            why.append(f"{name}: {kind}, not a folder")
-        elif not (folder / "config.json").is_file() and any(is_weight_file(p.name) for p in folder.iterdir()):
-            why.append(f"{name}/config.json: missing beside its weights")
-    return why
+def _configs_missing(root: Path, components: list[str]) -> list[str]:
+    """The components whose folder holds weights but no config.json (a tokenizer's or a scheduler's folder has no
+    config.json, and no weights)."""
+    return [
+        f"{name}/config.json: missing beside its weights"
+        for name in components
+        if not (root / name / "config.json").is_file()
+        and any(is_weight_file(p.name) for p in (root / name).iterdir())
+    ]
 
 
 def _verify_foreign(root: Path, source: Path | None) -> VerifyReport:
@@ -605,7 +600,8 @@ def _verify_foreign(root: Path, source: Path | None) -> VerifyReport:
         read_model_index(source)
     components = [c for c in component_names(index) if is_quantized_component(root, c) is not None]
     if not components:
-        unread = "".join(f"; {why}" for why in _unread_components(root, component_names(index)))
+        check_components_present(root, index)  # a component without its folder, named
+        unread = "".join(f"; {why}" for why in _configs_missing(root, component_names(index)))
         raise InputError(
             f"{root}: neither a ditq artifact (no {MANIFEST}) nor a compressed-tensors checkpoint "
             f"(no component's config.json has a quantization_config{unread})"

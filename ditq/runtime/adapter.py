@@ -145,7 +145,10 @@ def steps_refusal(scheduler: Any, steps: int) -> str | None:
     if _sigmas_finite(scheduler, steps) is not False:
         return None
     count = f"{steps} step{'s' if steps != 1 else ''}"
-    return f"the model's scheduler ({type(scheduler).__name__}) computes a NaN or infinite sigma at {count}"
+    return (
+        f"the model's scheduler ({type(scheduler).__name__}) computes a NaN or infinite sigma at {count}, which "
+        "leaves every noisy latent NaN; give more steps"
+    )
 
 
 def model_scheduler(model_dir: Path, index: Mapping[str, Any]) -> Any | None:

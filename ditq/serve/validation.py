@@ -92,9 +92,7 @@ def to_generation_request(
     _check_range("num_inference_steps", body.num_inference_steps, 1, config.max_steps)
     steps = body.num_inference_steps
     if steps is not None and (why := adapter.steps_refusal(steps)):
-        raise bad_field(
-            "num_inference_steps", f"{steps}: {why}, which would leave the image NaN; ask for more steps"
-        )
+        raise bad_field("num_inference_steps", f"{steps}: {why}")
     _check_range("guidance_scale", body.guidance_scale, 0.0, config.max_scale)
     _check_range("true_cfg_scale", body.true_cfg_scale, 0.0, config.max_scale)
     _check_range("seed", body.seed, 0, _SEED_LIMIT - 1)
