@@ -213,10 +213,19 @@ def _check_rotary_axes(config: Mapping[str, Any], entries: Mapping[str, TensorEn
 
 
 def _fields(config: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+    """Every field of a config, nested objects' too (``rope_scaling.mrope_section``), objects inside lists at any
+    depth named by their index (``layers[1].eps``)."""
     for key, value in config.items():
         yield f"{prefix}{key}", value
-        if isinstance(value, dict):
-            yield from _fields(value, f"{prefix}{key}.")
+        yield from _nested(value, f"{prefix}{key}")
+
+
+def _nested(value: Any, name: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        yield from _fields(value, f"{name}.")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _nested(item, f"{name}[{index}]")
 
 
 def _check_declared_sizes(

@@ -113,6 +113,14 @@ def test_code_shipped_with_a_component_is_refused(tmp_path: Path) -> None:
             {"extra_grid": [[1.0], [float("nan")]]},
             r"config.json: extra_grid is \[\[1.0\], \[nan\]\]; a config's",
         ),
+        (  # an object inside a list: named by its index
+            {"extra_stages": [{"eps": 1e-6}, {"eps": float("nan")}]},
+            r"config.json: extra_stages\[1\].eps is nan; a config's numbers are finite",
+        ),
+        (
+            {"extra_stages": [[{"num_heads": -1}]]},
+            r"config.json: extra_stages\[0\]\[0\].num_heads is -1; a count",
+        ),
     ],
 )
 def test_declared_sizes_beyond_the_files_are_refused_before_building(
