@@ -643,6 +643,12 @@ def generate_config_nan_eps(d: Path, env: dict[str, Any]) -> list[str]:
     return gen(d, "source")
 
 
+@case("json", "source", names=(TC, "stages[1].eps", "nan"))
+def generate_config_nan_in_a_listed_object(d: Path, env: dict[str, Any]) -> list[str]:
+    raw_field(d / "source" / TC, "stages", '[{"eps": 1e-6}, {"eps": NaN}]')
+    return gen(d, "source")
+
+
 @case("json", "source", names=(TC,))
 def generate_config_wrong_type(d: Path, env: dict[str, Any]) -> list[str]:
     edit(d / "source" / TC, num_layers="six")
