@@ -1,5 +1,5 @@
 """A fast slice of the adversarial suite, run by ``make test``: one case of each family that needs only the demo model
-and its artifact, through the real CLI in a fresh subprocess, as ``attack_inputs.py --fresh`` runs all 171 (``make
+and its artifact, through the real CLI in a fresh subprocess, as ``attack_inputs.py --fresh`` runs all 172 (``make
 test-attacks``, which CI runs apart, forks most of them from one process that has imported ditq's commands)."""
 
 from __future__ import annotations
