@@ -15,7 +15,7 @@ from ditq.runtime.offload import runs_out
 
 
 @pytest.fixture
-def collections(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+def asked(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """What runs_out asked for, in order: full collections and emptied accelerator caches; the collector's own
     runs are off, so a cycle is freed only by the collection runs_out asks for."""
     asked: list[str] = []
@@ -48,7 +48,7 @@ def _held_in_a_cycle() -> tuple[dict[str, object], weakref.ref[torch.Tensor]]:
     return frame, weakref.ref(activations)
 
 
-def test_a_call_that_ran_out_of_memory_lets_go_of_what_its_frames_held(collections: list[str]) -> None:
+def test_a_call_that_ran_out_of_memory_lets_go_of_what_its_frames_held(asked: list[str]) -> None:
     refs: list[weakref.ref[torch.Tensor]] = []
 
     def call() -> None:
@@ -61,21 +61,21 @@ def test_a_call_that_ran_out_of_memory_lets_go_of_what_its_frames_held(collectio
         raise error
 
     assert runs_out(call) == (True, "denoising")
-    assert collections == ["collect", "empty"]
+    assert asked == ["collect", "empty"]
     assert refs[0]() is None
 
 
-def test_any_other_error_is_raised_and_the_memory_freed_after_it_all_the_same(collections: list[str]) -> None:
+def test_any_other_error_is_raised_and_the_memory_freed_after_it_all_the_same(asked: list[str]) -> None:
     def call() -> None:
         raise ValueError("not a memory error")
 
     with pytest.raises(ValueError, match="not a memory error"):
         runs_out(call)
-    assert collections == ["collect", "empty"]
+    assert asked == ["collect", "empty"]
 
 
-def test_a_call_that_ran_pays_for_no_garbage_collection(collections: list[str]) -> None:
+def test_a_call_that_ran_pays_for_no_garbage_collection(asked: list[str]) -> None:
     ran: list[bool] = []
     assert runs_out(lambda: ran.append(True)) == (False, None)
     assert ran == [True]
-    assert collections == ["empty"]
+    assert asked == ["empty"]
