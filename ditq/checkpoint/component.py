@@ -22,7 +22,7 @@ import importlib
 import math
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -146,8 +146,9 @@ def build_on_meta(
     field of the wrong kind is an InputError naming config.json."""
     where = f"{component_dir}/config.json"
     plain = {k: v for k, v in config.items() if k != "quantization_config"}
-    _check_numbers(plain, where)
-    _check_rotary_axes(plain, entries, where)
+    fields = list(_fields(plain, ""))  # walked once, for both checks
+    _check_numbers(fields, where)
+    _check_rotary_axes(fields, entries, where)
     with torch.device("meta"), _parameter_budget(len(entries), where):
         model = from_config(cls, plain, where)
     tie_weights = getattr(model, "tie_weights", None)
@@ -177,11 +178,11 @@ def from_config(cls: type, config: dict[str, Any], where: str) -> torch.nn.Modul
     return model
 
 
-def _check_numbers(config: Mapping[str, Any], where: str) -> None:
+def _check_numbers(fields: Sequence[tuple[str, Any]], where: str) -> None:
     """No number of a model's config is NaN or infinite (JSON has neither; Python's reader takes them, and an
     ``eps`` of NaN draws a blank picture), and no count (a ``num_*`` field: layers, heads, blocks) is negative,
-    which a constructor's ``range`` takes for none."""
-    for key, value in _fields(config, ""):
+    which a constructor's ``range`` takes for none. ``fields``: the config's, as ``_fields`` gives them."""
+    for key, value in fields:
         values: list[Any] = []
         nested = [value]
         while nested:  # the numbers of a list, at any depth
@@ -198,12 +199,14 @@ def _check_numbers(config: Mapping[str, Any], where: str) -> None:
             raise InputError(f"{where}: {key} is {shown}; a count is never negative")
 
 
-def _check_rotary_axes(config: Mapping[str, Any], entries: Mapping[str, TensorEntry], where: str) -> None:
+def _check_rotary_axes(
+    fields: Sequence[tuple[str, Any]], entries: Mapping[str, TensorEntry], where: str
+) -> None:
     """Rotary axes (``axes_dims_rope``, ``rope_scaling.mrope_section``...: a list of whole numbers under a key
     that says rope or axes) split one attention head, so together they are no wider than the widest stored
     tensor; no stored tensor has their shape, and Flux computes its tables from them at every forward."""
     widest = max((max(e.shape, default=0) for e in entries.values()), default=0)
-    for key, value in _fields(config, ""):
+    for key, value in fields:
         named = "rope" in key.lower() or "axes" in key.lower()
         axes = named and isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
         if axes and sum(value) > widest:
